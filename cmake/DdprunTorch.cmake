@@ -1,0 +1,40 @@
+# Finds LibTorch (Debian's libtorch-dev, or a CUDA LibTorch given through CMAKE_PREFIX_PATH) and NCCL.
+# Sets DDPRUN_HAVE_TORCH, DDPRUN_HAVE_NCCL and DDPRUN_TORCH_HAS_CUDA, and says what it found.
+
+set(DDPRUN_HAVE_TORCH OFF)
+set(DDPRUN_HAVE_NCCL OFF)
+set(DDPRUN_TORCH_HAS_CUDA OFF)
+
+option(DDPRUN_WITH_TORCH "Build the Torch parts when LibTorch is found" ON)
+if(DDPRUN_WITH_TORCH)
+  find_package(Torch QUIET)
+endif()
+
+if(Torch_FOUND)
+  set(DDPRUN_HAVE_TORCH ON)
+  # A CUDA-enabled LibTorch exports torch_cuda (or defines CUDA libraries in TORCH_LIBRARIES).
+  if(TARGET torch_cuda OR "${TORCH_LIBRARIES}" MATCHES "torch_cuda")
+    set(DDPRUN_TORCH_HAS_CUDA ON)
+  endif()
+  message(STATUS "ddprun: LibTorch ${Torch_VERSION} found (CUDA: ${DDPRUN_TORCH_HAS_CUDA})")
+else()
+  message(STATUS "ddprun: LibTorch not found: worker SDK, examples and Torch tests are skipped")
+endif()
+
+find_path(DDPRUN_NCCL_INCLUDE_DIR nccl.h
+  HINTS ENV NCCL_HOME ENV CUDA_HOME /usr/local/cuda
+  PATH_SUFFIXES include)
+find_library(DDPRUN_NCCL_LIBRARY nccl
+  HINTS ENV NCCL_HOME ENV CUDA_HOME /usr/local/cuda
+  PATH_SUFFIXES lib lib64 lib/x86_64-linux-gnu targets/x86_64-linux/lib)
+
+if(DDPRUN_NCCL_INCLUDE_DIR AND DDPRUN_NCCL_LIBRARY)
+  if(DDPRUN_TORCH_HAS_CUDA)
+    set(DDPRUN_HAVE_NCCL ON)
+    message(STATUS "ddprun: NCCL found (${DDPRUN_NCCL_INCLUDE_DIR}/nccl.h) with a CUDA LibTorch: NCCL backend on")
+  else()
+    message(STATUS "ddprun: NCCL found (${DDPRUN_NCCL_INCLUDE_DIR}/nccl.h) but LibTorch has no CUDA: NCCL backend off")
+  endif()
+else()
+  message(STATUS "ddprun: nccl.h/libnccl not found: NCCL backend off")
+endif()

@@ -1,0 +1,45 @@
+#pragma once
+// The one exception hierarchy of ddprun. Every message is a sentence with context and cause;
+// only main() functions turn these into exit codes.
+
+#include <stdexcept>
+#include <string>
+
+namespace ddprun {
+
+class Error : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// A flag, variable or file that the user must fix; reported before anything starts.
+class ConfigError : public Error {
+ public:
+  using Error::Error;
+};
+
+// A peer could not be reached or went away.
+class ConnectionError : public Error {
+ public:
+  using Error::Error;
+};
+
+// Something did not happen within its deadline; the message says what was awaited.
+class TimeoutError : public Error {
+ public:
+  using Error::Error;
+};
+
+// Bytes on a store connection that do not follow the TCPStore wire format.
+class ProtocolError : public Error {
+ public:
+  using Error::Error;
+};
+
+// A child process could not be started, signalled or waited for.
+class ProcessError : public Error {
+ public:
+  using Error::Error;
+};
+
+}  // namespace ddprun

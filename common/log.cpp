@@ -1,0 +1,87 @@
+#include "common/log.hpp"
+
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <ctime>
+#include <string>
+
+namespace ddprun::log {
+namespace {
+
+Level level_from_env() {
+  const char* text = std::getenv("DDPRUN_LOG_LEVEL");
+  Level level = Level::Info;
+  if (text != nullptr && *text != '\0' && !parse_level(text, level)) {
+    std::string msg = "ddprun: ignoring DDPRUN_LOG_LEVEL='" + std::string(text) +
+                      "' (expected debug, info, warn or error)\n";
+    [[maybe_unused]] auto n = ::write(STDERR_FILENO, msg.data(), msg.size());
+  }
+  return level;
+}
+
+std::atomic<int>& current_level() {
+  static std::atomic<int> level{static_cast<int>(level_from_env())};
+  return level;
+}
+
+const char* level_name(Level level) {
+  switch (level) {
+    case Level::Debug: return "DEBUG";
+    case Level::Info: return "INFO ";
+    case Level::Warn: return "WARN ";
+    case Level::Error: return "ERROR";
+  }
+  return "?????";
+}
+
+}  // namespace
+
+bool enabled(Level level) { return static_cast<int>(level) >= current_level().load(std::memory_order_relaxed); }
+
+void set_level(Level level) { current_level().store(static_cast<int>(level)); }
+
+bool parse_level(std::string_view text, Level& out) {
+  if (text == "debug") out = Level::Debug;
+  else if (text == "info") out = Level::Info;
+  else if (text == "warn" || text == "warning") out = Level::Warn;
+  else if (text == "error") out = Level::Error;
+  else return false;
+  return true;
+}
+
+Line::Line(Level level, std::string_view component) : level_(level) {
+  if (!enabled(level_)) return;
+  using namespace std::chrono;
+  const auto now = system_clock::now();
+  const std::time_t secs = system_clock::to_time_t(now);
+  const auto millis = duration_cast<milliseconds>(now.time_since_epoch()).count() % 1000;
+  std::tm tm{};
+  gmtime_r(&secs, &tm);
+  char stamp[64];
+  std::snprintf(stamp, sizeof stamp, "%04d-%02d-%02dT%02d:%02d:%02d.%03dZ", tm.tm_year + 1900, tm.tm_mon + 1,
+                tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec, static_cast<int>(millis));
+  stream_ << stamp << ' ' << level_name(level_) << ' ' << component << ": ";
+}
+
+Line::~Line() {
+  if (!enabled(level_)) return;
+  stream_ << '\n';
+  const std::string text = stream_.str();
+  // One write per line keeps lines whole; a short write on stderr is retried for the rest.
+  const char* p = text.data();
+  size_t left = text.size();
+  while (left > 0) {
+    ssize_t n = ::write(STDERR_FILENO, p, left);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    p += n;
+    left -= static_cast<size_t>(n);
+  }
+}
+
+}  // namespace ddprun::log

@@ -1,0 +1,53 @@
+#pragma once
+// Line-oriented logging to stderr: "2026-11-21T10:00:00.123Z INFO  store: listening on 127.0.0.1:41234".
+// stdout belongs to the workers, so nothing here ever writes there. Each line is emitted with a single
+// write(2), so lines from several threads or processes never interleave mid-line.
+// The level comes from DDPRUN_LOG_LEVEL (debug, info, warn, error; default info) and is read once.
+
+#include <sstream>
+#include <string_view>
+
+namespace ddprun::log {
+
+enum class Level { Debug = 0, Info = 1, Warn = 2, Error = 3 };
+
+// True when messages of `level` are printed.
+bool enabled(Level level);
+
+// Overrides the level chosen by DDPRUN_LOG_LEVEL (used by tests and --quiet style flags).
+void set_level(Level level);
+
+// Parses "debug", "info", "warn"/"warning", "error"; returns false for anything else.
+bool parse_level(std::string_view text, Level& out);
+
+// One log line. Collects the message with operator<< and writes it when destroyed.
+class Line {
+ public:
+  Line(Level level, std::string_view component);
+  ~Line();
+  Line(const Line&) = delete;
+  Line& operator=(const Line&) = delete;
+
+  template <typename T>
+  Line& operator<<(const T& value) {
+    stream_ << value;
+    return *this;
+  }
+
+ private:
+  Level level_;
+  std::ostringstream stream_;
+};
+
+inline Line debug(std::string_view component) { return Line(Level::Debug, component); }
+inline Line info(std::string_view component) { return Line(Level::Info, component); }
+inline Line warn(std::string_view component) { return Line(Level::Warn, component); }
+inline Line error(std::string_view component) { return Line(Level::Error, component); }
+
+}  // namespace ddprun::log
+
+// Skips formatting entirely when the level is off: DDPRUN_LOG_DEBUG("store") << expensive();
+#define DDPRUN_LOG_DEBUG(component) \
+  if (!::ddprun::log::enabled(::ddprun::log::Level::Debug)) { \
+  } else \
+    ::ddprun::log::debug(component)

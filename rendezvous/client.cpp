@@ -1,0 +1,459 @@
+#include "rendezvous/client.hpp"
+
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <random>
+#include <thread>
+
+#include "common/errors.hpp"
+#include "rendezvous/protocol.hpp"
+
+namespace ddprun::rdzv {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+uint8_t code(Op op) { return *op_to_wire(Dialect::V2, op); }
+
+int remaining_ms(Clock::time_point deadline) {
+  const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
+  if (left <= 0) return 0;
+  return left > 1'000'000'000 ? 1'000'000'000 : static_cast<int>(left);
+}
+
+std::string seconds_text(std::chrono::milliseconds d) {
+  const auto ms = d.count();
+  if (ms % 1000 == 0) return std::to_string(ms / 1000) + "s";
+  return std::to_string(ms) + "ms";
+}
+
+// Waits for `events` on fd until the deadline; false on timeout. Retries EINTR.
+bool poll_fd(int fd, short events, Clock::time_point deadline) {
+  for (;;) {
+    pollfd p{fd, events, 0};
+    const int rc = ::poll(&p, 1, remaining_ms(deadline));
+    if (rc > 0) return true;
+    if (rc == 0) return false;
+    if (errno != EINTR) throw std::system_error(errno, std::generic_category(), "poll");
+  }
+}
+
+// One non-blocking connect attempt to one address; returns the fd or -1 with `err` set.
+int try_connect(const addrinfo* ai, Clock::time_point deadline, int& err) {
+  int fd = ::socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, ai->ai_protocol);
+  if (fd < 0) {
+    err = errno;
+    return -1;
+  }
+  int rc;
+  do {
+    rc = ::connect(fd, ai->ai_addr, ai->ai_addrlen);
+  } while (rc < 0 && errno == EINTR);
+  if (rc < 0 && errno == EINPROGRESS) {
+    if (!poll_fd(fd, POLLOUT, deadline)) {
+      err = ETIMEDOUT;
+      ::close(fd);
+      return -1;
+    }
+    socklen_t len = sizeof err;
+    ::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len);
+    rc = err == 0 ? 0 : -1;
+  } else if (rc < 0) {
+    err = errno;
+  }
+  if (rc < 0) {
+    ::close(fd);
+    return -1;
+  }
+  const int one = 1;
+  ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+  return fd;
+}
+
+}  // namespace
+
+Client::Client(ClientOptions options) : options_(std::move(options)) {
+  std::lock_guard lock(mutex_);
+  connect_locked();
+}
+
+Client::~Client() {
+  std::lock_guard lock(mutex_);
+  close_locked();
+}
+
+std::string Client::endpoint() const {
+  const bool v6 = options_.host.find(':') != std::string::npos;
+  return (v6 ? "[" + options_.host + "]" : options_.host) + ":" + std::to_string(options_.port);
+}
+
+void Client::close_locked() {
+  if (fd_ >= 0) ::close(fd_);
+  fd_ = -1;
+}
+
+void Client::connect_locked() {
+  const auto start = Clock::now();
+  const auto deadline = start + options_.connect_timeout;
+  std::mt19937 rng(std::random_device{}());
+  auto backoff = options_.initial_backoff;
+  int attempts = 0;
+  std::string last_error = "no attempt made";
+  for (;;) {
+    ++attempts;
+    addrinfo hints{};
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    addrinfo* res = nullptr;
+    const int gai = ::getaddrinfo(options_.host.c_str(), std::to_string(options_.port).c_str(), &hints, &res);
+    if (gai != 0) {
+      last_error = std::string("cannot resolve host: ") + ::gai_strerror(gai);
+    } else {
+      // Every address the name has (IPv6 and IPv4), each with its share of the remaining time.
+      for (addrinfo* ai = res; ai != nullptr && fd_ < 0; ai = ai->ai_next) {
+        int err = 0;
+        fd_ = try_connect(ai, deadline, err);
+        if (fd_ < 0) last_error = std::strerror(err);
+      }
+      ::freeaddrinfo(res);
+    }
+    if (fd_ >= 0) {
+      try {
+        // 2.x handshake: VALIDATE (no reply), then PING, whose echo proves a store is listening.
+        std::string hello;
+        put_u8(hello, code(Op::Validate));
+        put_u32(hello, kValidateMagic);
+        const uint32_t nonce = static_cast<uint32_t>(::getpid());
+        put_u8(hello, code(Op::Ping));
+        put_u32(hello, nonce);
+        const auto hello_deadline = std::max(deadline, Clock::now() + std::chrono::seconds(5));
+        send_locked(hello, hello_deadline, "handshake");
+        char echo[4];
+        recv_locked(echo, 4, hello_deadline, "handshake");
+        if (load_u32(echo) != nonce) {
+          close_locked();
+          throw ProtocolError("the server at " + endpoint() + " answered PING with a wrong nonce; is it a store?");
+        }
+        return;
+      } catch (const ConnectionError& e) {
+        last_error = e.what();
+        close_locked();
+      }
+    }
+    if (Clock::now() >= deadline) break;
+    // Exponential backoff with full jitter, so many clients that start together spread out.
+    std::uniform_int_distribution<long> jitter(backoff.count() / 2, backoff.count());
+    auto sleep = std::chrono::milliseconds(jitter(rng));
+    sleep = std::min(sleep, std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()));
+    // sleep override: backoff between connection attempts.
+    if (sleep.count() > 0) std::this_thread::sleep_for(sleep);
+    backoff = std::min(backoff * 2, options_.max_backoff);
+  }
+  throw TimeoutError("connect to store " + endpoint() + " timed out after " + seconds_text(options_.connect_timeout) +
+                     " (" + std::to_string(attempts) + " attempts): " + last_error);
+}
+
+void Client::ensure_connected_locked() {
+  if (fd_ < 0) connect_locked();
+}
+
+void Client::send_locked(const std::string& bytes, Clock::time_point deadline, std::string_view what) {
+  size_t off = 0;
+  while (off < bytes.size()) {
+    const ssize_t n = ::send(fd_, bytes.data() + off, bytes.size() - off, MSG_NOSIGNAL);
+    if (n > 0) {
+      off += static_cast<size_t>(n);
+      continue;
+    }
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+      if (poll_fd(fd_, POLLOUT, deadline)) continue;
+      close_locked();
+      throw TimeoutError("sending " + std::string(what) + " to store " + endpoint() + " timed out");
+    }
+    const int err = errno;
+    close_locked();
+    throw ConnectionError("sending " + std::string(what) + " to store " + endpoint() + " failed: " + std::strerror(err));
+  }
+}
+
+void Client::recv_locked(char* out, size_t n, Clock::time_point deadline, std::string_view what) {
+  size_t off = 0;
+  while (off < n) {
+    const ssize_t r = ::recv(fd_, out + off, n - off, 0);
+    if (r > 0) {
+      off += static_cast<size_t>(r);
+      continue;
+    }
+    if (r == 0) {
+      close_locked();
+      throw ConnectionError("store " + endpoint() + " closed the connection during " + std::string(what));
+    }
+    if (errno == EINTR) continue;
+    if (errno == EAGAIN || errno == EWOULDBLOCK) {
+      if (poll_fd(fd_, POLLIN, deadline)) continue;
+      close_locked();
+      throw TimeoutError("no reply to " + std::string(what) + " from store " + endpoint() + " within the deadline");
+    }
+    const int err = errno;
+    close_locked();
+    throw ConnectionError("reading " + std::string(what) + " from store " + endpoint() + " failed: " + std::strerror(err));
+  }
+}
+
+uint8_t Client::recv_u8(Clock::time_point deadline, std::string_view what) {
+  char c;
+  recv_locked(&c, 1, deadline, what);
+  return static_cast<uint8_t>(c);
+}
+
+int64_t Client::recv_i64(Clock::time_point deadline, std::string_view what) {
+  char b[8];
+  recv_locked(b, 8, deadline, what);
+  return static_cast<int64_t>(load_u64(b));
+}
+
+std::string Client::recv_bytes(Clock::time_point deadline, std::string_view what) {
+  char b[8];
+  recv_locked(b, 8, deadline, what);
+  const uint64_t len = load_u64(b);
+  if (len > (uint64_t{1} << 34)) {
+    close_locked();
+    throw ProtocolError("store " + endpoint() + " sent a " + std::to_string(len) + "-byte value for " + std::string(what));
+  }
+  std::string v(len, '\0');
+  if (len > 0) recv_locked(v.data(), len, deadline, what);
+  return v;
+}
+
+Client::Clock::time_point Client::deadline(std::optional<Duration> timeout) const {
+  return Clock::now() + timeout.value_or(options_.timeout);
+}
+
+std::string Client::request(uint8_t op_code) {
+  std::string req;
+  req.reserve(64);
+  put_u8(req, op_code);
+  return req;
+}
+
+void Client::set(std::string_view key, std::string_view value) {
+  std::lock_guard lock(mutex_);
+  ensure_connected_locked();
+  std::string req = request(code(Op::Set));
+  put_bytes(req, key);
+  put_bytes(req, value);
+  send_locked(req, deadline(std::nullopt), "SET");
+}
+
+std::string Client::get(std::string_view key, std::optional<Duration> timeout) {
+  std::lock_guard lock(mutex_);
+  ensure_connected_locked();
+  const auto dl = deadline(timeout);
+  wait_locked({std::string(key)}, dl, timeout.value_or(options_.timeout));
+  std::string req = request(code(Op::Get));
+  put_bytes(req, key);
+  send_locked(req, dl, "GET");
+  return recv_bytes(dl, "GET");
+}
+
+int64_t Client::add(std::string_view key, int64_t delta) {
+  std::lock_guard lock(mutex_);
+  ensure_connected_locked();
+  const auto dl = deadline(std::nullopt);
+  std::string req = request(code(Op::Add));
+  put_bytes(req, key);
+  put_i64(req, delta);
+  send_locked(req, dl, "ADD");
+  return recv_i64(dl, "ADD");
+}
+
+std::string Client::compare_set(std::string_view key, std::string_view expected, std::string_view desired) {
+  std::lock_guard lock(mutex_);
+  ensure_connected_locked();
+  const auto dl = deadline(std::nullopt);
+  std::string req = request(code(Op::CompareSet));
+  put_bytes(req, key);
+  put_bytes(req, expected);
+  put_bytes(req, desired);
+  send_locked(req, dl, "COMPARE_SET");
+  return recv_bytes(dl, "COMPARE_SET");
+}
+
+bool Client::check(const std::vector<std::string>& keys) {
+  std::lock_guard lock(mutex_);
+  ensure_connected_locked();
+  const auto dl = deadline(std::nullopt);
+  std::string req = request(code(Op::Check));
+  put_u64(req, keys.size());
+  for (const auto& k : keys) put_bytes(req, k);
+  send_locked(req, dl, "CHECK");
+  return recv_u8(dl, "CHECK") == kCheckReady;
+}
+
+void Client::wait(const std::vector<std::string>& keys, std::optional<Duration> timeout) {
+  std::lock_guard lock(mutex_);
+  ensure_connected_locked();
+  wait_locked(keys, deadline(timeout), timeout.value_or(options_.timeout));
+}
+
+void Client::wait_locked(const std::vector<std::string>& keys, Clock::time_point dl, Duration timeout) {
+  std::string req = request(code(Op::Wait));
+  put_u64(req, keys.size());
+  for (const auto& k : keys) put_bytes(req, k);
+  send_locked(req, dl, "WAIT");
+  if (poll_fd(fd_, POLLIN, dl)) {
+    if (recv_u8(dl, "WAIT") != kStopWaiting) {
+      close_locked();
+      throw ProtocolError("store " + endpoint() + " answered WAIT with an unexpected byte");
+    }
+    return;
+  }
+  // Deadline passed: cancel on the server. A STOP_WAITING that raced the cancel means the keys
+  // did arrive; WAIT_CANCELED always follows.
+  const auto cancel_deadline = Clock::now() + std::chrono::seconds(10);
+  send_locked(request(code(Op::CancelWait)), cancel_deadline, "CANCEL_WAIT");
+  uint8_t reply = recv_u8(cancel_deadline, "CANCEL_WAIT");
+  const bool arrived = reply == kStopWaiting;
+  if (arrived) reply = recv_u8(cancel_deadline, "CANCEL_WAIT");
+  if (reply != kWaitCanceled) {
+    close_locked();
+    throw ProtocolError("store " + endpoint() + " answered CANCEL_WAIT with an unexpected byte");
+  }
+  if (arrived) return;
+  // Name what is missing, so the error says what never came.
+  std::string missing;
+  size_t n_missing = 0;
+  for (const auto& k : keys) {
+    std::string chk = request(code(Op::Check));
+    put_u64(chk, 1);
+    put_bytes(chk, k);
+    send_locked(chk, cancel_deadline, "CHECK");
+    if (recv_u8(cancel_deadline, "CHECK") == kCheckReady) continue;
+    if (n_missing++ < 8) missing += (missing.empty() ? "" : ", ") + k;
+  }
+  if (n_missing > 8) missing += ", ...";
+  throw TimeoutError("waited " + seconds_text(timeout) + " on store " + endpoint() + " for " +
+                     std::to_string(keys.size()) + " key(s); " + std::to_string(n_missing) + " still missing: " + missing);
+}
+
+bool Client::delete_key(std::string_view key) {
+  std::lock_guard lock(mutex_);
+  ensure_connected_locked();
+  const auto dl = deadline(std::nullopt);
+  std::string req = request(code(Op::DeleteKey));
+  put_bytes(req, key);
+  send_locked(req, dl, "DELETE_KEY");
+  return recv_i64(dl, "DELETE_KEY") == 1;
+}
+
+int64_t Client::num_keys() {
+  std::lock_guard lock(mutex_);
+  ensure_connected_locked();
+  const auto dl = deadline(std::nullopt);
+  send_locked(request(code(Op::GetNumKeys)), dl, "GETNUMKEYS");
+  return recv_i64(dl, "GETNUMKEYS");
+}
+
+void Client::append(std::string_view key, std::string_view data) {
+  std::lock_guard lock(mutex_);
+  ensure_connected_locked();
+  std::string req = request(code(Op::Append));
+  put_bytes(req, key);
+  put_bytes(req, data);
+  send_locked(req, deadline(std::nullopt), "APPEND");
+}
+
+std::vector<std::string> Client::multi_get(const std::vector<std::string>& keys, std::optional<Duration> timeout) {
+  std::lock_guard lock(mutex_);
+  ensure_connected_locked();
+  const auto dl = deadline(timeout);
+  wait_locked(keys, dl, timeout.value_or(options_.timeout));
+  std::string req = request(code(Op::MultiGet));
+  put_u64(req, keys.size());
+  for (const auto& k : keys) put_bytes(req, k);
+  send_locked(req, dl, "MULTI_GET");
+  std::vector<std::string> values;
+  values.reserve(keys.size());
+  for (size_t i = 0; i < keys.size(); ++i) values.push_back(recv_bytes(dl, "MULTI_GET"));
+  return values;
+}
+
+void Client::multi_set(const std::vector<std::pair<std::string, std::string>>& entries) {
+  std::lock_guard lock(mutex_);
+  ensure_connected_locked();
+  std::string req = request(code(Op::MultiSet));
+  put_i64(req, static_cast<int64_t>(entries.size()));
+  for (const auto& [k, v] : entries) {
+    put_bytes(req, k);
+    put_bytes(req, v);
+  }
+  send_locked(req, deadline(std::nullopt), "MULTI_SET");
+}
+
+void Client::queue_push(std::string_view key, std::string_view value) {
+  std::lock_guard lock(mutex_);
+  ensure_connected_locked();
+  std::string req = request(code(Op::QueuePush));
+  put_bytes(req, key);
+  put_bytes(req, value);
+  send_locked(req, deadline(std::nullopt), "QUEUE_PUSH");
+}
+
+std::optional<std::string> Client::queue_pop(std::string_view key) {
+  std::lock_guard lock(mutex_);
+  ensure_connected_locked();
+  const auto dl = deadline(std::nullopt);
+  std::string req = request(code(Op::QueuePop));
+  put_bytes(req, key);
+  send_locked(req, dl, "QUEUE_POP");
+  if (recv_i64(dl, "QUEUE_POP") <= 0) return std::nullopt;
+  return recv_bytes(dl, "QUEUE_POP");
+}
+
+int64_t Client::queue_len(std::string_view key) {
+  std::lock_guard lock(mutex_);
+  ensure_connected_locked();
+  const auto dl = deadline(std::nullopt);
+  std::string req = request(code(Op::QueueLen));
+  put_bytes(req, key);
+  send_locked(req, dl, "QUEUE_LEN");
+  return recv_i64(dl, "QUEUE_LEN");
+}
+
+std::vector<std::string> Client::list() {
+  std::lock_guard lock(mutex_);
+  ensure_connected_locked();
+  const auto dl = deadline(std::nullopt);
+  send_locked(request(code(Op::List)), dl, "LIST");
+  const int64_t n = recv_i64(dl, "LIST");
+  std::vector<std::string> keys;
+  for (int64_t i = 0; i < n; ++i) keys.push_back(recv_bytes(dl, "LIST"));
+  return keys;
+}
+
+Client::Duration Client::ping() {
+  std::lock_guard lock(mutex_);
+  ensure_connected_locked();
+  const auto start = Clock::now();
+  const auto dl = deadline(std::nullopt);
+  std::string req = request(code(Op::Ping));
+  const uint32_t nonce = 0x5eed;
+  put_u32(req, nonce);
+  send_locked(req, dl, "PING");
+  char echo[4];
+  recv_locked(echo, 4, dl, "PING");
+  if (load_u32(echo) != nonce) throw ProtocolError("store " + endpoint() + " echoed a wrong PING nonce");
+  return std::chrono::duration_cast<Duration>(Clock::now() - start);
+}
+
+}  // namespace ddprun::rdzv

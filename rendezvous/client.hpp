@@ -1,0 +1,90 @@
+#pragma once
+// ddprun's own store client, speaking the 2.x dialect (VALIDATE + PING on connect). Keys are sent as
+// given: unlike PyTorch's client it adds no "/" prefix, so ddprun's keys never collide with
+// PyTorch's ("/..." keys) on a shared store.
+//
+// Blocking, thread-safe (one request in flight per client, as in PyTorch's client). Every call has
+// a deadline (ClientOptions::timeout unless given); a call that misses it throws TimeoutError and
+// the connection is closed, since its reply may still arrive. Connection failures throw
+// ConnectionError; the client reconnects on the next call.
+
+#include <chrono>
+#include <cstdint>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+namespace ddprun::rdzv {
+
+struct ClientOptions {
+  std::string host = "127.0.0.1";
+  uint16_t port = 0;
+  // How long the first connect (with backoff and jitter between attempts) may take.
+  std::chrono::milliseconds connect_timeout{std::chrono::seconds(60)};
+  // Default deadline of each call.
+  std::chrono::milliseconds timeout{std::chrono::seconds(300)};
+  std::chrono::milliseconds initial_backoff{std::chrono::milliseconds(10)};
+  std::chrono::milliseconds max_backoff{std::chrono::seconds(1)};
+};
+
+class Client {
+ public:
+  using Duration = std::chrono::milliseconds;
+
+  // Connects at once (retrying until connect_timeout); throws ConnectionError/TimeoutError.
+  explicit Client(ClientOptions options);
+  ~Client();
+  Client(const Client&) = delete;
+  Client& operator=(const Client&) = delete;
+
+  void set(std::string_view key, std::string_view value);
+  // Waits for the key (up to the deadline), then reads it.
+  std::string get(std::string_view key, std::optional<Duration> timeout = std::nullopt);
+  int64_t add(std::string_view key, int64_t delta);
+  std::string compare_set(std::string_view key, std::string_view expected, std::string_view desired);
+  bool check(const std::vector<std::string>& keys);
+  // Returns when every key exists; on timeout sends CANCEL_WAIT and throws TimeoutError naming the
+  // keys still missing.
+  void wait(const std::vector<std::string>& keys, std::optional<Duration> timeout = std::nullopt);
+  bool delete_key(std::string_view key);
+  int64_t num_keys();
+  void append(std::string_view key, std::string_view data);
+  // Waits for all keys, then reads them in one round trip.
+  std::vector<std::string> multi_get(const std::vector<std::string>& keys,
+                                     std::optional<Duration> timeout = std::nullopt);
+  void multi_set(const std::vector<std::pair<std::string, std::string>>& entries);
+  void queue_push(std::string_view key, std::string_view value);
+  // Pops the front value; nullopt when the queue is empty.
+  std::optional<std::string> queue_pop(std::string_view key);
+  int64_t queue_len(std::string_view key);
+  std::vector<std::string> list();
+  // Round trip with a nonce; returns the measured time.
+  Duration ping();
+
+  const ClientOptions& options() const { return options_; }
+  std::string endpoint() const;
+
+ private:
+  using Clock = std::chrono::steady_clock;
+
+  void connect_locked();
+  void ensure_connected_locked();
+  void close_locked();
+  void send_locked(const std::string& bytes, Clock::time_point deadline, std::string_view what);
+  void recv_locked(char* out, size_t n, Clock::time_point deadline, std::string_view what);
+  uint8_t recv_u8(Clock::time_point deadline, std::string_view what);
+  int64_t recv_i64(Clock::time_point deadline, std::string_view what);
+  std::string recv_bytes(Clock::time_point deadline, std::string_view what);
+  void wait_locked(const std::vector<std::string>& keys, Clock::time_point deadline, Duration timeout);
+  Clock::time_point deadline(std::optional<Duration> timeout) const;
+  static std::string request(uint8_t op_code_v2);
+
+  ClientOptions options_;
+  std::mutex mutex_;
+  int fd_ = -1;
+};
+
+}  // namespace ddprun::rdzv

@@ -1,0 +1,131 @@
+// ddprun-rendezvous: the standalone store daemon. Serves PyTorch TCPStore clients (1.13 and 2.x)
+// and ddprun agents on one port until SIGTERM or SIGINT.
+//
+// Exit codes: 0 clean shutdown, 2 bad command line, 1 could not start (e.g. port in use).
+
+#include <utility>  // before Asio (Boost 1.74 quirk)
+
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/signal_set.hpp>
+#include <csignal>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <string>
+#include <string_view>
+
+#include "common/errors.hpp"
+#include "common/log.hpp"
+#include "rendezvous/server.hpp"
+
+namespace {
+
+constexpr const char* kUsage = R"(usage: ddprun-rendezvous [options]
+
+Serves a PyTorch-compatible TCPStore (1.13 and 2.x clients on one port) for ddprun agents and workers.
+
+options:
+  --host ADDR            address to listen on (default 0.0.0.0; "::" for IPv6 and IPv4)
+  --port N               port to listen on; 0 lets the kernel pick one (default 29400)
+  --port-file PATH       after binding, write the chosen port to PATH (for --port 0)
+  --max-key-bytes N      longest key accepted (default 8192)
+  --max-value-bytes N    largest value accepted (default 8388608)
+  --max-keys N           most keys in one request (default 131072)
+  --log-level LEVEL      debug, info, warn or error (default info; env DDPRUN_LOG_LEVEL)
+  -h, --help             show this help
+
+The bound address is printed on stdout as "listening on HOST:PORT". SIGTERM or SIGINT stop it cleanly.
+)";
+
+[[noreturn]] void usage_error(const std::string& message) {
+  std::cerr << "ddprun-rendezvous: " << message << "\n(see ddprun-rendezvous --help)\n";
+  std::exit(2);
+}
+
+uint64_t parse_number(std::string_view flag, const std::string& text, uint64_t max) {
+  try {
+    size_t used = 0;
+    const unsigned long long v = std::stoull(text, &used);
+    if (used == text.size() && v <= max && text[0] != '-') return v;
+  } catch (const std::exception&) {
+  }
+  usage_error(std::string(flag) + " expects a whole number from 0 to " + std::to_string(max) + ", got '" + text + "'");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  using namespace ddprun;
+  rdzv::ServerOptions options;
+  options.host = "0.0.0.0";
+  options.port = 29400;
+  std::string port_file;
+  for (int i = 1; i < argc; ++i) {
+    std::string arg = argv[i];
+    std::string value;
+    const bool has_inline = arg.rfind("--", 0) == 0 && arg.find('=') != std::string::npos;
+    if (has_inline) {
+      value = arg.substr(arg.find('=') + 1);
+      arg = arg.substr(0, arg.find('='));
+    }
+    auto next = [&]() -> std::string {
+      if (has_inline) return value;
+      if (i + 1 >= argc) usage_error(arg + " needs a value");
+      return argv[++i];
+    };
+    if (arg == "-h" || arg == "--help") {
+      std::cout << kUsage;
+      return 0;
+    } else if (arg == "--host") {
+      options.host = next();
+    } else if (arg == "--port") {
+      options.port = static_cast<uint16_t>(parse_number(arg, next(), 65535));
+    } else if (arg == "--port-file" || arg == "--port_file") {
+      port_file = next();
+    } else if (arg == "--max-key-bytes") {
+      options.limits.max_key_bytes = parse_number(arg, next(), uint64_t{1} << 30);
+    } else if (arg == "--max-value-bytes") {
+      options.limits.max_value_bytes = parse_number(arg, next(), uint64_t{1} << 32);
+      options.limits.max_request_bytes = std::max(options.limits.max_request_bytes, options.limits.max_value_bytes * 2);
+    } else if (arg == "--max-keys") {
+      options.limits.max_keys_per_request = parse_number(arg, next(), uint64_t{1} << 24);
+    } else if (arg == "--log-level") {
+      log::Level level;
+      const std::string v = next();
+      if (!log::parse_level(v, level)) usage_error("--log-level expects debug, info, warn or error, got '" + v + "'");
+      log::set_level(level);
+    } else {
+      usage_error("unknown option '" + arg + "'");
+    }
+  }
+
+  try {
+    boost::asio::io_context io(1);
+    rdzv::Server server(io, options);
+    if (!port_file.empty()) {
+      // Written to a temporary name and renamed, so a reader never sees a partial number.
+      const std::string tmp = port_file + ".tmp";
+      {
+        std::ofstream out(tmp);
+        out << server.port() << "\n";
+        if (!out) throw ConfigError("cannot write the port file " + tmp);
+      }
+      if (std::rename(tmp.c_str(), port_file.c_str()) != 0) throw ConfigError("cannot rename " + tmp + " to " + port_file);
+    }
+    std::cout << "listening on " << rdzv::format_endpoint(server.endpoint()) << std::endl;
+    boost::asio::signal_set signals(io, SIGINT, SIGTERM);
+    signals.async_wait([&](const boost::system::error_code& ec, int signo) {
+      if (ec) return;
+      log::info("rendezvous") << "received " << (signo == SIGINT ? "SIGINT" : "SIGTERM") << ", shutting down";
+      server.stop();
+      io.stop();
+    });
+    std::signal(SIGPIPE, SIG_IGN);
+    server.start();
+    io.run();
+    return 0;
+  } catch (const std::exception& e) {
+    log::error("rendezvous") << e.what();
+    return 1;
+  }
+}

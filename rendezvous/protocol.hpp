@@ -1,0 +1,139 @@
+#pragma once
+// PyTorch c10d TCPStore wire format (see docs/TCPSTORE_PROTOCOL.md in the shared docs): opcodes of both
+// dialects, the incremental request decoder, and the little helpers that encode fields. No I/O here.
+//
+// A request is one command byte followed by fields; integers are little-endian, strings and byte
+// vectors are a u64 length followed by raw bytes:
+//
+//   SET          cmd | u64 klen | key | u64 vlen | value                      -> (no reply)
+//   COMPARE_SET  cmd | str key | bytes expected | bytes desired               -> bytes
+//   GET          cmd | str key                                                -> bytes
+//   ADD          cmd | str key | i64 delta                                    -> i64
+//   CHECK, WAIT  cmd | u64 n | n x str key                                    -> u8
+//   MULTI_GET    cmd | u64 n | n x str key                                    -> n x bytes
+//   MULTI_SET    cmd | i64 n | n x (str key | bytes value)                    -> (no reply)
+//   GETNUMKEYS, CANCEL_WAIT, LIST: cmd alone; PING, VALIDATE: cmd | u32
+//
+// Two numberings exist. 1.13 ("legacy") starts at SET=0 and has WATCH_KEY=7, DELETE_KEY=8. 2.x
+// ("v2") starts every connection with VALIDATE=0 and the magic 0x3C85F7CE, and numbers SET=1 ..
+// LIST=17. detect_dialect() tells them apart from a connection's first bytes.
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace ddprun::rdzv {
+
+// Every operation either dialect can carry, named independently of its wire number.
+enum class Op : uint8_t {
+  Validate,
+  Set,
+  CompareSet,
+  Get,
+  Add,
+  Check,
+  Wait,
+  GetNumKeys,
+  WatchKey,
+  DeleteKey,
+  Append,
+  MultiGet,
+  MultiSet,
+  CancelWait,
+  Ping,
+  QueuePush,
+  QueuePop,
+  QueueLen,
+  List,
+};
+
+enum class Dialect : uint8_t {
+  Legacy,  // PyTorch 1.13 / 2.0 numbering, no handshake.
+  V2,      // PyTorch 2.2+ numbering, VALIDATE first.
+};
+
+inline constexpr uint32_t kValidateMagic = 0x3C85F7CE;
+
+// Response codes (u8).
+inline constexpr uint8_t kCheckReady = 0;
+inline constexpr uint8_t kCheckNotReady = 1;
+inline constexpr uint8_t kStopWaiting = 0;
+inline constexpr uint8_t kWaitCanceled = 1;
+inline constexpr uint8_t kWatchKeyUpdated = 0;
+inline constexpr uint8_t kWatchKeyCreated = 1;
+inline constexpr uint8_t kWatchKeyDeleted = 2;
+inline constexpr uint8_t kWatchCallbackRegistered = 3;
+
+// Maps a wire byte to an operation; nullopt for a number the dialect does not define.
+std::optional<Op> op_from_wire(Dialect dialect, uint8_t code);
+// The wire byte of `op` in `dialect`; nullopt when the dialect has no such operation.
+std::optional<uint8_t> op_to_wire(Dialect dialect, Op op);
+std::string_view op_name(Op op);
+std::string_view dialect_name(Dialect dialect);
+
+// Per-request bounds. The defaults match what PyTorch's libuv server accepts; the whole request is
+// also bounded so that one connection cannot make the server buffer without limit.
+struct Limits {
+  uint64_t max_key_bytes = 8 * 1024;
+  uint64_t max_value_bytes = 8 * 1024 * 1024;
+  uint64_t max_keys_per_request = 128 * 1024;
+  uint64_t max_request_bytes = 64 * 1024 * 1024;
+};
+
+// One decoded request. The views point into the decoder's input and are valid until that input
+// changes; clear() keeps the vectors' capacity so steady-state decoding allocates nothing.
+struct Request {
+  Op op = Op::GetNumKeys;
+  std::vector<std::string_view> keys;
+  // SET/APPEND/QUEUE_PUSH: {value}; COMPARE_SET: {expected, desired}; MULTI_SET: one per key.
+  std::vector<std::string_view> values;
+  int64_t delta = 0;      // ADD
+  uint32_t number = 0;    // VALIDATE magic, PING nonce
+
+  void clear() {
+    keys.clear();
+    values.clear();
+    delta = 0;
+    number = 0;
+  }
+};
+
+enum class DecodeStatus { Complete, Incomplete, Error };
+
+struct DecodeResult {
+  DecodeStatus status = DecodeStatus::Incomplete;
+  size_t consumed = 0;  // bytes of `input` that formed the request (Complete only)
+  std::string error;    // what was wrong (Error only)
+};
+
+// Decodes the first request in `input`. Incomplete means more bytes are needed; the decoder never
+// copies payload bytes, so re-running it as data arrives costs only the header fields.
+DecodeResult decode_request(Dialect dialect, std::string_view input, const Limits& limits, Request& out);
+
+enum class HandshakeStatus { NeedMore, Legacy, V2 };
+
+struct Handshake {
+  HandshakeStatus status = HandshakeStatus::NeedMore;
+  size_t consumed = 0;  // 5 for a VALIDATE + magic, else 0
+};
+
+// Classifies a new connection from its first bytes: a first byte other than 0 is a legacy command;
+// 0 followed by the magic is a 2.x VALIDATE (consumed); 0 followed by anything else is a legacy SET
+// whose key length happens to start there.
+Handshake detect_dialect(std::string_view input);
+
+// Field encoders shared by the server's replies and the client's requests.
+void put_u8(std::string& out, uint8_t value);
+void put_u32(std::string& out, uint32_t value);
+void put_u64(std::string& out, uint64_t value);
+void put_i64(std::string& out, int64_t value);
+void put_bytes(std::string& out, std::string_view bytes);  // u64 length + bytes
+
+// Reads a little-endian integer from the first bytes of `in` (the caller checked the size).
+uint64_t load_u64(const char* in);
+uint32_t load_u32(const char* in);
+
+}  // namespace ddprun::rdzv
