@@ -77,14 +77,15 @@ class Reader {
  private:
   bool need(uint64_t n) {
     if (!ok()) return false;
+    // Checked before the bytes arrive: a request that can never fit is an error now, not a
+    // buffer that grows until it does.
+    if (pos_ + n > limits_.max_request_bytes) {
+      fail("request of at least " + std::to_string(pos_ + n) + " bytes is over the limit of " +
+           std::to_string(limits_.max_request_bytes));
+      return false;
+    }
     if (in_.size() - pos_ < n) {
-      // A request that could never fit is an error now, not a buffer that grows forever.
-      if (pos_ + n > limits_.max_request_bytes) {
-        fail("request of at least " + std::to_string(pos_ + n) + " bytes is over the limit of " +
-             std::to_string(limits_.max_request_bytes));
-      } else {
-        status_ = DecodeStatus::Incomplete;
-      }
+      status_ = DecodeStatus::Incomplete;
       return false;
     }
     return true;

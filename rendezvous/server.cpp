@@ -3,6 +3,7 @@
 #include <boost/asio/ip/v6_only.hpp>
 #include <boost/asio/post.hpp>
 #include <chrono>
+#include <future>
 
 #include "common/errors.hpp"
 #include "common/log.hpp"
@@ -84,6 +85,15 @@ void Server::accept() {
   });
 }
 
+ServerStats Server::stats() const {
+  ServerStats st;
+  st.connections = sessions_.size();
+  st.waiting_clients = store_.waiting_clients();
+  st.keys = store_.num_keys();
+  st.stored_bytes = store_.stored_bytes();
+  return st;
+}
+
 void Server::stop() {
   if (stopped_) return;
   stopped_ = true;
@@ -111,6 +121,12 @@ ServerThread::ServerThread(ServerOptions options) {
 }
 
 ServerThread::~ServerThread() { stop(); }
+
+ServerStats ServerThread::stats() {
+  std::promise<ServerStats> result;
+  asio::post(io_, [&] { result.set_value(server_->stats()); });
+  return result.get_future().get();
+}
 
 void ServerThread::stop() {
   if (!thread_.joinable()) return;

@@ -32,6 +32,14 @@ struct ServerOptions {
   Limits limits;
 };
 
+// A snapshot of the server's state, for status queries and tests.
+struct ServerStats {
+  size_t connections = 0;
+  size_t waiting_clients = 0;
+  size_t keys = 0;
+  uint64_t stored_bytes = 0;
+};
+
 class Server {
  public:
   // Binds and listens at once; throws ConnectionError naming the address if that fails.
@@ -46,7 +54,7 @@ class Server {
 
   uint16_t port() const { return port_; }
   const boost::asio::ip::tcp::endpoint& endpoint() const { return endpoint_; }
-  size_t connections() const { return sessions_.size(); }
+  ServerStats stats() const;
   KvStore& store() { return store_; }
 
  private:
@@ -74,6 +82,8 @@ class ServerThread {
   const boost::asio::ip::tcp::endpoint& endpoint() const { return endpoint_; }
   // Closes all connections and joins the thread; idempotent.
   void stop();
+  // Taken on the server thread; blocks until it answers.
+  ServerStats stats();
 
  private:
   boost::asio::io_context io_{1};

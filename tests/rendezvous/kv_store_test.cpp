@@ -1,0 +1,136 @@
+#include "rendezvous/kv_store.hpp"
+
+#include <gtest/gtest.h>
+
+#include <array>
+
+#include "common/errors.hpp"
+
+namespace ddprun::rdzv {
+namespace {
+
+struct RecordingWaiter : Waiter {
+  int completed = 0;
+  std::vector<std::tuple<uint8_t, std::string, std::string, std::string>> events;
+  void on_wait_complete() override { ++completed; }
+  void on_watch_event(uint8_t e, std::string_view k, std::string_view o, std::string_view n) override {
+    events.emplace_back(e, std::string(k), std::string(o), std::string(n));
+  }
+};
+
+TEST(KvStoreTest, AddTreatsMissingAsZeroAndStoresDecimalText) {
+  KvStore s;
+  EXPECT_EQ(s.add("cnt", 5), 5);
+  EXPECT_EQ(s.add("cnt", -2), 3);
+  EXPECT_EQ(*s.get("cnt"), "3");
+  s.set("n", "+41");
+  EXPECT_EQ(s.add("n", 1), 42);
+}
+
+TEST(KvStoreTest, AddOnNonNumericValueThrowsAndKeepsTheValue) {
+  KvStore s;
+  s.set("k", "hello");
+  EXPECT_THROW(s.add("k", 1), ProtocolError);
+  EXPECT_EQ(*s.get("k"), "hello");
+  s.set("big", "9223372036854775807");
+  EXPECT_THROW(s.add("big", 1), ProtocolError);
+  s.set("empty", "");
+  EXPECT_THROW(s.add("empty", 1), ProtocolError);
+}
+
+TEST(KvStoreTest, CompareSetFollowsPyTorchMissingKeyRules) {
+  KvStore s;
+  EXPECT_EQ(s.compare_set("a", "exp", "new"), "exp");  // missing, expected non-empty: nothing stored
+  EXPECT_EQ(s.get("a"), nullptr);
+  EXPECT_EQ(s.compare_set("a", "", "new"), "new");  // missing, expected empty: created
+  EXPECT_EQ(*s.get("a"), "new");
+  EXPECT_EQ(s.compare_set("a", "wrong", "x"), "new");  // mismatch: current returned
+  EXPECT_EQ(s.compare_set("a", "new", "x"), "x");      // match: replaced
+}
+
+TEST(KvStoreTest, WaitReturnsWhenLastKeyIsSet) {
+  KvStore s;
+  RecordingWaiter w;
+  const std::array<std::string_view, 2> keys{"a", "b"};
+  EXPECT_FALSE(s.wait(w, keys));
+  EXPECT_EQ(s.missing_keys(w), 2u);
+  s.set("a", "1");
+  EXPECT_EQ(w.completed, 0);
+  s.add("b", 1);
+  EXPECT_EQ(w.completed, 1);
+  EXPECT_FALSE(s.has_pending_wait(w));
+  EXPECT_TRUE(s.wait(w, keys));  // all present now: immediate
+}
+
+TEST(KvStoreTest, CancelAndForgetClearWaitState) {
+  KvStore s;
+  RecordingWaiter w1, w2;
+  const std::array<std::string_view, 1> keys{"k"};
+  s.wait(w1, keys);
+  s.wait(w2, keys);
+  EXPECT_EQ(s.waiting_clients(), 2u);
+  EXPECT_TRUE(s.cancel_wait(w1));
+  s.forget(w2);
+  EXPECT_EQ(s.waiting_clients(), 0u);
+  s.set("k", "v");
+  EXPECT_EQ(w1.completed + w2.completed, 0);
+}
+
+TEST(KvStoreTest, NumKeysCountsInitKeyButNotQueues) {
+  KvStore s;
+  s.add("init/", 1);
+  s.set("/a", "x");
+  s.queue_push("q", "1");
+  EXPECT_EQ(s.num_keys(), 2u);
+  EXPECT_TRUE(s.remove("/a"));
+  EXPECT_FALSE(s.remove("/a"));
+  EXPECT_EQ(s.num_keys(), 1u);
+}
+
+TEST(KvStoreTest, QueuePushWakesOneWaiterAndPopIsFifo) {
+  KvStore s;
+  RecordingWaiter w1, w2;
+  const std::array<std::string_view, 1> keys{"q"};
+  s.wait(w1, keys);
+  s.wait(w2, keys);
+  s.queue_push("q", "first");
+  EXPECT_EQ(w1.completed + w2.completed, 1);
+  s.queue_push("q", "second");
+  EXPECT_EQ(w1.completed + w2.completed, 2);
+  EXPECT_TRUE(s.check(keys));
+  std::string v;
+  EXPECT_EQ(s.queue_pop("q", v), 2);
+  EXPECT_EQ(v, "first");
+  EXPECT_EQ(s.queue_len("q"), 1);
+  EXPECT_EQ(s.queue_pop("q", v), 1);
+  EXPECT_EQ(v, "second");
+  EXPECT_EQ(s.queue_pop("q", v), 0);
+  EXPECT_FALSE(s.check(keys));
+}
+
+TEST(KvStoreTest, WatchersSeeCreateUpdateDelete) {
+  KvStore s;
+  RecordingWaiter w;
+  s.watch(w, "k");
+  s.set("k", "1");
+  s.add("k", 1);
+  s.remove("k");
+  ASSERT_EQ(w.events.size(), 3u);
+  EXPECT_EQ(w.events[0], std::make_tuple(uint8_t{1}, std::string("k"), std::string(""), std::string("1")));
+  EXPECT_EQ(w.events[1], std::make_tuple(uint8_t{0}, std::string("k"), std::string("1"), std::string("2")));
+  EXPECT_EQ(w.events[2], std::make_tuple(uint8_t{2}, std::string("k"), std::string("2"), std::string("")));
+}
+
+TEST(KvStoreTest, StoredBytesTrackSetsAppendsAndDeletes) {
+  KvStore s;
+  s.set("ab", "1234");
+  s.append("ab", "56");
+  EXPECT_EQ(s.stored_bytes(), 8u);
+  s.set("ab", "x");
+  EXPECT_EQ(s.stored_bytes(), 3u);
+  s.remove("ab");
+  EXPECT_EQ(s.stored_bytes(), 0u);
+}
+
+}  // namespace
+}  // namespace ddprun::rdzv

@@ -1,0 +1,253 @@
+// Our client against our server over real loopback sockets, plus raw sockets sending bad input.
+#include "rendezvous/server.hpp"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <future>
+#include <thread>
+
+#include "common/errors.hpp"
+#include "rendezvous/client.hpp"
+#include "tests/support/hex.hpp"
+
+namespace ddprun::rdzv {
+namespace {
+
+using namespace std::chrono_literals;
+using test::unhex;
+
+ClientOptions client_options(uint16_t port) {
+  ClientOptions o;
+  o.host = "127.0.0.1";
+  o.port = port;
+  o.connect_timeout = 5s;
+  o.timeout = 5s;
+  return o;
+}
+
+// A plain blocking socket for sending arbitrary bytes.
+class RawSocket {
+ public:
+  explicit RawSocket(uint16_t port) {
+    fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons(port);
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (::connect(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) throw std::runtime_error("connect");
+    timeval tv{5, 0};
+    ::setsockopt(fd_, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  }
+  ~RawSocket() { close(); }
+  void send(const std::string& bytes) { ASSERT_EQ(::send(fd_, bytes.data(), bytes.size(), MSG_NOSIGNAL), ssize_t(bytes.size())); }
+  // Bytes until EOF (or the 5 s receive timeout, which fails the caller's expectation).
+  std::string read_until_eof(bool* eof) {
+    std::string out;
+    char buf[4096];
+    for (;;) {
+      const ssize_t n = ::recv(fd_, buf, sizeof buf, 0);
+      if (n > 0) {
+        out.append(buf, static_cast<size_t>(n));
+        continue;
+      }
+      *eof = n == 0 || errno == ECONNRESET;
+      return out;
+    }
+  }
+  void close() {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = -1;
+  }
+
+ private:
+  int fd_ = -1;
+};
+
+template <typename Pred>
+bool eventually(Pred pred) {
+  const auto deadline = std::chrono::steady_clock::now() + 5s;
+  while (std::chrono::steady_clock::now() < deadline) {
+    if (pred()) return true;
+    std::this_thread::yield();
+  }
+  return pred();
+}
+
+TEST(ServerTest, BindsKernelPickedPortAndServesEveryV2Operation) {
+  ServerThread server(ServerOptions{});
+  ASSERT_NE(server.port(), 0);
+  Client c(client_options(server.port()));
+  EXPECT_GE(c.ping().count(), 0);
+  c.set("a", "1");
+  EXPECT_EQ(c.get("a"), "1");
+  EXPECT_EQ(c.add("n", 7), 7);
+  EXPECT_EQ(c.add("n", -10), -3);
+  EXPECT_EQ(c.compare_set("cas", "", "x"), "x");
+  EXPECT_EQ(c.compare_set("cas", "y", "z"), "x");
+  EXPECT_TRUE(c.check({"a", "n"}));
+  EXPECT_FALSE(c.check({"a", "missing"}));
+  c.append("a", "23");
+  EXPECT_EQ(c.get("a"), "123");
+  c.multi_set({{"m1", "v1"}, {"m2", "v2"}});
+  EXPECT_EQ(c.multi_get({"m2", "m1"}), (std::vector<std::string>{"v2", "v1"}));
+  EXPECT_EQ(c.num_keys(), 5);
+  EXPECT_TRUE(c.delete_key("m1"));
+  EXPECT_FALSE(c.delete_key("m1"));
+  EXPECT_EQ(c.list(), (std::vector<std::string>{"a", "cas", "m2", "n"}));
+  c.queue_push("q", "one");
+  c.queue_push("q", "two");
+  EXPECT_EQ(c.queue_len("q"), 2);
+  EXPECT_EQ(c.queue_pop("q"), "one");
+  EXPECT_EQ(c.queue_pop("q"), "two");
+  EXPECT_EQ(c.queue_pop("q"), std::nullopt);
+}
+
+TEST(ServerTest, GetBlocksUntilAnotherClientSetsTheKey) {
+  ServerThread server(ServerOptions{});
+  Client waiter(client_options(server.port()));
+  Client setter(client_options(server.port()));
+  auto value = std::async(std::launch::async, [&] { return waiter.get("late"); });
+  EXPECT_TRUE(eventually([&] { return server.stats().waiting_clients == 1; }));
+  setter.set("late", "here");
+  ASSERT_EQ(value.wait_for(5s), std::future_status::ready);
+  EXPECT_EQ(value.get(), "here");
+}
+
+TEST(ServerTest, WaitTimeoutCancelsOnServerAndNamesMissingKeys) {
+  ServerThread server(ServerOptions{});
+  Client c(client_options(server.port()));
+  c.set("present", "1");
+  try {
+    c.wait({"present", "absent"}, 50ms);
+    FAIL() << "wait should have timed out";
+  } catch (const TimeoutError& e) {
+    EXPECT_NE(std::string(e.what()).find("1 still missing: absent"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(server.stats().waiting_clients, 0u);
+  // The connection is still in step: the next call works.
+  EXPECT_EQ(c.get("present"), "1");
+}
+
+TEST(ServerTest, BadFrameClosesOnlyThatConnection) {
+  ServerThread server(ServerOptions{});
+  Client good(client_options(server.port()));
+  good.set("k", "v");
+  RawSocket bad(server.port());
+  bad.send(unhex("ff 00 00"));
+  bool eof = false;
+  EXPECT_EQ(bad.read_until_eof(&eof), "");
+  EXPECT_TRUE(eof);
+  EXPECT_EQ(good.get("k"), "v");
+}
+
+TEST(ServerTest, OversizedKeyAndNonNumericAddAreRejected) {
+  ServerOptions opts;
+  opts.limits.max_key_bytes = 64;
+  ServerThread server(opts);
+  {
+    RawSocket raw(server.port());
+    raw.send(unhex("02 4100000000000000"));  // GET with a 65-byte key
+    bool eof = false;
+    raw.read_until_eof(&eof);
+    EXPECT_TRUE(eof);
+  }
+  Client c(client_options(server.port()));
+  c.set("text", "abc");
+  EXPECT_THROW(c.add("text", 1), ConnectionError);
+  // The client reconnects on the next call and the value is untouched.
+  EXPECT_EQ(c.get("text"), "abc");
+}
+
+TEST(ServerTest, DisconnectMidWaitAndMidRequestLeaveNoState) {
+  ServerThread server(ServerOptions{});
+  {
+    RawSocket raw(server.port());
+    raw.send(unhex("05 0100000000000000 0100000000000000 6b"));  // WAIT k
+    ASSERT_TRUE(eventually([&] { return server.stats().waiting_clients == 1; }));
+  }
+  EXPECT_TRUE(eventually([&] { return server.stats().waiting_clients == 0; }));
+  {
+    RawSocket raw(server.port());
+    raw.send(unhex("00 0100000000000000 6b 0010000000000000 78"));  // SET k with 4 KiB promised, 1 sent
+  }
+  EXPECT_TRUE(eventually([&] { return server.stats().connections == 0; }));
+  Client c(client_options(server.port()));
+  EXPECT_FALSE(c.check({"k"}));
+}
+
+TEST(ServerTest, ManyClientThreadsKeepCountersExact) {
+  ServerThread server(ServerOptions{});
+  constexpr int kThreads = 32, kAdds = 200;
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&] {
+      Client c(client_options(server.port()));
+      for (int i = 0; i < kAdds; ++i) c.add("counter", 1);
+      c.add("done", 1);
+      c.wait({"all-done"});
+    });
+  }
+  Client main_client(client_options(server.port()));
+  while (main_client.add("done", 0) < kThreads) main_client.wait({"done"});
+  main_client.set("all-done", "1");
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(main_client.add("counter", 0), kThreads * kAdds);
+}
+
+TEST(ServerTest, ConnectToClosedPortTimesOutNamingAttempts) {
+  uint16_t port;
+  {
+    ServerThread server(ServerOptions{});
+    port = server.port();
+  }
+  ClientOptions o = client_options(port);
+  o.connect_timeout = 200ms;
+  try {
+    Client c(o);
+    FAIL() << "connect should fail";
+  } catch (const TimeoutError& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("connect to store 127.0.0.1:" + std::to_string(port) + " timed out"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("Connection refused"), std::string::npos) << msg;
+  }
+}
+
+TEST(ServerTest, ServesIpv6Loopback) {
+  ServerOptions opts;
+  opts.host = "::1";
+  std::unique_ptr<ServerThread> server;
+  try {
+    server = std::make_unique<ServerThread>(opts);
+  } catch (const ConnectionError& e) {
+    GTEST_SKIP() << "no IPv6 loopback here: " << e.what();
+  }
+  ClientOptions o = client_options(server->port());
+  o.host = "::1";
+  Client c(o);
+  c.set("v6", "yes");
+  EXPECT_EQ(c.get("v6"), "yes");
+}
+
+TEST(ServerTest, SecondServerOnTheSamePortFailsWithAClearError) {
+  ServerThread first(ServerOptions{});
+  ServerOptions opts;
+  opts.port = first.port();
+  try {
+    ServerThread second(opts);
+    FAIL() << "bind should fail";
+  } catch (const ConnectionError& e) {
+    EXPECT_NE(std::string(e.what()).find("cannot listen on 127.0.0.1:" + std::to_string(first.port())),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace ddprun::rdzv
