@@ -38,3 +38,12 @@ if(DDPRUN_NCCL_INCLUDE_DIR AND DDPRUN_NCCL_LIBRARY)
 else()
   message(STATUS "ddprun: nccl.h/libnccl not found: NCCL backend off")
 endif()
+
+if(DDPRUN_HAVE_TORCH AND NOT TARGET ddprun_torch)
+  # One interface target carrying LibTorch's headers, libraries and flags.
+  add_library(ddprun_torch INTERFACE)
+  target_include_directories(ddprun_torch SYSTEM INTERFACE ${TORCH_INCLUDE_DIRS})
+  target_link_libraries(ddprun_torch INTERFACE ${TORCH_LIBRARIES})
+  separate_arguments(_ddprun_torch_flags UNIX_COMMAND "${TORCH_CXX_FLAGS}")
+  target_compile_options(ddprun_torch INTERFACE ${_ddprun_torch_flags})
+endif()
