@@ -16,6 +16,7 @@
 
 #include "common/errors.hpp"
 #include "common/log.hpp"
+#include "common/system.hpp"
 #include "rendezvous/server.hpp"
 
 namespace {
@@ -100,6 +101,7 @@ int main(int argc, char** argv) {
   }
 
   try {
+    raise_open_file_limit();
     boost::asio::io_context io(1);
     rdzv::Server server(io, options);
     if (!port_file.empty()) {
