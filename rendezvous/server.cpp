@@ -59,7 +59,8 @@ Server::Server(asio::io_context& io, ServerOptions options)
 Server::~Server() { stop(); }
 
 void Server::start() {
-  log::info("store") << "listening on " << format_endpoint(endpoint_);
+  if (options_.log_lifecycle) log::info("store") << "listening on " << format_endpoint(endpoint_);
+  else DDPRUN_LOG_DEBUG("store") << "listening on " << format_endpoint(endpoint_);
   accept();
 }
 
@@ -103,7 +104,8 @@ void Server::stop() {
   auto sessions = std::move(sessions_);
   sessions_.clear();
   for (auto& [ptr, session] : sessions) session->close("");
-  log::info("store") << "stopped serving " << format_endpoint(endpoint_);
+  if (options_.log_lifecycle) log::info("store") << "stopped serving " << format_endpoint(endpoint_);
+  else DDPRUN_LOG_DEBUG("store") << "stopped serving " << format_endpoint(endpoint_);
 }
 
 ServerThread::ServerThread(ServerOptions options) {

@@ -30,6 +30,8 @@ struct ServerOptions {
   // 0 lets the kernel pick a free port; read it back with port().
   uint16_t port = 0;
   Limits limits;
+  // Log "listening on" / "stopped" at INFO (the daemon) or DEBUG (embedded in the launcher).
+  bool log_lifecycle = true;
 };
 
 // A snapshot of the server's state, for status queries and tests.

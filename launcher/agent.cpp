@@ -1,0 +1,203 @@
+#include "launcher/agent.hpp"
+
+#include <unistd.h>
+
+#include <boost/asio/ip/address.hpp>
+#include <filesystem>
+#include <iostream>
+#include <memory>
+#include <random>
+
+#include "common/errors.hpp"
+#include "common/log.hpp"
+#include "launcher/supervisor.hpp"
+#include "launcher/worker_env.hpp"
+#include "rendezvous/server.hpp"
+
+namespace ddprun::launcher {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string host_name() {
+  char buf[256] = {};
+  if (::gethostname(buf, sizeof buf - 1) != 0) return "localhost";
+  return buf;
+}
+
+std::string random_suffix() {
+  static const char* chars = "abcdefghijklmnopqrstuvwxyz0123456789";
+  std::mt19937 rng(std::random_device{}());
+  std::string s;
+  for (int i = 0; i < 8; ++i) s.push_back(chars[rng() % 36]);
+  return s;
+}
+
+std::string safe_name(std::string s) {
+  for (char& c : s) {
+    if (!std::isalnum(static_cast<unsigned char>(c)) && c != '-' && c != '_' && c != '.') c = '_';
+  }
+  return s.empty() ? "none" : s;
+}
+
+// Where attempt directories go: LOG_DIR/RUN_ID_XXXX, or a temporary directory removed at exit
+// when nothing was asked to be kept.
+struct RunDirectory {
+  fs::path path;
+  bool temporary = false;
+
+  explicit RunDirectory(const LaunchOptions& o) {
+    std::error_code ec;
+    if (!o.log_dir.empty()) {
+      path = fs::path(o.log_dir) / (safe_name(o.run_id) + "_" + random_suffix());
+    } else {
+      path = fs::temp_directory_path(ec) / ("ddprun_" + safe_name(o.run_id) + "_" + random_suffix());
+      temporary = !o.redirects.any() && !o.tee.any();
+    }
+    fs::create_directories(path, ec);
+    if (ec) throw ConfigError("cannot create the log directory " + path.string() + ": " + ec.message());
+  }
+  ~RunDirectory() {
+    std::error_code ec;
+    if (temporary) fs::remove_all(path, ec);
+  }
+};
+
+std::vector<std::string> worker_command(const LaunchOptions& o, const Environment& env) {
+  std::vector<std::string> argv;
+  const bool python_file = o.program.size() > 3 && o.program.substr(o.program.size() - 3) == ".py";
+  if (o.module || (python_file && !o.no_python)) {
+    auto it = env.find("PYTHON_EXEC");
+    argv.push_back(it != env.end() && !it->second.empty() ? it->second : "python3");
+    argv.push_back("-u");
+    if (o.module) argv.push_back("-m");
+  }
+  argv.push_back(o.program);
+  return argv;
+}
+
+std::string store_bind_address(const std::string& master_addr) {
+  boost::system::error_code ec;
+  const auto addr = boost::asio::ip::make_address(master_addr, ec);
+  if (!ec && addr.is_loopback()) return master_addr;  // keep a single-node job's store off the network
+  return "::";
+}
+
+}  // namespace
+
+int run_agent(const LaunchOptions& o) {
+  if (o.max_nodes > 1) {
+    throw ConfigError("--nnodes " + std::to_string(o.max_nodes) +
+                      ": multi-node jobs are not supported by this ddprun yet; run with --nnodes 1");
+  }
+  OrphanGuard guard;  // before any socket or thread exists, so it inherits nothing worth keeping
+  become_subreaper();
+
+  Environment base = current_environment();
+  if (o.nproc_per_node > 1 && base.find("OMP_NUM_THREADS") == base.end()) {
+    base["OMP_NUM_THREADS"] = "1";
+    log::warn("ddprun") << "OMP_NUM_THREADS is not set: setting it to 1 for each of the " << o.nproc_per_node
+                        << " workers to avoid oversubscribing the CPUs; set it yourself to tune";
+  }
+  const std::string host = host_name();
+  RunDirectory run_dir(o);
+  std::string signals_text;
+  for (int s : o.signals_to_handle) signals_text += (signals_text.empty() ? "" : ",") + signal_name(s);
+
+  SupervisorSettings settings;
+  settings.handled_signals = o.signals_to_handle;
+  settings.shutdown_grace = o.shutdown_timeout;
+  settings.host = host;
+  Supervisor supervisor(settings, &guard);
+
+  const std::string master_addr = o.local_addr.empty() ? o.master_addr : o.local_addr;
+  std::optional<std::vector<std::string>> gpus;
+  if (o.virtual_local_rank) gpus = visible_gpu_ids(base, o.nproc_per_node);
+
+  for (int attempt = 0;; ++attempt) {
+    // A fresh store for every attempt: PyTorch >= 2.6 workers use no per-attempt key prefix.
+    rdzv::ServerOptions store_options;
+    store_options.host = store_bind_address(o.master_addr);
+    store_options.port = o.master_port.value_or(0);
+    store_options.log_lifecycle = false;
+    rdzv::ServerThread store(store_options);
+    log::info("ddprun") << "attempt " << attempt << ": worker store on " << rdzv::format_endpoint(store.endpoint())
+                        << ", MASTER_ADDR=" << master_addr << " MASTER_PORT=" << store.port();
+
+    AttemptContext ctx;
+    ctx.master_addr = master_addr;
+    ctx.master_port = store.port();
+    ctx.restart_count = attempt;
+    ctx.max_restarts = o.max_restarts;
+    ctx.run_id = o.run_id;
+    ctx.role = o.role;
+    ctx.signals_to_handle = signals_text;
+    ctx.one_gpu_each = gpus;
+
+    const fs::path attempt_dir = run_dir.path / ("attempt_" + std::to_string(attempt));
+    std::vector<WorkerLaunch> launches;
+    for (int lr = 0; lr < o.nproc_per_node; ++lr) {
+      WorkerPlacement where;
+      where.local_rank = lr;
+      where.rank = o.node_rank * o.nproc_per_node + lr;
+      where.local_world_size = o.nproc_per_node;
+      where.world_size = o.nproc_per_node * o.max_nodes;
+      where.group_rank = o.node_rank;
+      where.group_world_size = o.max_nodes;
+      const fs::path rank_dir = attempt_dir / std::to_string(lr);
+      std::error_code ec;
+      fs::create_directories(rank_dir, ec);
+      if (ec) throw ConfigError("cannot create " + rank_dir.string() + ": " + ec.message());
+      fs::remove(rank_dir / "error.json", ec);
+
+      WorkerLaunch l;
+      l.local_rank = lr;
+      l.rank = where.rank;
+      l.error_file = (rank_dir / "error.json").string();
+      const Environment env = worker_environment(base, where, ctx, l.error_file);
+      l.request.argv = worker_command(o, env);
+      for (auto& a : substitute_args(o.program_args, lr)) l.request.argv.push_back(std::move(a));
+      l.request.envp = to_envp(env);
+      l.prefix = expand_prefix(o.log_line_prefix, where.rank, lr, o.role, host);
+      const int redirect = o.redirects.for_rank(lr), tee = o.tee.for_rank(lr);
+      const bool shown = !o.local_ranks_filter || o.local_ranks_filter->count(lr) != 0;
+      l.stdout_to_console = shown && (!(redirect & 1) || (tee & 1));
+      l.stderr_to_console = shown && (!(redirect & 2) || (tee & 2));
+      if ((redirect | tee) & 1) l.stdout_file = (rank_dir / "stdout.log").string();
+      if ((redirect | tee) & 2) l.stderr_file = (rank_dir / "stderr.log").string();
+      launches.push_back(std::move(l));
+    }
+    if (o.redirects.any() || o.tee.any()) log::info("ddprun") << "worker logs in " << attempt_dir.string();
+
+    GroupResult result;
+    try {
+      result = supervisor.run(launches);
+    } catch (const ProcessError& e) {
+      log::error("ddprun") << e.what();
+      return 1;
+    }
+    switch (result.outcome) {
+      case GroupOutcome::Succeeded:
+        log::info("ddprun") << "all " << o.nproc_per_node << " worker(s) finished successfully";
+        return 0;
+      case GroupOutcome::Signalled:
+      case GroupOutcome::StoppedByRequest:
+        log::warn("ddprun") << "workers stopped by " << signal_name(result.signal ? result.signal : SIGTERM);
+        return 128 + (result.signal ? result.signal : SIGTERM);
+      case GroupOutcome::Failed:
+        break;
+    }
+    const WorkerExit& root = result.failures.front();
+    if (attempt < o.max_restarts && !supervisor.stop_signal_received()) {
+      log::warn("ddprun") << "rank " << root.rank << " failed with " << describe_exit(root)
+                          << "; restarting the worker group (restart " << attempt + 1 << " of " << o.max_restarts
+                          << ")";
+      continue;
+    }
+    std::cerr << format_failure_report(o.program, result.failures, result.stopped_ranks) << std::flush;
+    if (o.max_restarts > 0) log::error("ddprun") << "giving up after " << o.max_restarts << " restart(s)";
+    return shell_exit_code(root);
+  }
+}
+
+}  // namespace ddprun::launcher

@@ -1,0 +1,43 @@
+// ddprun: starts and supervises the workers of a distributed training job (torchrun-compatible).
+#include <csignal>
+#include <iostream>
+
+#include "common/errors.hpp"
+#include "common/log.hpp"
+#include "launcher/agent.hpp"
+#include "launcher/options.hpp"
+
+#ifndef DDPRUN_VERSION
+#define DDPRUN_VERSION "0.0.0"
+#endif
+
+int main(int argc, char** argv) {
+  using namespace ddprun;
+  std::signal(SIGPIPE, SIG_IGN);
+  std::vector<std::string> args(argv + 1, argv + argc);
+  launcher::LaunchOptions options;
+  try {
+    const auto env = launcher::process_env();
+    options = launcher::parse_options(args, env, launcher::detect_host(env));
+  } catch (const ConfigError& e) {
+    std::cerr << "ddprun: " << e.what() << "\n";
+    return 2;
+  }
+  if (options.help) {
+    std::cout << launcher::usage_text();
+    return 0;
+  }
+  if (options.version) {
+    std::cout << "ddprun " << DDPRUN_VERSION << "\n";
+    return 0;
+  }
+  try {
+    return launcher::run_agent(options);
+  } catch (const ConfigError& e) {
+    std::cerr << "ddprun: " << e.what() << "\n";
+    return 2;
+  } catch (const std::exception& e) {
+    log::error("ddprun") << e.what();
+    return 1;
+  }
+}

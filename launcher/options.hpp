@@ -1,0 +1,85 @@
+#pragma once
+// ddprun's command line: torchrun's flags (both spellings, e.g. --nproc_per_node and
+// --nproc-per-node) with PET_* environment fallbacks, turned into LaunchOptions. Pure: reads only
+// what it is given, so tests drive it with fake argv and environments. Throws ConfigError with a
+// message naming the flag and the accepted values.
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+namespace ddprun::launcher {
+
+// -r/--redirects and -t/--tee: 0 none, 1 stdout, 2 stderr, 3 both; per local rank as "0:1,1:3".
+struct StreamSelection {
+  int all = 0;
+  std::map<int, int> per_rank;
+  int for_rank(int local_rank) const {
+    auto it = per_rank.find(local_rank);
+    return it == per_rank.end() ? all : it->second;
+  }
+  bool any() const { return all != 0 || !per_rank.empty(); }
+};
+
+struct LaunchOptions {
+  std::string nproc_spec = "1";  // as given: a number, auto, cpu or gpu
+  int nproc_per_node = 1;        // resolved
+  int min_nodes = 1;
+  int max_nodes = 1;
+  int node_rank = 0;
+  std::string master_addr = "127.0.0.1";
+  std::optional<uint16_t> master_port;  // unset: the kernel picks a free port
+  bool standalone = false;
+  std::string rdzv_backend = "static";
+  std::string rdzv_endpoint;
+  std::string run_id = "none";
+  std::map<std::string, std::string> rdzv_conf;
+  int max_restarts = 0;
+  std::chrono::milliseconds monitor_interval{100};
+  std::string role = "default";
+  std::string log_dir;
+  StreamSelection redirects;
+  StreamSelection tee;
+  std::optional<std::set<int>> local_ranks_filter;
+  bool no_python = false;
+  bool module = false;
+  std::string local_addr;
+  std::vector<int> signals_to_handle;  // signal numbers
+  std::chrono::milliseconds shutdown_timeout{std::chrono::seconds(30)};
+  bool virtual_local_rank = false;
+  std::string log_line_prefix = "[rank${rank}]: ";
+  std::string program;
+  std::vector<std::string> program_args;
+
+  bool help = false;
+  bool version = false;
+};
+
+using EnvLookup = std::function<std::optional<std::string>(const std::string&)>;
+
+// Facts about the machine that option resolution needs (injected for tests).
+struct HostFacts {
+  int cpu_count = 1;
+  int gpu_count = 0;  // visible GPUs (CUDA_VISIBLE_DEVICES honoured)
+};
+
+// Parses argv (without argv[0]). Throws ConfigError.
+LaunchOptions parse_options(const std::vector<std::string>& args, const EnvLookup& env, const HostFacts& host);
+
+// The --help text: every flag with its default.
+std::string usage_text();
+
+// "SIGUSR1" / "USR1" / "10" -> 10. Throws ConfigError naming `flag`.
+int parse_signal(const std::string& text, const std::string& flag);
+std::string signal_name(int signo);
+
+// The env lookup of the real process.
+EnvLookup process_env();
+HostFacts detect_host(const EnvLookup& env);
+
+}  // namespace ddprun::launcher

@@ -1,0 +1,93 @@
+#include "launcher/output.hpp"
+
+#include <unistd.h>
+
+#include <cerrno>
+
+namespace ddprun::launcher {
+
+bool write_fully(int fd, std::string_view data) {
+  while (!data.empty()) {
+    const ssize_t n = ::write(fd, data.data(), data.size());
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return false;
+    data.remove_prefix(static_cast<size_t>(n));
+  }
+  return true;
+}
+
+std::string expand_prefix(std::string tmpl, int rank, int local_rank, const std::string& role,
+                          const std::string& host) {
+  const std::pair<std::string, std::string> macros[] = {{"${rank}", std::to_string(rank)},
+                                                        {"${local_rank}", std::to_string(local_rank)},
+                                                        {"${role_name}", role},
+                                                        {"${host}", host}};
+  for (const auto& [macro, value] : macros) {
+    for (size_t pos = tmpl.find(macro); pos != std::string::npos; pos = tmpl.find(macro, pos + value.size())) {
+      tmpl.replace(pos, macro.size(), value);
+    }
+  }
+  return tmpl;
+}
+
+LineWriter::LineWriter(std::string prefix, int console_fd, int file_fd, size_t tail_lines)
+    : prefix_(std::move(prefix)), console_fd_(console_fd), file_fd_(file_fd), tail_lines_(tail_lines) {}
+
+LineWriter::~LineWriter() {
+  if (file_fd_ >= 0) ::close(file_fd_);
+}
+
+void LineWriter::emit_line(std::string_view line, std::string& batch) {
+  if (console_fd_ >= 0) {
+    batch += prefix_;
+    batch.append(line);
+    batch.push_back('\n');
+  }
+  if (tail_lines_ > 0) {
+    tail_.emplace_back(line.substr(0, 512));
+    if (tail_.size() > tail_lines_) tail_.pop_front();
+  }
+}
+
+void LineWriter::write_console(const std::string& batch) {
+  if (console_fd_ >= 0 && !batch.empty() && !write_fully(console_fd_, batch)) console_fd_ = -1;
+}
+
+void LineWriter::feed(std::string_view data) {
+  if (file_fd_ >= 0 && !write_fully(file_fd_, data)) {
+    ::close(file_fd_);
+    file_fd_ = -1;
+  }
+  std::string batch;
+  while (!data.empty()) {
+    const size_t nl = data.find('\n');
+    if (nl == std::string_view::npos) {
+      partial_.append(data);
+      data = {};
+      while (partial_.size() >= kMaxLine) {
+        emit_line(std::string_view(partial_).substr(0, kMaxLine), batch);
+        partial_.erase(0, kMaxLine);
+      }
+      break;
+    }
+    if (partial_.empty()) {
+      emit_line(data.substr(0, nl), batch);
+    } else {
+      partial_.append(data.substr(0, nl));
+      emit_line(partial_, batch);
+      partial_.clear();
+    }
+    data.remove_prefix(nl + 1);
+  }
+  write_console(batch);
+}
+
+void LineWriter::finish() {
+  if (partial_.empty()) return;
+  std::string batch;
+  emit_line(partial_, batch);
+  partial_.clear();
+  write_console(batch);
+}
+
+}  // namespace ddprun::launcher

@@ -1,0 +1,54 @@
+#pragma once
+// Starting one worker process: fork + exec with its own process group, close-on-exec pipes for
+// stdout and stderr, and PR_SET_PDEATHSIG(SIGKILL) so the worker dies if the launcher does.
+//
+// PR_SET_PDEATHSIG fires when the *thread* that forked exits, so spawn() must be called from a
+// thread that lives as long as the launcher (ddprun calls it from its main thread).
+
+#include <sys/types.h>
+
+#include <string>
+#include <vector>
+
+namespace ddprun::launcher {
+
+struct SpawnRequest {
+  std::vector<std::string> argv;  // argv[0] is looked up in PATH when it has no '/'
+  std::vector<std::string> envp;  // KEY=VALUE
+};
+
+struct SpawnedProcess {
+  pid_t pid = -1;  // also the process group id
+  int stdout_fd = -1;
+  int stderr_fd = -1;
+};
+
+// Throws ProcessError when the program cannot be executed (not found, not executable, ...); the
+// message names the program and the OS error.
+SpawnedProcess spawn_process(const SpawnRequest& request);
+
+// Makes this process the reaper of orphaned descendants (grandchildren whose worker exited), so
+// waitpid(-1) collects them instead of init.
+void become_subreaper();
+
+// A small process that outlives ddprun by design: it learns the process group of every worker and,
+// when its pipe from ddprun closes without a clean goodbye (ddprun was SIGKILLed or crashed), kills
+// those groups, so no worker or grandchild is orphaned. Start it before opening sockets or threads.
+class OrphanGuard {
+ public:
+  OrphanGuard();
+  ~OrphanGuard();  // clean goodbye: the guard exits without killing anything
+  OrphanGuard(const OrphanGuard&) = delete;
+  OrphanGuard& operator=(const OrphanGuard&) = delete;
+
+  void watch_group(pid_t pgid);
+  void forget_group(pid_t pgid);
+  pid_t pid() const { return pid_; }
+
+ private:
+  void send(char op, pid_t pgid);
+  int fd_ = -1;
+  pid_t pid_ = -1;
+};
+
+}  // namespace ddprun::launcher

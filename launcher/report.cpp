@@ -1,0 +1,111 @@
+#include "launcher/report.hpp"
+
+#include <ctime>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "launcher/options.hpp"
+
+namespace ddprun::launcher {
+
+int shell_exit_code(const WorkerExit& e) { return e.signal != 0 ? 128 + e.signal : e.exit_code; }
+
+std::string describe_exit(const WorkerExit& e) {
+  if (e.signal != 0) return "signal " + std::to_string(e.signal) + " (" + signal_name(e.signal) + ")";
+  return "exit code " + std::to_string(e.exit_code);
+}
+
+std::optional<std::string> read_error_file(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return std::nullopt;
+  std::stringstream buf;
+  buf << in.rdbuf();
+  const std::string text = buf.str();
+  if (text.empty()) return std::nullopt;
+  const auto j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) return "(unparseable error file) " + text.substr(0, 2000);
+  std::string out;
+  const auto& m = j.contains("message") ? j["message"] : j;
+  if (m.is_string()) {
+    out = m.get<std::string>();
+  } else if (m.is_object()) {
+    if (m.contains("message") && m["message"].is_string()) out = m["message"].get<std::string>();
+    if (m.contains("extraInfo") && m["extraInfo"].is_object() && m["extraInfo"].contains("py_callstack") &&
+        m["extraInfo"]["py_callstack"].is_string()) {
+      out += "\n" + m["extraInfo"]["py_callstack"].get<std::string>();
+    }
+  }
+  if (out.empty()) out = text.substr(0, 2000);
+  while (!out.empty() && out.back() == '\n') out.pop_back();
+  return out;
+}
+
+namespace {
+
+std::string format_time(std::chrono::system_clock::time_point t) {
+  const std::time_t secs = std::chrono::system_clock::to_time_t(t);
+  const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(t.time_since_epoch()).count() % 1000;
+  std::tm tm{};
+  localtime_r(&secs, &tm);
+  char buf[48];
+  std::strftime(buf, sizeof buf, "%Y-%m-%d %H:%M:%S", &tm);
+  return std::string(buf) + "." + (ms < 100 ? (ms < 10 ? "00" : "0") : "") + std::to_string(ms);
+}
+
+void indent_block(std::ostringstream& out, const std::string& label, const std::string& text) {
+  std::istringstream lines(text);
+  std::string line;
+  bool first = true;
+  while (std::getline(lines, line)) {
+    out << (first ? "  " + label : std::string(label.size() + 2, ' ')) << line << "\n";
+    first = false;
+  }
+}
+
+void format_one(std::ostringstream& out, const WorkerExit& e) {
+  out << "  rank       : " << e.rank << " (local_rank " << e.local_rank << ")\n"
+      << "  host       : " << e.host << "\n"
+      << "  pid        : " << e.pid << "\n"
+      << "  exit       : " << describe_exit(e) << "\n"
+      << "  time       : " << format_time(e.time) << "\n";
+  if (auto msg = read_error_file(e.error_file)) {
+    indent_block(out, "error_file : ", e.error_file);
+    indent_block(out, "error      : ", *msg);
+  }
+  if (!e.stderr_tail.empty()) {
+    out << "  last stderr lines:\n";
+    for (const auto& l : e.stderr_tail) out << "    | " << l << "\n";
+  } else {
+    out << "  last stderr lines: (none)\n";
+  }
+}
+
+}  // namespace
+
+std::string format_failure_report(const std::string& program, const std::vector<WorkerExit>& failures,
+                                  const std::vector<int>& stopped_ranks) {
+  std::ostringstream out;
+  const std::string rule(72, '=');
+  out << rule << "\n" << program << " FAILED\n" << std::string(72, '-') << "\n";
+  if (failures.empty()) return out.str() + rule + "\n";
+  out << "Root cause (first failure):\n";
+  format_one(out, failures.front());
+  if (failures.size() > 1) {
+    out << std::string(72, '-') << "\nOther failures, in order:\n";
+    for (size_t i = 1; i < failures.size(); ++i) {
+      out << "[" << i << "]\n";
+      format_one(out, failures[i]);
+    }
+  }
+  if (!stopped_ranks.empty()) {
+    out << std::string(72, '-') << "\nStopped by ddprun after the failure: rank";
+    out << (stopped_ranks.size() > 1 ? "s " : " ");
+    for (size_t i = 0; i < stopped_ranks.size(); ++i) out << (i ? "," : "") << stopped_ranks[i];
+    out << "\n";
+  }
+  out << rule << "\n";
+  return out.str();
+}
+
+}  // namespace ddprun::launcher

@@ -1,0 +1,41 @@
+#pragma once
+// The end-of-job failure report: which rank failed first (the root cause), how (exit code or
+// signal name), where (host, pid), when, its last stderr lines, and what it wrote to its
+// TORCHELASTIC_ERROR_FILE. Pure formatting.
+
+#include <sys/types.h>
+
+#include <chrono>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace ddprun::launcher {
+
+struct WorkerExit {
+  int rank = 0;
+  int local_rank = 0;
+  std::string host;
+  pid_t pid = -1;
+  int exit_code = 0;  // valid when signal == 0
+  int signal = 0;     // the signal that killed it, or 0
+  std::chrono::system_clock::time_point time;
+  std::vector<std::string> stderr_tail;
+  std::string error_file;  // path given to the worker
+};
+
+// The shell convention: the exit code, or 128 + N for death by signal N.
+int shell_exit_code(const WorkerExit& e);
+// "exit code 3" or "signal 9 (SIGKILL)".
+std::string describe_exit(const WorkerExit& e);
+
+// Reads a torchrun-format error file ({"message": {"message": ..., "extraInfo": {"py_callstack": ...}}}
+// or {"message": "..."}); nullopt if absent or unreadable.
+std::optional<std::string> read_error_file(const std::string& path);
+
+// `failures` in the order they happened (the first is the root cause); `stopped` are the ranks
+// ddprun stopped afterwards.
+std::string format_failure_report(const std::string& program, const std::vector<WorkerExit>& failures,
+                                  const std::vector<int>& stopped_ranks);
+
+}  // namespace ddprun::launcher

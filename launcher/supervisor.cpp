@@ -1,0 +1,301 @@
+#include "launcher/supervisor.hpp"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <cerrno>
+
+#include "common/errors.hpp"
+#include "common/log.hpp"
+#include "launcher/options.hpp"
+
+namespace ddprun::launcher {
+
+namespace asio = boost::asio;
+
+namespace {
+
+bool is_stop_signal(int signo) { return signo == SIGINT || signo == SIGTERM || signo == SIGHUP || signo == SIGQUIT; }
+
+int open_log(const std::string& path) {
+  if (path.empty()) return -1;
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) throw ProcessError("cannot create log file " + path + ": " + std::strerror(errno));
+  return fd;
+}
+
+}  // namespace
+
+struct Supervisor::Worker {
+  Worker(asio::io_context& io, const WorkerLaunch& l) : launch(l), out_pipe(io), err_pipe(io) {}
+  WorkerLaunch launch;
+  pid_t pid = -1;
+  bool exited = false;
+  bool out_open = false;
+  bool err_open = false;
+  bool stopped_by_us = false;
+  asio::posix::stream_descriptor out_pipe;
+  asio::posix::stream_descriptor err_pipe;
+  std::unique_ptr<LineWriter> out;
+  std::unique_ptr<LineWriter> err;
+  std::array<char, 16384> out_buf{};
+  std::array<char, 16384> err_buf{};
+};
+
+Supervisor::Supervisor(SupervisorSettings settings, OrphanGuard* guard)
+    : settings_(std::move(settings)),
+      guard_(guard),
+      signals_(io_),
+      sigchld_(io_, SIGCHLD),
+      grace_timer_(io_),
+      drain_timer_(io_) {
+  for (int s : settings_.handled_signals) signals_.add(s);
+  // A terminal's Ctrl-C goes to the foreground group; SIGINT is always ours to handle.
+  if (std::find(settings_.handled_signals.begin(), settings_.handled_signals.end(), SIGINT) ==
+      settings_.handled_signals.end()) {
+    signals_.add(SIGINT);
+  }
+  arm_signals();
+  arm_sigchld();
+}
+
+Supervisor::~Supervisor() = default;
+
+void Supervisor::arm_signals() {
+  signals_.async_wait([this](const boost::system::error_code& ec, int signo) {
+    if (ec) return;
+    on_signal(signo);
+    arm_signals();
+  });
+}
+
+void Supervisor::arm_sigchld() {
+  sigchld_.async_wait([this](const boost::system::error_code& ec, int) {
+    if (ec) return;
+    reap();
+    arm_sigchld();
+  });
+}
+
+void Supervisor::on_signal(int signo) {
+  if (signo == SIGINT) ++sigint_count_;
+  if (!is_stop_signal(signo)) {
+    log::info("ddprun") << "forwarding " << signal_name(signo) << " to " << workers_.size() << " worker(s)";
+    for (auto& w : workers_) {
+      if (!w->exited) ::kill(-w->pid, signo);
+    }
+    return;
+  }
+  if (stop_signal_ == 0) stop_signal_ = signo;
+  if (state_ == State::Running) {
+    log::warn("ddprun") << "received " << signal_name(signo) << ": forwarding it to every worker, SIGKILL in "
+                        << settings_.shutdown_grace.count() / 1000.0 << "s (Ctrl-C again to kill now)";
+    begin_stop(signo, GroupOutcome::Signalled);
+    result_.signal = signo;
+  } else if (state_ == State::Stopping && signo == SIGINT && sigint_count_ >= 2) {
+    log::warn("ddprun") << "second SIGINT: killing every worker now";
+    kill_all(SIGKILL);
+  }
+}
+
+void Supervisor::request_stop(const std::string& reason) {
+  if (state_ != State::Running) return;
+  log::warn("ddprun") << "stopping the workers: " << reason;
+  begin_stop(SIGTERM, GroupOutcome::StoppedByRequest);
+}
+
+void Supervisor::begin_stop(int signo, GroupOutcome outcome) {
+  state_ = State::Stopping;
+  result_.outcome = outcome;
+  for (auto& w : workers_) {
+    if (!w->exited) w->stopped_by_us = true;
+  }
+  kill_all(signo);
+  grace_timer_.expires_after(settings_.shutdown_grace);
+  grace_timer_.async_wait([this](const boost::system::error_code& ec) {
+    if (ec) return;
+    int alive = 0;
+    for (auto& w : workers_) alive += w->exited ? 0 : 1;
+    if (alive > 0) {
+      log::warn("ddprun") << alive << " worker(s) still running after the " << settings_.shutdown_grace.count() / 1000.0
+                          << "s grace: sending SIGKILL";
+      kill_all(SIGKILL);
+    }
+  });
+}
+
+void Supervisor::kill_all(int signo) {
+  for (auto& w : workers_) {
+    // The whole process group: grandchildren (data loader workers, shells) go too.
+    if (!w->exited && ::kill(-w->pid, signo) != 0 && errno == ESRCH) ::kill(w->pid, signo);
+  }
+}
+
+void Supervisor::reap() {
+  for (;;) {
+    int status = 0;
+    const pid_t pid = ::waitpid(-1, &status, WNOHANG);
+    if (pid <= 0) {
+      if (pid < 0 && errno == EINTR) continue;
+      return;  // 0: nothing more now; ECHILD: no children
+    }
+    for (auto& w : workers_) {
+      if (w->pid == pid && !w->exited) {
+        on_worker_exit(*w, status);
+        break;
+      }
+    }
+    // Other pids are orphaned grandchildren handed to us as subreaper: just collected.
+  }
+}
+
+void Supervisor::on_worker_exit(Worker& w, int status) {
+  w.exited = true;
+  const auto now = std::chrono::system_clock::now();
+  // Grandchildren die with their worker.
+  ::kill(-w.pid, SIGKILL);
+  if (guard_) guard_->forget_group(w.pid);
+  WorkerExit e;
+  e.rank = w.launch.rank;
+  e.local_rank = w.launch.local_rank;
+  e.host = settings_.host;
+  e.pid = w.pid;
+  e.time = now;
+  e.error_file = w.launch.error_file;
+  if (WIFSIGNALED(status)) e.signal = WTERMSIG(status);
+  else e.exit_code = WEXITSTATUS(status);
+  const bool failed = e.signal != 0 || e.exit_code != 0;
+  if (failed || log::enabled(log::Level::Debug)) {
+    (failed && !w.stopped_by_us ? log::warn("ddprun") : log::info("ddprun"))
+        << "worker rank " << e.rank << " (pid " << e.pid << ") ended with " << describe_exit(e);
+  }
+  if (failed && !w.stopped_by_us) {
+    result_.failures.push_back(std::move(e));
+    if (state_ == State::Running) {
+      log::warn("ddprun") << "rank " << w.launch.rank << " failed: stopping the other workers";
+      begin_stop(SIGTERM, GroupOutcome::Failed);
+    }
+  } else if (w.stopped_by_us) {
+    result_.stopped_ranks.push_back(w.launch.rank);
+  }
+  bool all_exited = std::all_of(workers_.begin(), workers_.end(), [](auto& x) { return x->exited; });
+  if (all_exited) {
+    grace_timer_.cancel();
+    // Output still in the pipes is read; a grandchild that escaped the group may hold a pipe open,
+    // so draining is bounded.
+    drain_timer_.expires_after(std::chrono::seconds(2));
+    drain_timer_.async_wait([this](const boost::system::error_code& ec) {
+      if (ec) return;
+      drain_expired_ = true;
+      for (auto& x : workers_) {
+        boost::system::error_code ignored;
+        if (x->out_open) x->out_pipe.close(ignored);
+        if (x->err_open) x->err_pipe.close(ignored);
+      }
+      maybe_finish();
+    });
+  }
+  maybe_finish();
+}
+
+void Supervisor::read_pipe(Worker& w, bool err) {
+  auto& pipe = err ? w.err_pipe : w.out_pipe;
+  auto& buf = err ? w.err_buf : w.out_buf;
+  pipe.async_read_some(asio::buffer(buf), [this, &w, err](const boost::system::error_code& ec, size_t n) {
+    auto& writer = err ? w.err : w.out;
+    if (!ec) {
+      writer->feed(std::string_view((err ? w.err_buf : w.out_buf).data(), n));
+      read_pipe(w, err);
+      return;
+    }
+    writer->finish();
+    (err ? w.err_open : w.out_open) = false;
+    boost::system::error_code ignored;
+    (err ? w.err_pipe : w.out_pipe).close(ignored);
+    maybe_finish();
+  });
+}
+
+void Supervisor::maybe_finish() {
+  if (finished_) return;
+  for (auto& w : workers_) {
+    if (!w->exited || w->out_open || w->err_open) return;
+  }
+  finished_ = true;
+  drain_timer_.cancel();
+  grace_timer_.cancel();
+  // The tails are complete now: attach them to the failures.
+  for (auto& f : result_.failures) {
+    for (auto& w : workers_) {
+      if (w->launch.rank == f.rank) f.stderr_tail.assign(w->err->tail().begin(), w->err->tail().end());
+    }
+  }
+  std::sort(result_.stopped_ranks.begin(), result_.stopped_ranks.end());
+  io_.stop();
+}
+
+GroupResult Supervisor::run(const std::vector<WorkerLaunch>& launches) {
+  workers_.clear();
+  result_ = GroupResult{};
+  state_ = State::Running;
+  finished_ = false;
+  drain_expired_ = false;
+  io_.restart();
+  if (stop_signal_ != 0) {  // a stop signal came before the workers started
+    result_.outcome = GroupOutcome::Signalled;
+    result_.signal = stop_signal_;
+    state_ = State::Idle;
+    return result_;
+  }
+  for (const WorkerLaunch& l : launches) {
+    auto w = std::make_unique<Worker>(io_, l);
+    SpawnedProcess p;
+    try {
+      const int out_fd = open_log(l.stdout_file);
+      const int err_fd = open_log(l.stderr_file);
+      w->out = std::make_unique<LineWriter>(l.prefix, l.stdout_to_console ? STDOUT_FILENO : -1, out_fd, 0);
+      w->err = std::make_unique<LineWriter>(l.prefix, l.stderr_to_console ? STDERR_FILENO : -1, err_fd,
+                                            settings_.stderr_tail_lines);
+      p = spawn_process(l.request);
+    } catch (const ProcessError&) {
+      // Stop what was started, then report.
+      state_ = State::Stopping;
+      kill_all(SIGKILL);
+      for (auto& started : workers_) {
+        int st;
+        while (::waitpid(started->pid, &st, 0) < 0 && errno == EINTR) {
+        }
+        if (guard_) guard_->forget_group(started->pid);
+      }
+      workers_.clear();
+      state_ = State::Idle;
+      throw;
+    }
+    w->pid = p.pid;
+    if (guard_) guard_->watch_group(p.pid);
+    w->out_pipe.assign(p.stdout_fd);
+    w->err_pipe.assign(p.stderr_fd);
+    w->out_open = w->err_open = true;
+    DDPRUN_LOG_DEBUG("ddprun") << "worker rank " << l.rank << " started, pid " << p.pid;
+    workers_.push_back(std::move(w));
+  }
+  log::info("ddprun") << "started " << workers_.size() << " worker(s), pids " << workers_.front()->pid << ".."
+                      << workers_.back()->pid;
+  for (auto& w : workers_) {
+    read_pipe(*w, false);
+    read_pipe(*w, true);
+  }
+  reap();  // a worker that exited before SIGCHLD was being watched
+  if (!finished_) io_.run();
+  state_ = State::Idle;
+  GroupResult r = std::move(result_);
+  if (r.outcome == GroupOutcome::Succeeded && !r.failures.empty()) r.outcome = GroupOutcome::Failed;
+  workers_.clear();
+  return r;
+}
+
+}  // namespace ddprun::launcher

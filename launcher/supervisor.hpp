@@ -1,0 +1,110 @@
+#pragma once
+// Runs one worker group (the workers of one node for one attempt) to its end: spawns the workers,
+// reaps them as they exit (SIGCHLD, no polling), streams their output, and on the first failure or
+// a stop signal terminates every worker's process group (the signal, then SIGKILL after the grace).
+//
+// Single-threaded: everything happens on the Supervisor's io_context, driven by run(). Signal
+// handlers are installed at construction and stay for the Supervisor's lifetime, so a signal that
+// arrives between two attempts is not lost.
+
+#include <utility>  // before Asio (Boost 1.74 quirk)
+
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/posix/stream_descriptor.hpp>
+#include <boost/asio/signal_set.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "launcher/output.hpp"
+#include "launcher/process.hpp"
+#include "launcher/report.hpp"
+
+namespace ddprun::launcher {
+
+// One worker to start.
+struct WorkerLaunch {
+  int local_rank = 0;
+  int rank = 0;
+  SpawnRequest request;
+  std::string prefix;  // console line prefix
+  bool stdout_to_console = true;
+  bool stderr_to_console = true;
+  std::string stdout_file;  // "" = none
+  std::string stderr_file;
+  std::string error_file;
+};
+
+enum class GroupOutcome {
+  Succeeded,   // every worker exited 0
+  Failed,      // a worker failed; failures[0] is the root cause
+  Signalled,   // ddprun received a stop signal and stopped the workers
+  StoppedByRequest,  // request_stop() was called (e.g. another node failed)
+};
+
+struct GroupResult {
+  GroupOutcome outcome = GroupOutcome::Succeeded;
+  std::vector<WorkerExit> failures;  // in order of occurrence
+  std::vector<int> stopped_ranks;    // ranks ddprun terminated
+  int signal = 0;                    // for Signalled
+};
+
+struct SupervisorSettings {
+  std::vector<int> handled_signals;  // forwarded to workers
+  std::chrono::milliseconds shutdown_grace{std::chrono::seconds(30)};
+  std::string host;
+  size_t stderr_tail_lines = 12;
+};
+
+class Supervisor {
+ public:
+  Supervisor(SupervisorSettings settings, OrphanGuard* guard);
+  ~Supervisor();
+
+  // Starts the workers and returns when all have ended. Throws ProcessError if a worker cannot be
+  // started (after stopping the ones already running). `while_running` is called on the loop once
+  // the workers are up, for callers that watch other things (other nodes) on the same loop.
+  GroupResult run(const std::vector<WorkerLaunch>& workers);
+
+  // Stops the running group (SIGTERM, SIGKILL after the grace); run() then returns StoppedByRequest.
+  void request_stop(const std::string& reason);
+
+  // A stop signal (SIGINT/SIGTERM/SIGHUP/SIGQUIT) has arrived; the job must not be restarted.
+  bool stop_signal_received() const { return stop_signal_ != 0; }
+  int stop_signal() const { return stop_signal_; }
+  boost::asio::io_context& io() { return io_; }
+
+ private:
+  struct Worker;
+  enum class State { Idle, Running, Stopping };
+
+  void arm_signals();
+  void arm_sigchld();
+  void on_signal(int signo);
+  void reap();
+  void on_worker_exit(Worker& w, int status);
+  void read_pipe(Worker& w, bool err);
+  void begin_stop(int signo, GroupOutcome outcome);
+  void kill_all(int signo);
+  void maybe_finish();
+
+  SupervisorSettings settings_;
+  OrphanGuard* guard_;
+  boost::asio::io_context io_{1};
+  boost::asio::signal_set signals_;
+  boost::asio::signal_set sigchld_;
+  boost::asio::steady_timer grace_timer_;
+  boost::asio::steady_timer drain_timer_;
+  std::vector<std::unique_ptr<Worker>> workers_;
+  State state_ = State::Idle;
+  GroupResult result_;
+  int stop_signal_ = 0;
+  int sigint_count_ = 0;
+  bool drain_expired_ = false;
+  bool finished_ = false;
+};
+
+}  // namespace ddprun::launcher
