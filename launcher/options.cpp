@@ -37,7 +37,7 @@ constexpr FlagDef kFlags[] = {
      "single-node job with an automatic store port and run id (ddprun's default anyway)"},
     {"--rdzv_backend", nullptr, "rdzv_backend", true, "static", "rendezvous backend: static"},
     {"--rdzv_endpoint", nullptr, "rdzv_endpoint", true, "(master_addr:master_port)", "rendezvous store host:port"},
-    {"--rdzv_id", "--run_id", "run_id", true, "none", "job id shared by all nodes; TORCHELASTIC_RUN_ID"},
+    {"--rdzv_id", "--run_id", "rdzv_id", true, "none", "job id shared by all nodes; TORCHELASTIC_RUN_ID"},
     {"--rdzv_conf", nullptr, "rdzv_conf", true, "", "rendezvous settings k1=v1,k2=v2 (join_timeout=SECONDS)"},
     {"--max_restarts", nullptr, "max_restarts", true, "0", "times the worker group is restarted after a failure"},
     {"--monitor_interval", nullptr, "monitor_interval", true, "0.1",
@@ -285,7 +285,7 @@ LaunchOptions parse_options(const std::vector<std::string>& args, const EnvLooku
     }
   }
   if (has("rdzv_endpoint")) o.rdzv_endpoint = trim(given["rdzv_endpoint"]);
-  if (has("run_id")) o.run_id = trim(given["run_id"]);
+  if (has("rdzv_id")) o.run_id = trim(given["rdzv_id"]);
   if (has("rdzv_conf") && !trim(given["rdzv_conf"]).empty()) {
     for (const std::string& kv : split(given["rdzv_conf"], ',')) {
       const auto eq = kv.find('=');

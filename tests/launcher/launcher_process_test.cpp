@@ -1,0 +1,265 @@
+// The ddprun binary driving real worker processes (tests/launcher/test_worker.cpp).
+#include <signal.h>
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include "tests/support/subprocess.hpp"
+
+namespace ddprun::test {
+namespace {
+
+namespace fs = std::filesystem;
+using namespace std::chrono_literals;
+
+struct TempDir {
+  fs::path path;
+  TempDir() {
+    char tmpl[] = "/tmp/ddprun_test_XXXXXX";
+    path = ::mkdtemp(tmpl);
+  }
+  ~TempDir() {
+    std::error_code ec;
+    fs::remove_all(path, ec);
+  }
+  std::string str() const { return path.string(); }
+};
+
+std::vector<std::string> ddprun(std::vector<std::string> args) {
+  args.insert(args.begin(), DDPRUN_BIN);
+  return args;
+}
+
+std::map<std::string, std::string> read_env_file(const fs::path& p) {
+  std::map<std::string, std::string> env;
+  std::ifstream in(p);
+  std::string line;
+  while (std::getline(in, line)) {
+    const auto eq = line.find('=');
+    if (eq != std::string::npos) env[line.substr(0, eq)] = line.substr(eq + 1);
+  }
+  return env;
+}
+
+bool wait_until(const std::function<bool()>& pred, std::chrono::milliseconds timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (!pred()) {
+    if (std::chrono::steady_clock::now() > deadline) return false;
+    std::this_thread::sleep_for(10ms);  // sleep override: polling another process's state
+  }
+  return true;
+}
+
+TEST(LauncherTest, SuccessfulJobExportsEnvAndPrefixesOutput) {
+  TempDir dir;
+  Subprocess p(ddprun({"--nproc_per_node", "3", "--run_id", "envtest", TEST_WORKER_BIN, "env", dir.str(), "print", "2"}));
+  const Finished f = p.wait(60s);
+  ASSERT_EQ(f.exit_code, 0) << f.err;
+  for (int r = 0; r < 3; ++r) {
+    auto env = read_env_file(dir.path / ("env." + std::to_string(r)));
+    EXPECT_EQ(env["RANK"], std::to_string(r));
+    EXPECT_EQ(env["LOCAL_RANK"], std::to_string(r));
+    EXPECT_EQ(env["WORLD_SIZE"], "3");
+    EXPECT_EQ(env["TORCHELASTIC_RUN_ID"], "envtest");
+    EXPECT_EQ(env["OMP_NUM_THREADS"], "1");
+    EXPECT_NE(env["MASTER_PORT"], "");
+    EXPECT_NE(f.out.find("[rank" + std::to_string(r) + "]: out line 1\n"), std::string::npos) << f.out;
+    EXPECT_NE(f.err.find("[rank" + std::to_string(r) + "]: err line 0\n"), std::string::npos) << f.err;
+  }
+  EXPECT_NE(f.err.find("setting it to 1"), std::string::npos);
+}
+
+TEST(LauncherTest, FirstFailureStopsTheGroupAndSetsExitCode) {
+  Subprocess p(ddprun({"--nproc_per_node", "3", "--shutdown_timeout", "5", TEST_WORKER_BIN, "exit-if-rank", "2", "7",
+                       "sleep", "60"}));
+  const Finished f = p.wait(60s);
+  EXPECT_EQ(f.exit_code, 7) << f.err;
+  EXPECT_NE(f.err.find("Root cause (first failure):\n  rank       : 2 (local_rank 2)"), std::string::npos) << f.err;
+  EXPECT_NE(f.err.find("exit       : exit code 7"), std::string::npos);
+  EXPECT_NE(f.err.find("| rank 2 exiting with 7"), std::string::npos);
+  EXPECT_NE(f.err.find("Stopped by ddprun after the failure: ranks 0,1"), std::string::npos);
+}
+
+TEST(LauncherTest, WorkerKilledBySignalGives128PlusSignal) {
+  Subprocess p(ddprun({"--nproc_per_node", "1", "/bin/sh", "-c", "kill -9 $$"}));
+  const Finished f = p.wait(30s);
+  EXPECT_EQ(f.exit_code, 137) << f.err;
+  EXPECT_NE(f.err.find("signal 9 (SIGKILL)"), std::string::npos) << f.err;
+}
+
+TEST(LauncherTest, ErrorFileContentsAppearInTheReport) {
+  Subprocess p(ddprun({"--nproc_per_node", "1", TEST_WORKER_BIN, "error-file", "loss is NaN"}));
+  const Finished f = p.wait(30s);
+  EXPECT_EQ(f.exit_code, 1);
+  EXPECT_NE(f.err.find("error      : RuntimeError: loss is NaN"), std::string::npos) << f.err;
+  EXPECT_NE(f.err.find("Traceback: train.py line 42"), std::string::npos) << f.err;
+}
+
+TEST(LauncherTest, RestartsWithIncrementedRestartCountAndFreshStore) {
+  TempDir dir;
+  Subprocess p(ddprun({"--nproc_per_node", "2", "--max_restarts", "3", TEST_WORKER_BIN, "exit-if-attempt-below", "2",
+                       "5", "store-barrier", "env", dir.str()}));
+  const Finished f = p.wait(60s);
+  ASSERT_EQ(f.exit_code, 0) << f.err;
+  EXPECT_NE(f.err.find("restart 1 of 3"), std::string::npos);
+  EXPECT_NE(f.err.find("restart 2 of 3"), std::string::npos);
+  EXPECT_EQ(f.err.find("restart 3 of 3"), std::string::npos);
+  auto env = read_env_file(dir.path / "env.1");
+  EXPECT_EQ(env["TORCHELASTIC_RESTART_COUNT"], "2");
+  EXPECT_EQ(env["TORCHELASTIC_MAX_RESTARTS"], "3");
+}
+
+TEST(LauncherTest, GivesUpAfterMaxRestarts) {
+  Subprocess p(ddprun({"--nproc_per_node", "1", "--max_restarts", "1", TEST_WORKER_BIN, "exit-if-rank", "0", "4"}));
+  const Finished f = p.wait(30s);
+  EXPECT_EQ(f.exit_code, 4);
+  EXPECT_NE(f.err.find("giving up after 1 restart(s)"), std::string::npos) << f.err;
+}
+
+TEST(LauncherTest, ForwardsUsr1WithoutStoppingAndTermStops) {
+  Subprocess usr(ddprun({"--nproc_per_node", "2", "--signals_to_handle", "SIGTERM,SIGINT,SIGUSR1", TEST_WORKER_BIN,
+                         "wait-signal"}));
+  ASSERT_TRUE(usr.wait_for_output("[rank1]: ready", 30s));
+  ASSERT_TRUE(usr.wait_for_output("[rank0]: ready", 30s));
+  usr.signal(SIGUSR1);
+  Finished f = usr.wait(30s);
+  EXPECT_EQ(f.exit_code, 0) << f.err;
+  EXPECT_NE(f.out.find("[rank0]: got SIGUSR1"), std::string::npos);
+  EXPECT_NE(f.out.find("[rank1]: got SIGUSR1"), std::string::npos);
+
+  Subprocess term(ddprun({"--nproc_per_node", "2", TEST_WORKER_BIN, "wait-signal"}));
+  ASSERT_TRUE(term.wait_for_output("[rank1]: ready", 30s));
+  ASSERT_TRUE(term.wait_for_output("[rank0]: ready", 30s));
+  term.signal(SIGTERM);
+  f = term.wait(30s);
+  EXPECT_EQ(f.exit_code, 128 + SIGTERM) << f.err;
+  EXPECT_NE(f.out.find("[rank0]: got SIGTERM"), std::string::npos);
+}
+
+TEST(LauncherTest, SecondSigintKillsAtOnce) {
+  // The workers ignore SIGINT, so only the second Ctrl-C's SIGKILL ends them before the 60s grace.
+  Subprocess p(ddprun({"--nproc_per_node", "2", "--shutdown_timeout", "60", "/bin/sh", "-c",
+                       "trap '' INT; echo ready; while :; do sleep 1; done"}));
+  ASSERT_TRUE(p.wait_for_output("[rank1]: ready", 30s));
+  ASSERT_TRUE(p.wait_for_output("[rank0]: ready", 30s));
+  p.signal(SIGINT);
+  ASSERT_TRUE(p.wait_for_output("Ctrl-C again", 10s));
+  p.signal(SIGINT);
+  const Finished f = p.wait(20s);
+  EXPECT_FALSE(f.timed_out);
+  EXPECT_EQ(f.exit_code, 128 + SIGINT) << f.err;
+  EXPECT_NE(f.err.find("second SIGINT: killing every worker now"), std::string::npos);
+}
+
+TEST(LauncherTest, SigkillOfDdprunLeavesNoWorkerOrGrandchild) {
+  TempDir dir;
+  Subprocess p(ddprun({"--nproc_per_node", "2", TEST_WORKER_BIN, "grandchild", dir.str(), "sleep", "120"}));
+  std::vector<pid_t> pids;
+  ASSERT_TRUE(wait_until(
+      [&] {
+        pids.clear();
+        for (int r = 0; r < 2; ++r) {
+          std::ifstream in(dir.path / ("pids." + std::to_string(r)));
+          pid_t a = 0, b = 0;
+          if (!(in >> a >> b)) return false;
+          pids.push_back(a);
+          pids.push_back(b);
+        }
+        return true;
+      },
+      30s));
+  for (pid_t pid : pids) EXPECT_FALSE(process_gone(pid)) << pid;
+  p.signal(SIGKILL);
+  p.wait(10s);
+  EXPECT_TRUE(wait_until([&] { return std::all_of(pids.begin(), pids.end(), process_gone); }, 10s))
+      << "workers or grandchildren outlived ddprun";
+}
+
+TEST(LauncherTest, GrandchildrenDieWithTheirWorker) {
+  TempDir dir;
+  Subprocess p(ddprun({"--nproc_per_node", "1", TEST_WORKER_BIN, "grandchild", dir.str()}));
+  const Finished f = p.wait(30s);
+  ASSERT_EQ(f.exit_code, 0) << f.err;
+  std::ifstream in(dir.path / "pids.0");
+  pid_t worker = 0, grandchild = 0;
+  ASSERT_TRUE(in >> worker >> grandchild);
+  EXPECT_TRUE(wait_until([&] { return process_gone(grandchild); }, 10s));
+}
+
+TEST(LauncherTest, TwoJobsStartedTogetherWithoutMasterPortNeverCollide) {
+  std::vector<std::unique_ptr<Subprocess>> jobs;
+  for (int j = 0; j < 4; ++j) {
+    jobs.push_back(std::make_unique<Subprocess>(ddprun({"--nproc_per_node", "2", TEST_WORKER_BIN, "store-barrier"})));
+  }
+  std::set<std::string> ports;
+  for (auto& job : jobs) {
+    const Finished f = job->wait(60s);
+    EXPECT_EQ(f.exit_code, 0) << f.err;
+    const auto pos = f.err.find("MASTER_PORT=");
+    ASSERT_NE(pos, std::string::npos);
+    ports.insert(f.err.substr(pos, f.err.find('\n', pos) - pos));
+  }
+  EXPECT_EQ(ports.size(), 4u);
+}
+
+TEST(LauncherTest, RedirectsAndTeeWritePerRankLogFiles) {
+  TempDir dir;
+  Subprocess p(ddprun({"--nproc_per_node", "2", "--log_dir", dir.str(), "--run_id", "logs", "--redirects", "3",
+                       "--tee", "0:1", TEST_WORKER_BIN, "print", "3"}));
+  const Finished f = p.wait(30s);
+  ASSERT_EQ(f.exit_code, 0) << f.err;
+  std::vector<fs::path> runs;
+  for (auto& e : fs::directory_iterator(dir.path)) runs.push_back(e.path());
+  ASSERT_EQ(runs.size(), 1u);
+  EXPECT_EQ(runs[0].filename().string().rfind("logs_", 0), 0u);
+  for (int r = 0; r < 2; ++r) {
+    const fs::path rank_dir = runs[0] / "attempt_0" / std::to_string(r);
+    std::ifstream out(rank_dir / "stdout.log"), err(rank_dir / "stderr.log");
+    std::stringstream o, e;
+    o << out.rdbuf();
+    e << err.rdbuf();
+    EXPECT_EQ(o.str(), "out line 0\nout line 1\nout line 2\n");
+    EXPECT_EQ(e.str(), "err line 0\nerr line 1\nerr line 2\n");
+  }
+  // Rank 0's stdout is tee'd; everything else is only in the files.
+  EXPECT_NE(f.out.find("[rank0]: out line 2"), std::string::npos);
+  EXPECT_EQ(f.out.find("[rank1]: out line"), std::string::npos);
+  EXPECT_EQ(f.err.find("err line"), std::string::npos);
+}
+
+TEST(LauncherTest, LocalRanksFilterLimitsTheConsole) {
+  Subprocess p(ddprun({"--nproc_per_node", "3", "--local_ranks_filter", "1", TEST_WORKER_BIN, "print", "1"}));
+  const Finished f = p.wait(30s);
+  ASSERT_EQ(f.exit_code, 0);
+  EXPECT_NE(f.out.find("[rank1]: out line 0"), std::string::npos);
+  EXPECT_EQ(f.out.find("[rank0]"), std::string::npos);
+  EXPECT_EQ(f.out.find("[rank2]"), std::string::npos);
+}
+
+TEST(LauncherTest, BadFlagsFailBeforeAnythingStarts) {
+  TempDir dir;
+  Subprocess p(ddprun({"--nproc_per_node", "two", TEST_WORKER_BIN, "env", dir.str()}));
+  const Finished f = p.wait(10s);
+  EXPECT_EQ(f.exit_code, 2);
+  EXPECT_EQ(f.err, "ddprun: --nproc_per_node: expected a positive number, 'auto', 'cpu' or 'gpu', got 'two'\n");
+  EXPECT_TRUE(fs::is_empty(dir.path));
+  Subprocess missing(ddprun({"/nonexistent/train"}));
+  const Finished m = missing.wait(10s);
+  EXPECT_EQ(m.exit_code, 1);
+  EXPECT_NE(m.err.find("cannot run '/nonexistent/train': No such file or directory"), std::string::npos) << m.err;
+}
+
+TEST(LauncherTest, LocalRankMacroIsSubstitutedInArguments) {
+  Subprocess p(ddprun({"--nproc_per_node", "2", "/bin/echo", "dev=cuda:${local_rank}"}));
+  const Finished f = p.wait(10s);
+  ASSERT_EQ(f.exit_code, 0);
+  EXPECT_NE(f.out.find("[rank1]: dev=cuda:1"), std::string::npos);
+  EXPECT_NE(f.out.find("[rank0]: dev=cuda:0"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace ddprun::test

@@ -1,0 +1,135 @@
+#include "launcher/options.hpp"
+
+#include <gtest/gtest.h>
+
+#include <csignal>
+
+#include "common/errors.hpp"
+
+namespace ddprun::launcher {
+namespace {
+
+LaunchOptions parse(std::vector<std::string> args, std::map<std::string, std::string> env = {},
+                    HostFacts host = {8, 0}) {
+  return parse_options(
+      args,
+      [env](const std::string& k) -> std::optional<std::string> {
+        auto it = env.find(k);
+        if (it == env.end()) return std::nullopt;
+        return it->second;
+      },
+      host);
+}
+
+std::string error_of(std::vector<std::string> args, std::map<std::string, std::string> env = {},
+                     HostFacts host = {8, 0}) {
+  try {
+    parse(std::move(args), std::move(env), host);
+  } catch (const ConfigError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(OptionsTest, AcceptsBothSpellingsAndInlineValues) {
+  auto a = parse({"--nproc_per_node", "4", "--max-restarts=2", "--master-addr", "10.0.0.1", "train"});
+  EXPECT_EQ(a.nproc_per_node, 4);
+  EXPECT_EQ(a.max_restarts, 2);
+  EXPECT_EQ(a.master_addr, "10.0.0.1");
+  auto b = parse({"--nproc-per-node=3", "--run_id", "job7", "-r", "3", "-t1", "train"});
+  EXPECT_EQ(b.nproc_per_node, 3);
+  EXPECT_EQ(b.run_id, "job7");
+  EXPECT_EQ(b.redirects.all, 3);
+  EXPECT_EQ(b.tee.all, 1);
+  EXPECT_EQ(parse({"--rdzv-id", "x", "p"}).run_id, "x");
+}
+
+TEST(OptionsTest, EverythingAfterTheProgramIsPassedThroughUntouched) {
+  auto o = parse({"--nproc_per_node", "2", "train.py", "--nproc_per_node", "9", "--lr=0.1", "${local_rank}"});
+  EXPECT_EQ(o.program, "train.py");
+  EXPECT_EQ(o.program_args, (std::vector<std::string>{"--nproc_per_node", "9", "--lr=0.1", "${local_rank}"}));
+  EXPECT_EQ(o.nproc_per_node, 2);
+  auto dashed = parse({"--", "-weird-name", "x"});
+  EXPECT_EQ(dashed.program, "-weird-name");
+}
+
+TEST(OptionsTest, PetEnvironmentFallbacksApplyWhenFlagsAreAbsent) {
+  auto o = parse({"train"}, {{"PET_NPROC_PER_NODE", "5"}, {"PET_MAX_RESTARTS", "1"}, {"PET_NO_PYTHON", "1"},
+                             {"PET_RDZV_ID", "kube"}});
+  EXPECT_EQ(o.nproc_per_node, 5);
+  EXPECT_EQ(o.max_restarts, 1);
+  EXPECT_TRUE(o.no_python);
+  EXPECT_EQ(o.run_id, "kube");
+  // A flag wins over the variable; PET_X=0 leaves a switch off.
+  auto p = parse({"--nproc_per_node", "2", "train"}, {{"PET_NPROC_PER_NODE", "5"}, {"PET_STANDALONE", "0"}});
+  EXPECT_EQ(p.nproc_per_node, 2);
+  EXPECT_FALSE(p.standalone);
+  EXPECT_NE(error_of({"train"}, {{"PET_MAX_RESTARTS", "lots"}}).find("PET_MAX_RESTARTS: expected"), std::string::npos);
+}
+
+TEST(OptionsTest, NprocPerNodeKeywords) {
+  EXPECT_EQ(parse({"--nproc_per_node", "cpu", "t"}, {}, {6, 0}).nproc_per_node, 6);
+  EXPECT_EQ(parse({"--nproc_per_node", "auto", "t"}, {}, {6, 0}).nproc_per_node, 6);
+  EXPECT_EQ(parse({"--nproc_per_node", "auto", "t"}, {}, {6, 4}).nproc_per_node, 4);
+  EXPECT_EQ(parse({"--nproc_per_node", "gpu", "t"}, {}, {6, 2}).nproc_per_node, 2);
+  EXPECT_NE(error_of({"--nproc_per_node", "gpu", "t"}, {}, {6, 0}).find("no GPU is visible"), std::string::npos);
+}
+
+TEST(OptionsTest, BadValuesNameTheFlagAndTheAcceptedValues) {
+  EXPECT_EQ(error_of({"--nproc_per_node", "x", "t"}),
+            "--nproc_per_node: expected a positive number, 'auto', 'cpu' or 'gpu', got 'x'");
+  EXPECT_EQ(error_of({"--nproc_per_node", "0", "t"}),
+            "--nproc_per_node: expected a positive number, 'auto', 'cpu' or 'gpu', got '0'");
+  EXPECT_NE(error_of({"--master_port", "70000", "t"}).find("--master_port: expected a port from 0 to 65535"),
+            std::string::npos);
+  EXPECT_NE(error_of({"--redirects", "7", "t"}).find("--redirects: expected 0 (none)"), std::string::npos);
+  EXPECT_NE(error_of({"--signals_to_handle", "SIGNOPE", "t"}).find("--signals_to_handle"), std::string::npos);
+  EXPECT_NE(error_of({"--signals_to_handle", "SIGKILL", "t"}).find("not SIGKILL"), std::string::npos);
+  EXPECT_EQ(error_of({"--bogus", "t"}), "unknown option '--bogus' (see ddprun --help for the list)");
+  EXPECT_NE(error_of({"--nnodes", "2", "--node_rank", "2", "t"}).find("from 0 to 1"), std::string::npos);
+  EXPECT_NE(error_of({"--no_python", "-m", "t"}).find("cannot be combined"), std::string::npos);
+  EXPECT_NE(error_of({"--nproc_per_node", "2"}).find("missing the program"), std::string::npos);
+  EXPECT_NE(error_of({"--max_restarts"}).find("--max_restarts needs a value"), std::string::npos);
+  EXPECT_NE(error_of({"--shutdown_timeout", "-1", "t"}).find("seconds >= 0"), std::string::npos);
+}
+
+TEST(OptionsTest, RedirectsPerLocalRankAndRankFilter) {
+  auto o = parse({"--redirects", "0:1,2:3", "--local_ranks_filter", "0,2", "t"});
+  EXPECT_EQ(o.redirects.for_rank(0), 1);
+  EXPECT_EQ(o.redirects.for_rank(1), 0);
+  EXPECT_EQ(o.redirects.for_rank(2), 3);
+  ASSERT_TRUE(o.local_ranks_filter.has_value());
+  EXPECT_EQ(*o.local_ranks_filter, (std::set<int>{0, 2}));
+}
+
+TEST(OptionsTest, SignalsAndShutdownTimeout) {
+  auto o = parse({"--signals_to_handle", "SIGTERM,USR1,12", "--shutdown-timeout", "2.5", "t"});
+  EXPECT_EQ(o.signals_to_handle, (std::vector<int>{SIGTERM, SIGUSR1, SIGUSR2}));
+  EXPECT_EQ(o.shutdown_timeout, std::chrono::milliseconds(2500));
+  auto d = parse({"t"}, {{"TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "7"}});
+  EXPECT_EQ(d.shutdown_timeout, std::chrono::seconds(7));
+  EXPECT_EQ(d.signals_to_handle, (std::vector<int>{SIGTERM, SIGINT, SIGHUP, SIGQUIT}));
+  EXPECT_EQ(signal_name(SIGUSR1), "SIGUSR1");
+}
+
+TEST(OptionsTest, MasterAddrInBracketsAndPortZeroMeansAutomatic) {
+  auto o = parse({"--master_addr", "[::1]", "--master_port", "0", "t"});
+  EXPECT_EQ(o.master_addr, "::1");
+  EXPECT_FALSE(o.master_port.has_value());
+  EXPECT_EQ(parse({"--master_port", "29500", "t"}).master_port, 29500);
+}
+
+TEST(OptionsTest, HelpListsEveryFlagWithItsDefault) {
+  const std::string help = usage_text();
+  for (const char* flag : {"--nproc_per_node", "--nnodes", "--node_rank", "--master_addr", "--master_port",
+                           "--standalone", "--max_restarts", "--monitor_interval", "--role", "--rdzv_id",
+                           "--log_dir", "--redirects", "--tee", "--local_ranks_filter", "--no_python", "--module",
+                           "--local_addr", "--signals_to_handle", "--shutdown_timeout", "--virtual_local_rank"}) {
+    EXPECT_NE(help.find(flag), std::string::npos) << flag;
+  }
+  EXPECT_NE(help.find("(default: 30)"), std::string::npos);
+  EXPECT_TRUE(parse({"--help"}).help);
+}
+
+}  // namespace
+}  // namespace ddprun::launcher

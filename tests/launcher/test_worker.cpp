@@ -1,0 +1,116 @@
+// A small worker for the launcher tests. Commands run in order, e.g.
+//   test_worker env OUT_DIR            write the environment to OUT_DIR/env.<RANK>
+//   test_worker exit-if-rank R CODE    rank R exits with CODE at once
+//   test_worker exit-if-attempt-below N CODE  exit CODE while TORCHELASTIC_RESTART_COUNT < N
+//   test_worker error-file MESSAGE     write TORCHELASTIC_ERROR_FILE (torchrun's JSON) and exit 1
+//   test_worker grandchild OUT_DIR     fork a sleeping grandchild; write pids to OUT_DIR/pids.<RANK>
+//   test_worker wait-signal            print "ready" and wait; on SIGUSR1 print "got SIGUSR1" and exit 0;
+//                                      on SIGTERM print "got SIGTERM" and exit 0
+//   test_worker store-barrier          add+wait barrier on the store at MASTER_ADDR:MASTER_PORT
+//   test_worker print N                print N numbered lines to stdout and stderr
+//   test_worker sleep SECONDS
+//   test_worker ready-file PATH        create PATH (after the commands before it)
+#include <signal.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <fstream>
+#include <iostream>
+#include <string>
+#include <thread>
+
+#include "rendezvous/client.hpp"
+
+extern char** environ;
+
+namespace {
+
+std::string env(const char* name, const std::string& fallback = "") {
+  const char* v = std::getenv(name);
+  return v ? v : fallback;
+}
+
+volatile sig_atomic_t g_signal = 0;
+void on_signal(int s) { g_signal = s; }
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const std::string rank = env("RANK", "0");
+  for (int i = 1; i < argc; ++i) {
+    const std::string cmd = argv[i];
+    auto arg = [&]() -> std::string {
+      if (i + 1 >= argc) {
+        std::cerr << "test_worker: " << cmd << " needs an argument\n";
+        std::exit(100);
+      }
+      return argv[++i];
+    };
+    if (cmd == "env") {
+      std::ofstream out(arg() + "/env." + rank);
+      for (char** e = environ; *e; ++e) out << *e << "\n";
+    } else if (cmd == "exit-if-rank") {
+      const std::string r = arg();
+      const int code = std::stoi(arg());
+      if (r == rank) {
+        std::cerr << "rank " << rank << " exiting with " << code << "\n";
+        return code;
+      }
+    } else if (cmd == "exit-if-attempt-below") {
+      const int n = std::stoi(arg());
+      const int code = std::stoi(arg());
+      if (std::stoi(env("TORCHELASTIC_RESTART_COUNT", "0")) < n) {
+        std::cerr << "attempt " << env("TORCHELASTIC_RESTART_COUNT") << " failing\n";
+        return code;
+      }
+    } else if (cmd == "error-file") {
+      const std::string msg = arg();
+      std::ofstream out(env("TORCHELASTIC_ERROR_FILE"));
+      out << R"({"message": {"message": "RuntimeError: )" << msg
+          << R"(", "extraInfo": {"py_callstack": "Traceback: train.py line 42", "timestamp": "0"}}})";
+      out.close();
+      return 1;
+    } else if (cmd == "grandchild") {
+      const std::string dir = arg();
+      const pid_t child = ::fork();
+      if (child == 0) {
+        for (;;) ::pause();
+      }
+      std::ofstream(dir + "/pids." + rank) << ::getpid() << " " << child << "\n";
+    } else if (cmd == "wait-signal") {
+      struct sigaction sa{};
+      sa.sa_handler = on_signal;
+      ::sigaction(SIGUSR1, &sa, nullptr);
+      ::sigaction(SIGTERM, &sa, nullptr);
+      std::cout << "ready" << std::endl;
+      while (g_signal == 0) ::pause();
+      std::cout << "got " << (g_signal == SIGUSR1 ? "SIGUSR1" : "SIGTERM") << std::endl;
+      return 0;
+    } else if (cmd == "store-barrier") {
+      ddprun::rdzv::ClientOptions o;
+      o.host = env("MASTER_ADDR");
+      o.port = static_cast<uint16_t>(std::stoi(env("MASTER_PORT")));
+      o.timeout = std::chrono::seconds(60);
+      ddprun::rdzv::Client c(o);
+      const int world = std::stoi(env("WORLD_SIZE"));
+      if (c.add("barrier", 1) == world) c.set("barrier/done", "1");
+      c.wait({"barrier/done"});
+    } else if (cmd == "print") {
+      const int n = std::stoi(arg());
+      for (int k = 0; k < n; ++k) {
+        std::cout << "out line " << k << "\n";
+        std::cerr << "err line " << k << "\n";
+      }
+      std::cout.flush();
+    } else if (cmd == "sleep") {
+      std::this_thread::sleep_for(std::chrono::milliseconds(static_cast<int>(std::stod(arg()) * 1000)));
+    } else if (cmd == "ready-file") {
+      std::ofstream(arg()) << ::getpid() << "\n";
+    } else {
+      std::cerr << "test_worker: unknown command " << cmd << "\n";
+      return 100;
+    }
+  }
+  return 0;
+}

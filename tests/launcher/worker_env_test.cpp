@@ -1,0 +1,106 @@
+#include "launcher/worker_env.hpp"
+
+#include <gtest/gtest.h>
+
+#include "launcher/output.hpp"
+#include "launcher/report.hpp"
+
+namespace ddprun::launcher {
+namespace {
+
+TEST(WorkerEnvTest, SetsTorchrunContract) {
+  WorkerPlacement where{.local_rank = 1, .rank = 5, .local_world_size = 4, .world_size = 8, .group_rank = 1,
+                        .group_world_size = 2};
+  AttemptContext ctx;
+  ctx.master_addr = "10.1.2.3";
+  ctx.master_port = 41000;
+  ctx.restart_count = 2;
+  ctx.max_restarts = 3;
+  ctx.run_id = "job";
+  ctx.signals_to_handle = "SIGTERM,SIGINT";
+  const Environment env = worker_environment({{"PATH", "/bin"}, {"NCCL_ASYNC_ERROR_HANDLING", "0"}}, where, ctx, "/e.json");
+  const Environment expected_subset = {
+      {"LOCAL_RANK", "1"}, {"RANK", "5"}, {"GROUP_RANK", "1"}, {"ROLE_RANK", "5"}, {"ROLE_NAME", "default"},
+      {"LOCAL_WORLD_SIZE", "4"}, {"WORLD_SIZE", "8"}, {"GROUP_WORLD_SIZE", "2"}, {"ROLE_WORLD_SIZE", "8"},
+      {"MASTER_ADDR", "10.1.2.3"}, {"MASTER_PORT", "41000"}, {"TORCHELASTIC_RESTART_COUNT", "2"},
+      {"TORCHELASTIC_MAX_RESTARTS", "3"}, {"TORCHELASTIC_RUN_ID", "job"}, {"TORCHELASTIC_USE_AGENT_STORE", "True"},
+      {"TORCHELASTIC_ERROR_FILE", "/e.json"}, {"NCCL_ASYNC_ERROR_HANDLING", "0"},
+      {"TORCH_NCCL_ASYNC_ERROR_HANDLING", "0"}, {"PATH", "/bin"}, {"TORCHELASTIC_SIGNALS_TO_HANDLE", "SIGTERM,SIGINT"}};
+  for (const auto& [k, v] : expected_subset) EXPECT_EQ(env.at(k), v) << k;
+  EXPECT_EQ(env.count("CUDA_VISIBLE_DEVICES"), 0u);
+  EXPECT_EQ(worker_environment({}, where, ctx, "").at("TORCH_NCCL_ASYNC_ERROR_HANDLING"), "1");
+}
+
+TEST(WorkerEnvTest, VirtualLocalRankGivesOneGpuEach) {
+  const Environment base = {{"CUDA_VISIBLE_DEVICES", "3,5,7"}};
+  AttemptContext ctx;
+  ctx.one_gpu_each = visible_gpu_ids(base, 3);
+  WorkerPlacement where;
+  where.local_rank = 2;
+  const Environment env = worker_environment(base, where, ctx, "");
+  EXPECT_EQ(env.at("CUDA_VISIBLE_DEVICES"), "7");
+  EXPECT_EQ(env.at("LOCAL_RANK"), "0");
+  EXPECT_EQ(visible_gpu_ids({}, 2), (std::vector<std::string>{"0", "1"}));
+}
+
+TEST(WorkerEnvTest, SubstitutesLocalRankMacro) {
+  EXPECT_EQ(substitute_args({"--dev=cuda:${local_rank}", "${local_rank}${local_rank}", "x"}, 3),
+            (std::vector<std::string>{"--dev=cuda:3", "33", "x"}));
+}
+
+TEST(LineWriterTest, PrefixesWholeLinesAndKeepsTail) {
+  int fds[2];
+  ASSERT_EQ(::pipe(fds), 0);
+  {
+    LineWriter w(expand_prefix("[${role_name}${rank}/${local_rank}]: ", 7, 3, "trainer", "h"), fds[1], -1, 2);
+    w.feed("first li");
+    w.feed("ne\nsecond\nthi");
+    w.feed("rd");
+    w.finish();
+    EXPECT_EQ(std::vector<std::string>(w.tail().begin(), w.tail().end()),
+              (std::vector<std::string>{"second", "third"}));
+  }
+  ::close(fds[1]);
+  char buf[256];
+  const ssize_t n = ::read(fds[0], buf, sizeof buf);
+  ::close(fds[0]);
+  EXPECT_EQ(std::string(buf, static_cast<size_t>(n)),
+            "[trainer7/3]: first line\n[trainer7/3]: second\n[trainer7/3]: third\n");
+}
+
+TEST(ReportTest, NamesRootCauseWithSignalErrorFileAndTail) {
+  char path[] = "/tmp/ddprun_report_XXXXXX";
+  const int fd = ::mkstemp(path);
+  const std::string json =
+      R"({"message": {"message": "ValueError: bad batch", "extraInfo": {"py_callstack": "Traceback (most recent call last):\n  File \"t.py\"", "timestamp": "1"}}})";
+  ASSERT_EQ(::write(fd, json.data(), json.size()), static_cast<ssize_t>(json.size()));
+  ::close(fd);
+  WorkerExit first;
+  first.rank = 3;
+  first.local_rank = 1;
+  first.host = "node-b";
+  first.pid = 4242;
+  first.signal = 9;
+  first.stderr_tail = {"CUDA out of memory"};
+  WorkerExit second;
+  second.host = "node-a";
+  second.pid = 17;
+  second.exit_code = 1;
+  second.error_file = path;
+  const std::string r = format_failure_report("train.py", {first, second}, {1, 2});
+  ::unlink(path);
+  EXPECT_NE(r.find("train.py FAILED"), std::string::npos);
+  const auto root = r.find("Root cause");
+  EXPECT_LT(root, r.find("rank       : 3 (local_rank 1)"));
+  EXPECT_NE(r.find("signal 9 (SIGKILL)"), std::string::npos);
+  EXPECT_NE(r.find("host       : node-b"), std::string::npos);
+  EXPECT_NE(r.find("| CUDA out of memory"), std::string::npos);
+  EXPECT_NE(r.find("error      : ValueError: bad batch"), std::string::npos);
+  EXPECT_NE(r.find("Traceback (most recent call last):"), std::string::npos);
+  EXPECT_NE(r.find("Stopped by ddprun after the failure: ranks 1,2"), std::string::npos);
+  EXPECT_EQ(shell_exit_code(first), 137);
+  EXPECT_EQ(shell_exit_code(second), 1);
+}
+
+}  // namespace
+}  // namespace ddprun::launcher
