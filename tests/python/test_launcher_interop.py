@@ -1,0 +1,71 @@
+"""Real PyTorch workers under ddprun, and ddprun's env contract against Debian's torchrun 1.13.
+
+usage: /usr/bin/python3 test_launcher_interop.py PATH/TO/ddprun PATH/TO/test_worker
+"""
+import os
+import subprocess
+import sys
+import tempfile
+import unittest
+
+DDPRUN = TEST_WORKER = None
+HERE = os.path.dirname(os.path.abspath(__file__))
+ENV = dict(os.environ, PYTHON_EXEC=sys.executable)
+
+
+def run(cmd, timeout=180):
+    return subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=timeout)
+
+
+class TorchWorkersUnderDdprun(unittest.TestCase):
+    def test_four_gloo_workers_all_reduce_all_gather_barrier(self):
+        r = run([DDPRUN, "--nproc_per_node", "4", os.path.join(HERE, "gloo_worker.py")])
+        self.assertEqual(r.returncode, 0, r.stderr)
+        for rank in range(4):
+            self.assertIn(f"[rank{rank}]: rank {rank} ok 10.0 attempt 0", r.stdout)
+
+    def test_restart_gives_workers_a_fresh_store_and_attempt_prefix(self):
+        r = run([DDPRUN, "--nproc_per_node", "2", "--max_restarts", "1",
+                 os.path.join(HERE, "gloo_worker.py"), "fail-first-attempt"])
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("[rank1]: rank 1 ok 3.0 attempt 1", r.stdout)
+        self.assertIn("restart 1 of 1", r.stderr)
+
+
+def dump_env(cmd):
+    with tempfile.TemporaryDirectory() as d:
+        r = run(cmd + [TEST_WORKER, "env", d])
+        assert r.returncode == 0, r.stderr
+        envs = {}
+        for name in sorted(os.listdir(d)):
+            with open(os.path.join(d, name)) as f:
+                envs[name] = dict(line.rstrip("\n").split("=", 1) for line in f if "=" in line)
+        return envs
+
+
+class EnvContractMatchesTorchrun(unittest.TestCase):
+    # Values that differ by design between two runs: ports, paths and ids of the run.
+    PER_RUN = {"MASTER_PORT", "TORCHELASTIC_ERROR_FILE", "TORCHELASTIC_RUN_ID"}
+
+    def test_same_variables_and_values_as_torchrun(self):
+        torchrun = dump_env([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+                             "--redirects", "1", "--tee", "1", "--no_python"])
+        ours = dump_env([DDPRUN, "--nproc_per_node", "2"])
+        self.assertEqual(sorted(torchrun), ["env.0", "env.1"])
+        self.assertEqual(sorted(ours), ["env.0", "env.1"])
+        for name in torchrun:
+            theirs, mine = torchrun[name], ours[name]
+            inherited = set(os.environ)
+            contract = {k for k in theirs if k not in inherited or k == "OMP_NUM_THREADS"}
+            missing = sorted(k for k in contract if k not in mine)
+            self.assertEqual(missing, [], f"{name}: torchrun sets these, ddprun does not")
+            for k in sorted(contract - self.PER_RUN):
+                self.assertEqual(mine[k], theirs[k], f"{name}: {k}")
+            self.assertTrue(mine["MASTER_PORT"].isdigit())
+            self.assertTrue(mine["TORCHELASTIC_ERROR_FILE"].endswith(f"/attempt_0/{name[-1]}/error.json"))
+
+
+if __name__ == "__main__":
+    DDPRUN = os.path.abspath(sys.argv.pop(1))
+    TEST_WORKER = os.path.abspath(sys.argv.pop(1))
+    unittest.main(verbosity=2)
