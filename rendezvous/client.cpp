@@ -22,8 +22,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-uint8_t code(Op op) { return *op_to_wire(Dialect::V2, op); }
-
 int remaining_ms(Clock::time_point deadline) {
   const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
   if (left <= 0) return 0;
@@ -128,12 +126,12 @@ void Client::connect_locked() {
     }
     if (fd_ >= 0) {
       try {
+        if (options_.dialect == Dialect::Legacy) return;  // 1.13 has no handshake
         // 2.x handshake: VALIDATE (no reply), then PING, whose echo proves a store is listening.
-        std::string hello;
-        put_u8(hello, code(Op::Validate));
+        std::string hello = request(Op::Validate);
         put_u32(hello, kValidateMagic);
         const uint32_t nonce = static_cast<uint32_t>(::getpid());
-        put_u8(hello, code(Op::Ping));
+        hello += request(Op::Ping);
         put_u32(hello, nonce);
         const auto hello_deadline = std::max(deadline, Clock::now() + std::chrono::seconds(5));
         send_locked(hello, hello_deadline, "handshake");
@@ -239,17 +237,22 @@ Client::Clock::time_point Client::deadline(std::optional<Duration> timeout) cons
   return Clock::now() + timeout.value_or(options_.timeout);
 }
 
-std::string Client::request(uint8_t op_code) {
+std::string Client::request(Op op) const {
+  const auto code = op_to_wire(options_.dialect, op);
+  if (!code) {
+    throw ProtocolError(std::string(op_name(op)) + " is not available in the " +
+                        std::string(dialect_name(options_.dialect)) + " store protocol");
+  }
   std::string req;
   req.reserve(64);
-  put_u8(req, op_code);
+  put_u8(req, *code);
   return req;
 }
 
 void Client::set(std::string_view key, std::string_view value) {
   std::lock_guard lock(mutex_);
   ensure_connected_locked();
-  std::string req = request(code(Op::Set));
+  std::string req = request(Op::Set);
   put_bytes(req, key);
   put_bytes(req, value);
   send_locked(req, deadline(std::nullopt), "SET");
@@ -260,7 +263,7 @@ std::string Client::get(std::string_view key, std::optional<Duration> timeout) {
   ensure_connected_locked();
   const auto dl = deadline(timeout);
   wait_locked({std::string(key)}, dl, timeout.value_or(options_.timeout));
-  std::string req = request(code(Op::Get));
+  std::string req = request(Op::Get);
   put_bytes(req, key);
   send_locked(req, dl, "GET");
   return recv_bytes(dl, "GET");
@@ -270,7 +273,7 @@ int64_t Client::add(std::string_view key, int64_t delta) {
   std::lock_guard lock(mutex_);
   ensure_connected_locked();
   const auto dl = deadline(std::nullopt);
-  std::string req = request(code(Op::Add));
+  std::string req = request(Op::Add);
   put_bytes(req, key);
   put_i64(req, delta);
   send_locked(req, dl, "ADD");
@@ -281,7 +284,7 @@ std::string Client::compare_set(std::string_view key, std::string_view expected,
   std::lock_guard lock(mutex_);
   ensure_connected_locked();
   const auto dl = deadline(std::nullopt);
-  std::string req = request(code(Op::CompareSet));
+  std::string req = request(Op::CompareSet);
   put_bytes(req, key);
   put_bytes(req, expected);
   put_bytes(req, desired);
@@ -293,7 +296,7 @@ bool Client::check(const std::vector<std::string>& keys) {
   std::lock_guard lock(mutex_);
   ensure_connected_locked();
   const auto dl = deadline(std::nullopt);
-  std::string req = request(code(Op::Check));
+  std::string req = request(Op::Check);
   put_u64(req, keys.size());
   for (const auto& k : keys) put_bytes(req, k);
   send_locked(req, dl, "CHECK");
@@ -307,7 +310,7 @@ void Client::wait(const std::vector<std::string>& keys, std::optional<Duration> 
 }
 
 void Client::wait_locked(const std::vector<std::string>& keys, Clock::time_point dl, Duration timeout) {
-  std::string req = request(code(Op::Wait));
+  std::string req = request(Op::Wait);
   put_u64(req, keys.size());
   for (const auto& k : keys) put_bytes(req, k);
   send_locked(req, dl, "WAIT");
@@ -318,10 +321,16 @@ void Client::wait_locked(const std::vector<std::string>& keys, Clock::time_point
     }
     return;
   }
+  if (options_.dialect == Dialect::Legacy) {
+    // No CANCEL_WAIT in 1.13: a late STOP_WAITING would desynchronise the connection, so drop it.
+    close_locked();
+    throw TimeoutError("waited " + seconds_text(timeout) + " on store " + endpoint() + " for " +
+                       std::to_string(keys.size()) + " key(s)");
+  }
   // Deadline passed: cancel on the server. A STOP_WAITING that raced the cancel means the keys
   // did arrive; WAIT_CANCELED always follows.
   const auto cancel_deadline = Clock::now() + std::chrono::seconds(10);
-  send_locked(request(code(Op::CancelWait)), cancel_deadline, "CANCEL_WAIT");
+  send_locked(request(Op::CancelWait), cancel_deadline, "CANCEL_WAIT");
   uint8_t reply = recv_u8(cancel_deadline, "CANCEL_WAIT");
   const bool arrived = reply == kStopWaiting;
   if (arrived) reply = recv_u8(cancel_deadline, "CANCEL_WAIT");
@@ -334,7 +343,7 @@ void Client::wait_locked(const std::vector<std::string>& keys, Clock::time_point
   std::string missing;
   size_t n_missing = 0;
   for (const auto& k : keys) {
-    std::string chk = request(code(Op::Check));
+    std::string chk = request(Op::Check);
     put_u64(chk, 1);
     put_bytes(chk, k);
     send_locked(chk, cancel_deadline, "CHECK");
@@ -350,7 +359,7 @@ bool Client::delete_key(std::string_view key) {
   std::lock_guard lock(mutex_);
   ensure_connected_locked();
   const auto dl = deadline(std::nullopt);
-  std::string req = request(code(Op::DeleteKey));
+  std::string req = request(Op::DeleteKey);
   put_bytes(req, key);
   send_locked(req, dl, "DELETE_KEY");
   return recv_i64(dl, "DELETE_KEY") == 1;
@@ -360,14 +369,14 @@ int64_t Client::num_keys() {
   std::lock_guard lock(mutex_);
   ensure_connected_locked();
   const auto dl = deadline(std::nullopt);
-  send_locked(request(code(Op::GetNumKeys)), dl, "GETNUMKEYS");
+  send_locked(request(Op::GetNumKeys), dl, "GETNUMKEYS");
   return recv_i64(dl, "GETNUMKEYS");
 }
 
 void Client::append(std::string_view key, std::string_view data) {
   std::lock_guard lock(mutex_);
   ensure_connected_locked();
-  std::string req = request(code(Op::Append));
+  std::string req = request(Op::Append);
   put_bytes(req, key);
   put_bytes(req, data);
   send_locked(req, deadline(std::nullopt), "APPEND");
@@ -378,7 +387,7 @@ std::vector<std::string> Client::multi_get(const std::vector<std::string>& keys,
   ensure_connected_locked();
   const auto dl = deadline(timeout);
   wait_locked(keys, dl, timeout.value_or(options_.timeout));
-  std::string req = request(code(Op::MultiGet));
+  std::string req = request(Op::MultiGet);
   put_u64(req, keys.size());
   for (const auto& k : keys) put_bytes(req, k);
   send_locked(req, dl, "MULTI_GET");
@@ -391,7 +400,7 @@ std::vector<std::string> Client::multi_get(const std::vector<std::string>& keys,
 void Client::multi_set(const std::vector<std::pair<std::string, std::string>>& entries) {
   std::lock_guard lock(mutex_);
   ensure_connected_locked();
-  std::string req = request(code(Op::MultiSet));
+  std::string req = request(Op::MultiSet);
   put_i64(req, static_cast<int64_t>(entries.size()));
   for (const auto& [k, v] : entries) {
     put_bytes(req, k);
@@ -403,7 +412,7 @@ void Client::multi_set(const std::vector<std::pair<std::string, std::string>>& e
 void Client::queue_push(std::string_view key, std::string_view value) {
   std::lock_guard lock(mutex_);
   ensure_connected_locked();
-  std::string req = request(code(Op::QueuePush));
+  std::string req = request(Op::QueuePush);
   put_bytes(req, key);
   put_bytes(req, value);
   send_locked(req, deadline(std::nullopt), "QUEUE_PUSH");
@@ -413,7 +422,7 @@ std::optional<std::string> Client::queue_pop(std::string_view key) {
   std::lock_guard lock(mutex_);
   ensure_connected_locked();
   const auto dl = deadline(std::nullopt);
-  std::string req = request(code(Op::QueuePop));
+  std::string req = request(Op::QueuePop);
   put_bytes(req, key);
   send_locked(req, dl, "QUEUE_POP");
   if (recv_i64(dl, "QUEUE_POP") <= 0) return std::nullopt;
@@ -424,7 +433,7 @@ int64_t Client::queue_len(std::string_view key) {
   std::lock_guard lock(mutex_);
   ensure_connected_locked();
   const auto dl = deadline(std::nullopt);
-  std::string req = request(code(Op::QueueLen));
+  std::string req = request(Op::QueueLen);
   put_bytes(req, key);
   send_locked(req, dl, "QUEUE_LEN");
   return recv_i64(dl, "QUEUE_LEN");
@@ -434,7 +443,7 @@ std::vector<std::string> Client::list() {
   std::lock_guard lock(mutex_);
   ensure_connected_locked();
   const auto dl = deadline(std::nullopt);
-  send_locked(request(code(Op::List)), dl, "LIST");
+  send_locked(request(Op::List), dl, "LIST");
   const int64_t n = recv_i64(dl, "LIST");
   std::vector<std::string> keys;
   for (int64_t i = 0; i < n; ++i) keys.push_back(recv_bytes(dl, "LIST"));
@@ -446,7 +455,7 @@ Client::Duration Client::ping() {
   ensure_connected_locked();
   const auto start = Clock::now();
   const auto dl = deadline(std::nullopt);
-  std::string req = request(code(Op::Ping));
+  std::string req = request(Op::Ping);
   const uint32_t nonce = 0x5eed;
   put_u32(req, nonce);
   send_locked(req, dl, "PING");

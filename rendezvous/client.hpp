@@ -17,6 +17,8 @@
 #include <utility>
 #include <vector>
 
+#include "rendezvous/protocol.hpp"
+
 namespace ddprun::rdzv {
 
 struct ClientOptions {
@@ -28,6 +30,10 @@ struct ClientOptions {
   std::chrono::milliseconds timeout{std::chrono::seconds(300)};
   std::chrono::milliseconds initial_backoff{std::chrono::milliseconds(10)};
   std::chrono::milliseconds max_backoff{std::chrono::seconds(1)};
+  // V2 (default) works with ddprun's server and PyTorch >= 2.2. Legacy talks to PyTorch 1.13 servers:
+  // no handshake, no APPEND/MULTI_*/queues/LIST/PING, and a timed-out WAIT closes the connection
+  // (the 1.13 protocol cannot cancel one).
+  Dialect dialect = Dialect::V2;
 };
 
 class Client {
@@ -80,7 +86,7 @@ class Client {
   std::string recv_bytes(Clock::time_point deadline, std::string_view what);
   void wait_locked(const std::vector<std::string>& keys, Clock::time_point deadline, Duration timeout);
   Clock::time_point deadline(std::optional<Duration> timeout) const;
-  static std::string request(uint8_t op_code_v2);
+  std::string request(Op op) const;
 
   ClientOptions options_;
   std::mutex mutex_;

@@ -10,6 +10,8 @@
 #include <future>
 #include <thread>
 
+#include "common/errors.hpp"
+#include "rendezvous/client.hpp"
 #include "rendezvous/server.hpp"
 
 namespace ddprun::rdzv {
@@ -131,6 +133,38 @@ TEST(TorchStoreClientTest, ManyClientThreadsBarrierAndCount) {
   EXPECT_EQ(failures.load(), 0);
   auto check = torch_client(server.port());
   EXPECT_EQ(check->add("sum", 0), kAdds * (kClients * (kClients - 1) / 2));
+}
+
+}  // namespace
+}  // namespace ddprun::rdzv
+
+namespace ddprun::rdzv {
+namespace {
+
+// Our client in the 1.13 dialect against LibTorch 1.13's own server.
+TEST(LegacyClientTest, TalksToLibTorchServer) {
+  c10d::TCPStoreOptions o;
+  o.port = 0;
+  o.isServer = true;
+  o.waitWorkers = false;
+  o.timeout = 10s;
+  auto server = c10::make_intrusive<c10d::TCPStore>("127.0.0.1", o);
+  ClientOptions co;
+  co.port = server->getPort();
+  co.timeout = 10s;
+  co.dialect = Dialect::Legacy;
+  Client c(co);
+  c.set("/k", "v");
+  EXPECT_EQ(c.get("/k"), "v");
+  EXPECT_EQ(str(server->get("k")), "v");  // PyTorch's client adds the "/" prefix
+  EXPECT_EQ(c.add("/n", 3), 3);
+  EXPECT_EQ(c.compare_set("/k", "v", "w"), "w");
+  EXPECT_TRUE(c.check({"/k", "/n"}));
+  EXPECT_TRUE(c.delete_key("/k"));
+  EXPECT_EQ(c.num_keys(), 1);  // /n (no init/ counter: the server was made without a world size)
+  EXPECT_THROW(c.wait({"/never"}, 50ms), TimeoutError);
+  EXPECT_EQ(c.add("/n", 1), 4);  // reconnected after the timeout
+  EXPECT_THROW(c.append("/k", "x"), ProtocolError);
 }
 
 }  // namespace

@@ -1,0 +1,81 @@
+#!/usr/bin/python3
+"""Launch overhead: ddprun vs Debian's torchrun (--no_python) on the same worker binary, in one run.
+
+For N workers that (a) exit at once and (b) connect to the store and pass an add+wait barrier,
+reports the median wall time over REPEAT runs and the launcher's peak RSS (VmHWM of the launcher
+process itself, sampled from /proc while it runs).
+
+usage: /usr/bin/python3 launch_bench.py DDPRUN LAUNCH_BENCH_WORKER [--counts 1,4,16,64] [--repeat 3]
+"""
+import argparse
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import time
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def peak_rss_kib(pid):
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return None
+
+
+def measure(cmd):
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    start = time.perf_counter()
+    p = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    peak = 0
+    while p.poll() is None:
+        rss = peak_rss_kib(p.pid)
+        if rss:
+            peak = max(peak, rss)
+        time.sleep(0.002)  # sleep override: sampling /proc while the launcher runs
+    wall = time.perf_counter() - start
+    if p.returncode != 0:
+        raise SystemExit(f"{cmd[0]} failed with {p.returncode}: {' '.join(cmd)}")
+    return wall, peak
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("ddprun")
+    ap.add_argument("worker")
+    ap.add_argument("--counts", default="1,4,16,64")
+    ap.add_argument("--repeat", type=int, default=3)
+    args = ap.parse_args()
+    counts = [int(c) for c in args.counts.split(",")]
+    print("| workers | worker | torchrun s | ddprun s | speedup | torchrun peak RSS MB | ddprun peak RSS MB |")
+    print("|---:|---|---:|---:|---:|---:|---:|")
+    for mode in ("exit", "barrier"):
+        for n in counts:
+            results = {"torchrun": [], "ddprun": []}
+            for _ in range(args.repeat):
+                torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(n),
+                            "--master_port", str(free_port()), "--redirects", "1", "--tee", "1", "--no_python",
+                            args.worker, mode]
+                ours = [args.ddprun, "--nproc_per_node", str(n), args.worker, mode]
+                results["torchrun"].append(measure(torchrun))
+                results["ddprun"].append(measure(ours))
+            t_wall = statistics.median(w for w, _ in results["torchrun"])
+            d_wall = statistics.median(w for w, _ in results["ddprun"])
+            t_rss = max(r for _, r in results["torchrun"]) / 1024
+            d_rss = max(r for _, r in results["ddprun"]) / 1024
+            print(f"| {n} | {mode} | {t_wall:.3f} | {d_wall:.3f} | {t_wall / d_wall:.1f}x | {t_rss:.1f} | {d_rss:.1f} |",
+                  flush=True)
+
+
+if __name__ == "__main__":
+    main()
