@@ -1,0 +1,122 @@
+"""LeNet on Fashion-MNIST with PyTorch DistributedDataParallel (gloo), launched by ddprun.
+
+    ddprun --nproc_per_node 2 examples/python/fashion_mnist_ddp.py --epochs 2
+
+Reads Debian's dataset-fashion-mnist (gzip'd IDX files) as they are. Each rank trains on its shard
+(DistributedSampler); rank 0 alone prints progress, the test accuracy, and a final JSON line.
+Runs alone too (world size 1) when started without a launcher.
+"""
+import argparse
+import gzip
+import json
+import os
+import struct
+import time
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+
+DATA = "/usr/share/datasets/fashion-mnist"
+
+
+def read_idx(path):
+    with gzip.open(path, "rb") as f:
+        data = f.read()
+    magic, = struct.unpack(">I", data[:4])
+    dims = magic & 0xFF
+    shape = struct.unpack(">" + "I" * dims, data[4:4 + 4 * dims])
+    return torch.frombuffer(bytearray(data[4 + 4 * dims:]), dtype=torch.uint8).reshape(shape)
+
+
+def load(split, limit):
+    prefix = "train" if split == "train" else "t10k"
+    images = read_idx(os.path.join(DATA, f"{prefix}-images-idx3-ubyte.gz"))[:limit]
+    labels = read_idx(os.path.join(DATA, f"{prefix}-labels-idx1-ubyte.gz"))[:limit]
+    x = (images.float() / 255.0 - 0.2860) / 0.3530
+    return TensorDataset(x.unsqueeze(1), labels.long())
+
+
+class LeNet(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv1 = nn.Conv2d(1, 6, 5, padding=2)
+        self.conv2 = nn.Conv2d(6, 16, 5)
+        self.fc1 = nn.Linear(16 * 5 * 5, 120)
+        self.fc2 = nn.Linear(120, 84)
+        self.fc3 = nn.Linear(84, 10)
+
+    def forward(self, x):
+        x = F.max_pool2d(F.relu(self.conv1(x)), 2)
+        x = F.max_pool2d(F.relu(self.conv2(x)), 2)
+        x = x.flatten(1)
+        return self.fc3(F.relu(self.fc2(F.relu(self.fc1(x)))))
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--epochs", type=int, default=2)
+    ap.add_argument("--batch-size", type=int, default=64, help="per rank")
+    ap.add_argument("--lr", type=float, default=0.05)
+    ap.add_argument("--train-limit", type=int, default=60000)
+    ap.add_argument("--test-limit", type=int, default=10000)
+    args = ap.parse_args()
+
+    distributed = "RANK" in os.environ
+    if distributed:
+        dist.init_process_group("gloo")
+    rank = dist.get_rank() if distributed else 0
+    world = dist.get_world_size() if distributed else 1
+    torch.manual_seed(0)
+
+    train = load("train", args.train_limit)
+    test = load("test", args.test_limit)
+    sampler = DistributedSampler(train, num_replicas=world, rank=rank, shuffle=True, seed=0)
+    loader = DataLoader(train, batch_size=args.batch_size, sampler=sampler)
+    model = LeNet()
+    if distributed:
+        model = DDP(model)
+    opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
+
+    for epoch in range(args.epochs):
+        sampler.set_epoch(epoch)
+        model.train()
+        start, total, seen = time.time(), 0.0, 0
+        for x, y in loader:
+            opt.zero_grad()
+            loss = F.cross_entropy(model(x), y)
+            loss.backward()
+            opt.step()
+            total += loss.item() * len(y)
+            seen += len(y)
+        stats = torch.tensor([total, seen], dtype=torch.float64)
+        if distributed:
+            dist.all_reduce(stats)
+        elapsed = time.time() - start
+        if rank == 0:
+            print(f"epoch {epoch + 1}/{args.epochs}: loss {stats[0] / stats[1]:.4f}, {elapsed:.1f}s, "
+                  f"{stats[1] / elapsed:.0f} samples/s", flush=True)
+
+    # Each rank scores its share of the test set; the counts are summed.
+    model.eval()
+    test_sampler = DistributedSampler(test, num_replicas=world, rank=rank, shuffle=False)
+    correct = torch.zeros(2, dtype=torch.float64)
+    with torch.no_grad():
+        for x, y in DataLoader(test, batch_size=500, sampler=test_sampler):
+            correct += torch.tensor([(model(x).argmax(1) == y).sum().item(), len(y)], dtype=torch.float64)
+    if distributed:
+        dist.all_reduce(correct)
+    accuracy = (correct[0] / correct[1]).item()
+    if rank == 0:
+        print(f"test accuracy: {accuracy:.4f} ({int(correct[0])}/{int(correct[1])})", flush=True)
+        print(json.dumps({"example": "fashion_mnist_ddp", "world_size": world, "epochs": args.epochs,
+                          "test_accuracy": round(accuracy, 4)}), flush=True)
+    if distributed:
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
