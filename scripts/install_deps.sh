@@ -8,7 +8,7 @@ packages=(
   libboost-dev libboost-system-dev libboost-filesystem-dev
   nlohmann-json3-dev
   googletest libgtest-dev libgmock-dev
-  libtorch-dev
+  libtorch-dev libgloo-dev
   python3 python3-torch
   dataset-fashion-mnist
   clang libclang-rt-14-dev

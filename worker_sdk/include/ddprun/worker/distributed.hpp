@@ -1,0 +1,77 @@
+#pragma once
+// Joining the job: the store client and the process group, built from the launcher's environment
+// as PyTorch's init_process_group(init_method="env://") does, plus rank-aware helpers.
+//
+// Store: LibTorch's c10d::TCPStore client at MASTER_ADDR:MASTER_PORT; under an agent store
+// (TORCHELASTIC_USE_AGENT_STORE=True) wrapped in PrefixStore("/worker/attempt_<k>"), then
+// "default_pg", then the group name "0", exactly as PyTorch 1.13 lays out its keys, so C++ and
+// Python workers can share one job. Process group: Gloo for CPU tensors; NCCL when this SDK was
+// built against a CUDA LibTorch (DDPRUN_WORKER_NCCL) and a GPU is present.
+//
+// Without any launcher variables it runs as a single process (world size 1) with no code change.
+
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+#include <torch/csrc/distributed/c10d/Store.hpp>
+#include <torch/types.h>
+
+#include <chrono>
+#include <iostream>
+#include <sstream>
+#include <string>
+
+#include "ddprun/worker/env.hpp"
+
+namespace ddprun::worker {
+
+struct InitOptions {
+  // "auto" (NCCL on GPU when available, else Gloo), "gloo" or "nccl".
+  std::string backend = "auto";
+  // Store and collective timeout.
+  std::chrono::milliseconds timeout{std::chrono::minutes(30)};
+};
+
+class Distributed {
+ public:
+  // Reads the environment, connects to the store and creates the process group. Throws
+  // std::invalid_argument for a bad environment, std::runtime_error for an unreachable store.
+  static Distributed init(const InitOptions& options = {});
+  static Distributed init(const WorkerEnv& env, const InitOptions& options = {});
+
+  int rank() const { return env_.rank; }
+  int world_size() const { return env_.world_size; }
+  int local_rank() const { return env_.local_rank; }
+  bool is_main() const { return env_.rank == 0; }
+  const WorkerEnv& env() const { return env_; }
+  // cuda:LOCAL_RANK with NCCL, else CPU.
+  torch::Device device() const { return device_; }
+  const std::string& backend() const { return backend_; }
+  const c10::intrusive_ptr<c10d::ProcessGroup>& process_group() const { return pg_; }
+  const c10::intrusive_ptr<c10d::Store>& store() const { return store_; }
+
+  void barrier();
+  // In-place sum / average over all ranks.
+  void all_reduce_sum(torch::Tensor& t);
+  // Mean of one number per rank, weighted equally.
+  double mean(double value);
+  // Sum of one number per rank.
+  double sum(double value);
+
+  // Writes the arguments as one line on stdout, on rank 0 only.
+  template <typename... Args>
+  void print(const Args&... args) const {
+    if (!is_main()) return;
+    std::ostringstream line;
+    (line << ... << args);
+    line << '\n';
+    std::cout << line.str() << std::flush;
+  }
+
+ private:
+  WorkerEnv env_;
+  torch::Device device_{torch::kCPU};
+  std::string backend_;
+  c10::intrusive_ptr<c10d::Store> store_;
+  c10::intrusive_ptr<c10d::ProcessGroup> pg_;
+};
+
+}  // namespace ddprun::worker

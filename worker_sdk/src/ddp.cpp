@@ -1,0 +1,213 @@
+#include "ddprun/worker/ddp.hpp"
+
+#include <torch/csrc/autograd/engine.h>
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/utils/lambda_post_hook.h>
+#include <torch/csrc/autograd/variable.h>
+#include <torch/csrc/utils/tensor_flatten.h>
+
+#include <map>
+#include <mutex>
+#include <stdexcept>
+
+namespace ddprun::worker::detail {
+
+void broadcast_coalesced(c10d::ProcessGroup& pg, const std::vector<torch::Tensor>& tensors) {
+  if (pg.getSize() == 1 || tensors.empty()) return;
+  // One collective per dtype/device group instead of one per tensor.
+  std::map<std::pair<int, std::string>, std::vector<torch::Tensor>> groups;
+  for (const auto& t : tensors) groups[{static_cast<int>(t.scalar_type()), t.device().str()}].push_back(t);
+  for (auto& [key, group] : groups) {
+    std::vector<torch::Tensor> flat{torch::utils::flatten_dense_tensors(group)};
+    pg.broadcast(flat)->wait();
+    auto pieces = torch::utils::unflatten_dense_tensors(flat[0], group);
+    for (size_t i = 0; i < group.size(); ++i) group[i].copy_(pieces[i]);
+  }
+}
+
+struct GradientReducer::State {
+  struct Param {
+    std::string name;
+    torch::Tensor tensor;
+    size_t bucket = 0;
+    int64_t offset = 0;  // in elements, within the bucket's flat tensor
+    bool ready = false;
+  };
+  struct Bucket {
+    std::vector<size_t> params;
+    torch::Tensor flat;
+    size_t pending = 0;
+    c10::intrusive_ptr<c10d::Work> work;
+  };
+
+  c10::intrusive_ptr<c10d::ProcessGroup> pg;
+  DdpOptions options;
+  std::vector<Param> params;
+  std::vector<Bucket> buckets;
+  std::vector<std::shared_ptr<torch::autograd::Node>> accumulators;  // keep the hooked nodes alive
+  std::mutex mutex;
+  bool sync = true;
+  bool in_backward = false;
+  size_t next_bucket = 0;
+  std::string error;
+
+  void reset_pass() {
+    for (auto& p : params) p.ready = false;
+    for (auto& b : buckets) {
+      b.pending = b.params.size();
+      b.work.reset();
+    }
+    next_bucket = 0;
+    in_backward = false;
+  }
+
+  // Starts every consecutive ready bucket: all ranks launch buckets in the same order, whatever
+  // order their hooks fire in.
+  void launch_ready() {
+    while (next_bucket < buckets.size() && buckets[next_bucket].pending == 0) {
+      Bucket& b = buckets[next_bucket++];
+      b.flat.div_(pg->getSize());
+      std::vector<torch::Tensor> ts{b.flat};
+      b.work = pg->allreduce(ts);
+    }
+  }
+
+  void on_grad_ready(size_t index) {
+    std::lock_guard lock(mutex);
+    if (!sync) return;
+    if (!in_backward) {
+      in_backward = true;
+      // Runs once the whole backward pass is done.
+      torch::autograd::Engine::get_default_engine().queue_callback([this] { finalize(); });
+    }
+    Param& p = params[index];
+    if (p.ready) return;
+    p.ready = true;
+    Bucket& b = buckets[p.bucket];
+    auto slice = b.flat.narrow(0, p.offset, p.tensor.numel());
+    const auto& grad = p.tensor.grad();
+    if (grad.defined()) slice.copy_(grad.reshape(-1));
+    else slice.zero_();
+    if (--b.pending == 0) launch_ready();
+  }
+
+  void finalize() {
+    std::lock_guard lock(mutex);
+    std::string unused;
+    for (auto& b : buckets) {
+      for (size_t i : b.params) {
+        if (params[i].ready) continue;
+        if (!options.find_unused_parameters) {
+          unused += (unused.empty() ? "" : ", ") + params[i].name;
+          continue;
+        }
+        params[i].ready = true;
+        b.flat.narrow(0, params[i].offset, params[i].tensor.numel()).zero_();
+        --b.pending;
+      }
+    }
+    if (!unused.empty()) {
+      // Finish the buckets that did launch so no collective is left half done on this rank.
+      for (auto& b : buckets) {
+        if (b.work) b.work->wait();
+      }
+      reset_pass();
+      throw std::runtime_error(
+          "DistributedDataParallel: these parameters got no gradient in this step, so their gradients "
+          "cannot be reduced: " + unused +
+          ". Use them in the forward pass, set requires_grad(false) on them, or set "
+          "DdpOptions::find_unused_parameters = true");
+    }
+    launch_ready();
+    for (auto& b : buckets) {
+      b.work->wait();
+      for (size_t i : b.params) {
+        Param& p = params[i];
+        auto averaged = b.flat.narrow(0, p.offset, p.tensor.numel()).view_as(p.tensor);
+        if (p.tensor.grad().defined()) {
+          p.tensor.mutable_grad().copy_(averaged);
+        } else {
+          p.tensor.mutable_grad() = averaged.clone();
+        }
+      }
+    }
+    reset_pass();
+  }
+};
+
+GradientReducer::GradientReducer(std::vector<std::pair<std::string, torch::Tensor>> named_params,
+                                 c10::intrusive_ptr<c10d::ProcessGroup> pg, const DdpOptions& options)
+    : state_(std::make_shared<State>()) {
+  State& s = *state_;
+  s.pg = std::move(pg);
+  s.options = options;
+  for (auto& [name, t] : named_params) s.params.push_back({name, t});
+
+  // Buckets: reverse registration order, grouped by dtype and device, closed when full.
+  struct Open {
+    std::vector<size_t> params;
+    size_t bytes = 0;
+  };
+  std::map<std::pair<int, std::string>, Open> open;
+  std::vector<std::vector<size_t>> layout;
+  for (size_t k = s.params.size(); k-- > 0;) {
+    const auto& t = s.params[k].tensor;
+    auto& bucket = open[{static_cast<int>(t.scalar_type()), t.device().str()}];
+    bucket.params.push_back(k);
+    bucket.bytes += static_cast<size_t>(t.numel()) * t.element_size();
+    const size_t cap = layout.empty() ? options.first_bucket_cap_bytes : options.bucket_cap_bytes;
+    if (bucket.bytes >= cap) {
+      layout.push_back(std::move(bucket.params));
+      bucket = Open{};
+    }
+  }
+  for (auto& [key, bucket] : open) {
+    if (!bucket.params.empty()) layout.push_back(std::move(bucket.params));
+  }
+  for (auto& indices : layout) {
+    State::Bucket b;
+    int64_t numel = 0;
+    for (size_t i : indices) {
+      s.params[i].bucket = s.buckets.size();
+      s.params[i].offset = numel;
+      numel += s.params[i].tensor.numel();
+    }
+    const auto& first = s.params[indices.front()].tensor;
+    b.flat = torch::zeros({numel}, first.options().requires_grad(false));
+    b.params = std::move(indices);
+    s.buckets.push_back(std::move(b));
+  }
+  s.reset_pass();
+
+  // Hook each parameter's AccumulateGrad node: it fires after the gradient is accumulated.
+  std::weak_ptr<State> weak = state_;
+  for (size_t i = 0; i < s.params.size(); ++i) {
+    auto acc = torch::autograd::impl::grad_accumulator(s.params[i].tensor);
+    acc->add_post_hook(std::make_unique<torch::autograd::utils::LambdaPostHook>(
+        [weak, i](const torch::autograd::variable_list& outputs, const torch::autograd::variable_list&) {
+          if (auto st = weak.lock()) st->on_grad_ready(i);
+          return outputs;
+        }));
+    s.accumulators.push_back(std::move(acc));
+  }
+}
+
+GradientReducer::~GradientReducer() = default;
+
+void GradientReducer::set_sync(bool enabled) {
+  std::lock_guard lock(state_->mutex);
+  state_->sync = enabled;
+}
+
+bool GradientReducer::sync_enabled() const {
+  std::lock_guard lock(state_->mutex);
+  return state_->sync;
+}
+
+std::vector<std::vector<size_t>> GradientReducer::bucket_layout() const {
+  std::vector<std::vector<size_t>> out;
+  for (const auto& b : state_->buckets) out.push_back(b.params);
+  return out;
+}
+
+}  // namespace ddprun::worker::detail

@@ -1,0 +1,124 @@
+#include "ddprun/worker/distributed.hpp"
+
+#include <torch/csrc/distributed/c10d/HashStore.hpp>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+#include <torch/cuda.h>
+#include <unistd.h>
+
+#include <stdexcept>
+#include <thread>
+
+#ifdef DDPRUN_WORKER_NCCL
+#include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
+#endif
+
+namespace ddprun::worker {
+namespace {
+
+// PyTorch 1.13's store-based barrier after creating the default group: every rank adds 1 to
+// "store_based_barrier_key:1" and waits for world_size arrivals (Python ranks of a mixed job wait
+// for it too).
+void store_based_barrier(c10d::Store& store, int world_size, std::chrono::milliseconds timeout) {
+  const std::string key = "store_based_barrier_key:1";
+  store.add(key, 1);
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  for (;;) {
+    const int64_t arrived = store.add(key, 0);
+    if (arrived >= world_size) return;
+    if (std::chrono::steady_clock::now() > deadline) {
+      throw std::runtime_error("timed out after " + std::to_string(timeout.count() / 1000) + "s waiting for all " +
+                               std::to_string(world_size) + " ranks to join the process group (" +
+                               std::to_string(arrived) + " arrived)");
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));  // sleep override: PyTorch's polling barrier
+  }
+}
+
+}  // namespace
+
+Distributed Distributed::init(const InitOptions& options) { return init(WorkerEnv::from_environment(), options); }
+
+Distributed Distributed::init(const WorkerEnv& env, const InitOptions& options) {
+  Distributed d;
+  d.env_ = env;
+  std::string backend = options.backend;
+  if (backend == "auto") backend = torch::cuda::is_available() ? "nccl" : "gloo";
+  if (backend != "gloo" && backend != "nccl") {
+    throw std::invalid_argument("unknown backend '" + options.backend + "': use auto, gloo or nccl");
+  }
+#ifndef DDPRUN_WORKER_NCCL
+  if (backend == "nccl") {
+    if (options.backend == "nccl") {
+      throw std::invalid_argument("backend 'nccl' needs a ddprun worker SDK built against a CUDA LibTorch with NCCL");
+    }
+    backend = "gloo";
+  }
+#endif
+  d.backend_ = backend;
+
+  c10::intrusive_ptr<c10d::Store> store;
+  if (env.launched) {
+    c10d::TCPStoreOptions opts;
+    opts.port = env.master_port;
+    opts.isServer = false;
+    opts.numWorkers = static_cast<size_t>(env.world_size);
+    opts.waitWorkers = false;
+    opts.timeout = options.timeout;
+    try {
+      store = c10::make_intrusive<c10d::TCPStore>(env.master_addr, opts);
+    } catch (const std::exception& e) {
+      throw std::runtime_error("cannot reach the store at " + env.master_addr + ":" +
+                               std::to_string(env.master_port) + " (MASTER_ADDR/MASTER_PORT): " + e.what());
+    }
+    if (env.use_agent_store) {
+      store = c10::make_intrusive<c10d::PrefixStore>("/worker/attempt_" + std::to_string(env.restart_count), store);
+    }
+  } else {
+    store = c10::make_intrusive<c10d::HashStore>();
+  }
+  d.store_ = store;
+  auto pg_store = c10::make_intrusive<c10d::PrefixStore>("0", c10::make_intrusive<c10d::PrefixStore>("default_pg", store));
+
+  if (backend == "gloo") {
+    auto opts = c10d::ProcessGroupGloo::Options::create(options.timeout);
+    char host[256] = {};
+    ::gethostname(host, sizeof host - 1);
+    try {
+      opts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname(host));
+    } catch (const std::exception&) {
+      opts->devices.push_back(c10d::ProcessGroupGloo::createDefaultDevice());
+    }
+    d.pg_ = c10::make_intrusive<c10d::ProcessGroupGloo>(pg_store, env.rank, env.world_size, opts);
+  } else {
+#ifdef DDPRUN_WORKER_NCCL
+    d.device_ = torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(env.local_rank));
+    auto opts = c10d::ProcessGroupNCCL::Options::create();
+    opts->timeout = options.timeout;
+    d.pg_ = c10::make_intrusive<c10d::ProcessGroupNCCL>(pg_store, env.rank, env.world_size, opts);
+#endif
+  }
+  d.pg_->setSequenceNumberForGroup();
+  if (env.launched) {
+    store_based_barrier(*c10::make_intrusive<c10d::PrefixStore>("default_pg", store), env.world_size, options.timeout);
+  }
+  return d;
+}
+
+void Distributed::barrier() { pg_->barrier()->wait(); }
+
+void Distributed::all_reduce_sum(torch::Tensor& t) {
+  std::vector<torch::Tensor> ts{t};
+  pg_->allreduce(ts)->wait();
+}
+
+double Distributed::sum(double value) {
+  auto t = torch::tensor({value}, torch::TensorOptions().dtype(torch::kFloat64).device(device_));
+  all_reduce_sum(t);
+  return t.cpu().item<double>();
+}
+
+double Distributed::mean(double value) { return sum(value) / world_size(); }
+
+}  // namespace ddprun::worker

@@ -1,0 +1,65 @@
+#include "ddprun/worker/env.hpp"
+
+#include <cstdlib>
+#include <stdexcept>
+
+namespace ddprun::worker {
+namespace {
+
+constexpr const char* kWho =
+    "; it is set by ddprun or torchrun, or set it by hand (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT)";
+
+long long parse_int(const std::string& name, const std::string& text, long long lo, long long hi) {
+  try {
+    size_t used = 0;
+    const long long v = std::stoll(text, &used);
+    if (used == text.size() && v >= lo && v <= hi) return v;
+  } catch (const std::exception&) {
+  }
+  throw std::invalid_argument("environment variable " + name + "='" + text + "' is not a whole number from " +
+                              std::to_string(lo) + " to " + std::to_string(hi) + kWho);
+}
+
+}  // namespace
+
+WorkerEnv WorkerEnv::from_lookup(const Lookup& env) {
+  WorkerEnv w;
+  const char* required[] = {"RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"};
+  int present = 0;
+  for (const char* name : required) present += env(name).has_value() ? 1 : 0;
+  if (present == 0) return w;  // a plain single process
+  auto need = [&](const char* name) -> std::string {
+    auto v = env(name);
+    if (!v || v->empty()) throw std::invalid_argument(std::string("environment variable ") + name + " is not set" + kWho);
+    return *v;
+  };
+  w.launched = true;
+  w.world_size = static_cast<int>(parse_int("WORLD_SIZE", need("WORLD_SIZE"), 1, 1 << 24));
+  w.rank = static_cast<int>(parse_int("RANK", need("RANK"), 0, w.world_size - 1));
+  w.master_addr = need("MASTER_ADDR");
+  w.master_port = static_cast<uint16_t>(parse_int("MASTER_PORT", need("MASTER_PORT"), 1, 65535));
+  if (auto v = env("LOCAL_RANK")) w.local_rank = static_cast<int>(parse_int("LOCAL_RANK", *v, 0, 1 << 16));
+  w.local_world_size = w.world_size;
+  if (auto v = env("LOCAL_WORLD_SIZE")) {
+    w.local_world_size = static_cast<int>(parse_int("LOCAL_WORLD_SIZE", *v, 1, 1 << 16));
+  }
+  w.use_agent_store = env("TORCHELASTIC_USE_AGENT_STORE").value_or("") == "True";
+  if (w.use_agent_store) {
+    // PyTorch's env:// needs it too in agent-store mode (the /worker/attempt_<k> prefix).
+    w.restart_count = static_cast<int>(
+        parse_int("TORCHELASTIC_RESTART_COUNT", need("TORCHELASTIC_RESTART_COUNT"), 0, 1 << 24));
+  } else if (auto v = env("TORCHELASTIC_RESTART_COUNT")) {
+    w.restart_count = static_cast<int>(parse_int("TORCHELASTIC_RESTART_COUNT", *v, 0, 1 << 24));
+  }
+  return w;
+}
+
+WorkerEnv WorkerEnv::from_environment() {
+  return from_lookup([](const std::string& name) -> std::optional<std::string> {
+    const char* v = std::getenv(name.c_str());
+    if (!v) return std::nullopt;
+    return std::string(v);
+  });
+}
+
+}  // namespace ddprun::worker
