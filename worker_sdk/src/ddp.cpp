@@ -6,6 +6,7 @@
 #include <torch/csrc/autograd/variable.h>
 #include <torch/csrc/utils/tensor_flatten.h>
 
+#include <algorithm>
 #include <map>
 #include <mutex>
 #include <stdexcept>
@@ -93,12 +94,12 @@ struct GradientReducer::State {
 
   void finalize() {
     std::lock_guard lock(mutex);
-    std::string unused;
+    std::vector<size_t> unused_indices;
     for (auto& b : buckets) {
       for (size_t i : b.params) {
         if (params[i].ready) continue;
         if (!options.find_unused_parameters) {
-          unused += (unused.empty() ? "" : ", ") + params[i].name;
+          unused_indices.push_back(i);
           continue;
         }
         params[i].ready = true;
@@ -106,7 +107,10 @@ struct GradientReducer::State {
         --b.pending;
       }
     }
-    if (!unused.empty()) {
+    if (!unused_indices.empty()) {
+      std::sort(unused_indices.begin(), unused_indices.end());  // registration order
+      std::string unused;
+      for (size_t i : unused_indices) unused += (unused.empty() ? "" : ", ") + params[i].name;
       // Finish the buckets that did launch so no collective is left half done on this rank.
       for (auto& b : buckets) {
         if (b.work) b.work->wait();

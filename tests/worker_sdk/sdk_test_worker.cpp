@@ -1,0 +1,301 @@
+// Runs under ddprun (or alone) and checks the worker SDK against single-process references.
+// Prints "RESULT key=value" lines from rank 0 for the GoogleTest driver to assert on.
+//   sdk_test_worker ddp-equivalence STEPS
+//   sdk_test_worker no-sync
+//   sdk_test_worker unused-parameter find|report
+//   sdk_test_worker sampler-grid              (no launcher needed: JSON lines for the Python test)
+//   sdk_test_worker checkpoint DIR
+//   sdk_test_worker resume DIR EPOCHS FAIL_AT_EPOCH
+#include <torch/torch.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <iostream>
+#include <string>
+
+#include "ddprun/worker.hpp"
+
+using namespace ddprun::worker;
+
+namespace {
+
+// Conv + BatchNorm + Linear: several buckets with small caps, and a BatchNorm buffer.
+struct NetImpl : torch::nn::Module {
+  NetImpl() {
+    conv = register_module("conv", torch::nn::Conv2d(torch::nn::Conv2dOptions(1, 4, 3).padding(1)));
+    bn = register_module("bn", torch::nn::BatchNorm2d(4));
+    fc1 = register_module("fc1", torch::nn::Linear(4 * 8 * 8, 33));
+    fc2 = register_module("fc2", torch::nn::Linear(33, 5));
+  }
+  torch::Tensor forward(torch::Tensor x) {
+    x = torch::relu(bn(conv(x)));
+    return fc2(torch::relu(fc1(x.flatten(1))));
+  }
+  torch::nn::Conv2d conv{nullptr};
+  torch::nn::BatchNorm2d bn{nullptr};
+  torch::nn::Linear fc1{nullptr}, fc2{nullptr};
+};
+TORCH_MODULE(Net);
+
+struct WithUnusedImpl : torch::nn::Module {
+  WithUnusedImpl() {
+    used = register_module("used", torch::nn::Linear(4, 2));
+    unused = register_module("unused", torch::nn::Linear(4, 2));
+  }
+  torch::Tensor forward(torch::Tensor x) { return used(x); }
+  torch::nn::Linear used{nullptr}, unused{nullptr};
+};
+TORCH_MODULE(WithUnused);
+
+DdpOptions small_buckets() {
+  DdpOptions o;
+  o.first_bucket_cap_bytes = 200;  // odd sizes: buckets close in the middle of layers' tensors
+  o.bucket_cap_bytes = 3000;
+  return o;
+}
+
+// The global batch of a step (world * per_rank samples), identical on every rank.
+std::pair<torch::Tensor, torch::Tensor> global_batch(int step, int world, int per_rank) {
+  torch::manual_seed(1000 + step);
+  return {torch::randn({world * per_rank, 1, 8, 8}), torch::randint(0, 5, {world * per_rank})};
+}
+
+double max_abs_diff(const std::vector<torch::Tensor>& a, const std::vector<torch::Tensor>& b) {
+  double m = 0;
+  for (size_t i = 0; i < a.size(); ++i) m = std::max(m, (a[i] - b[i]).abs().max().item<double>());
+  return m;
+}
+
+double all_max(Distributed& dist, double value) {
+  auto t = torch::tensor({value}, torch::kFloat64);
+  std::vector<torch::Tensor> ts{t};
+  c10d::AllreduceOptions opts;
+  opts.reduceOp = c10d::ReduceOp::MAX;
+  dist.process_group()->allreduce(ts, opts)->wait();
+  return t.item<double>();
+}
+
+// Largest difference between this rank's parameters and rank 0's, over all ranks.
+double diff_vs_rank0(Distributed& dist, const std::vector<torch::Tensor>& params) {
+  double m = 0;
+  for (const auto& p : params) {
+    auto root = p.detach().clone();
+    std::vector<torch::Tensor> t{root};
+    dist.process_group()->broadcast(t)->wait();
+    m = std::max(m, (p.detach() - root).abs().max().item<double>());
+  }
+  return all_max(dist, m);
+}
+
+// A model whose initial parameters differ per rank; DDP must replace them with rank 0's.
+Net rank_seeded_net(int rank) {
+  torch::manual_seed(7 + rank);
+  return Net();
+}
+
+// A single-process copy of the (already broadcast) DDP model's parameters.
+Net reference_copy(Net& of) {
+  Net ref;
+  torch::NoGradGuard g;
+  auto src = of->parameters(), dst = ref->parameters();
+  for (size_t i = 0; i < src.size(); ++i) dst[i].copy_(src[i]);
+  return ref;
+}
+
+int ddp_equivalence(int steps) {
+  auto dist = Distributed::init();
+  const int world = dist.world_size(), per_rank = 4;
+  Net model = rank_seeded_net(dist.rank());
+  DistributedDataParallel<NetImpl> ddp(model.ptr(), dist, small_buckets());
+  Net reference = reference_copy(model);
+  const double init_between = diff_vs_rank0(dist, ddp.parameters());
+
+  torch::optim::SGD opt(ddp.parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+  torch::optim::SGD ref_opt(reference->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+  for (int step = 0; step < steps; ++step) {
+    auto [x, y] = global_batch(step, world, per_rank);
+    opt.zero_grad();
+    auto out = ddp(x.narrow(0, dist.rank() * per_rank, per_rank));
+    torch::nn::functional::cross_entropy(out, y.narrow(0, dist.rank() * per_rank, per_rank)).backward();
+    opt.step();
+    // Reference: one process, the whole batch, with BatchNorm statistics per shard as each rank sees them.
+    ref_opt.zero_grad();
+    for (int r = 0; r < world; ++r) {
+      auto ref_out = reference->forward(x.narrow(0, r * per_rank, per_rank));
+      (torch::nn::functional::cross_entropy(ref_out, y.narrow(0, r * per_rank, per_rank)) / world).backward();
+    }
+    ref_opt.step();
+  }
+  const double vs_single = all_max(dist, max_abs_diff(ddp.parameters(), reference->parameters()));
+  const double between = diff_vs_rank0(dist, ddp.parameters());
+  // Buffers are synced from rank 0 before each forward, as PyTorch's DDP does.
+  ddp.sync_buffers();
+  const double buffers_between = diff_vs_rank0(dist, model->buffers());
+  dist.print("RESULT buckets=", ddp.bucket_layout().size());
+  dist.print("RESULT init_diff_between_ranks=", init_between);
+  dist.print("RESULT max_abs_diff_vs_single=", vs_single);
+  dist.print("RESULT max_abs_diff_between_ranks=", between);
+  dist.print("RESULT buffer_diff_between_ranks=", buffers_between);
+  dist.print("RESULT world_size=", world);
+  return 0;
+}
+
+int no_sync() {
+  auto dist = Distributed::init();
+  const int world = dist.world_size(), per_rank = 3;
+  Net model = rank_seeded_net(dist.rank());
+  DistributedDataParallel<NetImpl> ddp(model.ptr(), dist, small_buckets());
+  Net reference = reference_copy(model);
+  torch::optim::SGD opt(ddp.parameters(), torch::optim::SGDOptions(0.05));
+  torch::optim::SGD ref_opt(reference->parameters(), torch::optim::SGDOptions(0.05));
+  auto [x1, y1] = global_batch(1, world, per_rank);
+  auto [x2, y2] = global_batch(2, world, per_rank);
+  auto shard = [&](const torch::Tensor& t, int r) { return t.narrow(0, r * per_rank, per_rank); };
+  opt.zero_grad();
+  {
+    auto guard = ddp.no_sync();
+    torch::nn::functional::cross_entropy(ddp(shard(x1, dist.rank())), shard(y1, dist.rank())).backward();
+  }
+  // Local gradients only so far: ranks differ.
+  double local_diff = 0;
+  for (auto& p : ddp.parameters()) local_diff += p.grad().abs().sum().item<double>();
+  const double spread = all_max(dist, local_diff) - (-all_max(dist, -local_diff));
+  torch::nn::functional::cross_entropy(ddp(shard(x2, dist.rank())), shard(y2, dist.rank())).backward();
+  opt.step();
+  ref_opt.zero_grad();
+  for (int r = 0; r < world; ++r) {
+    (torch::nn::functional::cross_entropy(reference->forward(shard(x1, r)), shard(y1, r)) / world).backward();
+    (torch::nn::functional::cross_entropy(reference->forward(shard(x2, r)), shard(y2, r)) / world).backward();
+  }
+  ref_opt.step();
+  dist.print("RESULT local_grads_differed=", spread > 0 ? 1 : 0);
+  dist.print("RESULT max_abs_diff_vs_single=", all_max(dist, max_abs_diff(ddp.parameters(), reference->parameters())));
+  return 0;
+}
+
+int unused_parameter(const std::string& how) {
+  auto dist = Distributed::init();
+  WithUnused model;
+  DdpOptions o;
+  o.find_unused_parameters = how == "find";
+  DistributedDataParallel<WithUnusedImpl> ddp(model.ptr(), dist, o);
+  torch::optim::SGD opt(ddp.parameters(), torch::optim::SGDOptions(0.1));
+  for (int step = 0; step < 2; ++step) {
+    opt.zero_grad();
+    try {
+      ddp(torch::ones({2, 4}) * (dist.rank() + 1)).sum().backward();
+    } catch (const std::exception& e) {
+      dist.print("RESULT error=", e.what());
+      return 0;
+    }
+    opt.step();
+  }
+  const auto g = model->unused->weight.grad();
+  dist.print("RESULT unused_grad_sum=", g.defined() ? g.abs().sum().item<double>() : 0.0);
+  dist.print("RESULT used_grad=", model->used->weight.grad()[0][0].item<double>());
+  return 0;
+}
+
+int sampler_grid() {
+  for (int64_t size : {0, 1, 7, 10, 33, 100}) {
+    for (int replicas : {1, 2, 3, 4}) {
+      for (uint64_t seed : {0ULL, 1234ULL}) {
+        for (uint64_t epoch : {0ULL, 3ULL}) {
+          for (bool shuffle : {true, false}) {
+            for (bool drop_last : {false, true}) {
+              for (int rank = 0; rank < replicas; ++rank) {
+                DistributedSampler s(size, replicas, rank, SamplerOptions{shuffle, seed, drop_last});
+                s.set_epoch(epoch);
+                std::cout << "{\"size\":" << size << ",\"replicas\":" << replicas << ",\"rank\":" << rank
+                          << ",\"seed\":" << seed << ",\"epoch\":" << epoch << ",\"shuffle\":" << shuffle
+                          << ",\"drop_last\":" << drop_last << ",\"len\":" << s.size() << ",\"indices\":[";
+                const auto idx = s.indices();
+                for (size_t i = 0; i < idx.size(); ++i) std::cout << (i ? "," : "") << idx[i];
+                std::cout << "]}\n";
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+  return 0;
+}
+
+int checkpoint(const std::string& dir) {
+  auto dist = Distributed::init();
+  Net model = rank_seeded_net(0);
+  DistributedDataParallel<NetImpl> ddp(model.ptr(), dist);
+  torch::optim::Adam opt(ddp.parameters(), torch::optim::AdamOptions(1e-3));
+  auto [x, y] = global_batch(0, 1, 4);
+  torch::nn::functional::cross_entropy(ddp(x), y).backward();
+  opt.step();
+  save_checkpoint(dir + "/ckpt.pt", ddp.module(), &opt, 5, dist);
+  Net fresh = rank_seeded_net(99);
+  torch::optim::Adam fresh_opt(fresh->parameters(), torch::optim::AdamOptions(1e-3));
+  const auto epoch = load_checkpoint(dir + "/ckpt.pt", *fresh, &fresh_opt);
+  std::vector<torch::Tensor> a = model->parameters(), b = fresh->parameters();
+  for (auto& t : model->buffers()) a.push_back(t);
+  for (auto& t : fresh->buffers()) b.push_back(t);
+  dist.print("RESULT loaded_epoch=", epoch.value_or(-1));
+  dist.print("RESULT roundtrip_diff=", max_abs_diff(a, b));
+  // A state dict saved with DDP's "module." prefix (as Python DDP's state_dict() has) loads too.
+  if (dist.is_main()) {
+    c10::Dict<std::string, at::Tensor> prefixed;
+    for (const auto& item : model->named_parameters()) prefixed.insert("module." + item.key(), item.value().detach());
+    for (const auto& item : model->named_buffers()) prefixed.insert("module." + item.key(), item.value().detach());
+    c10::impl::GenericDict root(c10::StringType::get(), c10::AnyType::get());
+    root.insert("model", prefixed);
+    root.insert("epoch", int64_t{2});
+    const auto data = torch::pickle_save(root);
+    std::ofstream(dir + "/prefixed.pt", std::ios::binary).write(data.data(), static_cast<std::streamsize>(data.size()));
+    Net other = rank_seeded_net(123);
+    load_checkpoint(dir + "/prefixed.pt", *other, nullptr);
+    std::vector<torch::Tensor> c = other->parameters();
+    dist.print("RESULT prefixed_load_diff=", max_abs_diff(model->parameters(), c));
+  }
+  dist.print("RESULT missing_file=", load_checkpoint(dir + "/nope.pt", *fresh, nullptr).has_value() ? 1 : 0);
+  return 0;
+}
+
+int resume(const std::string& dir, int epochs, int fail_at) {
+  auto dist = Distributed::init();
+  Net model = rank_seeded_net(dist.rank());
+  DistributedDataParallel<NetImpl> ddp(model.ptr(), dist);
+  torch::optim::SGD opt(ddp.parameters(), torch::optim::SGDOptions(0.01));
+  int start = 0;
+  if (auto done = load_checkpoint(dir + "/latest.pt", ddp.module(), &opt)) start = static_cast<int>(*done) + 1;
+  dist.print("RESULT attempt=", dist.env().restart_count, " start_epoch=", start);
+  for (int epoch = start; epoch < epochs; ++epoch) {
+    auto [x, y] = global_batch(epoch, dist.world_size(), 2);
+    opt.zero_grad();
+    torch::nn::functional::cross_entropy(ddp(x.narrow(0, dist.rank() * 2, 2)), y.narrow(0, dist.rank() * 2, 2)).backward();
+    opt.step();
+    save_checkpoint(dir + "/latest.pt", ddp.module(), &opt, epoch, dist);
+    if (epoch == fail_at && dist.env().restart_count == 0 && dist.rank() == dist.world_size() - 1) {
+      std::cerr << "simulated crash after epoch " << epoch << "\n";
+      std::_Exit(9);
+    }
+  }
+  dist.print("RESULT finished_epochs=", epochs);
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const std::string mode = argc > 1 ? argv[1] : "";
+  try {
+    if (mode == "ddp-equivalence") return ddp_equivalence(std::stoi(argv[2]));
+    if (mode == "no-sync") return no_sync();
+    if (mode == "unused-parameter") return unused_parameter(argv[2]);
+    if (mode == "sampler-grid") return sampler_grid();
+    if (mode == "checkpoint") return checkpoint(argv[2]);
+    if (mode == "resume") return resume(argv[2], std::stoi(argv[3]), std::stoi(argv[4]));
+    std::cerr << "unknown mode '" << mode << "'\n";
+    return 2;
+  } catch (const std::exception& e) {
+    std::cerr << "sdk_test_worker: " << e.what() << "\n";
+    return 1;
+  }
+}

@@ -1,0 +1,126 @@
+// The worker SDK end to end: sdk_test_worker (LibTorch) under the real ddprun, 2 and 3 processes.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <map>
+#include <sstream>
+
+#include "tests/support/subprocess.hpp"
+
+namespace ddprun::test {
+namespace {
+
+using namespace std::chrono_literals;
+namespace fs = std::filesystem;
+
+// "[rank0]: RESULT key=value" lines -> {key: value}.
+std::map<std::string, std::string> results(const std::string& out) {
+  std::map<std::string, std::string> r;
+  std::istringstream lines(out);
+  std::string line;
+  while (std::getline(lines, line)) {
+    const auto pos = line.find("RESULT ");
+    if (pos == std::string::npos) continue;
+    std::istringstream fields(line.substr(pos + 7));
+    std::string kv;
+    while (fields >> kv) {
+      const auto eq = kv.find('=');
+      if (eq != std::string::npos) r[kv.substr(0, eq)] = kv.substr(eq + 1);
+    }
+  }
+  return r;
+}
+
+Finished run_under_ddprun(int nproc, std::vector<std::string> args, std::vector<std::string> extra_flags = {}) {
+  std::vector<std::string> argv{DDPRUN_BIN, "--nproc_per_node", std::to_string(nproc)};
+  argv.insert(argv.end(), extra_flags.begin(), extra_flags.end());
+  argv.push_back(SDK_TEST_WORKER_BIN);
+  argv.insert(argv.end(), args.begin(), args.end());
+  Subprocess p(argv, {{"OMP_NUM_THREADS", "1"}});
+  return p.wait(300s);
+}
+
+struct TempDir {
+  fs::path path;
+  TempDir() {
+    char tmpl[] = "/tmp/ddprun_sdk_XXXXXX";
+    path = ::mkdtemp(tmpl);
+  }
+  ~TempDir() {
+    std::error_code ec;
+    fs::remove_all(path, ec);
+  }
+};
+
+class DdpEquivalenceTest : public ::testing::TestWithParam<int> {};
+
+TEST_P(DdpEquivalenceTest, ParametersEqualSingleProcessTrainingOnTheWholeBatch) {
+  const Finished f = run_under_ddprun(GetParam(), {"ddp-equivalence", "4"});
+  ASSERT_EQ(f.exit_code, 0) << f.err;
+  auto r = results(f.out);
+  EXPECT_EQ(r["world_size"], std::to_string(GetParam()));
+  EXPECT_GE(std::stoi(r["buckets"]), 3) << "the test model should span several buckets";
+  EXPECT_EQ(std::stod(r["init_diff_between_ranks"]), 0.0) << "rank 0's parameters were not broadcast";
+  EXPECT_LE(std::stod(r["max_abs_diff_vs_single"]), 1e-5);
+  EXPECT_EQ(std::stod(r["max_abs_diff_between_ranks"]), 0.0);
+  EXPECT_EQ(std::stod(r["buffer_diff_between_ranks"]), 0.0) << "buffers not synced from rank 0";
+}
+
+INSTANTIATE_TEST_SUITE_P(TwoAndThreeProcesses, DdpEquivalenceTest, ::testing::Values(2, 3));
+
+TEST(DdpTest, NoSyncAccumulatesLocallyThenReducesBothMicroBatches) {
+  const Finished f = run_under_ddprun(2, {"no-sync"});
+  ASSERT_EQ(f.exit_code, 0) << f.err;
+  auto r = results(f.out);
+  EXPECT_EQ(r["local_grads_differed"], "1");
+  EXPECT_LE(std::stod(r["max_abs_diff_vs_single"]), 1e-5);
+}
+
+TEST(DdpTest, UnusedParameterIsReportedByNameOrReducedAsZero) {
+  const Finished report = run_under_ddprun(2, {"unused-parameter", "report"});
+  ASSERT_EQ(report.exit_code, 0) << report.err;
+  EXPECT_NE(report.out.find("got no gradient in this step"), std::string::npos) << report.out;
+  EXPECT_NE(report.out.find("unused.weight, unused.bias"), std::string::npos) << report.out;
+  const Finished find = run_under_ddprun(2, {"unused-parameter", "find"});
+  ASSERT_EQ(find.exit_code, 0) << find.err;
+  auto r = results(find.out);
+  EXPECT_EQ(std::stod(r["unused_grad_sum"]), 0.0);
+  // d(sum(W x + b))/dW[0][0] = sum of x[:, 0] = 2 * (rank + 1): 2 and 4, averaged to 3.
+  EXPECT_DOUBLE_EQ(std::stod(r["used_grad"]), 3.0);
+}
+
+TEST(CheckpointTest, RoundTripWithAndWithoutModulePrefix) {
+  TempDir dir;
+  const Finished f = run_under_ddprun(2, {"checkpoint", dir.path.string()});
+  ASSERT_EQ(f.exit_code, 0) << f.err;
+  auto r = results(f.out);
+  EXPECT_EQ(r["loaded_epoch"], "5");
+  EXPECT_EQ(std::stod(r["roundtrip_diff"]), 0.0);
+  EXPECT_EQ(std::stod(r["prefixed_load_diff"]), 0.0);
+  EXPECT_EQ(r["missing_file"], "0");
+  EXPECT_FALSE(fs::exists(dir.path / "ckpt.pt.tmp"));
+}
+
+TEST(CheckpointTest, JobKilledMidRunResumesFromLatestCheckpointAfterRestart) {
+  TempDir dir;
+  const Finished f =
+      run_under_ddprun(2, {"resume", dir.path.string(), "5", "2"}, {"--max_restarts", "1"});
+  ASSERT_EQ(f.exit_code, 0) << f.err;
+  EXPECT_NE(f.out.find("RESULT attempt=0 start_epoch=0"), std::string::npos) << f.out;
+  EXPECT_NE(f.out.find("RESULT attempt=1 start_epoch=3"), std::string::npos) << f.out;
+  EXPECT_NE(f.out.find("RESULT finished_epochs=5"), std::string::npos);
+  EXPECT_NE(f.err.find("simulated crash after epoch 2"), std::string::npos);
+}
+
+TEST(WorkerSdkTest, RunsAloneWithoutALauncher) {
+  Subprocess p({SDK_TEST_WORKER_BIN, "ddp-equivalence", "2"}, {{"RANK", ""}, {"WORLD_SIZE", ""}, {"MASTER_ADDR", ""},
+                                                              {"MASTER_PORT", ""}});
+  const Finished f = p.wait(120s);
+  ASSERT_EQ(f.exit_code, 0) << f.err;
+  auto r = results(f.out);
+  EXPECT_EQ(r["world_size"], "1");
+  EXPECT_LE(std::stod(r["max_abs_diff_vs_single"]), 1e-6);
+}
+
+}  // namespace
+}  // namespace ddprun::test
