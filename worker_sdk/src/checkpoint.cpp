@@ -35,7 +35,10 @@ void save_checkpoint(const std::string& path, const torch::nn::Module& model, to
       optimizer->save(archive);
       std::ostringstream bytes;
       archive.save_to(bytes);
-      root.insert("optimizer", bytes.str());
+      // Raw bytes as a uint8 tensor: a pickled str would have to be valid UTF-8 for Python.
+      const std::string raw = bytes.str();
+      root.insert("optimizer", torch::from_blob(const_cast<char*>(raw.data()), {static_cast<int64_t>(raw.size())},
+                                                torch::kUInt8).clone());
     }
     const std::vector<char> data = torch::pickle_save(root);
     const std::filesystem::path target(path);
@@ -81,9 +84,9 @@ std::optional<int64_t> load_checkpoint(const std::string& path, torch::nn::Modul
   for (auto& item : model.named_parameters()) assign(item.key(), item.value());
   for (auto& item : model.named_buffers()) assign(item.key(), item.value());
   if (optimizer && root.contains("optimizer")) {
-    const std::string bytes = root.at("optimizer").toStringRef();
+    const at::Tensor raw = root.at("optimizer").toTensor().contiguous();
     torch::serialize::InputArchive archive;
-    archive.load_from(bytes.data(), bytes.size());
+    archive.load_from(static_cast<const char*>(raw.data_ptr()), static_cast<size_t>(raw.numel()));
     optimizer->load(archive);
   }
   return root.contains("epoch") ? std::optional<int64_t>(root.at("epoch").toInt()) : std::optional<int64_t>(0);

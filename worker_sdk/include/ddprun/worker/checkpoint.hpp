@@ -3,7 +3,7 @@
 // while the others wait at a barrier; everyone loads onto its own device (tensors are saved from
 // the CPU, so nothing lands on GPU 0 by accident). The file is torch.save's zip format
 // (torch::pickle_save of a dict), so Python's torch.load reads it too:
-//   {"model": {name: tensor}, "epoch": int, "optimizer": bytes (LibTorch's archive), "world_size": int}
+//   {"model": {name: tensor}, "epoch": int, "optimizer": uint8 tensor (LibTorch's archive), "world_size": int}
 // State-dict names are stored without DDP's "module." prefix and accepted with or without it.
 
 #include <torch/nn/module.h>
