@@ -1,0 +1,71 @@
+// DDP training-step throughput of the C++ worker SDK (the C++ half of benchmarks/ddp_bench.sh).
+// Model: LeNet-5 on 1x28x28 inputs (Fashion-MNIST shaped), synthetic data with a fixed seed, SGD.
+// Prints from rank 0: "steps_per_s=... compute_ms=... ddp_step_ms=..." where compute_ms is the
+// same step with gradient synchronisation off (no_sync) and ddp_step_ms the synchronised one.
+//   ddp_bench [STEPS] [BATCH_PER_RANK]
+#include <torch/torch.h>
+
+#include <chrono>
+#include <cstdlib>
+
+#include "ddprun/worker.hpp"
+
+using namespace ddprun::worker;
+
+struct LeNetImpl : torch::nn::Module {
+  LeNetImpl()
+      : conv1(register_module("conv1", torch::nn::Conv2d(torch::nn::Conv2dOptions(1, 6, 5).padding(2)))),
+        conv2(register_module("conv2", torch::nn::Conv2d(6, 16, 5))),
+        fc1(register_module("fc1", torch::nn::Linear(16 * 5 * 5, 120))),
+        fc2(register_module("fc2", torch::nn::Linear(120, 84))),
+        fc3(register_module("fc3", torch::nn::Linear(84, 10))) {}
+  torch::Tensor forward(torch::Tensor x) {
+    x = torch::max_pool2d(torch::relu(conv1(x)), 2);
+    x = torch::max_pool2d(torch::relu(conv2(x)), 2);
+    x = torch::relu(fc1(x.flatten(1)));
+    return fc3(torch::relu(fc2(x)));
+  }
+  torch::nn::Conv2d conv1, conv2;
+  torch::nn::Linear fc1, fc2, fc3;
+};
+TORCH_MODULE(LeNet);
+
+int main(int argc, char** argv) {
+  const int steps = argc > 1 ? std::atoi(argv[1]) : 200;
+  const int batch = argc > 2 ? std::atoi(argv[2]) : 64;
+  torch::set_num_threads(1);
+  auto dist = Distributed::init();
+  torch::manual_seed(0);
+  LeNet model;
+  DistributedDataParallel<LeNetImpl> ddp(model.ptr(), dist);
+  torch::optim::SGD opt(ddp.parameters(), torch::optim::SGDOptions(0.01).momentum(0.9));
+  torch::manual_seed(1 + dist.rank());
+  const auto x = torch::randn({batch, 1, 28, 28});
+  const auto y = torch::randint(0, 10, {batch});
+  auto step = [&] {
+    opt.zero_grad();
+    torch::nn::functional::cross_entropy(ddp(x), y).backward();
+    opt.step();
+  };
+  using Clock = std::chrono::steady_clock;
+  auto timed = [&](int n, bool sync) {
+    dist.barrier();
+    const auto t0 = Clock::now();
+    for (int i = 0; i < n; ++i) {
+      if (sync) {
+        step();
+      } else {
+        auto guard = ddp.no_sync();
+        step();
+      }
+    }
+    dist.barrier();
+    return std::chrono::duration<double>(Clock::now() - t0).count();
+  };
+  timed(10, true);  // warm-up
+  const double compute = timed(steps / 2, false) / (steps / 2);
+  const double synced = timed(steps, true);
+  dist.print("steps_per_s=", steps / synced, " compute_ms=", compute * 1000, " ddp_step_ms=", synced / steps * 1000,
+             " world_size=", dist.world_size());
+  return 0;
+}

@@ -1,0 +1,10 @@
+#include <ddprun/worker.hpp>
+
+#include <iostream>
+
+int main() {
+  auto dist = ddprun::worker::Distributed::init();
+  ddprun::worker::DistributedSampler sampler(10, dist.world_size(), dist.rank());
+  dist.print("consumer ok: world ", dist.world_size(), ", ", sampler.size(), " samples on rank 0");
+  return 0;
+}
