@@ -10,7 +10,7 @@ packages=(
   googletest libgtest-dev libgmock-dev
   libtorch-dev libgloo-dev
   python3 python3-torch
-  dataset-fashion-mnist
+  dataset-fashion-mnist zlib1g-dev
   clang libclang-rt-14-dev
   iproute2 procps util-linux
 )

@@ -121,4 +121,13 @@ double Distributed::sum(double value) {
 
 double Distributed::mean(double value) { return sum(value) / world_size(); }
 
+double Distributed::max(double value) {
+  auto t = torch::tensor({value}, torch::TensorOptions().dtype(torch::kFloat64).device(device_));
+  std::vector<torch::Tensor> ts{t};
+  c10d::AllreduceOptions opts;
+  opts.reduceOp = c10d::ReduceOp::MAX;
+  pg_->allreduce(ts, opts)->wait();
+  return t.cpu().item<double>();
+}
+
 }  // namespace ddprun::worker

@@ -55,6 +55,8 @@ class Distributed {
   double mean(double value);
   // Sum of one number per rank.
   double sum(double value);
+  // Largest of one number per rank (e.g. the slowest rank's epoch time).
+  double max(double value);
 
   // Writes the arguments as one line on stdout, on rank 0 only.
   template <typename... Args>

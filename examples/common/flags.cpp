@@ -1,0 +1,68 @@
+#include "common/flags.hpp"
+
+#include <cstdlib>
+#include <iostream>
+
+namespace ddprun::examples {
+
+ExampleFlags parse_example_flags(int argc, char** argv, const std::string& name, const std::string& description,
+                                 ExampleFlags f) {
+  const ExampleFlags d = f;
+  auto usage = [&](std::ostream& out) {
+    out << "usage: " << name << " [flags]   (alone, or under: ddprun --nproc_per_node N " << name << " ...)\n"
+        << description << "\n\n"
+        << "  --epochs N          training epochs (default " << d.epochs << ")\n"
+        << "  --batch-size N      samples per rank per step; global batch = N x WORLD_SIZE (default " << d.batch_size
+        << ")\n"
+        << "  --lr X              learning rate (default " << d.lr << ")\n"
+        << "  --checkpoint-dir D  rank 0 saves D/checkpoint.pt after every epoch\n"
+        << "  --resume            continue from D/checkpoint.pt (automatic after a ddprun restart)\n"
+        << "  --max-steps N       stop each epoch after N steps (default: whole epoch)\n"
+        << "  --train-limit N     use the first N training samples (default: all)\n"
+        << "  --test-limit N      use the first N test samples (default: all)\n"
+        << "  --seed N            shuffling and initialisation seed (default " << d.seed << ")\n";
+  };
+  auto fail = [&](const std::string& msg) {
+    std::cerr << name << ": " << msg << "\n";
+    usage(std::cerr);
+    std::exit(2);
+  };
+  for (int i = 1; i < argc; ++i) {
+    std::string flag = argv[i], value;
+    if (flag == "-h" || flag == "--help") {
+      usage(std::cout);
+      std::exit(0);
+    }
+    if (flag == "--resume") {
+      f.resume = true;
+      continue;
+    }
+    const auto eq = flag.find('=');
+    if (eq != std::string::npos) {
+      value = flag.substr(eq + 1);
+      flag = flag.substr(0, eq);
+    } else if (i + 1 < argc) {
+      value = argv[++i];
+    } else {
+      fail(flag + " needs a value");
+    }
+    auto number = [&](double lo) {
+      char* end = nullptr;
+      const double v = std::strtod(value.c_str(), &end);
+      if (value.empty() || *end != '\0' || v < lo) fail(flag + ": expected a number >= " + std::to_string(lo) + ", got '" + value + "'");
+      return v;
+    };
+    if (flag == "--epochs") f.epochs = static_cast<int>(number(1));
+    else if (flag == "--batch-size") f.batch_size = static_cast<int>(number(1));
+    else if (flag == "--lr") f.lr = number(0);
+    else if (flag == "--checkpoint-dir") f.checkpoint_dir = value;
+    else if (flag == "--max-steps") f.max_steps = static_cast<int64_t>(number(0));
+    else if (flag == "--train-limit") f.train_limit = static_cast<int64_t>(number(0));
+    else if (flag == "--test-limit") f.test_limit = static_cast<int64_t>(number(0));
+    else if (flag == "--seed") f.seed = static_cast<uint64_t>(number(0));
+    else fail("unknown flag " + flag);
+  }
+  return f;
+}
+
+}  // namespace ddprun::examples

@@ -1,0 +1,25 @@
+#pragma once
+// The flags every example takes. Unknown or malformed flags exit with status 2 and a message.
+
+#include <cstdint>
+#include <string>
+
+namespace ddprun::examples {
+
+struct ExampleFlags {
+  int epochs = 3;
+  int batch_size = 64;     // per rank: the global batch is batch_size x WORLD_SIZE
+  double lr = 0.05;
+  std::string checkpoint_dir;  // "" = no checkpoints
+  bool resume = false;     // load checkpoint_dir/checkpoint.pt if it exists (also after a restart)
+  int64_t max_steps = 0;   // per epoch, 0 = the whole epoch
+  int64_t train_limit = 0; // use at most this many training samples (0 = all)
+  int64_t test_limit = 0;
+  uint64_t seed = 0;
+};
+
+// Parses argv over `defaults`; prints usage and exits on --help or a bad flag.
+ExampleFlags parse_example_flags(int argc, char** argv, const std::string& name, const std::string& description,
+                                 ExampleFlags defaults);
+
+}  // namespace ddprun::examples
