@@ -1,0 +1,95 @@
+// Every example runs for a few steps under ddprun (2 workers) on a small slice of the data: the loss
+// falls, rank 0 alone prints results, and the final JSON line parses.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "tests/support/subprocess.hpp"
+
+namespace ddprun::test {
+namespace {
+
+using namespace std::chrono_literals;
+namespace fs = std::filesystem;
+
+struct ExampleCase {
+  std::string name;
+  std::vector<std::string> args;
+};
+
+std::ostream& operator<<(std::ostream& out, const ExampleCase& c) { return out << c.name; }
+
+Finished run_example(const std::string& name, std::vector<std::string> args) {
+  std::vector<std::string> argv{DDPRUN_BIN, "--nproc_per_node", "2", std::string(EXAMPLES_DIR) + "/" + name};
+  argv.insert(argv.end(), args.begin(), args.end());
+  Subprocess p(argv, {{"OMP_NUM_THREADS", "1"}});
+  return p.wait(600s);
+}
+
+nlohmann::json final_json(const std::string& out) {
+  std::istringstream lines(out);
+  std::string line, last;
+  while (std::getline(lines, line)) {
+    if (line.find("{\"example\"") != std::string::npos) last = line.substr(line.find('{'));
+  }
+  return last.empty() ? nlohmann::json() : nlohmann::json::parse(last);
+}
+
+class ExampleTest : public ::testing::TestWithParam<ExampleCase> {};
+
+TEST_P(ExampleTest, LossFallsAndOnlyRankZeroPrints) {
+  const auto& c = GetParam();
+  const Finished f = run_example(c.name, c.args);
+  ASSERT_EQ(f.exit_code, 0) << f.err;
+  const auto j = final_json(f.out);
+  ASSERT_FALSE(j.is_null()) << f.out;
+  EXPECT_EQ(j["example"], c.name);
+  EXPECT_EQ(j["world_size"], 2);
+  EXPECT_LT(j["final_loss"].get<double>(), j["first_loss"].get<double>()) << f.out;
+  EXPECT_GT(j["samples_per_s"].get<double>(), 0.0);
+  EXPECT_NE(f.out.find("[rank0]: epoch 1/"), std::string::npos) << f.out;
+  EXPECT_EQ(f.out.find("[rank1]:"), std::string::npos) << "rank 1 printed:\n" << f.out;
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    AllExamples, ExampleTest,
+    ::testing::Values(
+        ExampleCase{"fashion_mnist_lenet", {"--epochs", "2", "--train-limit", "2000", "--test-limit", "500"}},
+        ExampleCase{"mlp", {"--epochs", "2", "--train-limit", "2000", "--test-limit", "500"}},
+        ExampleCase{"toy_cnn", {"--epochs", "3", "--train-limit", "512", "--test-limit", "128"}},
+        ExampleCase{"lstm_classifier", {"--epochs", "3", "--train-limit", "1024", "--test-limit", "256"}},
+        ExampleCase{"resnet18",
+                    {"--epochs", "2", "--batch-size", "8", "--max-steps", "3", "--train-limit", "48", "--test-limit", "32"}}),
+    [](const auto& info) { return info.param.name; });
+
+TEST(ExampleCheckpointTest, ResumesFromTheCheckpointOfAnEarlierRun) {
+  char tmpl[] = "/tmp/ddprun_examples_XXXXXX";
+  const fs::path dir = ::mkdtemp(tmpl);
+  const std::vector<std::string> common{"--train-limit", "256", "--test-limit", "64", "--checkpoint-dir", dir.string()};
+  auto args = common;
+  args.insert(args.end(), {"--epochs", "1"});
+  Finished first = run_example("toy_cnn", args);
+  ASSERT_EQ(first.exit_code, 0) << first.err;
+  EXPECT_TRUE(fs::exists(dir / "checkpoint.pt"));
+  args = common;
+  args.insert(args.end(), {"--epochs", "2", "--resume"});
+  Finished second = run_example("toy_cnn", args);
+  ASSERT_EQ(second.exit_code, 0) << second.err;
+  EXPECT_NE(second.out.find("resumed from " + (dir / "checkpoint.pt").string() + " after epoch 1"), std::string::npos)
+      << second.out;
+  EXPECT_EQ(second.out.find("epoch 1/2"), std::string::npos) << "epoch 1 should not run again";
+  EXPECT_NE(second.out.find("epoch 2/2"), std::string::npos);
+  fs::remove_all(dir);
+}
+
+TEST(ExampleFlagsTest, BadFlagExitsWithUsage) {
+  Subprocess p({std::string(EXAMPLES_DIR) + "/mlp", "--epochs", "zero"});
+  const Finished f = p.wait(30s);
+  EXPECT_EQ(f.exit_code, 2);
+  EXPECT_NE(f.err.find("mlp: --epochs: expected a number"), std::string::npos) << f.err;
+}
+
+}  // namespace
+}  // namespace ddprun::test
