@@ -8,27 +8,11 @@
 #include <chrono>
 #include <cstdlib>
 
+#include "common/lenet.hpp"
 #include "ddprun/worker.hpp"
 
 using namespace ddprun::worker;
-
-struct LeNetImpl : torch::nn::Module {
-  LeNetImpl()
-      : conv1(register_module("conv1", torch::nn::Conv2d(torch::nn::Conv2dOptions(1, 6, 5).padding(2)))),
-        conv2(register_module("conv2", torch::nn::Conv2d(6, 16, 5))),
-        fc1(register_module("fc1", torch::nn::Linear(16 * 5 * 5, 120))),
-        fc2(register_module("fc2", torch::nn::Linear(120, 84))),
-        fc3(register_module("fc3", torch::nn::Linear(84, 10))) {}
-  torch::Tensor forward(torch::Tensor x) {
-    x = torch::max_pool2d(torch::relu(conv1(x)), 2);
-    x = torch::max_pool2d(torch::relu(conv2(x)), 2);
-    x = torch::relu(fc1(x.flatten(1)));
-    return fc3(torch::relu(fc2(x)));
-  }
-  torch::nn::Conv2d conv1, conv2;
-  torch::nn::Linear fc1, fc2, fc3;
-};
-TORCH_MODULE(LeNet);
+using ddprun::examples::LeNetImpl;
 
 int main(int argc, char** argv) {
   const int steps = argc > 1 ? std::atoi(argv[1]) : 200;
@@ -36,8 +20,8 @@ int main(int argc, char** argv) {
   torch::set_num_threads(1);
   auto dist = Distributed::init();
   torch::manual_seed(0);
-  LeNet model;
-  DistributedDataParallel<LeNetImpl> ddp(model.ptr(), dist);
+  auto model = std::make_shared<LeNetImpl>();
+  DistributedDataParallel<LeNetImpl> ddp(model, dist);
   torch::optim::SGD opt(ddp.parameters(), torch::optim::SGDOptions(0.01).momentum(0.9));
   torch::manual_seed(1 + dist.rank());
   const auto x = torch::randn({batch, 1, 28, 28});

@@ -9,25 +9,13 @@
 #include <thread>
 
 #include "tests/support/subprocess.hpp"
+#include "tests/support/temp_dir.hpp"
 
 namespace ddprun::test {
 namespace {
 
 namespace fs = std::filesystem;
 using namespace std::chrono_literals;
-
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    char tmpl[] = "/tmp/ddprun_test_XXXXXX";
-    path = ::mkdtemp(tmpl);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-  std::string str() const { return path.string(); }
-};
 
 std::vector<std::string> ddprun(std::vector<std::string> args) {
   args.insert(args.begin(), DDPRUN_BIN);

@@ -59,21 +59,7 @@ class TCPStoreClientTest(unittest.TestCase):
         self.assertEqual(self.store.get("/worker/attempt_0/a"), b"1")
 
 
-WORKER = r"""
-import os, torch, torch.distributed as dist, datetime
-dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
-rank, world = dist.get_rank(), dist.get_world_size()
-t = torch.tensor([float(rank + 1)] * 4)
-dist.all_reduce(t)
-expected = world * (world + 1) / 2
-assert t.tolist() == [expected] * 4, t
-gathered = [torch.zeros(2) for _ in range(world)]
-dist.all_gather(gathered, torch.tensor([rank, rank * 10.0]))
-assert [g.tolist() for g in gathered] == [[r, r * 10.0] for r in range(world)], gathered
-dist.barrier()
-print("rank", rank, "ok", t[0].item(), flush=True)
-dist.destroy_process_group()
-"""
+WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "gloo_worker.py")
 
 
 class GlooInitTest(unittest.TestCase):
@@ -84,12 +70,12 @@ class GlooInitTest(unittest.TestCase):
                 env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(daemon.port), RANK=str(rank),
                            WORLD_SIZE=str(world), LOCAL_RANK=str(rank), TORCHELASTIC_USE_AGENT_STORE="True",
                            TORCHELASTIC_RESTART_COUNT=str(restart_count), OMP_NUM_THREADS="1")
-                procs.append(subprocess.Popen([sys.executable, "-c", WORKER], env=env, stdout=subprocess.PIPE,
+                procs.append(subprocess.Popen([sys.executable, WORKER], env=env, stdout=subprocess.PIPE,
                                               stderr=subprocess.PIPE, text=True))
             outs = [p.communicate(timeout=120) for p in procs]
             for rank, (p, (out, err)) in enumerate(zip(procs, outs)):
                 self.assertEqual(p.returncode, 0, f"rank {rank} failed:\n{err}")
-                self.assertIn(f"rank {rank} ok {world * (world + 1) / 2}", out)
+                self.assertIn(f"rank {rank} ok {world * (world + 1) / 2} attempt {restart_count}", out)
             code, err = daemon.stop()
             self.assertEqual(code, 0, err)
 

@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "tests/support/subprocess.hpp"
+#include "tests/support/temp_dir.hpp"
 
 namespace ddprun::test {
 namespace {
@@ -39,18 +40,6 @@ Finished run_under_ddprun(int nproc, std::vector<std::string> args, std::vector<
   Subprocess p(argv, {{"OMP_NUM_THREADS", "1"}});
   return p.wait(300s);
 }
-
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    char tmpl[] = "/tmp/ddprun_sdk_XXXXXX";
-    path = ::mkdtemp(tmpl);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-};
 
 class DdpEquivalenceTest : public ::testing::TestWithParam<int> {};
 
