@@ -3,6 +3,9 @@
 #include <unistd.h>
 
 #include <boost/asio/ip/address.hpp>
+#include <boost/asio/post.hpp>
+#include <atomic>
+#include <csignal>
 #include <filesystem>
 #include <iostream>
 #include <memory>
@@ -10,6 +13,7 @@
 
 #include "common/errors.hpp"
 #include "common/log.hpp"
+#include "launcher/node_rendezvous.hpp"
 #include "launcher/supervisor.hpp"
 #include "launcher/worker_env.hpp"
 #include "rendezvous/server.hpp"
@@ -86,10 +90,6 @@ std::string store_bind_address(const std::string& master_addr) {
 }  // namespace
 
 int run_agent(const LaunchOptions& o) {
-  if (o.max_nodes > 1) {
-    throw ConfigError("--nnodes " + std::to_string(o.max_nodes) +
-                      ": multi-node jobs are not supported by this ddprun yet; run with --nnodes 1");
-  }
   OrphanGuard guard;  // before any socket or thread exists, so it inherits nothing worth keeping
   become_subreaper();
 
@@ -104,29 +104,65 @@ int run_agent(const LaunchOptions& o) {
   std::string signals_text;
   for (int s : o.signals_to_handle) signals_text += (signals_text.empty() ? "" : ",") + signal_name(s);
 
+  const bool multi_node = o.max_nodes > 1;
+  // Multi-node: the address other nodes (and all workers) use for this node.
+  const std::string advertise = !o.local_addr.empty() ? o.local_addr : (o.node_rank == 0 ? o.master_addr : host);
+  std::unique_ptr<NodeRendezvous> nodes;
+  if (multi_node) {
+    NodeRendezvousOptions ro;
+    ro.run_id = o.run_id;
+    ro.nnodes = o.max_nodes;
+    ro.node_rank = o.node_rank;
+    ro.master_addr = o.master_addr;
+    ro.master_port = o.master_port.value_or(29500);
+    ro.advertise_addr = advertise;
+    ro.host = host;
+    ro.join_timeout = o.join_timeout;
+    nodes = std::make_unique<NodeRendezvous>(ro);
+  }
+
   SupervisorSettings settings;
   settings.handled_signals = o.signals_to_handle;
   settings.shutdown_grace = o.shutdown_timeout;
   settings.host = host;
+  settings.node_rank = multi_node ? o.node_rank : -1;
   Supervisor supervisor(settings, &guard);
+  std::atomic<int> running_round{-1};
 
-  const std::string master_addr = o.local_addr.empty() ? o.master_addr : o.local_addr;
   std::optional<std::vector<std::string>> gpus;
   if (o.virtual_local_rank) gpus = visible_gpu_ids(base, o.nproc_per_node);
 
   for (int attempt = 0;; ++attempt) {
-    // A fresh store for every attempt: PyTorch >= 2.6 workers use no per-attempt key prefix.
-    rdzv::ServerOptions store_options;
-    store_options.host = store_bind_address(o.master_addr);
-    store_options.port = o.master_port.value_or(0);
-    store_options.log_lifecycle = false;
-    rdzv::ServerThread store(store_options);
-    log::info("ddprun") << "attempt " << attempt << ": worker store on " << rdzv::format_endpoint(store.endpoint())
-                        << ", MASTER_ADDR=" << master_addr << " MASTER_PORT=" << store.port();
+    // A fresh worker store for every attempt: PyTorch >= 2.6 workers use no per-attempt key prefix.
+    // Single node: on --master_addr:--master_port (kernel-picked by default). Multi-node: node 0
+    // hosts it on a kernel-picked port and publishes it through the rendezvous.
+    std::unique_ptr<rdzv::ServerThread> store;
+    if (!multi_node || o.node_rank == 0) {
+      rdzv::ServerOptions store_options;
+      store_options.host = multi_node ? "::" : store_bind_address(o.master_addr);
+      store_options.port = multi_node ? 0 : o.master_port.value_or(0);
+      store_options.log_lifecycle = false;
+      store = std::make_unique<rdzv::ServerThread>(store_options);
+    }
+    World world;
+    if (multi_node) {
+      world = nodes->join(attempt, o.nproc_per_node,
+                          store ? std::optional<uint16_t>(store->port()) : std::nullopt);
+      log::info("ddprun") << "attempt " << attempt << ": node " << o.node_rank << " of " << world.group_world_size
+                          << ", ranks " << world.rank_offset << ".." << world.rank_offset + o.nproc_per_node - 1
+                          << " of " << world.world_size << ", MASTER_ADDR=" << world.master_addr
+                          << " MASTER_PORT=" << world.master_port;
+    } else {
+      world.world_size = o.nproc_per_node;
+      world.master_addr = o.local_addr.empty() ? o.master_addr : o.local_addr;
+      world.master_port = store->port();
+      log::info("ddprun") << "attempt " << attempt << ": worker store on " << rdzv::format_endpoint(store->endpoint())
+                          << ", MASTER_ADDR=" << world.master_addr << " MASTER_PORT=" << world.master_port;
+    }
 
     AttemptContext ctx;
-    ctx.master_addr = master_addr;
-    ctx.master_port = store.port();
+    ctx.master_addr = world.master_addr;
+    ctx.master_port = world.master_port;
     ctx.restart_count = attempt;
     ctx.max_restarts = o.max_restarts;
     ctx.run_id = o.run_id;
@@ -139,11 +175,11 @@ int run_agent(const LaunchOptions& o) {
     for (int lr = 0; lr < o.nproc_per_node; ++lr) {
       WorkerPlacement where;
       where.local_rank = lr;
-      where.rank = o.node_rank * o.nproc_per_node + lr;
+      where.rank = world.rank_offset + lr;
       where.local_world_size = o.nproc_per_node;
-      where.world_size = o.nproc_per_node * o.max_nodes;
-      where.group_rank = o.node_rank;
-      where.group_world_size = o.max_nodes;
+      where.world_size = world.world_size;
+      where.group_rank = world.group_rank;
+      where.group_world_size = world.group_world_size;
       const fs::path rank_dir = attempt_dir / std::to_string(lr);
       std::error_code ec;
       fs::create_directories(rank_dir, ec);
@@ -169,34 +205,97 @@ int run_agent(const LaunchOptions& o) {
     }
     if (o.redirects.any() || o.tee.any()) log::info("ddprun") << "worker logs in " << attempt_dir.string();
 
+    if (multi_node) {
+      running_round = attempt;
+      // Another node's failure (or signal) stops this node's workers at once.
+      nodes->watch(attempt, [&supervisor, &running_round, attempt](const RoundEnd& end) {
+        if (end.kind == RoundEnd::Kind::Success) return;
+        boost::asio::post(supervisor.io(), [&supervisor, &running_round, attempt, detail = end.detail] {
+          if (running_round == attempt) supervisor.request_stop(detail);
+        });
+      });
+    }
     GroupResult result;
     try {
       result = supervisor.run(launches);
     } catch (const ProcessError& e) {
       log::error("ddprun") << e.what();
+      if (multi_node) {
+        WorkerExit failed;
+        failed.rank = world.rank_offset;
+        failed.host = host;
+        failed.exit_code = 127;
+        failed.time = std::chrono::system_clock::now();
+        failed.error_text = e.what();
+        nodes->report_failure(attempt, failed);
+        nodes->leave(attempt, std::chrono::seconds(30));
+      }
       return 1;
     }
+    running_round = -1;
+
+    if (!multi_node) {
+      switch (result.outcome) {
+        case GroupOutcome::Succeeded:
+          log::info("ddprun") << "all " << o.nproc_per_node << " worker(s) finished successfully";
+          return 0;
+        case GroupOutcome::Signalled:
+        case GroupOutcome::StoppedByRequest:
+          log::warn("ddprun") << "workers stopped by " << signal_name(result.signal ? result.signal : SIGTERM);
+          return 128 + (result.signal ? result.signal : SIGTERM);
+        case GroupOutcome::Failed:
+          break;
+      }
+      const WorkerExit& root = result.failures.front();
+      if (attempt < o.max_restarts && !supervisor.stop_signal_received()) {
+        log::warn("ddprun") << "rank " << root.rank << " failed with " << describe_exit(root)
+                            << "; restarting the worker group (restart " << attempt + 1 << " of " << o.max_restarts
+                            << ")";
+        continue;
+      }
+      std::cerr << format_failure_report(o.program, result.failures, result.stopped_ranks) << std::flush;
+      if (o.max_restarts > 0) log::error("ddprun") << "giving up after " << o.max_restarts << " restart(s)";
+      return shell_exit_code(root);
+    }
+
+    // Multi-node: agree on how the round ended.
+    RoundEnd end;
     switch (result.outcome) {
-      case GroupOutcome::Succeeded:
-        log::info("ddprun") << "all " << o.nproc_per_node << " worker(s) finished successfully";
+      case GroupOutcome::Succeeded: end = nodes->report_success(attempt, o.max_nodes); break;
+      case GroupOutcome::Failed: end = nodes->report_failure(attempt, result.failures.front()); break;
+      case GroupOutcome::Signalled: end = nodes->report_signal(attempt, result.signal); break;
+      case GroupOutcome::StoppedByRequest: end = nodes->wait_end(attempt); break;
+    }
+    switch (end.kind) {
+      case RoundEnd::Kind::Success:
+        nodes->leave(attempt, std::chrono::seconds(30));
+        log::info("ddprun") << "all " << world.world_size << " worker(s) on " << world.group_world_size
+                            << " nodes finished successfully";
         return 0;
-      case GroupOutcome::Signalled:
-      case GroupOutcome::StoppedByRequest:
-        log::warn("ddprun") << "workers stopped by " << signal_name(result.signal ? result.signal : SIGTERM);
+      case RoundEnd::Kind::Signal:
+        nodes->leave(attempt, std::chrono::seconds(30));
+        log::warn("ddprun") << "job stopped by " << end.detail;
         return 128 + (result.signal ? result.signal : SIGTERM);
-      case GroupOutcome::Failed:
+      case RoundEnd::Kind::StoreLost:
+        log::error("ddprun") << end.detail;
+        return 1;
+      case RoundEnd::Kind::Failure:
         break;
     }
-    const WorkerExit& root = result.failures.front();
     if (attempt < o.max_restarts && !supervisor.stop_signal_received()) {
-      log::warn("ddprun") << "rank " << root.rank << " failed with " << describe_exit(root)
-                          << "; restarting the worker group (restart " << attempt + 1 << " of " << o.max_restarts
-                          << ")";
+      log::warn("ddprun") << end.detail << "; restarting the worker groups of all " << o.max_nodes
+                          << " nodes (restart " << attempt + 1 << " of " << o.max_restarts << ")";
       continue;
     }
-    std::cerr << format_failure_report(o.program, result.failures, result.stopped_ranks) << std::flush;
+    std::vector<WorkerExit> failures;
+    if (end.root_cause) failures.push_back(*end.root_cause);
+    for (const auto& f : result.failures) {
+      if (!end.root_cause || f.rank != end.root_cause->rank) failures.push_back(f);
+    }
+    std::cerr << format_failure_report(o.program, failures, result.stopped_ranks) << std::flush;
     if (o.max_restarts > 0) log::error("ddprun") << "giving up after " << o.max_restarts << " restart(s)";
-    return shell_exit_code(root);
+    nodes->leave(attempt, std::chrono::seconds(30));
+    return end.root_cause ? shell_exit_code(*end.root_cause) : 1;
   }
 }
 

@@ -292,6 +292,13 @@ LaunchOptions parse_options(const std::vector<std::string>& args, const EnvLooku
       if (eq == std::string::npos || eq == 0) bad(flag("rdzv_conf"), "key=value pairs separated by commas", kv);
       o.rdzv_conf[trim(kv.substr(0, eq))] = trim(kv.substr(eq + 1));
     }
+    for (const auto& [k, v] : o.rdzv_conf) {
+      if (k == "join_timeout" || k == "timeout") {
+        o.join_timeout = parse_seconds(flag("rdzv_conf") + " " + k, v, false);
+      } else if (k != "last_call_timeout" && k != "close_timeout" && k != "read_timeout" && k != "is_host") {
+        throw ConfigError(flag("rdzv_conf") + ": unknown key '" + k + "' (known: join_timeout)");
+      }
+    }
   }
   if (has("max_restarts")) {
     o.max_restarts = static_cast<int>(

@@ -39,6 +39,7 @@ struct LaunchOptions {
   std::string rdzv_endpoint;
   std::string run_id = "none";
   std::map<std::string, std::string> rdzv_conf;
+  std::chrono::milliseconds join_timeout{std::chrono::seconds(600)};  // rdzv_conf join_timeout
   int max_restarts = 0;
   std::chrono::milliseconds monitor_interval{100};
   std::string role = "default";

@@ -65,11 +65,12 @@ void indent_block(std::ostringstream& out, const std::string& label, const std::
 
 void format_one(std::ostringstream& out, const WorkerExit& e) {
   out << "  rank       : " << e.rank << " (local_rank " << e.local_rank << ")\n"
-      << "  host       : " << e.host << "\n"
+      << "  host       : " << e.host << (e.node_rank >= 0 ? " (node_rank " + std::to_string(e.node_rank) + ")" : "")
+      << "\n"
       << "  pid        : " << e.pid << "\n"
       << "  exit       : " << describe_exit(e) << "\n"
       << "  time       : " << format_time(e.time) << "\n";
-  if (auto msg = read_error_file(e.error_file)) {
+  if (auto msg = e.error_text ? e.error_text : read_error_file(e.error_file)) {
     indent_block(out, "error_file : ", e.error_file);
     indent_block(out, "error      : ", *msg);
   }

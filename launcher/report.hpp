@@ -16,12 +16,15 @@ struct WorkerExit {
   int rank = 0;
   int local_rank = 0;
   std::string host;
+  int node_rank = -1;  // multi-node jobs
   pid_t pid = -1;
   int exit_code = 0;  // valid when signal == 0
   int signal = 0;     // the signal that killed it, or 0
   std::chrono::system_clock::time_point time;
   std::vector<std::string> stderr_tail;
   std::string error_file;  // path given to the worker
+  // The error file's contents when read elsewhere (a failure reported by another node).
+  std::optional<std::string> error_text;
 };
 
 // The shell convention: the exit code, or 128 + N for death by signal N.

@@ -163,6 +163,7 @@ void Supervisor::on_worker_exit(Worker& w, int status) {
   e.rank = w.launch.rank;
   e.local_rank = w.launch.local_rank;
   e.host = settings_.host;
+  e.node_rank = settings_.node_rank;
   e.pid = w.pid;
   e.time = now;
   e.error_file = w.launch.error_file;

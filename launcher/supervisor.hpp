@@ -56,6 +56,7 @@ struct SupervisorSettings {
   std::vector<int> handled_signals;  // forwarded to workers
   std::chrono::milliseconds shutdown_grace{std::chrono::seconds(30)};
   std::string host;
+  int node_rank = -1;  // shown in reports of multi-node jobs
   size_t stderr_tail_lines = 12;
 };
 

@@ -1,0 +1,233 @@
+#include "launcher/node_rendezvous.hpp"
+
+#include <unistd.h>
+
+#include <atomic>
+#include <nlohmann/json.hpp>
+
+#include "common/errors.hpp"
+#include "common/log.hpp"
+#include "launcher/options.hpp"
+
+namespace ddprun::launcher {
+
+using json = nlohmann::json;
+
+namespace {
+
+std::string seconds_text(std::chrono::milliseconds d) {
+  return d.count() % 1000 == 0 ? std::to_string(d.count() / 1000) + "s" : std::to_string(d.count()) + "ms";
+}
+
+json exit_to_json(const WorkerExit& e, int node) {
+  json j = {{"node", node},        {"host", e.host},         {"rank", e.rank},
+            {"local_rank", e.local_rank}, {"pid", e.pid},    {"exit_code", e.exit_code},
+            {"signal", e.signal},  {"error_file", e.error_file}, {"stderr_tail", e.stderr_tail},
+            {"time_ms", std::chrono::duration_cast<std::chrono::milliseconds>(e.time.time_since_epoch()).count()}};
+  if (auto text = read_error_file(e.error_file)) j["error"] = *text;
+  return j;
+}
+
+WorkerExit exit_from_json(const json& j) {
+  WorkerExit e;
+  e.host = j.value("host", "");
+  e.node_rank = j.value("node", -1);
+  e.rank = j.value("rank", 0);
+  e.local_rank = j.value("local_rank", 0);
+  e.pid = j.value("pid", 0);
+  e.exit_code = j.value("exit_code", 0);
+  e.signal = j.value("signal", 0);
+  e.error_file = j.value("error_file", "");
+  e.stderr_tail = j.value("stderr_tail", std::vector<std::string>{});
+  e.time = std::chrono::system_clock::time_point(std::chrono::milliseconds(j.value("time_ms", int64_t{0})));
+  if (j.contains("error")) e.error_text = j["error"].get<std::string>();
+  return e;
+}
+
+}  // namespace
+
+NodeRendezvous::NodeRendezvous(NodeRendezvousOptions options) : options_(std::move(options)) {
+  if (options_.node_rank == 0) {
+    rdzv::ServerOptions so;
+    so.host = "::";
+    so.port = options_.master_port;
+    so.log_lifecycle = false;
+    try {
+      server_ = std::make_unique<rdzv::ServerThread>(so);
+    } catch (const ConnectionError&) {
+      so.host = "0.0.0.0";  // no IPv6 on this host
+      server_ = std::make_unique<rdzv::ServerThread>(so);
+    }
+    log::info("ddprun") << "node 0: rendezvous store for " << options_.nnodes << " nodes on port "
+                        << server_->port();
+  }
+  rdzv::ClientOptions co;
+  co.host = options_.master_addr;
+  co.port = options_.master_port;
+  co.connect_timeout = options_.join_timeout;
+  co.timeout = std::chrono::seconds(60);
+  try {
+    client_ = std::make_unique<rdzv::Client>(co);
+  } catch (const TimeoutError& e) {
+    throw TimeoutError("node_rank " + std::to_string(options_.node_rank) + " could not reach node 0's store: " +
+                       e.what() + ". Is ddprun running on node 0 with the same --master_addr/--master_port?");
+  }
+}
+
+NodeRendezvous::~NodeRendezvous() {
+  stop_watching_ = true;
+  stop_watcher();
+}
+
+std::string NodeRendezvous::key(int round, const std::string& name) const {
+  return "/ddprun/" + options_.run_id + "/r" + std::to_string(round) + "/" + name;
+}
+
+World NodeRendezvous::join(int round, int nproc, std::optional<uint16_t> worker_store_port) {
+  const int n = options_.nnodes;
+  const json me = {{"host", options_.host}, {"addr", options_.advertise_addr}, {"nproc", nproc},
+                   {"pid", static_cast<int>(::getpid())}};
+  const std::string mine = me.dump();
+  const std::string held = client_->compare_set(key(round, "node/" + std::to_string(options_.node_rank)), "", mine);
+  if (held != mine) {
+    const auto other = json::parse(held, nullptr, false);
+    throw ConfigError("node_rank " + std::to_string(options_.node_rank) + " has already joined this job from " +
+                      (other.is_object() ? other.value("host", "?") + " (pid " + std::to_string(other.value("pid", 0)) + ")" : "another agent") +
+                      "; give every node a different --node_rank");
+  }
+  if (worker_store_port) {
+    client_->set(key(round, "worker_store"), json{{"addr", options_.advertise_addr}, {"port", *worker_store_port}}.dump());
+  }
+  if (client_->add(key(round, "joined"), 1) == n) client_->set(key(round, "complete"), "1");
+  try {
+    client_->wait({key(round, "complete"), key(round, "worker_store")}, options_.join_timeout);
+  } catch (const TimeoutError&) {
+    std::string missing;
+    int joined = 0;
+    for (int k = 0; k < n; ++k) {
+      if (client_->check({key(round, "node/" + std::to_string(k))})) {
+        ++joined;
+      } else {
+        missing += (missing.empty() ? "" : ", ") + std::to_string(k);
+      }
+    }
+    throw TimeoutError("rendezvous (round " + std::to_string(round) + ") timed out after " +
+                       seconds_text(options_.join_timeout) + ": " + std::to_string(joined) + " of " +
+                       std::to_string(n) + " nodes joined; missing node_rank " + missing +
+                       " (set the wait with --rdzv_conf join_timeout=SECONDS)");
+  }
+  std::vector<std::string> keys;
+  for (int k = 0; k < n; ++k) keys.push_back(key(round, "node/" + std::to_string(k)));
+  keys.push_back(key(round, "worker_store"));
+  const auto values = client_->multi_get(keys);
+  World w;
+  w.group_rank = options_.node_rank;
+  w.group_world_size = n;
+  for (int k = 0; k < n; ++k) {
+    const auto j = json::parse(values[static_cast<size_t>(k)]);
+    NodeInfo info{k, j.value("host", ""), j.value("addr", ""), j.value("nproc", 0), j.value("pid", 0)};
+    if (k < options_.node_rank) w.rank_offset += info.nproc;
+    w.world_size += info.nproc;
+    w.nodes.push_back(std::move(info));
+  }
+  const auto store = json::parse(values.back());
+  w.master_addr = store.value("addr", "");
+  w.master_port = store.value("port", 0);
+  return w;
+}
+
+RoundEnd NodeRendezvous::parse_end(const std::string& value) const {
+  RoundEnd e;
+  if (value == "success") return e;
+  if (value.rfind("signal:", 0) == 0) {
+    e.kind = RoundEnd::Kind::Signal;
+    e.detail = value.substr(7);
+    return e;
+  }
+  const auto j = json::parse(value, nullptr, false);
+  e.kind = RoundEnd::Kind::Failure;
+  if (j.is_object()) {
+    e.root_cause = exit_from_json(j);
+    e.root_node = j.value("node", -1);
+    e.detail = "rank " + std::to_string(e.root_cause->rank) + " on node " + std::to_string(e.root_node) + " (" +
+               e.root_cause->host + ") failed with " + describe_exit(*e.root_cause);
+  } else {
+    e.detail = value;
+  }
+  return e;
+}
+
+RoundEnd NodeRendezvous::decide(int round, const std::string& proposal) {
+  // The first proposal wins; everyone reads the same decision back.
+  return parse_end(client_->compare_set(key(round, "end"), "", proposal));
+}
+
+void NodeRendezvous::watch(int round, std::function<void(const RoundEnd&)> on_end) {
+  stop_watcher();
+  stop_watching_ = false;
+  rdzv::ClientOptions co = client_->options();
+  watcher_ = std::thread([this, round, co, on_end = std::move(on_end)] {
+    try {
+      rdzv::Client c(co);
+      // WAIT has no server timeout; the client re-arms it every few seconds so that a store that
+      // went silent (node 0's host gone) is noticed too.
+      for (;;) {
+        try {
+          c.wait({key(round, "end")}, std::chrono::seconds(1));
+          break;
+        } catch (const TimeoutError&) {
+          if (stop_watching_) return;
+        }
+      }
+      on_end(parse_end(c.get(key(round, "end"))));
+    } catch (const std::exception& e) {
+      RoundEnd lost;
+      lost.kind = RoundEnd::Kind::StoreLost;
+      lost.detail = std::string("lost the rendezvous store (node 0 gone?): ") + e.what();
+      on_end(lost);
+    }
+  });
+}
+
+void NodeRendezvous::stop_watcher() {
+  if (!watcher_.joinable()) return;
+  watcher_.join();
+}
+
+RoundEnd NodeRendezvous::report_failure(int round, const WorkerExit& failure) {
+  return decide(round, exit_to_json(failure, options_.node_rank).dump());
+}
+
+RoundEnd NodeRendezvous::report_signal(int round, int signo) {
+  return decide(round, "signal:" + signal_name(signo) + " on node " + std::to_string(options_.node_rank) + " (" +
+                           options_.host + ")");
+}
+
+RoundEnd NodeRendezvous::report_success(int round, int nnodes) {
+  if (client_->add(key(round, "finished"), 1) == nnodes) return decide(round, "success");
+  return wait_end(round);
+}
+
+RoundEnd NodeRendezvous::wait_end(int round) {
+  for (;;) {
+    try {
+      client_->wait({key(round, "end")}, std::chrono::seconds(5));
+      return parse_end(client_->get(key(round, "end")));
+    } catch (const TimeoutError&) {
+    }
+  }
+}
+
+void NodeRendezvous::leave(int round, std::chrono::milliseconds timeout) {
+  stop_watching_ = true;
+  stop_watcher();
+  try {
+    if (client_->add(key(round, "exited"), 1) == options_.nnodes) client_->set(key(round, "all_exited"), "1");
+    // The store host stays until everyone has read the outcome.
+    if (options_.node_rank == 0) client_->wait({key(round, "all_exited")}, timeout);
+  } catch (const std::exception& e) {
+    log::warn("ddprun") << "end-of-job barrier: " << e.what();
+  }
+}
+
+}  // namespace ddprun::launcher

@@ -1,0 +1,107 @@
+#pragma once
+// Static multi-node rendezvous (--nnodes N --node_rank K --master_addr A --master_port P) over the
+// TCPStore protocol. Node 0's agent hosts the rendezvous store at A:P; every agent is a client.
+//
+// Keys, under /ddprun/<run_id>/r<round>/:
+//   node/<K>      JSON {host, addr, nproc, pid} of node K (COMPARE_SET: a node rank joins once)
+//   joined        counter; the agent that brings it to N sets `complete`
+//   worker_store  JSON {addr, port} of the round's fresh worker store, hosted by node 0
+//   end           how the round ended, decided by the first COMPARE_SET: a failure (JSON with the
+//                 root cause), a stop signal, or "success" (set by the last node to finish)
+//   finished, exited  counters for the end-of-round and end-of-job barriers
+// Each agent watches `end` from a thread, so a failure on any node stops every node at once.
+//
+// Blocking calls; thread-safe (one client per thread).
+
+#include <atomic>
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "launcher/report.hpp"
+#include "rendezvous/client.hpp"
+#include "rendezvous/server.hpp"
+
+namespace ddprun::launcher {
+
+struct NodeInfo {
+  int node_rank = 0;
+  std::string host;
+  std::string addr;
+  int nproc = 0;
+  int pid = 0;
+};
+
+// What a round's rendezvous agreed on.
+struct World {
+  int group_rank = 0;
+  int group_world_size = 1;
+  int rank_offset = 0;  // global rank of this node's local rank 0
+  int world_size = 0;
+  std::vector<NodeInfo> nodes;
+  std::string master_addr;  // the worker store
+  int master_port = 0;
+};
+
+// How a round ended for the whole job.
+struct RoundEnd {
+  enum class Kind { Success, Failure, Signal, StoreLost } kind = Kind::Success;
+  std::optional<WorkerExit> root_cause;  // Failure
+  int root_node = -1;
+  std::string detail;  // human-readable
+};
+
+struct NodeRendezvousOptions {
+  std::string run_id = "none";
+  int nnodes = 1;
+  int node_rank = 0;
+  std::string master_addr;
+  uint16_t master_port = 0;
+  std::string advertise_addr;  // how other nodes reach this one
+  std::string host;
+  std::chrono::milliseconds join_timeout{std::chrono::seconds(600)};
+};
+
+class NodeRendezvous {
+ public:
+  // Node 0 binds the rendezvous store here (throws ConnectionError if the port is taken); every
+  // node connects (retrying until join_timeout).
+  explicit NodeRendezvous(NodeRendezvousOptions options);
+  ~NodeRendezvous();
+
+  // Joins round `round` with `nproc` local workers. Node 0 passes its fresh worker store's port.
+  // Throws TimeoutError naming the missing node ranks, ConfigError for a duplicate node rank.
+  World join(int round, int nproc, std::optional<uint16_t> worker_store_port);
+
+  // Starts watching the round's `end` key; `on_end` runs on the watcher thread once it is decided.
+  void watch(int round, std::function<void(const RoundEnd&)> on_end);
+  // Records a local failure; returns the round's end as decided (ours if we were first).
+  RoundEnd report_failure(int round, const WorkerExit& failure);
+  // Waits for the round's end, decided by another node (after our workers were stopped).
+  RoundEnd wait_end(int round);
+  RoundEnd report_signal(int round, int signo);
+  // This node's workers all succeeded; blocks until every node did or the round ended otherwise.
+  RoundEnd report_success(int round, int nproc_total_nodes);
+  // End-of-job barrier: node 0 (the store host) waits for the others to leave, up to `timeout`.
+  void leave(int round, std::chrono::milliseconds timeout);
+
+  const NodeRendezvousOptions& options() const { return options_; }
+
+ private:
+  std::string key(int round, const std::string& name) const;
+  RoundEnd decide(int round, const std::string& proposal);
+  RoundEnd parse_end(const std::string& value) const;
+  void stop_watcher();
+
+  NodeRendezvousOptions options_;
+  std::unique_ptr<rdzv::ServerThread> server_;  // node 0 only
+  std::unique_ptr<rdzv::Client> client_;
+  std::thread watcher_;
+  std::atomic<bool> stop_watching_{false};
+};
+
+}  // namespace ddprun::launcher

@@ -1,0 +1,163 @@
+// Several ddprun processes on this machine acting as the nodes of one job (static rendezvous),
+// each with its own --local_addr on 127.0.0.x.
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+
+#include <gtest/gtest.h>
+
+#include <fstream>
+
+#include "tests/support/subprocess.hpp"
+#include "tests/support/temp_dir.hpp"
+
+namespace ddprun::test {
+namespace {
+
+using namespace std::chrono_literals;
+
+// A port free right now, for --master_port (node 0 must listen on a port the others know).
+int free_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
+  socklen_t len = sizeof a;
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  ::close(fd);
+  return ntohs(a.sin_port);
+}
+
+std::unique_ptr<Subprocess> node(int port, int rank, int nproc, std::vector<std::string> extra,
+                                 std::vector<std::string> worker_args, int nnodes = 2) {
+  std::vector<std::string> argv{DDPRUN_BIN, "--nnodes", std::to_string(nnodes), "--node_rank", std::to_string(rank),
+                                "--nproc_per_node", std::to_string(nproc), "--master_addr", "127.0.0.1",
+                                "--master_port", std::to_string(port), "--local_addr",
+                                "127.0.0." + std::to_string(rank + 1), "--rdzv_conf", "join_timeout=30"};
+  argv.insert(argv.end(), extra.begin(), extra.end());
+  argv.push_back(TEST_WORKER_BIN);
+  argv.insert(argv.end(), worker_args.begin(), worker_args.end());
+  return std::make_unique<Subprocess>(argv);
+}
+
+std::map<std::string, std::string> env_of(const TempDir& dir, int rank) {
+  std::map<std::string, std::string> env;
+  std::ifstream in(dir.path / ("env." + std::to_string(rank)));
+  std::string line;
+  while (std::getline(in, line)) {
+    const auto eq = line.find('=');
+    if (eq != std::string::npos) env[line.substr(0, eq)] = line.substr(eq + 1);
+  }
+  return env;
+}
+
+TEST(MultiNodeTest, NodesWithDifferentNprocGetContiguousRanksAndOneWorkerStore) {
+  TempDir dir;
+  const int port = free_port();
+  auto n0 = node(port, 0, 1, {}, {"env", dir.str(), "store-barrier"});
+  auto n1 = node(port, 1, 3, {}, {"env", dir.str(), "store-barrier"});
+  const Finished f1 = n1->wait(60s), f0 = n0->wait(60s);
+  ASSERT_EQ(f0.exit_code, 0) << f0.err;
+  ASSERT_EQ(f1.exit_code, 0) << f1.err;
+  const auto e0 = env_of(dir, 0);
+  for (int r = 0; r < 4; ++r) {
+    const auto e = env_of(dir, r);
+    EXPECT_EQ(e.at("RANK"), std::to_string(r));
+    EXPECT_EQ(e.at("WORLD_SIZE"), "4");
+    EXPECT_EQ(e.at("GROUP_WORLD_SIZE"), "2");
+    EXPECT_EQ(e.at("GROUP_RANK"), r == 0 ? "0" : "1");
+    EXPECT_EQ(e.at("LOCAL_RANK"), std::to_string(r == 0 ? 0 : r - 1));
+    EXPECT_EQ(e.at("LOCAL_WORLD_SIZE"), r == 0 ? "1" : "3");
+    EXPECT_EQ(e.at("MASTER_ADDR"), "127.0.0.1");
+    EXPECT_EQ(e.at("MASTER_PORT"), e0.at("MASTER_PORT"));
+    EXPECT_NE(e.at("MASTER_PORT"), std::to_string(port)) << "workers get their own store";
+  }
+}
+
+TEST(MultiNodeTest, FailureOnOneNodeStopsEveryNodeWithOneRootCause) {
+  const int port = free_port();
+  auto n0 = node(port, 0, 2, {"--shutdown_timeout", "10"}, {"exit-if-rank", "3", "6", "sleep", "60"});
+  auto n1 = node(port, 1, 2, {"--shutdown_timeout", "10"}, {"exit-if-rank", "3", "6", "sleep", "60"});
+  const Finished f0 = n0->wait(60s), f1 = n1->wait(60s);
+  for (const Finished* f : {&f0, &f1}) {
+    EXPECT_EQ(f->exit_code, 6) << f->err;
+    EXPECT_NE(f->err.find("Root cause (first failure):\n  rank       : 3 (local_rank 1)"), std::string::npos) << f->err;
+    EXPECT_NE(f->err.find("(node_rank 1)"), std::string::npos) << f->err;
+    EXPECT_NE(f->err.find("| rank 3 exiting with 6"), std::string::npos) << f->err;
+  }
+  EXPECT_NE(f0.err.find("Stopped by ddprun after the failure: ranks 0,1"), std::string::npos) << f0.err;
+  EXPECT_NE(f0.err.find("stopping the workers: rank 3 on node 1"), std::string::npos) << f0.err;
+}
+
+TEST(MultiNodeTest, AllNodesRestartTogether) {
+  TempDir dir;
+  const int port = free_port();
+  auto n0 = node(port, 0, 1, {"--max_restarts", "2"}, {"exit-if-attempt-below", "1", "4", "store-barrier", "env", dir.str()});
+  auto n1 = node(port, 1, 1, {"--max_restarts", "2"}, {"exit-if-attempt-below", "1", "4", "store-barrier", "env", dir.str()});
+  const Finished f0 = n0->wait(60s), f1 = n1->wait(60s);
+  ASSERT_EQ(f0.exit_code, 0) << f0.err;
+  ASSERT_EQ(f1.exit_code, 0) << f1.err;
+  EXPECT_NE(f0.err.find("restarting the worker groups of all 2 nodes (restart 1 of 2)"), std::string::npos) << f0.err;
+  EXPECT_EQ(env_of(dir, 0).at("TORCHELASTIC_RESTART_COUNT"), "1");
+  EXPECT_EQ(env_of(dir, 1).at("TORCHELASTIC_RESTART_COUNT"), "1");
+}
+
+TEST(MultiNodeTest, NodeThatStartsBeforeNodeZeroWaitsForIt) {
+  TempDir dir;
+  const int port = free_port();
+  auto n1 = node(port, 1, 1, {}, {"env", dir.str()});
+  ASSERT_FALSE(n1->wait_for_output("finished", 300ms));  // node 0 is not there yet
+  auto n0 = node(port, 0, 1, {}, {"env", dir.str()});
+  const Finished f0 = n0->wait(60s), f1 = n1->wait(60s);
+  EXPECT_EQ(f0.exit_code, 0) << f0.err;
+  EXPECT_EQ(f1.exit_code, 0) << f1.err;
+  EXPECT_EQ(env_of(dir, 1).at("RANK"), "1");
+}
+
+TEST(MultiNodeTest, MissingNodeTimesOutNamingIt) {
+  const int port = free_port();
+  auto n0 = node(port, 0, 1, {"--rdzv_conf", "join_timeout=1"}, {"env", "/tmp"}, 3);
+  const Finished f = n0->wait(60s);
+  EXPECT_EQ(f.exit_code, 1);
+  EXPECT_NE(f.err.find("1 of 3 nodes joined; missing node_rank 1, 2"), std::string::npos) << f.err;
+}
+
+TEST(MultiNodeTest, DuplicateNodeRankIsRejected) {
+  const int port = free_port();
+  auto a = node(port, 0, 1, {}, {"sleep", "2"});
+  auto b = node(port, 1, 1, {}, {"sleep", "2"});
+  ASSERT_TRUE(b->wait_for_output("started 1 worker", 30s)) << b->err();
+  auto dup = node(port, 1, 1, {}, {"sleep", "0"});
+  const Finished d = dup->wait(30s);
+  EXPECT_EQ(d.exit_code, 2) << d.err;
+  EXPECT_NE(d.err.find("node_rank 1 has already joined this job"), std::string::npos) << d.err;
+}
+
+TEST(MultiNodeTest, SignalOnOneNodeStopsTheJobEverywhere) {
+  const int port = free_port();
+  auto n0 = node(port, 0, 1, {}, {"wait-signal"});
+  auto n1 = node(port, 1, 1, {}, {"wait-signal"});
+  ASSERT_TRUE(n0->wait_for_output("[rank0]: ready", 30s));
+  ASSERT_TRUE(n1->wait_for_output("[rank1]: ready", 30s));
+  n1->signal(SIGTERM);
+  const Finished f0 = n0->wait(30s), f1 = n1->wait(30s);
+  EXPECT_EQ(f1.exit_code, 128 + SIGTERM) << f1.err;
+  EXPECT_NE(f0.out.find("[rank0]: got SIGTERM"), std::string::npos) << f0.err;
+  EXPECT_NE(f0.err.find("job stopped by SIGTERM on node 1"), std::string::npos) << f0.err;
+}
+
+TEST(MultiNodeTest, LosingNodeZeroStopsTheOtherNodes) {
+  const int port = free_port();
+  auto n0 = node(port, 0, 1, {}, {"sleep", "60"});
+  auto n1 = node(port, 1, 1, {}, {"wait-signal"});
+  ASSERT_TRUE(n1->wait_for_output("[rank1]: ready", 30s));
+  n0->signal(SIGKILL);
+  const Finished f1 = n1->wait(30s);
+  EXPECT_EQ(f1.exit_code, 1) << f1.err;
+  EXPECT_NE(f1.err.find("lost the rendezvous store"), std::string::npos) << f1.err;
+  EXPECT_NE(f1.out.find("[rank1]: got SIGTERM"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace ddprun::test
