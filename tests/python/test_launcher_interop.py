@@ -32,6 +32,29 @@ class TorchWorkersUnderDdprun(unittest.TestCase):
         self.assertIn("restart 1 of 1", r.stderr)
 
 
+def free_port():
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class TorchWorkersAcrossTwoNodes(unittest.TestCase):
+    def test_gloo_all_reduce_across_two_ddprun_nodes(self):
+        port = str(free_port())
+        procs = []
+        for node in range(2):
+            cmd = [DDPRUN, "--nnodes", "2", "--node_rank", str(node), "--nproc_per_node", "2",
+                   "--master_addr", "127.0.0.1", "--master_port", port, "--local_addr", f"127.0.0.{node + 1}",
+                   os.path.join(HERE, "gloo_worker.py")]
+            procs.append(subprocess.Popen(cmd, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+        outs = [p.communicate(timeout=180) for p in procs]
+        for node, (p, (out, err)) in enumerate(zip(procs, outs)):
+            self.assertEqual(p.returncode, 0, err)
+            for rank in (2 * node, 2 * node + 1):
+                self.assertIn(f"[rank{rank}]: rank {rank} ok 10.0 attempt 0", out)
+
+
 def dump_env(cmd):
     with tempfile.TemporaryDirectory() as d:
         r = run(cmd + [TEST_WORKER, "env", d])

@@ -7,6 +7,7 @@
 #include <torch/cuda.h>
 #include <unistd.h>
 
+#include <cstdlib>
 #include <stdexcept>
 #include <thread>
 
@@ -83,12 +84,17 @@ Distributed Distributed::init(const WorkerEnv& env, const InitOptions& options) 
 
   if (backend == "gloo") {
     auto opts = c10d::ProcessGroupGloo::Options::create(options.timeout);
-    char host[256] = {};
-    ::gethostname(host, sizeof host - 1);
-    try {
-      opts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname(host));
-    } catch (const std::exception&) {
-      opts->devices.push_back(c10d::ProcessGroupGloo::createDefaultDevice());
+    // As PyTorch does: GLOO_SOCKET_IFNAME picks the interface; otherwise the host name's address.
+    if (const char* ifname = std::getenv("GLOO_SOCKET_IFNAME"); ifname && *ifname) {
+      opts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForInterface(ifname));
+    } else {
+      char host[256] = {};
+      ::gethostname(host, sizeof host - 1);
+      try {
+        opts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname(host));
+      } catch (const std::exception&) {
+        opts->devices.push_back(c10d::ProcessGroupGloo::createDefaultDevice());
+      }
     }
     d.pg_ = c10::make_intrusive<c10d::ProcessGroupGloo>(pg_store, env.rank, env.world_size, opts);
   } else {
