@@ -225,6 +225,29 @@ LaunchOptions parse_options(const std::vector<std::string>& args, const EnvLooku
       spelled[f.dest] = var;
     }
   }
+  // Under Slurm (srun ddprun ...), the job's layout comes from its environment unless given.
+  const auto slurm_job = env("SLURM_JOB_ID"), slurm_nodes = env("SLURM_NNODES"), slurm_node = env("SLURM_NODEID"),
+             slurm_list = env("SLURM_JOB_NODELIST");
+  if (slurm_job && slurm_nodes && slurm_node && slurm_list && !given.count("nnodes") && !given.count("node_rank") &&
+      !given.count("master_addr")) {
+    given["nnodes"] = *slurm_nodes;
+    spelled["nnodes"] = "SLURM_NNODES";
+    given["node_rank"] = *slurm_node;
+    spelled["node_rank"] = "SLURM_NODEID";
+    given["master_addr"] = first_slurm_host(*slurm_list);
+    spelled["master_addr"] = "SLURM_JOB_NODELIST";
+    if (!given.count("master_port")) {
+      // The same on every node of the job, and below Linux's ephemeral port range.
+      const long long id = parse_int("SLURM_JOB_ID", trim(*slurm_job), 0, (1LL << 62), "a job number");
+      given["master_port"] = std::to_string(20000 + id % 12000);
+      spelled["master_port"] = "SLURM_JOB_ID";
+    }
+    if (!given.count("rdzv_id")) {
+      given["rdzv_id"] = "slurm-" + trim(*slurm_job);
+      spelled["rdzv_id"] = "SLURM_JOB_ID";
+    }
+    o.from_slurm = true;
+  }
   auto has = [&](const char* d) { return given.count(d) != 0; };
   auto flag = [&](const char* d) { return spelled.count(d) ? spelled[d] : std::string("--") + d; };
 
@@ -377,6 +400,34 @@ std::string usage_text() {
          "exit status: 0 when every worker succeeded; the root-cause worker's exit code (128+N if it died of signal\n"
          "N) when one failed; 2 for a bad command line; 1 when ddprun itself could not run the job.\n";
   return out.str();
+}
+
+std::string first_slurm_host(const std::string& nodelist) {
+  const std::string list = trim(nodelist);
+  size_t depth = 0, end = list.size();
+  for (size_t i = 0; i < list.size(); ++i) {
+    if (list[i] == '[') ++depth;
+    if (list[i] == ']' && depth > 0) --depth;
+    if (list[i] == ',' && depth == 0) {
+      end = i;
+      break;
+    }
+  }
+  // Each bracket group ("[07-10,12]") contributes its first number.
+  std::string host;
+  const std::string first = list.substr(0, end);
+  for (size_t i = 0; i < first.size(); ++i) {
+    if (first[i] != '[') {
+      host.push_back(first[i]);
+      continue;
+    }
+    const auto close = first.find(']', i);
+    const std::string inside = first.substr(i + 1, close == std::string::npos ? std::string::npos : close - i - 1);
+    host += inside.substr(0, inside.find_first_of("-,"));
+    if (close == std::string::npos) break;
+    i = close;
+  }
+  return host;
 }
 
 EnvLookup process_env() {

@@ -57,6 +57,7 @@ struct LaunchOptions {
   std::string program;
   std::vector<std::string> program_args;
 
+  bool from_slurm = false;  // nnodes/node_rank/master_addr/master_port came from SLURM_*
   bool help = false;
   bool version = false;
 };
@@ -78,6 +79,9 @@ std::string usage_text();
 // "SIGUSR1" / "USR1" / "10" -> 10. Throws ConfigError naming `flag`.
 int parse_signal(const std::string& text, const std::string& flag);
 std::string signal_name(int signo);
+
+// The first host of a Slurm node list: "node[03-05,9],gpu1" -> "node03".
+std::string first_slurm_host(const std::string& nodelist);
 
 // The env lookup of the real process.
 EnvLookup process_env();

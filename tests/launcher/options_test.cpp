@@ -119,6 +119,37 @@ TEST(OptionsTest, MasterAddrInBracketsAndPortZeroMeansAutomatic) {
   EXPECT_EQ(parse({"--master_port", "29500", "t"}).master_port, 29500);
 }
 
+TEST(OptionsTest, SlurmEnvironmentSetsTheJobLayout) {
+  const std::map<std::string, std::string> slurm = {
+      {"SLURM_JOB_ID", "123456"}, {"SLURM_NNODES", "4"}, {"SLURM_NODEID", "2"},
+      {"SLURM_JOB_NODELIST", "gpu-node[07-10],login1"}};
+  auto o = parse({"--nproc_per_node", "8", "train"}, slurm);
+  EXPECT_TRUE(o.from_slurm);
+  EXPECT_EQ(o.max_nodes, 4);
+  EXPECT_EQ(o.node_rank, 2);
+  EXPECT_EQ(o.master_addr, "gpu-node07");
+  EXPECT_EQ(o.master_port, 20000 + 123456 % 12000);
+  EXPECT_EQ(o.run_id, "slurm-123456");
+  // Explicit flags win over Slurm.
+  auto explicit_layout = parse({"--nnodes", "1", "train"}, slurm);
+  EXPECT_FALSE(explicit_layout.from_slurm);
+  EXPECT_EQ(explicit_layout.max_nodes, 1);
+  EXPECT_EQ(first_slurm_host("a,b"), "a");
+  EXPECT_EQ(first_slurm_host("node[3-5,9]x"), "node3x");
+  EXPECT_EQ(first_slurm_host("single"), "single");
+  EXPECT_EQ(first_slurm_host("rack[1,2]-n[01-02]"), "rack1-n01");
+}
+
+TEST(OptionsTest, KubeflowPetVariablesDescribeAMultiNodeJob) {
+  auto o = parse({"train"}, {{"PET_NNODES", "2"}, {"PET_NODE_RANK", "1"}, {"PET_NPROC_PER_NODE", "4"},
+                             {"PET_MASTER_ADDR", "job-master-0"}, {"PET_MASTER_PORT", "23456"}});
+  EXPECT_EQ(o.max_nodes, 2);
+  EXPECT_EQ(o.node_rank, 1);
+  EXPECT_EQ(o.nproc_per_node, 4);
+  EXPECT_EQ(o.master_addr, "job-master-0");
+  EXPECT_EQ(o.master_port, 23456);
+}
+
 TEST(OptionsTest, HelpListsEveryFlagWithItsDefault) {
   const std::string help = usage_text();
   for (const char* flag : {"--nproc_per_node", "--nnodes", "--node_rank", "--master_addr", "--master_port",
