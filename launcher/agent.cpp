@@ -115,6 +115,8 @@ int run_agent(const LaunchOptions& o) {
     ro.node_rank = o.node_rank;
     ro.master_addr = o.master_addr;
     ro.master_port = o.master_port.value_or(29500);
+    ro.endpoint_host = o.rdzv_endpoint_host;
+    ro.endpoint_port = o.rdzv_endpoint_port;
     ro.advertise_addr = advertise;
     ro.host = host;
     ro.join_timeout = o.join_timeout;

@@ -47,7 +47,8 @@ WorkerExit exit_from_json(const json& j) {
 }  // namespace
 
 NodeRendezvous::NodeRendezvous(NodeRendezvousOptions options) : options_(std::move(options)) {
-  if (options_.node_rank == 0) {
+  const bool external = !options_.endpoint_host.empty();
+  if (options_.node_rank == 0 && !external) {
     rdzv::ServerOptions so;
     so.host = "::";
     so.port = options_.master_port;
@@ -62,15 +63,17 @@ NodeRendezvous::NodeRendezvous(NodeRendezvousOptions options) : options_(std::mo
                         << server_->port();
   }
   rdzv::ClientOptions co;
-  co.host = options_.master_addr;
-  co.port = options_.master_port;
+  co.host = external ? options_.endpoint_host : options_.master_addr;
+  co.port = external ? options_.endpoint_port : options_.master_port;
   co.connect_timeout = options_.join_timeout;
   co.timeout = std::chrono::seconds(60);
   try {
     client_ = std::make_unique<rdzv::Client>(co);
   } catch (const TimeoutError& e) {
-    throw TimeoutError("node_rank " + std::to_string(options_.node_rank) + " could not reach node 0's store: " +
-                       e.what() + ". Is ddprun running on node 0 with the same --master_addr/--master_port?");
+    throw TimeoutError("node_rank " + std::to_string(options_.node_rank) + " could not reach the rendezvous store: " +
+                       e.what() +
+                       (external ? ". Is ddprun-rendezvous running at --rdzv_endpoint?"
+                                 : ". Is ddprun running on node 0 with the same --master_addr/--master_port?"));
   }
 }
 
@@ -86,7 +89,9 @@ std::string NodeRendezvous::key(int round, const std::string& name) const {
 World NodeRendezvous::join(int round, int nproc, std::optional<uint16_t> worker_store_port) {
   const int n = options_.nnodes;
   const json me = {{"host", options_.host}, {"addr", options_.advertise_addr}, {"nproc", nproc},
-                   {"pid", static_cast<int>(::getpid())}};
+                   {"pid", static_cast<int>(::getpid())}, {"nnodes", n},
+                   {"joined_ms", std::chrono::duration_cast<std::chrono::milliseconds>(
+                                     std::chrono::system_clock::now().time_since_epoch()).count()}};
   const std::string mine = me.dump();
   const std::string held = client_->compare_set(key(round, "node/" + std::to_string(options_.node_rank)), "", mine);
   if (held != mine) {

@@ -61,6 +61,9 @@ struct NodeRendezvousOptions {
   int node_rank = 0;
   std::string master_addr;
   uint16_t master_port = 0;
+  // A standalone store (ddprun-rendezvous) to rendezvous through instead of one hosted by node 0.
+  std::string endpoint_host;
+  uint16_t endpoint_port = 0;
   std::string advertise_addr;  // how other nodes reach this one
   std::string host;
   std::chrono::milliseconds join_timeout{std::chrono::seconds(600)};

@@ -36,7 +36,8 @@ constexpr FlagDef kFlags[] = {
     {"--standalone", nullptr, "standalone", false, "off",
      "single-node job with an automatic store port and run id (ddprun's default anyway)"},
     {"--rdzv_backend", nullptr, "rdzv_backend", true, "static", "rendezvous backend: static"},
-    {"--rdzv_endpoint", nullptr, "rdzv_endpoint", true, "(master_addr:master_port)", "rendezvous store host:port"},
+    {"--rdzv_endpoint", nullptr, "rdzv_endpoint", true, "(node 0 hosts it at master_addr:master_port)",
+     "a ddprun-rendezvous daemon, host[:port] (port 29400 if omitted), to rendezvous through; many jobs can share one"},
     {"--rdzv_id", "--run_id", "rdzv_id", true, "none", "job id shared by all nodes; TORCHELASTIC_RUN_ID"},
     {"--rdzv_conf", nullptr, "rdzv_conf", true, "", "rendezvous settings k1=v1,k2=v2 (join_timeout=SECONDS)"},
     {"--max_restarts", nullptr, "max_restarts", true, "0", "times the worker group is restarted after a failure"},
@@ -307,7 +308,29 @@ LaunchOptions parse_options(const std::vector<std::string>& args, const EnvLooku
                         "--master_port)");
     }
   }
-  if (has("rdzv_endpoint")) o.rdzv_endpoint = trim(given["rdzv_endpoint"]);
+  if (has("rdzv_endpoint") && !trim(given["rdzv_endpoint"]).empty()) {
+    // host, host:port, [v6], [v6]:port
+    o.rdzv_endpoint = trim(given["rdzv_endpoint"]);
+    std::string host = o.rdzv_endpoint, port;
+    if (host.front() == '[') {
+      const auto close = host.find(']');
+      if (close == std::string::npos) bad(flag("rdzv_endpoint"), "host[:port] or [ipv6]:port", o.rdzv_endpoint);
+      if (close + 1 < host.size()) {
+        if (host[close + 1] != ':') bad(flag("rdzv_endpoint"), "host[:port] or [ipv6]:port", o.rdzv_endpoint);
+        port = host.substr(close + 2);
+      }
+      host = host.substr(1, close - 1);
+    } else if (std::count(host.begin(), host.end(), ':') == 1) {
+      port = host.substr(host.find(':') + 1);
+      host = host.substr(0, host.find(':'));
+    }
+    if (host.empty()) bad(flag("rdzv_endpoint"), "host[:port] or [ipv6]:port", o.rdzv_endpoint);
+    o.rdzv_endpoint_host = host;
+    if (!port.empty()) {
+      o.rdzv_endpoint_port =
+          static_cast<uint16_t>(parse_int(flag("rdzv_endpoint"), port, 1, 65535, "host[:port] with a port from 1 to 65535"));
+    }
+  }
   if (has("rdzv_id")) o.run_id = trim(given["rdzv_id"]);
   if (has("rdzv_conf") && !trim(given["rdzv_conf"]).empty()) {
     for (const std::string& kv : split(given["rdzv_conf"], ',')) {

@@ -36,7 +36,9 @@ struct LaunchOptions {
   std::optional<uint16_t> master_port;  // unset: the kernel picks a free port
   bool standalone = false;
   std::string rdzv_backend = "static";
-  std::string rdzv_endpoint;
+  std::string rdzv_endpoint;        // as given
+  std::string rdzv_endpoint_host;   // parsed; empty = node 0 hosts the rendezvous store
+  uint16_t rdzv_endpoint_port = 29400;
   std::string run_id = "none";
   std::map<std::string, std::string> rdzv_conf;
   std::chrono::milliseconds join_timeout{std::chrono::seconds(600)};  // rdzv_conf join_timeout

@@ -18,10 +18,12 @@
 #include "common/log.hpp"
 #include "common/system.hpp"
 #include "rendezvous/server.hpp"
+#include "rendezvous/status.hpp"
 
 namespace {
 
 constexpr const char* kUsage = R"(usage: ddprun-rendezvous [options]
+       ddprun-rendezvous status --endpoint HOST:PORT
 
 Serves a PyTorch-compatible TCPStore (1.13 and 2.x clients on one port) for ddprun agents and workers.
 
@@ -36,6 +38,9 @@ options:
   -h, --help             show this help
 
 The bound address is printed on stdout as "listening on HOST:PORT". SIGTERM or SIGINT stop it cleanly.
+
+status: prints, as JSON, the ddprun jobs whose nodes rendezvous through the store at HOST:PORT
+(run id, round, state, nodes with their hosts, addresses and join times, worker store, outcome).
 )";
 
 [[noreturn]] void usage_error(const std::string& message) {
@@ -53,10 +58,43 @@ uint64_t parse_number(std::string_view flag, const std::string& text, uint64_t m
   usage_error(std::string(flag) + " expects a whole number from 0 to " + std::to_string(max) + ", got '" + text + "'");
 }
 
+int status_main(int argc, char** argv) {
+  std::string endpoint;
+  for (int i = 2; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg == "--endpoint" && i + 1 < argc) endpoint = argv[++i];
+    else if (arg.rfind("--endpoint=", 0) == 0) endpoint = arg.substr(11);
+    else usage_error("status: unknown option '" + arg + "'");
+  }
+  if (endpoint.empty()) usage_error("status needs --endpoint HOST:PORT");
+  std::string host = endpoint, port = "29400";
+  if (host.front() == '[') {
+    port = host.find("]:") != std::string::npos ? host.substr(host.find("]:") + 2) : port;
+    host = host.substr(1, host.find(']') - 1);
+  } else if (host.find(':') != std::string::npos) {
+    port = host.substr(host.find(':') + 1);
+    host = host.substr(0, host.find(':'));
+  }
+  ddprun::rdzv::ClientOptions o;
+  o.host = host;
+  o.port = static_cast<uint16_t>(parse_number("--endpoint port", port, 65535));
+  o.connect_timeout = std::chrono::seconds(5);
+  o.timeout = std::chrono::seconds(10);
+  try {
+    ddprun::rdzv::Client client(o);
+    std::cout << ddprun::rdzv::store_status(client).dump(2) << std::endl;
+    return 0;
+  } catch (const std::exception& e) {
+    std::cerr << "ddprun-rendezvous status: " << e.what() << "\n";
+    return 1;
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   using namespace ddprun;
+  if (argc >= 2 && std::string(argv[1]) == "status") return status_main(argc, argv);
   rdzv::ServerOptions options;
   options.host = "0.0.0.0";
   options.port = 29400;

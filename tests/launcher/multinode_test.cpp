@@ -7,6 +7,8 @@
 #include <gtest/gtest.h>
 
 #include <fstream>
+#include <nlohmann/json.hpp>
+#include <set>
 
 #include "tests/support/subprocess.hpp"
 #include "tests/support/temp_dir.hpp"
@@ -157,6 +159,48 @@ TEST(MultiNodeTest, LosingNodeZeroStopsTheOtherNodes) {
   EXPECT_EQ(f1.exit_code, 1) << f1.err;
   EXPECT_NE(f1.err.find("lost the rendezvous store"), std::string::npos) << f1.err;
   EXPECT_NE(f1.out.find("[rank1]: got SIGTERM"), std::string::npos);
+}
+
+TEST(MultiNodeTest, TwoJobsShareOneRendezvousDaemonAndStatusShowsThem) {
+  TempDir dir;
+  const std::string port_file = (dir.path / "port").string();
+  Subprocess daemon({DAEMON_BIN, "--host", "127.0.0.1", "--port", "0", "--port-file", port_file});
+  ASSERT_TRUE(daemon.wait_for_output("listening on", 10s));
+  std::ifstream in(port_file);
+  int daemon_port = 0;
+  ASSERT_TRUE(in >> daemon_port);
+  const std::string endpoint = "127.0.0.1:" + std::to_string(daemon_port);
+  std::vector<std::unique_ptr<Subprocess>> nodes;
+  for (const char* job : {"job-a", "job-b"}) {
+    for (int n = 0; n < 2; ++n) {
+      nodes.push_back(std::make_unique<Subprocess>(std::vector<std::string>{
+          DDPRUN_BIN, "--nnodes", "2", "--node_rank", std::to_string(n), "--nproc_per_node", "2", "--rdzv_endpoint",
+          endpoint, "--rdzv_id", job, "--master_addr", "127.0.0.1", "--local_addr", "127.0.0." + std::to_string(n + 1),
+          TEST_WORKER_BIN, "store-barrier"}));
+    }
+  }
+  std::set<std::string> worker_ports;
+  for (auto& n : nodes) {
+    const Finished f = n->wait(60s);
+    EXPECT_EQ(f.exit_code, 0) << f.err;
+    const auto pos = f.err.find("MASTER_PORT=");
+    ASSERT_NE(pos, std::string::npos);
+    worker_ports.insert(f.err.substr(pos, f.err.find('\n', pos) - pos));
+  }
+  EXPECT_EQ(worker_ports.size(), 2u) << "each job has its own worker store";
+  Subprocess status({DAEMON_BIN, "status", "--endpoint", endpoint});
+  const Finished st = status.wait(10s);
+  ASSERT_EQ(st.exit_code, 0) << st.err;
+  const auto j = nlohmann::json::parse(st.out);
+  ASSERT_EQ(j["jobs"].size(), 2u) << st.out;
+  for (const auto& job : j["jobs"]) {
+    EXPECT_EQ(job["state"], "succeeded") << st.out;
+    EXPECT_EQ(job["nnodes"], 2);
+    EXPECT_EQ(job["world_size"], 4);
+    EXPECT_EQ(job["nodes"][1]["addr"], "127.0.0.2");
+  }
+  EXPECT_EQ(j["jobs"][0]["run_id"], "job-a");
+  EXPECT_EQ(j["jobs"][1]["run_id"], "job-b");
 }
 
 }  // namespace
