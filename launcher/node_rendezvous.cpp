@@ -103,7 +103,7 @@ World NodeRendezvous::join(int round, int nproc, std::optional<uint16_t> worker_
   if (worker_store_port) {
     client_->set(key(round, "worker_store"), json{{"addr", options_.advertise_addr}, {"port", *worker_store_port}}.dump());
   }
-  if (client_->add(key(round, "joined"), 1) == n) client_->set(key(round, "complete"), "1");
+  if (client_->add(key(round, "joined"), 1) == n) assign(round);
   try {
     client_->wait({key(round, "complete"), key(round, "worker_store")}, options_.join_timeout);
   } catch (const TimeoutError&) {
@@ -121,24 +121,38 @@ World NodeRendezvous::join(int round, int nproc, std::optional<uint16_t> worker_
                        std::to_string(n) + " nodes joined; missing node_rank " + missing +
                        " (set the wait with --rdzv_conf join_timeout=SECONDS)");
   }
-  std::vector<std::string> keys;
-  for (int k = 0; k < n; ++k) keys.push_back(key(round, "node/" + std::to_string(k)));
-  keys.push_back(key(round, "worker_store"));
-  const auto values = client_->multi_get(keys);
+  // Two reads, whatever the job's size: this node's assignment and the worker store.
+  const auto values = client_->multi_get({key(round, "assign/" + std::to_string(options_.node_rank)),
+                                          key(round, "worker_store")});
+  const auto mine_assigned = json::parse(values[0]);
+  const auto store = json::parse(values[1]);
   World w;
   w.group_rank = options_.node_rank;
   w.group_world_size = n;
-  for (int k = 0; k < n; ++k) {
-    const auto j = json::parse(values[static_cast<size_t>(k)]);
-    NodeInfo info{k, j.value("host", ""), j.value("addr", ""), j.value("nproc", 0), j.value("pid", 0)};
-    if (k < options_.node_rank) w.rank_offset += info.nproc;
-    w.world_size += info.nproc;
-    w.nodes.push_back(std::move(info));
-  }
-  const auto store = json::parse(values.back());
+  w.rank_offset = mine_assigned.value("offset", 0);
+  w.world_size = mine_assigned.value("world_size", 0);
   w.master_addr = store.value("addr", "");
   w.master_port = store.value("port", 0);
   return w;
+}
+
+void NodeRendezvous::assign(int round) {
+  // The last node to join reads every node's record once, computes the rank offsets (prefix sums
+  // of nproc in node-rank order) and writes one small assignment per node: O(n) in total.
+  const int n = options_.nnodes;
+  std::vector<std::string> keys;
+  for (int k = 0; k < n; ++k) keys.push_back(key(round, "node/" + std::to_string(k)));
+  const auto values = client_->multi_get(keys);
+  std::vector<std::pair<std::string, std::string>> assignments;
+  int offset = 0, world = 0;
+  for (const auto& v : values) world += json::parse(v).value("nproc", 0);
+  for (int k = 0; k < n; ++k) {
+    assignments.emplace_back(key(round, "assign/" + std::to_string(k)),
+                             json{{"offset", offset}, {"world_size", world}}.dump());
+    offset += json::parse(values[static_cast<size_t>(k)]).value("nproc", 0);
+  }
+  assignments.emplace_back(key(round, "complete"), "1");
+  client_->multi_set(assignments);
 }
 
 RoundEnd NodeRendezvous::parse_end(const std::string& value) const {

@@ -4,7 +4,8 @@
 //
 // Keys, under /ddprun/<run_id>/r<round>/:
 //   node/<K>      JSON {host, addr, nproc, pid} of node K (COMPARE_SET: a node rank joins once)
-//   joined        counter; the agent that brings it to N sets `complete`
+//   joined        counter; the agent that brings it to N writes every `assign/<K>` and `complete`
+//   assign/<K>    JSON {offset, world_size}: node K's first global rank and the job's size
 //   worker_store  JSON {addr, port} of the round's fresh worker store, hosted by node 0
 //   end           how the round ended, decided by the first COMPARE_SET: a failure (JSON with the
 //                 root cause), a stop signal, or "success" (set by the last node to finish)
@@ -28,21 +29,12 @@
 
 namespace ddprun::launcher {
 
-struct NodeInfo {
-  int node_rank = 0;
-  std::string host;
-  std::string addr;
-  int nproc = 0;
-  int pid = 0;
-};
-
 // What a round's rendezvous agreed on.
 struct World {
   int group_rank = 0;
   int group_world_size = 1;
   int rank_offset = 0;  // global rank of this node's local rank 0
   int world_size = 0;
-  std::vector<NodeInfo> nodes;
   std::string master_addr;  // the worker store
   int master_port = 0;
 };
@@ -96,6 +88,7 @@ class NodeRendezvous {
 
  private:
   std::string key(int round, const std::string& name) const;
+  void assign(int round);
   RoundEnd decide(int round, const std::string& proposal);
   RoundEnd parse_end(const std::string& value) const;
   void stop_watcher();

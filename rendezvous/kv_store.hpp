@@ -71,6 +71,9 @@ class KvStore {
   int64_t queue_len(std::string_view key) const;
 
   size_t waiting_clients() const { return waits_.size(); }
+  // Requests served by every connection so far (for status and benchmarks).
+  void count_request() { ++requests_; }
+  uint64_t requests() const { return requests_; }
   uint64_t stored_bytes() const { return stored_bytes_; }
 
  private:
@@ -94,6 +97,7 @@ class KvStore {
   std::unordered_map<const Waiter*, PendingWait> waits_;
   WaiterLists watchers_;
   uint64_t stored_bytes_ = 0;
+  uint64_t requests_ = 0;
 };
 
 }  // namespace ddprun::rdzv

@@ -92,6 +92,7 @@ ServerStats Server::stats() const {
   st.waiting_clients = store_.waiting_clients();
   st.keys = store_.num_keys();
   st.stored_bytes = store_.stored_bytes();
+  st.requests = store_.requests();
   return st;
 }
 

@@ -40,6 +40,7 @@ struct ServerStats {
   size_t waiting_clients = 0;
   size_t keys = 0;
   uint64_t stored_bytes = 0;
+  uint64_t requests = 0;  // served since start
 };
 
 class Server {

@@ -36,6 +36,7 @@ size_t StoreConnection::consume(std::string_view input) {
     }
     apply(request_);
     ++requests_;
+    store_.count_request();
     used += r.consumed;
   }
   return used;

@@ -1,0 +1,75 @@
+// Rendezvous benchmark: N simulated agents (threads, each with its own connection) join one
+// static rendezvous round through a ddprun store (in-process, as ddprun-rendezvous would serve it).
+// Reports the time from the first join to every agent holding its rank, and store requests per
+// agent (connect handshake included), counted by the server.
+//   rendezvous_bench [N,N,...]   (default 16,128,1024)
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <latch>
+#include <sstream>
+#include <thread>
+#include <vector>
+
+#include "common/log.hpp"
+#include "common/system.hpp"
+#include "launcher/node_rendezvous.hpp"
+
+using namespace ddprun;
+using Clock = std::chrono::steady_clock;
+
+int main(int argc, char** argv) {
+  raise_open_file_limit();
+  log::set_level(log::Level::Warn);
+  std::vector<int> counts{16, 128, 1024};
+  if (argc > 1) {
+    counts.clear();
+    std::stringstream in(argv[1]);
+    std::string item;
+    while (std::getline(in, item, ',')) counts.push_back(std::stoi(item));
+  }
+  std::printf("| agents | first join -> all ranked (s) | store requests per agent | wrong ranks |\n|---:|---:|---:|---:|\n");
+  for (const int n : counts) {
+    rdzv::ServerOptions so;
+    so.log_lifecycle = false;
+    rdzv::ServerThread daemon(so);
+    std::atomic<int64_t> first_join_ns{INT64_MAX}, last_done_ns{0};
+    std::atomic<int> wrong{0};
+    std::latch go(n + 1);
+    const uint64_t before = daemon.stats().requests;
+    const auto t0 = Clock::now();
+    std::vector<std::thread> agents;
+    for (int k = 0; k < n; ++k) {
+      agents.emplace_back([&, k] {
+        launcher::NodeRendezvousOptions o;
+        o.run_id = "bench";
+        o.nnodes = n;
+        o.node_rank = k;
+        o.endpoint_host = "127.0.0.1";
+        o.endpoint_port = daemon.port();
+        o.advertise_addr = "127.0.0.1";
+        o.host = "agent" + std::to_string(k);
+        o.join_timeout = std::chrono::seconds(120);
+        go.arrive_and_wait();
+        const auto start = std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count();
+        int64_t seen = first_join_ns.load();
+        while (start < seen && !first_join_ns.compare_exchange_weak(seen, start)) {
+        }
+        launcher::NodeRendezvous r(o);
+        const auto w = r.join(0, 1, k == 0 ? std::optional<uint16_t>(1) : std::nullopt);
+        if (w.rank_offset != k || w.world_size != n) ++wrong;
+        const auto done = std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count();
+        int64_t last = last_done_ns.load();
+        while (done > last && !last_done_ns.compare_exchange_weak(last, done)) {
+        }
+      });
+    }
+    go.arrive_and_wait();
+    for (auto& a : agents) a.join();
+    const double seconds = static_cast<double>(last_done_ns - first_join_ns) / 1e9;
+    const double per_agent = static_cast<double>(daemon.stats().requests - before) / n;
+    std::printf("| %d | %.3f | %.1f | %d |\n", n, seconds, per_agent, wrong.load());
+    std::fflush(stdout);
+  }
+  return 0;
+}
