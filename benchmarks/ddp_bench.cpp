@@ -3,10 +3,12 @@
 // Prints from rank 0: "steps_per_s=... compute_ms=... ddp_step_ms=..." where compute_ms is the
 // same step with gradient synchronisation off (no_sync) and ddp_step_ms the synchronised one.
 //   ddp_bench [STEPS] [BATCH_PER_RANK]
+// DDP_BENCH_FIRST_BUCKET_KB / DDP_BENCH_BUCKET_KB override the bucket caps (default 1024 / 25600).
 #include <torch/torch.h>
 
 #include <chrono>
 #include <cstdlib>
+#include <string>
 
 #include "common/lenet.hpp"
 #include "ddprun/worker.hpp"
@@ -21,7 +23,10 @@ int main(int argc, char** argv) {
   auto dist = Distributed::init();
   torch::manual_seed(0);
   auto model = std::make_shared<LeNetImpl>();
-  DistributedDataParallel<LeNetImpl> ddp(model, dist);
+  DdpOptions ddp_options;
+  if (const char* kb = std::getenv("DDP_BENCH_FIRST_BUCKET_KB")) ddp_options.first_bucket_cap_bytes = std::stoul(kb) << 10;
+  if (const char* kb = std::getenv("DDP_BENCH_BUCKET_KB")) ddp_options.bucket_cap_bytes = std::stoul(kb) << 10;
+  DistributedDataParallel<LeNetImpl> ddp(model, dist, ddp_options);
   torch::optim::SGD opt(ddp.parameters(), torch::optim::SGDOptions(0.01).momentum(0.9));
   torch::manual_seed(1 + dist.rank());
   const auto x = torch::randn({batch, 1, 28, 28});

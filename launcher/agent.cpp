@@ -120,6 +120,8 @@ int run_agent(const LaunchOptions& o) {
     ro.advertise_addr = advertise;
     ro.host = host;
     ro.join_timeout = o.join_timeout;
+    ro.keep_alive_interval = o.keep_alive_interval;
+    ro.keep_alive_max_attempt = o.keep_alive_max_attempt;
     nodes = std::make_unique<NodeRendezvous>(ro);
   }
 
@@ -280,6 +282,11 @@ int run_agent(const LaunchOptions& o) {
         return 128 + (result.signal ? result.signal : SIGTERM);
       case RoundEnd::Kind::StoreLost:
         log::error("ddprun") << end.detail;
+        return 1;
+      case RoundEnd::Kind::NodeLost:
+        // Static membership: the job cannot go on without that node.
+        // No end-of-job barrier: the lost node would never arrive at it.
+        log::error("ddprun") << "job stopped: " << end.detail;
         return 1;
       case RoundEnd::Kind::Failure:
         break;

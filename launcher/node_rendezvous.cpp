@@ -80,6 +80,47 @@ NodeRendezvous::NodeRendezvous(NodeRendezvousOptions options) : options_(std::mo
 NodeRendezvous::~NodeRendezvous() {
   stop_watching_ = true;
   stop_watcher();
+  stop_heartbeat_ = true;
+  if (heartbeat_.joinable()) heartbeat_.join();
+}
+
+void NodeRendezvous::start_heartbeat() {
+  if (heartbeat_.joinable()) return;
+  rdzv::ClientOptions co = client_->options();
+  co.reconnect = false;
+  heartbeat_ = std::thread([this, co] {
+    try {
+      rdzv::Client c(co);
+      const std::string k = "/ddprun/" + options_.run_id + "/hb/" + std::to_string(options_.node_rank);
+      while (!stop_heartbeat_) {
+        c.add(k, 1);
+        // sleep override: the heartbeat period
+        for (auto slept = std::chrono::milliseconds(0); slept < options_.keep_alive_interval && !stop_heartbeat_;
+             slept += std::chrono::milliseconds(50)) {
+          std::this_thread::sleep_for(std::min(std::chrono::milliseconds(50), options_.keep_alive_interval));
+        }
+      }
+    } catch (const std::exception& e) {
+      log::warn("ddprun") << "heartbeat stopped: " << e.what();
+    }
+  });
+}
+
+std::optional<int> NodeRendezvous::find_lost_node(
+    rdzv::Client& c, std::vector<std::pair<int64_t, std::chrono::steady_clock::time_point>>& seen) {
+  const auto now = std::chrono::steady_clock::now();
+  const auto limit = options_.keep_alive_interval * options_.keep_alive_max_attempt;
+  for (int k = 1; k < options_.nnodes; ++k) {
+    const int64_t beats = c.add("/ddprun/" + options_.run_id + "/hb/" + std::to_string(k), 0);
+    auto& [last, since] = seen[static_cast<size_t>(k)];
+    if (beats != last) {
+      last = beats;
+      since = now;
+    } else if (now - since > limit) {
+      return k;
+    }
+  }
+  return std::nullopt;
 }
 
 std::string NodeRendezvous::key(int round, const std::string& name) const {
@@ -121,6 +162,7 @@ World NodeRendezvous::join(int round, int nproc, std::optional<uint16_t> worker_
                        std::to_string(n) + " nodes joined; missing node_rank " + missing +
                        " (set the wait with --rdzv_conf join_timeout=SECONDS)");
   }
+  start_heartbeat();
   // Two reads, whatever the job's size: this node's assignment and the worker store.
   const auto values = client_->multi_get({key(round, "assign/" + std::to_string(options_.node_rank)),
                                           key(round, "worker_store")});
@@ -163,6 +205,13 @@ RoundEnd NodeRendezvous::parse_end(const std::string& value) const {
     e.detail = value.substr(7);
     return e;
   }
+  if (value.rfind("lost:", 0) == 0) {
+    e.kind = RoundEnd::Kind::NodeLost;
+    const auto colon = value.find(':', 5);
+    e.root_node = std::stoi(value.substr(5, colon - 5));
+    e.detail = value.substr(colon + 1);
+    return e;
+  }
   const auto j = json::parse(value, nullptr, false);
   e.kind = RoundEnd::Kind::Failure;
   if (j.is_object()) {
@@ -185,17 +234,31 @@ void NodeRendezvous::watch(int round, std::function<void(const RoundEnd&)> on_en
   stop_watcher();
   stop_watching_ = false;
   rdzv::ClientOptions co = client_->options();
+  co.reconnect = false;
+  co.connect_timeout = std::chrono::seconds(10);
   watcher_ = std::thread([this, round, co, on_end = std::move(on_end)] {
     try {
       rdzv::Client c(co);
-      // WAIT has no server timeout; the client re-arms it every few seconds so that a store that
-      // went silent (node 0's host gone) is noticed too.
+      // WAIT has no server timeout; the client re-arms it every interval so that a store that went
+      // silent (node 0's host gone) is noticed, and node 0 checks the other nodes' heartbeats.
+      const auto period = std::min<std::chrono::milliseconds>(std::chrono::seconds(1), options_.keep_alive_interval);
+      std::vector<std::pair<int64_t, std::chrono::steady_clock::time_point>> seen(
+          static_cast<size_t>(options_.nnodes), {-1, std::chrono::steady_clock::now()});
       for (;;) {
         try {
-          c.wait({key(round, "end")}, std::chrono::seconds(1));
+          c.wait({key(round, "end")}, period);
           break;
         } catch (const TimeoutError&) {
           if (stop_watching_) return;
+        }
+        if (options_.node_rank != 0) continue;
+        if (auto lost = find_lost_node(c, seen)) {
+          const auto limit = options_.keep_alive_interval * options_.keep_alive_max_attempt;
+          // On this thread's own connection: the main client may be blocked in a long WAIT.
+          c.compare_set(key(round, "end"), "",
+                        "lost:" + std::to_string(*lost) + ":node " + std::to_string(*lost) +
+                            " sent no heartbeat for " + seconds_text(limit) +
+                            " (its ddprun was killed or its host is unreachable)");
         }
       }
       on_end(parse_end(c.get(key(round, "end"))));

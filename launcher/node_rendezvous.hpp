@@ -10,6 +10,8 @@
 //   end           how the round ended, decided by the first COMPARE_SET: a failure (JSON with the
 //                 root cause), a stop signal, or "success" (set by the last node to finish)
 //   finished, exited  counters for the end-of-round and end-of-job barriers
+// and /ddprun/<run_id>/hb/<K>: node K's heartbeat counter (ADD every keep_alive_interval; counters,
+// not timestamps, so clocks need not agree). Node 0 ends the round when one stops moving.
 // Each agent watches `end` from a thread, so a failure on any node stops every node at once.
 //
 // Blocking calls; thread-safe (one client per thread).
@@ -41,7 +43,7 @@ struct World {
 
 // How a round ended for the whole job.
 struct RoundEnd {
-  enum class Kind { Success, Failure, Signal, StoreLost } kind = Kind::Success;
+  enum class Kind { Success, Failure, Signal, StoreLost, NodeLost } kind = Kind::Success;
   std::optional<WorkerExit> root_cause;  // Failure
   int root_node = -1;
   std::string detail;  // human-readable
@@ -59,6 +61,10 @@ struct NodeRendezvousOptions {
   std::string advertise_addr;  // how other nodes reach this one
   std::string host;
   std::chrono::milliseconds join_timeout{std::chrono::seconds(600)};
+  // Agents heartbeat every keep_alive_interval; node 0 declares a node lost after
+  // keep_alive_max_attempt intervals without one.
+  std::chrono::milliseconds keep_alive_interval{std::chrono::seconds(5)};
+  int keep_alive_max_attempt = 3;
 };
 
 class NodeRendezvous {
@@ -92,12 +98,17 @@ class NodeRendezvous {
   RoundEnd decide(int round, const std::string& proposal);
   RoundEnd parse_end(const std::string& value) const;
   void stop_watcher();
+  void start_heartbeat();
+  // Node 0: the node whose heartbeat has not moved for too long, if any (checked once per interval).
+  std::optional<int> find_lost_node(rdzv::Client& c, std::vector<std::pair<int64_t, std::chrono::steady_clock::time_point>>& seen);
 
   NodeRendezvousOptions options_;
   std::unique_ptr<rdzv::ServerThread> server_;  // node 0 only
   std::unique_ptr<rdzv::Client> client_;
   std::thread watcher_;
   std::atomic<bool> stop_watching_{false};
+  std::thread heartbeat_;
+  std::atomic<bool> stop_heartbeat_{false};
 };
 
 }  // namespace ddprun::launcher

@@ -39,7 +39,7 @@ constexpr FlagDef kFlags[] = {
     {"--rdzv_endpoint", nullptr, "rdzv_endpoint", true, "(node 0 hosts it at master_addr:master_port)",
      "a ddprun-rendezvous daemon, host[:port] (port 29400 if omitted), to rendezvous through; many jobs can share one"},
     {"--rdzv_id", "--run_id", "rdzv_id", true, "none", "job id shared by all nodes; TORCHELASTIC_RUN_ID"},
-    {"--rdzv_conf", nullptr, "rdzv_conf", true, "", "rendezvous settings k1=v1,k2=v2 (join_timeout=SECONDS)"},
+    {"--rdzv_conf", nullptr, "rdzv_conf", true, "", "rendezvous settings k1=v1,k2=v2: join_timeout=600, keep_alive_interval=5, keep_alive_max_attempt=3"},
     {"--max_restarts", nullptr, "max_restarts", true, "0", "times the worker group is restarted after a failure"},
     {"--monitor_interval", nullptr, "monitor_interval", true, "0.1",
      "seconds between checks of the other nodes (worker exits are seen at once)"},
@@ -341,8 +341,13 @@ LaunchOptions parse_options(const std::vector<std::string>& args, const EnvLooku
     for (const auto& [k, v] : o.rdzv_conf) {
       if (k == "join_timeout" || k == "timeout") {
         o.join_timeout = parse_seconds(flag("rdzv_conf") + " " + k, v, false);
+      } else if (k == "keep_alive_interval") {
+        o.keep_alive_interval = parse_seconds(flag("rdzv_conf") + " " + k, v, false);
+      } else if (k == "keep_alive_max_attempt") {
+        o.keep_alive_max_attempt = static_cast<int>(parse_int(flag("rdzv_conf") + " " + k, v, 1, 1000, "a count >= 1"));
       } else if (k != "last_call_timeout" && k != "close_timeout" && k != "read_timeout" && k != "is_host") {
-        throw ConfigError(flag("rdzv_conf") + ": unknown key '" + k + "' (known: join_timeout)");
+        throw ConfigError(flag("rdzv_conf") + ": unknown key '" + k +
+                          "' (known: join_timeout, keep_alive_interval, keep_alive_max_attempt)");
       }
     }
   }

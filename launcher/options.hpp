@@ -42,6 +42,8 @@ struct LaunchOptions {
   std::string run_id = "none";
   std::map<std::string, std::string> rdzv_conf;
   std::chrono::milliseconds join_timeout{std::chrono::seconds(600)};  // rdzv_conf join_timeout
+  std::chrono::milliseconds keep_alive_interval{std::chrono::seconds(5)};  // rdzv_conf keep_alive_interval
+  int keep_alive_max_attempt = 3;                                          // rdzv_conf keep_alive_max_attempt
   int max_restarts = 0;
   std::chrono::milliseconds monitor_interval{100};
   std::string role = "default";

@@ -161,7 +161,9 @@ void Client::connect_locked() {
 }
 
 void Client::ensure_connected_locked() {
-  if (fd_ < 0) connect_locked();
+  if (fd_ >= 0) return;
+  if (!options_.reconnect) throw ConnectionError("the connection to store " + endpoint() + " was lost");
+  connect_locked();
 }
 
 void Client::send_locked(const std::string& bytes, Clock::time_point deadline, std::string_view what) {

@@ -34,6 +34,9 @@ struct ClientOptions {
   // no handshake, no APPEND/MULTI_*/queues/LIST/PING, and a timed-out WAIT closes the connection
   // (the 1.13 protocol cannot cancel one).
   Dialect dialect = Dialect::V2;
+  // After a lost connection, connect again on the next call (true), or fail it with
+  // ConnectionError (false: for watchers, to whom a lost store is the news).
+  bool reconnect = true;
 };
 
 class Client {

@@ -161,6 +161,21 @@ TEST(MultiNodeTest, LosingNodeZeroStopsTheOtherNodes) {
   EXPECT_NE(f1.out.find("[rank1]: got SIGTERM"), std::string::npos);
 }
 
+TEST(MultiNodeTest, NodeWhoseDdprunIsKilledIsDetectedByHeartbeat) {
+  const int port = free_port();
+  const std::vector<std::string> fast{"--rdzv_conf", "join_timeout=30,keep_alive_interval=0.2,keep_alive_max_attempt=3"};
+  auto n0 = node(port, 0, 1, fast, {"wait-signal"});
+  auto n1 = node(port, 1, 1, fast, {"sleep", "120"});
+  ASSERT_TRUE(n0->wait_for_output("[rank0]: ready", 30s));
+  ASSERT_TRUE(n1->wait_for_output("started 1 worker", 30s));
+  n1->signal(SIGKILL);
+  const Finished f0 = n0->wait(30s);
+  EXPECT_FALSE(f0.timed_out);
+  EXPECT_EQ(f0.exit_code, 1) << f0.err;
+  EXPECT_NE(f0.err.find("node 1 sent no heartbeat for 600ms"), std::string::npos) << f0.err;
+  EXPECT_NE(f0.out.find("[rank0]: got SIGTERM"), std::string::npos) << f0.out;
+}
+
 TEST(MultiNodeTest, TwoJobsShareOneRendezvousDaemonAndStatusShowsThem) {
   TempDir dir;
   const std::string port_file = (dir.path / "port").string();

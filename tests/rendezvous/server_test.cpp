@@ -201,6 +201,22 @@ TEST(ServerTest, ManyClientThreadsKeepCountersExact) {
   EXPECT_EQ(main_client.add("counter", 0), kThreads * kAdds);
 }
 
+TEST(ServerTest, ClientWithoutReconnectReportsTheLostStore) {
+  auto server = std::make_unique<ServerThread>(ServerOptions{});
+  ClientOptions o = client_options(server->port());
+  o.reconnect = false;
+  Client c(o);
+  c.set("k", "v");
+  server.reset();
+  EXPECT_THROW(c.get("k"), ConnectionError);
+  try {
+    c.get("k");
+    FAIL() << "expected ConnectionError";
+  } catch (const ConnectionError& e) {
+    EXPECT_NE(std::string(e.what()).find("was lost"), std::string::npos) << e.what();
+  }
+}
+
 TEST(ServerTest, ConnectToClosedPortTimesOutNamingAttempts) {
   uint16_t port;
   {
