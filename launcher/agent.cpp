@@ -5,6 +5,8 @@
 #include <boost/asio/ip/address.hpp>
 #include <boost/asio/post.hpp>
 #include <atomic>
+#include <mutex>
+#include <optional>
 #include <csignal>
 #include <filesystem>
 #include <iostream>
@@ -104,15 +106,19 @@ int run_agent(const LaunchOptions& o) {
   std::string signals_text;
   for (int s : o.signals_to_handle) signals_text += (signals_text.empty() ? "" : ",") + signal_name(s);
 
-  const bool multi_node = o.max_nodes > 1;
+  const bool dynamic = o.rdzv_backend == "c10d";
+  const bool multi_node = o.max_nodes > 1 || dynamic;
   // Multi-node: the address other nodes (and all workers) use for this node.
   const std::string advertise = !o.local_addr.empty() ? o.local_addr : (o.node_rank == 0 ? o.master_addr : host);
   std::unique_ptr<NodeRendezvous> nodes;
   if (multi_node) {
     NodeRendezvousOptions ro;
     ro.run_id = o.run_id;
+    ro.dynamic = dynamic;
+    ro.min_nodes = o.min_nodes;
     ro.nnodes = o.max_nodes;
-    ro.node_rank = o.node_rank;
+    ro.node_rank = dynamic && !o.node_rank_given ? -1 : o.node_rank;
+    ro.last_call_timeout = o.last_call_timeout;
     ro.master_addr = o.master_addr;
     ro.master_port = o.master_port.value_or(29500);
     ro.endpoint_host = o.rdzv_endpoint_host;
@@ -132,31 +138,44 @@ int run_agent(const LaunchOptions& o) {
   settings.node_rank = multi_node ? o.node_rank : -1;
   Supervisor supervisor(settings, &guard);
   std::atomic<int> running_round{-1};
+  std::mutex watched_mutex;
+  std::optional<RoundEnd> watched_end;  // how the watcher saw the current round end
 
   std::optional<std::vector<std::string>> gpus;
   if (o.virtual_local_rank) gpus = visible_gpu_ids(base, o.nproc_per_node);
 
-  for (int attempt = 0;; ++attempt) {
-    // A fresh worker store for every attempt: PyTorch >= 2.6 workers use no per-attempt key prefix.
-    // Single node: on --master_addr:--master_port (kernel-picked by default). Multi-node: node 0
-    // hosts it on a kernel-picked port and publishes it through the rendezvous.
+  // Rounds advance on every re-rendezvous; restarts only after failures (membership changes are free).
+  int restarts = 0;
+  for (int round = dynamic ? nodes->current_round() : 0;; ++round) {
+    const int attempt = restarts;
+    // A fresh worker store for every round: PyTorch >= 2.6 workers use no per-attempt key prefix.
+    // Single node: on --master_addr:--master_port (kernel-picked by default). Several nodes: the
+    // group-rank-0 node hosts it on a kernel-picked port and publishes it through the rendezvous.
     std::unique_ptr<rdzv::ServerThread> store;
-    if (!multi_node || o.node_rank == 0) {
+    auto host_store = [&]() -> uint16_t {
       rdzv::ServerOptions store_options;
       store_options.host = multi_node ? "::" : store_bind_address(o.master_addr);
       store_options.port = multi_node ? 0 : o.master_port.value_or(0);
       store_options.log_lifecycle = false;
-      store = std::make_unique<rdzv::ServerThread>(store_options);
-    }
+      try {
+        store = std::make_unique<rdzv::ServerThread>(store_options);
+      } catch (const ConnectionError&) {
+        if (!multi_node) throw;
+        store_options.host = "0.0.0.0";
+        store = std::make_unique<rdzv::ServerThread>(store_options);
+      }
+      return store->port();
+    };
     World world;
     if (multi_node) {
-      world = nodes->join(attempt, o.nproc_per_node,
-                          store ? std::optional<uint16_t>(store->port()) : std::nullopt);
-      log::info("ddprun") << "attempt " << attempt << ": node " << o.node_rank << " of " << world.group_world_size
-                          << ", ranks " << world.rank_offset << ".." << world.rank_offset + o.nproc_per_node - 1
-                          << " of " << world.world_size << ", MASTER_ADDR=" << world.master_addr
-                          << " MASTER_PORT=" << world.master_port;
+      world = nodes->join(round, o.nproc_per_node, host_store);
+      round = world.round;  // a node arriving late joins the job's next round
+      log::info("ddprun") << "round " << round << " (restart " << attempt << "): node " << world.group_rank << " of "
+                          << world.group_world_size << ", ranks " << world.rank_offset << ".."
+                          << world.rank_offset + o.nproc_per_node - 1 << " of " << world.world_size
+                          << ", MASTER_ADDR=" << world.master_addr << " MASTER_PORT=" << world.master_port;
     } else {
+      host_store();
       world.world_size = o.nproc_per_node;
       world.master_addr = o.local_addr.empty() ? o.master_addr : o.local_addr;
       world.master_port = store->port();
@@ -174,7 +193,8 @@ int run_agent(const LaunchOptions& o) {
     ctx.signals_to_handle = signals_text;
     ctx.one_gpu_each = gpus;
 
-    const fs::path attempt_dir = run_dir.path / ("attempt_" + std::to_string(attempt));
+    const fs::path attempt_dir =
+        run_dir.path / ("attempt_" + std::to_string(attempt) + (round != attempt ? "_round_" + std::to_string(round) : ""));
     std::vector<WorkerLaunch> launches;
     for (int lr = 0; lr < o.nproc_per_node; ++lr) {
       WorkerPlacement where;
@@ -210,12 +230,20 @@ int run_agent(const LaunchOptions& o) {
     if (o.redirects.any() || o.tee.any()) log::info("ddprun") << "worker logs in " << attempt_dir.string();
 
     if (multi_node) {
-      running_round = attempt;
-      // Another node's failure (or signal) stops this node's workers at once.
-      nodes->watch(attempt, [&supervisor, &running_round, attempt](const RoundEnd& end) {
+      running_round = round;
+      {
+        std::lock_guard lock(watched_mutex);
+        watched_end.reset();
+      }
+      // Another node's failure (or signal, or a membership change) stops this node's workers at once.
+      nodes->watch(round, [&supervisor, &running_round, &watched_end, &watched_mutex, round](const RoundEnd& end) {
+        {
+          std::lock_guard lock(watched_mutex);
+          watched_end = end;
+        }
         if (end.kind == RoundEnd::Kind::Success) return;
-        boost::asio::post(supervisor.io(), [&supervisor, &running_round, attempt, detail = end.detail] {
-          if (running_round == attempt) supervisor.request_stop(detail);
+        boost::asio::post(supervisor.io(), [&supervisor, &running_round, round, detail = end.detail] {
+          if (running_round == round) supervisor.request_stop(detail);
         });
       });
     }
@@ -231,8 +259,8 @@ int run_agent(const LaunchOptions& o) {
         failed.exit_code = 127;
         failed.time = std::chrono::system_clock::now();
         failed.error_text = e.what();
-        nodes->report_failure(attempt, failed);
-        nodes->leave(attempt, std::chrono::seconds(30));
+        nodes->report_failure(round, failed);
+        nodes->leave(round, std::chrono::seconds(30));
       }
       return 1;
     }
@@ -251,9 +279,10 @@ int run_agent(const LaunchOptions& o) {
           break;
       }
       const WorkerExit& root = result.failures.front();
-      if (attempt < o.max_restarts && !supervisor.stop_signal_received()) {
+      if (restarts < o.max_restarts && !supervisor.stop_signal_received()) {
+        ++restarts;
         log::warn("ddprun") << "rank " << root.rank << " failed with " << describe_exit(root)
-                            << "; restarting the worker group (restart " << attempt + 1 << " of " << o.max_restarts
+                            << "; restarting the worker group (restart " << restarts << " of " << o.max_restarts
                             << ")";
         continue;
       }
@@ -265,35 +294,53 @@ int run_agent(const LaunchOptions& o) {
     // Multi-node: agree on how the round ended.
     RoundEnd end;
     switch (result.outcome) {
-      case GroupOutcome::Succeeded: end = nodes->report_success(attempt, o.max_nodes); break;
-      case GroupOutcome::Failed: end = nodes->report_failure(attempt, result.failures.front()); break;
-      case GroupOutcome::Signalled: end = nodes->report_signal(attempt, result.signal); break;
-      case GroupOutcome::StoppedByRequest: end = nodes->wait_end(attempt); break;
+      case GroupOutcome::Succeeded: end = nodes->report_success(round, world.group_world_size); break;
+      case GroupOutcome::Failed: end = nodes->report_failure(round, result.failures.front()); break;
+      case GroupOutcome::Signalled: end = nodes->report_signal(round, result.signal); break;
+      case GroupOutcome::StoppedByRequest: {
+        // Stopped because the watcher saw the round end: use what it saw.
+        std::optional<RoundEnd> seen;
+        {
+          std::lock_guard lock(watched_mutex);
+          seen = watched_end;
+        }
+        end = seen ? *seen : nodes->wait_end(round);
+        break;
+      }
     }
     switch (end.kind) {
       case RoundEnd::Kind::Success:
-        nodes->leave(attempt, std::chrono::seconds(30));
+        nodes->leave(round, std::chrono::seconds(30));
         log::info("ddprun") << "all " << world.world_size << " worker(s) on " << world.group_world_size
                             << " nodes finished successfully";
         return 0;
       case RoundEnd::Kind::Signal:
-        nodes->leave(attempt, std::chrono::seconds(30));
+        nodes->leave(round, std::chrono::seconds(30));
         log::warn("ddprun") << "job stopped by " << end.detail;
         return 128 + (result.signal ? result.signal : SIGTERM);
       case RoundEnd::Kind::StoreLost:
         log::error("ddprun") << end.detail;
         return 1;
       case RoundEnd::Kind::NodeLost:
-        // Static membership: the job cannot go on without that node.
-        // No end-of-job barrier: the lost node would never arrive at it.
+        if (dynamic && !supervisor.stop_signal_received()) {
+          // Elastic: the survivors go on without it if at least MIN of them rendezvous again.
+          log::warn("ddprun") << end.detail << "; re-rendezvous without it (not counted as a restart)";
+          continue;
+        }
+        // Static membership: the job cannot go on without that node (and it would never reach
+        // the end-of-job barrier).
         log::error("ddprun") << "job stopped: " << end.detail;
         return 1;
+      case RoundEnd::Kind::Membership:
+        log::info("ddprun") << end.detail << ": re-rendezvous to admit it (not counted as a restart)";
+        continue;
       case RoundEnd::Kind::Failure:
         break;
     }
-    if (attempt < o.max_restarts && !supervisor.stop_signal_received()) {
-      log::warn("ddprun") << end.detail << "; restarting the worker groups of all " << o.max_nodes
-                          << " nodes (restart " << attempt + 1 << " of " << o.max_restarts << ")";
+    if (restarts < o.max_restarts && !supervisor.stop_signal_received()) {
+      ++restarts;
+      log::warn("ddprun") << end.detail << "; restarting the worker groups of all " << world.group_world_size
+                          << " nodes (restart " << restarts << " of " << o.max_restarts << ")";
       continue;
     }
     std::vector<WorkerExit> failures;
@@ -303,7 +350,7 @@ int run_agent(const LaunchOptions& o) {
     }
     std::cerr << format_failure_report(o.program, failures, result.stopped_ranks) << std::flush;
     if (o.max_restarts > 0) log::error("ddprun") << "giving up after " << o.max_restarts << " restart(s)";
-    nodes->leave(attempt, std::chrono::seconds(30));
+    nodes->leave(round, std::chrono::seconds(30));
     return end.root_cause ? shell_exit_code(*end.root_cause) : 1;
   }
 }

@@ -20,6 +20,7 @@
 #include <chrono>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <thread>
@@ -33,6 +34,7 @@ namespace ddprun::launcher {
 
 // What a round's rendezvous agreed on.
 struct World {
+  int round = 0;  // the round joined (dynamic: may be later than asked, for a node arriving late)
   int group_rank = 0;
   int group_world_size = 1;
   int rank_offset = 0;  // global rank of this node's local rank 0
@@ -43,7 +45,8 @@ struct World {
 
 // How a round ended for the whole job.
 struct RoundEnd {
-  enum class Kind { Success, Failure, Signal, StoreLost, NodeLost } kind = Kind::Success;
+  // Membership: a node asked to join the running job (dynamic rendezvous only).
+  enum class Kind { Success, Failure, Signal, StoreLost, NodeLost, Membership } kind = Kind::Success;
   std::optional<WorkerExit> root_cause;  // Failure
   int root_node = -1;
   std::string detail;  // human-readable
@@ -51,8 +54,14 @@ struct RoundEnd {
 
 struct NodeRendezvousOptions {
   std::string run_id = "none";
+  // Static: min_nodes == nnodes and node_rank is this node's rank. Dynamic (c10d): nodes join
+  // without ranks; a round closes with nnodes nodes at once, or with at least min_nodes after
+  // last_call_timeout; node_rank (if >= 0) is only an ordering hint.
+  bool dynamic = false;
+  int min_nodes = 1;
   int nnodes = 1;
   int node_rank = 0;
+  std::chrono::milliseconds last_call_timeout{std::chrono::seconds(30)};
   std::string master_addr;
   uint16_t master_port = 0;
   // A standalone store (ddprun-rendezvous) to rendezvous through instead of one hosted by node 0.
@@ -74,9 +83,13 @@ class NodeRendezvous {
   explicit NodeRendezvous(NodeRendezvousOptions options);
   ~NodeRendezvous();
 
-  // Joins round `round` with `nproc` local workers. Node 0 passes its fresh worker store's port.
+  // Joins round `round` with `nproc` local workers. `host_worker_store` is called on the node that
+  // becomes group rank 0, which then hosts the round's worker store; it returns the store's port.
   // Throws TimeoutError naming the missing node ranks, ConfigError for a duplicate node rank.
-  World join(int round, int nproc, std::optional<uint16_t> worker_store_port);
+  World join(int round, int nproc, const std::function<uint16_t()>& host_worker_store);
+  // The round a newly started agent should join (dynamic: the job may be running already).
+  int current_round();
+  bool hosts_store() const { return server_ != nullptr; }
 
   // Starts watching the round's `end` key; `on_end` runs on the watcher thread once it is decided.
   void watch(int round, std::function<void(const RoundEnd&)> on_end);
@@ -94,13 +107,20 @@ class NodeRendezvous {
 
  private:
   std::string key(int round, const std::string& name) const;
+  std::string hb_key(const std::string& agent) const;
   void assign(int round);
+  World join_static(int round, int nproc, std::optional<uint16_t> worker_store_port);
+  World join_dynamic(int round, int nproc, const std::function<uint16_t()>& host_worker_store);
+  // Dynamic: closes round `round` with the members that have joined (the first close wins) and,
+  // if this call closed it, writes every member's assignment.
+  void close_dynamic(int round);
   RoundEnd decide(int round, const std::string& proposal);
   RoundEnd parse_end(const std::string& value) const;
   void stop_watcher();
   void start_heartbeat();
   // Node 0: the node whose heartbeat has not moved for too long, if any (checked once per interval).
-  std::optional<int> find_lost_node(rdzv::Client& c, std::vector<std::pair<int64_t, std::chrono::steady_clock::time_point>>& seen);
+  // The next node in group-rank order whose heartbeat has not moved for too long, if any.
+  std::optional<int> find_lost_node(rdzv::Client& c, std::pair<int64_t, std::chrono::steady_clock::time_point>& seen);
 
   NodeRendezvousOptions options_;
   std::unique_ptr<rdzv::ServerThread> server_;  // node 0 only
@@ -109,6 +129,12 @@ class NodeRendezvous {
   std::atomic<bool> stop_watching_{false};
   std::thread heartbeat_;
   std::atomic<bool> stop_heartbeat_{false};
+  std::string agent_id_;  // heartbeat key: "node<K>" (static) or host:pid (dynamic)
+  // The current round's membership, in group-rank order (heartbeat ids and hosts).
+  int group_rank_ = 0;
+  std::vector<std::string> member_ids_;
+  std::vector<std::string> member_hosts_;
+  std::mutex members_mutex_;
 };
 
 }  // namespace ddprun::launcher

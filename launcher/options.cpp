@@ -27,7 +27,7 @@ struct FlagDef {
 constexpr FlagDef kFlags[] = {
     {"--nproc_per_node", nullptr, "nproc_per_node", true, "1",
      "workers on this node: a number, 'cpu' (one per CPU), 'gpu' (one per visible GPU) or 'auto' (GPUs if any, else CPUs)"},
-    {"--nnodes", nullptr, "nnodes", true, "1", "number of nodes (static: MIN:MAX ranges are not supported)"},
+    {"--nnodes", nullptr, "nnodes", true, "1", "number of nodes, N or MIN:MAX (ranges with --rdzv_backend c10d)"},
     {"--node_rank", nullptr, "node_rank", true, "0", "rank of this node, 0..nnodes-1 (static rendezvous)"},
     {"--master_addr", nullptr, "master_addr", true, "127.0.0.1",
      "address of node 0, where the store runs; MASTER_ADDR of the workers"},
@@ -35,11 +35,13 @@ constexpr FlagDef kFlags[] = {
      "port of the store on node 0"},
     {"--standalone", nullptr, "standalone", false, "off",
      "single-node job with an automatic store port and run id (ddprun's default anyway)"},
-    {"--rdzv_backend", nullptr, "rdzv_backend", true, "static", "rendezvous backend: static"},
+    {"--rdzv_backend", nullptr, "rdzv_backend", true, "static",
+     "static (each node gives --node_rank) or c10d (nodes join --rdzv_endpoint without ranks; --nnodes MIN:MAX)"},
     {"--rdzv_endpoint", nullptr, "rdzv_endpoint", true, "(node 0 hosts it at master_addr:master_port)",
      "a ddprun-rendezvous daemon, host[:port] (port 29400 if omitted), to rendezvous through; many jobs can share one"},
     {"--rdzv_id", "--run_id", "rdzv_id", true, "none", "job id shared by all nodes; TORCHELASTIC_RUN_ID"},
-    {"--rdzv_conf", nullptr, "rdzv_conf", true, "", "rendezvous settings k1=v1,k2=v2: join_timeout=600, keep_alive_interval=5, keep_alive_max_attempt=3"},
+    {"--rdzv_conf", nullptr, "rdzv_conf", true, "", "rendezvous settings k1=v1,k2=v2: join_timeout=600, last_call_timeout=30, keep_alive_interval=5, "
+     "keep_alive_max_attempt=3"},
     {"--max_restarts", nullptr, "max_restarts", true, "0", "times the worker group is restarted after a failure"},
     {"--monitor_interval", nullptr, "monitor_interval", true, "0.1",
      "seconds between checks of the other nodes (worker exits are seen at once)"},
@@ -282,6 +284,7 @@ LaunchOptions parse_options(const std::vector<std::string>& args, const EnvLooku
       if (o.min_nodes > o.max_nodes) bad(flag("nnodes"), expected, v);
     }
   }
+  o.node_rank_given = has("node_rank");
   if (has("node_rank")) {
     o.node_rank = static_cast<int>(parse_int(flag("node_rank"), trim(given["node_rank"]), 0, o.max_nodes - 1,
                                              "a node rank from 0 to " + std::to_string(o.max_nodes - 1) +
@@ -302,10 +305,9 @@ LaunchOptions parse_options(const std::vector<std::string>& args, const EnvLooku
   o.standalone = has("standalone");
   if (has("rdzv_backend")) {
     o.rdzv_backend = trim(given["rdzv_backend"]);
-    if (o.rdzv_backend != "static") {
-      throw ConfigError(flag("rdzv_backend") + ": '" + o.rdzv_backend +
-                        "' is not supported by this ddprun; use 'static' (--nnodes, --node_rank, --master_addr, "
-                        "--master_port)");
+    if (o.rdzv_backend != "static" && o.rdzv_backend != "c10d") {
+      throw ConfigError(flag("rdzv_backend") + ": expected 'static' (fixed --node_rank per node) or 'c10d' "
+                        "(nodes join --rdzv_endpoint without ranks, --nnodes MIN:MAX), got '" + o.rdzv_backend + "'");
     }
   }
   if (has("rdzv_endpoint") && !trim(given["rdzv_endpoint"]).empty()) {
@@ -343,11 +345,13 @@ LaunchOptions parse_options(const std::vector<std::string>& args, const EnvLooku
         o.join_timeout = parse_seconds(flag("rdzv_conf") + " " + k, v, false);
       } else if (k == "keep_alive_interval") {
         o.keep_alive_interval = parse_seconds(flag("rdzv_conf") + " " + k, v, false);
+      } else if (k == "last_call_timeout") {
+        o.last_call_timeout = parse_seconds(flag("rdzv_conf") + " " + k, v, false);
       } else if (k == "keep_alive_max_attempt") {
         o.keep_alive_max_attempt = static_cast<int>(parse_int(flag("rdzv_conf") + " " + k, v, 1, 1000, "a count >= 1"));
-      } else if (k != "last_call_timeout" && k != "close_timeout" && k != "read_timeout" && k != "is_host") {
+      } else if (k != "close_timeout" && k != "read_timeout" && k != "is_host") {
         throw ConfigError(flag("rdzv_conf") + ": unknown key '" + k +
-                          "' (known: join_timeout, keep_alive_interval, keep_alive_max_attempt)");
+                          "' (known: join_timeout, last_call_timeout, keep_alive_interval, keep_alive_max_attempt)");
       }
     }
   }
@@ -400,10 +404,14 @@ LaunchOptions parse_options(const std::vector<std::string>& args, const EnvLooku
   if (o.standalone && o.max_nodes > 1) {
     throw ConfigError("--standalone runs a single-node job, but --nnodes is " + std::to_string(o.max_nodes));
   }
-  if (o.min_nodes != o.max_nodes) {
+  if (o.standalone) o.rdzv_backend = "static";  // one node, automatic port: the single-node path
+  if (o.min_nodes != o.max_nodes && o.rdzv_backend != "c10d") {
     throw ConfigError("--nnodes " + std::to_string(o.min_nodes) + ":" + std::to_string(o.max_nodes) +
-                      ": elastic node ranges need the c10d rendezvous backend, which this ddprun does not have; "
-                      "give a fixed node count");
+                      ": node ranges need --rdzv_backend c10d with --rdzv_endpoint HOST:PORT");
+  }
+  if (o.rdzv_backend == "c10d" && o.rdzv_endpoint_host.empty()) {
+    throw ConfigError("--rdzv_backend c10d needs --rdzv_endpoint HOST[:PORT]: the store every node joins (a "
+                      "ddprun-rendezvous daemon, or the ddprun on that host serves it)");
   }
   if (o.program.empty()) {
     throw ConfigError("missing the program to run: ddprun [options] PROGRAM [ARGS...] (see ddprun --help)");

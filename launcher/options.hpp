@@ -32,6 +32,7 @@ struct LaunchOptions {
   int min_nodes = 1;
   int max_nodes = 1;
   int node_rank = 0;
+  bool node_rank_given = false;  // with c10d, a rank-order hint
   std::string master_addr = "127.0.0.1";
   std::optional<uint16_t> master_port;  // unset: the kernel picks a free port
   bool standalone = false;
@@ -44,6 +45,7 @@ struct LaunchOptions {
   std::chrono::milliseconds join_timeout{std::chrono::seconds(600)};  // rdzv_conf join_timeout
   std::chrono::milliseconds keep_alive_interval{std::chrono::seconds(5)};  // rdzv_conf keep_alive_interval
   int keep_alive_max_attempt = 3;                                          // rdzv_conf keep_alive_max_attempt
+  std::chrono::milliseconds last_call_timeout{std::chrono::seconds(30)};   // rdzv_conf last_call_timeout
   int max_restarts = 0;
   std::chrono::milliseconds monitor_interval{100};
   std::string role = "default";

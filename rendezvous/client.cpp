@@ -94,6 +94,11 @@ std::string Client::endpoint() const {
   return (v6 ? "[" + options_.host + "]" : options_.host) + ":" + std::to_string(options_.port);
 }
 
+bool Client::connected() {
+  std::lock_guard lock(mutex_);
+  return fd_ >= 0;
+}
+
 void Client::close_locked() {
   if (fd_ >= 0) ::close(fd_);
   fd_ = -1;

@@ -74,6 +74,8 @@ class Client {
   Duration ping();
 
   const ClientOptions& options() const { return options_; }
+  // Whether the connection is up (it is re-established on the next call when reconnect is set).
+  bool connected();
   std::string endpoint() const;
 
  private:

@@ -1,0 +1,147 @@
+// Dynamic (c10d-style) rendezvous: nodes join an endpoint without ranks; --nnodes MIN:MAX;
+// membership changes (a node lost, a node arriving) re-rendezvous without using up restarts.
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+
+#include <gtest/gtest.h>
+
+#include <regex>
+
+#include "tests/support/subprocess.hpp"
+
+namespace ddprun::test {
+namespace {
+
+using namespace std::chrono_literals;
+
+int free_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
+  socklen_t len = sizeof a;
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  ::close(fd);
+  return ntohs(a.sin_port);
+}
+
+std::unique_ptr<Subprocess> agent(int port, const std::string& nnodes, int nproc, const std::string& local_addr,
+                                  const std::string& conf, std::vector<std::string> worker_args,
+                                  std::vector<std::string> extra = {}) {
+  std::vector<std::string> argv{DDPRUN_BIN, "--rdzv_backend", "c10d", "--rdzv_endpoint",
+                                "127.0.0.1:" + std::to_string(port), "--rdzv_id", "elastic", "--nnodes", nnodes,
+                                "--nproc_per_node", std::to_string(nproc), "--local_addr", local_addr,
+                                "--rdzv_conf", conf};
+  argv.insert(argv.end(), extra.begin(), extra.end());
+  argv.push_back(TEST_WORKER_BIN);
+  argv.insert(argv.end(), worker_args.begin(), worker_args.end());
+  return std::make_unique<Subprocess>(argv);
+}
+
+// The last "round R (restart K): node G of N, ranks A..B of W" line an agent logged.
+std::smatch last_round(const std::string& err, std::string& storage) {
+  static const std::regex line(R"(round (\d+) \(restart (\d+)\): node (\d+) of (\d+), ranks (\d+)\.\.(\d+) of (\d+))");
+  storage = err;
+  std::smatch last, m;
+  for (auto it = std::sregex_iterator(storage.begin(), storage.end(), line); it != std::sregex_iterator(); ++it) {
+    last = *it;
+  }
+  return last;
+}
+
+const std::string kFast = "join_timeout=30,last_call_timeout=0.5,keep_alive_interval=0.2,keep_alive_max_attempt=3";
+
+TEST(ElasticTest, NodesJoinWithoutRanksAndTheEndpointHostGetsRankZero) {
+  const int port = free_port();
+  auto a = agent(port, "2", 2, "127.0.0.2", kFast, {"store-barrier"});
+  ASSERT_TRUE(a->wait_for_output("hosting the rendezvous store", 10s)) << a->err();
+  auto b = agent(port, "2", 2, "127.0.0.3", kFast, {"store-barrier"});
+  const Finished fb = b->wait(60s), fa = a->wait(60s);
+  ASSERT_EQ(fa.exit_code, 0) << fa.err;
+  ASSERT_EQ(fb.exit_code, 0) << fb.err;
+  std::string sa, sb;
+  const auto ra = last_round(fa.err, sa), rb = last_round(fb.err, sb);
+  ASSERT_FALSE(ra.empty()) << fa.err;
+  ASSERT_FALSE(rb.empty()) << fb.err;
+  EXPECT_EQ(ra[3], "0") << "the agent hosting the endpoint's store is group rank 0";
+  EXPECT_EQ(ra[5], "0");
+  EXPECT_EQ(rb[3], "1");
+  EXPECT_EQ(rb[5], "2");
+  EXPECT_EQ(rb[7], "4");
+}
+
+TEST(ElasticTest, NodeRankHintOrdersTheOtherNodes) {
+  const int port = free_port();
+  auto host = agent(port, "3", 1, "127.0.0.2", kFast, {"sleep", "0"});
+  ASSERT_TRUE(host->wait_for_output("hosting the rendezvous store", 10s));
+  auto late_hint0 = agent(port, "3", 1, "127.0.0.3", kFast, {"sleep", "0"}, {"--node_rank", "1"});
+  auto hint2 = agent(port, "3", 1, "127.0.0.4", kFast, {"sleep", "0"}, {"--node_rank", "2"});
+  const Finished f1 = late_hint0->wait(60s), f2 = hint2->wait(60s), f0 = host->wait(60s);
+  ASSERT_EQ(f0.exit_code, 0) << f0.err;
+  std::string s1, s2;
+  EXPECT_EQ(last_round(f1.err, s1)[3], "1") << f1.err;
+  EXPECT_EQ(last_round(f2.err, s2)[3], "2") << f2.err;
+}
+
+TEST(ElasticTest, MinNodesStartAfterTheLastCallWithoutWaitingForMax) {
+  const int port = free_port();
+  auto a = agent(port, "1:3", 1, "127.0.0.2", kFast, {"store-barrier"});
+  ASSERT_TRUE(a->wait_for_output("hosting the rendezvous store", 10s));
+  auto b = agent(port, "1:3", 1, "127.0.0.3", kFast, {"store-barrier"});
+  const Finished fa = a->wait(60s), fb = b->wait(60s);
+  ASSERT_EQ(fa.exit_code, 0) << fa.err;
+  ASSERT_EQ(fb.exit_code, 0) << fb.err;
+  std::string s;
+  const auto r = last_round(fa.err, s);
+  ASSERT_FALSE(r.empty()) << fa.err;
+  EXPECT_TRUE(r[4] == "1" || r[4] == "2") << "closed with the nodes present after the last call";
+}
+
+TEST(ElasticTest, SurvivorsReRendezvousWhenANodeIsKilled) {
+  const int port = free_port();
+  auto a = agent(port, "2:3", 1, "127.0.0.2", kFast, {"sleep", "3"}, {"--max_restarts", "0"});
+  ASSERT_TRUE(a->wait_for_output("hosting the rendezvous store", 10s));
+  auto b = agent(port, "2:3", 1, "127.0.0.3", kFast, {"sleep", "3"}, {"--max_restarts", "0"});
+  auto c = agent(port, "2:3", 1, "127.0.0.4", kFast, {"sleep", "3"}, {"--max_restarts", "0"});
+  ASSERT_TRUE(c->wait_for_output("started 1 worker", 30s)) << c->err();
+  c->signal(SIGKILL);
+  const Finished fa = a->wait(60s), fb = b->wait(60s);
+  ASSERT_EQ(fa.exit_code, 0) << fa.err;
+  ASSERT_EQ(fb.exit_code, 0) << fb.err;
+  EXPECT_NE(fa.err.find("re-rendezvous without it (not counted as a restart)"), std::string::npos) << fa.err;
+  std::string s;
+  const auto r = last_round(fa.err, s);
+  EXPECT_EQ(r[1], "1") << "a second round";
+  EXPECT_EQ(r[2], "0") << "membership changes do not use up --max_restarts";
+  EXPECT_EQ(r[4], "2") << "the two survivors";
+}
+
+TEST(ElasticTest, ALateNodeIsAdmittedIntoTheRunningJob) {
+  const int port = free_port();
+  auto a = agent(port, "2:3", 1, "127.0.0.2", kFast, {"sleep", "2"});
+  ASSERT_TRUE(a->wait_for_output("hosting the rendezvous store", 10s));
+  auto b = agent(port, "2:3", 1, "127.0.0.3", kFast, {"sleep", "2"});
+  ASSERT_TRUE(a->wait_for_output("started 1 worker", 30s));
+  auto late = agent(port, "2:3", 1, "127.0.0.4", kFast, {"sleep", "2"});
+  const Finished fl = late->wait(60s), fa = a->wait(60s), fb = b->wait(60s);
+  ASSERT_EQ(fa.exit_code, 0) << fa.err;
+  ASSERT_EQ(fb.exit_code, 0) << fb.err;
+  ASSERT_EQ(fl.exit_code, 0) << fl.err;
+  EXPECT_NE(fa.err.find("re-rendezvous to admit it"), std::string::npos) << fa.err;
+  std::string s;
+  const auto r = last_round(fl.err, s);
+  EXPECT_EQ(r[4], "3") << fl.err;
+  EXPECT_EQ(r[2], "0");
+}
+
+TEST(ElasticTest, C10dNeedsAnEndpoint) {
+  Subprocess p({DDPRUN_BIN, "--rdzv_backend", "c10d", "--nnodes", "1:2", TEST_WORKER_BIN});
+  const Finished f = p.wait(10s);
+  EXPECT_EQ(f.exit_code, 2);
+  EXPECT_NE(f.err.find("--rdzv_backend c10d needs --rdzv_endpoint"), std::string::npos) << f.err;
+}
+
+}  // namespace
+}  // namespace ddprun::test
