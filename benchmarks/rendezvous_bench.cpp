@@ -1,7 +1,8 @@
 // Rendezvous benchmark: N simulated agents (threads, each with its own connection) join one
 // static rendezvous round through a ddprun store (in-process, as ddprun-rendezvous would serve it).
 // Reports the time from the first join to every agent holding its rank, and store requests per
-// agent (connect handshake included), counted by the server.
+// agent (connect handshake included), counted by the server. Both backends: static (each agent
+// knows its node rank) and dynamic (c10d: agents join without ranks, the round closes at N).
 //   rendezvous_bench [N,N,...]   (default 16,128,1024)
 #include <atomic>
 #include <chrono>
@@ -28,13 +29,17 @@ int main(int argc, char** argv) {
     std::string item;
     while (std::getline(in, item, ',')) counts.push_back(std::stoi(item));
   }
-  std::printf("| agents | first join -> all ranked (s) | store requests per agent | wrong ranks |\n|---:|---:|---:|---:|\n");
+  std::printf("| backend | agents | first join -> all ranked (s) | store requests per agent | wrong ranks |\n"
+              "|---|---:|---:|---:|---:|\n");
+  for (const bool dynamic : {false, true}) {
   for (const int n : counts) {
     rdzv::ServerOptions so;
     so.log_lifecycle = false;
+    so.host = "::";
     rdzv::ServerThread daemon(so);
     std::atomic<int64_t> first_join_ns{INT64_MAX}, last_done_ns{0};
     std::atomic<int> wrong{0};
+    std::atomic<int64_t> rank_sum{0};
     std::latch go(n + 1);
     const uint64_t before = daemon.stats().requests;
     const auto t0 = Clock::now();
@@ -43,8 +48,10 @@ int main(int argc, char** argv) {
       agents.emplace_back([&, k] {
         launcher::NodeRendezvousOptions o;
         o.run_id = "bench";
+        o.dynamic = dynamic;
+        o.min_nodes = n;
         o.nnodes = n;
-        o.node_rank = k;
+        o.node_rank = dynamic ? -1 : k;
         o.endpoint_host = "127.0.0.1";
         o.endpoint_port = daemon.port();
         o.advertise_addr = "127.0.0.1";
@@ -57,7 +64,9 @@ int main(int argc, char** argv) {
         }
         launcher::NodeRendezvous r(o);
         const auto w = r.join(0, 1, [] { return uint16_t{1}; });
-        if (w.rank_offset != k || w.world_size != n) ++wrong;
+        // Static: rank = node rank. Dynamic: any permutation, checked by the sum below.
+        if ((!dynamic && w.rank_offset != k) || w.world_size != n || w.rank_offset != w.group_rank) ++wrong;
+        rank_sum += w.rank_offset;
         const auto done = std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count();
         int64_t last = last_done_ns.load();
         while (done > last && !last_done_ns.compare_exchange_weak(last, done)) {
@@ -68,8 +77,11 @@ int main(int argc, char** argv) {
     for (auto& a : agents) a.join();
     const double seconds = static_cast<double>(last_done_ns - first_join_ns) / 1e9;
     const double per_agent = static_cast<double>(daemon.stats().requests - before) / n;
-    std::printf("| %d | %.3f | %.1f | %d |\n", n, seconds, per_agent, wrong.load());
+    if (rank_sum != int64_t{n} * (n - 1) / 2) ++wrong;  // every rank exactly once
+    std::printf("| %s | %d | %.3f | %.1f | %d |\n", dynamic ? "c10d (dynamic)" : "static", n, seconds, per_agent,
+                wrong.load());
     std::fflush(stdout);
+  }
   }
   return 0;
 }

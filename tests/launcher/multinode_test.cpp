@@ -214,6 +214,8 @@ TEST(MultiNodeTest, TwoJobsShareOneRendezvousDaemonAndStatusShowsThem) {
     EXPECT_EQ(job["nnodes"], 2);
     EXPECT_EQ(job["world_size"], 4);
     EXPECT_EQ(job["nodes"][1]["addr"], "127.0.0.2");
+    EXPECT_GE(job["nodes"][0]["heartbeats"].get<int>(), 1) << st.out;
+    EXPECT_TRUE(job["nodes"][0].contains("last_heartbeat_age_s")) << st.out;
   }
   EXPECT_EQ(j["jobs"][0]["run_id"], "job-a");
   EXPECT_EQ(j["jobs"][1]["run_id"], "job-b");
