@@ -117,15 +117,24 @@ std::string NodeRendezvous::hb_key(const std::string& agent) const {
 
 void NodeRendezvous::start_heartbeat() {
   if (heartbeat_.joinable()) return;
+  // Connected here, not on the thread: a store that is already gone is reported at once, and the
+  // thread never sits in a connect retry loop that shutdown would have to wait for.
   rdzv::ClientOptions co = client_->options();
   co.reconnect = false;
-  heartbeat_ = std::thread([this, co] {
+  co.connect_timeout = std::chrono::seconds(5);
+  std::shared_ptr<rdzv::Client> c;
+  try {
+    c = std::make_shared<rdzv::Client>(co);
+  } catch (const std::exception& e) {
+    log::warn("ddprun") << "no heartbeat: " << e.what();
+    return;
+  }
+  heartbeat_ = std::thread([this, c] {
     try {
-      rdzv::Client c(co);
       const std::string k = hb_key(agent_id_);
       while (!stop_heartbeat_) {
-        c.add(k, 1);  // what liveness is judged by (a counter: clocks need not agree)
-        c.set(k + "/time", std::to_string(now_ms()));  // for `ddprun-rendezvous status` only
+        c->add(k, 1);  // what liveness is judged by (a counter: clocks need not agree)
+        c->set(k + "/time", std::to_string(now_ms()));  // for `ddprun-rendezvous status` only
         // sleep override: the heartbeat period, in slices so that shutdown is prompt
         for (auto slept = std::chrono::milliseconds(0); slept < options_.keep_alive_interval && !stop_heartbeat_;
              slept += std::chrono::milliseconds(50)) {
@@ -211,12 +220,14 @@ World NodeRendezvous::join_static(int round, int nproc, std::optional<uint16_t> 
   // Two reads, whatever the job's size: this node's assignment and the worker store.
   const auto values = client_->multi_get({key(round, "assign/" + std::to_string(options_.node_rank)),
                                           key(round, "worker_store")});
-  const auto assigned = json::parse(values[0]);
-  const auto store = json::parse(values[1]);
+  return adopt(round, json::parse(values[0]), json::parse(values[1]));
+}
+
+World NodeRendezvous::adopt(int round, const json& assigned, const json& store) {
   World w;
   w.round = round;
-  w.group_rank = options_.node_rank;
-  w.group_world_size = n;
+  w.group_rank = assigned.value("group_rank", 0);
+  w.group_world_size = assigned.value("group_world_size", 1);
   w.rank_offset = assigned.value("offset", 0);
   w.world_size = assigned.value("world_size", 0);
   w.master_addr = store.value("addr", "");
@@ -228,36 +239,41 @@ World NodeRendezvous::join_static(int round, int nproc, std::optional<uint16_t> 
   return w;
 }
 
-void NodeRendezvous::assign(int round) {
-  // The last node to join reads every node's record once, computes the rank offsets (prefix sums
-  // of nproc in node-rank order) and writes one small assignment per node: O(n) in total.
-  const int n = options_.nnodes;
-  std::vector<std::string> keys;
-  for (int k = 0; k < n; ++k) keys.push_back(key(round, "node/" + std::to_string(k)));
-  const auto values = client_->multi_get(keys);
-  std::vector<json> nodes;
-  std::vector<std::string> agents, hosts;
+void NodeRendezvous::write_assignments(int round, const std::vector<std::pair<std::string, json>>& ordered,
+                                       std::vector<std::pair<std::string, std::string>> extra) {
+  // Rank offsets are prefix sums of nproc in group-rank order. The membership list (for the
+  // heartbeat ring) rides along for jobs of up to 64 nodes.
   int world = 0;
-  for (const auto& v : values) {
-    nodes.push_back(json::parse(v));
-    world += nodes.back().value("nproc", 0);
-    agents.push_back(nodes.back().value("agent", ""));
-    hosts.push_back(nodes.back().value("host", ""));
+  std::vector<std::string> agents, hosts;
+  for (const auto& [id, info] : ordered) {
+    world += info.value("nproc", 0);
+    agents.push_back(info.value("agent", ""));
+    hosts.push_back(info.value("host", ""));
   }
   std::vector<std::pair<std::string, std::string>> assignments;
   int offset = 0;
-  for (int k = 0; k < n; ++k) {
-    // The membership list rides along only for small jobs (heartbeat ring); large ones skip it.
-    json a = {{"offset", offset}, {"world_size", world}};
-    if (n <= 64) {
+  for (size_t g = 0; g < ordered.size(); ++g) {
+    json a = {{"group_rank", g}, {"group_world_size", ordered.size()}, {"offset", offset}, {"world_size", world}};
+    if (ordered.size() <= 64) {
       a["agents"] = agents;
       a["hosts"] = hosts;
     }
-    assignments.emplace_back(key(round, "assign/" + std::to_string(k)), a.dump());
-    offset += nodes[static_cast<size_t>(k)].value("nproc", 0);
+    assignments.emplace_back(key(round, "assign/" + ordered[g].first), a.dump());
+    offset += ordered[g].second.value("nproc", 0);
   }
-  assignments.emplace_back(key(round, "complete"), "1");
+  for (auto& e : extra) assignments.push_back(std::move(e));
   client_->multi_set(assignments);
+}
+
+void NodeRendezvous::assign(int round) {
+  // The last node to join reads every node's record once and writes one small assignment per
+  // node: O(n) in total.
+  std::vector<std::string> keys;
+  for (int k = 0; k < options_.nnodes; ++k) keys.push_back(key(round, "node/" + std::to_string(k)));
+  const auto values = client_->multi_get(keys);
+  std::vector<std::pair<std::string, json>> ordered;
+  for (int k = 0; k < options_.nnodes; ++k) ordered.emplace_back(std::to_string(k), json::parse(values[static_cast<size_t>(k)]));
+  write_assignments(round, ordered, {{key(round, "complete"), "1"}});
 }
 
 World NodeRendezvous::join_dynamic(int round, int nproc, const std::function<uint16_t()>& host_worker_store) {
@@ -297,26 +313,13 @@ World NodeRendezvous::join_dynamic(int round, int nproc, const std::function<uin
     client_->compare_set(key(round, "end"), "", "membership:node " + options_.host + " wants to join");
     return join_dynamic(round + 1, nproc, host_worker_store);
   }
-  client_->wait({key(round, "assign/" + std::to_string(idx))}, options_.join_timeout);
-  const auto assigned = json::parse(client_->get(key(round, "assign/" + std::to_string(idx))));
-  World w;
-  w.round = round;
-  w.group_rank = assigned.value("group_rank", 0);
-  w.group_world_size = assigned.value("group_world_size", 1);
-  w.rank_offset = assigned.value("offset", 0);
-  w.world_size = assigned.value("world_size", 0);
-  if (w.group_rank == 0) {
+  const auto assigned =
+      json::parse(client_->get(key(round, "assign/" + std::to_string(idx)), options_.join_timeout));
+  if (assigned.value("group_rank", -1) == 0) {
     const uint16_t port = host_worker_store();
     client_->set(key(round, "worker_store"), json{{"addr", options_.advertise_addr}, {"port", port}}.dump());
   }
-  const auto store = json::parse(client_->get(key(round, "worker_store"), options_.join_timeout));
-  w.master_addr = store.value("addr", "");
-  w.master_port = store.value("port", 0);
-  std::lock_guard lock(members_mutex_);
-  group_rank_ = w.group_rank;
-  member_ids_ = assigned.value("agents", std::vector<std::string>{});
-  member_hosts_ = assigned.value("hosts", std::vector<std::string>{});
-  return w;
+  return adopt(round, assigned, json::parse(client_->get(key(round, "worker_store"), options_.join_timeout)));
 }
 
 void NodeRendezvous::close_dynamic(int round) {
@@ -342,25 +345,9 @@ void NodeRendezvous::close_dynamic(int round) {
     if (ka != kb) return ka < kb;
     return a.idx < b.idx;
   });
-  int world = 0;
-  std::vector<std::string> agents, hosts;
-  for (const auto& m : members) {
-    world += m.info.value("nproc", 0);
-    agents.push_back(m.info.value("agent", ""));
-    hosts.push_back(m.info.value("host", ""));
-  }
-  std::vector<std::pair<std::string, std::string>> assignments;
-  int offset = 0;
-  for (size_t g = 0; g < members.size(); ++g) {
-    json a = {{"group_rank", g}, {"group_world_size", members.size()}, {"offset", offset}, {"world_size", world}};
-    if (members.size() <= 64) {
-      a["agents"] = agents;
-      a["hosts"] = hosts;
-    }
-    assignments.emplace_back(key(round, "assign/" + std::to_string(members[g].idx)), a.dump());
-    offset += members[g].info.value("nproc", 0);
-  }
-  client_->multi_set(assignments);
+  std::vector<std::pair<std::string, json>> ordered;
+  for (const auto& m : members) ordered.emplace_back(std::to_string(m.idx), m.info);
+  write_assignments(round, ordered, {});
 }
 
 RoundEnd NodeRendezvous::parse_end(const std::string& value) const {
@@ -404,24 +391,37 @@ RoundEnd NodeRendezvous::decide(int round, const std::string& proposal) {
 void NodeRendezvous::watch(int round, std::function<void(const RoundEnd&)> on_end) {
   stop_watcher();
   stop_watching_ = false;
+  auto store_lost = [](const std::exception& e) {
+    RoundEnd lost;
+    lost.kind = RoundEnd::Kind::StoreLost;
+    lost.detail = std::string("lost the rendezvous store: ") + e.what();
+    return lost;
+  };
+  // Connected before the thread starts (see start_heartbeat).
   rdzv::ClientOptions co = client_->options();
   co.reconnect = false;
-  co.connect_timeout = std::chrono::seconds(10);
-  watcher_ = std::thread([this, round, co, on_end = std::move(on_end)] {
+  co.connect_timeout = std::chrono::seconds(5);
+  std::shared_ptr<rdzv::Client> c;
+  try {
+    c = std::make_shared<rdzv::Client>(co);
+  } catch (const std::exception& e) {
+    on_end(store_lost(e));
+    return;
+  }
+  watcher_ = std::thread([this, round, c, store_lost, on_end = std::move(on_end)] {
     try {
-      rdzv::Client c(co);
       // WAIT has no server timeout; the client re-arms it every period so that a store that went
       // silent (its host gone) is noticed, and each node checks the next node's heartbeat.
       const auto period = std::min<std::chrono::milliseconds>(std::chrono::seconds(1), options_.keep_alive_interval);
       std::pair<int64_t, std::chrono::steady_clock::time_point> seen{-1, std::chrono::steady_clock::now()};
       for (;;) {
         try {
-          c.wait({key(round, "end")}, period);
+          c->wait({key(round, "end")}, period);
           break;
         } catch (const TimeoutError&) {
           if (stop_watching_) return;
         }
-        if (auto lost = find_lost_node(c, seen)) {
+        if (auto lost = find_lost_node(*c, seen)) {
           std::string host;
           {
             std::lock_guard lock(members_mutex_);
@@ -429,18 +429,15 @@ void NodeRendezvous::watch(int round, std::function<void(const RoundEnd&)> on_en
           }
           const auto limit = options_.keep_alive_interval * options_.keep_alive_max_attempt;
           // On this thread's own connection: the main client may be blocked in a long WAIT.
-          c.compare_set(key(round, "end"), "",
-                        "lost:" + std::to_string(*lost) + ":node " + std::to_string(*lost) + " (" + host +
-                            ") sent no heartbeat for " + seconds_text(limit) +
-                            " (its ddprun was killed or its host is unreachable)");
+          c->compare_set(key(round, "end"), "",
+                         "lost:" + std::to_string(*lost) + ":node " + std::to_string(*lost) + " (" + host +
+                             ") sent no heartbeat for " + seconds_text(limit) +
+                             " (its ddprun was killed or its host is unreachable)");
         }
       }
-      on_end(parse_end(c.get(key(round, "end"))));
+      on_end(parse_end(c->get(key(round, "end"))));
     } catch (const std::exception& e) {
-      RoundEnd lost;
-      lost.kind = RoundEnd::Kind::StoreLost;
-      lost.detail = std::string("lost the rendezvous store: ") + e.what();
-      on_end(lost);
+      on_end(store_lost(e));
     }
   });
 }

@@ -21,6 +21,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <thread>
@@ -109,6 +110,9 @@ class NodeRendezvous {
   std::string key(int round, const std::string& name) const;
   std::string hb_key(const std::string& agent) const;
   void assign(int round);
+  World adopt(int round, const nlohmann::json& assigned, const nlohmann::json& store);
+  void write_assignments(int round, const std::vector<std::pair<std::string, nlohmann::json>>& ordered,
+                         std::vector<std::pair<std::string, std::string>> extra);
   World join_static(int round, int nproc, std::optional<uint16_t> worker_store_port);
   World join_dynamic(int round, int nproc, const std::function<uint16_t()>& host_worker_store);
   // Dynamic: closes round `round` with the members that have joined (the first close wins) and,

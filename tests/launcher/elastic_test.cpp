@@ -8,24 +8,13 @@
 
 #include <regex>
 
+#include "tests/support/free_port.hpp"
 #include "tests/support/subprocess.hpp"
 
 namespace ddprun::test {
 namespace {
 
 using namespace std::chrono_literals;
-
-int free_port() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
-  socklen_t len = sizeof a;
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-  ::close(fd);
-  return ntohs(a.sin_port);
-}
 
 std::unique_ptr<Subprocess> agent(int port, const std::string& nnodes, int nproc, const std::string& local_addr,
                                   const std::string& conf, std::vector<std::string> worker_args,

@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
+#include "tests/support/free_port.hpp"
 #include "tests/support/subprocess.hpp"
 #include "tests/support/temp_dir.hpp"
 
@@ -19,18 +20,6 @@ namespace {
 using namespace std::chrono_literals;
 
 // A port free right now, for --master_port (node 0 must listen on a port the others know).
-int free_port() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
-  socklen_t len = sizeof a;
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-  ::close(fd);
-  return ntohs(a.sin_port);
-}
-
 std::unique_ptr<Subprocess> node(int port, int rank, int nproc, std::vector<std::string> extra,
                                  std::vector<std::string> worker_args, int nnodes = 2) {
   std::vector<std::string> argv{DDPRUN_BIN, "--nnodes", std::to_string(nnodes), "--node_rank", std::to_string(rank),
