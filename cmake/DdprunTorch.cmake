@@ -21,11 +21,13 @@ else()
   message(STATUS "ddprun: LibTorch not found: worker SDK, examples and Torch tests are skipped")
 endif()
 
+# Override with -DDDPRUN_NCCL_INCLUDE_DIR=... -DDDPRUN_NCCL_LIBRARY=... (e.g. the nvidia-nccl wheel's
+# site-packages/nvidia/nccl/{include,lib}), or set NCCL_HOME.
 find_path(DDPRUN_NCCL_INCLUDE_DIR nccl.h
-  HINTS ENV NCCL_HOME ENV CUDA_HOME /usr/local/cuda
+  HINTS ENV NCCL_HOME ENV NCCL_ROOT ENV CUDA_HOME /usr/local/cuda
   PATH_SUFFIXES include)
-find_library(DDPRUN_NCCL_LIBRARY nccl
-  HINTS ENV NCCL_HOME ENV CUDA_HOME /usr/local/cuda
+find_library(DDPRUN_NCCL_LIBRARY NAMES nccl libnccl.so.2
+  HINTS ENV NCCL_HOME ENV NCCL_ROOT ENV CUDA_HOME /usr/local/cuda
   PATH_SUFFIXES lib lib64 lib/x86_64-linux-gnu targets/x86_64-linux/lib)
 
 if(DDPRUN_NCCL_INCLUDE_DIR AND DDPRUN_NCCL_LIBRARY)

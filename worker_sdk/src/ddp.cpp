@@ -13,7 +13,7 @@
 
 namespace ddprun::worker::detail {
 
-void broadcast_coalesced(c10d::ProcessGroup& pg, const std::vector<torch::Tensor>& tensors) {
+void broadcast_coalesced(CommGroup& pg, const std::vector<torch::Tensor>& tensors) {
   if (pg.getSize() == 1 || tensors.empty()) return;
   // One collective per dtype/device group instead of one per tensor.
   std::map<std::pair<int, std::string>, std::vector<torch::Tensor>> groups;
@@ -41,7 +41,7 @@ struct GradientReducer::State {
     c10::intrusive_ptr<c10d::Work> work;
   };
 
-  c10::intrusive_ptr<c10d::ProcessGroup> pg;
+  c10::intrusive_ptr<CommGroup> pg;
   DdpOptions options;
   std::vector<Param> params;
   std::vector<Bucket> buckets;
@@ -140,7 +140,7 @@ struct GradientReducer::State {
 };
 
 GradientReducer::GradientReducer(std::vector<std::pair<std::string, torch::Tensor>> named_params,
-                                 c10::intrusive_ptr<c10d::ProcessGroup> pg, const DdpOptions& options)
+                                 c10::intrusive_ptr<CommGroup> pg, const DdpOptions& options)
     : state_(std::make_shared<State>()) {
   State& s = *state_;
   s.pg = std::move(pg);

@@ -40,7 +40,7 @@ namespace detail {
 class GradientReducer {
  public:
   GradientReducer(std::vector<std::pair<std::string, torch::Tensor>> named_params,
-                  c10::intrusive_ptr<c10d::ProcessGroup> pg, const DdpOptions& options);
+                  c10::intrusive_ptr<CommGroup> pg, const DdpOptions& options);
   ~GradientReducer();
   GradientReducer(const GradientReducer&) = delete;
   GradientReducer& operator=(const GradientReducer&) = delete;
@@ -56,7 +56,7 @@ class GradientReducer {
 };
 
 // Broadcasts tensors from rank 0, coalesced into one flat tensor per dtype.
-void broadcast_coalesced(c10d::ProcessGroup& pg, const std::vector<torch::Tensor>& tensors);
+void broadcast_coalesced(CommGroup& pg, const std::vector<torch::Tensor>& tensors);
 
 }  // namespace detail
 
@@ -123,7 +123,7 @@ class DistributedDataParallel {
 
  private:
   std::shared_ptr<ModuleType> module_;
-  c10::intrusive_ptr<c10d::ProcessGroup> pg_;
+  c10::intrusive_ptr<CommGroup> pg_;
   DdpOptions options_;
   std::unique_ptr<detail::GradientReducer> reducer_;
 };

@@ -13,6 +13,10 @@
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 #include <torch/types.h>
+#include <torch/version.h>
+#if TORCH_VERSION_MAJOR >= 2
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+#endif
 
 #include <chrono>
 #include <iostream>
@@ -22,6 +26,15 @@
 #include "ddprun/worker/env.hpp"
 
 namespace ddprun::worker {
+
+// The object collectives are issued on. PyTorch 1.x: ProcessGroupGloo/NCCL derive from
+// c10d::ProcessGroup. PyTorch 2.x: they are c10d::Backend objects (a ProcessGroup only dispatches
+// to them), with the same allreduce/broadcast/barrier calls, so the SDK holds the backend itself.
+#if TORCH_VERSION_MAJOR >= 2
+using CommGroup = c10d::Backend;
+#else
+using CommGroup = c10d::ProcessGroup;
+#endif
 
 struct InitOptions {
   // "auto" (NCCL on GPU when available, else Gloo), "gloo" or "nccl".
@@ -45,7 +58,7 @@ class Distributed {
   // cuda:LOCAL_RANK with NCCL, else CPU.
   torch::Device device() const { return device_; }
   const std::string& backend() const { return backend_; }
-  const c10::intrusive_ptr<c10d::ProcessGroup>& process_group() const { return pg_; }
+  const c10::intrusive_ptr<CommGroup>& process_group() const { return pg_; }
   const c10::intrusive_ptr<c10d::Store>& store() const { return store_; }
 
   void barrier();
@@ -73,7 +86,7 @@ class Distributed {
   torch::Device device_{torch::kCPU};
   std::string backend_;
   c10::intrusive_ptr<c10d::Store> store_;
-  c10::intrusive_ptr<c10d::ProcessGroup> pg_;
+  c10::intrusive_ptr<CommGroup> pg_;
 };
 
 }  // namespace ddprun::worker
