@@ -44,7 +44,8 @@ constexpr FlagDef kFlags[] = {
      "keep_alive_max_attempt=3"},
     {"--max_restarts", nullptr, "max_restarts", true, "0", "times the worker group is restarted after a failure"},
     {"--monitor_interval", nullptr, "monitor_interval", true, "0.1",
-     "seconds between checks of the other nodes (worker exits are seen at once)"},
+     "accepted for torchrun compatibility: worker exits are seen at once (SIGCHLD) and other nodes are "
+     "checked every keep_alive_interval (--rdzv_conf)"},
     {"--role", nullptr, "role", true, "default", "worker role; ROLE_NAME"},
     {"--log_dir", nullptr, "log_dir", true, "(temporary directory)",
      "base directory for per-rank logs: LOG_DIR/RUN_ID_XXXX/attempt_K/LOCAL_RANK/{stdout,stderr}.log"},
