@@ -115,16 +115,21 @@ std::string NodeRendezvous::hb_key(const std::string& agent) const {
   return "/ddprun/" + options_.run_id + "/hb/" + agent;
 }
 
-void NodeRendezvous::start_heartbeat() {
-  if (heartbeat_.joinable()) return;
-  // Connected here, not on the thread: a store that is already gone is reported at once, and the
-  // thread never sits in a connect retry loop that shutdown would have to wait for.
+std::shared_ptr<rdzv::Client> NodeRendezvous::side_connection() const {
+  // Connected by the caller, not on the thread that uses it: a store that is already gone is
+  // reported at once, and the thread never sits in a connect retry loop that shutdown would have
+  // to wait for. It never reconnects: to a watcher, a lost store is the news.
   rdzv::ClientOptions co = client_->options();
   co.reconnect = false;
   co.connect_timeout = std::chrono::seconds(5);
+  return std::make_shared<rdzv::Client>(co);
+}
+
+void NodeRendezvous::start_heartbeat() {
+  if (heartbeat_.joinable()) return;
   std::shared_ptr<rdzv::Client> c;
   try {
-    c = std::make_shared<rdzv::Client>(co);
+    c = side_connection();
   } catch (const std::exception& e) {
     log::warn("ddprun") << "no heartbeat: " << e.what();
     return;
@@ -397,13 +402,9 @@ void NodeRendezvous::watch(int round, std::function<void(const RoundEnd&)> on_en
     lost.detail = std::string("lost the rendezvous store: ") + e.what();
     return lost;
   };
-  // Connected before the thread starts (see start_heartbeat).
-  rdzv::ClientOptions co = client_->options();
-  co.reconnect = false;
-  co.connect_timeout = std::chrono::seconds(5);
   std::shared_ptr<rdzv::Client> c;
   try {
-    c = std::make_shared<rdzv::Client>(co);
+    c = side_connection();
   } catch (const std::exception& e) {
     on_end(store_lost(e));
     return;

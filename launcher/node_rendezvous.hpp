@@ -122,6 +122,8 @@ class NodeRendezvous {
   RoundEnd parse_end(const std::string& value) const;
   void stop_watcher();
   void start_heartbeat();
+  // A second connection to the rendezvous store for the watcher or heartbeat thread.
+  std::shared_ptr<rdzv::Client> side_connection() const;
   // Node 0: the node whose heartbeat has not moved for too long, if any (checked once per interval).
   // The next node in group-rank order whose heartbeat has not moved for too long, if any.
   std::optional<int> find_lost_node(rdzv::Client& c, std::pair<int64_t, std::chrono::steady_clock::time_point>& seen);

@@ -191,7 +191,6 @@ void Supervisor::on_worker_exit(Worker& w, int status) {
     drain_timer_.expires_after(std::chrono::seconds(2));
     drain_timer_.async_wait([this](const boost::system::error_code& ec) {
       if (ec) return;
-      drain_expired_ = true;
       for (auto& x : workers_) {
         boost::system::error_code ignored;
         if (x->out_open) x->out_pipe.close(ignored);
@@ -244,7 +243,6 @@ GroupResult Supervisor::run(const std::vector<WorkerLaunch>& launches) {
   result_ = GroupResult{};
   state_ = State::Running;
   finished_ = false;
-  drain_expired_ = false;
   io_.restart();
   if (stop_signal_ != 0) {  // a stop signal came before the workers started
     result_.outcome = GroupOutcome::Signalled;

@@ -104,7 +104,6 @@ class Supervisor {
   GroupResult result_;
   int stop_signal_ = 0;
   int sigint_count_ = 0;
-  bool drain_expired_ = false;
   bool finished_ = false;
 };
 

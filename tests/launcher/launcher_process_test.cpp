@@ -187,9 +187,9 @@ TEST(LauncherTest, TwoJobsStartedTogetherWithoutMasterPortNeverCollide) {
   for (auto& job : jobs) {
     const Finished f = job->wait(60s);
     EXPECT_EQ(f.exit_code, 0) << f.err;
-    const auto pos = f.err.find("MASTER_PORT=");
-    ASSERT_NE(pos, std::string::npos);
-    ports.insert(f.err.substr(pos, f.err.find('\n', pos) - pos));
+    const std::string port = logged_value(f.err, "MASTER_PORT=");
+    ASSERT_FALSE(port.empty());
+    ports.insert(port);
   }
   EXPECT_EQ(ports.size(), 4u);
 }

@@ -188,9 +188,9 @@ TEST(MultiNodeTest, TwoJobsShareOneRendezvousDaemonAndStatusShowsThem) {
   for (auto& n : nodes) {
     const Finished f = n->wait(60s);
     EXPECT_EQ(f.exit_code, 0) << f.err;
-    const auto pos = f.err.find("MASTER_PORT=");
-    ASSERT_NE(pos, std::string::npos);
-    worker_ports.insert(f.err.substr(pos, f.err.find('\n', pos) - pos));
+    const std::string port = logged_value(f.err, "MASTER_PORT=");
+    ASSERT_FALSE(port.empty());
+    worker_ports.insert(port);
   }
   EXPECT_EQ(worker_ports.size(), 2u) << "each job has its own worker store";
   Subprocess status({DAEMON_BIN, "status", "--endpoint", endpoint});

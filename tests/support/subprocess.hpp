@@ -138,6 +138,13 @@ class Subprocess {
   std::string err_;
 };
 
+// The rest of the first line of `log` after `marker` (e.g. "MASTER_PORT=" in ddprun's log), or "".
+inline std::string logged_value(const std::string& log, const std::string& marker) {
+  const auto pos = log.find(marker);
+  if (pos == std::string::npos) return "";
+  return log.substr(pos, log.find('\n', pos) - pos);
+}
+
 // True when `pid` no longer runs (gone, or a zombie waiting for its reaper).
 inline bool process_gone(pid_t pid) {
   if (::kill(pid, 0) != 0) return true;
