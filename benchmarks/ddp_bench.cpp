@@ -3,7 +3,9 @@
 // Prints from rank 0: "steps_per_s=... compute_ms=... ddp_step_ms=..." where compute_ms is the
 // same step with gradient synchronisation off (no_sync) and ddp_step_ms the synchronised one.
 //   ddp_bench [STEPS] [BATCH_PER_RANK]
-// DDP_BENCH_FIRST_BUCKET_KB / DDP_BENCH_BUCKET_KB override the bucket caps (default 1024 / 25600).
+// DDP_BENCH_FIRST_BUCKET_KB / DDP_BENCH_BUCKET_KB override the bucket caps (default 1024 / 25600);
+// DDP_BENCH_REDUCER=process-group reduces through ProcessGroupGloo instead of the direct Gloo
+// reducer; DDP_BENCH_BUSY_POLL=on|off sets DdpOptions::busy_poll (default auto).
 #include <torch/torch.h>
 
 #include <chrono>
@@ -26,6 +28,10 @@ int main(int argc, char** argv) {
   DdpOptions ddp_options;
   if (const char* kb = std::getenv("DDP_BENCH_FIRST_BUCKET_KB")) ddp_options.first_bucket_cap_bytes = std::stoul(kb) << 10;
   if (const char* kb = std::getenv("DDP_BENCH_BUCKET_KB")) ddp_options.bucket_cap_bytes = std::stoul(kb) << 10;
+  if (const char* r = std::getenv("DDP_BENCH_REDUCER")) ddp_options.direct_gloo = std::string(r) != "process-group";
+  if (const char* b = std::getenv("DDP_BENCH_BUSY_POLL")) {
+    ddp_options.busy_poll = std::string(b) == "on" ? BusyPoll::On : std::string(b) == "off" ? BusyPoll::Off : BusyPoll::Auto;
+  }
   DistributedDataParallel<LeNetImpl> ddp(model, dist, ddp_options);
   torch::optim::SGD opt(ddp.parameters(), torch::optim::SGDOptions(0.01).momentum(0.9));
   torch::manual_seed(1 + dist.rank());

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # C++ worker SDK vs Python DDP (Debian's torch 1.13), same model, data and threads, in one run:
-# 1 process and 2 processes each (C++ under ddprun, Python under torchrun), plus overlap.
+# 1 process and 2 processes each (C++ under ddprun, Python under torchrun), plus overlap. The C++
+# SDK runs twice with 2 processes: with its default direct Gloo reducer and with
+# DDP_BENCH_REDUCER=process-group (ProcessGroupGloo's all-reduce, as Python DDP uses).
 #   benchmarks/ddp_bench.sh BUILD_DIR [STEPS] [BATCH_PER_RANK]
 set -euo pipefail
 build=${1:?usage: ddp_bench.sh BUILD_DIR [STEPS] [BATCH]}
@@ -14,6 +16,8 @@ port() { $py -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); prin
 
 cpp1=$(env -u RANK "$build/benchmarks/ddp_bench" "$steps" "$batch")
 cpp2=$("$build/launcher/ddprun" --nproc_per_node 2 "$build/benchmarks/ddp_bench" "$steps" "$batch" 2>/dev/null)
+cpp2pg=$(DDP_BENCH_REDUCER=process-group "$build/launcher/ddprun" --nproc_per_node 2 "$build/benchmarks/ddp_bench" \
+         "$steps" "$batch" 2>/dev/null)
 py1=$($py "$here/ddp_bench.py" "$steps" "$batch")
 py2=$($py -m torch.distributed.run --nproc_per_node 2 --master_port "$(port)" --redirects 1 --tee 1 \
       "$here/ddp_bench.py" "$steps" "$batch" 2>/dev/null)
@@ -24,12 +28,12 @@ row() {  # name, 1-proc output, 2-proc output
   c2=$(echo "$3" | field compute_ms); d2=$(echo "$3" | field ddp_step_ms)
   printf '| %s | %.1f | %.1f | %.2fx | %.2f | %.2f | %.2fx |\n' "$1" "$s1" "$s2" "$(echo "$s2*2/$s1" | bc -l)" \
     "$c2" "$d2" "$(echo "$d2/$c2" | bc -l)"
-  echo "$s2" > "/tmp/ddp_bench_$1"
 }
 echo "LeNet-5, batch $batch per rank, $steps steps, gloo on CPU, 1 thread per process"
 echo "| implementation | steps/s, 1 proc | steps/s per rank, 2 procs | samples/s scaling 2 vs 1 | compute-only step ms | DDP step ms | DDP/compute |"
 echo "|---|---:|---:|---:|---:|---:|---:|"
 row "C++ SDK (ddprun)" "$cpp1" "$cpp2"
+row "C++ SDK, ProcessGroupGloo reducer" "$cpp1" "$cpp2pg"
 row "Python DDP (torchrun)" "$py1" "$py2"
 cpp=$(echo "$cpp2" | field steps_per_s); pyt=$(echo "$py2" | field steps_per_s)
 printf 'C++ SDK / Python DDP steps/s with 2 processes: %.2fx\n' "$(echo "$cpp/$pyt" | bc -l)"

@@ -21,6 +21,25 @@ else()
   message(STATUS "ddprun: LibTorch not found: worker SDK, examples and Torch tests are skipped")
 endif()
 
+# Direct Gloo for DDP's CPU gradient buckets (worker_sdk/src/gloo_reducer.hpp) needs Gloo's headers
+# and the very libgloo that LibTorch links dynamically (Debian's libtorch does; wheels that link
+# Gloo statically do not, and then DDP uses the process group).
+set(DDPRUN_HAVE_DIRECT_GLOO OFF)
+option(DDPRUN_WORKER_DIRECT_GLOO "Use a direct Gloo context for DDP's CPU gradient buckets when possible" ON)
+if(DDPRUN_HAVE_TORCH AND DDPRUN_WORKER_DIRECT_GLOO)
+  find_path(DDPRUN_GLOO_INCLUDE_DIR gloo/allreduce_halving_doubling.h)
+  find_library(DDPRUN_GLOO_LIBRARY gloo)
+  find_library(DDPRUN_TORCH_CPU_LIBRARY torch_cpu HINTS "${TORCH_INSTALL_PREFIX}/lib")
+  if(DDPRUN_GLOO_INCLUDE_DIR AND DDPRUN_GLOO_LIBRARY AND DDPRUN_TORCH_CPU_LIBRARY AND CMAKE_OBJDUMP)
+    execute_process(COMMAND ${CMAKE_OBJDUMP} -p ${DDPRUN_TORCH_CPU_LIBRARY} OUTPUT_VARIABLE _ddprun_torch_dynamic
+                    ERROR_QUIET)
+    if(_ddprun_torch_dynamic MATCHES "NEEDED +libgloo")
+      set(DDPRUN_HAVE_DIRECT_GLOO ON)
+    endif()
+  endif()
+  message(STATUS "ddprun: direct Gloo reducer for DDP: ${DDPRUN_HAVE_DIRECT_GLOO}")
+endif()
+
 # Override with -DDDPRUN_NCCL_INCLUDE_DIR=... -DDDPRUN_NCCL_LIBRARY=... (e.g. the nvidia-nccl wheel's
 # site-packages/nvidia/nccl/{include,lib}), or set NCCL_HOME.
 find_path(DDPRUN_NCCL_INCLUDE_DIR nccl.h

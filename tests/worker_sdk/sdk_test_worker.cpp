@@ -1,6 +1,6 @@
 // Runs under ddprun (or alone) and checks the worker SDK against single-process references.
 // Prints "RESULT key=value" lines from rank 0 for the GoogleTest driver to assert on.
-//   sdk_test_worker ddp-equivalence STEPS
+//   sdk_test_worker ddp-equivalence STEPS [direct|process-group]
 //   sdk_test_worker no-sync
 //   sdk_test_worker unused-parameter find|report
 //   sdk_test_worker sampler-grid              (no launcher needed: JSON lines for the Python test)
@@ -102,11 +102,13 @@ Net reference_copy(Net& of) {
   return ref;
 }
 
-int ddp_equivalence(int steps) {
+int ddp_equivalence(int steps, const std::string& reducer) {
   auto dist = Distributed::init();
   const int world = dist.world_size(), per_rank = 4;
   Net model = rank_seeded_net(dist.rank());
-  DistributedDataParallel<NetImpl> ddp(model.ptr(), dist, small_buckets());
+  DdpOptions options = small_buckets();
+  options.direct_gloo = reducer != "process-group";
+  DistributedDataParallel<NetImpl> ddp(model.ptr(), dist, options);
   Net reference = reference_copy(model);
   const double init_between = diff_vs_rank0(dist, ddp.parameters());
 
@@ -132,6 +134,7 @@ int ddp_equivalence(int steps) {
   ddp.sync_buffers();
   const double buffers_between = diff_vs_rank0(dist, model->buffers());
   dist.print("RESULT buckets=", ddp.bucket_layout().size());
+  dist.print("RESULT direct_gloo=", ddp.uses_direct_gloo() ? 1 : 0);
   dist.print("RESULT init_diff_between_ranks=", init_between);
   dist.print("RESULT max_abs_diff_vs_single=", vs_single);
   dist.print("RESULT max_abs_diff_between_ranks=", between);
@@ -286,7 +289,7 @@ int resume(const std::string& dir, int epochs, int fail_at) {
 int main(int argc, char** argv) {
   const std::string mode = argc > 1 ? argv[1] : "";
   try {
-    if (mode == "ddp-equivalence") return ddp_equivalence(std::stoi(argv[2]));
+    if (mode == "ddp-equivalence") return ddp_equivalence(std::stoi(argv[2]), argc > 3 ? argv[3] : "direct");
     if (mode == "no-sync") return no_sync();
     if (mode == "unused-parameter") return unused_parameter(argv[2]);
     if (mode == "sampler-grid") return sampler_grid();

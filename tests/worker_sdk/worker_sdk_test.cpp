@@ -4,6 +4,7 @@
 #include <filesystem>
 #include <map>
 #include <sstream>
+#include <tuple>
 
 #include "tests/support/subprocess.hpp"
 #include "tests/support/temp_dir.hpp"
@@ -32,22 +33,29 @@ std::map<std::string, std::string> results(const std::string& out) {
   return r;
 }
 
-Finished run_under_ddprun(int nproc, std::vector<std::string> args, std::vector<std::string> extra_flags = {}) {
+Finished run_under_ddprun(int nproc, std::vector<std::string> args, std::vector<std::string> extra_flags = {},
+                          std::map<std::string, std::string> env = {}) {
   std::vector<std::string> argv{DDPRUN_BIN, "--nproc_per_node", std::to_string(nproc)};
   argv.insert(argv.end(), extra_flags.begin(), extra_flags.end());
   argv.push_back(SDK_TEST_WORKER_BIN);
   argv.insert(argv.end(), args.begin(), args.end());
-  Subprocess p(argv, {{"OMP_NUM_THREADS", "1"}});
+  env.emplace("OMP_NUM_THREADS", "1");
+  Subprocess p(argv, env);
   return p.wait(300s);
 }
 
-class DdpEquivalenceTest : public ::testing::TestWithParam<int> {};
+// World size x gradient reducer: the direct Gloo reducer with a 64-byte message limit (every
+// bucket split into many messages, as large buckets are), and the process group's all-reduce.
+class DdpEquivalenceTest : public ::testing::TestWithParam<std::tuple<int, std::string>> {};
 
 TEST_P(DdpEquivalenceTest, ParametersEqualSingleProcessTrainingOnTheWholeBatch) {
-  const Finished f = run_under_ddprun(GetParam(), {"ddp-equivalence", "4"});
+  const auto [world, reducer] = GetParam();
+  const Finished f = run_under_ddprun(world, {"ddp-equivalence", "4", reducer}, {},
+                                      {{"DDPRUN_DDP_MAX_MESSAGE_BYTES", "64"}});
   ASSERT_EQ(f.exit_code, 0) << f.err;
   auto r = results(f.out);
-  EXPECT_EQ(r["world_size"], std::to_string(GetParam()));
+  EXPECT_EQ(r["world_size"], std::to_string(world));
+  EXPECT_EQ(r["direct_gloo"], reducer == "direct" && DDPRUN_DIRECT_GLOO_BUILT ? "1" : "0");
   EXPECT_GE(std::stoi(r["buckets"]), 3) << "the test model should span several buckets";
   EXPECT_EQ(std::stod(r["init_diff_between_ranks"]), 0.0) << "rank 0's parameters were not broadcast";
   EXPECT_LE(std::stod(r["max_abs_diff_vs_single"]), 1e-5);
@@ -55,7 +63,12 @@ TEST_P(DdpEquivalenceTest, ParametersEqualSingleProcessTrainingOnTheWholeBatch) 
   EXPECT_EQ(std::stod(r["buffer_diff_between_ranks"]), 0.0) << "buffers not synced from rank 0";
 }
 
-INSTANTIATE_TEST_SUITE_P(TwoAndThreeProcesses, DdpEquivalenceTest, ::testing::Values(2, 3));
+INSTANTIATE_TEST_SUITE_P(TwoAndThreeProcesses, DdpEquivalenceTest,
+                         ::testing::Combine(::testing::Values(2, 3), ::testing::Values("direct", "process-group")),
+                         [](const auto& info) {
+                           return std::to_string(std::get<0>(info.param)) + "_" +
+                                  (std::get<1>(info.param) == "direct" ? "direct_gloo" : "process_group");
+                         });
 
 TEST(DdpTest, NoSyncAccumulatesLocallyThenReducesBothMicroBatches) {
   const Finished f = run_under_ddprun(2, {"no-sync"});

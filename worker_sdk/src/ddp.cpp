@@ -6,12 +6,33 @@
 #include <torch/csrc/autograd/variable.h>
 #include <torch/csrc/utils/tensor_flatten.h>
 
+#include <sched.h>
+
 #include <algorithm>
+#include <atomic>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <stdexcept>
 
+#ifdef DDPRUN_WORKER_DIRECT_GLOO
+#include "gloo_reducer.hpp"
+#endif
+
 namespace ddprun::worker::detail {
+#ifdef DDPRUN_WORKER_DIRECT_GLOO
+namespace {
+
+// CPUs this process may run on (its affinity mask), at least 1.
+int usable_cpus() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof set, &set) != 0) return 1;
+  return std::max(1, CPU_COUNT(&set));
+}
+
+}  // namespace
+#endif
 
 void broadcast_coalesced(CommGroup& pg, const std::vector<torch::Tensor>& tensors) {
   if (pg.getSize() == 1 || tensors.empty()) return;
@@ -38,10 +59,15 @@ struct GradientReducer::State {
     std::vector<size_t> params;
     torch::Tensor flat;
     size_t pending = 0;
-    c10::intrusive_ptr<c10d::Work> work;
+    c10::intrusive_ptr<c10d::Work> work;  // when reduced through the process group
+    std::optional<size_t> gloo_id;        // when reduced through the direct Gloo reducer
   };
 
   c10::intrusive_ptr<CommGroup> pg;
+  int world_size = 1;
+#ifdef DDPRUN_WORKER_DIRECT_GLOO
+  std::unique_ptr<GlooBucketReducer> gloo;
+#endif
   DdpOptions options;
   std::vector<Param> params;
   std::vector<Bucket> buckets;
@@ -63,19 +89,34 @@ struct GradientReducer::State {
   }
 
   // Starts every consecutive ready bucket: all ranks launch buckets in the same order, whatever
-  // order their hooks fire in.
-  void launch_ready() {
+  // order their hooks fire in. in_backward=false: the caller waits right after (end of backward).
+  void launch_ready(bool in_backward_pass = true) {
     while (next_bucket < buckets.size() && buckets[next_bucket].pending == 0) {
       Bucket& b = buckets[next_bucket++];
-      b.flat.div_(pg->getSize());
+      b.flat.div_(world_size);
+#ifdef DDPRUN_WORKER_DIRECT_GLOO
+      if (b.gloo_id) {
+        gloo->launch(*b.gloo_id, in_backward_pass);
+        continue;
+      }
+#endif
       std::vector<torch::Tensor> ts{b.flat};
       b.work = pg->allreduce(ts);
     }
   }
 
+  void wait_launched() {
+#ifdef DDPRUN_WORKER_DIRECT_GLOO
+    if (gloo) gloo->wait_all();
+#endif
+    for (auto& b : buckets) {
+      if (b.work) b.work->wait();
+    }
+  }
+
   void on_grad_ready(size_t index) {
     std::lock_guard lock(mutex);
-    if (!sync) return;
+    if (!sync || world_size == 1) return;  // one process: the local gradients are the result
     if (!in_backward) {
       in_backward = true;
       // Runs once the whole backward pass is done.
@@ -112,9 +153,7 @@ struct GradientReducer::State {
       std::string unused;
       for (size_t i : unused_indices) unused += (unused.empty() ? "" : ", ") + params[i].name;
       // Finish the buckets that did launch so no collective is left half done on this rank.
-      for (auto& b : buckets) {
-        if (b.work) b.work->wait();
-      }
+      wait_launched();
       reset_pass();
       throw std::runtime_error(
           "DistributedDataParallel: these parameters got no gradient in this step, so their gradients "
@@ -122,9 +161,9 @@ struct GradientReducer::State {
           ". Use them in the forward pass, set requires_grad(false) on them, or set "
           "DdpOptions::find_unused_parameters = true");
     }
-    launch_ready();
+    launch_ready(false);
+    wait_launched();
     for (auto& b : buckets) {
-      b.work->wait();
       for (size_t i : b.params) {
         Param& p = params[i];
         auto averaged = b.flat.narrow(0, p.offset, p.tensor.numel()).view_as(p.tensor);
@@ -140,10 +179,11 @@ struct GradientReducer::State {
 };
 
 GradientReducer::GradientReducer(std::vector<std::pair<std::string, torch::Tensor>> named_params,
-                                 c10::intrusive_ptr<CommGroup> pg, const DdpOptions& options)
+                                 const Distributed& dist, const DdpOptions& options)
     : state_(std::make_shared<State>()) {
   State& s = *state_;
-  s.pg = std::move(pg);
+  s.pg = dist.process_group();
+  s.world_size = dist.world_size();
   s.options = options;
   for (auto& [name, t] : named_params) s.params.push_back({name, t});
 
@@ -182,6 +222,27 @@ GradientReducer::GradientReducer(std::vector<std::pair<std::string, torch::Tenso
     s.buckets.push_back(std::move(b));
   }
   s.reset_pass();
+#ifdef DDPRUN_WORKER_DIRECT_GLOO
+  // CPU float/double buckets of a Gloo job go through the direct reducer (see gloo_reducer.hpp).
+  // Every rank has the same buckets, so every rank makes the same choice.
+  auto direct = [](const torch::Tensor& t) {
+    return t.device().is_cpu() && (t.scalar_type() == torch::kFloat || t.scalar_type() == torch::kDouble);
+  };
+  if (options.direct_gloo && dist.backend() == "gloo" && s.world_size > 1 &&
+      std::any_of(s.buckets.begin(), s.buckets.end(), [&](const State::Bucket& b) { return direct(b.flat); })) {
+    static std::atomic<int> instances{0};  // DDP objects are created in the same order on every rank
+    const bool spin = options.busy_poll == BusyPoll::On ||
+                      (options.busy_poll == BusyPoll::Auto && dist.env().local_world_size <= usable_cpus());
+    s.gloo = std::make_unique<GlooBucketReducer>(dist.store(), "ddprun/ddp/" + std::to_string(instances++) + "/",
+                                                 dist.rank(), s.world_size, dist.timeout(), spin);
+    for (auto& b : s.buckets) {
+      if (!direct(b.flat)) continue;
+      const auto count = static_cast<size_t>(b.flat.numel());
+      b.gloo_id = b.flat.scalar_type() == torch::kFloat ? s.gloo->add(b.flat.data_ptr<float>(), count)
+                                                         : s.gloo->add(b.flat.data_ptr<double>(), count);
+    }
+  }
+#endif
 
   // Hook each parameter's AccumulateGrad node: it fires after the gradient is accumulated.
   std::weak_ptr<State> weak = state_;
@@ -206,6 +267,14 @@ void GradientReducer::set_sync(bool enabled) {
 bool GradientReducer::sync_enabled() const {
   std::lock_guard lock(state_->mutex);
   return state_->sync;
+}
+
+bool GradientReducer::direct_gloo() const {
+#ifdef DDPRUN_WORKER_DIRECT_GLOO
+  return state_->gloo != nullptr;
+#else
+  return false;
+#endif
 }
 
 std::vector<std::vector<size_t>> GradientReducer::bucket_layout() const {

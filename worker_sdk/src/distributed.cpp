@@ -1,5 +1,7 @@
 #include "ddprun/worker/distributed.hpp"
 
+#include "gloo_device.hpp"
+
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
@@ -16,6 +18,20 @@
 #endif
 
 namespace ddprun::worker {
+
+std::shared_ptr<gloo::transport::Device> detail::make_gloo_device() {
+  if (const char* ifname = std::getenv("GLOO_SOCKET_IFNAME"); ifname && *ifname) {
+    return c10d::ProcessGroupGloo::createDeviceForInterface(ifname);
+  }
+  char host[256] = {};
+  ::gethostname(host, sizeof host - 1);
+  try {
+    return c10d::ProcessGroupGloo::createDeviceForHostname(host);
+  } catch (const std::exception&) {
+    return c10d::ProcessGroupGloo::createDefaultDevice();
+  }
+}
+
 namespace {
 
 // PyTorch 1.13's store-based barrier after creating the default group: every rank adds 1 to
@@ -44,6 +60,7 @@ Distributed Distributed::init(const InitOptions& options) { return init(WorkerEn
 Distributed Distributed::init(const WorkerEnv& env, const InitOptions& options) {
   Distributed d;
   d.env_ = env;
+  d.timeout_ = options.timeout;
   std::string backend = options.backend;
   if (backend == "auto") backend = torch::cuda::is_available() ? "nccl" : "gloo";
   if (backend != "gloo" && backend != "nccl") {
@@ -84,18 +101,7 @@ Distributed Distributed::init(const WorkerEnv& env, const InitOptions& options) 
 
   if (backend == "gloo") {
     auto opts = c10d::ProcessGroupGloo::Options::create(options.timeout);
-    // As PyTorch does: GLOO_SOCKET_IFNAME picks the interface; otherwise the host name's address.
-    if (const char* ifname = std::getenv("GLOO_SOCKET_IFNAME"); ifname && *ifname) {
-      opts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForInterface(ifname));
-    } else {
-      char host[256] = {};
-      ::gethostname(host, sizeof host - 1);
-      try {
-        opts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname(host));
-      } catch (const std::exception&) {
-        opts->devices.push_back(c10d::ProcessGroupGloo::createDefaultDevice());
-      }
-    }
+    opts->devices.push_back(detail::make_gloo_device());
     d.pg_ = c10::make_intrusive<c10d::ProcessGroupGloo>(pg_store, env.rank, env.world_size, opts);
   } else {
 #ifdef DDPRUN_WORKER_NCCL

@@ -60,6 +60,8 @@ class Distributed {
   const std::string& backend() const { return backend_; }
   const c10::intrusive_ptr<CommGroup>& process_group() const { return pg_; }
   const c10::intrusive_ptr<c10d::Store>& store() const { return store_; }
+  // Store and collective timeout (InitOptions::timeout).
+  std::chrono::milliseconds timeout() const { return timeout_; }
 
   void barrier();
   // In-place sum / average over all ranks.
@@ -85,6 +87,7 @@ class Distributed {
   WorkerEnv env_;
   torch::Device device_{torch::kCPU};
   std::string backend_;
+  std::chrono::milliseconds timeout_{std::chrono::minutes(30)};
   c10::intrusive_ptr<c10d::Store> store_;
   c10::intrusive_ptr<CommGroup> pg_;
 };
