@@ -49,6 +49,20 @@ find_library(DDPRUN_NCCL_LIBRARY NAMES nccl libnccl.so.2
   HINTS ENV NCCL_HOME ENV NCCL_ROOT ENV CUDA_HOME /usr/local/cuda
   PATH_SUFFIXES lib lib64 lib/x86_64-linux-gnu targets/x86_64-linux/lib)
 
+# The CUDA runtime, for ddprun::worker_nccl (raw NCCL communicator; no CUDA LibTorch needed).
+find_path(DDPRUN_CUDART_INCLUDE_DIR cuda_runtime_api.h
+  HINTS ENV CUDA_HOME /usr/local/cuda
+  PATH_SUFFIXES include targets/x86_64-linux/include)
+find_library(DDPRUN_CUDART_LIBRARY NAMES cudart libcudart.so.13 libcudart.so.12
+  HINTS ENV CUDA_HOME /usr/local/cuda
+  PATH_SUFFIXES lib64 lib targets/x86_64-linux/lib)
+set(DDPRUN_HAVE_NCCL_COMM OFF)
+if(DDPRUN_HAVE_TORCH AND DDPRUN_NCCL_INCLUDE_DIR AND DDPRUN_NCCL_LIBRARY AND DDPRUN_CUDART_INCLUDE_DIR
+   AND DDPRUN_CUDART_LIBRARY)
+  set(DDPRUN_HAVE_NCCL_COMM ON)
+  message(STATUS "ddprun: NCCL and the CUDA runtime found: ddprun::worker_nccl and nccl_smoke are built")
+endif()
+
 if(DDPRUN_NCCL_INCLUDE_DIR AND DDPRUN_NCCL_LIBRARY)
   if(DDPRUN_TORCH_HAS_CUDA)
     set(DDPRUN_HAVE_NCCL ON)
