@@ -3,6 +3,7 @@
 //   sdk_test_worker ddp-equivalence STEPS [direct|process-group]
 //   sdk_test_worker no-sync
 //   sdk_test_worker unused-parameter find|report
+//   sdk_test_worker peer-exits               (the last rank leaves after 2 steps)
 //   sdk_test_worker sampler-grid              (no launcher needed: JSON lines for the Python test)
 //   sdk_test_worker checkpoint DIR
 //   sdk_test_worker resume DIR EPOCHS FAIL_AT_EPOCH
@@ -199,6 +200,33 @@ int unused_parameter(const std::string& how) {
   return 0;
 }
 
+// The last rank returns after two steps without a word; the others must get an error from the
+// gradient all-reduce naming the cause, not hang. Buffers are not broadcast, so the first
+// collective that notices is DDP's own.
+int peer_exits() {
+  auto dist = Distributed::init();
+  Net model = rank_seeded_net(0);
+  DdpOptions o;
+  o.broadcast_buffers = false;
+  DistributedDataParallel<NetImpl> ddp(model.ptr(), dist, o);
+  torch::optim::SGD opt(ddp.parameters(), torch::optim::SGDOptions(0.1));
+  auto [x, y] = global_batch(0, 1, 4);
+  const bool leaver = dist.rank() == dist.world_size() - 1;
+  for (int step = 0; step < 6; ++step) {
+    if (leaver && step == 2) return 0;
+    opt.zero_grad();
+    try {
+      torch::nn::functional::cross_entropy(ddp(x), y).backward();
+    } catch (const std::exception& e) {
+      std::cout << "RESULT failed_step=" << step << "\nERROR " << e.what() << std::endl;
+      return 3;
+    }
+    opt.step();
+  }
+  std::cout << "RESULT failed_step=none" << std::endl;
+  return 0;
+}
+
 int sampler_grid() {
   for (int64_t size : {0, 1, 7, 10, 33, 100}) {
     for (int replicas : {1, 2, 3, 4}) {
@@ -293,6 +321,7 @@ int main(int argc, char** argv) {
     if (mode == "no-sync") return no_sync();
     if (mode == "unused-parameter") return unused_parameter(argv[2]);
     if (mode == "sampler-grid") return sampler_grid();
+    if (mode == "peer-exits") return peer_exits();
     if (mode == "checkpoint") return checkpoint(argv[2]);
     if (mode == "resume") return resume(argv[2], std::stoi(argv[3]), std::stoi(argv[4]));
     std::cerr << "unknown mode '" << mode << "'\n";

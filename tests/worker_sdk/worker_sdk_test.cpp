@@ -70,6 +70,16 @@ INSTANTIATE_TEST_SUITE_P(TwoAndThreeProcesses, DdpEquivalenceTest,
                                   (std::get<1>(info.param) == "direct" ? "direct_gloo" : "process_group");
                          });
 
+TEST(DdpTest, PeerThatLeavesGivesTheOthersAClearErrorNotAHang) {
+  const Finished f = run_under_ddprun(2, {"peer-exits"});
+  ASSERT_FALSE(f.timed_out);
+  EXPECT_NE(f.exit_code, 0) << f.out << f.err;
+  auto r = results(f.out);
+  EXPECT_EQ(r["failed_step"], "2") << f.out << f.err;
+  const std::string expected = DDPRUN_DIRECT_GLOO_BUILT ? "gradient all-reduce (Gloo) failed" : "Connection closed";
+  EXPECT_NE((f.out + f.err).find(expected), std::string::npos) << f.out << f.err;
+}
+
 TEST(DdpTest, NoSyncAccumulatesLocallyThenReducesBothMicroBatches) {
   const Finished f = run_under_ddprun(2, {"no-sync"});
   ASSERT_EQ(f.exit_code, 0) << f.err;
