@@ -59,8 +59,8 @@ int main(int argc, char** argv) {
       std::vector<torch::Tensor> ts{t};
       pg->allreduce(ts)->wait();
     });
-    const size_t sleep_id = sleeping.add(t.data_ptr<float>(), static_cast<size_t>(n));
-    const size_t spin_id = spinning.add(t.data_ptr<float>(), static_cast<size_t>(n));
+    const size_t sleep_id = sleeping.add(t.data_ptr<float>(), static_cast<size_t>(n)).value();
+    const size_t spin_id = spinning.add(t.data_ptr<float>(), static_cast<size_t>(n)).value();
     const Stats sleep_stats = measure(dist, iterations, [&] {
       sleeping.launch(sleep_id, false);
       sleeping.wait_all();

@@ -235,7 +235,7 @@ GradientReducer::GradientReducer(std::vector<std::pair<std::string, torch::Tenso
                       (options.busy_poll == BusyPoll::Auto && dist.env().local_world_size <= usable_cpus());
     s.gloo = std::make_unique<GlooBucketReducer>(dist.store(), "ddprun/ddp/" + std::to_string(instances++) + "/",
                                                  dist.rank(), s.world_size, dist.timeout(), spin);
-    for (auto& b : s.buckets) {
+    for (auto& b : s.buckets) {  // a bucket the reducer cannot take stays on the process group
       if (!direct(b.flat)) continue;
       const auto count = static_cast<size_t>(b.flat.numel());
       b.gloo_id = b.flat.scalar_type() == torch::kFloat ? s.gloo->add(b.flat.data_ptr<float>(), count)

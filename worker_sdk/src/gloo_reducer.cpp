@@ -67,18 +67,6 @@ int64_t local_message_limit() {
   return limit;
 }
 
-template <typename T>
-std::vector<std::unique_ptr<gloo::Algorithm>> make_reductions(const std::shared_ptr<gloo::Context>& context, T* data,
-                                                              size_t count, size_t max_message_bytes) {
-  std::vector<std::unique_ptr<gloo::Algorithm>> out;
-  const size_t per_message = std::max<size_t>(1, max_message_bytes / sizeof(T));
-  for (size_t offset = 0; offset < count; offset += per_message) {
-    const int n = static_cast<int>(std::min(per_message, count - offset));
-    out.push_back(std::make_unique<gloo::AllreduceHalvingDoubling<T>>(context, std::vector<T*>{data + offset}, n));
-  }
-  return out;
-}
-
 }  // namespace
 
 GlooBucketReducer::GlooBucketReducer(const c10::intrusive_ptr<c10d::Store>& store, const std::string& prefix,
@@ -111,15 +99,27 @@ GlooBucketReducer::~GlooBucketReducer() {
   worker_.join();
 }
 
-size_t GlooBucketReducer::add(float* data, size_t count) {
-  buffers_.push_back(make_reductions(context_, data, count, max_message_bytes_));
+template <typename T>
+std::optional<size_t> GlooBucketReducer::add_buffer(T* data, size_t count) {
+  const size_t per_message = std::max<size_t>(1, max_message_bytes_ / sizeof(T));
+  const auto messages = static_cast<int64_t>((count + per_message - 1) / per_message);
+  const int64_t n = context_->size;
+  const int64_t slots = messages * 2 * n * (n - 1);  // what each halving-doubling instance reserves
+  if (slots_used_ + slots > (int64_t{1} << 30)) return std::nullopt;
+  slots_used_ += slots;
+  std::vector<std::unique_ptr<gloo::Algorithm>> reductions;
+  for (size_t offset = 0; offset < count; offset += per_message) {
+    const int len = static_cast<int>(std::min(per_message, count - offset));
+    reductions.push_back(
+        std::make_unique<gloo::AllreduceHalvingDoubling<T>>(context_, std::vector<T*>{data + offset}, len));
+  }
+  buffers_.push_back(std::move(reductions));
   return buffers_.size() - 1;
 }
 
-size_t GlooBucketReducer::add(double* data, size_t count) {
-  buffers_.push_back(make_reductions(context_, data, count, max_message_bytes_));
-  return buffers_.size() - 1;
-}
+std::optional<size_t> GlooBucketReducer::add(float* data, size_t count) { return add_buffer(data, count); }
+
+std::optional<size_t> GlooBucketReducer::add(double* data, size_t count) { return add_buffer(data, count); }
 
 void GlooBucketReducer::launch(size_t id, bool wake_worker) {
   {

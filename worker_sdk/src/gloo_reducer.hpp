@@ -23,10 +23,12 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstddef>
+#include <cstdint>
 #include <deque>
 #include <exception>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <vector>
 
@@ -51,9 +53,11 @@ class GlooBucketReducer {
   GlooBucketReducer& operator=(const GlooBucketReducer&) = delete;
 
   // Registers a buffer to be summed in place; every rank registers the same sizes in the same
-  // order. Returns its id.
-  size_t add(float* data, size_t count);
-  size_t add(double* data, size_t count);
+  // order. Returns its id, or nullopt when Gloo's slot numbers (an int, 2 * size * (size - 1) per
+  // message) would run out: that buffer must then be reduced some other way. The answer is the
+  // same on every rank.
+  std::optional<size_t> add(float* data, size_t count);
+  std::optional<size_t> add(double* data, size_t count);
 
   // Queues buffer `id`. Every rank launches the same ids in the same order. wake_worker=false
   // leaves it for the next wait_all() (the caller is about to wait anyway).
@@ -66,6 +70,8 @@ class GlooBucketReducer {
   size_t max_message_bytes() const { return max_message_bytes_; }
 
  private:
+  template <typename T>
+  std::optional<size_t> add_buffer(T* data, size_t count);
   void worker_loop();
   // Pops the next queued id and runs it with the lock released. Requires the lock and !running_.
   void run_next(std::unique_lock<std::mutex>& lock, bool on_waiting_thread);
@@ -75,6 +81,7 @@ class GlooBucketReducer {
   std::shared_ptr<gloo::transport::Device> device_;
   std::shared_ptr<gloo::Context> context_;
   size_t max_message_bytes_ = 0;
+  int64_t slots_used_ = 0;
   bool busy_poll_ = false;
   bool spinning_ = false;
   std::vector<std::vector<std::unique_ptr<gloo::Algorithm>>> buffers_;  // per id: one all-reduce per message
