@@ -7,6 +7,7 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 #include <torch/cuda.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -58,6 +59,11 @@ void store_based_barrier(c10d::Store& store, int world_size, std::chrono::millis
 Distributed Distributed::init(const InitOptions& options) { return init(WorkerEnv::from_environment(), options); }
 
 Distributed Distributed::init(const WorkerEnv& env, const InitOptions& options) {
+  // A peer that vanishes must surface as an error from the collective that notices, not as a
+  // silent death by SIGPIPE on the next socket write (Python ignores SIGPIPE for the same reason).
+  // A handler the program installed itself is left alone.
+  struct sigaction current {};
+  if (::sigaction(SIGPIPE, nullptr, &current) == 0 && current.sa_handler == SIG_DFL) ::signal(SIGPIPE, SIG_IGN);
   Distributed d;
   d.env_ = env;
   d.timeout_ = options.timeout;

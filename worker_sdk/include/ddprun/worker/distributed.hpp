@@ -9,6 +9,9 @@
 // built against a CUDA LibTorch (DDPRUN_WORKER_NCCL) and a GPU is present.
 //
 // Without any launcher variables it runs as a single process (world size 1) with no code change.
+//
+// init() sets SIGPIPE to ignored when it is at its default, as the Python interpreter does, so a
+// rank whose peer has gone gets an error from the collective instead of being killed by the signal.
 
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
