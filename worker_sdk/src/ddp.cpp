@@ -1,5 +1,6 @@
 #include "ddprun/worker/ddp.hpp"
 
+#include <ATen/Parallel.h>
 #include <torch/csrc/autograd/engine.h>
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/utils/lambda_post_hook.h>
@@ -231,8 +232,11 @@ GradientReducer::GradientReducer(std::vector<std::pair<std::string, torch::Tenso
   if (options.direct_gloo && dist.backend() == "gloo" && s.world_size > 1 &&
       std::any_of(s.buckets.begin(), s.buckets.end(), [&](const State::Bucket& b) { return direct(b.flat); })) {
     static std::atomic<int> instances{0};  // DDP objects are created in the same order on every rank
+    // Auto: spin only when this node's ranks with their intra-op threads fit its CPUs, so a
+    // spinning rank never takes a core from one that is still computing.
+    const int threads_on_node = dist.env().local_world_size * std::max(1, at::get_num_threads());
     const bool spin = options.busy_poll == BusyPoll::On ||
-                      (options.busy_poll == BusyPoll::Auto && dist.env().local_world_size <= usable_cpus());
+                      (options.busy_poll == BusyPoll::Auto && threads_on_node <= usable_cpus());
     s.gloo = std::make_unique<GlooBucketReducer>(dist.store(), "ddprun/ddp/" + std::to_string(instances++) + "/",
                                                  dist.rank(), s.world_size, dist.timeout(), spin);
     for (auto& b : s.buckets) {  // a bucket the reducer cannot take stays on the process group

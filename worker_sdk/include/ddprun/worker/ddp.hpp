@@ -27,7 +27,7 @@ namespace ddprun::worker {
 // How the training thread waits for the gradient all-reduces left at the end of backward (direct
 // Gloo reducer only; the background thread always sleeps in recv).
 enum class BusyPoll {
-  Auto,  // spin when this node's ranks do not outnumber the CPUs this process may run on
+  Auto,  // spin when LOCAL_WORLD_SIZE x intra-op threads fit the CPUs this process may run on
   On,    // spin on the sockets, as NCCL and MPI wait: saves a wake-up per message
   Off,   // sleep in recv
 };
