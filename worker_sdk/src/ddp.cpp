@@ -90,7 +90,8 @@ struct GradientReducer::State {
   }
 
   // Starts every consecutive ready bucket: all ranks launch buckets in the same order, whatever
-  // order their hooks fire in. in_backward=false: the caller waits right after (end of backward).
+  // order their hooks fire in. in_backward_pass=false: the caller waits right after (end of
+  // backward), so queued direct-Gloo buckets are left for it rather than the background thread.
   void launch_ready(bool in_backward_pass = true) {
     while (next_bucket < buckets.size() && buckets[next_bucket].pending == 0) {
       Bucket& b = buckets[next_bucket++];
