@@ -71,11 +71,11 @@ int64_t local_message_limit() {
 
 GlooBucketReducer::GlooBucketReducer(const c10::intrusive_ptr<c10d::Store>& store, const std::string& prefix,
                                      int rank, int size, std::chrono::milliseconds timeout, bool busy_poll) {
-  device_ = make_gloo_device();
+  auto device = make_gloo_device();  // the context keeps it
   auto context = std::make_shared<gloo::rendezvous::Context>(rank, size);
   context->setTimeout(timeout);
   StoreAdapter adapter(store, prefix);
-  context->connectFullMesh(adapter, device_);
+  context->connectFullMesh(adapter, device);
   for (int peer = 0; peer < size; ++peer) {
     if (peer != rank) context->getPair(peer)->setSync(true, false);
   }

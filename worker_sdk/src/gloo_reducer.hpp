@@ -35,9 +35,6 @@
 namespace gloo {
 class Algorithm;
 class Context;
-namespace transport {
-class Device;
-}
 }  // namespace gloo
 
 namespace ddprun::worker::detail {
@@ -67,8 +64,6 @@ class GlooBucketReducer {
   // reducer is unusable after that (a peer is gone or timed out).
   void wait_all();
 
-  size_t max_message_bytes() const { return max_message_bytes_; }
-
  private:
   template <typename T>
   std::optional<size_t> add_buffer(T* data, size_t count);
@@ -78,7 +73,6 @@ class GlooBucketReducer {
   // Switches the pairs between spinning and sleeping reads (only the running thread calls it).
   void set_spinning(bool spin);
 
-  std::shared_ptr<gloo::transport::Device> device_;
   std::shared_ptr<gloo::Context> context_;
   size_t max_message_bytes_ = 0;
   int64_t slots_used_ = 0;
