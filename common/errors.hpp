@@ -36,6 +36,13 @@ class ProtocolError : public Error {
   using Error::Error;
 };
 
+// A request that would take a store past one of its limits (total keys, total bytes, the size of
+// one reply). The store refuses it, keeps everything it holds, and closes that connection.
+class LimitError : public ProtocolError {
+ public:
+  using ProtocolError::ProtocolError;
+};
+
 // A child process could not be started, signalled or waited for.
 class ProcessError : public Error {
  public:

@@ -34,6 +34,9 @@ options:
   --max-key-bytes N      longest key accepted (default 8192)
   --max-value-bytes N    largest value accepted (default 8388608)
   --max-keys N           most keys in one request (default 131072)
+  --max-reply-bytes N    largest reply one request may produce (default 268435456)
+  --max-total-keys N     most keys (and queues) the store holds (default 1048576)
+  --max-store-bytes N    most bytes of keys and values the store holds (default 1073741824)
   --log-level LEVEL      debug, info, warn or error (default info; env DDPRUN_LOG_LEVEL)
   -h, --help             show this help
 
@@ -128,6 +131,12 @@ int main(int argc, char** argv) {
       options.limits.max_request_bytes = std::max(options.limits.max_request_bytes, options.limits.max_value_bytes * 2);
     } else if (arg == "--max-keys") {
       options.limits.max_keys_per_request = parse_number(arg, next(), uint64_t{1} << 24);
+    } else if (arg == "--max-reply-bytes") {
+      options.limits.max_reply_bytes = parse_number(arg, next(), uint64_t{1} << 40);
+    } else if (arg == "--max-total-keys") {
+      options.store_limits.max_total_keys = parse_number(arg, next(), uint64_t{1} << 40);
+    } else if (arg == "--max-store-bytes") {
+      options.store_limits.max_store_bytes = parse_number(arg, next(), uint64_t{1} << 50);
     } else if (arg == "--log-level") {
       log::Level level;
       const std::string v = next();

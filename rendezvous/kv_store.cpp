@@ -2,61 +2,82 @@
 
 #include <algorithm>
 #include <charconv>
+#include <utility>
 
 #include "common/errors.hpp"
 #include "rendezvous/protocol.hpp"
 
 namespace ddprun::rdzv {
 
-std::string& KvStore::slot(std::string_view key, bool& created) {
-  auto it = map_.find(key);
-  created = it == map_.end();
-  if (created) {
-    it = map_.emplace(std::string(key), std::string()).first;
-    stored_bytes_ += key.size();
+void KvStore::reserve(size_t new_keys, int64_t more_bytes, std::string_view what, std::string_view key) const {
+  const auto shown = [&] {
+    return std::string(key.substr(0, 64)) + (key.size() > 64 ? "..." : "");
+  };
+  if (new_keys > 0 && total_keys() + new_keys > limits_.max_total_keys) {
+    throw LimitError(std::string(what) + " of key '" + shown() + "' would make " +
+                     std::to_string(total_keys() + new_keys) + " keys, over the store's limit of " +
+                     std::to_string(limits_.max_total_keys) + " (--max-total-keys)");
   }
-  return it->second;
+  if (more_bytes > 0 && stored_bytes_ + static_cast<uint64_t>(more_bytes) > limits_.max_store_bytes) {
+    throw LimitError(std::string(what) + " of key '" + shown() + "' would make " +
+                     std::to_string(stored_bytes_ + static_cast<uint64_t>(more_bytes)) +
+                     " bytes stored, over the store's limit of " + std::to_string(limits_.max_store_bytes) +
+                     " (--max-store-bytes)");
+  }
 }
 
-void KvStore::set(std::string_view key, std::string_view value) {
-  bool created = false;
-  std::string& v = slot(key, created);
-  std::string old;
+void KvStore::store(std::string_view key, std::string_view value) {
+  auto it = map_.find(key);
+  if (it == map_.end()) {
+    reserve(1, static_cast<int64_t>(key.size() + value.size()), "SET", key);
+    it = map_.emplace(std::string(key), std::make_shared<std::string>(value)).first;
+    stored_bytes_ += key.size() + value.size();
+    key_bytes_ += key.size();
+    if (!watchers_.empty()) notify_watchers(key, nullptr, it->second);
+    key_arrived(key, /*wake_one=*/false);
+    return;
+  }
+  Value& slot = it->second;
+  reserve(0, static_cast<int64_t>(value.size()) - static_cast<int64_t>(slot->size()), "SET", key);
+  stored_bytes_ = stored_bytes_ - slot->size() + value.size();
   const bool watched = !watchers_.empty() && watchers_.count(key) != 0;
-  if (watched && !created) old = v;
-  stored_bytes_ = stored_bytes_ - v.size() + value.size();
-  v.assign(value.data(), value.size());
-  if (watched) notify_watchers(key, created ? nullptr : &old, &v);
-  if (created) key_arrived(key, /*wake_one=*/false);
+  if (!watched && slot.use_count() == 1) {
+    slot->assign(value.data(), value.size());  // nobody else holds it: reuse the buffer
+    return;
+  }
+  const Value old = std::exchange(slot, std::make_shared<std::string>(value));
+  if (watched) notify_watchers(key, old, slot);
 }
 
-std::string KvStore::compare_set(std::string_view key, std::string_view expected, std::string_view desired) {
+void KvStore::set(std::string_view key, std::string_view value) { store(key, value); }
+
+SharedBytes KvStore::compare_set(std::string_view key, std::string_view expected, std::string_view desired) {
   auto it = map_.find(key);
   if (it == map_.end()) {
     // Missing key: only an empty `expected` creates it; otherwise the caller gets `expected` back.
-    if (!expected.empty()) return std::string(expected);
-    set(key, desired);
-    return std::string(desired);
+    if (!expected.empty()) return std::make_shared<const std::string>(expected);
+    store(key, desired);
+    return map_.find(key)->second;
   }
-  if (it->second == expected) {
-    std::string old = it->second;
-    stored_bytes_ = stored_bytes_ - it->second.size() + desired.size();
-    it->second.assign(desired.data(), desired.size());
-    if (!watchers_.empty()) notify_watchers(key, &old, &it->second);
-  }
-  return it->second;
+  if (*it->second == expected) store(key, desired);
+  return map_.find(key)->second;
 }
 
 const std::string* KvStore::get(std::string_view key) const {
   auto it = map_.find(key);
-  return it == map_.end() ? nullptr : &it->second;
+  return it == map_.end() ? nullptr : it->second.get();
+}
+
+SharedBytes KvStore::get_shared(std::string_view key) const {
+  auto it = map_.find(key);
+  return it == map_.end() ? nullptr : it->second;
 }
 
 int64_t KvStore::add(std::string_view key, int64_t delta) {
   auto it = map_.find(key);
   int64_t current = 0;
   if (it != map_.end()) {
-    const std::string& text = it->second;
+    const std::string& text = *it->second;
     const char* first = text.data();
     const char* last = first + text.size();
     if (first != last && *first == '+') ++first;  // std::stoll accepts a leading '+'
@@ -73,33 +94,59 @@ int64_t KvStore::add(std::string_view key, int64_t delta) {
   }
   char buf[24];
   auto [end, ec] = std::to_chars(buf, buf + sizeof buf, sum);
-  set(key, std::string_view(buf, static_cast<size_t>(end - buf)));
+  store(key, std::string_view(buf, static_cast<size_t>(end - buf)));
   return sum;
 }
 
 void KvStore::append(std::string_view key, std::string_view data) {
   auto it = map_.find(key);
   if (it == map_.end()) {
-    set(key, data);
+    store(key, data);
     return;
   }
-  std::string old;
-  const bool watched = !watchers_.empty() && watchers_.count(key) != 0;
-  if (watched) old = it->second;
-  it->second.append(data.data(), data.size());
+  Value& slot = it->second;
+  reserve(0, static_cast<int64_t>(data.size()), "APPEND", key);
   stored_bytes_ += data.size();
-  if (watched) notify_watchers(key, &old, &it->second);
+  const bool watched = !watchers_.empty() && watchers_.count(key) != 0;
+  if (!watched && slot.use_count() == 1) {
+    slot->append(data.data(), data.size());
+    return;
+  }
+  auto grown = std::make_shared<std::string>();
+  grown->reserve(slot->size() + data.size());
+  grown->append(*slot).append(data.data(), data.size());
+  const Value old = std::exchange(slot, std::move(grown));
+  if (watched) notify_watchers(key, old, slot);
+}
+
+void KvStore::multi_set(std::span<const std::string_view> keys, std::span<const std::string_view> values) {
+  // One check for the whole request (an over-estimate when a key repeats), so that either every
+  // entry is stored or none is.
+  size_t new_keys = 0;
+  int64_t more = 0;
+  for (size_t i = 0; i < keys.size(); ++i) {
+    const std::string* old = get(keys[i]);
+    if (old == nullptr) {
+      ++new_keys;
+      more += static_cast<int64_t>(keys[i].size() + values[i].size());
+    } else {
+      more += static_cast<int64_t>(values[i].size()) - static_cast<int64_t>(old->size());
+    }
+  }
+  if (!keys.empty()) reserve(new_keys, more, "MULTI_SET", keys[0]);
+  for (size_t i = 0; i < keys.size(); ++i) store(keys[i], values[i]);
 }
 
 bool KvStore::remove(std::string_view key) {
   auto it = map_.find(key);
   if (it == map_.end()) return false;
-  stored_bytes_ -= it->first.size() + it->second.size();
+  stored_bytes_ -= it->first.size() + it->second->size();
+  key_bytes_ -= it->first.size();
   if (!watchers_.empty() && watchers_.count(key) != 0) {
-    std::string old = std::move(it->second);
-    std::string name = it->first;
+    const Value old = std::move(it->second);
+    const std::string name = it->first;
     map_.erase(it);
-    notify_watchers(name, &old, nullptr);
+    notify_watchers(name, old, nullptr);
   } else {
     map_.erase(it);
   }
@@ -124,6 +171,13 @@ std::vector<std::string> KvStore::list() const {
   return keys;
 }
 
+void KvStore::for_each(std::string_view prefix,
+                       const std::function<void(std::string_view, const std::string&)>& fn) const {
+  for (const auto& [key, value] : map_) {
+    if (std::string_view(key).substr(0, prefix.size()) == prefix) fn(key, *value);
+  }
+}
+
 bool KvStore::wait(Waiter& waiter, std::span<const std::string_view> keys) {
   cancel_wait(waiter);
   PendingWait pending;
@@ -136,6 +190,7 @@ bool KvStore::wait(Waiter& waiter, std::span<const std::string_view> keys) {
     ++pending.missing;
   }
   if (pending.missing == 0) return true;
+  pending.since = std::chrono::steady_clock::now();
   waits_.emplace(&waiter, std::move(pending));
   return false;
 }
@@ -159,6 +214,21 @@ size_t KvStore::missing_keys(const Waiter& waiter) const {
   return it == waits_.end() ? 0 : it->second.missing;
 }
 
+std::vector<PendingWaitInfo> KvStore::pending_waits() const {
+  std::vector<PendingWaitInfo> out;
+  out.reserve(waits_.size());
+  for (const auto& [waiter, pending] : waits_) {
+    PendingWaitInfo info;
+    info.waiter = waiter;
+    info.since = pending.since;
+    for (const std::string& k : pending.keys) {
+      if (!present(k)) info.missing.push_back(k);
+    }
+    out.push_back(std::move(info));
+  }
+  return out;
+}
+
 void KvStore::key_arrived(std::string_view key, bool wake_one) {
   auto list = waiting_on_.find(key);
   if (list == waiting_on_.end()) return;
@@ -176,7 +246,7 @@ void KvStore::key_arrived(std::string_view key, bool wake_one) {
     if (it == waits_.end()) continue;
     if (--it->second.missing > 0) continue;
     waits_.erase(it);
-    // The callback may send bytes or even start another wait; the store is consistent here.
+    // The callback may queue bytes or even start another wait; the store is consistent here.
     w->on_wait_complete();
   }
 }
@@ -187,17 +257,14 @@ void KvStore::watch(Waiter& waiter, std::string_view key) {
   if (std::find(it->second.begin(), it->second.end(), &waiter) == it->second.end()) it->second.push_back(&waiter);
 }
 
-void KvStore::notify_watchers(std::string_view key, const std::string* old_value, const std::string* new_value) {
+void KvStore::notify_watchers(std::string_view key, const SharedBytes& old_value, const SharedBytes& new_value) {
   auto it = watchers_.find(key);
   if (it == watchers_.end()) return;
   const uint8_t event = old_value == nullptr ? kWatchKeyCreated
                         : new_value == nullptr ? kWatchKeyDeleted
                                                : kWatchKeyUpdated;
   const std::vector<Waiter*> targets = it->second;  // a callback may unregister
-  for (Waiter* w : targets) {
-    w->on_watch_event(event, key, old_value ? std::string_view(*old_value) : std::string_view(),
-                      new_value ? std::string_view(*new_value) : std::string_view());
-  }
+  for (Waiter* w : targets) w->on_watch_event(event, key, old_value, new_value);
 }
 
 void KvStore::forget(Waiter& waiter) {
@@ -211,7 +278,12 @@ void KvStore::forget(Waiter& waiter) {
 
 void KvStore::queue_push(std::string_view key, std::string_view value) {
   auto it = queues_.find(key);
-  if (it == queues_.end()) it = queues_.emplace(std::string(key), std::deque<std::string>()).first;
+  const bool created = it == queues_.end();
+  reserve(created ? 1 : 0, static_cast<int64_t>((created ? key.size() : 0) + value.size()), "QUEUE_PUSH", key);
+  if (created) {
+    it = queues_.emplace(std::string(key), std::deque<std::string>()).first;
+    stored_bytes_ += key.size();
+  }
   it->second.emplace_back(value);
   stored_bytes_ += value.size();
   key_arrived(key, /*wake_one=*/true);
@@ -224,7 +296,10 @@ int64_t KvStore::queue_pop(std::string_view key, std::string& value) {
   value = std::move(it->second.front());
   stored_bytes_ -= value.size();
   it->second.pop_front();
-  if (it->second.empty()) queues_.erase(it);
+  if (it->second.empty()) {
+    stored_bytes_ -= it->first.size();
+    queues_.erase(it);
+  }
   return before;
 }
 

@@ -1,6 +1,7 @@
 #include "rendezvous/protocol.hpp"
 
 #include <cstring>
+#include <span>
 
 namespace ddprun::rdzv {
 namespace {
@@ -18,89 +19,48 @@ constexpr Op kV2Ops[] = {Op::Validate,   Op::Set,      Op::CompareSet, Op::Get, 
                          Op::MultiGet,   Op::MultiSet, Op::CancelWait, Op::Ping,       Op::QueuePush,
                          Op::QueuePop,   Op::QueueLen, Op::List};
 
-// Cursor over a request's bytes. The first short read marks the request Incomplete; the first
-// limit violation marks it Error. Later reads are no-ops, so decoders read fields unconditionally.
-class Reader {
- public:
-  Reader(std::string_view in, const Limits& limits) : in_(in), limits_(limits) {}
-
-  bool ok() const { return status_ == DecodeStatus::Complete; }
-  DecodeStatus status() const { return status_; }
-  const std::string& error() const { return error_; }
-  size_t pos() const { return pos_; }
-
-  uint8_t u8() {
-    if (!need(1)) return 0;
-    return static_cast<uint8_t>(in_[pos_++]);
-  }
-  uint32_t u32() {
-    if (!need(4)) return 0;
-    uint32_t v = load_u32(in_.data() + pos_);
-    pos_ += 4;
-    return v;
-  }
-  uint64_t u64() {
-    if (!need(8)) return 0;
-    uint64_t v = load_u64(in_.data() + pos_);
-    pos_ += 8;
-    return v;
-  }
-  std::string_view bytes(uint64_t max, const char* what) {
-    uint64_t len = u64();
-    if (!ok()) return {};
-    if (len > max) {
-      fail(std::string(what) + " of " + std::to_string(len) + " bytes is over the limit of " + std::to_string(max));
-      return {};
-    }
-    if (!need(len)) return {};
-    std::string_view v = in_.substr(pos_, len);
-    pos_ += len;
-    return v;
-  }
-  uint64_t count(const char* what) {
-    uint64_t n = u64();
-    if (ok() && n > limits_.max_keys_per_request) {
-      fail(std::string(what) + " count " + std::to_string(n) + " is over the limit of " +
-           std::to_string(limits_.max_keys_per_request) + " keys per request");
-    }
-    return n;
-  }
-  std::string_view key() { return bytes(limits_.max_key_bytes, "key"); }
-  std::string_view value() { return bytes(limits_.max_value_bytes, "value"); }
-
-  void fail(std::string message) {
-    if (status_ == DecodeStatus::Error) return;
-    status_ = DecodeStatus::Error;
-    error_ = std::move(message);
-  }
-
- private:
-  bool need(uint64_t n) {
-    if (!ok()) return false;
-    // Checked before the bytes arrive: a request that can never fit is an error now, not a
-    // buffer that grows until it does.
-    if (pos_ + n > limits_.max_request_bytes) {
-      fail("request of at least " + std::to_string(pos_ + n) + " bytes is over the limit of " +
-           std::to_string(limits_.max_request_bytes));
-      return false;
-    }
-    if (in_.size() - pos_ < n) {
-      status_ = DecodeStatus::Incomplete;
-      return false;
-    }
-    return true;
-  }
-
-  std::string_view in_;
-  const Limits& limits_;
-  size_t pos_ = 0;
-  DecodeStatus status_ = DecodeStatus::Complete;
-  std::string error_;
+// What follows the command byte of each operation, in order.
+enum class Field : uint8_t {
+  U32,         // VALIDATE magic, PING nonce
+  I64,         // ADD delta
+  Key,
+  Value,
+  KeyCount,    // u64 n, then Keys
+  Keys,        // n keys
+  EntryCount,  // MULTI_SET: i64 n, then Entries
+  Entries,     // n (key, value) pairs
 };
 
-void read_keys(Reader& r, Request& out, const char* what) {
-  const uint64_t n = r.count(what);
-  for (uint64_t i = 0; i < n && r.ok(); ++i) out.keys.push_back(r.key());
+std::span<const Field> layout(Op op) {
+  static constexpr Field kNumber[] = {Field::U32};
+  static constexpr Field kKeyValue[] = {Field::Key, Field::Value};
+  static constexpr Field kCompareSet[] = {Field::Key, Field::Value, Field::Value};
+  static constexpr Field kKey[] = {Field::Key};
+  static constexpr Field kAdd[] = {Field::Key, Field::I64};
+  static constexpr Field kKeyList[] = {Field::KeyCount, Field::Keys};
+  static constexpr Field kEntryList[] = {Field::EntryCount, Field::Entries};
+  switch (op) {
+    case Op::Validate:
+    case Op::Ping: return kNumber;
+    case Op::Set:
+    case Op::Append:
+    case Op::QueuePush: return kKeyValue;
+    case Op::CompareSet: return kCompareSet;
+    case Op::Get:
+    case Op::WatchKey:
+    case Op::DeleteKey:
+    case Op::QueuePop:
+    case Op::QueueLen: return kKey;
+    case Op::Add: return kAdd;
+    case Op::Check:
+    case Op::Wait:
+    case Op::MultiGet: return kKeyList;
+    case Op::MultiSet: return kEntryList;
+    case Op::GetNumKeys:
+    case Op::CancelWait:
+    case Op::List: return {};
+  }
+  return {};
 }
 
 }  // namespace
@@ -164,69 +124,173 @@ std::string_view dialect_name(Dialect dialect) {
   return "?";
 }
 
-DecodeResult decode_request(Dialect dialect, std::string_view input, const Limits& limits, Request& out) {
-  out.clear();
-  DecodeResult result;
-  Reader r(input, limits);
-  const uint8_t code = r.u8();
-  if (!r.ok()) return result;
-  const std::optional<Op> op = op_from_wire(dialect, code);
-  if (!op) {
+void RequestDecoder::reset() {
+  started_ = false;
+  complete_ = false;
+  pos_ = 0;
+  step_ = 0;
+  remaining_ = 0;
+  entry_value_ = false;
+  number_ = 0;
+  delta_ = 0;
+  keys_.clear();
+  values_.clear();
+  // A request with very many keys should not leave its spans' memory with an idle connection.
+  if (keys_.capacity() > 1024) std::vector<Span>().swap(keys_);
+  if (values_.capacity() > 1024) std::vector<Span>().swap(values_);
+}
+
+DecodeResult RequestDecoder::decode(Dialect dialect, std::string_view in, const Limits& limits, Request& out) {
+  DecodeResult result;  // Incomplete until proven otherwise
+  auto fail = [&](const std::string& message) {
     result.status = DecodeStatus::Error;
-    result.error = "unknown command byte " + std::to_string(code) + " for the " +
-                   std::string(dialect_name(dialect)) + " protocol";
+    result.error = started_ ? std::string(op_name(op_)) + ": " + message : message;
+    reset();
+    return result;
+  };
+  if (complete_) {
+    fill(in, out);
+    result.status = DecodeStatus::Complete;
+    result.consumed = pos_;
     return result;
   }
-  out.op = *op;
-  switch (*op) {
+  if (!started_) {
+    if (in.empty()) return result;
+    const auto code = static_cast<uint8_t>(in[0]);
+    const std::optional<Op> op = op_from_wire(dialect, code);
+    if (!op) {
+      return fail("unknown command byte " + std::to_string(code) + " for the " + std::string(dialect_name(dialect)) +
+                  " protocol");
+    }
+    reset();
+    started_ = true;
+    op_ = *op;
+    pos_ = 1;
+  }
+  // Whether the next `n` bytes are here. A request that can never fit is an error as soon as its
+  // header says so, not a buffer that grows until it does.
+  std::string error;
+  auto have = [&](uint64_t n) {
+    if (pos_ + n > limits.max_request_bytes) {
+      error = "request of at least " + std::to_string(pos_ + n) + " bytes is over the limit of " +
+              std::to_string(limits.max_request_bytes);
+      return false;
+    }
+    return in.size() - pos_ >= n;
+  };
+  // A length-prefixed field; true when it is complete (recorded in `into`).
+  auto field = [&](uint64_t max, const char* what, std::vector<Span>& into) {
+    if (!have(8)) return false;
+    const uint64_t len = load_u64(in.data() + pos_);
+    if (len > max) {
+      error = std::string(what) + " of " + std::to_string(len) + " bytes is over the limit of " + std::to_string(max);
+      return false;
+    }
+    if (!have(8 + len)) return false;
+    into.push_back({pos_ + 8, static_cast<size_t>(len)});
+    pos_ += 8 + len;
+    return true;
+  };
+  auto count = [&](const char* what) {
+    if (!have(8)) return false;
+    const uint64_t n = load_u64(in.data() + pos_);
+    if (n > limits.max_keys_per_request) {
+      error = std::string(what) + " count " + std::to_string(n) + " is over the limit of " +
+              std::to_string(limits.max_keys_per_request) + " keys per request";
+      return false;
+    }
+    remaining_ = n;
+    pos_ += 8;
+    return true;
+  };
+  const std::span<const Field> fields = layout(op_);
+  for (; step_ < fields.size(); ++step_) {
+    bool done = false;
+    switch (fields[step_]) {
+      case Field::U32:
+        if ((done = have(4))) {
+          number_ = load_u32(in.data() + pos_);
+          pos_ += 4;
+        }
+        break;
+      case Field::I64:
+        if ((done = have(8))) {
+          delta_ = static_cast<int64_t>(load_u64(in.data() + pos_));
+          pos_ += 8;
+        }
+        break;
+      case Field::Key: done = field(limits.max_key_bytes, "key", keys_); break;
+      case Field::Value: done = field(limits.max_value_bytes, "value", values_); break;
+      case Field::KeyCount: done = count("key"); break;
+      case Field::EntryCount: done = count("MULTI_SET entry"); break;
+      case Field::Keys:
+        while (remaining_ > 0 && field(limits.max_key_bytes, "key", keys_)) --remaining_;
+        done = remaining_ == 0;
+        break;
+      case Field::Entries:
+        while (remaining_ > 0) {
+          if (!entry_value_) {
+            if (!field(limits.max_key_bytes, "key", keys_)) break;
+            entry_value_ = true;
+          }
+          if (!field(limits.max_value_bytes, "value", values_)) break;
+          entry_value_ = false;
+          --remaining_;
+        }
+        done = remaining_ == 0;
+        break;
+    }
+    if (!error.empty()) return fail(error);
+    if (!done) return result;
+  }
+  complete_ = true;
+  fill(in, out);
+  result.status = DecodeStatus::Complete;
+  result.consumed = pos_;
+  return result;
+}
+
+void RequestDecoder::fill(std::string_view in, Request& out) const {
+  out.clear();
+  out.op = op_;
+  out.number = number_;
+  out.delta = delta_;
+  out.keys.reserve(keys_.size());
+  for (const Span& k : keys_) out.keys.push_back(in.substr(k.offset, k.size));
+  out.values.reserve(values_.size());
+  for (const Span& v : values_) out.values.push_back(in.substr(v.offset, v.size));
+}
+
+DecodeResult decode_request(Dialect dialect, std::string_view input, const Limits& limits, Request& out) {
+  RequestDecoder decoder;
+  return decoder.decode(dialect, input, limits, out);
+}
+
+bool op_has_reply(Op op) {
+  switch (op) {
     case Op::Validate:
-    case Op::Ping:
-      out.number = r.u32();
-      break;
     case Op::Set:
     case Op::Append:
+    case Op::MultiSet:
     case Op::QueuePush:
-      out.keys.push_back(r.key());
-      out.values.push_back(r.value());
-      break;
+      return false;
     case Op::CompareSet:
-      out.keys.push_back(r.key());
-      out.values.push_back(r.value());
-      out.values.push_back(r.value());
-      break;
     case Op::Get:
-    case Op::WatchKey:
-    case Op::DeleteKey:
-    case Op::QueuePop:
-    case Op::QueueLen:
-      out.keys.push_back(r.key());
-      break;
     case Op::Add:
-      out.keys.push_back(r.key());
-      out.delta = static_cast<int64_t>(r.u64());
-      break;
     case Op::Check:
     case Op::Wait:
-    case Op::MultiGet:
-      read_keys(r, out, "key");
-      break;
-    case Op::MultiSet: {
-      const uint64_t n = r.count("MULTI_SET entry");
-      for (uint64_t i = 0; i < n && r.ok(); ++i) {
-        out.keys.push_back(r.key());
-        out.values.push_back(r.value());
-      }
-      break;
-    }
     case Op::GetNumKeys:
+    case Op::WatchKey:
+    case Op::DeleteKey:
+    case Op::MultiGet:
     case Op::CancelWait:
+    case Op::Ping:
+    case Op::QueuePop:
+    case Op::QueueLen:
     case Op::List:
-      break;
+      return true;
   }
-  result.status = r.status();
-  if (result.status == DecodeStatus::Complete) result.consumed = r.pos();
-  if (result.status == DecodeStatus::Error) result.error = std::string(op_name(*op)) + ": " + r.error();
-  return result;
+  return true;
 }
 
 Handshake detect_dialect(std::string_view input) {

@@ -49,6 +49,7 @@ enum class Op : uint8_t {
   QueueLen,
   List,
 };
+inline constexpr size_t kOpCount = static_cast<size_t>(Op::List) + 1;
 
 enum class Dialect : uint8_t {
   Legacy,  // PyTorch 1.13 / 2.0 numbering, no handshake.
@@ -74,13 +75,22 @@ std::optional<uint8_t> op_to_wire(Dialect dialect, Op op);
 std::string_view op_name(Op op);
 std::string_view dialect_name(Dialect dialect);
 
-// Per-request bounds. The defaults match what PyTorch's libuv server accepts; the whole request is
-// also bounded so that one connection cannot make the server buffer without limit.
+// Per-connection bounds. The field limits match what PyTorch's libuv server accepts; the whole
+// request is also bounded so that one connection cannot make the server buffer without limit, and
+// so is what one request may ask to be sent back and what a client may leave unread.
 struct Limits {
   uint64_t max_key_bytes = 8 * 1024;
   uint64_t max_value_bytes = 8 * 1024 * 1024;
   uint64_t max_keys_per_request = 128 * 1024;
   uint64_t max_request_bytes = 64 * 1024 * 1024;
+  // The largest reply one request may produce (counted before it is built): GET, MULTI_GET, LIST.
+  uint64_t max_reply_bytes = 256 * 1024 * 1024;
+  // While more than this is owed to a client, its next request that has a reply waits (its bytes
+  // stay in the kernel's socket buffer: TCP back-pressure).
+  uint64_t output_high_water = 1024 * 1024;
+  // Wake-ups and watch notifications are not requests and cannot wait: a client that lets more
+  // than this pile up unread is disconnected (a 1.13 watcher that never reads).
+  uint64_t max_output_backlog = 64 * 1024 * 1024;
 };
 
 // One decoded request. The views point into the decoder's input and are valid until that input
@@ -109,9 +119,57 @@ struct DecodeResult {
   std::string error;    // what was wrong (Error only)
 };
 
-// Decodes the first request in `input`. Incomplete means more bytes are needed; the decoder never
-// copies payload bytes, so re-running it as data arrives costs only the header fields.
+// Decodes one request at a time from a buffer that grows as its bytes arrive, and remembers where
+// it stopped: each call resumes at the first field it has not finished, so the work done over a
+// request is linear in its size however it is segmented (a WAIT of 131072 keys sent 200 bytes at a
+// time costs what it costs sent at once). Keys and values are remembered as offsets from the
+// request's first byte, so the caller may move or grow its buffer between calls, as long as the
+// buffer keeps starting at the request's first byte.
+//
+// Not thread-safe; one decoder per connection.
+class RequestDecoder {
+ public:
+  // Decodes the request that starts at input[0]. Complete: `out` holds it (views into `input`) and
+  // `consumed` its size; further calls return it again (cheaply) until done() moves on to the next
+  // request, which starts at input[consumed]. Incomplete: call again with the same bytes and more.
+  // Error: the connection must be closed.
+  DecodeResult decode(Dialect dialect, std::string_view input, const Limits& limits, Request& out);
+  // The complete request was handled; the next call starts a new one.
+  void done() { reset(); }
+  // Bytes of the current request already parsed into complete fields (0 between requests).
+  size_t parsed() const { return pos_; }
+  // The operation of the request being assembled, once its command byte has been read.
+  std::optional<Op> op() const { return started_ ? std::optional<Op>(op_) : std::nullopt; }
+  void reset();
+
+ private:
+  void fill(std::string_view in, Request& out) const;
+
+  struct Span {
+    size_t offset = 0;
+    size_t size = 0;
+  };
+
+  bool started_ = false;
+  bool complete_ = false;
+  Op op_ = Op::GetNumKeys;
+  size_t pos_ = 0;         // bytes of fields fully parsed
+  uint8_t step_ = 0;       // index into the operation's field layout
+  uint64_t remaining_ = 0; // list entries still to parse
+  bool entry_value_ = false;  // MULTI_SET: the key of the current entry is parsed, its value is next
+  uint32_t number_ = 0;
+  int64_t delta_ = 0;
+  std::vector<Span> keys_;
+  std::vector<Span> values_;
+};
+
+// Decodes the first request in `input` from scratch (a fresh RequestDecoder). Incomplete means more
+// bytes are needed.
 DecodeResult decode_request(Dialect dialect, std::string_view input, const Limits& limits, Request& out);
+
+// True for operations that are answered (every one but SET, APPEND, MULTI_SET, QUEUE_PUSH and
+// VALIDATE, which a client sends and forgets).
+bool op_has_reply(Op op);
 
 enum class HandshakeStatus { NeedMore, Legacy, V2 };
 

@@ -1,8 +1,18 @@
 #include "rendezvous/server.hpp"
 
-#include <boost/asio/ip/v6_only.hpp>
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/epoll.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <boost/asio/post.hpp>
-#include <chrono>
+#include <cerrno>
+#include <cstring>
 #include <future>
 
 #include "common/errors.hpp"
@@ -14,80 +24,437 @@ namespace ddprun::rdzv {
 namespace asio = boost::asio;
 using asio::ip::tcp;
 
+namespace {
+
+constexpr size_t kReadChunk = 64 * 1024;
+// Bytes read from one connection per batch: a client that sends without pause is served in
+// slices, between which every other connection gets its turn.
+constexpr size_t kReadBudget = 256 * 1024;
+// Gathering stops after this many epoll rounds even if clients keep sending.
+constexpr int kMaxGatherRounds = 8;
+constexpr int kMaxEvents = 256;
+// New connections accepted per batch, so a connect storm does not stall the served ones.
+constexpr int kAcceptPerBatch = 1024;
+
+tcp::endpoint to_endpoint(const sockaddr_storage& ss, socklen_t len) {
+  tcp::endpoint ep;
+  std::memcpy(ep.data(), &ss, len);
+  ep.resize(len);
+  return ep;
+}
+
+// Binds and listens; returns the descriptor. Throws ConnectionError naming the address.
+int listen_on(const std::string& host, uint16_t port, sockaddr_storage& bound, socklen_t& bound_len) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_PASSIVE;
+  addrinfo* res = nullptr;
+  const std::string name = host.empty() ? "::" : host;
+  const int gai = ::getaddrinfo(name.c_str(), std::to_string(port).c_str(), &hints, &res);
+  if (gai != 0 || res == nullptr) {
+    throw ConnectionError("cannot bind the store to '" + host + "': the name does not resolve (" +
+                          std::string(::gai_strerror(gai)) + "); pass a numeric address such as 127.0.0.1 or ::");
+  }
+  std::unique_ptr<addrinfo, decltype(&::freeaddrinfo)> guard(res, &::freeaddrinfo);
+  const tcp::endpoint wanted =
+      to_endpoint(*reinterpret_cast<const sockaddr_storage*>(res->ai_addr), static_cast<socklen_t>(res->ai_addrlen));
+  auto fail = [&](int err, int fd) -> int {
+    if (fd >= 0) ::close(fd);
+    throw ConnectionError("cannot listen on " + format_endpoint(wanted) + ": " + std::strerror(err) +
+                          (err == EADDRINUSE ? " (another process holds this port; pass port 0 to let the kernel "
+                                               "pick a free one)"
+                                             : ""));
+  };
+  const int fd = ::socket(res->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  if (fd < 0) return fail(errno, -1);
+  const int one = 1, zero = 0;
+  ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+  if (res->ai_family == AF_INET6) {
+    // "::" serves IPv4 clients too (as PyTorch's libuv server does), where the host allows it.
+    const auto* in6 = reinterpret_cast<const sockaddr_in6*>(res->ai_addr);
+    if (IN6_IS_ADDR_UNSPECIFIED(&in6->sin6_addr)) ::setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &zero, sizeof zero);
+  }
+  if (::bind(fd, res->ai_addr, res->ai_addrlen) != 0) return fail(errno, fd);
+  // The kernel caps the backlog at net.core.somaxconn; ask for the most it allows.
+  if (::listen(fd, 65535) != 0) return fail(errno, fd);
+  bound_len = sizeof bound;
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&bound), &bound_len);
+  return fd;
+}
+
+void set_keepalive(int fd, const ServerOptions& o) {
+  const int one = 1;
+  const int idle = static_cast<int>(o.keepalive_idle.count());
+  const int interval = static_cast<int>(o.keepalive_interval.count());
+  const int probes = o.keepalive_probes;
+  ::setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof one);
+  ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof idle);
+  ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &interval, sizeof interval);
+  ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &probes, sizeof probes);
+  ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+}
+
+int open_spare() { return ::open("/dev/null", O_RDONLY | O_CLOEXEC); }
+
+uint64_t open_file_limit() {
+  rlimit lim{};
+  return ::getrlimit(RLIMIT_NOFILE, &lim) == 0 ? lim.rlim_cur : 0;
+}
+
+}  // namespace
+
 std::string format_endpoint(const tcp::endpoint& ep) {
   const std::string addr = ep.address().to_string();
   return (ep.address().is_v6() ? "[" + addr + "]" : addr) + ":" + std::to_string(ep.port());
 }
 
-namespace {
-
-tcp::endpoint resolve_bind_address(asio::io_context& io, const std::string& host, uint16_t port) {
-  boost::system::error_code ec;
-  const auto addr = asio::ip::make_address(host.empty() ? "::" : host, ec);
-  if (!ec) return {addr, port};
-  tcp::resolver resolver(io);
-  auto results = resolver.resolve(host, std::to_string(port), tcp::resolver::passive, ec);
-  if (ec || results.empty()) {
-    throw ConnectionError("cannot bind the store to '" + host + "': the name does not resolve (" + ec.message() +
-                          "); pass a numeric address such as 127.0.0.1 or ::");
+std::string_view close_reason_name(CloseReason reason) {
+  switch (reason) {
+    case CloseReason::PeerClosed: return "peer_closed";
+    case CloseReason::BadRequest: return "bad_request";
+    case CloseReason::OverLimit: return "over_limit";
+    case CloseReason::NotReading: return "not_reading";
+    case CloseReason::WriteFailed: return "write_failed";
+    case CloseReason::Shutdown: return "shutdown";
   }
-  return results.begin()->endpoint();
+  return "?";
 }
-
-}  // namespace
 
 Server::Server(asio::io_context& io, ServerOptions options)
-    : io_(io), options_(std::move(options)), acceptor_(io), retry_timer_(io) {
-  tcp::endpoint ep = resolve_bind_address(io_, options_.host, options_.port);
-  boost::system::error_code ec;
-  acceptor_.open(ep.protocol(), ec);
-  if (!ec) acceptor_.set_option(tcp::acceptor::reuse_address(true), ec);
-  // "::" serves IPv4 clients too (as PyTorch's libuv server does), where the host allows it.
-  if (!ec && ep.address().is_v6() && ep.address().is_unspecified()) acceptor_.set_option(asio::ip::v6_only(false), ec);
-  if (!ec) acceptor_.bind(ep, ec);
-  if (!ec) acceptor_.listen(asio::socket_base::max_listen_connections, ec);
-  if (ec) {
-    throw ConnectionError("cannot listen on " + format_endpoint(ep) + ": " + ec.message() +
-                          (ec == asio::error::address_in_use ? " (another process holds this port; pass port 0 to "
-                                                               "let the kernel pick a free one)"
-                                                             : ""));
-  }
-  endpoint_ = acceptor_.local_endpoint();
+    : io_(io), options_(std::move(options)), epoll_(io), accept_retry_(io), store_(options_.store_limits) {
+  sockaddr_storage bound{};
+  socklen_t len = 0;
+  listen_fd_ = listen_on(options_.host, options_.port, bound, len);
+  endpoint_ = to_endpoint(bound, len);
   port_ = endpoint_.port();
+  const int epfd = ::epoll_create1(EPOLL_CLOEXEC);
+  if (epfd < 0) {
+    const int err = errno;
+    ::close(listen_fd_);
+    throw ConnectionError(std::string("cannot create the store's epoll set: ") + std::strerror(err));
+  }
+  epoll_.assign(epfd);
+  epoll_event ev{};
+  ev.events = EPOLLIN;
+  ev.data.ptr = nullptr;  // the listening socket
+  ::epoll_ctl(epfd, EPOLL_CTL_ADD, listen_fd_, &ev);
+  spare_fd_ = open_spare();
+  scratch_.resize(kReadChunk);
 }
 
-Server::~Server() { stop(); }
+Server::~Server() {
+  stop();
+  if (listen_fd_ >= 0) ::close(listen_fd_);
+  if (spare_fd_ >= 0) ::close(spare_fd_);
+}
 
 void Server::start() {
   if (options_.log_lifecycle) log::info("store") << "listening on " << format_endpoint(endpoint_);
   else DDPRUN_LOG_DEBUG("store") << "listening on " << format_endpoint(endpoint_);
-  accept();
+  started_ = true;
+  arm();
 }
 
-void Server::accept() {
-  acceptor_.async_accept([this](const boost::system::error_code& ec, tcp::socket socket) {
-    if (stopped_) return;
-    if (ec) {
-      if (ec == asio::error::operation_aborted) return;
-      // Out of descriptors (EMFILE/ENFILE) or a transient error: keep serving the connected
-      // clients and try again shortly instead of spinning.
-      log::warn("store") << "accept failed: " << ec.message() << "; retrying in 100ms";
-      retry_timer_.expires_after(std::chrono::milliseconds(100));
-      retry_timer_.async_wait([this](const boost::system::error_code& wec) {
-        if (!wec && !stopped_) accept();
-      });
-      return;
-    }
-    auto session = std::make_shared<Session>(std::move(socket), store_, options_.limits,
-                                             [this](Session* s) { sessions_.erase(s); });
-    sessions_.emplace(session.get(), session);
-    session->start();
-    accept();
+void Server::arm() {
+  if (stopped_) return;
+  // Asio watches the epoll set edge-triggered: if events are already waiting, run now rather
+  // than wait for an edge that has passed.
+  pollfd p{epoll_.native_handle(), POLLIN, 0};
+  if (!batch_.empty() || ::poll(&p, 1, 0) > 0) {
+    asio::post(io_, [this] { run_batch(); });
+    return;
+  }
+  epoll_.async_wait(asio::posix::stream_descriptor::wait_read, [this](const boost::system::error_code& ec) {
+    if (!ec) run_batch();
   });
 }
 
+void Server::run_batch() {
+  if (stopped_) return;
+  try {
+    // 1. Read every socket that has something, until none has more.
+    for (int round = 0; round < kMaxGatherRounds; ++round) {
+      if (!gather_round()) break;
+    }
+    // 2. Apply: first the requests nobody waits for an answer to, then the rest.
+    for (Session* s : batch_) apply(*s, StoreConnection::Stage::NoReply);
+    for (Session* s : batch_) apply(*s, StoreConnection::Stage::All);
+    // 3. Send, and settle each connection's state.
+    for (Session* s : batch_) {
+      s->flags.in_batch = false;
+      if (s->flags.closing) continue;
+      s->flags.paused = s->conn().blocked();
+      if (s->flags.peer_closed) {
+        send(*s);  // the client may have shut down only its sending side
+        if (s->flags.closing) continue;
+        const std::string_view partial = s->input();
+        if (!partial.empty()) {
+          close_session(*s, CloseReason::PeerClosed,
+                        "disconnected mid-request (" + s->conn().describe_partial(partial) + ")");
+        } else if (s->conn().waiting()) {
+          close_session(*s, CloseReason::PeerClosed,
+                        "disconnected while waiting on " + std::to_string(s->conn().missing_keys()) + " key(s)");
+        } else {
+          close_session(*s, CloseReason::PeerClosed, "");
+        }
+        continue;
+      }
+      s->trim_input();
+      mark_dirty(*s);
+    }
+    batch_.clear();
+    // Sending may resume a paused connection with requests already read: they go to batch_ and
+    // are applied in the next batch, which arm() starts at once.
+    for (size_t i = 0; i < dirty_.size(); ++i) {
+      Session* s = dirty_[i];
+      s->flags.dirty = false;
+      if (!s->flags.closing) send(*s);
+    }
+    dirty_.clear();
+  } catch (const std::exception& e) {
+    // Not expected (each connection's errors are handled where they happen), but no error may end
+    // the loop that serves every job.
+    log::error("store") << "unexpected error while serving a batch: " << e.what();
+    for (Session* s : batch_) s->flags.in_batch = false;
+    for (Session* s : dirty_) s->flags.dirty = false;
+    batch_.clear();
+    dirty_.clear();
+  }
+  closed_.clear();
+  arm();
+}
+
+bool Server::gather_round() {
+  epoll_event events[kMaxEvents];
+  int n;
+  do {
+    n = ::epoll_wait(epoll_.native_handle(), events, kMaxEvents, 0);
+  } while (n < 0 && errno == EINTR);
+  bool progress = false;
+  for (int i = 0; i < n; ++i) {
+    auto* s = static_cast<Session*>(events[i].data.ptr);
+    if (s == nullptr) {
+      const uint64_t before = counters_.accepted;
+      accept_pending();
+      progress = progress || counters_.accepted != before;
+      continue;
+    }
+    if (s->flags.closing) continue;
+    if (events[i].events & EPOLLOUT) send(*s);
+    if (s->flags.closing) continue;
+    if ((events[i].events & (EPOLLHUP | EPOLLERR)) && (s->flags.paused || s->flags.peer_closed)) {
+      // Not reading it, and epoll reports a hang-up regardless: it is gone.
+      close_session(*s, CloseReason::PeerClosed, s->conn().output().empty() ? "" : "disconnected with replies unread");
+      continue;
+    }
+    if ((events[i].events & (EPOLLIN | EPOLLHUP | EPOLLERR | EPOLLRDHUP)) && !s->flags.paused &&
+        !s->flags.peer_closed) {
+      const size_t before = s->input().size();
+      on_readable(*s);
+      progress = progress || s->input().size() != before || s->flags.peer_closed;
+    }
+  }
+  return progress;
+}
+
+void Server::on_readable(Session& s) {
+  // Budget per batch, not per call: a connection read in an earlier round of this batch gets
+  // what is left of it.
+  size_t received = 0;
+  const size_t already = s.flags.in_batch ? s.input().size() : 0;
+  const size_t budget = already >= kReadBudget ? 0 : kReadBudget - already;
+  if (budget == 0) return;
+  const Session::ReadStatus st = s.read(scratch_, budget, received);
+  counters_.bytes_received += received;
+  if (st == Session::ReadStatus::Closed) s.flags.peer_closed = true;
+  if ((received > 0 || s.flags.peer_closed) && !s.flags.in_batch) {
+    s.flags.in_batch = true;
+    batch_.push_back(&s);
+  }
+  if (s.flags.peer_closed) update_interest(s);
+}
+
+void Server::apply(Session& s, StoreConnection::Stage stage) {
+  if (s.flags.closing) return;
+  try {
+    const size_t used = s.conn().consume(s.input(), stage);
+    s.input().erase(0, used);
+  } catch (const LimitError& e) {
+    close_session(s, CloseReason::OverLimit, std::string("refused a request over a limit, closing the connection: ") +
+                                                 e.what());
+  } catch (const ProtocolError& e) {
+    close_session(s, CloseReason::BadRequest, std::string("bad request, closing the connection: ") + e.what());
+  } catch (const std::bad_alloc&) {
+    close_session(s, CloseReason::OverLimit, "out of memory while serving a request, closing the connection");
+  } catch (const std::exception& e) {
+    close_session(s, CloseReason::BadRequest, std::string("error while serving a request, closing the connection: ") +
+                                                  e.what());
+  }
+}
+
+void Server::mark_dirty(Session& s) {
+  if (s.flags.dirty || s.flags.closing) return;
+  s.flags.dirty = true;
+  dirty_.push_back(&s);
+}
+
+void Server::send(Session& s) {
+  if (s.conn().overflowed()) {
+    close_session(s, CloseReason::NotReading,
+                  "not reading what it is sent: " + std::to_string(s.conn().output().size()) +
+                      " bytes of wake-ups and watch notifications unread, over the limit of " +
+                      std::to_string(options_.limits.max_output_backlog) + "; closing the connection");
+    return;
+  }
+  size_t sent = 0;
+  int error = 0;
+  const bool ok = s.flush(sent, error);
+  counters_.bytes_sent += sent;
+  if (!ok) {
+    close_session(s, CloseReason::WriteFailed,
+                  error == EPIPE || error == ECONNRESET ? "" : std::string("write failed: ") + std::strerror(error));
+    return;
+  }
+  // The client read its backlog: take up its waiting request again, in the batch under way.
+  if (s.flags.paused && s.conn().output().size() <= options_.limits.output_high_water) {
+    s.flags.paused = false;
+    if (!s.flags.in_batch && !s.input().empty()) {
+      s.flags.in_batch = true;
+      batch_.push_back(&s);
+    }
+  }
+  update_interest(s);
+}
+
+void Server::update_interest(Session& s) {
+  if (s.flags.closing) return;
+  uint32_t want = 0;
+  if (!s.flags.paused && !s.flags.peer_closed) want |= EPOLLIN | EPOLLRDHUP;
+  if (!s.conn().output().empty()) want |= EPOLLOUT;
+  if (want == s.flags.registered) return;
+  epoll_event ev{};
+  ev.events = want;
+  ev.data.ptr = &s;
+  ::epoll_ctl(epoll_.native_handle(), EPOLL_CTL_MOD, s.fd(), &ev);
+  s.flags.registered = want;
+}
+
+void Server::accept_pending() {
+  for (int i = 0; i < kAcceptPerBatch && !accept_paused_; ++i) {
+    sockaddr_storage addr{};
+    socklen_t len = sizeof addr;
+    const int fd = ::accept4(listen_fd_, reinterpret_cast<sockaddr*>(&addr), &len, SOCK_NONBLOCK | SOCK_CLOEXEC);
+    if (fd < 0) {
+      if (errno == EINTR || errno == ECONNABORTED || errno == EPROTO) continue;
+      if (errno == EAGAIN || errno == EWOULDBLOCK) return;
+      if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
+        // accept(2) fails this way whether or not a connection is waiting.
+        if (!refuse_one()) return;
+        continue;
+      }
+      log::warn("store") << "accept failed: " << std::strerror(errno);
+      pause_accepting();
+      return;
+    }
+    if (out_of_fds_) {
+      out_of_fds_ = false;
+      log::info("store") << "accepting connections again (" << refused_in_episode_
+                         << " refused while out of file descriptors)";
+      refused_in_episode_ = 0;
+    }
+    set_keepalive(fd, options_);
+    auto session = std::make_unique<Session>(fd, format_sockaddr(&addr), store_, options_.limits,
+                                             [this](Session& s) { mark_dirty(s); });
+    Session* raw = session.get();
+    epoll_event ev{};
+    ev.events = EPOLLIN | EPOLLRDHUP;
+    ev.data.ptr = raw;
+    if (::epoll_ctl(epoll_.native_handle(), EPOLL_CTL_ADD, fd, &ev) != 0) {
+      log::warn("store") << "cannot watch client " << raw->peer() << ": " << std::strerror(errno);
+      continue;  // the session's destructor closes the socket
+    }
+    raw->flags.registered = ev.events;
+    sessions_.emplace(raw, std::move(session));
+    ++counters_.accepted;
+    DDPRUN_LOG_DEBUG("store") << "client " << raw->peer() << " connected";
+  }
+}
+
+bool Server::refuse_one() {
+  if (spare_fd_ < 0) {
+    pause_accepting();
+    return false;
+  }
+  // The reserve-descriptor idiom: give up the spare, take the newcomer and close it at once, so
+  // it learns now (connection reset) rather than waiting in the backlog forever.
+  ::close(spare_fd_);
+  spare_fd_ = -1;
+  const int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
+  const int err = errno;
+  if (fd >= 0) {
+    const linger reset{1, 0};
+    ::setsockopt(fd, SOL_SOCKET, SO_LINGER, &reset, sizeof reset);
+    ::close(fd);
+    ++counters_.refused_out_of_fds;
+    ++refused_in_episode_;
+    if (!out_of_fds_) {
+      out_of_fds_ = true;
+      log::warn("store") << "out of file descriptors (" << sessions_.size() << " clients, limit "
+                         << open_file_limit()
+                         << "): new clients are refused until some disconnect; raise the limit (ulimit -n, "
+                            "LimitNOFILE=) to serve more";
+    }
+  }
+  spare_fd_ = open_spare();
+  if (fd < 0 && err != EAGAIN && err != EWOULDBLOCK) pause_accepting();
+  return fd >= 0;
+}
+
+void Server::pause_accepting() {
+  // Without a spare descriptor the pending connection cannot be taken: stop watching the
+  // listener for a moment rather than spin on it.
+  if (accept_paused_) return;
+  accept_paused_ = true;
+  epoll_event ev{};
+  ev.data.ptr = nullptr;
+  ::epoll_ctl(epoll_.native_handle(), EPOLL_CTL_MOD, listen_fd_, &ev);
+  accept_retry_.expires_after(std::chrono::milliseconds(100));
+  accept_retry_.async_wait([this](const boost::system::error_code& ec) {
+    if (ec || stopped_) return;
+    accept_paused_ = false;
+    if (spare_fd_ < 0) spare_fd_ = open_spare();
+    epoll_event ev{};
+    ev.events = EPOLLIN;
+    ev.data.ptr = nullptr;
+    ::epoll_ctl(epoll_.native_handle(), EPOLL_CTL_MOD, listen_fd_, &ev);
+  });
+}
+
+void Server::close_session(Session& s, CloseReason reason, const std::string& why) {
+  if (s.flags.closing) return;
+  s.flags.closing = true;
+  ++counters_.closed[static_cast<size_t>(reason)];
+  if (!why.empty()) {
+    log::warn("store") << "client " << s.peer() << ": " << why;
+  } else {
+    DDPRUN_LOG_DEBUG("store") << "client " << s.peer() << " disconnected after " << s.conn().requests()
+                              << " requests";
+  }
+  ::epoll_ctl(epoll_.native_handle(), EPOLL_CTL_DEL, s.fd(), nullptr);
+  // Clears this client's waits and watches now; the object goes at the end of the batch, since
+  // the batch's lists may still point at it.
+  s.conn().release();
+  auto it = sessions_.find(&s);
+  if (it != sessions_.end()) {
+    ::shutdown(s.fd(), SHUT_RDWR);
+    closed_.push_back(std::move(it->second));
+    sessions_.erase(it);
+  }
+}
+
 ServerStats Server::stats() const {
-  ServerStats st;
+  ServerStats st = counters_;
   st.connections = sessions_.size();
   st.waiting_clients = store_.waiting_clients();
   st.keys = store_.num_keys();
@@ -100,11 +467,18 @@ void Server::stop() {
   if (stopped_) return;
   stopped_ = true;
   boost::system::error_code ignored;
-  acceptor_.close(ignored);
-  retry_timer_.cancel();
-  auto sessions = std::move(sessions_);
-  sessions_.clear();
-  for (auto& [ptr, session] : sessions) session->close("");
+  accept_retry_.cancel();
+  epoll_.cancel(ignored);
+  std::vector<Session*> all;
+  for (auto& [ptr, session] : sessions_) all.push_back(ptr);
+  for (Session* s : all) close_session(*s, CloseReason::Shutdown, "");
+  closed_.clear();
+  batch_.clear();
+  dirty_.clear();
+  epoll_.close(ignored);
+  if (listen_fd_ >= 0) ::close(listen_fd_);
+  listen_fd_ = -1;
+  if (!started_) return;
   if (options_.log_lifecycle) log::info("store") << "stopped serving " << format_endpoint(endpoint_);
   else DDPRUN_LOG_DEBUG("store") << "stopped serving " << format_endpoint(endpoint_);
 }
@@ -115,10 +489,14 @@ ServerThread::ServerThread(ServerOptions options) {
   port_ = server_->port();
   server_->start();
   thread_ = std::thread([this] {
-    try {
-      io_.run();
-    } catch (const std::exception& e) {
-      log::error("store") << "server thread stopped by an unexpected error: " << e.what();
+    for (;;) {
+      try {
+        io_.run();
+        return;
+      } catch (const std::exception& e) {
+        // A handler that threw: keep serving (the server's own handlers catch everything).
+        log::error("store") << "unexpected error in the store thread: " << e.what();
+      }
     }
   });
 }
@@ -126,9 +504,18 @@ ServerThread::ServerThread(ServerOptions options) {
 ServerThread::~ServerThread() { stop(); }
 
 ServerStats ServerThread::stats() {
-  std::promise<ServerStats> result;
-  asio::post(io_, [&] { result.set_value(server_->stats()); });
-  return result.get_future().get();
+  ServerStats out;
+  with_server([&](Server& s) { out = s.stats(); });
+  return out;
+}
+
+void ServerThread::with_server(const std::function<void(Server&)>& fn) {
+  std::promise<void> done;
+  asio::post(io_, [&] {
+    fn(*server_);
+    done.set_value();
+  });
+  done.get_future().get();
 }
 
 void ServerThread::stop() {

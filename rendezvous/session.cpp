@@ -1,121 +1,82 @@
 #include "rendezvous/session.hpp"
 
-#include <boost/asio/write.hpp>
-#include <cstring>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
-#include "common/errors.hpp"
-#include "common/log.hpp"
+#include <cerrno>
 
 namespace ddprun::rdzv {
 
-namespace asio = boost::asio;
-
-Session::Session(asio::ip::tcp::socket socket, KvStore& store, const Limits& limits, OnClose on_close)
-    : socket_(std::move(socket)),
-      conn_(store, limits, [this] { flush(); }),
-      on_close_(std::move(on_close)) {
-  boost::system::error_code ec;
-  auto ep = socket_.remote_endpoint(ec);
-  if (!ec) {
-    peer_ = ep.address().is_v6() ? "[" + ep.address().to_string() + "]" : ep.address().to_string();
-    peer_ += ":" + std::to_string(ep.port());
-  } else {
-    peer_ = "<unknown peer>";
+std::string format_sockaddr(const void* addr) {
+  const auto* sa = static_cast<const sockaddr*>(addr);
+  char text[INET6_ADDRSTRLEN] = "?";
+  if (sa->sa_family == AF_INET) {
+    const auto* in = static_cast<const sockaddr_in*>(addr);
+    ::inet_ntop(AF_INET, &in->sin_addr, text, sizeof text);
+    return std::string(text) + ":" + std::to_string(ntohs(in->sin_port));
   }
-  socket_.set_option(asio::ip::tcp::no_delay(true), ec);
+  if (sa->sa_family == AF_INET6) {
+    const auto* in6 = static_cast<const sockaddr_in6*>(addr);
+    ::inet_ntop(AF_INET6, &in6->sin6_addr, text, sizeof text);
+    return "[" + std::string(text) + "]:" + std::to_string(ntohs(in6->sin6_port));
+  }
+  return "<unknown peer>";
 }
 
-void Session::start() {
-  DDPRUN_LOG_DEBUG("store") << "client " << peer_ << " connected";
-  read();
-}
+Session::Session(int fd, std::string peer, KvStore& store, const Limits& limits,
+                 std::function<void(Session&)> on_async_output)
+    : fd_(fd),
+      peer_(std::move(peer)),
+      conn_(store, limits, [this, cb = std::move(on_async_output)] { cb(*this); }) {}
 
-void Session::read() {
-  if (closed_ || read_in_flight_) return;
-  // Compact, then make room for at least one chunk past the pending partial request.
-  if (in_begin_ == in_end_) {
-    in_begin_ = in_end_ = 0;
-  } else if (in_begin_ > 0 && in_begin_ >= in_.size() / 2) {
-    std::memmove(in_.data(), in_.data() + in_begin_, in_end_ - in_begin_);
-    in_end_ -= in_begin_;
-    in_begin_ = 0;
-  }
-  if (in_.size() - in_end_ < kReadChunk) in_.resize(std::max(in_.size() * 2, in_end_ + kReadChunk));
-  read_in_flight_ = true;
-  socket_.async_read_some(asio::buffer(in_.data() + in_end_, in_.size() - in_end_),
-                          [self = shared_from_this()](const boost::system::error_code& ec, size_t n) {
-                            self->on_read(ec, n);
-                          });
-}
-
-void Session::on_read(const boost::system::error_code& ec, size_t n) {
-  read_in_flight_ = false;
-  if (closed_) return;
-  if (ec) {
-    const std::string_view partial(in_.data() + in_begin_, in_end_ - in_begin_);
-    if (ec == asio::error::eof || ec == asio::error::connection_reset) {
-      if (!partial.empty()) {
-        close("disconnected mid-request (" + conn_.describe_partial(partial) + ")");
-      } else if (conn_.waiting()) {
-        close("disconnected while waiting on " + std::to_string(conn_.missing_keys()) + " key(s)");
-      } else {
-        close("");
-      }
-    } else {
-      close("read failed: " + ec.message());
-    }
-    return;
-  }
-  in_end_ += n;
-  try {
-    const size_t used = conn_.consume(std::string_view(in_.data() + in_begin_, in_end_ - in_begin_));
-    in_begin_ += used;
-  } catch (const ProtocolError& e) {
-    close(std::string("bad request, closing the connection: ") + e.what());
-    return;
-  }
-  flush();
-  // Large unread replies: stop reading until they drain (on_written resumes).
-  if (!output_backlogged()) read();
-}
-
-void Session::flush() {
-  if (closed_ || write_in_flight_ || conn_.output().empty()) return;
-  writing_.swap(conn_.output());
-  write_in_flight_ = true;
-  asio::async_write(socket_, asio::buffer(writing_),
-                    [self = shared_from_this()](const boost::system::error_code& ec, size_t) {
-                      self->on_written(ec);
-                    });
-}
-
-void Session::on_written(const boost::system::error_code& ec) {
-  write_in_flight_ = false;
-  if (closed_) return;
-  if (ec) {
-    close("write failed: " + ec.message());
-    return;
-  }
-  writing_.clear();
-  if (writing_.capacity() > kReadChunk * 4) std::string().swap(writing_);
-  flush();
-  if (!output_backlogged()) read();
-}
-
-void Session::close(std::string_view reason) {
-  if (closed_) return;
-  closed_ = true;
-  if (!reason.empty()) {
-    log::warn("store") << "client " << peer_ << ": " << reason;
-  } else {
-    DDPRUN_LOG_DEBUG("store") << "client " << peer_ << " disconnected after " << conn_.requests() << " requests";
-  }
-  boost::system::error_code ignored;
-  socket_.shutdown(asio::ip::tcp::socket::shutdown_both, ignored);
-  socket_.close(ignored);
-  // Clears this client's waits and watches now, not when the last handler lets go of the session.
+Session::~Session() {
   conn_.release();
-  if (on_close_) on_close_(this);
+  if (fd_ >= 0) ::close(fd_);
+}
+
+Session::ReadStatus Session::read(std::span<char> scratch, size_t budget, size_t& received) {
+  received = 0;
+  while (received < budget) {
+    const ssize_t n = ::recv(fd_, scratch.data(), std::min(scratch.size(), budget - received), 0);
+    if (n > 0) {
+      input_.append(scratch.data(), static_cast<size_t>(n));
+      received += static_cast<size_t>(n);
+      continue;
+    }
+    if (n == 0) return ReadStatus::Closed;
+    if (errno == EINTR) continue;
+    if (errno == EAGAIN || errno == EWOULDBLOCK) return ReadStatus::Drained;
+    return ReadStatus::Closed;  // ECONNRESET and the like: the peer is gone
+  }
+  return ReadStatus::Budget;
+}
+
+bool Session::flush(size_t& sent, int& error) {
+  sent = 0;
+  OutputQueue& out = conn_.output();
+  while (!out.empty()) {
+    iovec iov[64];
+    msghdr msg{};
+    msg.msg_iov = iov;
+    msg.msg_iovlen = out.gather(iov, std::size(iov));
+    const ssize_t n = ::sendmsg(fd_, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (n >= 0) {
+      out.consume(static_cast<size_t>(n));
+      sent += static_cast<size_t>(n);
+      continue;
+    }
+    if (errno == EINTR) continue;
+    if (errno == EAGAIN || errno == EWOULDBLOCK) return true;
+    error = errno;
+    return false;
+  }
+  return true;
+}
+
+void Session::trim_input() {
+  if (input_.empty() && input_.capacity() > 4096) std::string().swap(input_);
 }
 
 }  // namespace ddprun::rdzv

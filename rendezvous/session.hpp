@@ -1,54 +1,67 @@
 #pragma once
-// One accepted TCP connection of the store server: reads bytes, hands them to a StoreConnection,
-// writes the replies back. Runs entirely on the server's io_context thread.
+// One accepted TCP connection of the store server: its socket, the bytes received and not yet
+// applied, and its StoreConnection. Owned and driven by Server on its one I/O thread (see Server
+// for why it reads and writes the socket itself rather than through Asio's per-socket operations).
 //
-// Memory per connection is bounded: the input buffer never holds more than one request
-// (Limits::max_request_bytes), and reading pauses while more than kHighWater reply bytes wait to
-// be sent to a client that does not read them.
+// Memory is what the connection holds right now: an idle connection has no input buffer and no
+// output queue; the input grows with a partial request and is released once drained.
 
-#include <utility>  // before Asio (Boost 1.74 quirk)
+#include <sys/types.h>
 
-#include <boost/asio/ip/tcp.hpp>
+#include <cstdint>
 #include <functional>
-#include <memory>
+#include <span>
 #include <string>
-#include <vector>
 
 #include "rendezvous/store_connection.hpp"
 
 namespace ddprun::rdzv {
 
-class Session : public std::enable_shared_from_this<Session> {
+class Session {
  public:
-  using OnClose = std::function<void(Session*)>;
+  // `on_async_output` runs when a wake-up or watch event queued bytes for this client.
+  Session(int fd, std::string peer, KvStore& store, const Limits& limits,
+          std::function<void(Session&)> on_async_output);
+  ~Session();  // closes the socket
+  Session(const Session&) = delete;
+  Session& operator=(const Session&) = delete;
 
-  Session(boost::asio::ip::tcp::socket socket, KvStore& store, const Limits& limits, OnClose on_close);
-  void start();
-  // Closes the socket at once; used by Server::stop().
-  void close(std::string_view reason);
+  enum class ReadStatus {
+    Drained,  // the socket has nothing more now
+    Budget,   // `budget` bytes read; there may be more
+    Closed,   // the peer closed (or reset) the connection; what came before it is in input()
+  };
+  // Appends what the socket holds to input(), up to `budget` bytes, reading through `scratch`.
+  ReadStatus read(std::span<char> scratch, size_t budget, size_t& received);
+  // Sends what is owed until the socket's buffer is full. Returns false on a write error (the
+  // peer is gone), with errno's value in `error`.
+  bool flush(size_t& sent, int& error);
+  // Releases the input buffer's memory when it is empty and large.
+  void trim_input();
+
+  int fd() const { return fd_; }
   const std::string& peer() const { return peer_; }
+  StoreConnection& conn() { return conn_; }
+  std::string& input() { return input_; }
+
+  // The server's bookkeeping for this connection.
+  struct Flags {
+    bool in_batch = false;   // has bytes to apply in the current batch
+    bool dirty = false;      // has bytes to send
+    bool paused = false;     // a request waits for the client to read (no reading meanwhile)
+    bool peer_closed = false;
+    bool closing = false;    // closed; destroyed at the end of the batch
+    uint32_t registered = 0;  // epoll events registered
+  } flags;
 
  private:
-  static constexpr size_t kReadChunk = 64 * 1024;
-  static constexpr size_t kHighWater = 16 * 1024 * 1024;
-
-  void read();
-  void on_read(const boost::system::error_code& ec, size_t n);
-  void flush();
-  void on_written(const boost::system::error_code& ec);
-  bool output_backlogged() const { return writing_.size() + conn_.output().size() > kHighWater; }
-
-  boost::asio::ip::tcp::socket socket_;
-  StoreConnection conn_;
-  OnClose on_close_;
+  int fd_;
   std::string peer_;
-  std::vector<char> in_;
-  size_t in_begin_ = 0;
-  size_t in_end_ = 0;
-  std::string writing_;
-  bool write_in_flight_ = false;
-  bool read_in_flight_ = false;
-  bool closed_ = false;
+  StoreConnection conn_;
+  std::string input_;
 };
+
+// "127.0.0.1:41234" or "[::1]:41234" for a socket address.
+std::string format_sockaddr(const void* addr);
 
 }  // namespace ddprun::rdzv

@@ -16,7 +16,8 @@ void StoreConnection::release() {
   store_.forget(*this);
 }
 
-size_t StoreConnection::consume(std::string_view input) {
+size_t StoreConnection::consume(std::string_view input, Stage stage) {
+  blocked_ = false;
   size_t used = 0;
   if (!dialect_) {
     const Handshake hs = detect_dialect(input);
@@ -28,17 +29,27 @@ size_t StoreConnection::consume(std::string_view input) {
     used = hs.consumed;
   }
   while (used < input.size()) {
-    const DecodeResult r = decode_request(*dialect_, input.substr(used), limits_, request_);
+    const DecodeResult r = decoder_.decode(*dialect_, input.substr(used), limits_, request_);
     switch (r.status) {
       case DecodeStatus::Incomplete: return used;
       case DecodeStatus::Error: throw ProtocolError(r.error);
       case DecodeStatus::Complete: break;
     }
+    if (op_has_reply(request_.op)) {
+      if (stage == Stage::NoReply) return used;
+      if (out_.size() > limits_.output_high_water) {
+        blocked_ = true;  // the decoder keeps the request for the next call
+        return used;
+      }
+    }
     apply(request_);
+    decoder_.done();
     ++requests_;
-    store_.count_request();
+    store_.count_request(request_.op);
     used += r.consumed;
   }
+  // A request with very many keys should not leave its vectors' memory with an idle connection.
+  if (request_.keys.capacity() > 1024 || request_.values.capacity() > 1024) request_ = Request();
   return used;
 }
 
@@ -53,6 +64,26 @@ std::string StoreConnection::describe_partial(std::string_view partial) const {
   return std::to_string(partial.size()) + " bytes of an incomplete " + what + " request";
 }
 
+void StoreConnection::check_reply_size(const Request& req) const {
+  uint64_t bytes = 0;
+  switch (req.op) {
+    case Op::Get:
+    case Op::MultiGet:
+      for (std::string_view key : req.keys) {
+        const std::string* v = store_.get(key);
+        bytes += 8 + (v ? v->size() : 0);
+      }
+      break;
+    case Op::List: bytes = store_.list_reply_bytes(); break;
+    default: return;  // fixed-size replies, or a single value bounded by the value limit
+  }
+  if (bytes > limits_.max_reply_bytes) {
+    throw LimitError(std::string(op_name(req.op)) + " of " + std::to_string(req.keys.size()) +
+                     " key(s) would produce a reply of " + std::to_string(bytes) + " bytes, over the limit of " +
+                     std::to_string(limits_.max_reply_bytes) + " (--max-reply-bytes)");
+  }
+}
+
 void StoreConnection::apply(const Request& req) {
   // Clients have one request outstanding: a new request while a WAIT is pending means the client
   // gave up on it (a 1.13 client's socket timeout sends no cancel). Dropping the stale wait keeps
@@ -61,6 +92,7 @@ void StoreConnection::apply(const Request& req) {
     DDPRUN_LOG_DEBUG("store") << "dropping a stale WAIT: the client sent " << op_name(req.op);
     store_.cancel_wait(*this);
   }
+  check_reply_size(req);
   switch (req.op) {
     case Op::Validate:
       if (req.number != kValidateMagic) {
@@ -68,88 +100,90 @@ void StoreConnection::apply(const Request& req) {
       }
       break;
     case Op::Ping:
-      put_u32(out_, req.number);
+      out_.put_u32(req.number);
       break;
     case Op::Set:
       store_.set(req.keys[0], req.values[0]);
       break;
     case Op::CompareSet:
-      put_bytes(out_, store_.compare_set(req.keys[0], req.values[0], req.values[1]));
+      out_.put_value(store_.compare_set(req.keys[0], req.values[0], req.values[1]));
       break;
-    case Op::Get: {
+    case Op::Get:
       // PyTorch's clients WAIT before GET; a key deleted in between reads as empty (as libuv does).
-      const std::string* v = store_.get(req.keys[0]);
-      put_bytes(out_, v ? std::string_view(*v) : std::string_view());
+      out_.put_value(store_.get_shared(req.keys[0]));
       break;
-    }
     case Op::Add:
-      put_i64(out_, store_.add(req.keys[0], req.delta));
+      out_.put_i64(store_.add(req.keys[0], req.delta));
       break;
     case Op::Check:
-      put_u8(out_, store_.check(req.keys) ? kCheckReady : kCheckNotReady);
+      out_.put_u8(store_.check(req.keys) ? kCheckReady : kCheckNotReady);
       break;
     case Op::Wait:
-      if (store_.wait(*this, req.keys)) put_u8(out_, kStopWaiting);
+      if (store_.wait(*this, req.keys)) out_.put_u8(kStopWaiting);
       break;
     case Op::GetNumKeys:
-      put_i64(out_, static_cast<int64_t>(store_.num_keys()));
+      out_.put_i64(static_cast<int64_t>(store_.num_keys()));
       break;
     case Op::WatchKey:
       store_.watch(*this, req.keys[0]);
-      put_u8(out_, kWatchCallbackRegistered);
+      out_.put_u8(kWatchCallbackRegistered);
       break;
     case Op::DeleteKey:
-      put_i64(out_, store_.remove(req.keys[0]) ? 1 : 0);
+      out_.put_i64(store_.remove(req.keys[0]) ? 1 : 0);
       break;
     case Op::Append:
       store_.append(req.keys[0], req.values[0]);
       break;
     case Op::MultiGet:
-      for (std::string_view key : req.keys) {
-        const std::string* v = store_.get(key);
-        put_bytes(out_, v ? std::string_view(*v) : std::string_view());
-      }
+      for (std::string_view key : req.keys) out_.put_value(store_.get_shared(key));
       break;
     case Op::MultiSet:
-      for (size_t i = 0; i < req.keys.size(); ++i) store_.set(req.keys[i], req.values[i]);
+      store_.multi_set(req.keys, req.values);
       break;
     case Op::CancelWait:
       store_.cancel_wait(*this);
-      put_u8(out_, kWaitCanceled);
+      out_.put_u8(kWaitCanceled);
       break;
     case Op::QueuePush:
       store_.queue_push(req.keys[0], req.values[0]);
       break;
     case Op::QueuePop: {
       const int64_t before = store_.queue_pop(req.keys[0], scratch_);
-      put_i64(out_, before);
-      if (before > 0) put_bytes(out_, scratch_);
+      out_.put_i64(before);
+      if (before > 0) out_.put_value(std::make_shared<const std::string>(std::move(scratch_)));
+      scratch_.clear();
       break;
     }
     case Op::QueueLen:
-      put_i64(out_, store_.queue_len(req.keys[0]));
+      out_.put_i64(store_.queue_len(req.keys[0]));
       break;
     case Op::List: {
       const std::vector<std::string> keys = store_.list();
-      put_i64(out_, static_cast<int64_t>(keys.size()));
-      for (const std::string& k : keys) put_bytes(out_, k);
+      out_.put_i64(static_cast<int64_t>(keys.size()));
+      for (const std::string& k : keys) out_.put_bytes(k);
       break;
     }
   }
 }
 
-void StoreConnection::on_wait_complete() {
-  put_u8(out_, kStopWaiting);
+void StoreConnection::async_output() {
+  if (out_.size() > limits_.max_output_backlog) overflowed_ = true;
   if (on_async_output_) on_async_output_();
 }
 
-void StoreConnection::on_watch_event(uint8_t event, std::string_view key, std::string_view old_value,
-                                     std::string_view new_value) {
-  put_u8(out_, event);
-  put_bytes(out_, key);
-  put_bytes(out_, old_value);
-  put_bytes(out_, new_value);
-  if (on_async_output_) on_async_output_();
+void StoreConnection::on_wait_complete() {
+  out_.put_u8(kStopWaiting);
+  async_output();
+}
+
+void StoreConnection::on_watch_event(uint8_t event, std::string_view key, const SharedBytes& old_value,
+                                     const SharedBytes& new_value) {
+  if (overflowed_) return;  // about to be closed: queue nothing more
+  out_.put_u8(event);
+  out_.put_bytes(key);
+  out_.put_value(old_value);
+  out_.put_value(new_value);
+  async_output();
 }
 
 }  // namespace ddprun::rdzv

@@ -13,8 +13,8 @@ struct RecordingWaiter : Waiter {
   int completed = 0;
   std::vector<std::tuple<uint8_t, std::string, std::string, std::string>> events;
   void on_wait_complete() override { ++completed; }
-  void on_watch_event(uint8_t e, std::string_view k, std::string_view o, std::string_view n) override {
-    events.emplace_back(e, std::string(k), std::string(o), std::string(n));
+  void on_watch_event(uint8_t e, std::string_view k, const SharedBytes& o, const SharedBytes& n) override {
+    events.emplace_back(e, std::string(k), o ? *o : std::string(), n ? *n : std::string());
   }
 };
 
@@ -40,12 +40,12 @@ TEST(KvStoreTest, AddOnNonNumericValueThrowsAndKeepsTheValue) {
 
 TEST(KvStoreTest, CompareSetFollowsPyTorchMissingKeyRules) {
   KvStore s;
-  EXPECT_EQ(s.compare_set("a", "exp", "new"), "exp");  // missing, expected non-empty: nothing stored
+  EXPECT_EQ(*s.compare_set("a", "exp", "new"), "exp");  // missing, expected non-empty: nothing stored
   EXPECT_EQ(s.get("a"), nullptr);
-  EXPECT_EQ(s.compare_set("a", "", "new"), "new");  // missing, expected empty: created
+  EXPECT_EQ(*s.compare_set("a", "", "new"), "new");  // missing, expected empty: created
   EXPECT_EQ(*s.get("a"), "new");
-  EXPECT_EQ(s.compare_set("a", "wrong", "x"), "new");  // mismatch: current returned
-  EXPECT_EQ(s.compare_set("a", "new", "x"), "x");      // match: replaced
+  EXPECT_EQ(*s.compare_set("a", "wrong", "x"), "new");  // mismatch: current returned
+  EXPECT_EQ(*s.compare_set("a", "new", "x"), "x");      // match: replaced
 }
 
 TEST(KvStoreTest, WaitReturnsWhenLastKeyIsSet) {

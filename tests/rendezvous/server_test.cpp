@@ -3,6 +3,8 @@
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <fcntl.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -10,6 +12,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <filesystem>
 #include <future>
 #include <thread>
 
@@ -263,6 +266,57 @@ TEST(ServerTest, SecondServerOnTheSamePortFailsWithAClearError) {
               std::string::npos)
         << e.what();
   }
+}
+
+// The server's end of an accepted connection, found among this process's descriptors: a connected
+// socket whose local port is the server's.
+int server_side_socket(uint16_t port) {
+  for (const auto& entry : std::filesystem::directory_iterator("/proc/self/fd")) {
+    const int fd = std::stoi(entry.path().filename().string());
+    sockaddr_storage addr{};
+    socklen_t len = sizeof addr;
+    int listening = 0;
+    socklen_t optlen = sizeof listening;
+    if (::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) continue;
+    if (addr.ss_family != AF_INET) continue;
+    if (ntohs(reinterpret_cast<sockaddr_in*>(&addr)->sin_port) != port) continue;
+    if (::getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &listening, &optlen) != 0 || listening) continue;
+    return fd;
+  }
+  return -1;
+}
+
+TEST(ServerTest, AcceptedConnectionsHaveTcpKeepaliveSoDeadPeersAreReclaimed) {
+  ServerThread server(ServerOptions{});
+  Client c(client_options(server.port()));
+  c.ping();
+  const int fd = server_side_socket(server.port());
+  ASSERT_GE(fd, 0);
+  int on = 0, idle = 0, probes = 0;
+  socklen_t len = sizeof on;
+  ASSERT_EQ(::getsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &on, &len), 0);
+  ::getsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, &len);
+  ::getsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &probes, &len);
+  EXPECT_EQ(on, 1);
+  EXPECT_EQ(idle, 60);
+  EXPECT_EQ(probes, 6);
+  EXPECT_TRUE(::fcntl(fd, F_GETFD) & FD_CLOEXEC) << "a launcher's workers must not inherit it";
+}
+
+// A set() returns once its bytes are written; a request that another connection sends afterwards
+// must see it (the server reads every ready socket before applying anything).
+TEST(ServerTest, SetIsVisibleToTheNextRequestOfAnotherConnection) {
+  ServerThread server(ServerOptions{});
+  Client a(client_options(server.port())), b(client_options(server.port()));
+  int stale = 0;
+  for (int i = 0; i < 2000; ++i) {
+    const std::string key = "k" + std::to_string(i);
+    a.set(key, "v");
+    if (b.num_keys() != 1) ++stale;
+    if (b.compare_set(key, "v", "w") != "w") ++stale;
+    if (!b.delete_key(key)) ++stale;
+  }
+  EXPECT_EQ(stale, 0);
 }
 
 }  // namespace

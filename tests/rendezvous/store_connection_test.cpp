@@ -23,11 +23,7 @@ struct Conn {
     EXPECT_EQ(c.consume(bytes), bytes.size());
     return take();
   }
-  std::string take() {
-    std::string out;
-    out.swap(c.output());
-    return out;
-  }
+  std::string take() { return c.output().take_all(); }
 };
 
 // Appendix A: requests and the exact replies a 1.13.1 server gave.
