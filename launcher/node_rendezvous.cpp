@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <nlohmann/json.hpp>
 #include <random>
+#include <thread>
 
 #include "common/errors.hpp"
 #include "common/log.hpp"
@@ -29,20 +30,55 @@ json exit_to_json(const WorkerExit& e, int node) {
   return j;
 }
 
+// Field readers that never throw: a field of the wrong type reads as the fallback (the record
+// came from another node, possibly another version).
+int64_t int_field(const json& j, const char* name, int64_t fallback) {
+  auto it = j.find(name);
+  return it != j.end() && it->is_number_integer() ? it->get<int64_t>() : fallback;
+}
+std::string string_field(const json& j, const char* name) {
+  auto it = j.find(name);
+  return it != j.end() && it->is_string() ? it->get<std::string>() : std::string();
+}
+std::vector<std::string> strings_field(const json& j, const char* name) {
+  std::vector<std::string> out;
+  auto it = j.find(name);
+  if (it == j.end() || !it->is_array()) return out;
+  for (const auto& v : *it) out.push_back(v.is_string() ? v.get<std::string>() : v.dump());
+  return out;
+}
+
 WorkerExit exit_from_json(const json& j) {
   WorkerExit e;
-  e.host = j.value("host", "");
-  e.node_rank = j.value("node", -1);
-  e.rank = j.value("rank", 0);
-  e.local_rank = j.value("local_rank", 0);
-  e.pid = j.value("pid", 0);
-  e.exit_code = j.value("exit_code", 0);
-  e.signal = j.value("signal", 0);
-  e.error_file = j.value("error_file", "");
-  e.stderr_tail = j.value("stderr_tail", std::vector<std::string>{});
-  e.time = std::chrono::system_clock::time_point(std::chrono::milliseconds(j.value("time_ms", int64_t{0})));
-  if (j.contains("error")) e.error_text = j["error"].get<std::string>();
+  e.host = string_field(j, "host");
+  e.node_rank = static_cast<int>(int_field(j, "node", -1));
+  e.rank = static_cast<int>(int_field(j, "rank", 0));
+  e.local_rank = static_cast<int>(int_field(j, "local_rank", 0));
+  e.pid = static_cast<pid_t>(int_field(j, "pid", 0));
+  e.exit_code = static_cast<int>(int_field(j, "exit_code", 0));
+  e.signal = static_cast<int>(int_field(j, "signal", 0));
+  e.error_file = string_field(j, "error_file");
+  e.stderr_tail = strings_field(j, "stderr_tail");
+  e.time = std::chrono::system_clock::time_point(std::chrono::milliseconds(int_field(j, "time_ms", 0)));
+  if (j.contains("error") && j["error"].is_string()) e.error_text = j["error"].get<std::string>();
   return e;
+}
+
+// A value this node needs, read from the store: a JSON object, or a ProtocolError naming the key.
+json read_object(const std::string& key, const std::string& value) {
+  json j = json::parse(value, nullptr, false);
+  if (!j.is_object()) {
+    throw ProtocolError("the rendezvous key " + key + " does not hold a JSON object (" + std::to_string(value.size()) +
+                        " bytes: '" + value.substr(0, 60) + "'); was it written by another program, or another "
+                        "version of ddprun?");
+  }
+  return j;
+}
+
+int64_t read_number(const std::string& key, const std::string& value) {
+  if (auto n = rdzv::jobs::parse_int(value)) return *n;
+  throw ProtocolError("the rendezvous key " + key + " does not hold a number ('" + value.substr(0, 60) +
+                      "'); was it written by another program, or another version of ddprun?");
 }
 
 int64_t now_ms() {
@@ -61,8 +97,9 @@ bool endpoint_is_local(const std::string& endpoint, const NodeRendezvousOptions&
 NodeRendezvous::NodeRendezvous(NodeRendezvousOptions options) : options_(std::move(options)) {
   const bool external = !options_.endpoint_host.empty();
   std::mt19937 rng(std::random_device{}());
-  agent_id_ = options_.dynamic ? options_.host + ":" + std::to_string(::getpid()) + ":" + std::to_string(rng() % 100000)
-                               : "node" + std::to_string(options_.node_rank);
+  // Unique per agent process, so that a dead earlier run's heartbeat is never mistaken for ours.
+  agent_id_ = (options_.dynamic ? std::string() : "node" + std::to_string(options_.node_rank) + "-") + options_.host +
+              ":" + std::to_string(::getpid()) + ":" + std::to_string(rng() % 100000);
   // Who hosts the rendezvous store: node 0 in static jobs without an endpoint; in dynamic jobs the
   // first agent on the endpoint's host that can bind its port (others, or a daemon, are clients).
   const bool try_host = options_.dynamic ? endpoint_is_local(options_.endpoint_host, options_)
@@ -98,21 +135,46 @@ NodeRendezvous::NodeRendezvous(NodeRendezvousOptions options) : options_(std::mo
                        (external ? ". Is ddprun-rendezvous (or the endpoint's ddprun) running at --rdzv_endpoint?"
                                  : ". Is ddprun running on node 0 with the same --master_addr/--master_port?"));
   }
+  keys_ = rdzv::jobs::JobKeys(options_.run_id, choose_generation());
+}
+
+int64_t NodeRendezvous::choose_generation() {
+  const std::string counter = rdzv::jobs::JobKeys::generation_counter(options_.run_id);
+  int64_t g = read_number(counter, client_->compare_set(counter, "", "1"));
+  // A run that has ended is never joined again: its job id starts over in the next generation.
+  while (client_->check({rdzv::jobs::JobKeys(options_.run_id, g).ended()})) g = next_generation(g);
+  return g;
+}
+
+int64_t NodeRendezvous::next_generation(int64_t after) {
+  const std::string counter = rdzv::jobs::JobKeys::generation_counter(options_.run_id);
+  return read_number(counter, client_->compare_set(counter, std::to_string(after), std::to_string(after + 1)));
+}
+
+bool NodeRendezvous::agent_alive(const std::string& agent) {
+  const std::string k = hb_key(agent);
+  const auto window = options_.keep_alive_interval * options_.keep_alive_max_attempt;
+  const auto deadline = std::chrono::steady_clock::now() + window;
+  const auto beats = [&]() -> int64_t { return client_->check({k}) ? read_number(k, client_->get(k)) : -1; };
+  const int64_t first = beats();
+  while (std::chrono::steady_clock::now() < deadline) {
+    // sleep override: watching another agent's heartbeat counter for the liveness window
+    std::this_thread::sleep_for(std::min<std::chrono::milliseconds>(options_.keep_alive_interval / 4,
+                                                                    std::chrono::milliseconds(250)));
+    if (beats() != first) return true;
+  }
+  return false;
 }
 
 NodeRendezvous::~NodeRendezvous() {
   stop_watching_ = true;
   stop_watcher();
+  stop_heartbeat();
+}
+
+void NodeRendezvous::stop_heartbeat() {
   stop_heartbeat_ = true;
   if (heartbeat_.joinable()) heartbeat_.join();
-}
-
-std::string NodeRendezvous::key(int round, const std::string& name) const {
-  return "/ddprun/" + options_.run_id + "/r" + std::to_string(round) + "/" + name;
-}
-
-std::string NodeRendezvous::hb_key(const std::string& agent) const {
-  return "/ddprun/" + options_.run_id + "/hb/" + agent;
 }
 
 std::shared_ptr<rdzv::Client> NodeRendezvous::side_connection() const {
@@ -165,7 +227,8 @@ std::optional<int> NodeRendezvous::find_lost_node(rdzv::Client& c,
     watched = member_ids_[static_cast<size_t>(watched_rank)];
   }
   const auto now = std::chrono::steady_clock::now();
-  const int64_t beats = c.add(hb_key(watched), 0);
+  const std::string k = hb_key(watched);
+  const int64_t beats = c.check({k}) ? read_number(k, c.get(k)) : -1;
   if (beats != seen.first) {
     seen = {beats, now};
   } else if (now - seen.second > options_.keep_alive_interval * options_.keep_alive_max_attempt) {
@@ -175,17 +238,20 @@ std::optional<int> NodeRendezvous::find_lost_node(rdzv::Client& c,
 }
 
 int NodeRendezvous::current_round() {
-  if (!options_.dynamic || !client_->check({"/ddprun/" + options_.run_id + "/current"})) return 0;
-  return static_cast<int>(std::stoll(client_->get("/ddprun/" + options_.run_id + "/current")));
+  const std::string k = keys_.current_round();
+  if (!options_.dynamic || !client_->check({k})) return 0;
+  return static_cast<int>(read_number(k, client_->get(k)));
 }
 
 World NodeRendezvous::join(int round, int nproc, const std::function<uint16_t()>& host_worker_store) {
-  World w = options_.dynamic ? join_dynamic(round, nproc, host_worker_store)
-                             : join_static(round, nproc,
-                                           options_.node_rank == 0 ? std::optional<uint16_t>(host_worker_store())
-                                                                   : std::nullopt);
-  start_heartbeat();
-  return w;
+  if (options_.dynamic) {
+    World w = join_dynamic(round, nproc, host_worker_store);
+    start_heartbeat();
+    return w;
+  }
+  std::optional<uint16_t> port;
+  if (options_.node_rank == 0) port = host_worker_store();
+  return join_static(round, nproc, port);
 }
 
 World NodeRendezvous::join_static(int round, int nproc, std::optional<uint16_t> worker_store_port) {
@@ -193,14 +259,31 @@ World NodeRendezvous::join_static(int round, int nproc, std::optional<uint16_t> 
   const json me = {{"host", options_.host}, {"addr", options_.advertise_addr}, {"nproc", nproc},
                    {"pid", static_cast<int>(::getpid())}, {"nnodes", n}, {"agent", agent_id_}, {"joined_ms", now_ms()}};
   const std::string mine = me.dump();
-  const std::string held = client_->compare_set(key(round, "node/" + std::to_string(options_.node_rank)), "", mine);
-  if (held != mine) {
-    const auto other = json::parse(held, nullptr, false);
+  for (;;) {
+    const std::string node_key = key(round, "node/" + std::to_string(options_.node_rank));
+    const std::string held = client_->compare_set(node_key, "", mine);
+    if (held == mine) break;
+    // Someone holds this node rank in this run of the job.
+    const json other = json::parse(held, nullptr, false);
+    const std::string holder = other.is_object() ? string_field(other, "agent") : std::string();
+    const std::string where = other.is_object() ? string_field(other, "host") + " (pid " +
+                                                      std::to_string(int_field(other, "pid", 0)) + ")"
+                                                : std::string("another agent");
+    const bool ended = client_->check({keys_.ended()});
+    if (round == 0 && (ended || holder.empty() || !agent_alive(holder))) {
+      // That run is over (or its agents are gone): this is a new run of the job id.
+      const int64_t g = next_generation(keys_.generation());
+      log::info("ddprun") << "job '" << options_.run_id << "': generation " << keys_.generation()
+                          << (ended ? " has ended" : " was left by agents that are gone (" + where + ")")
+                          << "; this run is generation " << g;
+      keys_ = rdzv::jobs::JobKeys(options_.run_id, g);
+      continue;
+    }
     throw ConfigError("node_rank " + std::to_string(options_.node_rank) + " has already joined this job from " +
-                      (other.is_object() ? other.value("host", "?") + " (pid " + std::to_string(other.value("pid", 0)) + ")"
-                                         : "another agent") +
-                      "; give every node a different --node_rank");
+                      where + ", which is still running; give every node a different --node_rank, or each job its "
+                      "own --rdzv_id");
   }
+  start_heartbeat();  // from now on: a node that holds a rank is seen to be alive
   if (worker_store_port) {
     client_->set(key(round, "worker_store"), json{{"addr", options_.advertise_addr}, {"port", *worker_store_port}}.dump());
   }
@@ -223,24 +306,33 @@ World NodeRendezvous::join_static(int round, int nproc, std::optional<uint16_t> 
                        " (set the wait with --rdzv_conf join_timeout=SECONDS)");
   }
   // Two reads, whatever the job's size: this node's assignment and the worker store.
-  const auto values = client_->multi_get({key(round, "assign/" + std::to_string(options_.node_rank)),
-                                          key(round, "worker_store")});
-  return adopt(round, json::parse(values[0]), json::parse(values[1]));
+  const std::string assign_key = key(round, "assign/" + std::to_string(options_.node_rank));
+  const std::string store_key = key(round, "worker_store");
+  const auto values = client_->multi_get({assign_key, store_key});
+  return adopt(round, read_object(assign_key, values[0]), read_object(store_key, values[1]));
 }
 
 World NodeRendezvous::adopt(int round, const json& assigned, const json& store) {
   World w;
   w.round = round;
-  w.group_rank = assigned.value("group_rank", 0);
-  w.group_world_size = assigned.value("group_world_size", 1);
-  w.rank_offset = assigned.value("offset", 0);
-  w.world_size = assigned.value("world_size", 0);
-  w.master_addr = store.value("addr", "");
-  w.master_port = store.value("port", 0);
+  w.group_rank = static_cast<int>(int_field(assigned, "group_rank", -1));
+  w.group_world_size = static_cast<int>(int_field(assigned, "group_world_size", 0));
+  w.rank_offset = static_cast<int>(int_field(assigned, "offset", -1));
+  w.world_size = static_cast<int>(int_field(assigned, "world_size", 0));
+  w.master_addr = string_field(store, "addr");
+  w.master_port = static_cast<int>(int_field(store, "port", 0));
+  if (w.group_rank < 0 || w.group_world_size <= 0 || w.rank_offset < 0 || w.world_size <= 0) {
+    throw ProtocolError("round " + std::to_string(round) + "'s assignment for this node (" + assigned.dump() +
+                        ") lacks group_rank, group_world_size, offset or world_size");
+  }
+  if (w.master_addr.empty() || w.master_port <= 0 || w.master_port > 65535) {
+    throw ProtocolError("round " + std::to_string(round) + "'s worker store record (" + store.dump() +
+                        ") lacks addr or a valid port");
+  }
   std::lock_guard lock(members_mutex_);
   group_rank_ = w.group_rank;
-  member_ids_ = assigned.value("agents", std::vector<std::string>{});
-  member_hosts_ = assigned.value("hosts", std::vector<std::string>{});
+  member_ids_ = strings_field(assigned, "agents");
+  member_hosts_ = strings_field(assigned, "hosts");
   return w;
 }
 
@@ -251,9 +343,9 @@ void NodeRendezvous::write_assignments(int round, const std::vector<std::pair<st
   int world = 0;
   std::vector<std::string> agents, hosts;
   for (const auto& [id, info] : ordered) {
-    world += info.value("nproc", 0);
-    agents.push_back(info.value("agent", ""));
-    hosts.push_back(info.value("host", ""));
+    world += static_cast<int>(int_field(info, "nproc", 0));
+    agents.push_back(string_field(info, "agent"));
+    hosts.push_back(string_field(info, "host"));
   }
   std::vector<std::pair<std::string, std::string>> assignments;
   int offset = 0;
@@ -264,7 +356,7 @@ void NodeRendezvous::write_assignments(int round, const std::vector<std::pair<st
       a["hosts"] = hosts;
     }
     assignments.emplace_back(key(round, "assign/" + ordered[g].first), a.dump());
-    offset += ordered[g].second.value("nproc", 0);
+    offset += static_cast<int>(int_field(ordered[g].second, "nproc", 0));
   }
   for (auto& e : extra) assignments.push_back(std::move(e));
   client_->multi_set(assignments);
@@ -277,13 +369,14 @@ void NodeRendezvous::assign(int round) {
   for (int k = 0; k < options_.nnodes; ++k) keys.push_back(key(round, "node/" + std::to_string(k)));
   const auto values = client_->multi_get(keys);
   std::vector<std::pair<std::string, json>> ordered;
-  for (int k = 0; k < options_.nnodes; ++k) ordered.emplace_back(std::to_string(k), json::parse(values[static_cast<size_t>(k)]));
+  for (int k = 0; k < options_.nnodes; ++k) {
+    ordered.emplace_back(std::to_string(k), read_object(keys[static_cast<size_t>(k)], values[static_cast<size_t>(k)]));
+  }
   write_assignments(round, ordered, {{key(round, "complete"), "1"}});
 }
 
 World NodeRendezvous::join_dynamic(int round, int nproc, const std::function<uint16_t()>& host_worker_store) {
-  const std::string current = "/ddprun/" + options_.run_id + "/current";
-  client_->set(current, std::to_string(round));
+  client_->set(keys_.current_round(), std::to_string(round));
   const json me = {{"host", options_.host}, {"addr", options_.advertise_addr}, {"nproc", nproc},
                    {"pid", static_cast<int>(::getpid())}, {"hint", options_.node_rank},
                    {"store_host", server_ != nullptr}, {"agent", agent_id_}, {"nnodes", options_.nnodes},
@@ -310,21 +403,25 @@ World NodeRendezvous::join_dynamic(int round, int nproc, const std::function<uin
                        std::to_string(options_.min_nodes) + " needed (--nnodes " + std::to_string(options_.min_nodes) +
                        ":" + std::to_string(options_.nnodes) + ")");
   }
-  const int64_t members = std::stoll(client_->get(key(round, "closed")));
+  const int64_t members = read_number(key(round, "closed"), client_->get(key(round, "closed")));
   if (idx > members) {
     // Too late for this round: ask the running nodes to re-rendezvous, and join the next round.
     log::info("ddprun") << "job '" << options_.run_id << "' is running with " << members
                         << " node(s): asking it to re-rendezvous to admit this node";
-    client_->compare_set(key(round, "end"), "", "membership:node " + options_.host + " wants to join");
+    rdzv::jobs::Outcome membership;
+    membership.kind = rdzv::jobs::Outcome::Kind::Membership;
+    membership.detail = "node " + options_.host + " wants to join";
+    client_->compare_set(key(round, "end"), "", rdzv::jobs::encode_outcome(membership));
     return join_dynamic(round + 1, nproc, host_worker_store);
   }
-  const auto assigned =
-      json::parse(client_->get(key(round, "assign/" + std::to_string(idx)), options_.join_timeout));
-  if (assigned.value("group_rank", -1) == 0) {
+  const std::string assign_key = key(round, "assign/" + std::to_string(idx));
+  const json assigned = read_object(assign_key, client_->get(assign_key, options_.join_timeout));
+  if (int_field(assigned, "group_rank", -1) == 0) {
     const uint16_t port = host_worker_store();
     client_->set(key(round, "worker_store"), json{{"addr", options_.advertise_addr}, {"port", port}}.dump());
   }
-  return adopt(round, assigned, json::parse(client_->get(key(round, "worker_store"), options_.join_timeout)));
+  const std::string store_key = key(round, "worker_store");
+  return adopt(round, assigned, read_object(store_key, client_->get(store_key, options_.join_timeout)));
 }
 
 void NodeRendezvous::close_dynamic(int round) {
@@ -339,13 +436,19 @@ void NodeRendezvous::close_dynamic(int round) {
     json info;
   };
   std::vector<Member> members;
-  for (int64_t i = 0; i < joined; ++i) members.push_back({i + 1, json::parse(values[static_cast<size_t>(i)])});
+  for (int64_t i = 0; i < joined; ++i) {
+    members.push_back({i + 1, read_object(keys[static_cast<size_t>(i)], values[static_cast<size_t>(i)])});
+  }
   // Group rank order: the node hosting the rendezvous store first (global rank 0 lands on the
   // endpoint's host), then --node_rank hints, then arrival.
-  std::stable_sort(members.begin(), members.end(), [](const Member& a, const Member& b) {
-    const bool ha = a.info.value("store_host", false), hb = b.info.value("store_host", false);
+  auto hosts_store = [](const json& info) {
+    auto it = info.find("store_host");
+    return it != info.end() && it->is_boolean() && it->get<bool>();
+  };
+  std::stable_sort(members.begin(), members.end(), [&](const Member& a, const Member& b) {
+    const bool ha = hosts_store(a.info), hb = hosts_store(b.info);
     if (ha != hb) return ha;
-    const int ra = a.info.value("hint", -1), rb = b.info.value("hint", -1);
+    const int ra = static_cast<int>(int_field(a.info, "hint", -1)), rb = static_cast<int>(int_field(b.info, "hint", -1));
     const int ka = ra < 0 ? INT32_MAX : ra, kb = rb < 0 ? INT32_MAX : rb;
     if (ka != kb) return ka < kb;
     return a.idx < b.idx;
@@ -356,41 +459,32 @@ void NodeRendezvous::close_dynamic(int round) {
 }
 
 RoundEnd NodeRendezvous::parse_end(const std::string& value) const {
+  using Kind = rdzv::jobs::Outcome::Kind;
+  const rdzv::jobs::Outcome o = rdzv::jobs::decode_outcome(value);
   RoundEnd e;
-  if (value == "success") return e;
-  if (value.rfind("signal:", 0) == 0) {
-    e.kind = RoundEnd::Kind::Signal;
-    e.detail = value.substr(7);
-    return e;
-  }
-  if (value.rfind("membership:", 0) == 0) {
-    e.kind = RoundEnd::Kind::Membership;
-    e.detail = value.substr(11);
-    return e;
-  }
-  if (value.rfind("lost:", 0) == 0) {
-    e.kind = RoundEnd::Kind::NodeLost;
-    const auto colon = value.find(':', 5);
-    e.root_node = std::stoi(value.substr(5, colon - 5));
-    e.detail = value.substr(colon + 1);
-    return e;
-  }
-  const auto j = json::parse(value, nullptr, false);
-  e.kind = RoundEnd::Kind::Failure;
-  if (j.is_object()) {
-    e.root_cause = exit_from_json(j);
-    e.root_node = j.value("node", -1);
-    e.detail = "rank " + std::to_string(e.root_cause->rank) + " on node " + std::to_string(e.root_node) + " (" +
-               e.root_cause->host + ") failed with " + describe_exit(*e.root_cause);
-  } else {
-    e.detail = value;
+  e.detail = o.detail;
+  e.root_node = o.node;
+  switch (o.kind) {
+    case Kind::Success: e.kind = RoundEnd::Kind::Success; break;
+    case Kind::Signal: e.kind = RoundEnd::Kind::Signal; break;
+    case Kind::Membership: e.kind = RoundEnd::Kind::Membership; break;
+    case Kind::NodeLost: e.kind = RoundEnd::Kind::NodeLost; break;
+    case Kind::Hang:
+    case Kind::Failure:
+      e.kind = RoundEnd::Kind::Failure;
+      if (!o.failure.empty()) {
+        e.root_cause = exit_from_json(o.failure);
+        e.detail = "rank " + std::to_string(e.root_cause->rank) + " on node " + std::to_string(e.root_node) + " (" +
+                   e.root_cause->host + ") failed with " + describe_exit(*e.root_cause);
+      }
+      break;
   }
   return e;
 }
 
-RoundEnd NodeRendezvous::decide(int round, const std::string& proposal) {
+RoundEnd NodeRendezvous::decide(int round, const rdzv::jobs::Outcome& proposal) {
   // The first proposal wins; everyone reads the same decision back.
-  return parse_end(client_->compare_set(key(round, "end"), "", proposal));
+  return parse_end(client_->compare_set(key(round, "end"), "", rdzv::jobs::encode_outcome(proposal)));
 }
 
 void NodeRendezvous::watch(int round, std::function<void(const RoundEnd&)> on_end) {
@@ -430,10 +524,12 @@ void NodeRendezvous::watch(int round, std::function<void(const RoundEnd&)> on_en
           }
           const auto limit = options_.keep_alive_interval * options_.keep_alive_max_attempt;
           // On this thread's own connection: the main client may be blocked in a long WAIT.
-          c->compare_set(key(round, "end"), "",
-                         "lost:" + std::to_string(*lost) + ":node " + std::to_string(*lost) + " (" + host +
-                             ") sent no heartbeat for " + seconds_text(limit) +
-                             " (its ddprun was killed or its host is unreachable)");
+          rdzv::jobs::Outcome gone;
+          gone.kind = rdzv::jobs::Outcome::Kind::NodeLost;
+          gone.node = *lost;
+          gone.detail = "node " + std::to_string(*lost) + " (" + host + ") sent no heartbeat for " + seconds_text(limit) +
+                        " (its ddprun was killed or its host is unreachable)";
+          c->compare_set(key(round, "end"), "", rdzv::jobs::encode_outcome(gone));
         }
       }
       on_end(parse_end(c->get(key(round, "end"))));
@@ -449,16 +545,22 @@ void NodeRendezvous::stop_watcher() {
 }
 
 RoundEnd NodeRendezvous::report_failure(int round, const WorkerExit& failure) {
-  return decide(round, exit_to_json(failure, group_rank_).dump());
+  rdzv::jobs::Outcome o;
+  o.kind = rdzv::jobs::Outcome::Kind::Failure;
+  o.node = group_rank_;
+  o.failure = exit_to_json(failure, group_rank_);
+  return decide(round, o);
 }
 
 RoundEnd NodeRendezvous::report_signal(int round, int signo) {
-  return decide(round, "signal:" + signal_name(signo) + " on node " + std::to_string(group_rank_) + " (" +
-                           options_.host + ")");
+  rdzv::jobs::Outcome o;
+  o.kind = rdzv::jobs::Outcome::Kind::Signal;
+  o.detail = signal_name(signo) + " on node " + std::to_string(group_rank_) + " (" + options_.host + ")";
+  return decide(round, o);
 }
 
 RoundEnd NodeRendezvous::report_success(int round, int nnodes) {
-  if (client_->add(key(round, "finished"), 1) == nnodes) return decide(round, "success");
+  if (client_->add(key(round, "finished"), 1) == nnodes) return decide(round, rdzv::jobs::Outcome{});
   return wait_end(round);
 }
 
@@ -482,15 +584,21 @@ RoundEnd NodeRendezvous::wait_end(int round) {
 void NodeRendezvous::leave(int round, std::chrono::milliseconds timeout) {
   stop_watching_ = true;
   stop_watcher();
+  stop_heartbeat();
   int n;
   {
     std::lock_guard lock(members_mutex_);
     n = member_ids_.empty() ? options_.nnodes : static_cast<int>(member_ids_.size());
   }
   try {
-    if (client_->add(key(round, "exited"), 1) == n) client_->set(key(round, "all_exited"), "1");
+    // The first node to leave records how the job ended: a later run of this job id sees it and
+    // starts a new generation instead of joining this one.
+    const std::string end_key = key(round, "end");
+    const std::string outcome = client_->check({end_key}) ? client_->get(end_key) : std::string("signal:left");
+    client_->compare_set(keys_.ended(), "", outcome);
+    if (client_->add(keys_.exited(), 1) == n) client_->set(keys_.done(), "1");
     // The store host stays until everyone has read the outcome.
-    if (server_) client_->wait({key(round, "all_exited")}, timeout);
+    if (server_) client_->wait({keys_.done()}, timeout);
   } catch (const std::exception& e) {
     log::warn("ddprun") << "end-of-job barrier: " << e.what();
   }

@@ -1,20 +1,23 @@
 #pragma once
-// Static multi-node rendezvous (--nnodes N --node_rank K --master_addr A --master_port P) over the
-// TCPStore protocol. Node 0's agent hosts the rendezvous store at A:P; every agent is a client.
+// Multi-node rendezvous over the TCPStore protocol: static (--nnodes N --node_rank K, node 0's
+// agent hosts the store at --master_addr:--master_port) or dynamic (c10d: nodes join an endpoint
+// without ranks), directly on node 0's store or through a ddprun-rendezvous daemon. The keys, and
+// how a round's outcome is written, are in rendezvous/job_keys.hpp:
+//   - each run of a job id is a generation of its own: a node joins the current generation unless
+//     that run has ended, in which case it starts the next, so a job id can be run again on a
+//     shared daemon; the last node to leave marks the generation done, for the daemon to forget;
+//   - in a round, static nodes claim node/<K> (COMPARE_SET: a node rank joins once; a holder whose
+//     heartbeat has stopped is a dead earlier run, and the node starts a new generation), and the
+//     node that brings `joined` to N writes every assign/<K> and `complete`; dynamic nodes take
+//     member/<arrival>, and the round closes with N nodes, or with MIN after the last call;
+//   - `end` is decided by the first COMPARE_SET: a failure with its root cause, a stop signal, a
+//     lost node, a membership change, or "success" (set by the last node to finish).
+// Agents heartbeat (a counter per agent, so clocks need not agree); each watches the next node in
+// group-rank order and ends the round when its heartbeat stops. Each agent watches `end` from a
+// thread, so a failure on any node stops every node at once.
 //
-// Keys, under /ddprun/<run_id>/r<round>/:
-//   node/<K>      JSON {host, addr, nproc, pid} of node K (COMPARE_SET: a node rank joins once)
-//   joined        counter; the agent that brings it to N writes every `assign/<K>` and `complete`
-//   assign/<K>    JSON {offset, world_size}: node K's first global rank and the job's size
-//   worker_store  JSON {addr, port} of the round's fresh worker store, hosted by node 0
-//   end           how the round ended, decided by the first COMPARE_SET: a failure (JSON with the
-//                 root cause), a stop signal, or "success" (set by the last node to finish)
-//   finished, exited  counters for the end-of-round and end-of-job barriers
-// and /ddprun/<run_id>/hb/<K>: node K's heartbeat counter (ADD every keep_alive_interval; counters,
-// not timestamps, so clocks need not agree). Node 0 ends the round when one stops moving.
-// Each agent watches `end` from a thread, so a failure on any node stops every node at once.
-//
-// Blocking calls; thread-safe (one client per thread).
+// Everything read from the store is parsed with checks: a malformed value is a ProtocolError that
+// names the key. Blocking calls; thread-safe (one client per thread).
 
 #include <atomic>
 #include <chrono>
@@ -29,6 +32,7 @@
 
 #include "launcher/report.hpp"
 #include "rendezvous/client.hpp"
+#include "rendezvous/job_keys.hpp"
 #include "rendezvous/server.hpp"
 
 namespace ddprun::launcher {
@@ -107,8 +111,15 @@ class NodeRendezvous {
   const NodeRendezvousOptions& options() const { return options_; }
 
  private:
-  std::string key(int round, const std::string& name) const;
-  std::string hb_key(const std::string& agent) const;
+  std::string key(int round, const std::string& name) const { return keys_.round(round, name); }
+  std::string hb_key(const std::string& agent) const { return keys_.heartbeat(agent); }
+  // The generation this node works in: the current one unless that run of the job has ended.
+  int64_t choose_generation();
+  // Starts generation `after` + 1 (or joins whichever newer one another node started).
+  int64_t next_generation(int64_t after);
+  // Whether the agent that wrote heartbeat key `agent` is alive: its counter moves within the
+  // liveness window (keep_alive_interval x keep_alive_max_attempt).
+  bool agent_alive(const std::string& agent);
   void assign(int round);
   World adopt(int round, const nlohmann::json& assigned, const nlohmann::json& store);
   void write_assignments(int round, const std::vector<std::pair<std::string, nlohmann::json>>& ordered,
@@ -118,10 +129,11 @@ class NodeRendezvous {
   // Dynamic: closes round `round` with the members that have joined (the first close wins) and,
   // if this call closed it, writes every member's assignment.
   void close_dynamic(int round);
-  RoundEnd decide(int round, const std::string& proposal);
+  RoundEnd decide(int round, const rdzv::jobs::Outcome& proposal);
   RoundEnd parse_end(const std::string& value) const;
   void stop_watcher();
   void start_heartbeat();
+  void stop_heartbeat();
   // A second connection to the rendezvous store for the watcher or heartbeat thread.
   std::shared_ptr<rdzv::Client> side_connection() const;
   // Node 0: the node whose heartbeat has not moved for too long, if any (checked once per interval).
@@ -135,7 +147,8 @@ class NodeRendezvous {
   std::atomic<bool> stop_watching_{false};
   std::thread heartbeat_;
   std::atomic<bool> stop_heartbeat_{false};
-  std::string agent_id_;  // heartbeat key: "node<K>" (static) or host:pid (dynamic)
+  rdzv::jobs::JobKeys keys_{"none", 1};
+  std::string agent_id_;  // heartbeat key: unique per agent process
   // The current round's membership, in group-rank order (heartbeat ids and hosts).
   int group_rank_ = 0;
   std::vector<std::string> member_ids_;

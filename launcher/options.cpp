@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "common/errors.hpp"
+#include "rendezvous/job_keys.hpp"
 
 namespace ddprun::launcher {
 namespace {
@@ -334,7 +335,13 @@ LaunchOptions parse_options(const std::vector<std::string>& args, const EnvLooku
           static_cast<uint16_t>(parse_int(flag("rdzv_endpoint"), port, 1, 65535, "host[:port] with a port from 1 to 65535"));
     }
   }
-  if (has("rdzv_id")) o.run_id = trim(given["rdzv_id"]);
+  if (has("rdzv_id")) {
+    o.run_id = trim(given["rdzv_id"]);
+    std::string why;
+    if (!rdzv::jobs::valid_run_id(o.run_id, &why)) {
+      throw ConfigError(flag("rdzv_id") + ": '" + o.run_id + "' cannot name a job: " + why);
+    }
+  }
   if (has("rdzv_conf") && !trim(given["rdzv_conf"]).empty()) {
     for (const std::string& kv : split(given["rdzv_conf"], ',')) {
       const auto eq = kv.find('=');

@@ -316,7 +316,7 @@ void Client::wait(const std::vector<std::string>& keys, std::optional<Duration> 
   wait_locked(keys, deadline(timeout), timeout.value_or(options_.timeout));
 }
 
-void Client::wait_locked(const std::vector<std::string>& keys, Clock::time_point dl, Duration timeout) {
+bool Client::timed_wait_locked(const std::vector<std::string>& keys, Clock::time_point dl) {
   std::string req = request(Op::Wait);
   put_u64(req, keys.size());
   for (const auto& k : keys) put_bytes(req, k);
@@ -326,13 +326,13 @@ void Client::wait_locked(const std::vector<std::string>& keys, Clock::time_point
       close_locked();
       throw ProtocolError("store " + endpoint() + " answered WAIT with an unexpected byte");
     }
-    return;
+    return true;
   }
   if (options_.dialect == Dialect::Legacy) {
     // No CANCEL_WAIT in 1.13: a late STOP_WAITING would desynchronise the connection, so drop it.
     close_locked();
-    throw TimeoutError("waited " + seconds_text(timeout) + " on store " + endpoint() + " for " +
-                       std::to_string(keys.size()) + " key(s)");
+    throw TimeoutError("waited on store " + endpoint() + " for " + std::to_string(keys.size()) +
+                       " key(s) past the deadline");
   }
   // Deadline passed: cancel on the server. A STOP_WAITING that raced the cancel means the keys
   // did arrive; WAIT_CANCELED always follows.
@@ -345,7 +345,18 @@ void Client::wait_locked(const std::vector<std::string>& keys, Clock::time_point
     close_locked();
     throw ProtocolError("store " + endpoint() + " answered CANCEL_WAIT with an unexpected byte");
   }
-  if (arrived) return;
+  return arrived;
+}
+
+bool Client::wait_for(const std::vector<std::string>& keys, Duration timeout) {
+  std::lock_guard lock(mutex_);
+  ensure_connected_locked();
+  return timed_wait_locked(keys, Clock::now() + timeout);
+}
+
+void Client::wait_locked(const std::vector<std::string>& keys, Clock::time_point dl, Duration timeout) {
+  if (timed_wait_locked(keys, dl)) return;
+  const auto cancel_deadline = Clock::now() + std::chrono::seconds(10);
   // Name what is missing, so the error says what never came.
   std::string missing;
   size_t n_missing = 0;
@@ -394,6 +405,16 @@ std::vector<std::string> Client::multi_get(const std::vector<std::string>& keys,
   ensure_connected_locked();
   const auto dl = deadline(timeout);
   wait_locked(keys, dl, timeout.value_or(options_.timeout));
+  return multi_get_locked(keys, dl);
+}
+
+std::vector<std::string> Client::multi_get_now(const std::vector<std::string>& keys) {
+  std::lock_guard lock(mutex_);
+  ensure_connected_locked();
+  return multi_get_locked(keys, deadline(std::nullopt));
+}
+
+std::vector<std::string> Client::multi_get_locked(const std::vector<std::string>& keys, Clock::time_point dl) {
   std::string req = request(Op::MultiGet);
   put_u64(req, keys.size());
   for (const auto& k : keys) put_bytes(req, k);

@@ -64,6 +64,12 @@ class Client {
   // Waits for all keys, then reads them in one round trip.
   std::vector<std::string> multi_get(const std::vector<std::string>& keys,
                                      std::optional<Duration> timeout = std::nullopt);
+  // One MULTI_GET round trip without waiting for the keys: a missing key reads as empty (ddprun's
+  // server, and PyTorch's libuv server, answer so).
+  std::vector<std::string> multi_get_now(const std::vector<std::string>& keys);
+  // Returns whether every key exists within `timeout`; a timeout is not an error here (the WAIT
+  // is cancelled on the server and the connection stays usable).
+  bool wait_for(const std::vector<std::string>& keys, Duration timeout);
   void multi_set(const std::vector<std::pair<std::string, std::string>>& entries);
   void queue_push(std::string_view key, std::string_view value);
   // Pops the front value; nullopt when the queue is empty.
@@ -90,6 +96,9 @@ class Client {
   int64_t recv_i64(Clock::time_point deadline, std::string_view what);
   std::string recv_bytes(Clock::time_point deadline, std::string_view what);
   void wait_locked(const std::vector<std::string>& keys, Clock::time_point deadline, Duration timeout);
+  // WAIT until the deadline; false (after cancelling it on the server) if it passed.
+  bool timed_wait_locked(const std::vector<std::string>& keys, Clock::time_point deadline);
+  std::vector<std::string> multi_get_locked(const std::vector<std::string>& keys, Clock::time_point deadline);
   Clock::time_point deadline(std::optional<Duration> timeout) const;
   std::string request(Op op) const;
 

@@ -11,12 +11,15 @@
 #include <cstdio>
 #include <fstream>
 #include <iostream>
+#include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 
 #include "common/errors.hpp"
 #include "common/log.hpp"
 #include "common/system.hpp"
+#include "rendezvous/metrics.hpp"
 #include "rendezvous/server.hpp"
 #include "rendezvous/status.hpp"
 
@@ -37,6 +40,10 @@ options:
   --max-reply-bytes N    largest reply one request may produce (default 268435456)
   --max-total-keys N     most keys (and queues) the store holds (default 1048576)
   --max-store-bytes N    most bytes of keys and values the store holds (default 1073741824)
+  --metrics-port N       serve Prometheus metrics at http://HOST:N/metrics, on the store's address
+                         (off by default; 0 lets the kernel pick the port, printed at start)
+  --job-ttl SECONDS      forget a ddprun job at once when all its nodes have left, or after SECONDS
+                         without any change (its agents were killed); 0 keeps every key (default 3600)
   --log-level LEVEL      debug, info, warn or error (default info; env DDPRUN_LOG_LEVEL)
   -h, --help             show this help
 
@@ -85,7 +92,12 @@ int status_main(int argc, char** argv) {
   o.timeout = std::chrono::seconds(10);
   try {
     ddprun::rdzv::Client client(o);
-    std::cout << ddprun::rdzv::store_status(client).dump(2) << std::endl;
+    const auto status = ddprun::rdzv::store_status(client);
+    std::cout << status.dump(2) << std::endl;
+    if (status.contains("skipped")) {
+      std::cerr << "ddprun-rendezvous status: skipped " << status["skipped"].size()
+                << " key(s) that are not ddprun rendezvous keys or could not be parsed (listed under \"skipped\")\n";
+    }
     return 0;
   } catch (const std::exception& e) {
     std::cerr << "ddprun-rendezvous status: " << e.what() << "\n";
@@ -101,7 +113,9 @@ int main(int argc, char** argv) {
   rdzv::ServerOptions options;
   options.host = "0.0.0.0";
   options.port = 29400;
+  options.job_ttl = std::chrono::hours(1);
   std::string port_file;
+  std::optional<uint16_t> metrics_port;
   for (int i = 1; i < argc; ++i) {
     std::string arg = argv[i];
     std::string value;
@@ -135,6 +149,16 @@ int main(int argc, char** argv) {
       options.limits.max_reply_bytes = parse_number(arg, next(), uint64_t{1} << 40);
     } else if (arg == "--max-total-keys") {
       options.store_limits.max_total_keys = parse_number(arg, next(), uint64_t{1} << 40);
+    } else if (arg == "--metrics-port" || arg == "--metrics_port") {
+      metrics_port = static_cast<uint16_t>(parse_number(arg, next(), 65535));
+    } else if (arg == "--job-ttl" || arg == "--job_ttl") {
+      const std::string v = next();
+      char* end = nullptr;
+      const double secs = std::strtod(v.c_str(), &end);
+      if (v.empty() || *end != '\0' || !(secs >= 0) || secs > 1e7) {
+        usage_error("--job-ttl expects a number of seconds >= 0, got '" + v + "'");
+      }
+      options.job_ttl = std::chrono::milliseconds(static_cast<int64_t>(secs * 1000));
     } else if (arg == "--max-store-bytes") {
       options.store_limits.max_store_bytes = parse_number(arg, next(), uint64_t{1} << 50);
     } else if (arg == "--log-level") {
@@ -162,15 +186,23 @@ int main(int argc, char** argv) {
       if (std::rename(tmp.c_str(), port_file.c_str()) != 0) throw ConfigError("cannot rename " + tmp + " to " + port_file);
     }
     std::cout << "listening on " << rdzv::format_endpoint(server.endpoint()) << std::endl;
+    std::unique_ptr<rdzv::MetricsServer> metrics;
+    if (metrics_port) {
+      metrics = std::make_unique<rdzv::MetricsServer>(io, server.endpoint().address().to_string(), *metrics_port,
+                                                       [&server] { return rdzv::render_metrics(server); });
+      std::cout << "metrics on " << server.endpoint().address().to_string() << ":" << metrics->port() << std::endl;
+    }
     boost::asio::signal_set signals(io, SIGINT, SIGTERM);
     signals.async_wait([&](const boost::system::error_code& ec, int signo) {
       if (ec) return;
       log::info("rendezvous") << "received " << (signo == SIGINT ? "SIGINT" : "SIGTERM") << ", shutting down";
       server.stop();
+      if (metrics) metrics->stop();
       io.stop();
     });
     std::signal(SIGPIPE, SIG_IGN);
     server.start();
+    if (metrics) metrics->start();
     io.run();
     return 0;
   } catch (const std::exception& e) {

@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <boost/asio/post.hpp>
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <future>
@@ -122,7 +123,13 @@ std::string_view close_reason_name(CloseReason reason) {
 }
 
 Server::Server(asio::io_context& io, ServerOptions options)
-    : io_(io), options_(std::move(options)), epoll_(io), accept_retry_(io), store_(options_.store_limits) {
+    : io_(io),
+      options_(std::move(options)),
+      epoll_(io),
+      accept_retry_(io),
+      janitor_timer_(io),
+      store_(options_.store_limits) {
+  if (options_.job_ttl.count() > 0) janitor_ = std::make_unique<JobJanitor>(options_.job_ttl);
   sockaddr_storage bound{};
   socklen_t len = 0;
   listen_fd_ = listen_on(options_.host, options_.port, bound, len);
@@ -154,6 +161,24 @@ void Server::start() {
   else DDPRUN_LOG_DEBUG("store") << "listening on " << format_endpoint(endpoint_);
   started_ = true;
   arm();
+  arm_janitor();
+}
+
+void Server::arm_janitor() {
+  if (!janitor_ || stopped_) return;
+  // Done jobs go within a second; the TTL's resolution is a quarter of it.
+  const auto period = std::clamp<std::chrono::milliseconds>(options_.job_ttl / 4, std::chrono::milliseconds(50),
+                                                            std::chrono::seconds(1));
+  janitor_timer_.expires_after(period);
+  janitor_timer_.async_wait([this](const boost::system::error_code& ec) {
+    if (ec || stopped_) return;
+    try {
+      counters_.jobs_forgotten += janitor_->sweep(store_, std::chrono::steady_clock::now()).generations_forgotten;
+    } catch (const std::exception& e) {
+      log::error("store") << "forgetting finished jobs failed: " << e.what();
+    }
+    arm_janitor();
+  });
 }
 
 void Server::arm() {
@@ -468,6 +493,7 @@ void Server::stop() {
   stopped_ = true;
   boost::system::error_code ignored;
   accept_retry_.cancel();
+  janitor_timer_.cancel();
   epoll_.cancel(ignored);
   std::vector<Session*> all;
   for (auto& [ptr, session] : sessions_) all.push_back(ptr);

@@ -42,6 +42,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "rendezvous/janitor.hpp"
 #include "rendezvous/kv_store.hpp"
 #include "rendezvous/protocol.hpp"
 #include "rendezvous/store_connection.hpp"
@@ -65,6 +66,9 @@ struct ServerOptions {
   std::chrono::seconds keepalive_idle{60};
   std::chrono::seconds keepalive_interval{10};
   int keepalive_probes = 6;
+  // Forget ddprun jobs that are over (see JobJanitor): 0 leaves every key alone (a store embedded
+  // in one job's ddprun); the daemon sets --job-ttl.
+  std::chrono::milliseconds job_ttl{0};
 };
 
 // Why connections were closed, for metrics.
@@ -84,6 +88,7 @@ struct ServerStats {
   uint64_t bytes_received = 0;
   uint64_t bytes_sent = 0;
   uint64_t closed[kCloseReasonCount] = {};
+  uint64_t jobs_forgotten = 0;  // job generations deleted by the janitor
 };
 
 class Server {
@@ -119,6 +124,7 @@ class Server {
   void pause_accepting();
   void mark_dirty(Session& s);
   void close_session(Session& s, CloseReason reason, const std::string& why);
+  void arm_janitor();
 
   boost::asio::io_context& io_;
   ServerOptions options_;
@@ -126,6 +132,8 @@ class Server {
   int spare_fd_ = -1;  // given up to accept-and-close when out of descriptors
   boost::asio::posix::stream_descriptor epoll_;
   boost::asio::steady_timer accept_retry_;
+  boost::asio::steady_timer janitor_timer_;
+  std::unique_ptr<JobJanitor> janitor_;
   boost::asio::ip::tcp::endpoint endpoint_;
   uint16_t port_ = 0;
   KvStore store_;

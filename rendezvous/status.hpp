@@ -1,6 +1,7 @@
 #pragma once
 // `ddprun-rendezvous status`: what the jobs on a store look like, as JSON. Reads the keys the
-// launcher's node rendezvous writes (/ddprun/<run_id>/r<round>/...) with LIST and MULTI_GET.
+// launcher's node rendezvous writes (rendezvous/job_keys.hpp) with LIST and MULTI_GET; what it
+// cannot parse is listed under "skipped", never fatal.
 
 #include <nlohmann/json.hpp>
 #include <string>
@@ -9,8 +10,7 @@
 
 namespace ddprun::rdzv {
 
-// {"endpoint": ..., "keys": N, "jobs": [{"run_id", "round", "state", "nnodes", "joined", "nodes": [...],
-//   "world_size", "worker_store", "end"}]}
+// {"endpoint": ..., "keys": N, "jobs": [...], "skipped": [...]}; see jobs::summarize_jobs.
 nlohmann::json store_status(Client& client);
 
 }  // namespace ddprun::rdzv

@@ -13,6 +13,7 @@ packages=(
   dataset-fashion-mnist zlib1g-dev
   clang libclang-rt-14-dev
   iproute2 procps util-linux
+  prometheus   # promtool, which checks the daemon's /metrics in the tests
 )
 
 missing=()

@@ -10,6 +10,8 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
+#include "rendezvous/client.hpp"
+#include "tests/support/daemon.hpp"
 #include "tests/support/free_port.hpp"
 #include "tests/support/subprocess.hpp"
 #include "tests/support/temp_dir.hpp"
@@ -31,6 +33,9 @@ std::unique_ptr<Subprocess> node(int port, int rank, int nproc, std::vector<std:
   argv.insert(argv.end(), worker_args.begin(), worker_args.end());
   return std::make_unique<Subprocess>(argv);
 }
+
+// Heartbeats every 0.2 s, so liveness is judged in well under a second.
+std::vector<std::string> fast_heartbeat() { return {"--rdzv_conf", "join_timeout=30,keep_alive_interval=0.2"}; }
 
 std::map<std::string, std::string> env_of(const TempDir& dir, int rank) {
   std::map<std::string, std::string> env;
@@ -116,10 +121,11 @@ TEST(MultiNodeTest, MissingNodeTimesOutNamingIt) {
 
 TEST(MultiNodeTest, DuplicateNodeRankIsRejected) {
   const int port = free_port();
-  auto a = node(port, 0, 1, {}, {"sleep", "2"});
-  auto b = node(port, 1, 1, {}, {"sleep", "2"});
+  auto a = node(port, 0, 1, fast_heartbeat(), {"sleep", "20"});
+  auto b = node(port, 1, 1, fast_heartbeat(), {"sleep", "20"});
   ASSERT_TRUE(b->wait_for_output("started 1 worker", 30s)) << b->err();
-  auto dup = node(port, 1, 1, {}, {"sleep", "0"});
+  // Node rank 1's holder is alive (its heartbeat moves): a duplicate, not a dead earlier run.
+  auto dup = node(port, 1, 1, fast_heartbeat(), {"sleep", "0"});
   const Finished d = dup->wait(30s);
   EXPECT_EQ(d.exit_code, 2) << d.err;
   EXPECT_NE(d.err.find("node_rank 1 has already joined this job"), std::string::npos) << d.err;
@@ -169,7 +175,8 @@ TEST(MultiNodeTest, NodeWhoseDdprunIsKilledIsDetectedByHeartbeat) {
 TEST(MultiNodeTest, TwoJobsShareOneRendezvousDaemonAndStatusShowsThem) {
   TempDir dir;
   const std::string port_file = (dir.path / "port").string();
-  Subprocess daemon({DAEMON_BIN, "--host", "127.0.0.1", "--port", "0", "--port-file", port_file});
+  // --job-ttl 0: finished jobs stay, so that status can show how they ended.
+  Subprocess daemon({DAEMON_BIN, "--host", "127.0.0.1", "--port", "0", "--port-file", port_file, "--job-ttl", "0"});
   ASSERT_TRUE(daemon.wait_for_output("listening on", 10s));
   std::ifstream in(port_file);
   int daemon_port = 0;
@@ -208,6 +215,105 @@ TEST(MultiNodeTest, TwoJobsShareOneRendezvousDaemonAndStatusShowsThem) {
   }
   EXPECT_EQ(j["jobs"][0]["run_id"], "job-a");
   EXPECT_EQ(j["jobs"][1]["run_id"], "job-b");
+}
+
+// Two nodes of job `run_id` (none: the default id) through the daemon at `port`; returns their results.
+std::vector<Finished> run_daemon_job(uint16_t port, const std::string& run_id, std::vector<std::string> worker,
+                                     std::vector<std::string> extra = {}) {
+  std::vector<std::unique_ptr<Subprocess>> nodes;
+  for (int n = 0; n < 2; ++n) {
+    std::vector<std::string> argv{DDPRUN_BIN, "--nnodes", "2", "--node_rank", std::to_string(n),
+                                  "--rdzv_endpoint", "127.0.0.1:" + std::to_string(port), "--master_addr", "127.0.0.1",
+                                  "--local_addr", "127.0.0." + std::to_string(n + 1)};
+    if (!run_id.empty()) argv.insert(argv.end(), {"--rdzv_id", run_id});
+    argv.insert(argv.end(), extra.begin(), extra.end());
+    argv.push_back(TEST_WORKER_BIN);
+    argv.insert(argv.end(), worker.begin(), worker.end());
+    nodes.push_back(std::make_unique<Subprocess>(argv));
+  }
+  std::vector<Finished> out;
+  for (auto& n : nodes) out.push_back(n->wait(60s));
+  return out;
+}
+
+rdzv::ClientOptions daemon_client(uint16_t port) {
+  rdzv::ClientOptions o;
+  o.host = "127.0.0.1";
+  o.port = port;
+  o.connect_timeout = 10s;
+  o.timeout = 10s;
+  return o;
+}
+
+// The daemon's key count once its janitor has caught up (it sweeps every second).
+int64_t settled_keys(uint16_t port, int64_t at_most) {
+  rdzv::Client c(daemon_client(port));
+  const auto deadline = std::chrono::steady_clock::now() + 20s;
+  int64_t n = c.num_keys();
+  while (n > at_most && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(100ms);  // sleep override: waiting for the daemon's janitor
+    n = c.num_keys();
+  }
+  return n;
+}
+
+TEST(MultiNodeTest, TheSameJobRunsAgainOnASharedDaemonAndLeavesNoKeysBehind) {
+  Daemon d(DAEMON_BIN);
+  std::vector<int64_t> keys_after;
+  for (int run = 0; run < 3; ++run) {
+    for (const std::string id : {"", "rerun"}) {  // the default id (none), then an explicit one
+      for (const Finished& f : run_daemon_job(d.port(), id, {"store-barrier"})) {
+        ASSERT_EQ(f.exit_code, 0) << "run " << run << " of '" << id << "':\n" << f.err;
+      }
+    }
+    // What is left of two finished job ids: their generation counters.
+    keys_after.push_back(settled_keys(d.port(), 2));
+  }
+  EXPECT_EQ(keys_after, (std::vector<int64_t>{2, 2, 2})) << "the key count must stay flat:\n" << d.log();
+}
+
+TEST(MultiNodeTest, AJobWhoseAgentsWereKilledIsForgottenAndItsIdRunsAgain) {
+  DaemonOptions o;
+  o.args = {"--job-ttl", "2"};
+  Daemon d(DAEMON_BIN, o);
+  const std::string endpoint = "127.0.0.1:" + std::to_string(d.port());
+  std::vector<std::unique_ptr<Subprocess>> nodes;
+  for (int n = 0; n < 2; ++n) {
+    nodes.push_back(std::make_unique<Subprocess>(std::vector<std::string>{
+        DDPRUN_BIN, "--nnodes", "2", "--node_rank", std::to_string(n), "--rdzv_endpoint", endpoint, "--rdzv_id",
+        "crashy", "--master_addr", "127.0.0.1", "--rdzv_conf", "keep_alive_interval=0.2", TEST_WORKER_BIN, "sleep",
+        "60"}));
+  }
+  for (auto& n : nodes) ASSERT_TRUE(n->wait_for_output("started 1 worker", 30s)) << n->err();
+  for (auto& n : nodes) n->signal(SIGKILL);
+  for (auto& n : nodes) n->wait(10s);
+  // Run again at once: the dead agents' node ranks are taken over (their heartbeats do not move).
+  for (const Finished& f : run_daemon_job(d.port(), "crashy", {"store-barrier"}, {"--rdzv_conf", "keep_alive_interval=0.2"})) {
+    ASSERT_EQ(f.exit_code, 0) << f.err;
+    EXPECT_NE(f.err.find("was left by agents that are gone"), std::string::npos) << f.err;
+  }
+  // The killed run's keys go after the TTL without a change; the finished run's at once.
+  EXPECT_EQ(settled_keys(d.port(), 0), 0) << d.log();
+}
+
+TEST(MultiNodeTest, StatusSkipsKeysItCannotParseAndSaysSo) {
+  Daemon d(DAEMON_BIN);
+  {
+    rdzv::Client c(daemon_client(d.port()));
+    c.set("/ddprun/big/g1/r99999999999999999999/node/0", "{}");
+    c.set("/ddprun/bad/g1/r0/node/0", "{not json");
+    c.set("/ddprun/bad/g1/r0/worker_store", "[1,2]");
+    c.set("/ddprun/good/g1/r0/node/0", R"({"host":"h","nproc":2,"nnodes":1,"agent":"a"})");
+  }
+  Subprocess status({DAEMON_BIN, "status", "--endpoint", "127.0.0.1:" + std::to_string(d.port())});
+  const Finished st = status.wait(10s);
+  ASSERT_EQ(st.exit_code, 0) << st.err;
+  const auto j = nlohmann::json::parse(st.out);
+  ASSERT_EQ(j["skipped"].size(), 3u) << st.out;
+  EXPECT_NE(st.err.find("skipped 3 key(s)"), std::string::npos) << st.err;
+  ASSERT_EQ(j["jobs"].size(), 2u) << st.out;
+  EXPECT_EQ(j["jobs"][1]["run_id"], "good");
+  EXPECT_EQ(j["jobs"][1]["world_size"], 2);
 }
 
 }  // namespace

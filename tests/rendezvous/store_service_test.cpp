@@ -5,6 +5,8 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdio>
+#include <fstream>
 #include <memory>
 #include <thread>
 #include <vector>
@@ -281,6 +283,75 @@ TEST(StoreServiceTest, WaitSentInSmallSlicesCostsAboutWhatItCostsSentAtOnce) {
   // Linear decoding: the same work either way (plus a read per slice). Re-parsing from the start
   // on every read made this 1.4 s against 0.01 s.
   EXPECT_LT(sliced_cpu, 10 * whole_cpu + 0.3) << "whole " << whole_cpu << " s, sliced " << sliced_cpu << " s";
+  expect_serving(d);
+}
+
+// GET `path` from the daemon's metrics port; returns the whole HTTP response.
+std::string http_get(uint16_t port, const std::string& path) {
+  RawSocket s(port);
+  s.send("GET " + path + " HTTP/1.1\r\nHost: localhost\r\n\r\n");
+  std::string response;
+  s.read_until_eof(&response, 10s);
+  return response;
+}
+
+// The value of the first sample whose line starts with `series` ("name{labels}"), or -1.
+double sample(const std::string& text, const std::string& series) {
+  const auto pos = text.find("\n" + series + " ");
+  if (pos == std::string::npos) return -1;
+  return std::stod(text.substr(pos + series.size() + 2));
+}
+
+TEST(StoreServiceTest, MetricsEndpointPassesPromtoolAndCountsWhatHappened) {
+  DaemonOptions o;
+  o.args = {"--metrics-port", "0"};
+  Daemon d(DAEMON_BIN, o);
+  const std::string log = d.log();
+  const auto at = log.find("metrics on 127.0.0.1:");
+  ASSERT_NE(at, std::string::npos) << log;
+  const auto metrics_port = static_cast<uint16_t>(std::stoi(log.substr(at + 21)));
+
+  rdzv::Client c(client_options(d.port()));
+  for (int i = 0; i < 3; ++i) c.set("k" + std::to_string(i), "v");
+  c.set("/ddprun/job/g1/r0/node/0", R"({"host":"h","nproc":1,"nnodes":1,"agent":"a"})");
+  c.set("/ddprun/job/g1/r0/complete", "1");
+  {
+    RawSocket bad(d.port());
+    bad.send(std::string("\xff\x00", 2));
+    bad.read_until_eof();
+  }
+  RawSocket waiter(d.port());
+  waiter.send(v2_hello() + v2_keys(kV2Wait, {"never"}));
+  c.ping();  // the WAIT was read before this is answered
+
+  const std::string response = http_get(metrics_port, "/metrics");
+  ASSERT_EQ(response.rfind("HTTP/1.1 200 OK\r\n", 0), 0u) << response;
+  EXPECT_NE(response.find("Content-Type: text/plain; version=0.0.4"), std::string::npos) << response;
+  const std::string body = response.substr(response.find("\r\n\r\n") + 4);
+  EXPECT_EQ(sample(body, "ddprun_store_requests_total{op=\"SET\"}"), 5);
+  EXPECT_EQ(sample(body, "ddprun_store_keys"), 5);
+  EXPECT_EQ(sample(body, "ddprun_store_pending_waits"), 1);
+  EXPECT_EQ(sample(body, "ddprun_store_connections"), 2);
+  EXPECT_EQ(sample(body, "ddprun_store_connections_closed_total{reason=\"bad_request\"}"), 1);
+  EXPECT_EQ(sample(body, "ddprun_store_jobs{state=\"running\"}"), 1);
+  EXPECT_GT(sample(body, "ddprun_store_received_bytes_total"), 0);
+  EXPECT_GT(sample(body, "process_resident_memory_bytes"), 0);
+
+  // Prometheus's own linter: valid exposition, no complaints.
+  TempDir dir;
+  const std::string file = (dir.path / "metrics.txt").string();
+  std::ofstream(file) << body;
+  FILE* p = ::popen(("promtool check metrics < " + file + " 2>&1").c_str(), "r");
+  ASSERT_NE(p, nullptr);
+  std::string lint;
+  char buf[512];
+  while (std::fgets(buf, sizeof buf, p)) lint += buf;
+  const int status = ::pclose(p);
+  ASSERT_NE(WEXITSTATUS(status), 127) << "promtool is missing (Debian's prometheus package; scripts/install_deps.sh)";
+  EXPECT_EQ(WEXITSTATUS(status), 0) << lint;
+  EXPECT_EQ(lint, "") << body;
+
+  EXPECT_EQ(http_get(metrics_port, "/nope").rfind("HTTP/1.1 404", 0), 0u);
   expect_serving(d);
 }
 

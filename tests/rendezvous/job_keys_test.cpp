@@ -1,0 +1,141 @@
+// The rendezvous key layout, the outcome encoding, the status summary and the janitor: pure logic.
+#include "rendezvous/job_keys.hpp"
+
+#include <gtest/gtest.h>
+
+#include "rendezvous/janitor.hpp"
+#include "rendezvous/kv_store.hpp"
+
+namespace ddprun::rdzv {
+namespace {
+
+using json = nlohmann::json;
+using namespace std::chrono_literals;
+
+TEST(JobKeysTest, KeysRoundTripThroughTheParser) {
+  const jobs::JobKeys k("job-42", 3);
+  EXPECT_EQ(k.round(7, "node/1"), "/ddprun/job-42/g3/r7/node/1");
+  EXPECT_EQ(k.heartbeat("node0-host:12:5"), "/ddprun/job-42/g3/hb/node0-host:12:5");
+  EXPECT_EQ(jobs::JobKeys::generation_counter("job-42"), "/ddprun/job-42/gen");
+  const auto r = jobs::parse_key(k.round(7, "node/1"), nullptr);
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->run_id, "job-42");
+  EXPECT_EQ(r->generation, 3);
+  EXPECT_EQ(r->round, 7);
+  EXPECT_EQ(r->name, "node/1");
+  const auto hb = jobs::parse_key(k.heartbeat("a:1"), nullptr);
+  ASSERT_TRUE(hb);
+  EXPECT_FALSE(hb->round);
+  EXPECT_EQ(hb->name, "hb/a:1");
+  const auto gen = jobs::parse_key("/ddprun/job-42/gen", nullptr);
+  ASSERT_TRUE(gen);
+  EXPECT_FALSE(gen->generation);
+}
+
+TEST(JobKeysTest, OddKeysAreRejectedWithAReasonNeverAnException) {
+  std::string why;
+  EXPECT_FALSE(jobs::parse_key("/ddprun/x/g1/r99999999999999999999/node/0", &why));
+  EXPECT_NE(why.find("not a number"), std::string::npos) << why;
+  EXPECT_FALSE(jobs::parse_key("/ddprun/x/g-1/r0/end", &why));
+  EXPECT_FALSE(jobs::parse_key("/ddprun/x/r0/node/0", &why));  // an older layout
+  EXPECT_FALSE(jobs::parse_key("/ddprun/a b/gen", &why));
+  EXPECT_NE(why.find("run id"), std::string::npos) << why;
+  EXPECT_FALSE(jobs::parse_key("/default_pg/0", &why));
+  EXPECT_FALSE(jobs::valid_run_id("a/b"));
+  EXPECT_FALSE(jobs::valid_run_id(""));
+  EXPECT_TRUE(jobs::valid_run_id("slurm-1234.step:0_x"));
+}
+
+TEST(JobKeysTest, EveryOutcomeKindSurvivesEncoding) {
+  using Kind = jobs::Outcome::Kind;
+  for (Kind kind : {Kind::Success, Kind::Failure, Kind::Signal, Kind::NodeLost, Kind::Membership, Kind::Hang}) {
+    jobs::Outcome o;
+    o.kind = kind;
+    o.node = 2;
+    o.detail = "what happened";
+    if (kind == Kind::Failure || kind == Kind::Hang) o.failure = {{"rank", 5}, {"host", "h"}};
+    const jobs::Outcome back = jobs::decode_outcome(jobs::encode_outcome(o));
+    EXPECT_EQ(back.kind, kind) << jobs::encode_outcome(o);
+    if (kind != Kind::Success && kind != Kind::Failure) EXPECT_EQ(back.detail, "what happened");
+    if (kind == Kind::NodeLost || kind == Kind::Failure || kind == Kind::Hang) EXPECT_EQ(back.node, 2);
+    if (kind == Kind::Failure || kind == Kind::Hang) EXPECT_EQ(back.failure["rank"], 5);
+  }
+  // Text that is no outcome reads as a failure that says what it was.
+  const jobs::Outcome junk = jobs::decode_outcome("{not json");
+  EXPECT_EQ(junk.kind, jobs::Outcome::Kind::Failure);
+  EXPECT_EQ(junk.detail, "{not json");
+}
+
+TEST(JobKeysTest, SummaryListsJobsAndSkipsWhatItCannotParse) {
+  const jobs::JobKeys k("job", 1);
+  std::vector<std::pair<std::string, std::string>> kv = {
+      {"/ddprun/job/gen", "1"},
+      {k.round(0, "node/0"), R"({"host":"a","addr":"10.0.0.1","nproc":2,"nnodes":2,"agent":"x"})"},
+      {k.round(0, "node/1"), R"({"host":"b","addr":"10.0.0.2","nproc":2,"nnodes":2,"agent":"y"})"},
+      {k.round(0, "complete"), "1"},
+      {k.heartbeat("x"), "7"},
+      {k.heartbeat("x") + "/time", "1000"},
+      {k.round(1, "node/0"), "{bad json"},
+      {k.round(1, "end"), "lost:1:node 1 (b) sent no heartbeat for 15s"},
+      {"/ddprun/other/g1/r99999999999999999999/node/0", "{}"},
+  };
+  const json s = jobs::summarize_jobs(kv, 3000);
+  ASSERT_EQ(s["jobs"].size(), 1u) << s.dump(2);
+  const json& job = s["jobs"][0];
+  EXPECT_EQ(job["run_id"], "job");
+  EXPECT_EQ(job["round"], 1);
+  EXPECT_EQ(job["state"], "node_lost") << "a lost node is not a failure";
+  EXPECT_EQ(job["end"], "node 1 (b) sent no heartbeat for 15s");
+  ASSERT_EQ(s["skipped"].size(), 2u) << s.dump(2);
+  EXPECT_EQ(s["skipped"][0]["key"], "/ddprun/other/g1/r99999999999999999999/node/0");
+  EXPECT_EQ(s["skipped"][1]["key"], k.round(1, "node/0"));
+
+  kv.resize(6);  // round 0 only: running, with heartbeats
+  const json running = jobs::summarize_jobs(kv, 3000)["jobs"][0];
+  EXPECT_EQ(running["state"], "running");
+  EXPECT_EQ(running["world_size"], 4);
+  EXPECT_EQ(running["nodes"][0]["heartbeats"], 7);
+  EXPECT_DOUBLE_EQ(running["nodes"][0]["last_heartbeat_age_s"].get<double>(), 2.0);
+}
+
+std::vector<std::string> keys_of(const KvStore& s) { return s.list(); }
+
+TEST(JobJanitorTest, DoneGenerationsGoAtOnceTheCounterAfterTheTtl) {
+  KvStore store;
+  const jobs::JobKeys g1("job", 1), g2("job", 2);
+  store.set("/ddprun/job/gen", "2");
+  store.set(g1.round(0, "node/0"), "{}");
+  store.set(g1.done(), "1");
+  store.set(g2.round(0, "node/0"), "{}");
+  store.set("/default_pg/0", "not ours");
+  JobJanitor janitor(10s);
+  auto t = JobJanitor::Clock::now();
+  EXPECT_EQ(janitor.sweep(store, t).generations_forgotten, 1u);
+  EXPECT_EQ(keys_of(store), (std::vector<std::string>{"/ddprun/job/g2/r0/node/0", "/ddprun/job/gen", "/default_pg/0"}));
+  store.set(g2.done(), "1");
+  janitor.sweep(store, t + 1s);
+  EXPECT_EQ(keys_of(store), (std::vector<std::string>{"/ddprun/job/gen", "/default_pg/0"}));
+  janitor.sweep(store, t + 5s);
+  EXPECT_EQ(store.num_keys(), 2u) << "the counter stays while a run might still read it";
+  janitor.sweep(store, t + 12s);
+  EXPECT_EQ(keys_of(store), (std::vector<std::string>{"/default_pg/0"}));
+}
+
+TEST(JobJanitorTest, AGenerationGoesOnlyAfterATtlWithoutAnyChange) {
+  KvStore store;
+  const jobs::JobKeys g("job", 1);
+  store.set(g.round(0, "node/0"), "{}");
+  store.set(g.heartbeat("a"), "1");
+  JobJanitor janitor(10s);
+  const auto t = JobJanitor::Clock::now();
+  janitor.sweep(store, t);
+  store.set(g.heartbeat("a"), "2");  // alive
+  janitor.sweep(store, t + 8s);
+  janitor.sweep(store, t + 16s);
+  EXPECT_EQ(store.num_keys(), 2u) << "a heartbeat 8 s ago keeps it";
+  EXPECT_EQ(janitor.sweep(store, t + 19s).generations_forgotten, 1u) << "11 s without a change";
+  EXPECT_EQ(store.num_keys(), 0u);
+}
+
+}  // namespace
+}  // namespace ddprun::rdzv
