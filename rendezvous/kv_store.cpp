@@ -184,9 +184,9 @@ bool KvStore::wait(Waiter& waiter, std::span<const std::string_view> keys) {
   for (std::string_view key : keys) {
     if (present(key)) continue;
     auto it = waiting_on_.find(key);
-    if (it == waiting_on_.end()) it = waiting_on_.emplace(std::string(key), std::vector<Waiter*>()).first;
-    it->second.push_back(&waiter);
-    pending.keys.emplace_back(key);
+    if (it == waiting_on_.end()) it = waiting_on_.emplace(std::string(key), WaitList()).first;
+    const auto pos = it->second.insert(it->second.end(), WaitEntry{&waiter, pending.regs.size()});
+    pending.regs.push_back({std::string(key), pos, true});
     ++pending.missing;
   }
   if (pending.missing == 0) return true;
@@ -198,12 +198,12 @@ bool KvStore::wait(Waiter& waiter, std::span<const std::string_view> keys) {
 bool KvStore::cancel_wait(Waiter& waiter) {
   auto it = waits_.find(&waiter);
   if (it == waits_.end()) return false;
-  for (const std::string& key : it->second.keys) {
-    auto list = waiting_on_.find(key);
+  for (const PendingWait::Registration& reg : it->second.regs) {
+    if (!reg.live) continue;
+    auto list = waiting_on_.find(reg.key);
     if (list == waiting_on_.end()) continue;
-    auto& v = list->second;
-    v.erase(std::remove(v.begin(), v.end(), &waiter), v.end());
-    if (v.empty()) waiting_on_.erase(list);
+    list->second.erase(reg.pos);
+    if (list->second.empty()) waiting_on_.erase(list);
   }
   waits_.erase(it);
   return true;
@@ -221,8 +221,8 @@ std::vector<PendingWaitInfo> KvStore::pending_waits() const {
     PendingWaitInfo info;
     info.waiter = waiter;
     info.since = pending.since;
-    for (const std::string& k : pending.keys) {
-      if (!present(k)) info.missing.push_back(k);
+    for (const auto& reg : pending.regs) {
+      if (reg.live) info.missing.push_back(reg.key);
     }
     out.push_back(std::move(info));
   }
@@ -232,29 +232,31 @@ std::vector<PendingWaitInfo> KvStore::pending_waits() const {
 void KvStore::key_arrived(std::string_view key, bool wake_one) {
   auto list = waiting_on_.find(key);
   if (list == waiting_on_.end()) return;
-  std::vector<Waiter*> woken;
+  WaitList woken;
   if (wake_one) {
-    woken.push_back(list->second.front());
-    list->second.erase(list->second.begin());
-    if (list->second.empty()) waiting_on_.erase(list);
+    woken.splice(woken.end(), list->second, list->second.begin());
   } else {
-    woken = std::move(list->second);
-    waiting_on_.erase(list);
+    woken.swap(list->second);
   }
-  for (Waiter* w : woken) {
-    auto it = waits_.find(w);
+  if (list->second.empty()) waiting_on_.erase(list);
+  for (const WaitEntry& e : woken) {
+    auto it = waits_.find(e.waiter);
     if (it == waits_.end()) continue;
+    it->second.regs[e.reg].live = false;
     if (--it->second.missing > 0) continue;
     waits_.erase(it);
     // The callback may queue bytes or even start another wait; the store is consistent here.
-    w->on_wait_complete();
+    e.waiter->on_wait_complete();
   }
 }
 
 void KvStore::watch(Waiter& waiter, std::string_view key) {
   auto it = watchers_.find(key);
   if (it == watchers_.end()) it = watchers_.emplace(std::string(key), std::vector<Waiter*>()).first;
-  if (std::find(it->second.begin(), it->second.end(), &waiter) == it->second.end()) it->second.push_back(&waiter);
+  if (std::find(it->second.begin(), it->second.end(), &waiter) == it->second.end()) {
+    it->second.push_back(&waiter);
+    watching_[&waiter].emplace_back(key);
+  }
 }
 
 void KvStore::notify_watchers(std::string_view key, const SharedBytes& old_value, const SharedBytes& new_value) {
@@ -269,11 +271,16 @@ void KvStore::notify_watchers(std::string_view key, const SharedBytes& old_value
 
 void KvStore::forget(Waiter& waiter) {
   cancel_wait(waiter);
-  for (auto it = watchers_.begin(); it != watchers_.end();) {
+  auto mine = watching_.find(&waiter);
+  if (mine == watching_.end()) return;
+  for (const std::string& key : mine->second) {
+    auto it = watchers_.find(key);
+    if (it == watchers_.end()) continue;
     auto& v = it->second;
     v.erase(std::remove(v.begin(), v.end(), &waiter), v.end());
-    it = v.empty() ? watchers_.erase(it) : std::next(it);
+    if (v.empty()) watchers_.erase(it);
   }
+  watching_.erase(mine);
 }
 
 void KvStore::queue_push(std::string_view key, std::string_view value) {

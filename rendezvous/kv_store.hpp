@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <list>
 #include <memory>
 #include <optional>
 #include <span>
@@ -123,11 +124,26 @@ class KvStore {
  private:
   using Value = std::shared_ptr<std::string>;
   using Map = std::unordered_map<std::string, Value, StringHash, std::equal_to<>>;
-  using WaiterLists = std::unordered_map<std::string, std::vector<Waiter*>, StringHash, std::equal_to<>>;
+  // The clients waiting on one key, in arrival order (QUEUE_PUSH wakes the first). Each entry
+  // knows its registration in the waiter's PendingWait, and each registration its list position,
+  // so that cancelling, waking and disconnecting cost O(the waiter's own keys), never O(all
+  // waiters on a key): 16K ranks leaving a barrier at once stay linear.
+  struct WaitEntry {
+    Waiter* waiter;
+    size_t reg;  // index into PendingWait::regs
+  };
+  using WaitList = std::list<WaitEntry>;
+  using WaitLists = std::unordered_map<std::string, WaitList, StringHash, std::equal_to<>>;
+  using WatchLists = std::unordered_map<std::string, std::vector<Waiter*>, StringHash, std::equal_to<>>;
 
   struct PendingWait {
+    struct Registration {
+      std::string key;
+      WaitList::iterator pos;
+      bool live = true;  // false once the key has arrived
+    };
     size_t missing = 0;
-    std::vector<std::string> keys;  // keys registered on, to unregister on cancel
+    std::vector<Registration> regs;
     std::chrono::steady_clock::time_point since;
   };
 
@@ -143,9 +159,10 @@ class KvStore {
   StoreLimits limits_;
   Map map_;
   std::unordered_map<std::string, std::deque<std::string>, StringHash, std::equal_to<>> queues_;
-  WaiterLists waiting_on_;
+  WaitLists waiting_on_;
   std::unordered_map<const Waiter*, PendingWait> waits_;
-  WaiterLists watchers_;
+  WatchLists watchers_;
+  std::unordered_map<const Waiter*, std::vector<std::string>> watching_;  // a watcher's keys
   uint64_t stored_bytes_ = 0;
   uint64_t key_bytes_ = 0;  // of the KV map's keys, for LIST
   uint64_t requests_ = 0;

@@ -135,6 +135,9 @@ Server::Server(asio::io_context& io, ServerOptions options)
   listen_fd_ = listen_on(options_.host, options_.port, bound, len);
   endpoint_ = to_endpoint(bound, len);
   port_ = endpoint_.port();
+  // Accepted sockets inherit these from the listener (Linux copies the socket's state): no
+  // per-connection system calls.
+  set_keepalive(listen_fd_, options_);
   const int epfd = ::epoll_create1(EPOLL_CLOEXEC);
   if (epfd < 0) {
     const int err = errno;
@@ -388,7 +391,6 @@ void Server::accept_pending() {
                          << " refused while out of file descriptors)";
       refused_in_episode_ = 0;
     }
-    set_keepalive(fd, options_);
     auto session = std::make_unique<Session>(fd, format_sockaddr(&addr), store_, options_.limits,
                                              [this](Session& s) { mark_dirty(s); });
     Session* raw = session.get();

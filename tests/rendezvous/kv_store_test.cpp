@@ -132,5 +132,47 @@ TEST(KvStoreTest, StoredBytesTrackSetsAppendsAndDeletes) {
   EXPECT_EQ(s.stored_bytes(), 0u);
 }
 
+TEST(KvStoreTest, CancellingSomeOfManyWaitersLeavesExactlyTheOthersToWake) {
+  KvStore s;
+  std::vector<RecordingWaiter> waiters(1000);
+  const std::array<std::string_view, 2> keys{"k", "k"};  // a key twice: both must arrive... the same one
+  for (auto& w : waiters) EXPECT_FALSE(s.wait(w, keys));
+  for (size_t i = 0; i < waiters.size(); i += 2) EXPECT_TRUE(s.cancel_wait(waiters[i]));
+  s.forget(waiters[1]);
+  EXPECT_EQ(s.waiting_clients(), 499u);
+  s.set("k", "v");
+  for (size_t i = 0; i < waiters.size(); ++i) EXPECT_EQ(waiters[i].completed, i % 2 == 1 && i != 1 ? 1 : 0) << i;
+  EXPECT_EQ(s.waiting_clients(), 0u);
+}
+
+TEST(KvStoreTest, QueuePushWakesTheFirstWaiterStillWaiting) {
+  KvStore s;
+  RecordingWaiter a, b, c;
+  const std::array<std::string_view, 1> q{"q"};
+  s.wait(a, q);
+  s.wait(b, q);
+  s.wait(c, q);
+  s.cancel_wait(a);
+  s.queue_push("q", "1");
+  EXPECT_EQ(a.completed + b.completed + c.completed, 1);
+  EXPECT_EQ(b.completed, 1);
+  std::string v;
+  s.queue_pop("q", v);
+  s.queue_push("q", "2");
+  EXPECT_EQ(c.completed, 1);
+}
+
+TEST(KvStoreTest, PendingWaitsNameTheKeysStillMissing) {
+  KvStore s;
+  RecordingWaiter w;
+  const std::array<std::string_view, 3> keys{"a", "b", "c"};
+  s.wait(w, keys);
+  s.set("b", "1");
+  const auto pending = s.pending_waits();
+  ASSERT_EQ(pending.size(), 1u);
+  EXPECT_EQ(pending[0].waiter, &w);
+  EXPECT_EQ(pending[0].missing, (std::vector<std::string>{"a", "c"}));
+}
+
 }  // namespace
 }  // namespace ddprun::rdzv

@@ -1,0 +1,348 @@
+// Store scale benchmark: N simulated ranks, one connection each, driven by one epoll loop (not a
+// thread per rank), against ddprun-rendezvous and against LibTorch 1.13's own TCPStore server, in
+// one run. Each rank connects, ADDs a counter; the rank that brings it to N SETs a key; every rank
+// WAITs on that key, then GETs it. This is the shape of a job's start (PyTorch's store-based
+// barrier and rendezvous) at N ranks. The 1.13 wire dialect is used, the only one LibTorch 1.13's
+// server speaks.
+//
+//   store_scale_bench --daemon PATH/ddprun-rendezvous --libtorch-server PATH/store_bench
+//                     [--ranks 1024,4096,16384] [--timeout SECONDS]
+//   store_scale_bench --connect PORT [--ranks N]     (drive a server that is already running, e.g.
+//                                                     under a profiler)
+//
+// Reports wall time, time per rank, the server's peak RSS (VmHWM) and its CPU time. Each server runs
+// in its own process (LibTorch's through `store_bench serve torch`); a run that does not finish
+// within the timeout is reported as such.
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <signal.h>
+#include <sys/epoll.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <arpa/inet.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <iostream>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "common/system.hpp"
+#include "rendezvous/protocol.hpp"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using ddprun::rdzv::put_bytes;
+using ddprun::rdzv::put_i64;
+using ddprun::rdzv::put_u64;
+using ddprun::rdzv::put_u8;
+
+// A server in its own process; its first stdout line holds the port (its last number).
+struct ServerProcess {
+  pid_t pid = -1;
+  int stdin_fd = -1;
+  uint16_t port = 0;
+  uint64_t idle_rss_kib = 0;
+
+  explicit ServerProcess(std::vector<std::string> argv) {
+    int in[2], out[2];
+    if (::pipe2(in, O_CLOEXEC) != 0 || ::pipe2(out, O_CLOEXEC) != 0) throw std::runtime_error("pipe");
+    std::vector<char*> args;
+    for (auto& a : argv) args.push_back(a.data());
+    args.push_back(nullptr);
+    pid = ::fork();
+    if (pid == 0) {
+      ::dup2(in[0], STDIN_FILENO);
+      ::dup2(out[1], STDOUT_FILENO);
+      const int null = ::open("/dev/null", O_WRONLY);
+      ::dup2(null, STDERR_FILENO);
+      ::execv(args[0], args.data());
+      ::_exit(127);
+    }
+    ::close(in[0]);
+    ::close(out[1]);
+    stdin_fd = in[1];
+    std::string line;
+    char c;
+    while (::read(out[0], &c, 1) == 1 && c != '\n') line.push_back(c);
+    ::close(out[0]);
+    const auto digits = line.find_last_not_of("0123456789");
+    if (line.empty() || digits == line.size() - 1) throw std::runtime_error("server did not print its port: " + line);
+    port = static_cast<uint16_t>(std::stoi(line.substr(digits + 1)));
+    idle_rss_kib = rss_kib();
+  }
+  ~ServerProcess() {
+    ::close(stdin_fd);  // `store_bench serve` stops when its stdin closes
+    ::kill(pid, SIGTERM);
+    int status;
+    ::waitpid(pid, &status, 0);
+  }
+  uint64_t rss_kib() const {
+    FILE* f = std::fopen(("/proc/" + std::to_string(pid) + "/status").c_str(), "r");
+    char line[256];
+    uint64_t v = 0;
+    while (f && std::fgets(line, sizeof line, f)) {
+      if (std::strncmp(line, "VmRSS:", 6) == 0) v = std::strtoull(line + 6, nullptr, 10);
+    }
+    if (f) std::fclose(f);
+    return v;
+  }
+};
+
+// One simulated rank's connection.
+struct Rank {
+  enum class State { Idle, Connecting, Add, Wait, GetLength, GetValue, Done } state = State::Idle;
+  int fd = -1;
+  char buf[16];
+  size_t need = 0, got = 0;
+  uint64_t value_left = 0;
+};
+
+struct RunResult {
+  double seconds = 0;
+  int finished = 0;
+  bool timed_out = false;
+  std::string error;
+};
+
+std::string add_request(int64_t delta) {
+  std::string r;
+  put_u8(r, 3);  // 1.13 ADD
+  put_bytes(r, "scale/counter");
+  put_i64(r, delta);
+  return r;
+}
+
+RunResult drive(uint16_t port, int n, std::chrono::seconds timeout) {
+  RunResult res;
+  const int ep = ::epoll_create1(EPOLL_CLOEXEC);
+  std::vector<Rank> ranks(static_cast<size_t>(n));
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(port);
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  const std::string add = add_request(1);
+  std::string set_req, wait_req, get_req;
+  put_u8(set_req, 0);  // SET
+  put_bytes(set_req, "scale/go");
+  put_bytes(set_req, "go");
+  put_u8(wait_req, 5);  // WAIT
+  put_u64(wait_req, 1);
+  put_bytes(wait_req, "scale/go");
+  put_u8(get_req, 2);  // GET
+  put_bytes(get_req, "scale/go");
+
+  auto send_all = [](Rank& r, const std::string& bytes) {
+    // Requests are a few dozen bytes: a fresh socket's buffer always takes them whole.
+    return ::send(r.fd, bytes.data(), bytes.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(bytes.size());
+  };
+  auto expect = [](Rank& r, Rank::State st, size_t bytes) {
+    r.state = st;
+    r.need = bytes;
+    r.got = 0;
+  };
+  int next = 0, connecting = 0, done = 0;
+  constexpr int kMaxConnecting = 512;  // below the listen backlog: no SYN drops and retransmits
+  auto start_connects = [&] {
+    while (connecting < kMaxConnecting && next < n) {
+      Rank& r = ranks[static_cast<size_t>(next)];
+      r.fd = ::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+      const int one = 1;
+      ::setsockopt(r.fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+      // Real ranks come from many hosts. From one source address the kernel's search for a free
+      // ephemeral port grows with every connection to the same server (O(n^2) in total), which
+      // would measure the load generator; 64 loopback sources play 64 hosts.
+      sockaddr_in src{};
+      src.sin_family = AF_INET;
+      src.sin_addr.s_addr = htonl(INADDR_LOOPBACK + 2 + static_cast<uint32_t>(next % 64));
+      ::setsockopt(r.fd, IPPROTO_IP, IP_BIND_ADDRESS_NO_PORT, &one, sizeof one);
+      ::bind(r.fd, reinterpret_cast<sockaddr*>(&src), sizeof src);
+      if (::connect(r.fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 && errno != EINPROGRESS) {
+        res.error = std::string("connect: ") + std::strerror(errno);
+        return false;
+      }
+      epoll_event ev{};
+      ev.events = EPOLLOUT | EPOLLIN;
+      ev.data.u32 = static_cast<uint32_t>(next);
+      ::epoll_ctl(ep, EPOLL_CTL_ADD, r.fd, &ev);
+      r.state = Rank::State::Connecting;
+      ++connecting;
+      ++next;
+    }
+    return true;
+  };
+  const auto t0 = Clock::now();
+  const auto deadline = t0 + timeout;
+  if (!start_connects()) return res;
+  std::vector<epoll_event> events(4096);
+  while (done < n && res.error.empty()) {
+    if (Clock::now() > deadline) {
+      res.timed_out = true;
+      break;
+    }
+    const int k = ::epoll_wait(ep, events.data(), static_cast<int>(events.size()), 100);
+    for (int i = 0; i < k && res.error.empty(); ++i) {
+      Rank& r = ranks[events[i].data.u32];
+      if (r.state == Rank::State::Connecting) {
+        int err = 0;
+        socklen_t len = sizeof err;
+        ::getsockopt(r.fd, SOL_SOCKET, SO_ERROR, &err, &len);
+        if (err != 0) {
+          res.error = std::string("connect: ") + std::strerror(err);
+          break;
+        }
+        epoll_event ev{};
+        ev.events = EPOLLIN;
+        ev.data.u32 = events[i].data.u32;
+        ::epoll_ctl(ep, EPOLL_CTL_MOD, r.fd, &ev);
+        --connecting;
+        if (!send_all(r, add)) res.error = "send ADD failed";
+        expect(r, Rank::State::Add, 8);
+        continue;
+      }
+      // Read what this rank's current reply needs.
+      for (;;) {
+        char tmp[4096];
+        const size_t want = r.state == Rank::State::GetValue ? std::min<uint64_t>(r.value_left, sizeof tmp)
+                                                              : r.need - r.got;
+        if (want == 0) break;
+        const ssize_t got = ::recv(r.fd, r.state == Rank::State::GetValue ? tmp : r.buf + r.got, want, 0);
+        if (got < 0 && (errno == EAGAIN || errno == EINTR)) break;
+        if (got <= 0) {
+          res.error = "the server closed a connection";
+          break;
+        }
+        if (r.state == Rank::State::GetValue) {
+          r.value_left -= static_cast<uint64_t>(got);
+        } else {
+          r.got += static_cast<size_t>(got);
+          if (r.got < r.need) continue;
+        }
+        switch (r.state) {
+          case Rank::State::Add: {
+            const int64_t v = static_cast<int64_t>(ddprun::rdzv::load_u64(r.buf));
+            if (v == n && !send_all(r, set_req)) res.error = "send SET failed";
+            if (!send_all(r, wait_req)) res.error = "send WAIT failed";
+            expect(r, Rank::State::Wait, 1);
+            break;
+          }
+          case Rank::State::Wait:
+            if (!send_all(r, get_req)) res.error = "send GET failed";
+            expect(r, Rank::State::GetLength, 8);
+            break;
+          case Rank::State::GetLength:
+            r.value_left = ddprun::rdzv::load_u64(r.buf);
+            r.state = Rank::State::GetValue;
+            break;
+          case Rank::State::GetValue:
+            break;
+          case Rank::State::Idle:
+          case Rank::State::Connecting:
+          case Rank::State::Done:
+            break;
+        }
+        if (r.state == Rank::State::GetValue && r.value_left == 0) {
+          r.state = Rank::State::Done;
+          ++done;
+          break;
+        }
+      }
+    }
+    if (!start_connects()) break;
+  }
+  res.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+  res.finished = done;
+  // Reset rather than close politely: no TIME_WAIT sockets left to crowd the next run's ports.
+  const linger reset{1, 0};
+  for (Rank& r : ranks) {
+    if (r.fd < 0) continue;
+    ::setsockopt(r.fd, SOL_SOCKET, SO_LINGER, &reset, sizeof reset);
+    ::close(r.fd);
+  }
+  ::close(ep);
+  return res;
+}
+
+std::vector<int> parse_list(const std::string& s) {
+  std::vector<int> out;
+  std::stringstream in(s);
+  std::string item;
+  while (std::getline(in, item, ',')) out.push_back(std::stoi(item));
+  return out;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string daemon, libtorch;
+  std::vector<int> ranks{1024, 4096, 16384};
+  std::chrono::seconds timeout{120};
+  int connect_port = 0;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string flag = argv[i];
+    if (flag == "--connect") connect_port = std::stoi(argv[i + 1]);
+    if (flag == "--daemon") daemon = argv[i + 1];
+    else if (flag == "--libtorch-server") libtorch = argv[i + 1];
+    else if (flag == "--ranks") ranks = parse_list(argv[i + 1]);
+    else if (flag == "--timeout") timeout = std::chrono::seconds(std::stoi(argv[i + 1]));
+  }
+  if (connect_port > 0) {
+    ddprun::raise_open_file_limit();
+    ::signal(SIGPIPE, SIG_IGN);
+    for (int n : ranks) {
+      const RunResult r = drive(static_cast<uint16_t>(connect_port), n, timeout);
+      std::printf("%d ranks: %d finished in %.3f s (%.1f us per rank)%s\n", n, r.finished, r.seconds,
+                  r.seconds * 1e6 / n, r.error.empty() ? "" : (" error: " + r.error).c_str());
+    }
+    return 0;
+  }
+  if (daemon.empty()) {
+    std::cerr << "usage: store_scale_bench --daemon PATH [--libtorch-server PATH/store_bench] [--ranks 1024,4096,16384]"
+                 " [--timeout SECONDS]\n";
+    return 2;
+  }
+  ddprun::raise_open_file_limit();
+  ::signal(SIGPIPE, SIG_IGN);
+  std::printf("Store scale: N ranks, one connection each (one epoll loop): connect, ADD, last rank SETs, all WAIT, GET\n");
+  std::printf("| ranks | server | finished | seconds | us per rank | server peak RSS MiB | server RSS growth MiB | server CPU s |\n");
+  std::printf("|---:|---|---:|---:|---:|---:|---:|---:|\n");
+  for (int n : ranks) {
+    struct Row {
+      std::string name;
+      RunResult r;
+      double peak_mib = 0, growth_mib = 0, cpu = 0;
+    };
+    std::vector<Row> rows;
+    for (int k = 0; k < 2; ++k) {
+      if (k == 1 && libtorch.empty()) continue;
+      std::vector<std::string> argv = k == 0 ? std::vector<std::string>{daemon, "--host", "127.0.0.1", "--port", "0"}
+                                             : std::vector<std::string>{libtorch, "serve", "torch"};
+      Row row;
+      row.name = k == 0 ? "ddprun-rendezvous" : "LibTorch 1.13 TCPStore";
+      ServerProcess server(argv);
+      const auto cpu0 = ddprun::process_cpu_time(server.pid);
+      row.r = drive(server.port, n, timeout);
+      row.cpu = static_cast<double>((ddprun::process_cpu_time(server.pid) - cpu0).count()) / 1e6;
+      row.peak_mib = static_cast<double>(ddprun::peak_rss_kib(server.pid)) / 1024.0;
+      row.growth_mib = row.peak_mib - static_cast<double>(server.idle_rss_kib) / 1024.0;
+      rows.push_back(row);
+      const char* note = row.r.timed_out ? " (timed out)" : row.r.error.empty() ? "" : " (error)";
+      std::printf("| %d | %s | %d/%d%s | %.2f | %.1f | %.1f | %.1f | %.2f |\n", n, row.name.c_str(), row.r.finished, n,
+                  note, row.r.seconds, row.r.seconds * 1e6 / n, row.peak_mib, row.growth_mib, row.cpu);
+      if (!row.r.error.empty()) std::fprintf(stderr, "  %s: %s\n", row.name.c_str(), row.r.error.c_str());
+      std::fflush(stdout);
+    }
+    if (rows.size() == 2 && rows[0].r.finished == n && rows[1].r.finished == n) {
+      std::printf("| %d | ratio ddprun/LibTorch | | %.2fx | | %.2fx | | %.2fx |\n", n, rows[0].r.seconds / rows[1].r.seconds,
+                  rows[0].peak_mib / rows[1].peak_mib, rows[0].cpu / rows[1].cpu);
+    }
+  }
+  return 0;
+}
