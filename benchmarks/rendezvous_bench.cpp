@@ -14,7 +14,7 @@
 
 #include "common/log.hpp"
 #include "common/system.hpp"
-#include "launcher/node_rendezvous.hpp"
+#include "launcher/store_rendezvous.hpp"
 
 using namespace ddprun;
 using Clock = std::chrono::steady_clock;
@@ -46,8 +46,8 @@ int main(int argc, char** argv) {
     std::vector<std::thread> agents;
     for (int k = 0; k < n; ++k) {
       agents.emplace_back([&, k] {
-        launcher::NodeRendezvousOptions o;
-        o.run_id = "bench";
+        launcher::StoreRendezvousOptions o;
+        o.run_id = std::string(dynamic ? "bench-c10d-" : "bench-static-") + std::to_string(n);
         o.dynamic = dynamic;
         o.min_nodes = n;
         o.nnodes = n;
@@ -62,8 +62,9 @@ int main(int argc, char** argv) {
         int64_t seen = first_join_ns.load();
         while (start < seen && !first_join_ns.compare_exchange_weak(seen, start)) {
         }
-        launcher::NodeRendezvous r(o);
-        const auto w = r.join(0, 1, [] { return uint16_t{1}; });
+        launcher::StopSignal stop;
+        launcher::StoreRendezvous r(o, stop);
+        const auto w = std::get<launcher::World>(r.join(0, 1, [] { return uint16_t{1}; }, stop));
         // Static: rank = node rank. Dynamic: any permutation, checked by the sum below.
         if ((!dynamic && w.rank_offset != k) || w.world_size != n || w.rank_offset != w.group_rank) ++wrong;
         rank_sum += w.rank_offset;

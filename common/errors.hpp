@@ -43,6 +43,17 @@ class LimitError : public ProtocolError {
   using ProtocolError::ProtocolError;
 };
 
+// A stop signal (SIGINT, SIGTERM, SIGHUP, SIGQUIT) arrived while ddprun waited for something; the
+// state that was waiting has been left cleanly.
+class StopRequested : public Error {
+ public:
+  explicit StopRequested(int signo) : Error("stopped by signal " + std::to_string(signo)), signo_(signo) {}
+  int signal() const { return signo_; }
+
+ private:
+  int signo_;
+};
+
 // A child process could not be started, signalled or waited for.
 class ProcessError : public Error {
  public:

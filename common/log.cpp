@@ -39,7 +39,14 @@ const char* level_name(Level level) {
   return "?????";
 }
 
+std::atomic<Sink>& current_sink() {
+  static std::atomic<Sink> sink{nullptr};
+  return sink;
+}
+
 }  // namespace
+
+void set_sink(Sink sink) { current_sink().store(sink); }
 
 bool enabled(Level level) { return static_cast<int>(level) >= current_level().load(std::memory_order_relaxed); }
 
@@ -72,6 +79,10 @@ Line::~Line() {
   if (!enabled(level_)) return;
   stream_ << '\n';
   const std::string text = stream_.str();
+  if (Sink sink = current_sink().load()) {
+    sink(text);
+    return;
+  }
   // One write per line keeps lines whole; a short write on stderr is retried for the rest.
   const char* p = text.data();
   size_t left = text.size();

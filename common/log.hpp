@@ -1,7 +1,8 @@
 #pragma once
 // Line-oriented logging to stderr: "2026-11-21T10:00:00.123Z INFO  store: listening on 127.0.0.1:41234".
-// stdout belongs to the workers, so nothing here ever writes there. Each line is emitted with a single
-// write(2), so lines from several threads or processes never interleave mid-line.
+// stdout belongs to the workers, so nothing here ever writes there. Each line is emitted whole (one
+// write(2), or one entry of the installed sink), so lines from several threads or processes never
+// interleave mid-line.
 // The level comes from DDPRUN_LOG_LEVEL (debug, info, warn, error; default info) and is read once.
 
 #include <sstream>
@@ -19,6 +20,11 @@ void set_level(Level level);
 
 // Parses "debug", "info", "warn"/"warning", "error"; returns false for anything else.
 bool parse_level(std::string_view text, Level& out);
+
+// Where finished lines go: by default a write(2) to stderr. A program whose stderr may block (the
+// launcher: a pipe nobody reads) installs a sink that queues instead. Set it before other threads log.
+using Sink = void (*)(std::string_view line);
+void set_sink(Sink sink);
 
 // One log line. Collects the message with operator<< and writes it when destroyed.
 class Line {

@@ -1,21 +1,24 @@
 #include "launcher/agent.hpp"
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <boost/asio/ip/address.hpp>
-#include <boost/asio/post.hpp>
-#include <atomic>
-#include <mutex>
-#include <optional>
 #include <csignal>
 #include <filesystem>
-#include <iostream>
 #include <memory>
+#include <mutex>
+#include <optional>
 #include <random>
 
 #include "common/errors.hpp"
 #include "common/log.hpp"
-#include "launcher/node_rendezvous.hpp"
+#include "common/system.hpp"
+#include "launcher/console.hpp"
+#include "launcher/local_rendezvous.hpp"
+#include "launcher/signals.hpp"
+#include "launcher/stop.hpp"
+#include "launcher/store_rendezvous.hpp"
 #include "launcher/supervisor.hpp"
 #include "launcher/worker_env.hpp"
 #include "rendezvous/server.hpp"
@@ -39,13 +42,6 @@ std::string random_suffix() {
   return s;
 }
 
-std::string safe_name(std::string s) {
-  for (char& c : s) {
-    if (!std::isalnum(static_cast<unsigned char>(c)) && c != '-' && c != '_' && c != '.') c = '_';
-  }
-  return s.empty() ? "none" : s;
-}
-
 // Where attempt directories go: LOG_DIR/RUN_ID_XXXX, or a temporary directory removed at exit
 // when nothing was asked to be kept.
 struct RunDirectory {
@@ -55,9 +51,9 @@ struct RunDirectory {
   explicit RunDirectory(const LaunchOptions& o) {
     std::error_code ec;
     if (!o.log_dir.empty()) {
-      path = fs::path(o.log_dir) / (safe_name(o.run_id) + "_" + random_suffix());
+      path = fs::path(o.log_dir) / (o.run_id + "_" + random_suffix());
     } else {
-      path = fs::temp_directory_path(ec) / ("ddprun_" + safe_name(o.run_id) + "_" + random_suffix());
+      path = fs::temp_directory_path(ec) / ("ddprun_" + o.run_id + "_" + random_suffix());
       temporary = !o.redirects.any() && !o.tee.any();
     }
     fs::create_directories(path, ec);
@@ -89,270 +85,398 @@ std::string store_bind_address(const std::string& master_addr) {
   return "::";
 }
 
-}  // namespace
+// How the Ending state leaves a round.
+struct Decision {
+  enum class Kind { Finish, Restart, Rerendezvous } kind = Kind::Finish;
+  int exit_code = 0;
+};
 
-int run_agent(const LaunchOptions& o) {
-  OrphanGuard guard;  // before any socket or thread exists, so it inherits nothing worth keeping
+class Agent {
+ public:
+  explicit Agent(const LaunchOptions& o);
+  ~Agent();
+  int run();
+
+ private:
+  void on_signal(int signo);
+  std::unique_ptr<RendezvousBackend> make_backend();
+  uint16_t host_worker_store();
+  std::vector<WorkerLaunch> make_launches(const World& world);
+  void start_watch(int round);
+  // The states.
+  std::variant<World, RoundEnd> rendezvous(int round);
+  GroupResult running(const World& world);
+  RoundEnd agree_on_end(int round, const GroupResult& result);
+  Decision decide(const RoundEnd& end, const GroupResult& result);
+  int finish(int round, const World& world, const RoundEnd& end, const GroupResult& result, int exit_code);
+
+  const LaunchOptions& o_;
+  const bool multi_node_;
+  StopSignal stop_;
+  OrphanGuard guard_;  // before any thread or socket exists, so it inherits nothing worth keeping
+  Environment base_env_;
+  std::string host_;
+  std::string signals_text_;
+  std::optional<std::vector<std::string>> gpus_;
+  RunDirectory run_dir_;
+  Supervisor supervisor_;
+  std::unique_ptr<SignalWatcher> signals_;  // after supervisor_: destroyed (joined) before it
+  std::unique_ptr<RendezvousBackend> backend_;
+  std::unique_ptr<rdzv::ServerThread> worker_store_;
+  int restarts_ = 0;
+  bool watching_ = false;
+  std::mutex seen_mutex_;
+  std::optional<RoundEnd> seen_end_;  // the round's end as the watcher saw it
+};
+
+Agent::Agent(const LaunchOptions& o)
+    : o_(o),
+      multi_node_(o.max_nodes > 1 || o.rdzv_backend == "c10d"),
+      base_env_(current_environment()),
+      host_(host_name()),
+      run_dir_(o),
+      supervisor_(SupervisorSettings{o.shutdown_timeout, host_name(), multi_node_ ? o.node_rank : -1, 12}, &guard_) {
   become_subreaper();
-
-  Environment base = current_environment();
-  if (o.nproc_per_node > 1 && base.find("OMP_NUM_THREADS") == base.end()) {
-    base["OMP_NUM_THREADS"] = "1";
+  if (o.nproc_per_node > 1 && base_env_.find("OMP_NUM_THREADS") == base_env_.end()) {
+    base_env_["OMP_NUM_THREADS"] = "1";
     log::warn("ddprun") << "OMP_NUM_THREADS is not set: setting it to 1 for each of the " << o.nproc_per_node
                         << " workers to avoid oversubscribing the CPUs; set it yourself to tune";
   }
-  const std::string host = host_name();
-  RunDirectory run_dir(o);
-  std::string signals_text;
-  for (int s : o.signals_to_handle) signals_text += (signals_text.empty() ? "" : ",") + signal_name(s);
+  for (int s : o.signals_to_handle) signals_text_ += (signals_text_.empty() ? "" : ",") + signal_name(s);
+  if (o.virtual_local_rank) gpus_ = visible_gpu_ids(base_env_, o.nproc_per_node);
+  signals_ = std::make_unique<SignalWatcher>(o.signals_to_handle, [this](int s) { on_signal(s); });
+}
 
-  const bool dynamic = o.rdzv_backend == "c10d";
-  const bool multi_node = o.max_nodes > 1 || dynamic;
-  // Multi-node: the address other nodes (and all workers) use for this node.
-  const std::string advertise = !o.local_addr.empty() ? o.local_addr : (o.node_rank == 0 ? o.master_addr : host);
-  std::unique_ptr<NodeRendezvous> nodes;
-  if (multi_node) {
-    NodeRendezvousOptions ro;
-    ro.run_id = o.run_id;
-    ro.dynamic = dynamic;
-    ro.min_nodes = o.min_nodes;
-    ro.nnodes = o.max_nodes;
-    ro.node_rank = dynamic && !o.node_rank_given ? -1 : o.node_rank;
-    ro.last_call_timeout = o.last_call_timeout;
-    ro.master_addr = o.master_addr;
-    ro.master_port = o.master_port.value_or(29500);
-    ro.endpoint_host = o.rdzv_endpoint_host;
-    ro.endpoint_port = o.rdzv_endpoint_port;
-    ro.advertise_addr = advertise;
-    ro.host = host;
-    ro.join_timeout = o.join_timeout;
-    ro.keep_alive_interval = o.keep_alive_interval;
-    ro.keep_alive_max_attempt = o.keep_alive_max_attempt;
-    nodes = std::make_unique<NodeRendezvous>(ro);
+Agent::~Agent() {
+  if (backend_ && watching_) backend_->unwatch();
+  signals_.reset();
+}
+
+void Agent::on_signal(int signo) {
+  // On the signal thread: wake whatever the agent waits on, and tell the workers' supervisor.
+  if (is_stop_signal(signo)) stop_.request(signo);
+  supervisor_.deliver_signal(signo);
+}
+
+std::unique_ptr<RendezvousBackend> Agent::make_backend() {
+  if (!multi_node_) return std::make_unique<LocalRendezvous>(o_.local_addr.empty() ? o_.master_addr : o_.local_addr);
+  StoreRendezvousOptions ro;
+  ro.run_id = o_.run_id;
+  ro.dynamic = o_.rdzv_backend == "c10d";
+  ro.min_nodes = o_.min_nodes;
+  ro.nnodes = o_.max_nodes;
+  ro.node_rank = ro.dynamic && !o_.node_rank_given ? -1 : o_.node_rank;
+  ro.last_call_timeout = o_.last_call_timeout;
+  ro.master_addr = o_.master_addr;
+  ro.master_port = o_.master_port.value_or(29500);
+  ro.endpoint_host = o_.rdzv_endpoint_host;
+  ro.endpoint_port = o_.rdzv_endpoint_port;
+  // The address other nodes (and all workers) use for this node.
+  ro.advertise_addr = !o_.local_addr.empty() ? o_.local_addr : (o_.node_rank == 0 ? o_.master_addr : host_);
+  ro.host = host_;
+  ro.join_timeout = o_.join_timeout;
+  ro.keep_alive_interval = o_.keep_alive_interval;
+  ro.keep_alive_max_attempt = o_.keep_alive_max_attempt;
+  return std::make_unique<StoreRendezvous>(ro, stop_);
+}
+
+uint16_t Agent::host_worker_store() {
+  // A fresh worker store for every round: PyTorch >= 2.6 workers use no per-attempt key prefix.
+  // Single node: on --master_addr:--master_port (kernel-picked by default). Several nodes: the
+  // group-rank-0 node hosts it on a kernel-picked port and publishes it through the rendezvous.
+  worker_store_.reset();
+  rdzv::ServerOptions so;
+  so.host = multi_node_ ? "::" : store_bind_address(o_.master_addr);
+  so.port = multi_node_ ? 0 : o_.master_port.value_or(0);
+  so.log_lifecycle = false;
+  try {
+    worker_store_ = std::make_unique<rdzv::ServerThread>(so);
+  } catch (const ConnectionError&) {
+    if (!multi_node_) throw;
+    so.host = "0.0.0.0";  // no IPv6 on this host
+    worker_store_ = std::make_unique<rdzv::ServerThread>(so);
   }
+  return worker_store_->port();
+}
 
-  SupervisorSettings settings;
-  settings.handled_signals = o.signals_to_handle;
-  settings.shutdown_grace = o.shutdown_timeout;
-  settings.host = host;
-  settings.node_rank = multi_node ? o.node_rank : -1;
-  Supervisor supervisor(settings, &guard);
-  std::atomic<int> running_round{-1};
-  std::mutex watched_mutex;
-  std::optional<RoundEnd> watched_end;  // how the watcher saw the current round end
+std::vector<WorkerLaunch> Agent::make_launches(const World& world) {
+  AttemptContext ctx;
+  ctx.master_addr = world.master_addr;
+  ctx.master_port = world.master_port;
+  ctx.restart_count = restarts_;
+  ctx.max_restarts = o_.max_restarts;
+  ctx.run_id = o_.run_id;
+  ctx.role = o_.role;
+  ctx.signals_to_handle = signals_text_;
+  ctx.one_gpu_each = gpus_;
+  const fs::path attempt_dir = run_dir_.path / ("attempt_" + std::to_string(restarts_) +
+                                                (world.round != restarts_ ? "_round_" + std::to_string(world.round) : ""));
+  std::vector<WorkerLaunch> launches;
+  for (int lr = 0; lr < o_.nproc_per_node; ++lr) {
+    WorkerPlacement where;
+    where.local_rank = lr;
+    where.rank = world.rank_offset + lr;
+    where.local_world_size = o_.nproc_per_node;
+    where.world_size = world.world_size;
+    where.group_rank = world.group_rank;
+    where.group_world_size = world.group_world_size;
+    const fs::path rank_dir = attempt_dir / std::to_string(lr);
+    std::error_code ec;
+    fs::create_directories(rank_dir, ec);
+    if (ec) throw ConfigError("cannot create " + rank_dir.string() + ": " + ec.message());
+    fs::remove(rank_dir / "error.json", ec);
 
-  std::optional<std::vector<std::string>> gpus;
-  if (o.virtual_local_rank) gpus = visible_gpu_ids(base, o.nproc_per_node);
+    WorkerLaunch l;
+    l.local_rank = lr;
+    l.rank = where.rank;
+    l.error_file = (rank_dir / "error.json").string();
+    const Environment env = worker_environment(base_env_, where, ctx, l.error_file);
+    l.request.argv = worker_command(o_, env);
+    for (auto& a : substitute_args(o_.program_args, lr)) l.request.argv.push_back(std::move(a));
+    l.request.envp = to_envp(env);
+    l.prefix = expand_prefix(o_.log_line_prefix, where.rank, lr, o_.role, host_);
+    const int redirect = o_.redirects.for_rank(lr), tee = o_.tee.for_rank(lr);
+    const bool shown = !o_.local_ranks_filter || o_.local_ranks_filter->count(lr) != 0;
+    l.stdout_to_console = shown && (!(redirect & 1) || (tee & 1));
+    l.stderr_to_console = shown && (!(redirect & 2) || (tee & 2));
+    if ((redirect | tee) & 1) l.stdout_file = (rank_dir / "stdout.log").string();
+    if ((redirect | tee) & 2) l.stderr_file = (rank_dir / "stderr.log").string();
+    launches.push_back(std::move(l));
+  }
+  if (o_.redirects.any() || o_.tee.any()) log::info("ddprun") << "worker logs in " << attempt_dir.string();
+  return launches;
+}
 
-  // Rounds advance on every re-rendezvous; restarts only after failures (membership changes are free).
-  int restarts = 0;
-  for (int round = dynamic ? nodes->current_round() : 0;; ++round) {
-    const int attempt = restarts;
-    // A fresh worker store for every round: PyTorch >= 2.6 workers use no per-attempt key prefix.
-    // Single node: on --master_addr:--master_port (kernel-picked by default). Several nodes: the
-    // group-rank-0 node hosts it on a kernel-picked port and publishes it through the rendezvous.
-    std::unique_ptr<rdzv::ServerThread> store;
-    auto host_store = [&]() -> uint16_t {
-      rdzv::ServerOptions store_options;
-      store_options.host = multi_node ? "::" : store_bind_address(o.master_addr);
-      store_options.port = multi_node ? 0 : o.master_port.value_or(0);
-      store_options.log_lifecycle = false;
-      try {
-        store = std::make_unique<rdzv::ServerThread>(store_options);
-      } catch (const ConnectionError&) {
-        if (!multi_node) throw;
-        store_options.host = "0.0.0.0";
-        store = std::make_unique<rdzv::ServerThread>(store_options);
-      }
-      return store->port();
-    };
-    World world;
-    if (multi_node) {
-      world = nodes->join(round, o.nproc_per_node, host_store);
-      round = world.round;  // a node arriving late joins the job's next round
-      log::info("ddprun") << "round " << round << " (restart " << attempt << "): node " << world.group_rank << " of "
-                          << world.group_world_size << ", ranks " << world.rank_offset << ".."
-                          << world.rank_offset + o.nproc_per_node - 1 << " of " << world.world_size
-                          << ", MASTER_ADDR=" << world.master_addr << " MASTER_PORT=" << world.master_port;
+void Agent::start_watch(int round) {
+  {
+    std::lock_guard lock(seen_mutex_);
+    seen_end_.reset();
+  }
+  // Another node's failure (or signal, or a membership change) stops this node's workers at once.
+  backend_->watch(round, [this](const RoundEnd& end) {
+    {
+      std::lock_guard lock(seen_mutex_);
+      seen_end_ = end;
+    }
+    if (end.kind != RoundEnd::Kind::Success) supervisor_.request_stop(end.detail);
+  });
+  watching_ = true;
+}
+
+std::variant<World, RoundEnd> Agent::rendezvous(int round) {
+  auto joined = backend_->join(round, o_.nproc_per_node, [this] { return host_worker_store(); }, stop_);
+  if (auto* w = std::get_if<World>(&joined)) {
+    if (multi_node_) {
+      log::info("ddprun") << "round " << w->round << " (restart " << restarts_ << "): node " << w->group_rank << " of "
+                          << w->group_world_size << ", ranks " << w->rank_offset << ".."
+                          << w->rank_offset + o_.nproc_per_node - 1 << " of " << w->world_size
+                          << ", MASTER_ADDR=" << w->master_addr << " MASTER_PORT=" << w->master_port;
     } else {
-      host_store();
-      world.world_size = o.nproc_per_node;
-      world.master_addr = o.local_addr.empty() ? o.master_addr : o.local_addr;
-      world.master_port = store->port();
-      log::info("ddprun") << "attempt " << attempt << ": worker store on " << rdzv::format_endpoint(store->endpoint())
-                          << ", MASTER_ADDR=" << world.master_addr << " MASTER_PORT=" << world.master_port;
+      log::info("ddprun") << "attempt " << restarts_ << ": worker store on "
+                          << rdzv::format_endpoint(worker_store_->endpoint()) << ", MASTER_ADDR=" << w->master_addr
+                          << " MASTER_PORT=" << w->master_port;
     }
+  }
+  return joined;
+}
 
-    AttemptContext ctx;
-    ctx.master_addr = world.master_addr;
-    ctx.master_port = world.master_port;
-    ctx.restart_count = attempt;
-    ctx.max_restarts = o.max_restarts;
-    ctx.run_id = o.run_id;
-    ctx.role = o.role;
-    ctx.signals_to_handle = signals_text;
-    ctx.one_gpu_each = gpus;
+GroupResult Agent::running(const World& world) {
+  std::vector<WorkerLaunch> launches = make_launches(world);
+  if (multi_node_) start_watch(world.round);
+  return supervisor_.run(launches);
+}
 
-    const fs::path attempt_dir =
-        run_dir.path / ("attempt_" + std::to_string(attempt) + (round != attempt ? "_round_" + std::to_string(round) : ""));
-    std::vector<WorkerLaunch> launches;
-    for (int lr = 0; lr < o.nproc_per_node; ++lr) {
-      WorkerPlacement where;
-      where.local_rank = lr;
-      where.rank = world.rank_offset + lr;
-      where.local_world_size = o.nproc_per_node;
-      where.world_size = world.world_size;
-      where.group_rank = world.group_rank;
-      where.group_world_size = world.group_world_size;
-      const fs::path rank_dir = attempt_dir / std::to_string(lr);
-      std::error_code ec;
-      fs::create_directories(rank_dir, ec);
-      if (ec) throw ConfigError("cannot create " + rank_dir.string() + ": " + ec.message());
-      fs::remove(rank_dir / "error.json", ec);
-
-      WorkerLaunch l;
-      l.local_rank = lr;
-      l.rank = where.rank;
-      l.error_file = (rank_dir / "error.json").string();
-      const Environment env = worker_environment(base, where, ctx, l.error_file);
-      l.request.argv = worker_command(o, env);
-      for (auto& a : substitute_args(o.program_args, lr)) l.request.argv.push_back(std::move(a));
-      l.request.envp = to_envp(env);
-      l.prefix = expand_prefix(o.log_line_prefix, where.rank, lr, o.role, host);
-      const int redirect = o.redirects.for_rank(lr), tee = o.tee.for_rank(lr);
-      const bool shown = !o.local_ranks_filter || o.local_ranks_filter->count(lr) != 0;
-      l.stdout_to_console = shown && (!(redirect & 1) || (tee & 1));
-      l.stderr_to_console = shown && (!(redirect & 2) || (tee & 2));
-      if ((redirect | tee) & 1) l.stdout_file = (rank_dir / "stdout.log").string();
-      if ((redirect | tee) & 2) l.stderr_file = (rank_dir / "stderr.log").string();
-      launches.push_back(std::move(l));
+RoundEnd Agent::agree_on_end(int round, const GroupResult& result) {
+  switch (result.outcome) {
+    case GroupOutcome::Succeeded:
+      if (multi_node_) log::info("ddprun") << "this node's workers all finished; waiting for the other nodes to finish";
+      return backend_->report_success(round, stop_);
+    case GroupOutcome::Failed: return backend_->report_failure(round, result.failures.front());
+    case GroupOutcome::Signalled: return backend_->report_signal(round, result.signal);
+    case GroupOutcome::StoppedByRequest: {
+      // Stopped because the watcher saw the round end: use what it saw.
+      std::lock_guard lock(seen_mutex_);
+      if (seen_end_) return *seen_end_;
+      break;
     }
-    if (o.redirects.any() || o.tee.any()) log::info("ddprun") << "worker logs in " << attempt_dir.string();
+  }
+  return backend_->wait_end(round, stop_);
+}
 
-    if (multi_node) {
-      running_round = round;
-      {
-        std::lock_guard lock(watched_mutex);
-        watched_end.reset();
-      }
-      // Another node's failure (or signal, or a membership change) stops this node's workers at once.
-      nodes->watch(round, [&supervisor, &running_round, &watched_end, &watched_mutex, round](const RoundEnd& end) {
-        {
-          std::lock_guard lock(watched_mutex);
-          watched_end = end;
-        }
-        if (end.kind == RoundEnd::Kind::Success) return;
-        boost::asio::post(supervisor.io(), [&supervisor, &running_round, round, detail = end.detail] {
-          if (running_round == round) supervisor.request_stop(detail);
-        });
-      });
+Decision Agent::decide(const RoundEnd& end, const GroupResult& result) {
+  const bool stopping = stop_.requested();
+  switch (end.kind) {
+    case RoundEnd::Kind::Success: return {Decision::Kind::Finish, 0};
+    case RoundEnd::Kind::Signal: {
+      const int signo = stop_.signo() ? stop_.signo() : (result.signal ? result.signal : SIGTERM);
+      return {Decision::Kind::Finish, 128 + signo};
     }
-    GroupResult result;
-    try {
-      result = supervisor.run(launches);
-    } catch (const ProcessError& e) {
-      log::error("ddprun") << e.what();
-      if (multi_node) {
-        WorkerExit failed;
-        failed.rank = world.rank_offset;
-        failed.host = host;
-        failed.exit_code = 127;
-        failed.time = std::chrono::system_clock::now();
-        failed.error_text = e.what();
-        nodes->report_failure(round, failed);
-        nodes->leave(round, std::chrono::seconds(30));
-      }
-      return 1;
-    }
-    running_round = -1;
+    case RoundEnd::Kind::StoreLost: return {Decision::Kind::Finish, 1};
+    case RoundEnd::Kind::NodeLost:
+      // Elastic: the survivors go on without it if at least MIN of them rendezvous again. Static
+      // membership cannot go on without that node.
+      if (backend_->elastic() && !stopping) return {Decision::Kind::Rerendezvous, 0};
+      return {Decision::Kind::Finish, 1};
+    case RoundEnd::Kind::Membership:
+      if (stopping) return {Decision::Kind::Finish, 128 + stop_.signo()};
+      return {Decision::Kind::Rerendezvous, 0};
+    case RoundEnd::Kind::Failure:
+      if (restarts_ < o_.max_restarts && !stopping) return {Decision::Kind::Restart, 0};
+      return {Decision::Kind::Finish, end.root_cause ? shell_exit_code(*end.root_cause) : 1};
+  }
+  return {Decision::Kind::Finish, 1};
+}
 
-    if (!multi_node) {
-      switch (result.outcome) {
-        case GroupOutcome::Succeeded:
-          log::info("ddprun") << "all " << o.nproc_per_node << " worker(s) finished successfully";
-          return 0;
-        case GroupOutcome::Signalled:
-        case GroupOutcome::StoppedByRequest:
-          log::warn("ddprun") << "workers stopped by " << signal_name(result.signal ? result.signal : SIGTERM);
-          return 128 + (result.signal ? result.signal : SIGTERM);
-        case GroupOutcome::Failed:
-          break;
-      }
-      const WorkerExit& root = result.failures.front();
-      if (restarts < o.max_restarts && !supervisor.stop_signal_received()) {
-        ++restarts;
-        log::warn("ddprun") << "rank " << root.rank << " failed with " << describe_exit(root)
-                            << "; restarting the worker group (restart " << restarts << " of " << o.max_restarts
-                            << ")";
-        continue;
-      }
-      std::cerr << format_failure_report(o.program, result.failures, result.stopped_ranks) << std::flush;
-      if (o.max_restarts > 0) log::error("ddprun") << "giving up after " << o.max_restarts << " restart(s)";
-      return shell_exit_code(root);
-    }
-
-    // Multi-node: agree on how the round ended.
-    RoundEnd end;
-    switch (result.outcome) {
-      case GroupOutcome::Succeeded: end = nodes->report_success(round, world.group_world_size); break;
-      case GroupOutcome::Failed: end = nodes->report_failure(round, result.failures.front()); break;
-      case GroupOutcome::Signalled: end = nodes->report_signal(round, result.signal); break;
-      case GroupOutcome::StoppedByRequest: {
-        // Stopped because the watcher saw the round end: use what it saw.
-        std::optional<RoundEnd> seen;
-        {
-          std::lock_guard lock(watched_mutex);
-          seen = watched_end;
-        }
-        end = seen ? *seen : nodes->wait_end(round);
-        break;
-      }
-    }
-    switch (end.kind) {
-      case RoundEnd::Kind::Success:
-        nodes->leave(round, std::chrono::seconds(30));
+int Agent::finish(int round, const World& world, const RoundEnd& end, const GroupResult& result, int exit_code) {
+  switch (end.kind) {
+    case RoundEnd::Kind::Success:
+      if (multi_node_) {
         log::info("ddprun") << "all " << world.world_size << " worker(s) on " << world.group_world_size
                             << " nodes finished successfully";
-        return 0;
-      case RoundEnd::Kind::Signal:
-        nodes->leave(round, std::chrono::seconds(30));
-        log::warn("ddprun") << "job stopped by " << end.detail;
-        return 128 + (result.signal ? result.signal : SIGTERM);
-      case RoundEnd::Kind::StoreLost:
-        log::error("ddprun") << end.detail;
-        return 1;
-      case RoundEnd::Kind::NodeLost:
-        if (dynamic && !supervisor.stop_signal_received()) {
-          // Elastic: the survivors go on without it if at least MIN of them rendezvous again.
-          log::warn("ddprun") << end.detail << "; re-rendezvous without it (not counted as a restart)";
-          continue;
-        }
-        // Static membership: the job cannot go on without that node (and it would never reach
-        // the end-of-job barrier).
-        log::error("ddprun") << "job stopped: " << end.detail;
-        return 1;
-      case RoundEnd::Kind::Membership:
-        log::info("ddprun") << end.detail << ": re-rendezvous to admit it (not counted as a restart)";
-        continue;
-      case RoundEnd::Kind::Failure:
-        break;
+      } else {
+        log::info("ddprun") << "all " << o_.nproc_per_node << " worker(s) finished successfully";
+      }
+      break;
+    case RoundEnd::Kind::Signal:
+      log::warn("ddprun") << (multi_node_ ? "job stopped by " : "workers stopped by ") << end.detail;
+      break;
+    case RoundEnd::Kind::StoreLost:
+      log::error("ddprun") << end.detail;
+      return exit_code;  // nothing to leave: the store is gone
+    case RoundEnd::Kind::NodeLost:
+      log::error("ddprun") << "job stopped: " << end.detail;
+      break;
+    case RoundEnd::Kind::Membership:
+      log::warn("ddprun") << "stopped during a re-rendezvous (" << end.detail << ")";
+      break;
+    case RoundEnd::Kind::Failure: {
+      std::vector<WorkerExit> failures;
+      if (end.root_cause) failures.push_back(*end.root_cause);
+      for (const auto& f : result.failures) {
+        if (!end.root_cause || f.rank != end.root_cause->rank) failures.push_back(f);
+      }
+      const std::string report = format_failure_report(o_.program, failures, result.stopped_ranks);
+      if (ConsoleWriter* err = consoles().err) err->write(report);
+      if (o_.max_restarts > 0) log::error("ddprun") << "giving up after " << o_.max_restarts << " restart(s)";
+      break;
     }
-    if (restarts < o.max_restarts && !supervisor.stop_signal_received()) {
-      ++restarts;
-      log::warn("ddprun") << end.detail << "; restarting the worker groups of all " << world.group_world_size
-                          << " nodes (restart " << restarts << " of " << o.max_restarts << ")";
-      continue;
-    }
-    std::vector<WorkerExit> failures;
-    if (end.root_cause) failures.push_back(*end.root_cause);
-    for (const auto& f : result.failures) {
-      if (!end.root_cause || f.rank != end.root_cause->rank) failures.push_back(f);
-    }
-    std::cerr << format_failure_report(o.program, failures, result.stopped_ranks) << std::flush;
-    if (o.max_restarts > 0) log::error("ddprun") << "giving up after " << o.max_restarts << " restart(s)";
-    nodes->leave(round, std::chrono::seconds(30));
-    return end.root_cause ? shell_exit_code(*end.root_cause) : 1;
   }
+  // A lost node never leaves: give the others a few seconds to read the outcome, not the full wait.
+  backend_->leave(round, end.kind == RoundEnd::Kind::NodeLost ? std::chrono::seconds(5) : std::chrono::seconds(30),
+                  stop_);
+  return exit_code;
+}
+
+int Agent::run() {
+  enum class State { Rendezvous, Running, Ending } state = State::Rendezvous;
+  int round = 0;
+  World world;
+  GroupResult result;
+  RoundEnd end;
+  try {
+    backend_ = make_backend();
+    round = backend_->first_round(stop_);
+  } catch (const StopRequested& s) {
+    log::warn("ddprun") << "received " << signal_name(s.signal()) << " before the rendezvous: no worker was started";
+    return 128 + s.signal();
+  }
+  for (;;) {
+    switch (state) {
+      case State::Rendezvous: {
+        std::variant<World, RoundEnd> joined;
+        try {
+          joined = rendezvous(round);
+        } catch (const StopRequested& s) {
+          log::warn("ddprun") << "received " << signal_name(s.signal())
+                              << " during the rendezvous: left it; no worker was started";
+          return 128 + s.signal();
+        }
+        if (auto* ended = std::get_if<RoundEnd>(&joined)) {
+          // Another node stopped or failed before the round could start.
+          end = *ended;
+          result = GroupResult{};
+          state = State::Ending;
+          break;
+        }
+        world = std::get<World>(joined);
+        round = world.round;  // a node arriving late joins the job's next round
+        state = State::Running;
+        break;
+      }
+      case State::Running:
+        result = running(world);
+        end = agree_on_end(round, result);
+        state = State::Ending;
+        break;
+      case State::Ending: {
+        if (watching_) {
+          backend_->unwatch();
+          watching_ = false;
+        }
+        const Decision d = decide(end, result);
+        switch (d.kind) {
+          case Decision::Kind::Finish: return finish(round, world, end, result, d.exit_code);
+          case Decision::Kind::Restart:
+            ++restarts_;
+            log::warn("ddprun") << end.detail << "; restarting the worker group"
+                                << (multi_node_ ? "s of all " + std::to_string(world.group_world_size) + " nodes" : "")
+                                << " (restart " << restarts_ << " of " << o_.max_restarts << ")";
+            break;
+          case Decision::Kind::Rerendezvous:
+            log::warn("ddprun") << end.detail << "; re-rendezvous"
+                                << (end.kind == RoundEnd::Kind::NodeLost ? " without it" : " to admit it")
+                                << " (not counted as a restart)";
+            break;
+        }
+        ++round;
+        state = State::Rendezvous;
+        break;
+      }
+    }
+  }
+}
+
+// ddprun's own log lines, through the stderr console writer while the agent runs.
+void log_to_console(std::string_view line) {
+  if (ConsoleWriter* err = consoles().err) {
+    err->write(line);
+    return;
+  }
+  [[maybe_unused]] auto n = ::write(STDERR_FILENO, line.data(), line.size());
+}
+
+}  // namespace
+
+int run_agent(const LaunchOptions& o) {
+  raise_open_file_limit();  // three descriptors per worker, and a store's clients
+  auto notice = [](const char* stream) {
+    return [stream] {
+      log::warn("ddprun") << "the console (" << stream << ") is not keeping up: worker output is dropped (and counted) "
+                          << "rather than held back; per-rank log files keep everything (--tee 3 --log_dir DIR)";
+    };
+  };
+  ConsoleWriter out(STDOUT_FILENO, ConsoleWriter::kDefaultCapacity, notice("stdout"));
+  ConsoleWriter err(STDERR_FILENO, ConsoleWriter::kDefaultCapacity, notice("stderr"));
+  consoles() = Consoles{&out, &err};
+  log::set_sink(&log_to_console);
+  int code = 1;
+  try {
+    Agent agent(o);
+    code = agent.run();
+  } catch (...) {
+    log::set_sink(nullptr);
+    consoles() = Consoles{};
+    throw;
+  }
+  const uint64_t dropped = out.dropped_bytes() + err.dropped_bytes();
+  if (dropped > 0) {
+    log::warn("ddprun") << dropped << " bytes of console output were dropped because the console did not keep up";
+  }
+  out.drain(std::chrono::seconds(2));
+  err.drain(std::chrono::seconds(2));
+  log::set_sink(nullptr);
+  consoles() = Consoles{};
+  return code;
 }
 
 }  // namespace ddprun::launcher

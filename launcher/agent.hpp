@@ -1,7 +1,22 @@
 #pragma once
-// One node's agent: hosts the worker store, builds each worker's environment and launch, runs the
-// worker group through the Supervisor, restarts it after a failure (up to --max_restarts, each
-// time with a fresh store and TORCHELASTIC_RESTART_COUNT+1), and prints the failure report.
+// One node's agent, as an explicit state machine:
+//
+//   Rendezvous --(joined)--> Running --(group ended)--> Ending --(restart, membership change)--> Rendezvous
+//        |                                                 |
+//        +--(stop signal: leave cleanly, start nothing)    +--(finished, failed, stopped)--> exit code
+//
+//   Rendezvous  joins the next round through the RendezvousBackend (one node, a store, etcd); the
+//               node that becomes group rank 0 hosts the round's worker store.
+//   Running     the Supervisor runs the worker group; a watcher thread (owned for the round, joined
+//               before the next) stops it when another node ends the round.
+//   Ending      agrees with the other nodes on how the round ended, then applies the one restart
+//               policy: restart after a failure (up to --max_restarts), re-rendezvous after a
+//               membership change or a lost node (elastic jobs), or finish with the report.
+//
+// Signals are caught by a thread of their own in every state: a stop signal wakes whatever the
+// agent waits on (StopSignal) and stops the running workers (Supervisor::deliver_signal); other
+// handled signals are forwarded to the workers. Console output goes through non-blocking writers
+// (ConsoleWriter), so a console that does not keep up never blocks any of this.
 
 #include "launcher/options.hpp"
 

@@ -3,6 +3,9 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstring>
+
+#include "common/log.hpp"
 
 namespace ddprun::launcher {
 
@@ -30,15 +33,15 @@ std::string expand_prefix(std::string tmpl, int rank, int local_rank, const std:
   return tmpl;
 }
 
-LineWriter::LineWriter(std::string prefix, int console_fd, int file_fd, size_t tail_lines)
-    : prefix_(std::move(prefix)), console_fd_(console_fd), file_fd_(file_fd), tail_lines_(tail_lines) {}
+LineWriter::LineWriter(std::string prefix, ConsoleWriter* console, int file_fd, size_t tail_lines)
+    : prefix_(std::move(prefix)), console_(console), file_fd_(file_fd), tail_lines_(tail_lines) {}
 
 LineWriter::~LineWriter() {
   if (file_fd_ >= 0) ::close(file_fd_);
 }
 
 void LineWriter::emit_line(std::string_view line, std::string& batch) {
-  if (console_fd_ >= 0) {
+  if (console_) {
     batch += prefix_;
     batch.append(line);
     batch.push_back('\n');
@@ -50,11 +53,15 @@ void LineWriter::emit_line(std::string_view line, std::string& batch) {
 }
 
 void LineWriter::write_console(const std::string& batch) {
-  if (console_fd_ >= 0 && !batch.empty() && !write_fully(console_fd_, batch)) console_fd_ = -1;
+  if (console_ && !batch.empty()) console_->write(batch);
 }
 
 void LineWriter::feed(std::string_view data) {
   if (file_fd_ >= 0 && !write_fully(file_fd_, data)) {
+    // A full disk, say: the console still gets the output; the file stops here, and says so once.
+    const int err = errno;
+    log::warn("ddprun") << "cannot write a worker's log file (" << prefix_ << "): " << std::strerror(err)
+                        << "; its output goes on to the console only";
     ::close(file_fd_);
     file_fd_ = -1;
   }

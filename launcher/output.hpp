@@ -1,18 +1,21 @@
 #pragma once
-// One worker stream (stdout or stderr) on its way out: split into whole lines, prefixed and written
-// to the console with one write(2) per batch so lines of different ranks never mix mid-line, copied
-// raw to the rank's log file, and its last lines kept for the failure report. Not thread-safe.
+// One worker stream (stdout or stderr) on its way out: split into whole lines, prefixed and queued
+// for the console (a ConsoleWriter, which never blocks) one batch of whole lines at a time so lines
+// of different ranks never mix mid-line, copied raw to the rank's log file, and its last lines kept
+// for the failure report. Not thread-safe.
 
 #include <deque>
 #include <string>
 #include <string_view>
 
+#include "launcher/console.hpp"
+
 namespace ddprun::launcher {
 
 class LineWriter {
  public:
-  // console_fd / file_fd: -1 for none. The writer owns file_fd (closes it) but not console_fd.
-  LineWriter(std::string prefix, int console_fd, int file_fd, size_t tail_lines);
+  // console: nullptr for none (not owned); file_fd: -1 for none (owned: closed by the writer).
+  LineWriter(std::string prefix, ConsoleWriter* console, int file_fd, size_t tail_lines);
   ~LineWriter();
   LineWriter(const LineWriter&) = delete;
   LineWriter& operator=(const LineWriter&) = delete;
@@ -28,7 +31,7 @@ class LineWriter {
   void write_console(const std::string& batch);
 
   std::string prefix_;
-  int console_fd_;
+  ConsoleWriter* console_;
   int file_fd_;
   size_t tail_lines_;
   std::string partial_;

@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <signal.h>
+#include <linux/close_range.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -16,8 +17,11 @@
 namespace ddprun::launcher {
 namespace {
 
-void pipe_cloexec(int fds[2]) {
-  if (::pipe2(fds, O_CLOEXEC) != 0) throw std::system_error(errno, std::generic_category(), "pipe2");
+void pipe_cloexec(int fds[2], const std::string& program) {
+  if (::pipe2(fds, O_CLOEXEC) == 0) return;
+  const int err = errno;
+  throw ProcessError("cannot start '" + program + "': pipe2: " + std::strerror(err) +
+                     (err == EMFILE || err == ENFILE ? " (out of file descriptors: raise the limit, ulimit -n)" : ""));
 }
 
 ssize_t write_all(int fd, const void* data, size_t n) {
@@ -48,6 +52,9 @@ ssize_t write_all(int fd, const void* data, size_t n) {
   ::sigprocmask(SIG_SETMASK, &none, nullptr);
   ::dup2(out_w, STDOUT_FILENO);
   ::dup2(err_w, STDERR_FILENO);
+  // Every descriptor ddprun opens is close-on-exec; this makes sure of it for any a library may
+  // have opened without (Linux 5.11+; an older kernel refuses and changes nothing).
+  ::close_range(3, ~0U, CLOSE_RANGE_CLOEXEC);
   ::execvpe(argv[0], argv, envp);
   const int err = errno;
   [[maybe_unused]] auto n = ::write(status_w, &err, sizeof err);
@@ -64,10 +71,17 @@ SpawnedProcess spawn_process(const SpawnRequest& req) {
   argv.push_back(nullptr);
   for (const auto& e : req.envp) envp.push_back(const_cast<char*>(e.c_str()));
   envp.push_back(nullptr);
-  int out[2], err[2], status[2];
-  pipe_cloexec(out);
-  pipe_cloexec(err);
-  pipe_cloexec(status);
+  int out[2] = {-1, -1}, err[2] = {-1, -1}, status[2] = {-1, -1};
+  try {
+    pipe_cloexec(out, req.argv[0]);
+    pipe_cloexec(err, req.argv[0]);
+    pipe_cloexec(status, req.argv[0]);
+  } catch (const ProcessError&) {
+    for (int fd : {out[0], out[1], err[0], err[1], status[0], status[1]}) {
+      if (fd >= 0) ::close(fd);
+    }
+    throw;
+  }
   const pid_t parent = ::getpid();
   const pid_t pid = ::fork();
   if (pid < 0) {
@@ -106,7 +120,7 @@ void become_subreaper() { ::prctl(PR_SET_CHILD_SUBREAPER, 1); }
 
 OrphanGuard::OrphanGuard() {
   int fds[2];
-  pipe_cloexec(fds);
+  pipe_cloexec(fds, "the orphan guard");
   const pid_t pid = ::fork();
   if (pid < 0) throw std::system_error(errno, std::generic_category(), "fork (orphan guard)");
   if (pid == 0) {

@@ -5,21 +5,22 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <boost/asio/post.hpp>
 #include <algorithm>
 #include <array>
 #include <cerrno>
 
 #include "common/errors.hpp"
 #include "common/log.hpp"
+#include "launcher/console.hpp"
 #include "launcher/options.hpp"
+#include "launcher/signals.hpp"
 
 namespace ddprun::launcher {
 
 namespace asio = boost::asio;
 
 namespace {
-
-bool is_stop_signal(int signo) { return signo == SIGINT || signo == SIGTERM || signo == SIGHUP || signo == SIGQUIT; }
 
 int open_log(const std::string& path) {
   if (path.empty()) return -1;
@@ -47,30 +48,18 @@ struct Supervisor::Worker {
 };
 
 Supervisor::Supervisor(SupervisorSettings settings, OrphanGuard* guard)
-    : settings_(std::move(settings)),
-      guard_(guard),
-      signals_(io_),
-      sigchld_(io_, SIGCHLD),
-      grace_timer_(io_),
-      drain_timer_(io_) {
-  for (int s : settings_.handled_signals) signals_.add(s);
-  // A terminal's Ctrl-C goes to the foreground group; SIGINT is always ours to handle.
-  if (std::find(settings_.handled_signals.begin(), settings_.handled_signals.end(), SIGINT) ==
-      settings_.handled_signals.end()) {
-    signals_.add(SIGINT);
-  }
-  arm_signals();
+    : settings_(std::move(settings)), guard_(guard), sigchld_(io_, SIGCHLD), grace_timer_(io_), drain_timer_(io_) {
   arm_sigchld();
 }
 
 Supervisor::~Supervisor() = default;
 
-void Supervisor::arm_signals() {
-  signals_.async_wait([this](const boost::system::error_code& ec, int signo) {
-    if (ec) return;
-    on_signal(signo);
-    arm_signals();
-  });
+void Supervisor::deliver_signal(int signo) {
+  if (is_stop_signal(signo)) {
+    int none = 0;
+    stop_signal_.compare_exchange_strong(none, signo);  // the first stop signal is the job's
+  }
+  asio::post(io_, [this, signo] { on_signal(signo); });
 }
 
 void Supervisor::arm_sigchld() {
@@ -84,13 +73,13 @@ void Supervisor::arm_sigchld() {
 void Supervisor::on_signal(int signo) {
   if (signo == SIGINT) ++sigint_count_;
   if (!is_stop_signal(signo)) {
+    if (state_ == State::Idle) return;  // no workers to forward it to
     log::info("ddprun") << "forwarding " << signal_name(signo) << " to " << workers_.size() << " worker(s)";
     for (auto& w : workers_) {
       if (!w->exited) ::kill(-w->pid, signo);
     }
     return;
   }
-  if (stop_signal_ == 0) stop_signal_ = signo;
   if (state_ == State::Running) {
     log::warn("ddprun") << "received " << signal_name(signo) << ": forwarding it to every worker, SIGKILL in "
                         << settings_.shutdown_grace.count() / 1000.0 << "s (Ctrl-C again to kill now)";
@@ -103,9 +92,11 @@ void Supervisor::on_signal(int signo) {
 }
 
 void Supervisor::request_stop(const std::string& reason) {
-  if (state_ != State::Running) return;
-  log::warn("ddprun") << "stopping the workers: " << reason;
-  begin_stop(SIGTERM, GroupOutcome::StoppedByRequest);
+  asio::post(io_, [this, reason] {
+    if (state_ != State::Running) return;  // a request for a group that has already ended
+    log::warn("ddprun") << "stopping the workers: " << reason;
+    begin_stop(SIGTERM, GroupOutcome::StoppedByRequest);
+  });
 }
 
 void Supervisor::begin_stop(int signo, GroupOutcome outcome) {
@@ -238,41 +229,59 @@ void Supervisor::maybe_finish() {
   io_.stop();
 }
 
+void Supervisor::spawn_failed(const WorkerLaunch& l, const std::string& why) {
+  WorkerExit e;
+  e.rank = l.rank;
+  e.local_rank = l.local_rank;
+  e.host = settings_.host;
+  e.node_rank = settings_.node_rank;
+  e.pid = -1;
+  e.exit_code = 127;  // the shell's "could not be run"
+  e.time = std::chrono::system_clock::now();
+  e.error_text = "could not be started: " + why;
+  log::error("ddprun") << "worker rank " << l.rank << " could not be started: " << why;
+  result_.failures.push_back(std::move(e));
+  if (!workers_.empty()) {
+    log::warn("ddprun") << "stopping the " << workers_.size() << " worker(s) already started";
+    begin_stop(SIGTERM, GroupOutcome::Failed);
+  } else {
+    state_ = State::Stopping;
+    result_.outcome = GroupOutcome::Failed;
+  }
+}
+
 GroupResult Supervisor::run(const std::vector<WorkerLaunch>& launches) {
   workers_.clear();
   result_ = GroupResult{};
-  state_ = State::Running;
+  state_ = State::Idle;
   finished_ = false;
+  io_.restart();
+  // Requests posted after the previous group ended find no group running and are dropped here;
+  // signals are remembered in stop_signal_.
+  io_.poll();
   io_.restart();
   if (stop_signal_ != 0) {  // a stop signal came before the workers started
     result_.outcome = GroupOutcome::Signalled;
     result_.signal = stop_signal_;
-    state_ = State::Idle;
     return result_;
   }
+  state_ = State::Running;
   for (const WorkerLaunch& l : launches) {
     auto w = std::make_unique<Worker>(io_, l);
     SpawnedProcess p;
     try {
       const int out_fd = open_log(l.stdout_file);
       const int err_fd = open_log(l.stderr_file);
-      w->out = std::make_unique<LineWriter>(l.prefix, l.stdout_to_console ? STDOUT_FILENO : -1, out_fd, 0);
-      w->err = std::make_unique<LineWriter>(l.prefix, l.stderr_to_console ? STDERR_FILENO : -1, err_fd,
+      Consoles& c = consoles();
+      w->out = std::make_unique<LineWriter>(l.prefix, l.stdout_to_console ? c.out : nullptr, out_fd, 0);
+      w->err = std::make_unique<LineWriter>(l.prefix, l.stderr_to_console ? c.err : nullptr, err_fd,
                                             settings_.stderr_tail_lines);
       p = spawn_process(l.request);
-    } catch (const ProcessError&) {
-      // Stop what was started, then report.
-      state_ = State::Stopping;
-      kill_all(SIGKILL);
-      for (auto& started : workers_) {
-        int st;
-        while (::waitpid(started->pid, &st, 0) < 0 && errno == EINTR) {
-        }
-        if (guard_) guard_->forget_group(started->pid);
-      }
-      workers_.clear();
-      state_ = State::Idle;
-      throw;
+    } catch (const std::exception& e) {
+      // Out of descriptors (pipe2), processes (fork), a program that cannot be executed: a failure
+      // of this rank like any other, so the ones already started are stopped and reaped.
+      spawn_failed(l, e.what());
+      break;
     }
     w->pid = p.pid;
     if (guard_) guard_->watch_group(p.pid);
@@ -282,13 +291,16 @@ GroupResult Supervisor::run(const std::vector<WorkerLaunch>& launches) {
     DDPRUN_LOG_DEBUG("ddprun") << "worker rank " << l.rank << " started, pid " << p.pid;
     workers_.push_back(std::move(w));
   }
-  log::info("ddprun") << "started " << workers_.size() << " worker(s), pids " << workers_.front()->pid << ".."
-                      << workers_.back()->pid;
+  if (!workers_.empty()) {
+    log::info("ddprun") << "started " << workers_.size() << " worker(s), pids " << workers_.front()->pid << ".."
+                        << workers_.back()->pid;
+  }
   for (auto& w : workers_) {
     read_pipe(*w, false);
     read_pipe(*w, true);
   }
   reap();  // a worker that exited before SIGCHLD was being watched
+  maybe_finish();
   if (!finished_) io_.run();
   state_ = State::Idle;
   GroupResult r = std::move(result_);

@@ -1,11 +1,14 @@
 #pragma once
 // Runs one worker group (the workers of one node for one attempt) to its end: spawns the workers,
-// reaps them as they exit (SIGCHLD, no polling), streams their output, and on the first failure or
-// a stop signal terminates every worker's process group (the signal, then SIGKILL after the grace).
+// reaps them as they exit (SIGCHLD, no polling), streams their output (to non-blocking console
+// writers and to log files), and on the first failure or a stop signal terminates every worker's
+// process group (the signal, then SIGKILL after the grace).
 //
-// Single-threaded: everything happens on the Supervisor's io_context, driven by run(). Signal
-// handlers are installed at construction and stay for the Supervisor's lifetime, so a signal that
-// arrives between two attempts is not lost.
+// Single-threaded: everything happens on the Supervisor's io_context, driven by run(). Signals and
+// stop requests come from other threads through deliver_signal() and request_stop(), which post to
+// that loop; a stop signal that arrives between two runs is remembered, so the next run starts no
+// worker. A worker that cannot be started is a failure like any other: the ones already started
+// are stopped and reaped, and the report names the one that could not start.
 
 #include <utility>  // before Asio (Boost 1.74 quirk)
 
@@ -13,6 +16,7 @@
 #include <boost/asio/posix/stream_descriptor.hpp>
 #include <boost/asio/signal_set.hpp>
 #include <boost/asio/steady_timer.hpp>
+#include <atomic>
 #include <chrono>
 #include <functional>
 #include <memory>
@@ -53,7 +57,6 @@ struct GroupResult {
 };
 
 struct SupervisorSettings {
-  std::vector<int> handled_signals;  // forwarded to workers
   std::chrono::milliseconds shutdown_grace{std::chrono::seconds(30)};
   std::string host;
   int node_rank = -1;  // shown in reports of multi-node jobs
@@ -65,25 +68,28 @@ class Supervisor {
   Supervisor(SupervisorSettings settings, OrphanGuard* guard);
   ~Supervisor();
 
-  // Starts the workers and returns when all have ended. Throws ProcessError if a worker cannot be
-  // started (after stopping the ones already running). `while_running` is called on the loop once
-  // the workers are up, for callers that watch other things (other nodes) on the same loop.
+  // Starts the workers and returns when all have ended (or at once, Signalled, if a stop signal
+  // came first).
   GroupResult run(const std::vector<WorkerLaunch>& workers);
 
-  // Stops the running group (SIGTERM, SIGKILL after the grace); run() then returns StoppedByRequest.
+  // Thread-safe. Stops the running group (SIGTERM, SIGKILL after the grace); run() then returns
+  // StoppedByRequest. Ignored when no group is running.
   void request_stop(const std::string& reason);
+  // Thread-safe. A signal ddprun received: stop signals stop the group (a second SIGINT kills it at
+  // once); the other handled signals are forwarded to every worker's process group.
+  void deliver_signal(int signo);
 
   // A stop signal (SIGINT/SIGTERM/SIGHUP/SIGQUIT) has arrived; the job must not be restarted.
   bool stop_signal_received() const { return stop_signal_ != 0; }
   int stop_signal() const { return stop_signal_; }
-  boost::asio::io_context& io() { return io_; }
 
  private:
   struct Worker;
   enum class State { Idle, Running, Stopping };
 
-  void arm_signals();
   void arm_sigchld();
+  // A worker that could not be started: recorded as its failure; the started ones are stopped.
+  void spawn_failed(const WorkerLaunch& launch, const std::string& why);
   void on_signal(int signo);
   void reap();
   void on_worker_exit(Worker& w, int status);
@@ -95,14 +101,13 @@ class Supervisor {
   SupervisorSettings settings_;
   OrphanGuard* guard_;
   boost::asio::io_context io_{1};
-  boost::asio::signal_set signals_;
   boost::asio::signal_set sigchld_;
   boost::asio::steady_timer grace_timer_;
   boost::asio::steady_timer drain_timer_;
   std::vector<std::unique_ptr<Worker>> workers_;
   State state_ = State::Idle;
   GroupResult result_;
-  int stop_signal_ = 0;
+  std::atomic<int> stop_signal_{0};
   int sigint_count_ = 0;
   bool finished_ = false;
 };

@@ -14,6 +14,7 @@ packages=(
   clang libclang-rt-14-dev
   iproute2 procps util-linux
   prometheus   # promtool, which checks the daemon's /metrics in the tests
+  strace       # the checkpoint test checks the order of fsync and rename
 )
 
 missing=()

@@ -235,10 +235,13 @@ TEST(LauncherTest, BadFlagsFailBeforeAnythingStarts) {
   EXPECT_EQ(f.exit_code, 2);
   EXPECT_EQ(f.err, "ddprun: --nproc_per_node: expected a positive number, 'auto', 'cpu' or 'gpu', got 'two'\n");
   EXPECT_TRUE(fs::is_empty(dir.path));
+  // A program that cannot be run is its rank's failure: the report says why, the code is 127.
   Subprocess missing(ddprun({"/nonexistent/train"}));
   const Finished m = missing.wait(10s);
-  EXPECT_EQ(m.exit_code, 1);
-  EXPECT_NE(m.err.find("cannot run '/nonexistent/train': No such file or directory"), std::string::npos) << m.err;
+  EXPECT_EQ(m.exit_code, 127);
+  EXPECT_NE(m.err.find("could not be started: cannot run '/nonexistent/train': No such file or directory"),
+            std::string::npos)
+      << m.err;
 }
 
 TEST(LauncherTest, LocalRankMacroIsSubstitutedInArguments) {

@@ -10,11 +10,15 @@
 //   test_worker print N                print N numbered lines to stdout and stderr
 //   test_worker sleep SECONDS
 //   test_worker ready-file PATH        create PATH (after the commands before it)
+//   test_worker fds OUT_DIR            write this process's open descriptors to OUT_DIR/fds.<RANK>
+//   test_worker flood MB               print MB megabytes of 100-byte lines to stdout, fast
+//   test_worker ignore-term            ignore SIGTERM from now on
 #include <signal.h>
 #include <unistd.h>
 
 #include <chrono>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <string>
@@ -105,6 +109,24 @@ int main(int argc, char** argv) {
       std::cout.flush();
     } else if (cmd == "sleep") {
       std::this_thread::sleep_for(std::chrono::milliseconds(static_cast<int>(std::stod(arg()) * 1000)));
+    } else if (cmd == "fds") {
+      std::string listing;  // taken before the output file is opened
+      for (const auto& e : std::filesystem::directory_iterator("/proc/self/fd")) {
+        std::error_code ec;
+        const auto target = std::filesystem::read_symlink(e.path(), ec);
+        if (target.string().find("/proc/") != std::string::npos && target.string().find("/fd") != std::string::npos) {
+          continue;  // the directory being listed
+        }
+        listing += e.path().filename().string() + " " + target.string() + "\n";
+      }
+      std::ofstream(arg() + "/fds." + rank) << listing;
+    } else if (cmd == "flood") {
+      const long mb = std::stol(arg());
+      const std::string line(99, 'x');
+      for (long i = 0; i < mb * 10000; ++i) std::cout << line << '\n';
+      std::cout.flush();
+    } else if (cmd == "ignore-term") {
+      ::signal(SIGTERM, SIG_IGN);
     } else if (cmd == "ready-file") {
       std::ofstream(arg()) << ::getpid() << "\n";
     } else {

@@ -1,5 +1,7 @@
 #include "launcher/worker_env.hpp"
 
+#include <fcntl.h>
+
 #include <gtest/gtest.h>
 
 #include "launcher/output.hpp"
@@ -52,13 +54,15 @@ TEST(LineWriterTest, PrefixesWholeLinesAndKeepsTail) {
   int fds[2];
   ASSERT_EQ(::pipe(fds), 0);
   {
-    LineWriter w(expand_prefix("[${role_name}${rank}/${local_rank}]: ", 7, 3, "trainer", "h"), fds[1], -1, 2);
+    ConsoleWriter console(fds[1]);
+    LineWriter w(expand_prefix("[${role_name}${rank}/${local_rank}]: ", 7, 3, "trainer", "h"), &console, -1, 2);
     w.feed("first li");
     w.feed("ne\nsecond\nthi");
     w.feed("rd");
     w.finish();
     EXPECT_EQ(std::vector<std::string>(w.tail().begin(), w.tail().end()),
               (std::vector<std::string>{"second", "third"}));
+    EXPECT_TRUE(console.drain(std::chrono::seconds(10)));
   }
   ::close(fds[1]);
   char buf[256];
@@ -100,6 +104,29 @@ TEST(ReportTest, NamesRootCauseWithSignalErrorFileAndTail) {
   EXPECT_NE(r.find("Stopped by ddprun after the failure: ranks 1,2"), std::string::npos);
   EXPECT_EQ(shell_exit_code(first), 137);
   EXPECT_EQ(shell_exit_code(second), 1);
+}
+
+// A console nobody reads: writes never block, the overflow is dropped and counted, said once.
+TEST(ConsoleWriterTest, AConsoleNobodyReadsDropsInsteadOfBlocking) {
+  int fds[2];
+  ASSERT_EQ(::pipe(fds), 0);  // the read end stays open and unread
+  // Fill the pipe first, so that the console's first write blocks.
+  ::fcntl(fds[1], F_SETFL, O_NONBLOCK);
+  const std::string chunk(4096, 'f');
+  while (::write(fds[1], chunk.data(), chunk.size()) > 0) {
+  }
+  ::fcntl(fds[1], F_SETFL, 0);
+  int announced = 0;
+  {
+    ConsoleWriter console(fds[1], 64 * 1024, [&] { ++announced; });
+    const std::string line(1000, 'x');
+    for (int i = 0; i < 10000; ++i) console.write(line + "\n");  // 10 MB into a 64 KiB pipe
+    EXPECT_GT(console.dropped_bytes(), 9'000'000u);
+    EXPECT_FALSE(console.drain(std::chrono::milliseconds(50)));
+  }  // the destructor gives up on the blocked write instead of hanging
+  EXPECT_EQ(announced, 1);
+  ::close(fds[0]);
+  ::close(fds[1]);
 }
 
 }  // namespace

@@ -49,6 +49,8 @@ class Subprocess {
     if (pid_ == 0) {
       ::dup2(out[1], 1);
       ::dup2(err[1], 2);
+      // Only stdio: descriptors the test runner left open are not the program's.
+      ::close_range(3, ~0U, 0);
       ::execve(args[0], args.data(), envp.data());
       ::_exit(127);
     }

@@ -7,9 +7,15 @@
 //   sdk_test_worker sampler-grid              (no launcher needed: JSON lines for the Python test)
 //   sdk_test_worker checkpoint DIR
 //   sdk_test_worker resume DIR EPOCHS FAIL_AT_EPOCH
+//   sdk_test_worker checkpoint-race PATH BASE_EPOCH TIMES   (several at once on one PATH)
+//   sdk_test_worker checkpoint-full DIR      (a save that fails must keep the previous checkpoint)
+//   sdk_test_worker checkpoint-once PATH
+#include <signal.h>
+#include <sys/resource.h>
 #include <torch/torch.h>
 
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <string>
@@ -289,6 +295,58 @@ int checkpoint(const std::string& dir) {
   return 0;
 }
 
+// Saves a small checkpoint to `path` `times` times (epochs base..base+times-1), loading it after
+// each save: another process saving to the same path at once must never make a save fail or
+// leave a file that does not load.
+int checkpoint_race(const std::string& path, int base, int times) {
+  auto dist = Distributed::init();
+  Net model = rank_seeded_net(0);
+  torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+  int loaded = 0;
+  for (int i = 0; i < times; ++i) {
+    save_checkpoint(path, *model, &opt, base + i, dist);
+    Net other = rank_seeded_net(1);
+    if (load_checkpoint(path, *other, nullptr)) ++loaded;
+  }
+  dist.print("RESULT race_saves=", times, " race_loads=", loaded);
+  return 0;
+}
+
+// A save that fails (the file size limit stands in for a full disk) throws an error naming the
+// file and leaves the previous checkpoint, and no temporary file, behind.
+int checkpoint_full(const std::string& dir) {
+  auto dist = Distributed::init();
+  Net model = rank_seeded_net(0);
+  const std::string path = dir + "/ckpt.pt";
+  save_checkpoint(path, *model, nullptr, 7, dist);
+  ::signal(SIGXFSZ, SIG_IGN);  // write(2) then fails with EFBIG instead of killing the process
+  rlimit small{4096, 4096}, old{};
+  ::getrlimit(RLIMIT_FSIZE, &old);
+  ::setrlimit(RLIMIT_FSIZE, &small);
+  std::string error = "none";
+  try {
+    save_checkpoint(path, *model, nullptr, 8, dist);
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  // The hard limit was lowered too: a new process would be needed to raise it again, and loading
+  // does not write.
+  Net other = rank_seeded_net(1);
+  const auto epoch = load_checkpoint(path, *other, nullptr);
+  int leftovers = 0;
+  for (const auto& e : std::filesystem::directory_iterator(dir)) leftovers += e.path().filename() != "ckpt.pt";
+  std::cout << "RESULT loaded_epoch=" << epoch.value_or(-1) << " leftovers=" << leftovers << std::endl;
+  std::cout << "RESULT_ERROR " << error << std::endl;
+  return 0;
+}
+
+int checkpoint_once(const std::string& path) {
+  auto dist = Distributed::init();
+  Net model = rank_seeded_net(0);
+  save_checkpoint(path, *model, nullptr, 1, dist);
+  return 0;
+}
+
 int resume(const std::string& dir, int epochs, int fail_at) {
   auto dist = Distributed::init();
   Net model = rank_seeded_net(dist.rank());
@@ -324,6 +382,9 @@ int main(int argc, char** argv) {
     if (mode == "peer-exits") return peer_exits();
     if (mode == "checkpoint") return checkpoint(argv[2]);
     if (mode == "resume") return resume(argv[2], std::stoi(argv[3]), std::stoi(argv[4]));
+    if (mode == "checkpoint-race") return checkpoint_race(argv[2], std::stoi(argv[3]), std::stoi(argv[4]));
+    if (mode == "checkpoint-full") return checkpoint_full(argv[2]);
+    if (mode == "checkpoint-once") return checkpoint_once(argv[2]);
     std::cerr << "unknown mode '" << mode << "'\n";
     return 2;
   } catch (const std::exception& e) {

@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <sstream>
 #include <tuple>
@@ -122,6 +123,74 @@ TEST(CheckpointTest, JobKilledMidRunResumesFromLatestCheckpointAfterRestart) {
   EXPECT_NE(f.out.find("RESULT attempt=1 start_epoch=3"), std::string::npos) << f.out;
   EXPECT_NE(f.out.find("RESULT finished_epochs=5"), std::string::npos);
   EXPECT_NE(f.err.find("simulated crash after epoch 2"), std::string::npos);
+}
+
+// Two jobs saving to the same checkpoint path at once: every save succeeds and every load after
+// one finds a whole checkpoint (a fixed ".tmp" name made one job's rename take the other's file).
+TEST(CheckpointTest, TwoJobsSavingToOnePathNeverCollide) {
+  TempDir dir;
+  const std::string path = (dir.path / "shared.pt").string();
+  const std::map<std::string, std::string> alone{{"RANK", ""}, {"WORLD_SIZE", ""}, {"MASTER_ADDR", ""},
+                                                 {"MASTER_PORT", ""}, {"OMP_NUM_THREADS", "1"}};
+  Subprocess a({SDK_TEST_WORKER_BIN, "checkpoint-race", path, "0", "300"}, alone);
+  Subprocess b({SDK_TEST_WORKER_BIN, "checkpoint-race", path, "1000", "300"}, alone);
+  const Finished fa = a.wait(120s), fb = b.wait(120s);
+  ASSERT_EQ(fa.exit_code, 0) << fa.err;
+  ASSERT_EQ(fb.exit_code, 0) << fb.err;
+  EXPECT_EQ(results(fa.out)["race_loads"], "300");
+  EXPECT_EQ(results(fb.out)["race_loads"], "300");
+  for (const auto& e : fs::directory_iterator(dir.path)) EXPECT_EQ(e.path().filename(), "shared.pt");
+}
+
+TEST(CheckpointTest, AFailedSaveKeepsThePreviousCheckpointAndSaysWhy) {
+  TempDir dir;
+  Subprocess p({SDK_TEST_WORKER_BIN, "checkpoint-full", dir.str()},
+               {{"RANK", ""}, {"WORLD_SIZE", ""}, {"MASTER_ADDR", ""}, {"MASTER_PORT", ""}});
+  const Finished f = p.wait(120s);
+  ASSERT_EQ(f.exit_code, 0) << f.err;
+  auto r = results(f.out);
+  EXPECT_EQ(r["loaded_epoch"], "7") << "the previous checkpoint must be intact";
+  EXPECT_EQ(r["leftovers"], "0") << "no temporary file may be left behind";
+  EXPECT_NE(f.out.find("RESULT_ERROR cannot write checkpoint " + dir.str() + "/ckpt.pt: writing "), std::string::npos)
+      << f.out;
+  EXPECT_NE(f.out.find("File too large"), std::string::npos) << f.out;
+}
+
+// The durable-replace order, as the kernel sees it: the temporary file is fsynced before it is
+// renamed over the checkpoint, and the directory is fsynced after the rename.
+TEST(CheckpointTest, SaveFsyncsTheFileBeforeTheRenameAndTheDirectoryAfter) {
+  TempDir dir;
+  const std::string trace = (dir.path / "trace").string();
+  const std::string path = (dir.path / "ckpt.pt").string();
+  Subprocess p({"/usr/bin/strace", "-f", "-o", trace, "-e", "trace=openat,fsync,fdatasync,rename,renameat,renameat2",
+                SDK_TEST_WORKER_BIN, "checkpoint-once", path},
+               {{"RANK", ""}, {"WORLD_SIZE", ""}, {"MASTER_ADDR", ""}, {"MASTER_PORT", ""}});
+  const Finished f = p.wait(120s);
+  ASSERT_NE(f.exit_code, 127) << "strace is missing (scripts/install_deps.sh installs it)";
+  ASSERT_EQ(f.exit_code, 0) << f.err;
+  std::ifstream in(trace);
+  std::string line;
+  std::string tmp_fd, dir_fd;
+  int line_no = 0, file_synced = -1, renamed = -1, dir_synced = -1;
+  while (std::getline(in, line)) {
+    ++line_no;
+    const auto ret = line.rfind("= ");
+    if (line.find("openat(") != std::string::npos && line.find("ckpt.pt.tmp.") != std::string::npos && ret != std::string::npos) {
+      tmp_fd = line.substr(ret + 2);
+    } else if (line.find("openat(") != std::string::npos && line.find("O_DIRECTORY") != std::string::npos &&
+               line.find("\"" + dir.str() + "\"") != std::string::npos && ret != std::string::npos) {
+      dir_fd = line.substr(ret + 2);
+    } else if (line.find("rename") != std::string::npos && line.find("ckpt.pt.tmp.") != std::string::npos) {
+      renamed = line_no;
+    } else if (!tmp_fd.empty() && line.find("fsync(" + tmp_fd + ")") != std::string::npos && renamed < 0) {
+      file_synced = line_no;
+    } else if (!dir_fd.empty() && line.find("fsync(" + dir_fd + ")") != std::string::npos) {
+      dir_synced = line_no;
+    }
+  }
+  EXPECT_GT(file_synced, 0) << "the temporary file is never fsynced";
+  EXPECT_GT(renamed, file_synced) << "renamed before its data was on disk";
+  EXPECT_GT(dir_synced, renamed) << "the directory is not fsynced after the rename";
 }
 
 TEST(WorkerSdkTest, RunsAloneWithoutALauncher) {

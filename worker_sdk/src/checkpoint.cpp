@@ -5,7 +5,12 @@
 #include <torch/serialize/input-archive.h>
 #include <torch/serialize/output-archive.h>
 
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -16,6 +21,54 @@ namespace {
 
 std::string strip_module_prefix(const std::string& name) {
   return name.rfind("module.", 0) == 0 ? name.substr(7) : name;
+}
+
+[[noreturn]] void fail(const std::string& what, const std::filesystem::path& path, int err) {
+  throw std::runtime_error("cannot write checkpoint " + path.string() + ": " + what + ": " + std::strerror(err));
+}
+
+// Replaces `target` with `data` durably: a crash at any moment leaves either the old file or the
+// new one, whole. The bytes go to a temporary file of a unique name in the same directory (two
+// jobs saving to one path never share it), which is fsynced and closed (both checked) before it is
+// renamed over the target; the directory is fsynced after, so the rename itself survives a crash.
+void write_durably(const std::filesystem::path& target, const std::vector<char>& data) {
+  const std::filesystem::path dir = target.has_parent_path() ? target.parent_path() : std::filesystem::path(".");
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) throw std::runtime_error("cannot create the checkpoint directory " + dir.string() + ": " + ec.message());
+  std::string tmp = (dir / (target.filename().string() + ".tmp.XXXXXX")).string();
+  const int fd = ::mkostemp(tmp.data(), O_CLOEXEC);
+  if (fd < 0) fail("creating a temporary file in " + dir.string(), target, errno);
+  auto abandon = [&](const std::string& what, int err) {
+    ::unlink(tmp.c_str());
+    fail(what, target, err);
+  };
+  const char* p = data.data();
+  size_t left = data.size();
+  while (left > 0) {
+    const ssize_t n = ::write(fd, p, left);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      const int err = n < 0 ? errno : ENOSPC;
+      ::close(fd);
+      abandon("writing " + tmp, err);
+    }
+    p += n;
+    left -= static_cast<size_t>(n);
+  }
+  if (::fsync(fd) != 0) {
+    const int err = errno;
+    ::close(fd);
+    abandon("fsync of " + tmp, err);
+  }
+  if (::close(fd) != 0) abandon("closing " + tmp, errno);
+  if (::rename(tmp.c_str(), target.c_str()) != 0) abandon("renaming " + tmp + " over it", errno);
+  const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dfd < 0) fail("opening its directory to fsync the rename", target, errno);
+  const int synced = ::fsync(dfd);
+  const int err = errno;
+  ::close(dfd);
+  if (synced != 0) fail("fsync of its directory", target, err);
 }
 
 }  // namespace
@@ -40,17 +93,7 @@ void save_checkpoint(const std::string& path, const torch::nn::Module& model, to
       root.insert("optimizer", torch::from_blob(const_cast<char*>(raw.data()), {static_cast<int64_t>(raw.size())},
                                                 torch::kUInt8).clone());
     }
-    const std::vector<char> data = torch::pickle_save(root);
-    const std::filesystem::path target(path);
-    if (target.has_parent_path()) std::filesystem::create_directories(target.parent_path());
-    const std::string tmp = path + ".tmp";
-    {
-      std::ofstream out(tmp, std::ios::binary);
-      out.write(data.data(), static_cast<std::streamsize>(data.size()));
-      out.flush();
-      if (!out) throw std::runtime_error("cannot write checkpoint " + tmp);
-    }
-    std::filesystem::rename(tmp, target);
+    write_durably(path, torch::pickle_save(root));
   }
   dist.barrier();
 }
@@ -86,7 +129,14 @@ std::optional<int64_t> load_checkpoint(const std::string& path, torch::nn::Modul
   if (optimizer && root.contains("optimizer")) {
     const at::Tensor raw = root.at("optimizer").toTensor().contiguous();
     torch::serialize::InputArchive archive;
-    archive.load_from(static_cast<const char*>(raw.data_ptr()), static_cast<size_t>(raw.numel()));
+    // map_location: the optimizer state goes to this rank's own device (the model's), not to the
+    // device it was saved from (which may not exist here, or be another rank's GPU).
+    c10::optional<torch::Device> device;
+    for (const auto& p : model.parameters()) {
+      device = p.device();
+      break;
+    }
+    archive.load_from(static_cast<const char*>(raw.data_ptr()), static_cast<size_t>(raw.numel()), device);
     optimizer->load(archive);
   }
   return root.contains("epoch") ? std::optional<int64_t>(root.at("epoch").toInt()) : std::optional<int64_t>(0);

@@ -12,12 +12,16 @@
 //     member/<arrival>, and the round closes with N nodes, or with MIN after the last call;
 //   - `end` is decided by the first COMPARE_SET: a failure with its root cause, a stop signal, a
 //     lost node, a membership change, or "success" (set by the last node to finish).
-// Agents heartbeat (a counter per agent, so clocks need not agree); each watches the next node in
-// group-rank order and ends the round when its heartbeat stops. Each agent watches `end` from a
-// thread, so a failure on any node stops every node at once.
+// Agents heartbeat (a counter per agent, so clocks need not agree) from the moment they hold a
+// place; each watches the next node in group-rank order and ends the round when its heartbeat
+// stops. Each agent watches `end` from a thread, so a failure on any node stops every node at once.
+// Waits are sliced (at most 250 ms each) so a stop request is acted on at once; a node stopped
+// during the rendezvous marks the round ended, and the others, which check for that between
+// slices, learn of it at once too.
 //
 // Everything read from the store is parsed with checks: a malformed value is a ProtocolError that
-// names the key. Blocking calls; thread-safe (one client per thread).
+// names the key. Thread-safety: one agent thread; the watcher and heartbeat threads have their own
+// connections.
 
 #include <atomic>
 #include <chrono>
@@ -30,34 +34,14 @@
 #include <thread>
 #include <vector>
 
-#include "launcher/report.hpp"
+#include "launcher/rendezvous_backend.hpp"
 #include "rendezvous/client.hpp"
 #include "rendezvous/job_keys.hpp"
 #include "rendezvous/server.hpp"
 
 namespace ddprun::launcher {
 
-// What a round's rendezvous agreed on.
-struct World {
-  int round = 0;  // the round joined (dynamic: may be later than asked, for a node arriving late)
-  int group_rank = 0;
-  int group_world_size = 1;
-  int rank_offset = 0;  // global rank of this node's local rank 0
-  int world_size = 0;
-  std::string master_addr;  // the worker store
-  int master_port = 0;
-};
-
-// How a round ended for the whole job.
-struct RoundEnd {
-  // Membership: a node asked to join the running job (dynamic rendezvous only).
-  enum class Kind { Success, Failure, Signal, StoreLost, NodeLost, Membership } kind = Kind::Success;
-  std::optional<WorkerExit> root_cause;  // Failure
-  int root_node = -1;
-  std::string detail;  // human-readable
-};
-
-struct NodeRendezvousOptions {
+struct StoreRendezvousOptions {
   std::string run_id = "none";
   // Static: min_nodes == nnodes and node_rank is this node's rank. Dynamic (c10d): nodes join
   // without ranks; a round closes with nnodes nodes at once, or with at least min_nodes after
@@ -75,40 +59,34 @@ struct NodeRendezvousOptions {
   std::string advertise_addr;  // how other nodes reach this one
   std::string host;
   std::chrono::milliseconds join_timeout{std::chrono::seconds(600)};
-  // Agents heartbeat every keep_alive_interval; node 0 declares a node lost after
-  // keep_alive_max_attempt intervals without one.
+  // Agents heartbeat every keep_alive_interval; a node is lost after keep_alive_max_attempt
+  // intervals without one.
   std::chrono::milliseconds keep_alive_interval{std::chrono::seconds(5)};
   int keep_alive_max_attempt = 3;
 };
 
-class NodeRendezvous {
+class StoreRendezvous final : public RendezvousBackend {
  public:
   // Node 0 binds the rendezvous store here (throws ConnectionError if the port is taken); every
-  // node connects (retrying until join_timeout).
-  explicit NodeRendezvous(NodeRendezvousOptions options);
-  ~NodeRendezvous();
+  // node connects (retrying until join_timeout; StopRequested if `stop` comes first).
+  StoreRendezvous(StoreRendezvousOptions options, const StopSignal& stop);
+  ~StoreRendezvous() override;
 
-  // Joins round `round` with `nproc` local workers. `host_worker_store` is called on the node that
-  // becomes group rank 0, which then hosts the round's worker store; it returns the store's port.
-  // Throws TimeoutError naming the missing node ranks, ConfigError for a duplicate node rank.
-  World join(int round, int nproc, const std::function<uint16_t()>& host_worker_store);
-  // The round a newly started agent should join (dynamic: the job may be running already).
-  int current_round();
-  bool hosts_store() const { return server_ != nullptr; }
+  int first_round(const StopSignal& stop) override;
+  std::variant<World, RoundEnd> join(int round, int nproc, const WorkerStoreHost& host_worker_store,
+                                     const StopSignal& stop) override;
+  void watch(int round, std::function<void(const RoundEnd&)> on_end) override;
+  void unwatch() override;
+  RoundEnd report_failure(int round, const WorkerExit& failure) override;
+  RoundEnd report_signal(int round, int signo) override;
+  RoundEnd report_success(int round, const StopSignal& stop) override;
+  RoundEnd wait_end(int round, const StopSignal& stop) override;
+  void leave(int round, std::chrono::milliseconds timeout, const StopSignal& stop) override;
+  bool elastic() const override { return options_.dynamic; }
+  int node_rank() const override { return group_rank_; }
 
-  // Starts watching the round's `end` key; `on_end` runs on the watcher thread once it is decided.
-  void watch(int round, std::function<void(const RoundEnd&)> on_end);
-  // Records a local failure; returns the round's end as decided (ours if we were first).
-  RoundEnd report_failure(int round, const WorkerExit& failure);
-  // Waits for the round's end, decided by another node (after our workers were stopped).
-  RoundEnd wait_end(int round);
-  RoundEnd report_signal(int round, int signo);
-  // This node's workers all succeeded; blocks until every node did or the round ended otherwise.
-  RoundEnd report_success(int round, int nproc_total_nodes);
-  // End-of-job barrier: node 0 (the store host) waits for the others to leave, up to `timeout`.
-  void leave(int round, std::chrono::milliseconds timeout);
-
-  const NodeRendezvousOptions& options() const { return options_; }
+  const StoreRendezvousOptions& options() const { return options_; }
+  int64_t generation() const { return keys_.generation(); }
 
  private:
   std::string key(int round, const std::string& name) const { return keys_.round(round, name); }
@@ -119,16 +97,24 @@ class NodeRendezvous {
   int64_t next_generation(int64_t after);
   // Whether the agent that wrote heartbeat key `agent` is alive: its counter moves within the
   // liveness window (keep_alive_interval x keep_alive_max_attempt).
-  bool agent_alive(const std::string& agent);
+  bool agent_alive(const std::string& agent, const StopSignal& stop);
   void assign(int round);
   World adopt(int round, const nlohmann::json& assigned, const nlohmann::json& store);
   void write_assignments(int round, const std::vector<std::pair<std::string, nlohmann::json>>& ordered,
                          std::vector<std::pair<std::string, std::string>> extra);
-  World join_static(int round, int nproc, std::optional<uint16_t> worker_store_port);
-  World join_dynamic(int round, int nproc, const std::function<uint16_t()>& host_worker_store);
+  std::variant<World, RoundEnd> join_static(int round, int nproc, const WorkerStoreHost& host_worker_store,
+                                            const StopSignal& stop);
+  std::variant<World, RoundEnd> join_dynamic(int round, int nproc, const WorkerStoreHost& host_worker_store,
+                                             const StopSignal& stop);
   // Dynamic: closes round `round` with the members that have joined (the first close wins) and,
   // if this call closed it, writes every member's assignment.
   void close_dynamic(int round);
+  // Waits for `keys` in slices until the join timeout; returns the round's end if it was decided
+  // meanwhile, nullopt when the keys are there. Throws StopRequested (after marking the round
+  // ended) or TimeoutError (from `on_timeout`). `progress` describes who is missing.
+  std::optional<RoundEnd> wait_joining(int round, const std::vector<std::string>& keys, const StopSignal& stop,
+                                       const std::function<std::string()>& progress,
+                                       const std::function<void()>& on_timeout);
   RoundEnd decide(int round, const rdzv::jobs::Outcome& proposal);
   RoundEnd parse_end(const std::string& value) const;
   void stop_watcher();
@@ -136,12 +122,11 @@ class NodeRendezvous {
   void stop_heartbeat();
   // A second connection to the rendezvous store for the watcher or heartbeat thread.
   std::shared_ptr<rdzv::Client> side_connection() const;
-  // Node 0: the node whose heartbeat has not moved for too long, if any (checked once per interval).
   // The next node in group-rank order whose heartbeat has not moved for too long, if any.
   std::optional<int> find_lost_node(rdzv::Client& c, std::pair<int64_t, std::chrono::steady_clock::time_point>& seen);
 
-  NodeRendezvousOptions options_;
-  std::unique_ptr<rdzv::ServerThread> server_;  // node 0 only
+  StoreRendezvousOptions options_;
+  std::unique_ptr<rdzv::ServerThread> server_;  // the node that hosts the rendezvous store
   std::unique_ptr<rdzv::Client> client_;
   std::thread watcher_;
   std::atomic<bool> stop_watching_{false};
@@ -151,6 +136,7 @@ class NodeRendezvous {
   std::string agent_id_;  // heartbeat key: unique per agent process
   // The current round's membership, in group-rank order (heartbeat ids and hosts).
   int group_rank_ = 0;
+  int group_world_size_ = 0;
   std::vector<std::string> member_ids_;
   std::vector<std::string> member_hosts_;
   std::mutex members_mutex_;

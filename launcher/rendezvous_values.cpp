@@ -1,0 +1,77 @@
+#include "launcher/rendezvous_values.hpp"
+
+#include "common/errors.hpp"
+#include "rendezvous/job_keys.hpp"
+
+namespace ddprun::launcher {
+
+using json = nlohmann::json;
+
+std::string seconds_text(std::chrono::milliseconds d) {
+  return d.count() % 1000 == 0 ? std::to_string(d.count() / 1000) + "s" : std::to_string(d.count()) + "ms";
+}
+
+json exit_to_json(const WorkerExit& e, int node) {
+  json j = {{"node", node},        {"host", e.host},         {"rank", e.rank},
+            {"local_rank", e.local_rank}, {"pid", e.pid},    {"exit_code", e.exit_code},
+            {"signal", e.signal},  {"error_file", e.error_file}, {"stderr_tail", e.stderr_tail},
+            {"time_ms", std::chrono::duration_cast<std::chrono::milliseconds>(e.time.time_since_epoch()).count()}};
+  if (auto text = e.error_text ? e.error_text : read_error_file(e.error_file)) j["error"] = *text;
+  return j;
+}
+
+int64_t int_field(const json& j, const char* name, int64_t fallback) {
+  auto it = j.find(name);
+  return it != j.end() && it->is_number_integer() ? it->get<int64_t>() : fallback;
+}
+std::string string_field(const json& j, const char* name) {
+  auto it = j.find(name);
+  return it != j.end() && it->is_string() ? it->get<std::string>() : std::string();
+}
+std::vector<std::string> strings_field(const json& j, const char* name) {
+  std::vector<std::string> out;
+  auto it = j.find(name);
+  if (it == j.end() || !it->is_array()) return out;
+  for (const auto& v : *it) out.push_back(v.is_string() ? v.get<std::string>() : v.dump());
+  return out;
+}
+
+WorkerExit exit_from_json(const json& j) {
+  WorkerExit e;
+  e.host = string_field(j, "host");
+  e.node_rank = static_cast<int>(int_field(j, "node", -1));
+  e.rank = static_cast<int>(int_field(j, "rank", 0));
+  e.local_rank = static_cast<int>(int_field(j, "local_rank", 0));
+  e.pid = static_cast<pid_t>(int_field(j, "pid", 0));
+  e.exit_code = static_cast<int>(int_field(j, "exit_code", 0));
+  e.signal = static_cast<int>(int_field(j, "signal", 0));
+  e.error_file = string_field(j, "error_file");
+  e.stderr_tail = strings_field(j, "stderr_tail");
+  e.time = std::chrono::system_clock::time_point(std::chrono::milliseconds(int_field(j, "time_ms", 0)));
+  if (j.contains("error") && j["error"].is_string()) e.error_text = j["error"].get<std::string>();
+  return e;
+}
+
+// A value this node needs, read from the store: a JSON object, or a ProtocolError naming the key.
+json read_object(const std::string& key, const std::string& value) {
+  json j = json::parse(value, nullptr, false);
+  if (!j.is_object()) {
+    throw ProtocolError("the rendezvous key " + key + " does not hold a JSON object (" + std::to_string(value.size()) +
+                        " bytes: '" + value.substr(0, 60) + "'); was it written by another program, or another "
+                        "version of ddprun?");
+  }
+  return j;
+}
+
+int64_t read_number(const std::string& key, const std::string& value) {
+  if (auto n = rdzv::jobs::parse_int(value)) return *n;
+  throw ProtocolError("the rendezvous key " + key + " does not hold a number ('" + value.substr(0, 60) +
+                      "'); was it written by another program, or another version of ddprun?");
+}
+
+int64_t now_ms() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+}  // namespace ddprun::launcher

@@ -1,0 +1,36 @@
+#pragma once
+// The values rendezvous backends keep (a node's record, an assignment, a failure's root cause) and
+// the checked way to read them: whatever comes from a store or from etcd was written by another
+// process, possibly another version, so nothing here throws a library's exception. A value that is
+// required and malformed is a ProtocolError naming its key; a field of the wrong type reads as the
+// fallback.
+
+#include <chrono>
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "launcher/report.hpp"
+
+namespace ddprun::launcher {
+
+int64_t int_field(const nlohmann::json& j, const char* name, int64_t fallback);
+std::string string_field(const nlohmann::json& j, const char* name);
+std::vector<std::string> strings_field(const nlohmann::json& j, const char* name);
+
+// A JSON object read from `key`, or a ProtocolError that names the key and shows the value.
+nlohmann::json read_object(const std::string& key, const std::string& value);
+// A decimal number read from `key`, or a ProtocolError that names the key.
+int64_t read_number(const std::string& key, const std::string& value);
+
+// A failure's root cause as one node reports it to the others, and back.
+nlohmann::json exit_to_json(const WorkerExit& e, int node);
+WorkerExit exit_from_json(const nlohmann::json& j);
+
+// Wall-clock milliseconds since the epoch (records and heartbeat times; never compared across hosts).
+int64_t now_ms();
+// "30s" or "250ms".
+std::string seconds_text(std::chrono::milliseconds d);
+
+}  // namespace ddprun::launcher
