@@ -10,74 +10,11 @@
 #include <sstream>
 
 #include "common/errors.hpp"
+#include "launcher/flags.hpp"
 #include "rendezvous/job_keys.hpp"
 
 namespace ddprun::launcher {
 namespace {
-
-struct FlagDef {
-  const char* name;   // canonical spelling, with underscores
-  const char* alias;  // short form or other name, or nullptr
-  const char* dest;   // key in the parsed map; PET_<DEST> is the env fallback
-  bool takes_value;
-  const char* default_text;
-  const char* help;
-};
-
-// Every flag ddprun accepts. Dashes and underscores are interchangeable after the leading "--".
-constexpr FlagDef kFlags[] = {
-    {"--nproc_per_node", nullptr, "nproc_per_node", true, "1",
-     "workers on this node: a number, 'cpu' (one per CPU), 'gpu' (one per visible GPU) or 'auto' (GPUs if any, else CPUs)"},
-    {"--nnodes", nullptr, "nnodes", true, "1", "number of nodes, N or MIN:MAX (ranges with --rdzv_backend c10d)"},
-    {"--node_rank", nullptr, "node_rank", true, "0", "rank of this node, 0..nnodes-1 (static rendezvous)"},
-    {"--master_addr", nullptr, "master_addr", true, "127.0.0.1",
-     "address of node 0, where the store runs; MASTER_ADDR of the workers"},
-    {"--master_port", nullptr, "master_port", true, "a kernel-picked free port on one node, 29500 on several",
-     "port of the store on node 0"},
-    {"--standalone", nullptr, "standalone", false, "off",
-     "single-node job with an automatic store port and run id (ddprun's default anyway)"},
-    {"--rdzv_backend", nullptr, "rdzv_backend", true, "static",
-     "static (each node gives --node_rank) or c10d (nodes join --rdzv_endpoint without ranks; --nnodes MIN:MAX)"},
-    {"--rdzv_endpoint", nullptr, "rdzv_endpoint", true, "(node 0 hosts it at master_addr:master_port)",
-     "a ddprun-rendezvous daemon, host[:port] (port 29400 if omitted), to rendezvous through; many jobs can share one"},
-    {"--rdzv_id", "--run_id", "rdzv_id", true, "none", "job id shared by all nodes; TORCHELASTIC_RUN_ID"},
-    {"--rdzv_conf", nullptr, "rdzv_conf", true, "", "rendezvous settings k1=v1,k2=v2: join_timeout=600, last_call_timeout=30, keep_alive_interval=5, "
-     "keep_alive_max_attempt=3"},
-    {"--max_restarts", nullptr, "max_restarts", true, "0", "times the worker group is restarted after a failure"},
-    {"--monitor_interval", nullptr, "monitor_interval", true, "0.1",
-     "accepted for torchrun compatibility: worker exits are seen at once (SIGCHLD) and other nodes are "
-     "checked every keep_alive_interval (--rdzv_conf)"},
-    {"--role", nullptr, "role", true, "default", "worker role; ROLE_NAME"},
-    {"--log_dir", nullptr, "log_dir", true, "(temporary directory)",
-     "base directory for per-rank logs: LOG_DIR/RUN_ID_XXXX/attempt_K/LOCAL_RANK/{stdout,stderr}.log"},
-    {"--redirects", "-r", "redirects", true, "0",
-     "send worker output to log files only: 0 none, 1 stdout, 2 stderr, 3 both, or per local rank '0:1,1:3'"},
-    {"--tee", "-t", "tee", true, "0", "like --redirects, but also to the console"},
-    {"--local_ranks_filter", nullptr, "local_ranks_filter", true, "(all)",
-     "show only these local ranks on the console, e.g. '0' or '0,3' (log files keep everything)"},
-    {"--no_python", nullptr, "no_python", false, "off", "run the program directly even if it ends in .py"},
-    {"--module", "-m", "module", false, "off", "run the program as a Python module (python -m)"},
-    {"--local_addr", nullptr, "local_addr", true, "(host name)", "address of this node that other nodes use"},
-    {"--signals_to_handle", nullptr, "signals_to_handle", true, "SIGTERM,SIGINT,SIGHUP,SIGQUIT",
-     "signals forwarded to every worker; SIGTERM/SIGINT/SIGHUP/SIGQUIT also stop the job, others "
-     "(e.g. SIGUSR1) are only forwarded"},
-    {"--shutdown_timeout", nullptr, "shutdown_timeout", true, "30",
-     "seconds between SIGTERM and SIGKILL when stopping workers"},
-    {"--virtual_local_rank", nullptr, "virtual_local_rank", false, "off",
-     "give each worker one GPU in CUDA_VISIBLE_DEVICES and LOCAL_RANK=0, so no rank touches another's GPU"},
-    {"--log_line_prefix_template", nullptr, "log_line_prefix_template", true, "[rank${rank}]: ",
-     "prefix of each console line; ${rank}, ${local_rank}, ${role_name}, ${host} are replaced"},
-    {"--start_method", nullptr, "start_method", true, "spawn", "accepted for torchrun compatibility; ignored"},
-};
-
-const FlagDef* find_flag(const std::string& spelled) {
-  std::string norm = spelled;
-  if (norm.rfind("--", 0) == 0) std::replace(norm.begin() + 2, norm.end(), '-', '_');
-  for (const FlagDef& f : kFlags) {
-    if (norm == f.name || (f.alias && norm == f.alias)) return &f;
-  }
-  return nullptr;
-}
 
 std::string upper(std::string s) {
   for (char& c : s) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
@@ -143,28 +80,33 @@ StreamSelection parse_streams(const std::string& flag, const std::string& text) 
 
 }  // namespace
 
-int parse_signal(const std::string& text, const std::string& flag) {
-  const std::string t = upper(trim(text));
-  if (!t.empty() && std::all_of(t.begin(), t.end(), ::isdigit)) {
-    return static_cast<int>(parse_int(flag, t, 1, 64, "a signal name such as SIGUSR1"));
-  }
-  const std::string name = t.rfind("SIG", 0) == 0 ? t.substr(3) : t;
-  for (int s = 1; s < 32; ++s) {
-    const char* abbrev = sigabbrev_np(s);
-    if (abbrev && name == abbrev) return s;
-  }
-  bad(flag, "signal names such as SIGTERM,SIGUSR1", text);
-}
+namespace {
 
-std::string signal_name(int signo) {
-  const char* abbrev = sigabbrev_np(signo);
-  return abbrev ? std::string("SIG") + abbrev : "signal " + std::to_string(signo);
-}
+// What the command line and the environment gave, before anything is checked: flag dest -> value,
+// and how the user spelled it (for error messages).
+struct Given {
+  std::map<std::string, std::string> values;
+  std::map<std::string, std::string> spelled;
+  std::string program;
+  std::vector<std::string> program_args;
+  bool help = false;
+  bool version = false;
 
-LaunchOptions parse_options(const std::vector<std::string>& args, const EnvLookup& env, const HostFacts& host) {
-  std::map<std::string, std::string> given;  // dest -> value
-  std::map<std::string, std::string> spelled;  // dest -> the flag as the user wrote it (for errors)
-  LaunchOptions o;
+  bool has(const char* dest) const { return values.count(dest) != 0; }
+  const std::string& operator[](const char* dest) const { return values.at(dest); }
+  std::string flag(const char* dest) const {
+    auto it = spelled.find(dest);
+    return it != spelled.end() ? it->second : std::string("--") + dest;
+  }
+  void set(const std::string& dest, const std::string& value, const std::string& from) {
+    values[dest] = value;
+    spelled[dest] = from;
+  }
+};
+
+// 1. argv -> flags and the program; stops at the first argument that is not a flag (or "--").
+Given tokenize(const std::vector<std::string>& args) {
+  Given g;
   size_t i = 0;
   for (; i < args.size(); ++i) {
     const std::string& a = args[i];
@@ -173,12 +115,12 @@ LaunchOptions parse_options(const std::vector<std::string>& args, const EnvLooku
       break;
     }
     if (a == "-h" || a == "--help") {
-      o.help = true;
-      return o;
+      g.help = true;
+      return g;
     }
     if (a == "--version") {
-      o.version = true;
-      return o;
+      g.version = true;
+      return g;
     }
     if (a.empty() || a[0] != '-' || a == "-") break;  // the program
     std::string name = a, value;
@@ -203,67 +145,62 @@ LaunchOptions parse_options(const std::vector<std::string>& args, const EnvLooku
       if (inline_value) throw ConfigError(name + " takes no value, got '" + value + "'");
       value = "1";
     }
-    given[f->dest] = value;
-    spelled[f->dest] = name;
+    g.set(f->dest, value, name);
   }
   if (i < args.size()) {
-    o.program = args[i];
-    o.program_args.assign(args.begin() + static_cast<long>(i) + 1, args.end());
+    g.program = args[i];
+    g.program_args.assign(args.begin() + static_cast<long>(i) + 1, args.end());
   }
+  return g;
+}
 
-  // PET_<DEST> fallbacks, as torchrun reads them (Kubeflow's PyTorchJob sets these).
-  for (const FlagDef& f : kFlags) {
-    if (given.count(f.dest)) continue;
+// 2a. PET_<DEST> for every flag not given, as torchrun reads them (Kubeflow's PyTorchJob sets these).
+void apply_pet_fallbacks(Given& g, const EnvLookup& env) {
+  for (const FlagDef& f : flag_table()) {
+    if (g.has(f.dest)) continue;
     const std::string var = "PET_" + upper(f.dest);
-    if (auto v = env(var); v && !v->empty()) {
-      if (!f.takes_value) {
-        // torchrun's check_env: a non-zero integer means on.
-        try {
-          if (std::stoll(*v) == 0) continue;
-        } catch (const std::exception&) {
-          throw ConfigError(var + ": expected an integer (0 off, non-zero on), got '" + *v + "'");
-        }
-        given[f.dest] = "1";
-      } else {
-        given[f.dest] = *v;
-      }
-      spelled[f.dest] = var;
+    auto v = env(var);
+    if (!v || v->empty()) continue;
+    if (f.takes_value) {
+      g.set(f.dest, *v, var);
+      continue;
     }
+    // torchrun's check_env: a non-zero integer means on.
+    try {
+      if (std::stoll(*v) == 0) continue;
+    } catch (const std::exception&) {
+      throw ConfigError(var + ": expected an integer (0 off, non-zero on), got '" + *v + "'");
+    }
+    g.set(f.dest, "1", var);
   }
-  // Under Slurm (srun ddprun ...), the job's layout comes from its environment unless given.
-  const auto slurm_job = env("SLURM_JOB_ID"), slurm_nodes = env("SLURM_NNODES"), slurm_node = env("SLURM_NODEID"),
-             slurm_list = env("SLURM_JOB_NODELIST");
-  if (slurm_job && slurm_nodes && slurm_node && slurm_list && !given.count("nnodes") && !given.count("node_rank") &&
-      !given.count("master_addr")) {
-    given["nnodes"] = *slurm_nodes;
-    spelled["nnodes"] = "SLURM_NNODES";
-    given["node_rank"] = *slurm_node;
-    spelled["node_rank"] = "SLURM_NODEID";
-    given["master_addr"] = first_slurm_host(*slurm_list);
-    spelled["master_addr"] = "SLURM_JOB_NODELIST";
-    if (!given.count("master_port")) {
-      // The same on every node of the job, and below Linux's ephemeral port range.
-      const long long id = parse_int("SLURM_JOB_ID", trim(*slurm_job), 0, (1LL << 62), "a job number");
-      given["master_port"] = std::to_string(20000 + id % 12000);
-      spelled["master_port"] = "SLURM_JOB_ID";
-    }
-    if (!given.count("rdzv_id")) {
-      given["rdzv_id"] = "slurm-" + trim(*slurm_job);
-      spelled["rdzv_id"] = "SLURM_JOB_ID";
-    }
-    o.from_slurm = true;
-  }
-  auto has = [&](const char* d) { return given.count(d) != 0; };
-  auto flag = [&](const char* d) { return spelled.count(d) ? spelled[d] : std::string("--") + d; };
+}
 
-  if (has("nproc_per_node")) {
-    const std::string v = trim(given["nproc_per_node"]);
+// 2b. Under Slurm (srun ddprun ...), the job's layout comes from its environment unless given.
+void apply_slurm(Given& g, const EnvLookup& env) {
+  const auto job = env("SLURM_JOB_ID"), nodes = env("SLURM_NNODES"), node = env("SLURM_NODEID"),
+             list = env("SLURM_JOB_NODELIST");
+  if (!job || !nodes || !node || !list || g.has("nnodes") || g.has("node_rank") || g.has("master_addr")) return;
+  g.set("nnodes", *nodes, "SLURM_NNODES");
+  g.set("node_rank", *node, "SLURM_NODEID");
+  g.set("master_addr", first_slurm_host(*list), "SLURM_JOB_NODELIST");
+  if (!g.has("master_port")) {
+    // The same on every node of the job, and below Linux's ephemeral port range.
+    const long long id = parse_int("SLURM_JOB_ID", trim(*job), 0, (1LL << 62), "a job number");
+    g.set("master_port", std::to_string(20000 + id % 12000), "SLURM_JOB_ID");
+  }
+  if (!g.has("rdzv_id")) g.set("rdzv_id", "slurm-" + trim(*job), "SLURM_JOB_ID");
+}
+
+// 3a. How many workers and nodes, and where node 0's store is.
+void resolve_layout(const Given& g, const HostFacts& host, LaunchOptions& o) {
+  if (g.has("nproc_per_node")) {
+    const std::string v = trim(g["nproc_per_node"]);
     o.nproc_spec = v;
     if (v == "cpu") {
       o.nproc_per_node = host.cpu_count;
     } else if (v == "gpu") {
       if (host.gpu_count == 0) {
-        throw ConfigError(flag("nproc_per_node") + " gpu: no GPU is visible (check CUDA_VISIBLE_DEVICES and "
+        throw ConfigError(g.flag("nproc_per_node") + " gpu: no GPU is visible (check CUDA_VISIBLE_DEVICES and "
                           "/dev/nvidia*); use a number or 'cpu'");
       }
       o.nproc_per_node = host.gpu_count;
@@ -271,56 +208,62 @@ LaunchOptions parse_options(const std::vector<std::string>& args, const EnvLooku
       o.nproc_per_node = host.gpu_count > 0 ? host.gpu_count : host.cpu_count;
     } else {
       o.nproc_per_node = static_cast<int>(
-          parse_int(flag("nproc_per_node"), v, 1, 1 << 16, "a positive number, 'auto', 'cpu' or 'gpu'"));
+          parse_int(g.flag("nproc_per_node"), v, 1, 1 << 16, "a positive number, 'auto', 'cpu' or 'gpu'"));
     }
   }
-  if (has("nnodes")) {
-    const std::string v = trim(given["nnodes"]);
+  if (g.has("nnodes")) {
+    const std::string v = trim(g["nnodes"]);
     const std::string expected = "N or MIN:MAX with 0 < MIN <= MAX";
     const auto colon = v.find(':');
     if (colon == std::string::npos) {
-      o.min_nodes = o.max_nodes = static_cast<int>(parse_int(flag("nnodes"), v, 1, 1 << 20, expected));
+      o.min_nodes = o.max_nodes = static_cast<int>(parse_int(g.flag("nnodes"), v, 1, 1 << 20, expected));
     } else {
-      o.min_nodes = static_cast<int>(parse_int(flag("nnodes"), trim(v.substr(0, colon)), 1, 1 << 20, expected));
-      o.max_nodes = static_cast<int>(parse_int(flag("nnodes"), trim(v.substr(colon + 1)), 1, 1 << 20, expected));
-      if (o.min_nodes > o.max_nodes) bad(flag("nnodes"), expected, v);
+      o.min_nodes = static_cast<int>(parse_int(g.flag("nnodes"), trim(v.substr(0, colon)), 1, 1 << 20, expected));
+      o.max_nodes = static_cast<int>(parse_int(g.flag("nnodes"), trim(v.substr(colon + 1)), 1, 1 << 20, expected));
+      if (o.min_nodes > o.max_nodes) bad(g.flag("nnodes"), expected, v);
     }
   }
-  o.node_rank_given = has("node_rank");
-  if (has("node_rank")) {
-    o.node_rank = static_cast<int>(parse_int(flag("node_rank"), trim(given["node_rank"]), 0, o.max_nodes - 1,
+  o.node_rank_given = g.has("node_rank");
+  if (g.has("node_rank")) {
+    o.node_rank = static_cast<int>(parse_int(g.flag("node_rank"), trim(g["node_rank"]), 0, o.max_nodes - 1,
                                              "a node rank from 0 to " + std::to_string(o.max_nodes - 1) +
                                                  " (--nnodes is " + std::to_string(o.max_nodes) + ")"));
   }
-  if (has("master_addr")) {
-    o.master_addr = trim(given["master_addr"]);
+  if (g.has("master_addr")) {
+    o.master_addr = trim(g["master_addr"]);
     // torchrun accepts IPv6 in brackets.
     if (o.master_addr.size() > 2 && o.master_addr.front() == '[' && o.master_addr.back() == ']') {
       o.master_addr = o.master_addr.substr(1, o.master_addr.size() - 2);
     }
-    if (o.master_addr.empty()) bad(flag("master_addr"), "a host name or address", given["master_addr"]);
+    if (o.master_addr.empty()) bad(g.flag("master_addr"), "a host name or address", g["master_addr"]);
   }
-  if (has("master_port")) {
-    const auto port = parse_int(flag("master_port"), trim(given["master_port"]), 0, 65535, "a port from 0 to 65535");
+  if (g.has("master_port")) {
+    const auto port = parse_int(g.flag("master_port"), trim(g["master_port"]), 0, 65535, "a port from 0 to 65535");
     if (port != 0) o.master_port = static_cast<uint16_t>(port);
   }
-  o.standalone = has("standalone");
-  if (has("rdzv_backend")) {
-    o.rdzv_backend = trim(given["rdzv_backend"]);
+  o.standalone = g.has("standalone");
+  if (g.has("local_addr")) o.local_addr = trim(g["local_addr"]);
+}
+
+// 3b. How the nodes find each other.
+void resolve_rendezvous(const Given& g, LaunchOptions& o) {
+  if (g.has("rdzv_backend")) {
+    o.rdzv_backend = trim(g["rdzv_backend"]);
     if (o.rdzv_backend != "static" && o.rdzv_backend != "c10d") {
-      throw ConfigError(flag("rdzv_backend") + ": expected 'static' (fixed --node_rank per node) or 'c10d' "
+      throw ConfigError(g.flag("rdzv_backend") + ": expected 'static' (fixed --node_rank per node) or 'c10d' "
                         "(nodes join --rdzv_endpoint without ranks, --nnodes MIN:MAX), got '" + o.rdzv_backend + "'");
     }
   }
-  if (has("rdzv_endpoint") && !trim(given["rdzv_endpoint"]).empty()) {
+  if (g.has("rdzv_endpoint") && !trim(g["rdzv_endpoint"]).empty()) {
     // host, host:port, [v6], [v6]:port
-    o.rdzv_endpoint = trim(given["rdzv_endpoint"]);
+    o.rdzv_endpoint = trim(g["rdzv_endpoint"]);
+    const std::string expected = "host[:port] or [ipv6]:port";
     std::string host = o.rdzv_endpoint, port;
     if (host.front() == '[') {
       const auto close = host.find(']');
-      if (close == std::string::npos) bad(flag("rdzv_endpoint"), "host[:port] or [ipv6]:port", o.rdzv_endpoint);
+      if (close == std::string::npos) bad(g.flag("rdzv_endpoint"), expected, o.rdzv_endpoint);
       if (close + 1 < host.size()) {
-        if (host[close + 1] != ':') bad(flag("rdzv_endpoint"), "host[:port] or [ipv6]:port", o.rdzv_endpoint);
+        if (host[close + 1] != ':') bad(g.flag("rdzv_endpoint"), expected, o.rdzv_endpoint);
         port = host.substr(close + 2);
       }
       host = host.substr(1, close - 1);
@@ -328,87 +271,95 @@ LaunchOptions parse_options(const std::vector<std::string>& args, const EnvLooku
       port = host.substr(host.find(':') + 1);
       host = host.substr(0, host.find(':'));
     }
-    if (host.empty()) bad(flag("rdzv_endpoint"), "host[:port] or [ipv6]:port", o.rdzv_endpoint);
+    if (host.empty()) bad(g.flag("rdzv_endpoint"), expected, o.rdzv_endpoint);
     o.rdzv_endpoint_host = host;
     if (!port.empty()) {
-      o.rdzv_endpoint_port =
-          static_cast<uint16_t>(parse_int(flag("rdzv_endpoint"), port, 1, 65535, "host[:port] with a port from 1 to 65535"));
+      o.rdzv_endpoint_port = static_cast<uint16_t>(
+          parse_int(g.flag("rdzv_endpoint"), port, 1, 65535, "host[:port] with a port from 1 to 65535"));
     }
   }
-  if (has("rdzv_id")) {
-    o.run_id = trim(given["rdzv_id"]);
+  if (g.has("rdzv_id")) {
+    o.run_id = trim(g["rdzv_id"]);
     std::string why;
     if (!rdzv::jobs::valid_run_id(o.run_id, &why)) {
-      throw ConfigError(flag("rdzv_id") + ": '" + o.run_id + "' cannot name a job: " + why);
+      throw ConfigError(g.flag("rdzv_id") + ": '" + o.run_id + "' cannot name a job: " + why);
     }
   }
-  if (has("rdzv_conf") && !trim(given["rdzv_conf"]).empty()) {
-    for (const std::string& kv : split(given["rdzv_conf"], ',')) {
-      const auto eq = kv.find('=');
-      if (eq == std::string::npos || eq == 0) bad(flag("rdzv_conf"), "key=value pairs separated by commas", kv);
-      o.rdzv_conf[trim(kv.substr(0, eq))] = trim(kv.substr(eq + 1));
-    }
-    for (const auto& [k, v] : o.rdzv_conf) {
-      if (k == "join_timeout" || k == "timeout") {
-        o.join_timeout = parse_seconds(flag("rdzv_conf") + " " + k, v, false);
-      } else if (k == "keep_alive_interval") {
-        o.keep_alive_interval = parse_seconds(flag("rdzv_conf") + " " + k, v, false);
-      } else if (k == "last_call_timeout") {
-        o.last_call_timeout = parse_seconds(flag("rdzv_conf") + " " + k, v, false);
-      } else if (k == "keep_alive_max_attempt") {
-        o.keep_alive_max_attempt = static_cast<int>(parse_int(flag("rdzv_conf") + " " + k, v, 1, 1000, "a count >= 1"));
-      } else if (k != "close_timeout" && k != "read_timeout" && k != "is_host") {
-        throw ConfigError(flag("rdzv_conf") + ": unknown key '" + k +
-                          "' (known: join_timeout, last_call_timeout, keep_alive_interval, keep_alive_max_attempt)");
-      }
+  if (!g.has("rdzv_conf") || trim(g["rdzv_conf"]).empty()) return;
+  for (const std::string& kv : split(g["rdzv_conf"], ',')) {
+    const auto eq = kv.find('=');
+    if (eq == std::string::npos || eq == 0) bad(g.flag("rdzv_conf"), "key=value pairs separated by commas", kv);
+    o.rdzv_conf[trim(kv.substr(0, eq))] = trim(kv.substr(eq + 1));
+  }
+  for (const auto& [k, v] : o.rdzv_conf) {
+    const std::string where = g.flag("rdzv_conf") + " " + k;
+    if (k == "join_timeout" || k == "timeout") {
+      o.join_timeout = parse_seconds(where, v, false);
+    } else if (k == "keep_alive_interval") {
+      o.keep_alive_interval = parse_seconds(where, v, false);
+    } else if (k == "last_call_timeout") {
+      o.last_call_timeout = parse_seconds(where, v, false);
+    } else if (k == "keep_alive_max_attempt") {
+      o.keep_alive_max_attempt = static_cast<int>(parse_int(where, v, 1, 1000, "a count >= 1"));
+    } else if (k != "close_timeout" && k != "read_timeout" && k != "is_host") {
+      throw ConfigError(g.flag("rdzv_conf") + ": unknown key '" + k +
+                        "' (known: join_timeout, last_call_timeout, keep_alive_interval, keep_alive_max_attempt)");
     }
   }
-  if (has("max_restarts")) {
+}
+
+// 3c. How the workers run, restart, log and get signals.
+void resolve_workers(const Given& g, const EnvLookup& env, LaunchOptions& o) {
+  if (g.has("max_restarts")) {
     o.max_restarts = static_cast<int>(
-        parse_int(flag("max_restarts"), trim(given["max_restarts"]), 0, 1 << 20, "a whole number >= 0"));
+        parse_int(g.flag("max_restarts"), trim(g["max_restarts"]), 0, 1 << 20, "a whole number >= 0"));
   }
-  if (has("monitor_interval")) o.monitor_interval = parse_seconds(flag("monitor_interval"), trim(given["monitor_interval"]), false);
-  if (has("role")) {
-    o.role = trim(given["role"]);
-    if (o.role.empty()) bad(flag("role"), "a non-empty role name", given["role"]);
+  // Accepted for compatibility (worker exits are seen at once); a malformed value is still an error.
+  if (g.has("monitor_interval")) parse_seconds(g.flag("monitor_interval"), trim(g["monitor_interval"]), false);
+  if (g.has("role")) {
+    o.role = trim(g["role"]);
+    if (o.role.empty()) bad(g.flag("role"), "a non-empty role name", g["role"]);
   }
-  if (has("log_dir")) o.log_dir = given["log_dir"];
-  if (has("redirects")) o.redirects = parse_streams(flag("redirects"), given["redirects"]);
-  if (has("tee")) o.tee = parse_streams(flag("tee"), given["tee"]);
-  if (has("local_ranks_filter") && !trim(given["local_ranks_filter"]).empty()) {
+  if (g.has("log_dir")) o.log_dir = g["log_dir"];
+  if (g.has("redirects")) o.redirects = parse_streams(g.flag("redirects"), g["redirects"]);
+  if (g.has("tee")) o.tee = parse_streams(g.flag("tee"), g["tee"]);
+  if (g.has("local_ranks_filter") && !trim(g["local_ranks_filter"]).empty()) {
     std::set<int> ranks;
-    for (const std::string& r : split(given["local_ranks_filter"], ',')) {
-      ranks.insert(static_cast<int>(parse_int(flag("local_ranks_filter"), r, 0, 1 << 20,
+    for (const std::string& r : split(g["local_ranks_filter"], ',')) {
+      ranks.insert(static_cast<int>(parse_int(g.flag("local_ranks_filter"), r, 0, 1 << 20,
                                               "comma-separated local ranks such as '0' or '0,2'")));
     }
     o.local_ranks_filter = std::move(ranks);
   }
-  o.no_python = has("no_python");
-  o.module = has("module");
-  if (o.no_python && o.module) {
-    throw ConfigError("--no_python and -m/--module cannot be combined: -m runs a Python module, --no_python runs "
-                      "the program directly");
-  }
-  if (has("local_addr")) o.local_addr = trim(given["local_addr"]);
-  const std::string signals = has("signals_to_handle") ? given["signals_to_handle"] : "SIGTERM,SIGINT,SIGHUP,SIGQUIT";
+  o.no_python = g.has("no_python");
+  o.module = g.has("module");
+  const std::string signals = g.has("signals_to_handle") ? g["signals_to_handle"] : "SIGTERM,SIGINT,SIGHUP,SIGQUIT";
   for (const std::string& s : split(signals, ',')) {
     if (s.empty()) continue;
-    const int signo = parse_signal(s, flag("signals_to_handle"));
+    const int signo = parse_signal(s, g.flag("signals_to_handle"));
     if (signo == SIGKILL || signo == SIGSTOP || signo == SIGCHLD) {
-      bad(flag("signals_to_handle"), "signals that can be caught and forwarded (not SIGKILL, SIGSTOP, SIGCHLD)", s);
+      bad(g.flag("signals_to_handle"), "signals that can be caught and forwarded (not SIGKILL, SIGSTOP, SIGCHLD)", s);
     }
     if (std::find(o.signals_to_handle.begin(), o.signals_to_handle.end(), signo) == o.signals_to_handle.end()) {
       o.signals_to_handle.push_back(signo);
     }
   }
-  if (has("shutdown_timeout")) o.shutdown_timeout = parse_seconds(flag("shutdown_timeout"), trim(given["shutdown_timeout"]), true);
-  else if (auto v = env("TORCH_ELASTIC_SHUTDOWN_TIMEOUT"); v && !v->empty()) {
+  if (g.has("shutdown_timeout")) {
+    o.shutdown_timeout = parse_seconds(g.flag("shutdown_timeout"), trim(g["shutdown_timeout"]), true);
+  } else if (auto v = env("TORCH_ELASTIC_SHUTDOWN_TIMEOUT"); v && !v->empty()) {
     o.shutdown_timeout = parse_seconds("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", trim(*v), true);
   }
-  o.virtual_local_rank = has("virtual_local_rank");
-  if (has("log_line_prefix_template")) o.log_line_prefix = given["log_line_prefix_template"];
+  o.virtual_local_rank = g.has("virtual_local_rank");
+  if (g.has("log_line_prefix_template")) o.log_line_prefix = g["log_line_prefix_template"];
   else if (auto v = env("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"); v) o.log_line_prefix = *v;
+}
 
+// 3d. Combinations that cannot work, refused before anything starts.
+void validate(LaunchOptions& o) {
+  if (o.no_python && o.module) {
+    throw ConfigError("--no_python and -m/--module cannot be combined: -m runs a Python module, --no_python runs "
+                      "the program directly");
+  }
   if (o.standalone && o.max_nodes > 1) {
     throw ConfigError("--standalone runs a single-node job, but --nnodes is " + std::to_string(o.max_nodes));
   }
@@ -424,26 +375,27 @@ LaunchOptions parse_options(const std::vector<std::string>& args, const EnvLooku
   if (o.program.empty()) {
     throw ConfigError("missing the program to run: ddprun [options] PROGRAM [ARGS...] (see ddprun --help)");
   }
-  return o;
 }
 
-std::string usage_text() {
-  std::ostringstream out;
-  out << "usage: ddprun [options] PROGRAM [ARGS...]\n\n"
-         "Starts nproc_per_node workers of PROGRAM on this node with torchrun's environment (RANK, LOCAL_RANK,\n"
-         "WORLD_SIZE, MASTER_ADDR, MASTER_PORT, ...), hosts their rendezvous store, supervises them, and reports\n"
-         "which rank failed and why. A PROGRAM ending in .py runs under $PYTHON_EXEC (default python3) -u;\n"
-         "anything else is executed directly. '${local_rank}' in ARGS is replaced per worker.\n\n"
-         "options (dashes and underscores are interchangeable; each also reads PET_<NAME> from the environment):\n";
-  for (const FlagDef& f : kFlags) {
-    std::string names = f.alias ? std::string(f.alias) + ", " + f.name : std::string(f.name);
-    if (f.takes_value) names += " VALUE";
-    out << "  " << names << "\n      " << f.help << " (default: " << f.default_text << ")\n";
+}  // namespace
+
+LaunchOptions parse_options(const std::vector<std::string>& args, const EnvLookup& env, const HostFacts& host) {
+  Given g = tokenize(args);
+  LaunchOptions o;
+  if (g.help || g.version) {
+    o.help = g.help;
+    o.version = g.version;
+    return o;
   }
-  out << "  -h, --help\n      show this help\n  --version\n      print the version\n\n"
-         "exit status: 0 when every worker succeeded; the root-cause worker's exit code (128+N if it died of signal\n"
-         "N) when one failed; 2 for a bad command line; 1 when ddprun itself could not run the job.\n";
-  return out.str();
+  apply_pet_fallbacks(g, env);
+  apply_slurm(g, env);
+  o.program = g.program;
+  o.program_args = g.program_args;
+  resolve_layout(g, host, o);
+  resolve_rendezvous(g, o);
+  resolve_workers(g, env, o);
+  validate(o);
+  return o;
 }
 
 std::string first_slurm_host(const std::string& nodelist) {

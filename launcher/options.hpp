@@ -1,8 +1,9 @@
 #pragma once
 // ddprun's command line: torchrun's flags (both spellings, e.g. --nproc_per_node and
-// --nproc-per-node) with PET_* environment fallbacks, turned into LaunchOptions. Pure: reads only
-// what it is given, so tests drive it with fake argv and environments. Throws ConfigError with a
-// message naming the flag and the accepted values.
+// --nproc-per-node) with PET_* environment fallbacks, turned into LaunchOptions in three steps:
+// tokenize argv, fill in from the environment (PET_*, then Slurm's layout), resolve and check.
+// Pure: reads only what it is given, so tests drive it with fake argv and environments. Throws
+// ConfigError with a message naming the flag (as the user wrote it) and the accepted values.
 
 #include <chrono>
 #include <cstdint>
@@ -47,7 +48,6 @@ struct LaunchOptions {
   int keep_alive_max_attempt = 3;                                          // rdzv_conf keep_alive_max_attempt
   std::chrono::milliseconds last_call_timeout{std::chrono::seconds(30)};   // rdzv_conf last_call_timeout
   int max_restarts = 0;
-  std::chrono::milliseconds monitor_interval{100};
   std::string role = "default";
   std::string log_dir;
   StreamSelection redirects;
@@ -63,7 +63,6 @@ struct LaunchOptions {
   std::string program;
   std::vector<std::string> program_args;
 
-  bool from_slurm = false;  // nnodes/node_rank/master_addr/master_port came from SLURM_*
   bool help = false;
   bool version = false;
 };

@@ -107,7 +107,7 @@ struct BlockedConsoleRun {
 };
 
 BlockedConsoleRun run_with_blocked_stdout(std::vector<std::string> argv, std::chrono::seconds deadline,
-                                          const std::function<void(pid_t)>& while_running = {}) {
+                                          const std::function<void(pid_t, const std::string&)>& while_running = {}) {
   TempDir dir;
   const std::string err_path = (dir.path / "stderr").string();
   int out[2];
@@ -124,7 +124,7 @@ BlockedConsoleRun run_with_blocked_stdout(std::vector<std::string> argv, std::ch
     ::_exit(127);
   }
   ::close(out[1]);
-  if (while_running) while_running(pid);
+  if (while_running) while_running(pid, err_path);
   BlockedConsoleRun r;
   const auto until = std::chrono::steady_clock::now() + deadline;
   int status = 0;
@@ -162,8 +162,13 @@ TEST(FaultsTest, AConsoleNobodyReadsStillLetsASignalStopTheJobAndEscalateToSigki
   const auto r = run_with_blocked_stdout(
       {ddprun_bin(), "--nproc_per_node", "2", "--shutdown_timeout", "1", TEST_WORKER_BIN, "ignore-term", "flood",
        "20", "sleep", "60"},
-      60s, [](pid_t pid) {
-        std::this_thread::sleep_for(2s);  // sleep override: let the workers fill the console first
+      60s, [](pid_t pid, const std::string& err_path) {
+        // Once the console is full (ddprun says it drops), stop the job.
+        const auto until = std::chrono::steady_clock::now() + 30s;
+        while (read_file(err_path).find("is not keeping up") == std::string::npos &&
+               std::chrono::steady_clock::now() < until) {
+          std::this_thread::sleep_for(20ms);  // sleep override: polling another process's output file
+        }
         ::kill(pid, SIGTERM);
       });
   EXPECT_FALSE(r.timed_out) << "ddprun blocked on its console:\n" << r.err;

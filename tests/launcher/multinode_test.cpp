@@ -103,7 +103,7 @@ TEST(MultiNodeTest, NodeThatStartsBeforeNodeZeroWaitsForIt) {
   TempDir dir;
   const int port = free_port();
   auto n1 = node(port, 1, 1, {}, {"env", dir.str()});
-  ASSERT_FALSE(n1->wait_for_output("finished", 300ms));  // node 0 is not there yet
+  ASSERT_TRUE(n1->wait_for_output("connecting to the rendezvous store", 30s)) << n1->err();  // node 0 is not there yet
   auto n0 = node(port, 0, 1, {}, {"env", dir.str()});
   const Finished f0 = n0->wait(60s), f1 = n1->wait(60s);
   EXPECT_EQ(f0.exit_code, 0) << f0.err;

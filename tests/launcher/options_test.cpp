@@ -124,7 +124,6 @@ TEST(OptionsTest, SlurmEnvironmentSetsTheJobLayout) {
       {"SLURM_JOB_ID", "123456"}, {"SLURM_NNODES", "4"}, {"SLURM_NODEID", "2"},
       {"SLURM_JOB_NODELIST", "gpu-node[07-10],login1"}};
   auto o = parse({"--nproc_per_node", "8", "train"}, slurm);
-  EXPECT_TRUE(o.from_slurm);
   EXPECT_EQ(o.max_nodes, 4);
   EXPECT_EQ(o.node_rank, 2);
   EXPECT_EQ(o.master_addr, "gpu-node07");
@@ -132,8 +131,9 @@ TEST(OptionsTest, SlurmEnvironmentSetsTheJobLayout) {
   EXPECT_EQ(o.run_id, "slurm-123456");
   // Explicit flags win over Slurm.
   auto explicit_layout = parse({"--nnodes", "1", "train"}, slurm);
-  EXPECT_FALSE(explicit_layout.from_slurm);
   EXPECT_EQ(explicit_layout.max_nodes, 1);
+  EXPECT_EQ(explicit_layout.run_id, "none");
+  EXPECT_EQ(explicit_layout.master_addr, "127.0.0.1");
   EXPECT_EQ(first_slurm_host("a,b"), "a");
   EXPECT_EQ(first_slurm_host("node[3-5,9]x"), "node3x");
   EXPECT_EQ(first_slurm_host("single"), "single");

@@ -1,0 +1,128 @@
+#include "launcher/flags.hpp"
+
+#include <algorithm>
+#include <csignal>
+#include <cstring>
+#include <sstream>
+
+#include "common/errors.hpp"
+#include "launcher/options.hpp"
+
+namespace ddprun::launcher {
+namespace {
+
+// Every flag ddprun accepts. Dashes and underscores are interchangeable after the leading "--".
+constexpr FlagDef kFlagTable[] = {
+    {"--nproc_per_node", nullptr, "nproc_per_node", true, "1",
+     "workers on this node: a number, 'cpu' (one per CPU), 'gpu' (one per visible GPU) or 'auto' (GPUs if any, else CPUs)"},
+    {"--nnodes", nullptr, "nnodes", true, "1", "number of nodes, N or MIN:MAX (ranges with --rdzv_backend c10d)"},
+    {"--node_rank", nullptr, "node_rank", true, "0", "rank of this node, 0..nnodes-1 (static rendezvous)"},
+    {"--master_addr", nullptr, "master_addr", true, "127.0.0.1",
+     "address of node 0, where the store runs; MASTER_ADDR of the workers"},
+    {"--master_port", nullptr, "master_port", true, "a kernel-picked free port on one node, 29500 on several",
+     "port of the store on node 0"},
+    {"--standalone", nullptr, "standalone", false, "off",
+     "single-node job with an automatic store port and run id (ddprun's default anyway)"},
+    {"--rdzv_backend", nullptr, "rdzv_backend", true, "static",
+     "static (each node gives --node_rank) or c10d (nodes join --rdzv_endpoint without ranks; --nnodes MIN:MAX)"},
+    {"--rdzv_endpoint", nullptr, "rdzv_endpoint", true, "(node 0 hosts it at master_addr:master_port)",
+     "a ddprun-rendezvous daemon, host[:port] (port 29400 if omitted), to rendezvous through; many jobs can share one"},
+    {"--rdzv_id", "--run_id", "rdzv_id", true, "none", "job id shared by all nodes; TORCHELASTIC_RUN_ID"},
+    {"--rdzv_conf", nullptr, "rdzv_conf", true, "", "rendezvous settings k1=v1,k2=v2: join_timeout=600, last_call_timeout=30, keep_alive_interval=5, "
+     "keep_alive_max_attempt=3"},
+    {"--max_restarts", nullptr, "max_restarts", true, "0", "times the worker group is restarted after a failure"},
+    {"--monitor_interval", nullptr, "monitor_interval", true, "0.1",
+     "accepted for torchrun compatibility: worker exits are seen at once (SIGCHLD) and other nodes are "
+     "checked every keep_alive_interval (--rdzv_conf)"},
+    {"--role", nullptr, "role", true, "default", "worker role; ROLE_NAME"},
+    {"--log_dir", nullptr, "log_dir", true, "(temporary directory)",
+     "base directory for per-rank logs: LOG_DIR/RUN_ID_XXXX/attempt_K/LOCAL_RANK/{stdout,stderr}.log"},
+    {"--redirects", "-r", "redirects", true, "0",
+     "send worker output to log files only: 0 none, 1 stdout, 2 stderr, 3 both, or per local rank '0:1,1:3'"},
+    {"--tee", "-t", "tee", true, "0", "like --redirects, but also to the console"},
+    {"--local_ranks_filter", nullptr, "local_ranks_filter", true, "(all)",
+     "show only these local ranks on the console, e.g. '0' or '0,3' (log files keep everything)"},
+    {"--no_python", nullptr, "no_python", false, "off", "run the program directly even if it ends in .py"},
+    {"--module", "-m", "module", false, "off", "run the program as a Python module (python -m)"},
+    {"--local_addr", nullptr, "local_addr", true, "(host name)", "address of this node that other nodes use"},
+    {"--signals_to_handle", nullptr, "signals_to_handle", true, "SIGTERM,SIGINT,SIGHUP,SIGQUIT",
+     "signals forwarded to every worker; SIGTERM/SIGINT/SIGHUP/SIGQUIT also stop the job, others "
+     "(e.g. SIGUSR1) are only forwarded"},
+    {"--shutdown_timeout", nullptr, "shutdown_timeout", true, "30",
+     "seconds between SIGTERM and SIGKILL when stopping workers"},
+    {"--virtual_local_rank", nullptr, "virtual_local_rank", false, "off",
+     "give each worker one GPU in CUDA_VISIBLE_DEVICES and LOCAL_RANK=0, so no rank touches another's GPU"},
+    {"--log_line_prefix_template", nullptr, "log_line_prefix_template", true, "[rank${rank}]: ",
+     "prefix of each console line; ${rank}, ${local_rank}, ${role_name}, ${host} are replaced"},
+    {"--start_method", nullptr, "start_method", true, "spawn", "accepted for torchrun compatibility; ignored"},
+};
+
+}  // namespace
+
+std::span<const FlagDef> flag_table() { return kFlagTable; }
+
+const FlagDef* find_flag(const std::string& spelled) {
+  std::string norm = spelled;
+  if (norm.rfind("--", 0) == 0) std::replace(norm.begin() + 2, norm.end(), '-', '_');
+  for (const FlagDef& f : kFlagTable) {
+    if (norm == f.name || (f.alias && norm == f.alias)) return &f;
+  }
+  return nullptr;
+}
+
+
+std::string usage_text() {
+  std::ostringstream out;
+  out << "usage: ddprun [options] PROGRAM [ARGS...]\n\n"
+         "Starts nproc_per_node workers of PROGRAM on this node with torchrun's environment (RANK, LOCAL_RANK,\n"
+         "WORLD_SIZE, MASTER_ADDR, MASTER_PORT, ...), hosts their rendezvous store, supervises them, and reports\n"
+         "which rank failed and why. A PROGRAM ending in .py runs under $PYTHON_EXEC (default python3) -u;\n"
+         "anything else is executed directly. '${local_rank}' in ARGS is replaced per worker.\n\n"
+         "options (dashes and underscores are interchangeable; each also reads PET_<NAME> from the environment):\n";
+  for (const FlagDef& f : kFlagTable) {
+    std::string names = f.alias ? std::string(f.alias) + ", " + f.name : std::string(f.name);
+    if (f.takes_value) names += " VALUE";
+    out << "  " << names << "\n      " << f.help << " (default: " << f.default_text << ")\n";
+  }
+  out << "  -h, --help\n      show this help\n  --version\n      print the version\n\n"
+         "exit status: 0 when every worker succeeded; the root-cause worker's exit code (128+N if it died of signal\n"
+         "N) when one failed; 2 for a bad command line; 1 when ddprun itself could not run the job.\n";
+  return out.str();
+}
+
+namespace {
+
+std::string upper_text(std::string s) {
+  for (char& c : s) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  return s;
+}
+
+std::string trimmed(const std::string& s) {
+  const auto b = s.find_first_not_of(" \t");
+  if (b == std::string::npos) return "";
+  return s.substr(b, s.find_last_not_of(" \t") - b + 1);
+}
+
+}  // namespace
+
+int parse_signal(const std::string& text, const std::string& flag) {
+  const std::string t = upper_text(trimmed(text));
+  if (!t.empty() && std::all_of(t.begin(), t.end(), ::isdigit)) {
+    const int n = t.size() <= 2 ? std::stoi(t) : 0;
+    if (n >= 1 && n <= 64) return n;
+  } else {
+    const std::string name = t.rfind("SIG", 0) == 0 ? t.substr(3) : t;
+    for (int s = 1; s < 32; ++s) {
+      const char* abbrev = sigabbrev_np(s);
+      if (abbrev && name == abbrev) return s;
+    }
+  }
+  throw ConfigError(flag + ": expected signal names such as SIGTERM,SIGUSR1, got '" + text + "'");
+}
+
+std::string signal_name(int signo) {
+  const char* abbrev = sigabbrev_np(signo);
+  return abbrev ? std::string("SIG") + abbrev : "signal " + std::to_string(signo);
+}
+
+}  // namespace ddprun::launcher
