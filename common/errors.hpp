@@ -43,6 +43,13 @@ class LimitError : public ProtocolError {
   using ProtocolError::ProtocolError;
 };
 
+// A client that has not proven the store's secret, or that reaches outside its job's keys. The
+// store closes that connection without touching anything.
+class AccessDenied : public ProtocolError {
+ public:
+  using ProtocolError::ProtocolError;
+};
+
 // A stop signal (SIGINT, SIGTERM, SIGHUP, SIGQUIT) arrived while ddprun waited for something; the
 // state that was waiting has been left cleanly.
 class StopRequested : public Error {

@@ -1,5 +1,7 @@
 #include "launcher/agent.hpp"
 
+#include <netdb.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -21,6 +23,7 @@
 #include "launcher/store_rendezvous.hpp"
 #include "launcher/supervisor.hpp"
 #include "launcher/worker_env.hpp"
+#include "rendezvous/auth.hpp"
 #include "rendezvous/server.hpp"
 
 namespace ddprun::launcher {
@@ -42,8 +45,17 @@ std::string random_suffix() {
   return s;
 }
 
+// Creates `dir` (and missing parents) readable by this user alone: worker logs and error files
+// hold whatever the workers print.
+void create_private_directory(const fs::path& dir) {
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (!ec) fs::permissions(dir, fs::perms::owner_all, fs::perm_options::replace, ec);
+  if (ec) throw ConfigError("cannot create the log directory " + dir.string() + ": " + ec.message());
+}
+
 // Where attempt directories go: LOG_DIR/RUN_ID_XXXX, or a temporary directory removed at exit
-// when nothing was asked to be kept.
+// when nothing was asked to be kept. Private (0700), as is everything ddprun creates in it.
 struct RunDirectory {
   fs::path path;
   bool temporary = false;
@@ -56,8 +68,7 @@ struct RunDirectory {
       path = fs::temp_directory_path(ec) / ("ddprun_" + o.run_id + "_" + random_suffix());
       temporary = !o.redirects.any() && !o.tee.any();
     }
-    fs::create_directories(path, ec);
-    if (ec) throw ConfigError("cannot create the log directory " + path.string() + ": " + ec.message());
+    create_private_directory(path);
   }
   ~RunDirectory() {
     std::error_code ec;
@@ -78,11 +89,27 @@ std::vector<std::string> worker_command(const LaunchOptions& o, const Environmen
   return argv;
 }
 
-std::string store_bind_address(const std::string& master_addr) {
-  boost::system::error_code ec;
-  const auto addr = boost::asio::ip::make_address(master_addr, ec);
-  if (!ec && addr.is_loopback()) return master_addr;  // keep a single-node job's store off the network
-  return "::";
+// Every numeric address of `names` (addresses or host names), for an allow list.
+std::vector<std::string> resolve_all(const std::vector<std::string>& names) {
+  std::vector<std::string> out;
+  for (const std::string& name : names) {
+    if (name.empty()) continue;
+    addrinfo hints{};
+    hints.ai_socktype = SOCK_STREAM;
+    addrinfo* res = nullptr;
+    if (::getaddrinfo(name.c_str(), nullptr, &hints, &res) != 0) {
+      log::warn("ddprun") << "cannot resolve node address '" << name << "': its workers may be refused by the worker store";
+      continue;
+    }
+    for (addrinfo* ai = res; ai; ai = ai->ai_next) {
+      char text[NI_MAXHOST];
+      if (::getnameinfo(ai->ai_addr, ai->ai_addrlen, text, sizeof text, nullptr, 0, NI_NUMERICHOST) == 0) {
+        out.emplace_back(text);
+      }
+    }
+    ::freeaddrinfo(res);
+  }
+  return out;
 }
 
 // How the Ending state leaves a round.
@@ -100,6 +127,7 @@ class Agent {
  private:
   void on_signal(int signo);
   std::unique_ptr<RendezvousBackend> make_backend();
+  std::optional<rdzv::Token> read_token() const;
   uint16_t host_worker_store();
   std::vector<WorkerLaunch> make_launches(const World& world);
   void start_watch(int round);
@@ -123,6 +151,7 @@ class Agent {
   std::unique_ptr<SignalWatcher> signals_;  // after supervisor_: destroyed (joined) before it
   std::unique_ptr<RendezvousBackend> backend_;
   std::unique_ptr<rdzv::ServerThread> worker_store_;
+  std::string advertise_addr_;  // the address other nodes (and the workers) use for this node
   int restarts_ = 0;
   bool watching_ = false;
   std::mutex seen_mutex_;
@@ -158,8 +187,17 @@ void Agent::on_signal(int signo) {
   supervisor_.deliver_signal(signo);
 }
 
+std::optional<rdzv::Token> Agent::read_token() const {
+  if (o_.token_file.empty()) return std::nullopt;
+  return rdzv::read_token_file(o_.token_file);
+}
+
 std::unique_ptr<RendezvousBackend> Agent::make_backend() {
-  if (!multi_node_) return std::make_unique<LocalRendezvous>(o_.local_addr.empty() ? o_.master_addr : o_.local_addr);
+  // The address other nodes (and the workers) use for this node: --local_addr; else node 0 of a
+  // static job is --master_addr, and any other node is known by its host name.
+  const bool static_node_zero = o_.rdzv_backend != "c10d" && o_.node_rank == 0;
+  advertise_addr_ = !o_.local_addr.empty() ? o_.local_addr : (!multi_node_ || static_node_zero ? o_.master_addr : host_);
+  if (!multi_node_) return std::make_unique<LocalRendezvous>(advertise_addr_);
   StoreRendezvousOptions ro;
   ro.run_id = o_.run_id;
   ro.dynamic = o_.rdzv_backend == "c10d";
@@ -171,9 +209,10 @@ std::unique_ptr<RendezvousBackend> Agent::make_backend() {
   ro.master_port = o_.master_port.value_or(29500);
   ro.endpoint_host = o_.rdzv_endpoint_host;
   ro.endpoint_port = o_.rdzv_endpoint_port;
-  // The address other nodes (and all workers) use for this node.
-  ro.advertise_addr = !o_.local_addr.empty() ? o_.local_addr : (o_.node_rank == 0 ? o_.master_addr : host_);
+  ro.advertise_addr = advertise_addr_;
   ro.host = host_;
+  ro.token = read_token();
+  ro.token_file = o_.token_file;
   ro.join_timeout = o_.join_timeout;
   ro.keep_alive_interval = o_.keep_alive_interval;
   ro.keep_alive_max_attempt = o_.keep_alive_max_attempt;
@@ -184,17 +223,29 @@ uint16_t Agent::host_worker_store() {
   // A fresh worker store for every round: PyTorch >= 2.6 workers use no per-attempt key prefix.
   // Single node: on --master_addr:--master_port (kernel-picked by default). Several nodes: the
   // group-rank-0 node hosts it on a kernel-picked port and publishes it through the rendezvous.
+  // Real PyTorch workers cannot prove a secret, so the store is bound to the address the workers
+  // use (not "::") and admits only this node (loopback and that address) until the rendezvous
+  // names the other nodes (Agent::rendezvous).
   worker_store_.reset();
   rdzv::ServerOptions so;
-  so.host = multi_node_ ? "::" : store_bind_address(o_.master_addr);
+  so.host = advertise_addr_;
   so.port = multi_node_ ? 0 : o_.master_port.value_or(0);
   so.log_lifecycle = false;
+  so.allowed_peers = resolve_all({advertise_addr_});
   try {
     worker_store_ = std::make_unique<rdzv::ServerThread>(so);
-  } catch (const ConnectionError&) {
-    if (!multi_node_) throw;
-    so.host = "0.0.0.0";  // no IPv6 on this host
-    worker_store_ = std::make_unique<rdzv::ServerThread>(so);
+  } catch (const ConnectionError& e) {
+    if (!multi_node_ && o_.master_port) throw;  // the user's --master_port: no other port will do
+    // The workers' address is not one this host can bind (behind NAT, say): listen on every
+    // address, with the allow list still in force.
+    log::warn("ddprun") << "worker store: " << e.what() << "; listening on every address instead";
+    so.host = "::";
+    try {
+      worker_store_ = std::make_unique<rdzv::ServerThread>(so);
+    } catch (const ConnectionError&) {
+      so.host = "0.0.0.0";  // no IPv6 on this host
+      worker_store_ = std::make_unique<rdzv::ServerThread>(so);
+    }
   }
   return worker_store_->port();
 }
@@ -221,9 +272,9 @@ std::vector<WorkerLaunch> Agent::make_launches(const World& world) {
     where.group_rank = world.group_rank;
     where.group_world_size = world.group_world_size;
     const fs::path rank_dir = attempt_dir / std::to_string(lr);
+    create_private_directory(attempt_dir);
+    create_private_directory(rank_dir);
     std::error_code ec;
-    fs::create_directories(rank_dir, ec);
-    if (ec) throw ConfigError("cannot create " + rank_dir.string() + ": " + ec.message());
     fs::remove(rank_dir / "error.json", ec);
 
     WorkerLaunch l;
@@ -266,6 +317,12 @@ void Agent::start_watch(int round) {
 std::variant<World, RoundEnd> Agent::rendezvous(int round) {
   auto joined = backend_->join(round, o_.nproc_per_node, [this] { return host_worker_store(); }, stop_);
   if (auto* w = std::get_if<World>(&joined)) {
+    if (multi_node_ && worker_store_ && w->group_rank == 0) {
+      // Now the job's nodes are known: their workers may connect, nobody else's.
+      std::vector<std::string> peers = w->peer_addresses;
+      peers.push_back(advertise_addr_);
+      worker_store_->allow_peers(resolve_all(peers));
+    }
     if (multi_node_) {
       log::info("ddprun") << "round " << w->round << " (restart " << restarts_ << "): node " << w->group_rank << " of "
                           << w->group_world_size << ", ranks " << w->rank_offset << ".."

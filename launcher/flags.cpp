@@ -29,7 +29,8 @@ constexpr FlagDef kFlagTable[] = {
      "a ddprun-rendezvous daemon, host[:port] (port 29400 if omitted), to rendezvous through; many jobs can share one"},
     {"--rdzv_id", "--run_id", "rdzv_id", true, "none", "job id shared by all nodes; TORCHELASTIC_RUN_ID"},
     {"--rdzv_conf", nullptr, "rdzv_conf", true, "", "rendezvous settings k1=v1,k2=v2: join_timeout=600, last_call_timeout=30, keep_alive_interval=5, "
-     "keep_alive_max_attempt=3"},
+     "keep_alive_max_attempt=3, token_file=PATH (the rendezvous secret, or this job's token; also "
+     "DDPRUN_TOKEN_FILE)"},
     {"--max_restarts", nullptr, "max_restarts", true, "0", "times the worker group is restarted after a failure"},
     {"--monitor_interval", nullptr, "monitor_interval", true, "0.1",
      "accepted for torchrun compatibility: worker exits are seen at once (SIGCHLD) and other nodes are "

@@ -246,7 +246,7 @@ void resolve_layout(const Given& g, const HostFacts& host, LaunchOptions& o) {
 }
 
 // 3b. How the nodes find each other.
-void resolve_rendezvous(const Given& g, LaunchOptions& o) {
+void resolve_rendezvous(const Given& g, const EnvLookup& env, LaunchOptions& o) {
   if (g.has("rdzv_backend")) {
     o.rdzv_backend = trim(g["rdzv_backend"]);
     if (o.rdzv_backend != "static" && o.rdzv_backend != "c10d") {
@@ -285,6 +285,7 @@ void resolve_rendezvous(const Given& g, LaunchOptions& o) {
       throw ConfigError(g.flag("rdzv_id") + ": '" + o.run_id + "' cannot name a job: " + why);
     }
   }
+  if (auto v = env("DDPRUN_TOKEN_FILE"); v && !v->empty()) o.token_file = *v;  // rdzv_conf token_file wins
   if (!g.has("rdzv_conf") || trim(g["rdzv_conf"]).empty()) return;
   for (const std::string& kv : split(g["rdzv_conf"], ',')) {
     const auto eq = kv.find('=');
@@ -301,9 +302,13 @@ void resolve_rendezvous(const Given& g, LaunchOptions& o) {
       o.last_call_timeout = parse_seconds(where, v, false);
     } else if (k == "keep_alive_max_attempt") {
       o.keep_alive_max_attempt = static_cast<int>(parse_int(where, v, 1, 1000, "a count >= 1"));
+    } else if (k == "token_file") {
+      if (v.empty()) bad(where, "the path of a file holding the secret", v);
+      o.token_file = v;
     } else if (k != "close_timeout" && k != "read_timeout" && k != "is_host") {
       throw ConfigError(g.flag("rdzv_conf") + ": unknown key '" + k +
-                        "' (known: join_timeout, last_call_timeout, keep_alive_interval, keep_alive_max_attempt)");
+                        "' (known: join_timeout, last_call_timeout, keep_alive_interval, keep_alive_max_attempt, "
+                        "token_file)");
     }
   }
 }
@@ -392,7 +397,7 @@ LaunchOptions parse_options(const std::vector<std::string>& args, const EnvLooku
   o.program = g.program;
   o.program_args = g.program_args;
   resolve_layout(g, host, o);
-  resolve_rendezvous(g, o);
+  resolve_rendezvous(g, env, o);
   resolve_workers(g, env, o);
   validate(o);
   return o;

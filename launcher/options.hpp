@@ -47,6 +47,8 @@ struct LaunchOptions {
   std::chrono::milliseconds keep_alive_interval{std::chrono::seconds(5)};  // rdzv_conf keep_alive_interval
   int keep_alive_max_attempt = 3;                                          // rdzv_conf keep_alive_max_attempt
   std::chrono::milliseconds last_call_timeout{std::chrono::seconds(30)};   // rdzv_conf last_call_timeout
+  // rdzv_conf token_file, else DDPRUN_TOKEN_FILE: the rendezvous store's secret (or this job's token).
+  std::string token_file;
   int max_restarts = 0;
   std::string role = "default";
   std::string log_dir;

@@ -17,6 +17,7 @@
 #include <optional>
 #include <string>
 #include <variant>
+#include <vector>
 
 #include "launcher/report.hpp"
 #include "launcher/stop.hpp"
@@ -32,6 +33,9 @@ struct World {
   int world_size = 0;
   std::string master_addr;  // the worker store
   int master_port = 0;
+  // On the node that hosts the worker store: every node's addresses (and host names), the only
+  // peers its store accepts besides loopback. Empty elsewhere.
+  std::vector<std::string> peer_addresses;
 };
 
 // How a round ended for the whole job.

@@ -42,6 +42,7 @@ StoreRendezvous::StoreRendezvous(StoreRendezvousOptions options, const StopSigna
     so.host = "::";
     so.port = options_.dynamic ? options_.endpoint_port : options_.master_port;
     so.log_lifecycle = false;
+    if (options_.token) so.secret = rdzv::store_secret(*options_.token);
     try {
       try {
         server_ = std::make_unique<rdzv::ServerThread>(so);
@@ -60,6 +61,9 @@ StoreRendezvous::StoreRendezvous(StoreRendezvousOptions options, const StopSigna
   co.host = external ? options_.endpoint_host : options_.master_addr;
   co.port = external ? options_.endpoint_port : options_.master_port;
   co.timeout = std::chrono::seconds(60);
+  if (options_.token) co.credentials = rdzv::credentials_for(*options_.token, options_.run_id, options_.token_file);
+  co.missing_secret_hint = "give this node the rendezvous secret (or this job's token) with --rdzv_conf "
+                           "token_file=PATH, or DDPRUN_TOKEN_FILE=PATH (a file only you can read)";
   // Connect in slices of a second, so that a stop signal is acted on while the store is not up yet.
   const auto deadline = std::chrono::steady_clock::now() + options_.join_timeout;
   log::info("ddprun") << "connecting to the rendezvous store at " << co.host << ":" << co.port;

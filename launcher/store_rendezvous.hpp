@@ -35,6 +35,7 @@
 #include <vector>
 
 #include "launcher/rendezvous_backend.hpp"
+#include "rendezvous/auth.hpp"
 #include "rendezvous/client.hpp"
 #include "rendezvous/job_keys.hpp"
 #include "rendezvous/server.hpp"
@@ -63,6 +64,10 @@ struct StoreRendezvousOptions {
   // intervals without one.
   std::chrono::milliseconds keep_alive_interval{std::chrono::seconds(5)};
   int keep_alive_max_attempt = 3;
+  // The rendezvous secret (or this job's token) and where it came from: the store this node hosts
+  // is protected with it, and every connection proves it.
+  std::optional<rdzv::Token> token;
+  std::string token_file;
 };
 
 class StoreRendezvous final : public RendezvousBackend {

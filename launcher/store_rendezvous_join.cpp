@@ -134,6 +134,7 @@ World StoreRendezvous::adopt(int round, const json& assigned, const json& store)
   w.world_size = static_cast<int>(int_field(assigned, "world_size", 0));
   w.master_addr = string_field(store, "addr");
   w.master_port = static_cast<int>(int_field(store, "port", 0));
+  w.peer_addresses = strings_field(assigned, "addrs");
   if (w.group_rank < 0 || w.group_world_size <= 0 || w.rank_offset < 0 || w.world_size <= 0) {
     throw ProtocolError("round " + std::to_string(round) + "'s assignment for this node (" + assigned.dump() +
                         ") lacks group_rank, group_world_size, offset or world_size");
@@ -155,11 +156,13 @@ void StoreRendezvous::write_assignments(int round, const std::vector<std::pair<s
   // Rank offsets are prefix sums of nproc in group-rank order. The membership list (for the
   // heartbeat ring) rides along for jobs of up to 64 nodes.
   int world = 0;
-  std::vector<std::string> agents, hosts;
+  std::vector<std::string> agents, hosts, addresses;
   for (const auto& [id, info] : ordered) {
     world += static_cast<int>(int_field(info, "nproc", 0));
     agents.push_back(string_field(info, "agent"));
     hosts.push_back(string_field(info, "host"));
+    addresses.push_back(string_field(info, "addr"));
+    addresses.push_back(string_field(info, "host"));
   }
   std::vector<std::pair<std::string, std::string>> assignments;
   int offset = 0;
@@ -169,6 +172,8 @@ void StoreRendezvous::write_assignments(int round, const std::vector<std::pair<s
       a["agents"] = agents;
       a["hosts"] = hosts;
     }
+    // The worker store's host admits only the job's nodes: it alone gets every address.
+    if (g == 0) a["addrs"] = addresses;
     assignments.emplace_back(key(round, "assign/" + ordered[g].first), a.dump());
     offset += static_cast<int>(int_field(ordered[g].second, "nproc", 0));
   }

@@ -24,7 +24,8 @@ namespace {
 
 int open_log(const std::string& path) {
   if (path.empty()) return -1;
-  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  // Private: a worker's output is its own business.
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
   if (fd < 0) throw ProcessError("cannot create log file " + path + ": " + std::strerror(errno));
   return fd;
 }

@@ -102,12 +102,17 @@ bool Client::connected() {
 void Client::close_locked() {
   if (fd_ >= 0) ::close(fd_);
   fd_ = -1;
+  expected_server_mac_.reset();
+  unsent_proof_.clear();
+  rbuf_.clear();
+  rpos_ = 0;
 }
 
 void Client::connect_locked() {
   const auto start = Clock::now();
   const auto deadline = start + options_.connect_timeout;
-  std::mt19937 rng(std::random_device{}());
+  // Seeded once per thread: std::random_device costs a system call (and more) each time.
+  thread_local std::mt19937 rng(std::random_device{}());
   auto backoff = options_.initial_backoff;
   int attempts = 0;
   std::string last_error = "no attempt made";
@@ -132,12 +137,20 @@ void Client::connect_locked() {
     if (fd_ >= 0) {
       try {
         if (options_.dialect == Dialect::Legacy) return;  // 1.13 has no handshake
-        // 2.x handshake: VALIDATE (no reply), then PING, whose echo proves a store is listening.
+        // 2.x handshake: VALIDATE (no reply), then PING, whose echo proves a store is listening,
+        // then (one round trip for both) ddprun's AUTH_HELLO.
         std::string hello = request(Op::Validate);
         put_u32(hello, kValidateMagic);
         const uint32_t nonce = static_cast<uint32_t>(::getpid());
         hello += request(Op::Ping);
         put_u32(hello, nonce);
+        const std::string client_nonce = options_.negotiate_auth ? random_nonce() : std::string();
+        if (options_.negotiate_auth) {
+          hello += request(Op::AuthHello);
+          put_u32(hello, kAuthVersion);
+          put_bytes(hello, options_.credentials ? std::string_view(options_.credentials->scope) : std::string_view());
+          put_bytes(hello, client_nonce);
+        }
         const auto hello_deadline = std::max(deadline, Clock::now() + std::chrono::seconds(5));
         send_locked(hello, hello_deadline, "handshake");
         char echo[4];
@@ -146,6 +159,7 @@ void Client::connect_locked() {
           close_locked();
           throw ProtocolError("the server at " + endpoint() + " answered PING with a wrong nonce; is it a store?");
         }
+        if (options_.negotiate_auth) prove_locked(client_nonce, hello_deadline);
         return;
       } catch (const ConnectionError& e) {
         last_error = e.what();
@@ -165,13 +179,64 @@ void Client::connect_locked() {
                      " (" + std::to_string(attempts) + " attempts): " + last_error);
 }
 
+void Client::prove_locked(const std::string& client_nonce, Clock::time_point deadline) {
+  uint8_t mode;
+  std::string server_nonce;
+  try {
+    mode = recv_u8(deadline, "AUTH_HELLO");
+    server_nonce = recv_bytes(deadline, "AUTH_HELLO");
+  } catch (const ConnectionError&) {
+    throw ProtocolError("the store at " + endpoint() + " closed the connection at ddprun's handshake: is it an "
+                        "older ddprun, or another program's store?");
+  }
+  if (mode == 0) return;  // an open store
+  if (!options_.credentials) {
+    close_locked();
+    throw ConfigError("the store at " + endpoint() + " is protected by a secret, and this client has none" +
+                      (options_.missing_secret_hint.empty() ? "" : ": " + options_.missing_secret_hint));
+  }
+  const Credentials& c = *options_.credentials;
+  unsent_proof_ = request(Op::AuthProof);
+  put_bytes(unsent_proof_, client_mac(c.key, c.scope, client_nonce, server_nonce));
+  expected_server_mac_ = server_mac(c.key, c.scope, client_nonce, server_nonce);
+}
+
+void Client::settle_proof_locked(Clock::time_point deadline) {
+  if (!expected_server_mac_) return;
+  const std::string expected = std::move(*expected_server_mac_);
+  expected_server_mac_.reset();  // before reading: recv_locked comes back here
+  const Credentials& c = *options_.credentials;
+  std::string theirs;
+  try {
+    if (recv_u8(deadline, "AUTH_PROOF") != 0) throw ConnectionError("refused");
+    theirs = recv_bytes(deadline, "AUTH_PROOF");
+  } catch (const ConnectionError&) {
+    close_locked();
+    throw ConfigError("the store at " + endpoint() + " refused this client's secret for " +
+                      (c.scope == kAllJobs ? std::string("every job") : "job '" + c.scope + "'") +
+                      ": is the token file the store's own secret, or a token for this job?");
+  }
+  if (!same_mac(theirs, expected)) {
+    close_locked();
+    throw ProtocolError("the store at " + endpoint() + " could not prove that it holds the secret: it is not the "
+                        "store this client's token belongs to");
+  }
+}
+
 void Client::ensure_connected_locked() {
   if (fd_ >= 0) return;
   if (!options_.reconnect) throw ConnectionError("the connection to store " + endpoint() + " was lost");
   connect_locked();
 }
 
-void Client::send_locked(const std::string& bytes, Clock::time_point deadline, std::string_view what) {
+void Client::send_locked(const std::string& request_bytes, Clock::time_point deadline, std::string_view what) {
+  // The handshake's proof goes out with the first request: one segment, no extra round trip.
+  std::string with_proof;
+  if (!unsent_proof_.empty()) {
+    with_proof = std::move(unsent_proof_) + request_bytes;
+    unsent_proof_.clear();
+  }
+  const std::string& bytes = with_proof.empty() ? request_bytes : with_proof;
   size_t off = 0;
   while (off < bytes.size()) {
     const ssize_t n = ::send(fd_, bytes.data() + off, bytes.size() - off, MSG_NOSIGNAL);
@@ -192,13 +257,41 @@ void Client::send_locked(const std::string& bytes, Clock::time_point deadline, s
 }
 
 void Client::recv_locked(char* out, size_t n, Clock::time_point deadline, std::string_view what) {
+  settle_proof_locked(deadline);
   size_t off = 0;
   while (off < n) {
-    const ssize_t r = ::recv(fd_, out + off, n - off, 0);
-    if (r > 0) {
-      off += static_cast<size_t>(r);
+    // Buffered: a reply's small fields (and a pipelined answer before it) come in one recv.
+    if (rpos_ < rbuf_.size()) {
+      const size_t take = std::min(n - off, rbuf_.size() - rpos_);
+      std::memcpy(out + off, rbuf_.data() + rpos_, take);
+      rpos_ += take;
+      off += take;
+      if (rpos_ == rbuf_.size()) {
+        rbuf_.clear();
+        rpos_ = 0;
+      }
       continue;
     }
+    // Large values go straight to their destination; small reads fill the buffer.
+    const size_t want = n - off;
+    char* dst = out + off;
+    size_t cap = want;
+    if (want < kReadBuffer) {
+      rbuf_.resize(kReadBuffer);
+      dst = rbuf_.data();
+      cap = kReadBuffer;
+    }
+    const ssize_t r = ::recv(fd_, dst, cap, 0);
+    if (r > 0) {
+      if (dst == out + off) {
+        off += static_cast<size_t>(r);
+      } else {
+        rbuf_.resize(static_cast<size_t>(r));
+        rpos_ = 0;
+      }
+      continue;
+    }
+    if (dst != out + off) rbuf_.clear();
     if (r == 0) {
       close_locked();
       throw ConnectionError("store " + endpoint() + " closed the connection during " + std::string(what));
@@ -213,6 +306,10 @@ void Client::recv_locked(char* out, size_t n, Clock::time_point deadline, std::s
     close_locked();
     throw ConnectionError("reading " + std::string(what) + " from store " + endpoint() + " failed: " + std::strerror(err));
   }
+}
+
+bool Client::readable_locked(Clock::time_point deadline) {
+  return rpos_ < rbuf_.size() || poll_fd(fd_, POLLIN, deadline);
 }
 
 uint8_t Client::recv_u8(Clock::time_point deadline, std::string_view what) {
@@ -321,7 +418,8 @@ bool Client::timed_wait_locked(const std::vector<std::string>& keys, Clock::time
   put_u64(req, keys.size());
   for (const auto& k : keys) put_bytes(req, k);
   send_locked(req, dl, "WAIT");
-  if (poll_fd(fd_, POLLIN, dl)) {
+  settle_proof_locked(dl);  // so that readiness below means the WAIT's answer
+  if (readable_locked(dl)) {
     if (recv_u8(dl, "WAIT") != kStopWaiting) {
       close_locked();
       throw ProtocolError("store " + endpoint() + " answered WAIT with an unexpected byte");

@@ -17,6 +17,7 @@
 #include <utility>
 #include <vector>
 
+#include "rendezvous/auth.hpp"
 #include "rendezvous/protocol.hpp"
 
 namespace ddprun::rdzv {
@@ -37,13 +38,22 @@ struct ClientOptions {
   // After a lost connection, connect again on the next call (true), or fail it with
   // ConnectionError (false: for watchers, to whom a lost store is the news).
   bool reconnect = true;
+  // ddprun's secret handshake (rendezvous/auth.hpp), after VALIDATE and PING: learn whether the
+  // store is protected and, if it is, prove `credentials` and check the store's proof in turn.
+  // Off for stores that are not ddprun's (the 1.13 dialect never negotiates).
+  bool negotiate_auth = true;
+  std::optional<Credentials> credentials;
+  // Appended to the error when a protected store meets a client without a secret: how to give one.
+  std::string missing_secret_hint;
 };
 
 class Client {
  public:
   using Duration = std::chrono::milliseconds;
 
-  // Connects at once (retrying until connect_timeout); throws ConnectionError/TimeoutError.
+  // Connects at once (retrying until connect_timeout); throws ConnectionError/TimeoutError, or
+  // ConfigError for a protected store and no credentials. Credentials the store refuses throw
+  // ConfigError from the first call that reads a reply (the proof is pipelined with it).
   explicit Client(ClientOptions options);
   ~Client();
   Client(const Client&) = delete;
@@ -88,10 +98,20 @@ class Client {
   using Clock = std::chrono::steady_clock;
 
   void connect_locked();
+  // The handshake's second half, after the AUTH_HELLO reply: sends AUTH_PROOF without waiting for
+  // its answer, which settle_proof_locked() reads before the first reply the client reads (the
+  // store answers in order and closes on a wrong proof), so a protected store costs no extra round
+  // trip. Throws ConfigError when the store is protected and this client has no secret.
+  void prove_locked(const std::string& client_nonce, Clock::time_point deadline);
+  // Reads and checks the store's answer to AUTH_PROOF, if one is due: ConfigError (secret refused)
+  // or ProtocolError (the store could not prove the secret).
+  void settle_proof_locked(Clock::time_point deadline);
   void ensure_connected_locked();
   void close_locked();
   void send_locked(const std::string& bytes, Clock::time_point deadline, std::string_view what);
   void recv_locked(char* out, size_t n, Clock::time_point deadline, std::string_view what);
+  // Bytes to read, buffered or on the socket, before the deadline.
+  bool readable_locked(Clock::time_point deadline);
   uint8_t recv_u8(Clock::time_point deadline, std::string_view what);
   int64_t recv_i64(Clock::time_point deadline, std::string_view what);
   std::string recv_bytes(Clock::time_point deadline, std::string_view what);
@@ -105,6 +125,11 @@ class Client {
   ClientOptions options_;
   std::mutex mutex_;
   int fd_ = -1;
+  std::optional<std::string> expected_server_mac_;  // AUTH_PROOF sent, its answer not read yet
+  std::string unsent_proof_;  // AUTH_PROOF, sent in one segment with the next request
+  static constexpr size_t kReadBuffer = 4096;
+  std::string rbuf_;  // bytes received and not consumed yet
+  size_t rpos_ = 0;
 };
 
 }  // namespace ddprun::rdzv

@@ -105,9 +105,10 @@ std::string render_metrics(const Server& server) {
   e.single("ddprun_store_connections", "gauge", "Client connections open now.", st.connections);
   e.single("ddprun_store_connections_accepted_total", "counter", "Client connections accepted since the start.",
            st.accepted);
-  e.single("ddprun_store_connections_refused_total", "counter",
-           "Connections accepted and closed at once because the daemon was out of file descriptors.",
-           st.refused_out_of_fds);
+  e.family("ddprun_store_connections_refused_total", "counter",
+           "Connections closed before a byte was read: out of file descriptors, or a peer address not allowed.");
+  e.sample("ddprun_store_connections_refused_total", st.refused_out_of_fds, label("reason", "out_of_fds"));
+  e.sample("ddprun_store_connections_refused_total", st.refused_not_allowed, label("reason", "not_allowed"));
   e.family("ddprun_store_connections_closed_total", "counter",
            "Client connections closed, by reason (bad_request and over_limit are closed by the daemon for bad input).");
   for (size_t r = 0; r < kCloseReasonCount; ++r) {

@@ -39,6 +39,8 @@ std::span<const Field> layout(Op op) {
   static constexpr Field kAdd[] = {Field::Key, Field::I64};
   static constexpr Field kKeyList[] = {Field::KeyCount, Field::Keys};
   static constexpr Field kEntryList[] = {Field::EntryCount, Field::Entries};
+  static constexpr Field kAuthHello[] = {Field::U32, Field::Key, Field::Value};
+  static constexpr Field kAuthProof[] = {Field::Value};
   switch (op) {
     case Op::Validate:
     case Op::Ping: return kNumber;
@@ -59,6 +61,8 @@ std::span<const Field> layout(Op op) {
     case Op::GetNumKeys:
     case Op::CancelWait:
     case Op::List: return {};
+    case Op::AuthHello: return kAuthHello;
+    case Op::AuthProof: return kAuthProof;
   }
   return {};
 }
@@ -72,6 +76,8 @@ std::optional<Op> op_from_wire(Dialect dialect, uint8_t code) {
       return std::nullopt;
     case Dialect::V2:
       if (code < std::size(kV2Ops)) return kV2Ops[code];
+      if (code == kAuthHelloWire) return Op::AuthHello;
+      if (code == kAuthProofWire) return Op::AuthProof;
       return std::nullopt;
   }
   return std::nullopt;
@@ -86,7 +92,10 @@ std::optional<uint8_t> op_to_wire(Dialect dialect, Op op) {
   };
   switch (dialect) {
     case Dialect::Legacy: return find(kLegacyOps);
-    case Dialect::V2: return find(kV2Ops);
+    case Dialect::V2:
+      if (op == Op::AuthHello) return kAuthHelloWire;
+      if (op == Op::AuthProof) return kAuthProofWire;
+      return find(kV2Ops);
   }
   return std::nullopt;
 }
@@ -112,6 +121,8 @@ std::string_view op_name(Op op) {
     case Op::QueuePop: return "QUEUE_POP";
     case Op::QueueLen: return "QUEUE_LEN";
     case Op::List: return "LIST";
+    case Op::AuthHello: return "AUTH_HELLO";
+    case Op::AuthProof: return "AUTH_PROOF";
   }
   return "?";
 }
@@ -288,6 +299,8 @@ bool op_has_reply(Op op) {
     case Op::QueuePop:
     case Op::QueueLen:
     case Op::List:
+    case Op::AuthHello:
+    case Op::AuthProof:
       return true;
   }
   return true;

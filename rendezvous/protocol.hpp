@@ -13,6 +13,8 @@
 //   MULTI_GET    cmd | u64 n | n x str key                                    -> n x bytes
 //   MULTI_SET    cmd | i64 n | n x (str key | bytes value)                    -> (no reply)
 //   GETNUMKEYS, CANCEL_WAIT, LIST: cmd alone; PING, VALIDATE: cmd | u32
+//   AUTH_HELLO   cmd | u32 version | str scope | bytes nonce  (ddprun's, 2.x only) -> u8 | bytes
+//   AUTH_PROOF   cmd | bytes mac                              (ddprun's, 2.x only) -> u8 | bytes
 //
 // Two numberings exist. 1.13 ("legacy") starts at SET=0 and has WATCH_KEY=7, DELETE_KEY=8. 2.x
 // ("v2") starts every connection with VALIDATE=0 and the magic 0x3C85F7CE, and numbers SET=1 ..
@@ -48,8 +50,14 @@ enum class Op : uint8_t {
   QueuePop,
   QueueLen,
   List,
+  // ddprun's extension of the 2.x dialect: the secret handshake (rendezvous/auth.hpp).
+  AuthHello,
+  AuthProof,
 };
-inline constexpr size_t kOpCount = static_cast<size_t>(Op::List) + 1;
+inline constexpr size_t kOpCount = static_cast<size_t>(Op::AuthProof) + 1;
+// Wire bytes of the handshake, far above PyTorch's numbering (which ends at 17).
+inline constexpr uint8_t kAuthHelloWire = 0x60;
+inline constexpr uint8_t kAuthProofWire = 0x61;
 
 enum class Dialect : uint8_t {
   Legacy,  // PyTorch 1.13 / 2.0 numbering, no handshake.

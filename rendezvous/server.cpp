@@ -1,5 +1,6 @@
 #include "rendezvous/server.hpp"
 
+#include <arpa/inet.h>
 #include <fcntl.h>
 #include <netdb.h>
 #include <netinet/in.h>
@@ -96,6 +97,30 @@ void set_keepalive(int fd, const ServerOptions& o) {
   ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
 }
 
+// A peer's numeric address, IPv4-mapped IPv6 written as IPv4 (the form allow lists use).
+std::string peer_address(const sockaddr_storage& ss) {
+  char text[INET6_ADDRSTRLEN] = "";
+  if (ss.ss_family == AF_INET) {
+    ::inet_ntop(AF_INET, &reinterpret_cast<const sockaddr_in*>(&ss)->sin_addr, text, sizeof text);
+  } else if (ss.ss_family == AF_INET6) {
+    const auto& a6 = reinterpret_cast<const sockaddr_in6*>(&ss)->sin6_addr;
+    if (IN6_IS_ADDR_V4MAPPED(&a6)) ::inet_ntop(AF_INET, &a6.s6_addr[12], text, sizeof text);
+    else ::inet_ntop(AF_INET6, &a6, text, sizeof text);
+  }
+  return text;
+}
+
+// "::ffff:10.0.0.1" -> "10.0.0.1"; other addresses as given.
+std::string normalize_address(const std::string& a) {
+  in6_addr a6{};
+  if (::inet_pton(AF_INET6, a.c_str(), &a6) == 1 && IN6_IS_ADDR_V4MAPPED(&a6)) {
+    char text[INET_ADDRSTRLEN] = "";
+    ::inet_ntop(AF_INET, &a6.s6_addr[12], text, sizeof text);
+    return text;
+  }
+  return a;
+}
+
 int open_spare() { return ::open("/dev/null", O_RDONLY | O_CLOEXEC); }
 
 uint64_t open_file_limit() {
@@ -117,6 +142,7 @@ std::string_view close_reason_name(CloseReason reason) {
     case CloseReason::OverLimit: return "over_limit";
     case CloseReason::NotReading: return "not_reading";
     case CloseReason::WriteFailed: return "write_failed";
+    case CloseReason::Unauthorized: return "unauthorized";
     case CloseReason::Shutdown: return "shutdown";
   }
   return "?";
@@ -130,6 +156,7 @@ Server::Server(asio::io_context& io, ServerOptions options)
       janitor_timer_(io),
       store_(options_.store_limits) {
   if (options_.job_ttl.count() > 0) janitor_ = std::make_unique<JobJanitor>(options_.job_ttl);
+  if (options_.allowed_peers) allow_peers(*options_.allowed_peers);
   sockaddr_storage bound{};
   socklen_t len = 0;
   listen_fd_ = listen_on(options_.host, options_.port, bound, len);
@@ -308,6 +335,8 @@ void Server::apply(Session& s, StoreConnection::Stage stage) {
   try {
     const size_t used = s.conn().consume(s.input(), stage);
     s.input().erase(0, used);
+  } catch (const AccessDenied& e) {
+    close_session(s, CloseReason::Unauthorized, std::string("access denied, closing the connection: ") + e.what());
   } catch (const LimitError& e) {
     close_session(s, CloseReason::OverLimit, std::string("refused a request over a limit, closing the connection: ") +
                                                  e.what());
@@ -391,8 +420,21 @@ void Server::accept_pending() {
                          << " refused while out of file descriptors)";
       refused_in_episode_ = 0;
     }
+    if (allowed_ && !allowed_->count(peer_address(addr))) {
+      // Not one of the job's nodes: closed before a byte is read.
+      const std::string who = peer_address(addr);
+      if (refused_logged_.insert(who).second && refused_logged_.size() <= 1000) {
+        log::warn("store") << "refused a connection from " << who << ": not one of this job's nodes";
+      }
+      const linger reset{1, 0};
+      ::setsockopt(fd, SOL_SOCKET, SO_LINGER, &reset, sizeof reset);
+      ::close(fd);
+      ++counters_.refused_not_allowed;
+      continue;
+    }
     auto session = std::make_unique<Session>(fd, format_sockaddr(&addr), store_, options_.limits,
-                                             [this](Session& s) { mark_dirty(s); });
+                                             [this](Session& s) { mark_dirty(s); },
+                                             options_.secret ? &*options_.secret : nullptr);
     Session* raw = session.get();
     epoll_event ev{};
     ev.events = EPOLLIN | EPOLLRDHUP;
@@ -468,6 +510,14 @@ void Server::close_session(Session& s, CloseReason reason, const std::string& wh
     DDPRUN_LOG_DEBUG("store") << "client " << s.peer() << " disconnected after " << s.conn().requests()
                               << " requests";
   }
+  if (reason != CloseReason::PeerClosed && reason != CloseReason::WriteFailed && reason != CloseReason::NotReading) {
+    // The replies to the requests applied before the bad one are the client's: send what the
+    // socket takes now (never blocking), so it learns what happened before the close.
+    size_t sent = 0;
+    int error = 0;
+    s.flush(sent, error);
+    counters_.bytes_sent += sent;
+  }
   ::epoll_ctl(epoll_.native_handle(), EPOLL_CTL_DEL, s.fd(), nullptr);
   // Clears this client's waits and watches now; the object goes at the end of the batch, since
   // the batch's lists may still point at it.
@@ -478,6 +528,12 @@ void Server::close_session(Session& s, CloseReason reason, const std::string& wh
     closed_.push_back(std::move(it->second));
     sessions_.erase(it);
   }
+}
+
+void Server::allow_peers(const std::vector<std::string>& addresses) {
+  std::set<std::string> allowed{"127.0.0.1", "::1"};
+  for (const std::string& a : addresses) allowed.insert(normalize_address(a));
+  allowed_ = std::move(allowed);
 }
 
 ServerStats Server::stats() const {
@@ -544,6 +600,10 @@ void ServerThread::with_server(const std::function<void(Server&)>& fn) {
     done.set_value();
   });
   done.get_future().get();
+}
+
+void ServerThread::allow_peers(const std::vector<std::string>& addresses) {
+  with_server([&](Server& s) { s.allow_peers(addresses); });
 }
 
 void ServerThread::stop() {

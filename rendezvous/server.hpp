@@ -37,6 +37,8 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
+#include <set>
 #include <string>
 #include <thread>
 #include <unordered_map>
@@ -69,10 +71,16 @@ struct ServerOptions {
   // Forget ddprun jobs that are over (see JobJanitor): 0 leaves every key alone (a store embedded
   // in one job's ddprun); the daemon sets --job-ttl.
   std::chrono::milliseconds job_ttl{0};
+  // A protected store: clients must prove this secret before any key operation, and are bound to
+  // one job's keys (rendezvous/auth.hpp). Without it the store is open, as PyTorch's is.
+  std::optional<StoreSecret> secret;
+  // Only these peer addresses (numeric, plus loopback) may connect; others are closed before a
+  // byte is read. Unset: anyone. Can be replaced later with Server::allow_peers.
+  std::optional<std::vector<std::string>> allowed_peers;
 };
 
 // Why connections were closed, for metrics.
-enum class CloseReason { PeerClosed, BadRequest, OverLimit, NotReading, WriteFailed, Shutdown };
+enum class CloseReason { PeerClosed, BadRequest, OverLimit, NotReading, WriteFailed, Unauthorized, Shutdown };
 inline constexpr size_t kCloseReasonCount = static_cast<size_t>(CloseReason::Shutdown) + 1;
 std::string_view close_reason_name(CloseReason reason);
 
@@ -85,6 +93,7 @@ struct ServerStats {
   uint64_t requests = 0;  // served since start
   uint64_t accepted = 0;
   uint64_t refused_out_of_fds = 0;  // accepted and closed at once while out of descriptors
+  uint64_t refused_not_allowed = 0;  // closed at once: the peer's address is not allowed
   uint64_t bytes_received = 0;
   uint64_t bytes_sent = 0;
   uint64_t closed[kCloseReasonCount] = {};
@@ -108,6 +117,10 @@ class Server {
   ServerStats stats() const;
   KvStore& store() { return store_; }
   const KvStore& store() const { return store_; }
+  // Replaces the allowed peers (numeric addresses; loopback is always allowed). Connections open
+  // already are not affected.
+  void allow_peers(const std::vector<std::string>& addresses);
+  bool protected_store() const { return options_.secret.has_value(); }
 
  private:
   void arm();
@@ -142,6 +155,8 @@ class Server {
   std::vector<Session*> batch_;                   // sessions with bytes to apply, in arrival order
   std::vector<Session*> dirty_;                   // sessions with bytes to send
   std::vector<char> scratch_;
+  std::optional<std::set<std::string>> allowed_;
+  std::set<std::string> refused_logged_;  // one line per refused address
   bool accept_paused_ = false;
   bool out_of_fds_ = false;  // an episode is under way (logged once)
   uint64_t refused_in_episode_ = 0;
@@ -165,6 +180,8 @@ class ServerThread {
   ServerStats stats();
   // Runs `fn` on the server thread with the server, and waits for it.
   void with_server(const std::function<void(Server&)>& fn);
+  // Thread-safe Server::allow_peers.
+  void allow_peers(const std::vector<std::string>& addresses);
 
  private:
   boost::asio::io_context io_{1};

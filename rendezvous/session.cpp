@@ -26,10 +26,10 @@ std::string format_sockaddr(const void* addr) {
 }
 
 Session::Session(int fd, std::string peer, KvStore& store, const Limits& limits,
-                 std::function<void(Session&)> on_async_output)
+                 std::function<void(Session&)> on_async_output, const StoreSecret* secret)
     : fd_(fd),
       peer_(std::move(peer)),
-      conn_(store, limits, [this, cb = std::move(on_async_output)] { cb(*this); }) {}
+      conn_(store, limits, [this, cb = std::move(on_async_output)] { cb(*this); }, secret) {}
 
 Session::~Session() {
   conn_.release();

@@ -20,8 +20,9 @@ namespace ddprun::rdzv {
 class Session {
  public:
   // `on_async_output` runs when a wake-up or watch event queued bytes for this client.
+  // `secret` (not owned): the store is protected (see StoreConnection).
   Session(int fd, std::string peer, KvStore& store, const Limits& limits,
-          std::function<void(Session&)> on_async_output);
+          std::function<void(Session&)> on_async_output, const StoreSecret* secret = nullptr);
   ~Session();  // closes the socket
   Session(const Session&) = delete;
   Session& operator=(const Session&) = delete;

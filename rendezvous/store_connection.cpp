@@ -2,11 +2,18 @@
 
 #include "common/errors.hpp"
 #include "common/log.hpp"
+#include "rendezvous/auth.hpp"
+#include "rendezvous/job_keys.hpp"
 
 namespace ddprun::rdzv {
 
-StoreConnection::StoreConnection(KvStore& store, const Limits& limits, std::function<void()> on_async_output)
-    : store_(store), limits_(limits), on_async_output_(std::move(on_async_output)) {}
+StoreConnection::StoreConnection(KvStore& store, const Limits& limits, std::function<void()> on_async_output,
+                                 const StoreSecret* secret)
+    : store_(store),
+      limits_(limits),
+      on_async_output_(std::move(on_async_output)),
+      secret_(secret),
+      auth_(secret ? AuthState::Required : AuthState::Open) {}
 
 StoreConnection::~StoreConnection() { release(); }
 
@@ -84,7 +91,81 @@ void StoreConnection::check_reply_size(const Request& req) const {
   }
 }
 
+void StoreConnection::authenticate(const Request& req) {
+  if (req.op == Op::AuthHello) {
+    if (auth_ == AuthState::Open) {
+      out_.put_u8(0);  // open store: nothing to prove
+      out_.put_bytes("");
+      return;
+    }
+    if (auth_ != AuthState::Required) throw AccessDenied("AUTH_HELLO sent twice");
+    const std::string_view scope = req.keys[0];
+    if (req.number != kAuthVersion) {
+      throw AccessDenied("AUTH_HELLO of version " + std::to_string(req.number) + "; this store speaks version " +
+                         std::to_string(kAuthVersion));
+    }
+    if (req.values[0].size() != kNonceBytes) throw AccessDenied("AUTH_HELLO with a nonce that is not 32 bytes");
+    // An empty scope is a client without a secret asking whether it needs one: it is challenged
+    // like any other, and learns so (it can never pass the proof).
+    scope_ = std::string(scope);
+    client_nonce_ = std::string(req.values[0]);
+    server_nonce_ = random_nonce();
+    auth_ = AuthState::Challenged;
+    out_.put_u8(1);
+    out_.put_bytes(server_nonce_);
+    return;
+  }
+  // AUTH_PROOF
+  if (auth_ == AuthState::Open) throw AccessDenied("AUTH_PROOF to a store that needs none");
+  if (auth_ != AuthState::Challenged) throw AccessDenied("AUTH_PROOF without AUTH_HELLO first");
+  if (scope_ != kAllJobs && !jobs::valid_run_id(scope_)) {
+    throw AccessDenied("AUTH_PROOF for scope '" + scope_.substr(0, 64) + "', which is no job id");
+  }
+  const std::optional<std::string> key_for_scope = secret_->key_for(scope_);
+  if (!key_for_scope) {
+    throw AccessDenied("AUTH_PROOF for " + (scope_ == kAllJobs ? std::string("every job") : "job '" + scope_ + "'") +
+                       ", which this store does not serve");
+  }
+  const std::string& key = *key_for_scope;
+  if (!same_mac(req.values[0], client_mac(key, scope_, client_nonce_, server_nonce_))) {
+    scope_.clear();
+    throw AccessDenied("wrong proof of the secret (a wrong token file, or a token for another job)");
+  }
+  auth_ = AuthState::Authenticated;
+  out_.put_u8(0);
+  out_.put_bytes(server_mac(key, scope_, client_nonce_, server_nonce_));
+  DDPRUN_LOG_DEBUG("store") << "client authenticated for " << (scope_ == kAllJobs ? "every job" : "job " + scope_);
+}
+
+void StoreConnection::check_access(const Request& req) const {
+  switch (auth_) {
+    case AuthState::Open: return;
+    case AuthState::Required:
+    case AuthState::Challenged:
+      throw AccessDenied("sent " + std::string(op_name(req.op)) +
+                         " before proving it holds the store's secret (this store is protected)");
+    case AuthState::Authenticated: break;
+  }
+  if (scope_ == kAllJobs) return;
+  const std::string prefix = jobs::JobKeys::job_prefix(scope_);
+  for (std::string_view key : req.keys) {
+    if (key.substr(0, prefix.size()) != prefix) {
+      throw AccessDenied("authenticated for job '" + scope_ + "' but sent " + std::string(op_name(req.op)) +
+                         " on key '" + std::string(key.substr(0, 80)) + "', outside that job");
+    }
+  }
+}
+
 void StoreConnection::apply(const Request& req) {
+  switch (req.op) {
+    case Op::Validate:
+    case Op::Ping: break;  // allowed before the handshake: they touch nothing
+    case Op::AuthHello:
+    case Op::AuthProof:
+      authenticate(req);
+      return;
+    default: check_access(req); break;
+  }
   // Clients have one request outstanding: a new request while a WAIT is pending means the client
   // gave up on it (a 1.13 client's socket timeout sends no cancel). Dropping the stale wait keeps
   // a late STOP_WAITING byte from being read as the reply to this request.
@@ -122,7 +203,13 @@ void StoreConnection::apply(const Request& req) {
       if (store_.wait(*this, req.keys)) out_.put_u8(kStopWaiting);
       break;
     case Op::GetNumKeys:
-      out_.put_i64(static_cast<int64_t>(store_.num_keys()));
+      if (auth_ == AuthState::Authenticated && scope_ != kAllJobs) {
+        int64_t n = 0;  // a job sees its own keys only
+        store_.for_each(jobs::JobKeys::job_prefix(scope_), [&](std::string_view, const std::string&) { ++n; });
+        out_.put_i64(n);
+      } else {
+        out_.put_i64(static_cast<int64_t>(store_.num_keys()));
+      }
       break;
     case Op::WatchKey:
       store_.watch(*this, req.keys[0]);
@@ -158,11 +245,18 @@ void StoreConnection::apply(const Request& req) {
       out_.put_i64(store_.queue_len(req.keys[0]));
       break;
     case Op::List: {
-      const std::vector<std::string> keys = store_.list();
+      std::vector<std::string> keys = store_.list();
+      if (auth_ == AuthState::Authenticated && scope_ != kAllJobs) {
+        const std::string prefix = jobs::JobKeys::job_prefix(scope_);
+        std::erase_if(keys, [&](const std::string& k) { return k.rfind(prefix, 0) != 0; });
+      }
       out_.put_i64(static_cast<int64_t>(keys.size()));
       for (const std::string& k : keys) out_.put_bytes(k);
       break;
     }
+    case Op::AuthHello:
+    case Op::AuthProof:
+      break;  // handled above
   }
 }
 

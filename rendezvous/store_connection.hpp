@@ -17,6 +17,7 @@
 #include <string>
 #include <string_view>
 
+#include "rendezvous/auth.hpp"
 #include "rendezvous/kv_store.hpp"
 #include "rendezvous/output_queue.hpp"
 #include "rendezvous/protocol.hpp"
@@ -35,7 +36,11 @@ class StoreConnection final : public Waiter {
   };
 
   // `on_async_output` runs when bytes are queued outside consume() (a wake-up or watch event).
-  StoreConnection(KvStore& store, const Limits& limits, std::function<void()> on_async_output);
+  // With a `secret` (not owned; it outlives the connection) the store is protected: every request
+  // but VALIDATE, PING and the handshake needs a proof first (rendezvous/auth.hpp), and an
+  // authenticated connection touches only its scope's keys. Violations throw AccessDenied.
+  StoreConnection(KvStore& store, const Limits& limits, std::function<void()> on_async_output,
+                  const StoreSecret* secret = nullptr);
   ~StoreConnection() override;
   StoreConnection(const StoreConnection&) = delete;
   StoreConnection& operator=(const StoreConnection&) = delete;
@@ -57,6 +62,8 @@ class StoreConnection final : public Waiter {
   void release();
 
   std::optional<Dialect> dialect() const { return dialect_; }
+  // The scope this connection proved ("*" or a run id); empty until then (or on an open store).
+  const std::string& scope() const { return scope_; }
   bool waiting() const { return store_.has_pending_wait(*this); }
   size_t missing_keys() const { return store_.missing_keys(*this); }
   uint64_t requests() const { return requests_; }
@@ -69,6 +76,9 @@ class StoreConnection final : public Waiter {
 
  private:
   void apply(const Request& req);
+  // The handshake, and the gate every other request passes first.
+  void authenticate(const Request& req);
+  void check_access(const Request& req) const;
   // Bytes the reply to `req` will carry, from the store's current state; throws LimitError if it
   // is over Limits::max_reply_bytes.
   void check_reply_size(const Request& req) const;
@@ -83,6 +93,13 @@ class StoreConnection final : public Waiter {
   OutputQueue out_;
   std::string scratch_;
   uint64_t requests_ = 0;
+  // Protected stores only.
+  enum class AuthState { Open, Required, Challenged, Authenticated };
+  const StoreSecret* secret_;
+  AuthState auth_;
+  std::string scope_;
+  std::string client_nonce_;
+  std::string server_nonce_;
   bool blocked_ = false;
   bool overflowed_ = false;
   bool released_ = false;

@@ -7,6 +7,7 @@ packages=(
   build-essential cmake ninja-build pkg-config git ca-certificates
   libboost-dev libboost-system-dev libboost-filesystem-dev
   nlohmann-json3-dev
+  libssl-dev   # libcrypto: HMAC-SHA256 for the stores' secret handshake
   googletest libgtest-dev libgmock-dev
   libtorch-dev libgloo-dev
   python3 python3-torch

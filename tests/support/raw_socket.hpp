@@ -19,10 +19,19 @@ namespace ddprun::test {
 
 class RawSocket {
  public:
-  // Connects to `address`:`port` (IPv4); throws if the connection is refused.
-  explicit RawSocket(uint16_t port, const char* address = "127.0.0.1") {
+  // Connects to `address`:`port` (IPv4), from `source` if given (127.0.0.x plays another host);
+  // throws if the connection is refused.
+  explicit RawSocket(uint16_t port, const char* address = "127.0.0.1", const char* source = nullptr) {
     fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
     if (fd_ < 0) throw std::runtime_error(std::string("socket: ") + std::strerror(errno));
+    if (source) {
+      sockaddr_in src{};
+      src.sin_family = AF_INET;
+      ::inet_pton(AF_INET, source, &src.sin_addr);
+      if (::bind(fd_, reinterpret_cast<sockaddr*>(&src), sizeof src) != 0) {
+        throw std::runtime_error(std::string("bind ") + source + ": " + std::strerror(errno));
+      }
+    }
     sockaddr_in addr{};
     addr.sin_family = AF_INET;
     addr.sin_port = htons(port);
