@@ -8,6 +8,7 @@
 #include <boost/asio/ip/address.hpp>
 #include <csignal>
 #include <filesystem>
+#include <fstream>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -21,7 +22,9 @@
 #include "launcher/signals.hpp"
 #include "launcher/stop.hpp"
 #include "launcher/store_rendezvous.hpp"
+#include "launcher/stacks.hpp"
 #include "launcher/supervisor.hpp"
+#include "launcher/watchdog.hpp"
 #include "launcher/worker_env.hpp"
 #include "rendezvous/auth.hpp"
 #include "rendezvous/server.hpp"
@@ -30,6 +33,9 @@ namespace ddprun::launcher {
 namespace {
 
 namespace fs = std::filesystem;
+
+// The exit code of a job that hung (--hang_timeout), as timeout(1) has it.
+constexpr int kHangExitCode = 124;
 
 std::string host_name() {
   char buf[256] = {};
@@ -73,6 +79,12 @@ struct RunDirectory {
   ~RunDirectory() {
     std::error_code ec;
     if (temporary) fs::remove_all(path, ec);
+  }
+  // Something worth keeping was written (stacks of a hang): the directory stays after the job.
+  void keep() {
+    if (!temporary) return;
+    temporary = false;
+    log::info("ddprun") << "keeping " << path.string() << " (stacks and reports)";
   }
 };
 
@@ -129,7 +141,10 @@ class Agent {
   std::unique_ptr<RendezvousBackend> make_backend();
   std::optional<rdzv::Token> read_token() const;
   uint16_t host_worker_store();
-  std::vector<WorkerLaunch> make_launches(const World& world);
+  fs::path attempt_directory(const World& world) const;
+  std::vector<WorkerLaunch> make_launches(const World& world, const fs::path& attempt_dir, const Watchdog& watchdog);
+  std::unique_ptr<Watchdog> make_watchdog(const World& world, const fs::path& attempt_dir);
+  void on_hang(const RoundEnd& end);
   void start_watch(int round);
   // The states.
   std::variant<World, RoundEnd> rendezvous(int round);
@@ -137,6 +152,8 @@ class Agent {
   RoundEnd agree_on_end(int round, const GroupResult& result);
   Decision decide(const RoundEnd& end, const GroupResult& result);
   int finish(int round, const World& world, const RoundEnd& end, const GroupResult& result, int exit_code);
+  void print_rates();
+  void show_hang_report(const World& world, const RoundEnd& end);
 
   const LaunchOptions& o_;
   const bool multi_node_;
@@ -152,6 +169,13 @@ class Agent {
   std::unique_ptr<RendezvousBackend> backend_;
   std::unique_ptr<rdzv::ServerThread> worker_store_;
   std::string advertise_addr_;  // the address other nodes (and the workers) use for this node
+  // Stack capture (for --hang_timeout and torchelastic's file timer): the workers' Python hook.
+  const bool file_timer_;
+  const bool capture_stacks_;
+  std::string timer_file_;
+  std::string python_hook_dir_;
+  std::unique_ptr<Watchdog> watchdog_;  // the current round's
+  fs::path attempt_dir_;
   int restarts_ = 0;
   bool watching_ = false;
   std::mutex seen_mutex_;
@@ -164,8 +188,20 @@ Agent::Agent(const LaunchOptions& o)
       base_env_(current_environment()),
       host_(host_name()),
       run_dir_(o),
-      supervisor_(SupervisorSettings{o.shutdown_timeout, host_name(), multi_node_ ? o.node_rank : -1, 12}, &guard_) {
+      supervisor_(SupervisorSettings{o.shutdown_timeout, host_name(), multi_node_ ? o.node_rank : -1, 12}, &guard_),
+      file_timer_(base_env_.count("TORCHELASTIC_ENABLE_FILE_TIMER") && base_env_["TORCHELASTIC_ENABLE_FILE_TIMER"] == "1"),
+      capture_stacks_(o.hang_timeout.count() > 0 || file_timer_) {
   become_subreaper();
+  if (file_timer_) {
+    // As torchrun: the user's TORCHELASTIC_TIMER_FILE, else one of ddprun's (private) own.
+    auto it = base_env_.find("TORCHELASTIC_TIMER_FILE");
+    timer_file_ = it != base_env_.end() && !it->second.empty() ? it->second : (run_dir_.path / "torchelastic_timer").string();
+  }
+  if (capture_stacks_) {
+    python_hook_dir_ = (run_dir_.path / "python").string();
+    create_private_directory(python_hook_dir_);
+    write_python_stack_hook(python_hook_dir_);
+  }
   if (o.nproc_per_node > 1 && base_env_.find("OMP_NUM_THREADS") == base_env_.end()) {
     base_env_["OMP_NUM_THREADS"] = "1";
     log::warn("ddprun") << "OMP_NUM_THREADS is not set: setting it to 1 for each of the " << o.nproc_per_node
@@ -250,7 +286,48 @@ uint16_t Agent::host_worker_store() {
   return worker_store_->port();
 }
 
-std::vector<WorkerLaunch> Agent::make_launches(const World& world) {
+fs::path Agent::attempt_directory(const World& world) const {
+  return run_dir_.path /
+         ("attempt_" + std::to_string(restarts_) + (world.round != restarts_ ? "_round_" + std::to_string(world.round) : ""));
+}
+
+std::unique_ptr<Watchdog> Agent::make_watchdog(const World& world, const fs::path& attempt_dir) {
+  WatchdogSettings ws;
+  ws.hang_timeout = o_.hang_timeout;
+  ws.straggler_factor = o_.straggler_factor;
+  ws.python_stacks = capture_stacks_;
+  ws.file_timer = file_timer_;
+  ws.timer_file = timer_file_;
+  ws.program = o_.program;
+  for (const auto& a : o_.program_args) ws.program += " " + a;
+  if (ws.program.size() > 120) ws.program = ws.program.substr(0, 117) + "...";
+  ws.host = host_;
+  ws.node = multi_node_ ? world.group_rank : -1;
+  ws.attempt_dir = attempt_dir.string();
+  ws.worker_store_port = static_cast<uint16_t>(world.master_port);
+  // How often step rates are published and checked for stragglers (seconds, default 10).
+  if (auto it = base_env_.find("DDPRUN_STEP_RATES_PERIOD"); it != base_env_.end()) {
+    try {
+      const double v = std::stod(it->second);
+      if (v >= 0.5 && v <= 3600) ws.rates_period = std::chrono::milliseconds(static_cast<int64_t>(v * 1000));
+      else throw std::out_of_range(it->second);
+    } catch (const std::exception&) {
+      log::warn("ddprun") << "DDPRUN_STEP_RATES_PERIOD: expected seconds between 0.5 and 3600, got '" << it->second
+                          << "'; using 10";
+    }
+  }
+  std::vector<WatchedRank> ranks;
+  create_private_directory(attempt_dir);
+  for (int lr = 0; lr < o_.nproc_per_node; ++lr) {
+    const fs::path dir = attempt_dir / std::to_string(lr);
+    create_private_directory(dir);
+    ranks.push_back({world.rank_offset + lr, lr, dir.string()});
+  }
+  return std::make_unique<Watchdog>(ws, ranks);
+}
+
+std::vector<WorkerLaunch> Agent::make_launches(const World& world, const fs::path& attempt_dir,
+                                               const Watchdog& watchdog) {
   AttemptContext ctx;
   ctx.master_addr = world.master_addr;
   ctx.master_port = world.master_port;
@@ -260,8 +337,6 @@ std::vector<WorkerLaunch> Agent::make_launches(const World& world) {
   ctx.role = o_.role;
   ctx.signals_to_handle = signals_text_;
   ctx.one_gpu_each = gpus_;
-  const fs::path attempt_dir = run_dir_.path / ("attempt_" + std::to_string(restarts_) +
-                                                (world.round != restarts_ ? "_round_" + std::to_string(world.round) : ""));
   std::vector<WorkerLaunch> launches;
   for (int lr = 0; lr < o_.nproc_per_node; ++lr) {
     WorkerPlacement where;
@@ -272,8 +347,6 @@ std::vector<WorkerLaunch> Agent::make_launches(const World& world) {
     where.group_rank = world.group_rank;
     where.group_world_size = world.group_world_size;
     const fs::path rank_dir = attempt_dir / std::to_string(lr);
-    create_private_directory(attempt_dir);
-    create_private_directory(rank_dir);
     std::error_code ec;
     fs::remove(rank_dir / "error.json", ec);
 
@@ -281,7 +354,16 @@ std::vector<WorkerLaunch> Agent::make_launches(const World& world) {
     l.local_rank = lr;
     l.rank = where.rank;
     l.error_file = (rank_dir / "error.json").string();
-    const Environment env = worker_environment(base_env_, where, ctx, l.error_file);
+    Environment env = worker_environment(base_env_, where, ctx, l.error_file);
+    // The watchdog's side of the contract (see watchdog.hpp and stacks.hpp).
+    env["DDPRUN_PROGRESS_FILE"] = watchdog.progress_file(lr);
+    if (capture_stacks_) {
+      env["DDPRUN_STACK_DIR"] = rank_dir.string();
+      env["DDPRUN_STACK_SIGNAL"] = std::to_string(stack_signal());
+      auto pp = env.find("PYTHONPATH");
+      env["PYTHONPATH"] = python_hook_dir_ + (pp != env.end() && !pp->second.empty() ? ":" + pp->second : "");
+    }
+    if (file_timer_) env["TORCHELASTIC_TIMER_FILE"] = timer_file_;
     l.request.argv = worker_command(o_, env);
     for (auto& a : substitute_args(o_.program_args, lr)) l.request.argv.push_back(std::move(a));
     l.request.envp = to_envp(env);
@@ -299,10 +381,6 @@ std::vector<WorkerLaunch> Agent::make_launches(const World& world) {
 }
 
 void Agent::start_watch(int round) {
-  {
-    std::lock_guard lock(seen_mutex_);
-    seen_end_.reset();
-  }
   // Another node's failure (or signal, or a membership change) stops this node's workers at once.
   backend_->watch(round, [this](const RoundEnd& end) {
     {
@@ -337,10 +415,81 @@ std::variant<World, RoundEnd> Agent::rendezvous(int round) {
   return joined;
 }
 
+void Agent::on_hang(const RoundEnd& end) {
+  // On the watchdog's thread. On several nodes the end is in the rendezvous too, and the watcher
+  // of every node (this one included) stops its workers; this is the same end, seen first here.
+  {
+    std::lock_guard lock(seen_mutex_);
+    if (seen_end_) return;
+    seen_end_ = end;
+  }
+  supervisor_.request_stop("the job hung: " + end.detail);
+}
+
 GroupResult Agent::running(const World& world) {
-  std::vector<WorkerLaunch> launches = make_launches(world);
-  if (multi_node_) start_watch(world.round);
-  return supervisor_.run(launches);
+  attempt_dir_ = attempt_directory(world);
+  watchdog_.reset();
+  watchdog_ = make_watchdog(world, attempt_dir_);
+  std::vector<WorkerLaunch> launches = make_launches(world, attempt_dir_, *watchdog_);
+  std::unique_ptr<ProgressChannel> channel;
+  if (multi_node_) {
+    try {
+      channel = backend_->progress_channel(world.round);
+    } catch (const std::exception& e) {
+      log::warn("ddprun") << "hang watchdog: no connection to the rendezvous store (" << e.what()
+                          << "): watching this node's ranks only";
+    }
+    start_watch(world.round);
+  }
+  {
+    std::lock_guard lock(seen_mutex_);
+    seen_end_.reset();
+  }
+  // The worker store's changes are progress signals; it lives on the node of group rank 0.
+  rdzv::ServerThread* store = !multi_node_ || world.group_rank == 0 ? worker_store_.get() : nullptr;
+  GroupResult result = supervisor_.run(launches, [&](const std::vector<pid_t>& pids) {
+    watchdog_->start(pids, store, std::move(channel), [this](const RoundEnd& end) { on_hang(end); },
+                     [this] {
+                       std::lock_guard lock(seen_mutex_);
+                       return supervisor_.group_running() && !seen_end_;
+                     });
+  });
+  watchdog_->stop();
+  // What the watchdog saw goes into the failure report.
+  const auto notes = watchdog_->timer_notes();
+  for (auto& f : result.failures) {
+    if (auto it = notes.find(f.rank); it != notes.end()) f.diagnosis = it->second;
+  }
+  if (watchdog_->wrote_diagnosis()) run_dir_.keep();
+  return result;
+}
+
+void Agent::show_hang_report(const World& world, const RoundEnd& end) {
+  // In the run directory of every node; on the console of the node that diagnosed it (one report
+  // for the job), a pointer to it on the others.
+  const fs::path file = attempt_dir_ / "hang_report.txt";
+  {
+    std::ofstream out(file, std::ios::trunc);
+    out << (end.report.empty() ? end.detail + "\n" : end.report);
+  }
+  std::error_code ec;
+  fs::permissions(file, fs::perms::owner_read | fs::perms::owner_write, fs::perm_options::replace, ec);
+  run_dir_.keep();
+  const bool diagnosed_here = !multi_node_ || end.root_node == world.group_rank;
+  if (diagnosed_here && !end.report.empty()) {
+    if (ConsoleWriter* err = consoles().err) err->write(end.report);
+  } else {
+    log::error("ddprun") << "the job hung (diagnosed by node " << end.root_node << "): " << end.detail
+                         << "; the full report is on that node's console";
+  }
+  log::error("ddprun") << "hang report: " << file.string();
+}
+
+void Agent::print_rates() {
+  if (!watchdog_) return;
+  const std::string table = watchdog_->rates_report();
+  if (table.empty()) return;
+  if (ConsoleWriter* err = consoles().err) err->write(table);
 }
 
 RoundEnd Agent::agree_on_end(int round, const GroupResult& result) {
@@ -380,6 +529,9 @@ Decision Agent::decide(const RoundEnd& end, const GroupResult& result) {
     case RoundEnd::Kind::Failure:
       if (restarts_ < o_.max_restarts && !stopping) return {Decision::Kind::Restart, 0};
       return {Decision::Kind::Finish, end.root_cause ? shell_exit_code(*end.root_cause) : 1};
+    case RoundEnd::Kind::Hang:
+      if (restarts_ < o_.max_restarts && !stopping) return {Decision::Kind::Restart, 0};
+      return {Decision::Kind::Finish, kHangExitCode};
   }
   return {Decision::Kind::Finish, 1};
 }
@@ -417,6 +569,10 @@ int Agent::finish(int round, const World& world, const RoundEnd& end, const Grou
       if (o_.max_restarts > 0) log::error("ddprun") << "giving up after " << o_.max_restarts << " restart(s)";
       break;
     }
+    case RoundEnd::Kind::Hang:
+      // The report is out already (show_hang_report).
+      if (o_.max_restarts > 0) log::error("ddprun") << "giving up after " << o_.max_restarts << " restart(s)";
+      break;
   }
   // A lost node never leaves: give the others a few seconds to read the outcome, not the full wait.
   backend_->leave(round, end.kind == RoundEnd::Kind::NodeLost ? std::chrono::seconds(5) : std::chrono::seconds(30),
@@ -463,6 +619,8 @@ int Agent::run() {
       case State::Running:
         result = running(world);
         end = agree_on_end(round, result);
+        print_rates();
+        if (end.kind == RoundEnd::Kind::Hang) show_hang_report(world, end);
         state = State::Ending;
         break;
       case State::Ending: {

@@ -31,7 +31,12 @@ constexpr FlagDef kFlagTable[] = {
     {"--rdzv_conf", nullptr, "rdzv_conf", true, "", "rendezvous settings k1=v1,k2=v2: join_timeout=600, last_call_timeout=30, keep_alive_interval=5, "
      "keep_alive_max_attempt=3, token_file=PATH (the rendezvous secret, or this job's token; also "
      "DDPRUN_TOKEN_FILE)"},
-    {"--max_restarts", nullptr, "max_restarts", true, "0", "times the worker group is restarted after a failure"},
+    {"--max_restarts", nullptr, "max_restarts", true, "0", "times the worker group is restarted after a failure or a hang"},
+    {"--hang_timeout", nullptr, "hang_timeout", true, "0 (off)",
+     "seconds without progress from any rank after which the job is hung: every rank's stacks are captured and "
+     "reported, then the job is stopped (exit code 124) or restarted (--max_restarts)"},
+    {"--straggler_factor", nullptr, "straggler_factor", true, "1.5",
+     "warn when a rank's compute time per step stays above this multiple of the median rank's (0: never)"},
     {"--monitor_interval", nullptr, "monitor_interval", true, "0.1",
      "accepted for torchrun compatibility: worker exits are seen at once (SIGCHLD) and other nodes are "
      "checked every keep_alive_interval (--rdzv_conf)"},
@@ -87,7 +92,8 @@ std::string usage_text() {
   }
   out << "  -h, --help\n      show this help\n  --version\n      print the version\n\n"
          "exit status: 0 when every worker succeeded; the root-cause worker's exit code (128+N if it died of signal\n"
-         "N) when one failed; 2 for a bad command line; 1 when ddprun itself could not run the job.\n";
+         "N) when one failed; 124 when the job hung (--hang_timeout); 2 for a bad command line; 1 when ddprun\n"
+         "itself could not run the job.\n";
   return out.str();
 }
 

@@ -26,6 +26,7 @@ class LocalRendezvous final : public RendezvousBackend {
   void leave(int, std::chrono::milliseconds, const StopSignal&) override {}
   bool elastic() const override { return false; }
   int node_rank() const override { return -1; }
+  std::unique_ptr<ProgressChannel> progress_channel(int) override { return nullptr; }
 
  private:
   std::string master_addr_;

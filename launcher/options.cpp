@@ -319,6 +319,21 @@ void resolve_workers(const Given& g, const EnvLookup& env, LaunchOptions& o) {
     o.max_restarts = static_cast<int>(
         parse_int(g.flag("max_restarts"), trim(g["max_restarts"]), 0, 1 << 20, "a whole number >= 0"));
   }
+  if (g.has("hang_timeout")) o.hang_timeout = parse_seconds(g.flag("hang_timeout"), trim(g["hang_timeout"]), true);
+  if (o.hang_timeout.count() > 0 && o.hang_timeout < std::chrono::seconds(2)) {
+    bad(g.flag("hang_timeout"), "0 (off) or at least 2 seconds", g["hang_timeout"]);
+  }
+  if (g.has("straggler_factor")) {
+    const std::string text = trim(g["straggler_factor"]);
+    try {
+      size_t used = 0;
+      const double v = std::stod(text, &used);
+      if (used != text.size() || !(v == 0 || (v > 1 && v < 1000))) throw std::invalid_argument(text);
+      o.straggler_factor = v;
+    } catch (const std::exception&) {
+      bad(g.flag("straggler_factor"), "0 (off) or a factor above 1, such as 1.5", g["straggler_factor"]);
+    }
+  }
   // Accepted for compatibility (worker exits are seen at once); a malformed value is still an error.
   if (g.has("monitor_interval")) parse_seconds(g.flag("monitor_interval"), trim(g["monitor_interval"]), false);
   if (g.has("role")) {

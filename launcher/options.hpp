@@ -50,6 +50,8 @@ struct LaunchOptions {
   // rdzv_conf token_file, else DDPRUN_TOKEN_FILE: the rendezvous store's secret (or this job's token).
   std::string token_file;
   int max_restarts = 0;
+  std::chrono::milliseconds hang_timeout{0};  // 0: hangs are not looked for
+  double straggler_factor = 1.5;              // 0: no straggler warnings
   std::string role = "default";
   std::string log_dir;
   StreamSelection redirects;

@@ -43,6 +43,9 @@ ssize_t write_all(int fd, const void* data, size_t n) {
   ::setpgid(0, 0);
   ::prctl(PR_SET_PDEATHSIG, SIGKILL);
   if (::getppid() != parent) ::_exit(127);  // the launcher died before the death signal was armed
+  // ddprun (and the stack tools it starts) may read this process's stacks under Yama's
+  // ptrace_scope=1; without Yama this fails harmlessly.
+  ::prctl(PR_SET_PTRACER, parent, 0, 0, 0);
   // ddprun ignores SIGPIPE and blocks signals for its loop; workers start with the defaults.
   struct sigaction dfl{};
   dfl.sa_handler = SIG_DFL;

@@ -14,6 +14,9 @@
 
 #include <chrono>
 #include <functional>
+#include <map>
+#include <memory>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <variant>
@@ -42,10 +45,43 @@ struct World {
 struct RoundEnd {
   // StoreLost: the rendezvous itself is gone (node 0's store, every etcd endpoint).
   // Membership: a node asked to join the running job (elastic rendezvous only).
-  enum class Kind { Success, Failure, Signal, StoreLost, NodeLost, Membership } kind = Kind::Success;
+  // Hang: no rank of the job made progress for --hang_timeout (see watchdog.hpp).
+  enum class Kind { Success, Failure, Signal, StoreLost, NodeLost, Membership, Hang } kind = Kind::Success;
   std::optional<WorkerExit> root_cause;  // Failure
-  int root_node = -1;
-  std::string detail;  // human-readable
+  int root_node = -1;  // Failure: the failed rank's node; Hang: the node that diagnosed it
+  std::string detail;  // human-readable, one line
+  std::string report;  // Hang: the full report, with every rank's stacks
+};
+
+// The job-wide side of the hang watchdog and the step rates, for one round. Used from the
+// watchdog's thread, on a connection of its own.
+class ProgressChannel {
+ public:
+  virtual ~ProgressChannel() = default;
+
+  struct Pulse {
+    int64_t job_progress = 0;  // moves whenever any node reports progress
+    std::optional<int> hang_claimed_by;  // the node that is diagnosing a hang, if any
+    // Some rank heartbeats through the worker store: CPU time is no sign of progress (its waits
+    // may spin).
+    bool heartbeat_mode = false;
+  };
+  // Says whether this node's ranks progressed since the last pulse (and, on the node hosting the
+  // worker store, whether ranks heartbeat through it); returns the job-wide view.
+  virtual Pulse pulse(bool progressed, bool heartbeat_mode) = 0;
+  // This node's latest step rates (for `ddprun-rendezvous status` and the straggler check).
+  virtual void publish_rates(const nlohmann::json& record) = 0;
+  // Every node's latest step rates record, by node.
+  virtual std::map<int, nlohmann::json> rates() = 0;
+  // Claims the diagnosis of a hang for this node; false if another node claimed it first.
+  virtual bool claim_hang() = 0;
+  virtual void put_diagnosis(const nlohmann::json& diagnosis) = 0;
+  // The nodes' diagnoses, as far as they arrive before `deadline`.
+  virtual std::map<int, nlohmann::json> gather_diagnoses(std::chrono::steady_clock::time_point deadline) = 0;
+  // Ends the round as hung; returns the end as decided (the first end proposed wins).
+  virtual RoundEnd report_hang(const std::string& summary, const std::string& report) = 0;
+  virtual int nodes() const = 0;
+  virtual int node() const = 0;
 };
 
 // Starts the round's worker store on this node (called on group rank 0 only); returns its port.
@@ -80,6 +116,9 @@ class RendezvousBackend {
   virtual bool elastic() const = 0;
   // Node rank to show in reports; -1 for a single-node job.
   virtual int node_rank() const = 0;
+  // The job-wide progress channel of `round` (after join), on a connection of its own; nullptr
+  // for a single-node job, whose watchdog needs none.
+  virtual std::unique_ptr<ProgressChannel> progress_channel(int round) = 0;
 };
 
 }  // namespace ddprun::launcher

@@ -17,6 +17,7 @@ json exit_to_json(const WorkerExit& e, int node) {
             {"signal", e.signal},  {"error_file", e.error_file}, {"stderr_tail", e.stderr_tail},
             {"time_ms", std::chrono::duration_cast<std::chrono::milliseconds>(e.time.time_since_epoch()).count()}};
   if (auto text = e.error_text ? e.error_text : read_error_file(e.error_file)) j["error"] = *text;
+  if (!e.diagnosis.empty()) j["diagnosis"] = e.diagnosis;
   return j;
 }
 
@@ -49,6 +50,7 @@ WorkerExit exit_from_json(const json& j) {
   e.stderr_tail = strings_field(j, "stderr_tail");
   e.time = std::chrono::system_clock::time_point(std::chrono::milliseconds(int_field(j, "time_ms", 0)));
   if (j.contains("error") && j["error"].is_string()) e.error_text = j["error"].get<std::string>();
+  e.diagnosis = string_field(j, "diagnosis");
   return e;
 }
 

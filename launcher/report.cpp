@@ -74,6 +74,7 @@ void format_one(std::ostringstream& out, const WorkerExit& e) {
     indent_block(out, "error_file : ", e.error_file);
     indent_block(out, "error      : ", *msg);
   }
+  if (!e.diagnosis.empty()) indent_block(out, "watchdog   : ", e.diagnosis);
   if (!e.stderr_tail.empty()) {
     out << "  last stderr lines:\n";
     for (const auto& l : e.stderr_tail) out << "    | " << l << "\n";

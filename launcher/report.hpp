@@ -25,6 +25,9 @@ struct WorkerExit {
   std::string error_file;  // path given to the worker
   // The error file's contents when read elsewhere (a failure reported by another node).
   std::optional<std::string> error_text;
+  // What ddprun's watchdog saw before the end (a torchelastic timer that expired, with the
+  // worker's stacks); "" if nothing.
+  std::string diagnosis;
 };
 
 // The shell convention: the exit code, or 128 + N for death by signal N.

@@ -193,7 +193,9 @@ int StoreRendezvous::first_round(const StopSignal&) {
   return static_cast<int>(read_number(k, client_->get(k)));
 }
 
-RoundEnd StoreRendezvous::parse_end(const std::string& value) const {
+RoundEnd StoreRendezvous::parse_end(const std::string& value) const { return parse_round_end(value); }
+
+RoundEnd parse_round_end(const std::string& value) {
   using Kind = rdzv::jobs::Outcome::Kind;
   const rdzv::jobs::Outcome o = rdzv::jobs::decode_outcome(value);
   RoundEnd e;
@@ -205,6 +207,9 @@ RoundEnd StoreRendezvous::parse_end(const std::string& value) const {
     case Kind::Membership: e.kind = RoundEnd::Kind::Membership; break;
     case Kind::NodeLost: e.kind = RoundEnd::Kind::NodeLost; break;
     case Kind::Hang:
+      e.kind = RoundEnd::Kind::Hang;
+      if (auto it = o.failure.find("report"); it != o.failure.end() && it->is_string()) e.report = it->get<std::string>();
+      break;
     case Kind::Failure:
       e.kind = RoundEnd::Kind::Failure;
       if (!o.failure.empty()) {

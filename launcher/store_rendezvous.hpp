@@ -70,6 +70,9 @@ struct StoreRendezvousOptions {
   std::string token_file;
 };
 
+// A round's end as written to its `end` key (rdzv::jobs::encode_outcome).
+RoundEnd parse_round_end(const std::string& value);
+
 class StoreRendezvous final : public RendezvousBackend {
  public:
   // Node 0 binds the rendezvous store here (throws ConnectionError if the port is taken); every
@@ -89,6 +92,7 @@ class StoreRendezvous final : public RendezvousBackend {
   void leave(int round, std::chrono::milliseconds timeout, const StopSignal& stop) override;
   bool elastic() const override { return options_.dynamic; }
   int node_rank() const override { return group_rank_; }
+  std::unique_ptr<ProgressChannel> progress_channel(int round) override;
 
   const StoreRendezvousOptions& options() const { return options_; }
   int64_t generation() const { return keys_.generation(); }

@@ -101,7 +101,7 @@ void Supervisor::request_stop(const std::string& reason) {
 }
 
 void Supervisor::begin_stop(int signo, GroupOutcome outcome) {
-  state_ = State::Stopping;
+  set_state(State::Stopping);
   result_.outcome = outcome;
   for (auto& w : workers_) {
     if (!w->exited) w->stopped_by_us = true;
@@ -246,15 +246,16 @@ void Supervisor::spawn_failed(const WorkerLaunch& l, const std::string& why) {
     log::warn("ddprun") << "stopping the " << workers_.size() << " worker(s) already started";
     begin_stop(SIGTERM, GroupOutcome::Failed);
   } else {
-    state_ = State::Stopping;
+    set_state(State::Stopping);
     result_.outcome = GroupOutcome::Failed;
   }
 }
 
-GroupResult Supervisor::run(const std::vector<WorkerLaunch>& launches) {
+GroupResult Supervisor::run(const std::vector<WorkerLaunch>& launches,
+                            const std::function<void(const std::vector<pid_t>&)>& on_started) {
   workers_.clear();
   result_ = GroupResult{};
-  state_ = State::Idle;
+  set_state(State::Idle);
   finished_ = false;
   io_.restart();
   // Requests posted after the previous group ended find no group running and are dropped here;
@@ -266,7 +267,7 @@ GroupResult Supervisor::run(const std::vector<WorkerLaunch>& launches) {
     result_.signal = stop_signal_;
     return result_;
   }
-  state_ = State::Running;
+  set_state(State::Running);
   for (const WorkerLaunch& l : launches) {
     auto w = std::make_unique<Worker>(io_, l);
     SpawnedProcess p;
@@ -296,6 +297,11 @@ GroupResult Supervisor::run(const std::vector<WorkerLaunch>& launches) {
     log::info("ddprun") << "started " << workers_.size() << " worker(s), pids " << workers_.front()->pid << ".."
                         << workers_.back()->pid;
   }
+  if (on_started) {
+    std::vector<pid_t> pids(launches.size(), -1);
+    for (size_t i = 0; i < workers_.size(); ++i) pids[i] = workers_[i]->pid;
+    on_started(pids);
+  }
   for (auto& w : workers_) {
     read_pipe(*w, false);
     read_pipe(*w, true);
@@ -303,7 +309,7 @@ GroupResult Supervisor::run(const std::vector<WorkerLaunch>& launches) {
   reap();  // a worker that exited before SIGCHLD was being watched
   maybe_finish();
   if (!finished_) io_.run();
-  state_ = State::Idle;
+  set_state(State::Idle);
   GroupResult r = std::move(result_);
   if (r.outcome == GroupOutcome::Succeeded && !r.failures.empty()) r.outcome = GroupOutcome::Failed;
   workers_.clear();

@@ -69,8 +69,13 @@ class Supervisor {
   ~Supervisor();
 
   // Starts the workers and returns when all have ended (or at once, Signalled, if a stop signal
-  // came first).
-  GroupResult run(const std::vector<WorkerLaunch>& workers);
+  // came first). `on_started` runs once the workers are started, with their pids in the order of
+  // `workers` (-1 for one that could not be started).
+  GroupResult run(const std::vector<WorkerLaunch>& workers,
+                  const std::function<void(const std::vector<pid_t>&)>& on_started = {});
+
+  // Thread-safe. Whether a group runs and is not being stopped.
+  bool group_running() const { return running_.load(std::memory_order_acquire); }
 
   // Thread-safe. Stops the running group (SIGTERM, SIGKILL after the grace); run() then returns
   // StoppedByRequest. Ignored when no group is running.
@@ -97,6 +102,10 @@ class Supervisor {
   void begin_stop(int signo, GroupOutcome outcome);
   void kill_all(int signo);
   void maybe_finish();
+  void set_state(State state) {
+    state_ = state;
+    running_.store(state == State::Running, std::memory_order_release);
+  }
 
   SupervisorSettings settings_;
   OrphanGuard* guard_;
@@ -106,6 +115,7 @@ class Supervisor {
   boost::asio::steady_timer drain_timer_;
   std::vector<std::unique_ptr<Worker>> workers_;
   State state_ = State::Idle;
+  std::atomic<bool> running_{false};
   GroupResult result_;
   std::atomic<int> stop_signal_{0};
   int sigint_count_ = 0;

@@ -258,6 +258,21 @@ json summarize_generation(const std::string& run_id, int64_t gen, const Generati
       if (info.contains("nnodes") && info["nnodes"].is_number_integer()) nnodes = info["nnodes"].get<int>();
       nodes.push_back(std::move(info));
     }
+    // Step rates, as each node last published them (every 10 s while the job runs).
+    json rates = json::array();
+    for (const auto& [name, value] : names) {
+      if (name.rfind("rates/", 0) != 0) continue;
+      const json record = json::parse(value, nullptr, false);
+      if (!record.is_object() || !record.contains("ranks") || !record["ranks"].is_array()) {
+        skipped.push_back({{"key", prefix + name}, {"reason", "the step rates record is not a JSON object with ranks"}});
+        continue;
+      }
+      for (const json& r : record["ranks"]) rates.push_back(r);
+    }
+    if (!rates.empty()) out["step_rates"] = std::move(rates);
+    if (auto hang = names.find("hang"); hang != names.end() && names.find("end") == names.end()) {
+      out["hang_diagnosed_by"] = hang->second;
+    }
     auto ws = names.find("worker_store");
     if (ws != names.end()) {
       const json store = json::parse(ws->second, nullptr, false);
@@ -271,8 +286,8 @@ json summarize_generation(const std::string& run_id, int64_t gen, const Generati
       switch (o.kind) {
         case Outcome::Kind::Success: break;
         case Outcome::Kind::Failure: out["end"] = o.failure.empty() ? json(o.detail) : o.failure; break;
-        case Outcome::Kind::Hang:
-          out["end"] = o.failure;
+        case Outcome::Kind::Hang:  // the full report stays in the store; status shows its summary
+          out["end"] = {{"detail", o.detail}, {"node", o.node}};
           break;
         case Outcome::Kind::Signal:
         case Outcome::Kind::NodeLost:

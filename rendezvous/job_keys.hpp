@@ -15,7 +15,11 @@
 //   /ddprun/<run_id>/g<G>/r<R>/<name>      round R (a restart or a membership change starts the
 //                                          next): node/<K> (static) or member/<i> (dynamic) records,
 //                                          joined, assign/<K>, complete or closed, worker_store,
-//                                          end (the round's outcome), finished
+//                                          end (the round's outcome), finished; and the hang
+//                                          watchdog's: progress (a counter every node bumps when
+//                                          its ranks progress), heartbeat_mode, rates/<K> (node
+//                                          K's step rates), hang (the node diagnosing a hang),
+//                                          diagnosis/<K> (node K's part of the diagnosis)
 //
 // Run ids are letters, digits and ". _ - :" (no '/'), so a key names its job unambiguously.
 
@@ -98,7 +102,8 @@ std::string_view state_name(Outcome::Kind kind);
 // Summary of every job found among `entries` (keys under /ddprun/ with their values), as
 // `ddprun-rendezvous status` prints it:
 //   {"jobs": [{"run_id", "generation", "current_generation", "round", "state", "nnodes", "joined",
-//              "world_size", "nodes": [...], "worker_store", "end"}],
+//              "world_size", "nodes": [...], "worker_store", "end", "step_rates": [...],
+//              "hang_diagnosed_by"}],
 //    "skipped": [{"key", "reason"}]}
 // A state is "joining", "running", or the final round's outcome (state_name). What cannot be
 // parsed (a bad record, an odd key) is skipped and listed, never fatal. `now_ms` (wall clock)

@@ -49,7 +49,10 @@ void KvStore::store(std::string_view key, std::string_view value) {
   if (watched) notify_watchers(key, old, slot);
 }
 
-void KvStore::set(std::string_view key, std::string_view value) { store(key, value); }
+void KvStore::set(std::string_view key, std::string_view value) {
+  store(key, value);
+  changed(key, nullptr);
+}
 
 SharedBytes KvStore::compare_set(std::string_view key, std::string_view expected, std::string_view desired) {
   auto it = map_.find(key);
@@ -57,9 +60,13 @@ SharedBytes KvStore::compare_set(std::string_view key, std::string_view expected
     // Missing key: only an empty `expected` creates it; otherwise the caller gets `expected` back.
     if (!expected.empty()) return std::make_shared<const std::string>(expected);
     store(key, desired);
+    changed(key, nullptr);
     return map_.find(key)->second;
   }
-  if (*it->second == expected) store(key, desired);
+  if (*it->second == expected) {
+    store(key, desired);
+    changed(key, nullptr);
+  }
   return map_.find(key)->second;
 }
 
@@ -95,6 +102,7 @@ int64_t KvStore::add(std::string_view key, int64_t delta) {
   char buf[24];
   auto [end, ec] = std::to_chars(buf, buf + sizeof buf, sum);
   store(key, std::string_view(buf, static_cast<size_t>(end - buf)));
+  if (delta != 0) changed(key, &sum);  // ADD 0 only reads a counter
   return sum;
 }
 
@@ -102,10 +110,12 @@ void KvStore::append(std::string_view key, std::string_view data) {
   auto it = map_.find(key);
   if (it == map_.end()) {
     store(key, data);
+    changed(key, nullptr);
     return;
   }
   Value& slot = it->second;
   reserve(0, static_cast<int64_t>(data.size()), "APPEND", key);
+  changed(key, nullptr);
   stored_bytes_ += data.size();
   const bool watched = !watchers_.empty() && watchers_.count(key) != 0;
   if (!watched && slot.use_count() == 1) {
@@ -135,11 +145,13 @@ void KvStore::multi_set(std::span<const std::string_view> keys, std::span<const 
   }
   if (!keys.empty()) reserve(new_keys, more, "MULTI_SET", keys[0]);
   for (size_t i = 0; i < keys.size(); ++i) store(keys[i], values[i]);
+  for (size_t i = 0; i < keys.size(); ++i) changed(keys[i], nullptr);
 }
 
 bool KvStore::remove(std::string_view key) {
   auto it = map_.find(key);
   if (it == map_.end()) return false;
+  changed(key, nullptr);
   stored_bytes_ -= it->first.size() + it->second->size();
   key_bytes_ -= it->first.size();
   if (!watchers_.empty() && watchers_.count(key) != 0) {
@@ -293,6 +305,7 @@ void KvStore::queue_push(std::string_view key, std::string_view value) {
   }
   it->second.emplace_back(value);
   stored_bytes_ += value.size();
+  changed(key, nullptr);
   key_arrived(key, /*wake_one=*/true);
 }
 
@@ -300,6 +313,7 @@ int64_t KvStore::queue_pop(std::string_view key, std::string& value) {
   auto it = queues_.find(key);
   if (it == queues_.end() || it->second.empty()) return 0;
   const auto before = static_cast<int64_t>(it->second.size());
+  changed(key, nullptr);
   value = std::move(it->second.front());
   stored_bytes_ -= value.size();
   it->second.pop_front();

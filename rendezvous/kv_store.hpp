@@ -41,6 +41,16 @@ class Waiter {
                               const SharedBytes& new_value) = 0;
 };
 
+// Told of every change clients make to the store's contents (SET, a COMPARE_SET that swaps, ADD of
+// a non-zero delta, APPEND, MULTI_SET, DELETE, queue pushes and pops), never of reads or waits:
+// how an embedding program sees that its clients make progress. Called on the store's thread.
+class ChangeObserver {
+ public:
+  virtual ~ChangeObserver() = default;
+  // `counter`: the counter's new value after an ADD, else nullptr.
+  virtual void on_change(std::string_view key, const int64_t* counter) = 0;
+};
+
 struct StringHash {
   using is_transparent = void;
   size_t operator()(std::string_view s) const noexcept { return std::hash<std::string_view>{}(s); }
@@ -120,6 +130,8 @@ class KvStore {
   const StoreLimits& limits() const { return limits_; }
   // Changes the limits; what is stored already stays even if it is over them.
   void set_limits(StoreLimits limits) { limits_ = limits; }
+  // `observer` (not owned; nullptr for none) is told of every change from now on.
+  void set_observer(ChangeObserver* observer) { observer_ = observer; }
 
  private:
   using Value = std::shared_ptr<std::string>;
@@ -155,6 +167,9 @@ class KvStore {
   // A key appeared: decrement every waiter on it (or only the first, for a queue push).
   void key_arrived(std::string_view key, bool wake_one);
   void notify_watchers(std::string_view key, const SharedBytes& old_value, const SharedBytes& new_value);
+  void changed(std::string_view key, const int64_t* counter) {
+    if (observer_) observer_->on_change(key, counter);
+  }
 
   StoreLimits limits_;
   Map map_;
@@ -167,6 +182,7 @@ class KvStore {
   uint64_t key_bytes_ = 0;  // of the KV map's keys, for LIST
   uint64_t requests_ = 0;
   uint64_t requests_by_op_[kOpCount] = {};
+  ChangeObserver* observer_ = nullptr;
 };
 
 }  // namespace ddprun::rdzv

@@ -536,6 +536,25 @@ void Server::allow_peers(const std::vector<std::string>& addresses) {
   allowed_ = std::move(allowed);
 }
 
+std::vector<ClientInfo> Server::clients() const {
+  std::unordered_map<const Waiter*, const PendingWaitInfo*> waits;
+  const std::vector<PendingWaitInfo> pending = store_.pending_waits();
+  for (const PendingWaitInfo& w : pending) waits[w.waiter] = &w;
+  std::vector<ClientInfo> out;
+  out.reserve(sessions_.size());
+  for (const auto& [ptr, session] : sessions_) {
+    if (session->flags.closing) continue;
+    ClientInfo c;
+    c.peer = session->peer();
+    if (auto it = waits.find(&session->conn()); it != waits.end()) {
+      c.waiting = it->second->missing;
+      c.waiting_since = it->second->since;
+    }
+    out.push_back(std::move(c));
+  }
+  return out;
+}
+
 ServerStats Server::stats() const {
   ServerStats st = counters_;
   st.connections = sessions_.size();

@@ -100,6 +100,13 @@ struct ServerStats {
   uint64_t jobs_forgotten = 0;  // job generations deleted by the janitor
 };
 
+// A connected client, for diagnostics: who it is and what it waits for.
+struct ClientInfo {
+  std::string peer;                  // "127.0.0.1:41234"
+  std::vector<std::string> waiting;  // keys its pending WAIT still misses (empty: none pending)
+  std::chrono::steady_clock::time_point waiting_since;
+};
+
 class Server {
  public:
   // Binds and listens at once; throws ConnectionError naming the address if that fails.
@@ -115,6 +122,8 @@ class Server {
   uint16_t port() const { return port_; }
   const boost::asio::ip::tcp::endpoint& endpoint() const { return endpoint_; }
   ServerStats stats() const;
+  // Every connected client, with its pending wait if any.
+  std::vector<ClientInfo> clients() const;
   KvStore& store() { return store_; }
   const KvStore& store() const { return store_; }
   // Replaces the allowed peers (numeric addresses; loopback is always allowed). Connections open

@@ -268,7 +268,7 @@ TEST(AccessTest, WorkerLogsAreReadableByTheirOwnerAlone) {
     }
   }
   EXPECT_GE(dirs, 3);  // run, attempt, rank
-  EXPECT_EQ(files, 2);  // stdout.log, stderr.log
+  EXPECT_EQ(files, 3);  // stdout.log, stderr.log, progress (the rank's progress page)
 }
 
 TEST(AccessTest, RealPyTorchGlooWorkersTrainThroughAProtectedDaemon) {

@@ -56,9 +56,15 @@ TEST(JobKeysTest, EveryOutcomeKindSurvivesEncoding) {
     if (kind == Kind::Failure || kind == Kind::Hang) o.failure = {{"rank", 5}, {"host", "h"}};
     const jobs::Outcome back = jobs::decode_outcome(jobs::encode_outcome(o));
     EXPECT_EQ(back.kind, kind) << jobs::encode_outcome(o);
-    if (kind != Kind::Success && kind != Kind::Failure) EXPECT_EQ(back.detail, "what happened");
-    if (kind == Kind::NodeLost || kind == Kind::Failure || kind == Kind::Hang) EXPECT_EQ(back.node, 2);
-    if (kind == Kind::Failure || kind == Kind::Hang) EXPECT_EQ(back.failure["rank"], 5);
+    if (kind != Kind::Success && kind != Kind::Failure) {
+      EXPECT_EQ(back.detail, "what happened");
+    }
+    if (kind == Kind::NodeLost || kind == Kind::Failure || kind == Kind::Hang) {
+      EXPECT_EQ(back.node, 2);
+    }
+    if (kind == Kind::Failure || kind == Kind::Hang) {
+      EXPECT_EQ(back.failure["rank"], 5);
+    }
   }
   // Text that is no outcome reads as a failure that says what it was.
   const jobs::Outcome junk = jobs::decode_outcome("{not json");

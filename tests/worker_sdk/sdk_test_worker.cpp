@@ -10,10 +10,15 @@
 //   sdk_test_worker checkpoint-race PATH BASE_EPOCH TIMES   (several at once on one PATH)
 //   sdk_test_worker checkpoint-full DIR      (a save that fails must keep the previous checkpoint)
 //   sdk_test_worker checkpoint-once PATH
+//   sdk_test_worker train STEPS STALL_RANK SLOW_RANK SLOW_MS
+//       DDP training for STEPS steps; STALL_RANK (-1: none) then stops in its own code, the others
+//       go on into the next step's all-reduce; SLOW_RANK (-1: none) computes SLOW_MS longer per step
 #include <signal.h>
+#include <unistd.h>
 #include <sys/resource.h>
 #include <torch/torch.h>
 
+#include <chrono>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -370,6 +375,38 @@ int resume(const std::string& dir, int epochs, int fail_at) {
   return 0;
 }
 
+[[noreturn]] void stall_in_user_code() {
+  std::cout << "hanging now" << std::endl;
+  for (;;) ::pause();
+}
+
+int train(int steps, int stall_rank, int slow_rank, int slow_ms) {
+  auto dist = Distributed::init();
+  Net model = rank_seeded_net(0);
+  DdpOptions o;
+  // No buffer broadcast: the others then wait in the gradient all-reduce, where the direct Gloo
+  // reducer spins (busy polling) when the ranks fit the cores.
+  o.broadcast_buffers = false;
+  DistributedDataParallel<NetImpl> ddp(model.ptr(), dist, o);
+  torch::optim::SGD opt(ddp.parameters(), torch::optim::SGDOptions(0.01));
+  auto [x, y] = global_batch(0, 1, 8);
+  for (int step = 0; step < steps + (stall_rank >= 0 ? 1 : 0); ++step) {
+    if (step == steps && dist.rank() == stall_rank) stall_in_user_code();
+    opt.zero_grad();
+    auto loss = torch::nn::functional::cross_entropy(ddp(x), y);
+    if (dist.rank() == slow_rank) {
+      // Extra computation, as a slower GPU or a busier host would add.
+      const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(slow_ms);
+      auto m = torch::randn({64, 64});
+      while (std::chrono::steady_clock::now() < until) m = torch::tanh(m.mm(m));
+    }
+    loss.backward();
+    opt.step();
+  }
+  std::cout << "RESULT trained=" << steps << std::endl;
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -385,6 +422,7 @@ int main(int argc, char** argv) {
     if (mode == "checkpoint-race") return checkpoint_race(argv[2], std::stoi(argv[3]), std::stoi(argv[4]));
     if (mode == "checkpoint-full") return checkpoint_full(argv[2]);
     if (mode == "checkpoint-once") return checkpoint_once(argv[2]);
+    if (mode == "train") return train(std::stoi(argv[2]), std::stoi(argv[3]), std::stoi(argv[4]), std::stoi(argv[5]));
     std::cerr << "unknown mode '" << mode << "'\n";
     return 2;
   } catch (const std::exception& e) {

@@ -7,6 +7,7 @@
 #include <sstream>
 #include <tuple>
 
+#include "tests/support/free_port.hpp"
 #include "tests/support/subprocess.hpp"
 #include "tests/support/temp_dir.hpp"
 
@@ -191,6 +192,67 @@ TEST(CheckpointTest, SaveFsyncsTheFileBeforeTheRenameAndTheDirectoryAfter) {
   EXPECT_GT(file_synced, 0) << "the temporary file is never fsynced";
   EXPECT_GT(renamed, file_synced) << "renamed before its data was on disk";
   EXPECT_GT(dir_synced, renamed) << "the directory is not fsynced after the rename";
+}
+
+// --- progress signals: ddprun's hang watchdog and step rates --------------------------------------
+
+TEST(WorkerSdkProgressTest, AWorkerThatStopsSteppingIsCaughtWhileTheOthersWaitInTheAllReduce) {
+  // Rank 1 stops after 20 steps; rank 0 waits in the direct Gloo reducer's all-reduce, inside the
+  // SDK's CollectiveWait, so its CPU time (spinning or not) is not taken for progress.
+  const Finished f = run_under_ddprun(2, {"train", "20", "1", "-1", "0"}, {"--hang_timeout", "5"});
+  ASSERT_FALSE(f.timed_out) << f.err;
+  EXPECT_EQ(f.exit_code, 124) << f.err;
+  EXPECT_NE(f.err.find("behind     : rank 1\n"), std::string::npos) << f.err;
+  EXPECT_NE(f.err.find("rank 0 waits for other ranks (in a collective or the store); rank 1 does not"),
+            std::string::npos)
+      << f.err;
+  EXPECT_NE(f.err.find(", step 20, no progress for"), std::string::npos) << f.err;
+}
+
+TEST(WorkerSdkProgressTest, StepRatesAreReportedAndAStragglerIsNamed) {
+  // Rank 1 computes 25 ms longer per step; rates are checked every second here (10 s by default).
+  const Finished f = run_under_ddprun(2, {"train", "250", "-1", "1", "25"}, {"--straggler_factor", "1.5"},
+                                      {{"DDPRUN_STEP_RATES_PERIOD", "1"}});
+  ASSERT_EQ(f.exit_code, 0) << f.err;
+  EXPECT_NE(f.err.find("rank 1 is a straggler: "), std::string::npos) << f.err;
+  EXPECT_EQ(f.err.find("rank 0 is a straggler"), std::string::npos) << f.err;
+  const auto table = f.err.find("per-rank step rates (whole run):");
+  ASSERT_NE(table, std::string::npos) << f.err;
+  std::istringstream rows(f.err.substr(table));
+  std::string line;
+  int ranks = 0;
+  while (std::getline(rows, line)) {
+    std::istringstream cells(line);
+    std::string rank, node, steps;
+    if (cells >> rank >> node >> steps && (rank == "0" || rank == "1")) {
+      ++ranks;
+      EXPECT_EQ(steps, "250") << line;
+      EXPECT_EQ(line.find("<- straggler") != std::string::npos, rank == "1") << line;
+    }
+  }
+  EXPECT_EQ(ranks, 2) << f.err;
+}
+
+TEST(WorkerSdkProgressTest, NodeZeroReportsTheWholeJobsRatesFromEveryNode) {
+  const int port = free_port();
+  std::vector<std::unique_ptr<Subprocess>> nodes;
+  for (int n = 0; n < 2; ++n) {
+    nodes.push_back(std::make_unique<Subprocess>(
+        std::vector<std::string>{DDPRUN_BIN, "--nnodes", "2", "--node_rank", std::to_string(n), "--master_addr",
+                                 "127.0.0.1", "--master_port", std::to_string(port), "--local_addr",
+                                 "127.0.0." + std::to_string(n + 1), SDK_TEST_WORKER_BIN, "train", "300", "-1", "-1",
+                                 "0"},
+        std::map<std::string, std::string>{{"OMP_NUM_THREADS", "1"}, {"DDPRUN_STEP_RATES_PERIOD", "1"}}));
+  }
+  const Finished f0 = nodes[0]->wait(300s), f1 = nodes[1]->wait(300s);
+  ASSERT_EQ(f0.exit_code, 0) << f0.err;
+  ASSERT_EQ(f1.exit_code, 0) << f1.err;
+  EXPECT_EQ(f1.err.find("per-rank step rates"), std::string::npos) << "one table, on node 0";
+  const auto table = f0.err.find("per-rank step rates (whole run):");
+  ASSERT_NE(table, std::string::npos) << f0.err;
+  // rank 0 on node 0 and rank 1 on node 1, each with its 300 steps.
+  EXPECT_NE(f0.err.find("     0     0        300"), std::string::npos) << f0.err.substr(table);
+  EXPECT_NE(f0.err.find("     1     1        300"), std::string::npos) << f0.err.substr(table);
 }
 
 TEST(WorkerSdkTest, RunsAloneWithoutALauncher) {

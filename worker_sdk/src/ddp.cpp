@@ -42,7 +42,10 @@ void broadcast_coalesced(CommGroup& pg, const std::vector<torch::Tensor>& tensor
   for (const auto& t : tensors) groups[{static_cast<int>(t.scalar_type()), t.device().str()}].push_back(t);
   for (auto& [key, group] : groups) {
     std::vector<torch::Tensor> flat{torch::utils::flatten_dense_tensors(group)};
-    pg.broadcast(flat)->wait();
+    {
+      CollectiveWait waiting;
+      pg.broadcast(flat)->wait();
+    }
     auto pieces = torch::utils::unflatten_dense_tensors(flat[0], group);
     for (size_t i = 0; i < group.size(); ++i) group[i].copy_(pieces[i]);
   }
@@ -118,12 +121,12 @@ struct GradientReducer::State {
 
   void on_grad_ready(size_t index) {
     std::lock_guard lock(mutex);
-    if (!sync || world_size == 1) return;  // one process: the local gradients are the result
     if (!in_backward) {
       in_backward = true;
       // Runs once the whole backward pass is done.
       torch::autograd::Engine::get_default_engine().queue_callback([this] { finalize(); });
     }
+    if (!sync || world_size == 1) return;  // one process: the local gradients are the result
     Param& p = params[index];
     if (p.ready) return;
     p.ready = true;
@@ -137,6 +140,13 @@ struct GradientReducer::State {
 
   void finalize() {
     std::lock_guard lock(mutex);
+    if (!sync || world_size == 1) {
+      // Nothing to reduce: an accumulation step (no_sync) is a beat, a single process's a step.
+      in_backward = false;
+      if (world_size == 1 && sync) step_completed();
+      else progress();
+      return;
+    }
     std::vector<size_t> unused_indices;
     for (auto& b : buckets) {
       for (size_t i : b.params) {
@@ -155,7 +165,10 @@ struct GradientReducer::State {
       std::string unused;
       for (size_t i : unused_indices) unused += (unused.empty() ? "" : ", ") + params[i].name;
       // Finish the buckets that did launch so no collective is left half done on this rank.
-      wait_launched();
+      {
+        CollectiveWait waiting;
+        wait_launched();
+      }
       reset_pass();
       throw std::runtime_error(
           "DistributedDataParallel: these parameters got no gradient in this step, so their gradients "
@@ -164,7 +177,10 @@ struct GradientReducer::State {
           "DdpOptions::find_unused_parameters = true");
     }
     launch_ready(false);
-    wait_launched();
+    {
+      CollectiveWait waiting;
+      wait_launched();
+    }
     for (auto& b : buckets) {
       for (size_t i : b.params) {
         Param& p = params[i];
@@ -177,6 +193,7 @@ struct GradientReducer::State {
       }
     }
     reset_pass();
+    step_completed();
   }
 };
 

@@ -1,4 +1,5 @@
 #include "ddprun/worker/distributed.hpp"
+#include "ddprun/worker/progress.hpp"
 
 #include "gloo_device.hpp"
 
@@ -64,6 +65,7 @@ Distributed Distributed::init(const WorkerEnv& env, const InitOptions& options) 
   // A handler the program installed itself is left alone.
   struct sigaction current {};
   if (::sigaction(SIGPIPE, nullptr, &current) == 0 && current.sa_handler == SIG_DFL) ::signal(SIGPIPE, SIG_IGN);
+  progress();  // tells ddprun's watchdog this rank reports its progress (see progress.hpp)
   Distributed d;
   d.env_ = env;
   d.timeout_ = options.timeout;
@@ -104,6 +106,7 @@ Distributed Distributed::init(const WorkerEnv& env, const InitOptions& options) 
   }
   d.store_ = store;
   auto pg_store = c10::make_intrusive<c10d::PrefixStore>("0", c10::make_intrusive<c10d::PrefixStore>("default_pg", store));
+  CollectiveWait joining;  // from here on this rank waits for the others
 
   if (backend == "gloo") {
     auto opts = c10d::ProcessGroupGloo::Options::create(options.timeout);
@@ -121,13 +124,18 @@ Distributed Distributed::init(const WorkerEnv& env, const InitOptions& options) 
   if (env.launched) {
     store_based_barrier(*c10::make_intrusive<c10d::PrefixStore>("default_pg", store), env.world_size, options.timeout);
   }
+  progress();
   return d;
 }
 
-void Distributed::barrier() { pg_->barrier()->wait(); }
+void Distributed::barrier() {
+  CollectiveWait waiting;
+  pg_->barrier()->wait();
+}
 
 void Distributed::all_reduce_sum(torch::Tensor& t) {
   std::vector<torch::Tensor> ts{t};
+  CollectiveWait waiting;
   pg_->allreduce(ts)->wait();
 }
 
@@ -144,6 +152,7 @@ double Distributed::max(double value) {
   std::vector<torch::Tensor> ts{t};
   c10d::AllreduceOptions opts;
   opts.reduceOp = c10d::ReduceOp::MAX;
+  CollectiveWait waiting;
   pg_->allreduce(ts, opts)->wait();
   return t.cpu().item<double>();
 }

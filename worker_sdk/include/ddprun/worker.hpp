@@ -4,4 +4,5 @@
 #include "ddprun/worker/ddp.hpp"
 #include "ddprun/worker/distributed.hpp"
 #include "ddprun/worker/env.hpp"
+#include "ddprun/worker/progress.hpp"
 #include "ddprun/worker/sampler.hpp"

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "ddprun/worker/distributed.hpp"
+#include "ddprun/worker/progress.hpp"
 
 namespace ddprun::worker {
 
@@ -104,6 +105,7 @@ class DistributedDataParallel {
   // Calls the module's forward, broadcasting buffers first when configured.
   template <typename... Args>
   auto forward(Args&&... args) {
+    progress();
     if (options_.broadcast_buffers && pg_->getSize() > 1) sync_buffers();
     return module_->forward(std::forward<Args>(args)...);
   }

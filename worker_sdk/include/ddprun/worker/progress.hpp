@@ -1,0 +1,33 @@
+#pragma once
+// Progress signals for ddprun's hang watchdog (ddprun --hang_timeout) and its per-rank step rates.
+//
+// DistributedDataParallel gives them by itself: a beat on every forward, a step at the end of
+// every synchronised backward, and a wait around every collective it blocks on. Call progress()
+// in long phases DDP does not see (evaluation without the DDP wrapper, a preprocessing loop), and
+// step_completed() in a training loop that does not use DistributedDataParallel.
+//
+// Each call is one relaxed atomic add on a page of shared memory (see progress_page.hpp); without
+// ddprun (no DDPRUN_PROGRESS_FILE) they do nothing. Thread-safe.
+
+namespace ddprun::worker {
+
+// This rank is making progress.
+void progress();
+// This rank completed a training step (also a beat).
+void step_completed();
+
+// While an object lives, this rank is blocked on other ranks (a collective, a barrier): the
+// watchdog does not count its CPU time as progress, so a wait that spins is still seen as one.
+// Nested scopes count once (the outermost).
+class CollectiveWait {
+ public:
+  CollectiveWait();
+  ~CollectiveWait();
+  CollectiveWait(const CollectiveWait&) = delete;
+  CollectiveWait& operator=(const CollectiveWait&) = delete;
+
+ private:
+  bool outermost_;
+};
+
+}  // namespace ddprun::worker
