@@ -16,6 +16,7 @@ packages=(
   iproute2 procps util-linux
   prometheus   # promtool, which checks the daemon's /metrics in the tests
   strace       # the checkpoint test checks the order of fsync and rename
+  elfutils     # eu-stack: native stacks of hung workers (--hang_timeout)
 )
 
 missing=()
