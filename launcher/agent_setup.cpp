@@ -10,6 +10,7 @@
 #include "common/log.hpp"
 #include "common/system.hpp"
 #include "launcher/agent_state.hpp"
+#include "launcher/etcd_rendezvous.hpp"
 #include "launcher/local_rendezvous.hpp"
 #include "launcher/stacks.hpp"
 #include "launcher/store_rendezvous.hpp"
@@ -100,7 +101,7 @@ std::vector<std::string> resolve_all(const std::vector<std::string>& names) {
 
 Agent::Agent(const LaunchOptions& o)
     : o_(o),
-      multi_node_(o.max_nodes > 1 || o.rdzv_backend == "c10d"),
+      multi_node_(o.max_nodes > 1 || o.rdzv_backend != "static"),
       base_env_(current_environment()),
       host_(host_name()),
       run_dir_(o),
@@ -147,9 +148,29 @@ std::optional<rdzv::Token> Agent::read_token() const {
 std::unique_ptr<RendezvousBackend> Agent::make_backend() {
   // The address other nodes (and the workers) use for this node: --local_addr; else node 0 of a
   // static job is --master_addr, and any other node is known by its host name.
-  const bool static_node_zero = o_.rdzv_backend != "c10d" && o_.node_rank == 0;
+  const bool static_node_zero = o_.rdzv_backend == "static" && o_.node_rank == 0;
   advertise_addr_ = !o_.local_addr.empty() ? o_.local_addr : (!multi_node_ || static_node_zero ? o_.master_addr : host_);
   if (!multi_node_) return std::make_unique<LocalRendezvous>(advertise_addr_);
+  if (o_.rdzv_backend == "etcd") {
+    EtcdRendezvousOptions eo;
+    eo.run_id = o_.run_id;
+    eo.min_nodes = o_.min_nodes;
+    eo.nnodes = o_.max_nodes;
+    eo.node_rank_hint = o_.node_rank_given ? o_.node_rank : -1;
+    eo.last_call_timeout = o_.last_call_timeout;
+    eo.join_timeout = o_.join_timeout;
+    eo.advertise_addr = advertise_addr_;
+    eo.host = host_;
+    eo.etcd.endpoints = o_.etcd.endpoints;
+    eo.etcd.user = o_.etcd.user;
+    if (!o_.etcd.password_file.empty()) eo.etcd.password = rdzv::read_private_file(o_.etcd.password_file, "etcd password file");
+    eo.etcd.ca_file = o_.etcd.ca_file;
+    eo.etcd.cert_file = o_.etcd.cert_file;
+    eo.etcd.key_file = o_.etcd.key_file;
+    eo.prefix = o_.etcd.prefix;
+    eo.lease_ttl = o_.etcd.lease_ttl;
+    return std::make_unique<EtcdRendezvous>(eo, stop_);
+  }
   StoreRendezvousOptions ro;
   ro.run_id = o_.run_id;
   ro.dynamic = o_.rdzv_backend == "c10d";

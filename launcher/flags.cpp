@@ -15,7 +15,7 @@ namespace {
 constexpr FlagDef kFlagTable[] = {
     {"--nproc_per_node", nullptr, "nproc_per_node", true, "1",
      "workers on this node: a number, 'cpu' (one per CPU), 'gpu' (one per visible GPU) or 'auto' (GPUs if any, else CPUs)"},
-    {"--nnodes", nullptr, "nnodes", true, "1", "number of nodes, N or MIN:MAX (ranges with --rdzv_backend c10d)"},
+    {"--nnodes", nullptr, "nnodes", true, "1", "number of nodes, N or MIN:MAX (ranges with --rdzv_backend c10d or etcd)"},
     {"--node_rank", nullptr, "node_rank", true, "0", "rank of this node, 0..nnodes-1 (static rendezvous)"},
     {"--master_addr", nullptr, "master_addr", true, "127.0.0.1",
      "address of node 0, where the store runs; MASTER_ADDR of the workers"},
@@ -24,13 +24,16 @@ constexpr FlagDef kFlagTable[] = {
     {"--standalone", nullptr, "standalone", false, "off",
      "single-node job with an automatic store port and run id (ddprun's default anyway)"},
     {"--rdzv_backend", nullptr, "rdzv_backend", true, "static",
-     "static (each node gives --node_rank) or c10d (nodes join --rdzv_endpoint without ranks; --nnodes MIN:MAX)"},
+     "static (each node gives --node_rank), c10d (nodes join --rdzv_endpoint without ranks; --nnodes MIN:MAX) or "
+     "etcd (the same through an etcd v3 cluster: no single point of failure)"},
     {"--rdzv_endpoint", nullptr, "rdzv_endpoint", true, "(node 0 hosts it at master_addr:master_port)",
-     "a ddprun-rendezvous daemon, host[:port] (port 29400 if omitted), to rendezvous through; many jobs can share one"},
+     "a ddprun-rendezvous daemon, host[:port] (port 29400 if omitted), to rendezvous through; many jobs can share "
+     "one. With etcd: the cluster's client URLs, host:port[,host:port...] (http:// or https:// optional)"},
     {"--rdzv_id", "--run_id", "rdzv_id", true, "none", "job id shared by all nodes; TORCHELASTIC_RUN_ID"},
     {"--rdzv_conf", nullptr, "rdzv_conf", true, "", "rendezvous settings k1=v1,k2=v2: join_timeout=600, last_call_timeout=30, keep_alive_interval=5, "
      "keep_alive_max_attempt=3, token_file=PATH (the rendezvous secret, or this job's token; also "
-     "DDPRUN_TOKEN_FILE)"},
+     "DDPRUN_TOKEN_FILE). With etcd: key_prefix=/ddprun/, lease_ttl=10, etcd_user=NAME, etcd_password_file=PATH, "
+     "etcd_ca_file=PATH (https), etcd_cert_file=PATH, etcd_key_file=PATH (client certificate), protocol=http|https"},
     {"--max_restarts", nullptr, "max_restarts", true, "0", "times the worker group is restarted after a failure or a hang"},
     {"--hang_timeout", nullptr, "hang_timeout", true, "0 (off)",
      "seconds without progress from any rank after which the job is hung: every rank's stacks are captured and "

@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "common/errors.hpp"
+#include "launcher/etcd_client.hpp"
 #include "launcher/flags.hpp"
 #include "rendezvous/job_keys.hpp"
 
@@ -249,12 +250,29 @@ void resolve_layout(const Given& g, const HostFacts& host, LaunchOptions& o) {
 void resolve_rendezvous(const Given& g, const EnvLookup& env, LaunchOptions& o) {
   if (g.has("rdzv_backend")) {
     o.rdzv_backend = trim(g["rdzv_backend"]);
-    if (o.rdzv_backend != "static" && o.rdzv_backend != "c10d") {
-      throw ConfigError(g.flag("rdzv_backend") + ": expected 'static' (fixed --node_rank per node) or 'c10d' "
-                        "(nodes join --rdzv_endpoint without ranks, --nnodes MIN:MAX), got '" + o.rdzv_backend + "'");
+    if (o.rdzv_backend == "etcd-v2") {
+      throw ConfigError(g.flag("rdzv_backend") + " etcd-v2: that is torchrun's backend for etcd's v2 API, which etcd "
+                        "3.4 disables and 3.6 removed; ddprun speaks etcd's v3 API: use --rdzv_backend etcd");
+    }
+    if (o.rdzv_backend != "static" && o.rdzv_backend != "c10d" && o.rdzv_backend != "etcd") {
+      throw ConfigError(g.flag("rdzv_backend") + ": expected 'static' (fixed --node_rank per node), 'c10d' "
+                        "(nodes join --rdzv_endpoint without ranks, --nnodes MIN:MAX) or 'etcd' (the same through "
+                        "an etcd v3 cluster), got '" + o.rdzv_backend + "'");
     }
   }
-  if (g.has("rdzv_endpoint") && !trim(g["rdzv_endpoint"]).empty()) {
+  if (o.rdzv_backend == "etcd" && g.has("rdzv_endpoint") && !trim(g["rdzv_endpoint"]).empty()) {
+    // host:port[,host:port...], each optionally http:// or https://
+    o.rdzv_endpoint = trim(g["rdzv_endpoint"]);
+    for (const std::string& e : split(o.rdzv_endpoint, ',')) {
+      if (e.empty()) continue;
+      try {
+        etcd::parse_endpoint(e);
+      } catch (const ConfigError& err) {
+        throw ConfigError(g.flag("rdzv_endpoint") + ": " + err.what());
+      }
+      o.etcd.endpoints.push_back(e);
+    }
+  } else if (g.has("rdzv_endpoint") && !trim(g["rdzv_endpoint"]).empty()) {
     // host, host:port, [v6], [v6]:port
     o.rdzv_endpoint = trim(g["rdzv_endpoint"]);
     const std::string expected = "host[:port] or [ipv6]:port";
@@ -305,11 +323,45 @@ void resolve_rendezvous(const Given& g, const EnvLookup& env, LaunchOptions& o) 
     } else if (k == "token_file") {
       if (v.empty()) bad(where, "the path of a file holding the secret", v);
       o.token_file = v;
+    } else if (k == "key_prefix") {
+      if (v.empty()) bad(where, "a key prefix such as /ddprun/", v);
+      o.etcd.prefix = v.back() == '/' ? v : v + "/";
+    } else if (k == "lease_ttl") {
+      o.etcd.lease_ttl = std::chrono::seconds(parse_int(where, v, 2, 3600, "whole seconds from 2 to 3600"));
+    } else if (k == "etcd_user") {
+      o.etcd.user = v;
+    } else if (k == "etcd_password_file") {
+      o.etcd.password_file = v;
+    } else if (k == "etcd_ca_file" || k == "cacert") {
+      o.etcd.ca_file = v;
+    } else if (k == "etcd_cert_file" || k == "cert") {
+      o.etcd.cert_file = v;
+    } else if (k == "etcd_key_file" || k == "key") {
+      o.etcd.key_file = v;
+    } else if (k == "protocol") {
+      if (v != "http" && v != "https") bad(where, "http or https", v);
+      // torchrun's etcd backends: the scheme of endpoints given without one.
+      for (std::string& e : o.etcd.endpoints) {
+        if (e.find("://") == std::string::npos) e = v + "://" + e;
+      }
     } else if (k != "close_timeout" && k != "read_timeout" && k != "is_host") {
       throw ConfigError(g.flag("rdzv_conf") + ": unknown key '" + k +
                         "' (known: join_timeout, last_call_timeout, keep_alive_interval, keep_alive_max_attempt, "
-                        "token_file)");
+                        "token_file; with etcd: key_prefix, lease_ttl, etcd_user, etcd_password_file, etcd_ca_file, "
+                        "etcd_cert_file, etcd_key_file, protocol)");
     }
+  }
+  if (o.rdzv_backend != "etcd") {
+    for (const char* k : {"key_prefix", "lease_ttl", "etcd_user", "etcd_password_file", "etcd_ca_file", "cacert",
+                          "etcd_cert_file", "cert", "etcd_key_file", "key", "protocol"}) {
+      if (o.rdzv_conf.count(k) != 0) {
+        throw ConfigError(g.flag("rdzv_conf") + " " + k + ": an etcd setting, but the rendezvous backend is '" +
+                          o.rdzv_backend + "' (add --rdzv_backend etcd, or drop " + k + ")");
+      }
+    }
+  }
+  if (!o.etcd.user.empty() && o.etcd.password_file.empty()) {
+    throw ConfigError(g.flag("rdzv_conf") + ": etcd_user needs etcd_password_file=PATH (a file only you can read)");
   }
 }
 
@@ -384,9 +436,13 @@ void validate(LaunchOptions& o) {
     throw ConfigError("--standalone runs a single-node job, but --nnodes is " + std::to_string(o.max_nodes));
   }
   if (o.standalone) o.rdzv_backend = "static";  // one node, automatic port: the single-node path
-  if (o.min_nodes != o.max_nodes && o.rdzv_backend != "c10d") {
+  if (o.min_nodes != o.max_nodes && o.rdzv_backend != "c10d" && o.rdzv_backend != "etcd") {
     throw ConfigError("--nnodes " + std::to_string(o.min_nodes) + ":" + std::to_string(o.max_nodes) +
-                      ": node ranges need --rdzv_backend c10d with --rdzv_endpoint HOST:PORT");
+                      ": node ranges need --rdzv_backend c10d with --rdzv_endpoint HOST:PORT (or etcd)");
+  }
+  if (o.rdzv_backend == "etcd" && o.etcd.endpoints.empty()) {
+    throw ConfigError("--rdzv_backend etcd needs --rdzv_endpoint HOST:PORT[,HOST:PORT...]: the etcd cluster's client "
+                      "URLs (http:// or https:// optional)");
   }
   if (o.rdzv_backend == "c10d" && o.rdzv_endpoint_host.empty()) {
     throw ConfigError("--rdzv_backend c10d needs --rdzv_endpoint HOST[:PORT]: the store every node joins (a "

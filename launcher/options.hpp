@@ -49,6 +49,15 @@ struct LaunchOptions {
   std::chrono::milliseconds last_call_timeout{std::chrono::seconds(30)};   // rdzv_conf last_call_timeout
   // rdzv_conf token_file, else DDPRUN_TOKEN_FILE: the rendezvous store's secret (or this job's token).
   std::string token_file;
+  // --rdzv_backend etcd: the client URLs (--rdzv_endpoint, comma-separated) and rdzv_conf keys.
+  struct Etcd {
+    std::vector<std::string> endpoints;
+    std::string prefix = "/ddprun/";           // key_prefix
+    std::chrono::seconds lease_ttl{10};        // lease_ttl
+    std::string user;                          // etcd_user
+    std::string password_file;                 // etcd_password_file
+    std::string ca_file, cert_file, key_file;  // etcd_ca_file (cacert), etcd_cert_file (cert), etcd_key_file (key)
+  } etcd;
   int max_restarts = 0;
   std::chrono::milliseconds hang_timeout{0};  // 0: hangs are not looked for
   double straggler_factor = 1.5;              // 0: no straggler warnings

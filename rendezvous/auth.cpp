@@ -100,26 +100,31 @@ bool same_mac(std::string_view a, std::string_view b) {
   return a.size() == b.size() && CRYPTO_memcmp(a.data(), b.data(), a.size()) == 0;
 }
 
-Token read_token_file(const std::string& path) {
+std::string read_private_file(const std::string& path, const std::string& what) {
   struct stat st {};
   if (::stat(path.c_str(), &st) != 0) {
-    throw ConfigError("cannot read the token file " + path + ": " + std::strerror(errno));
+    throw ConfigError("cannot read the " + what + " " + path + ": " + std::strerror(errno));
   }
   if ((st.st_mode & 077) != 0) {
-    throw ConfigError("the token file " + path + " may be read by others (mode " +
+    throw ConfigError("the " + what + " " + path + " may be read by others (mode " +
                       std::to_string((st.st_mode >> 6) & 7) + std::to_string((st.st_mode >> 3) & 7) +
                       std::to_string(st.st_mode & 7) + "); a secret must be yours alone: chmod 600 " + path);
   }
   if (st.st_uid != ::geteuid() && st.st_uid != 0) {
-    throw ConfigError("the token file " + path + " belongs to another user (uid " + std::to_string(st.st_uid) +
+    throw ConfigError("the " + what + " " + path + " belongs to another user (uid " + std::to_string(st.st_uid) +
                       "); a secret must be yours alone");
   }
   std::ifstream in(path, std::ios::binary);
   std::stringstream buf;
   buf << in.rdbuf();
-  if (!in && !in.eof()) throw ConfigError("cannot read the token file " + path);
+  if (!in && !in.eof()) throw ConfigError("cannot read the " + what + " " + path);
   std::string text = buf.str();
   while (!text.empty() && (text.back() == '\n' || text.back() == '\r' || text.back() == ' ')) text.pop_back();
+  return text;
+}
+
+Token read_token_file(const std::string& path) {
+  const std::string text = read_private_file(path, "token file");
   Token t;
   if (text.rfind(kJobTokenHeader, 0) == 0) {
     std::istringstream fields(text.substr(kJobTokenHeader.size()));

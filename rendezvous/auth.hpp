@@ -77,6 +77,9 @@ struct Token {
 // Reads a token file, refusing one that others may read (as ssh does) or that is not owned by
 // this user (or root). Throws ConfigError naming the file and saying how to fix it.
 Token read_token_file(const std::string& path);
+// A secret file's contents without trailing newlines, with the same checks; `what` names it in
+// errors ("token file", "etcd password file").
+std::string read_private_file(const std::string& path, const std::string& what);
 // The job token line for `run_id`.
 std::string format_job_token(std::string_view cluster_secret, std::string_view run_id);
 // What an agent of job `run_id` proves with `token`; throws ConfigError if it is a token for

@@ -17,6 +17,7 @@ packages=(
   prometheus   # promtool, which checks the daemon's /metrics in the tests
   strace       # the checkpoint test checks the order of fsync and rename
   elfutils     # eu-stack: native stacks of hung workers (--hang_timeout)
+  etcd-server etcd-client   # a real etcd v3 cluster for the etcd rendezvous tests (and etcdctl)
 )
 
 missing=()

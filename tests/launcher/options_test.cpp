@@ -162,5 +162,51 @@ TEST(OptionsTest, HelpListsEveryFlagWithItsDefault) {
   EXPECT_TRUE(parse({"--help"}).help);
 }
 
+TEST(OptionsTest, EtcdTakesSeveralEndpointsRangesAndItsOwnSettings) {
+  auto o = parse({"--rdzv_backend", "etcd", "--rdzv_endpoint", "10.0.0.1:2379,https://10.0.0.2:2379, 10.0.0.3",
+                  "--nnodes", "2:4", "--rdzv_conf",
+                  "key_prefix=/team-a,lease_ttl=4,etcd_user=alice,etcd_password_file=/p,etcd_ca_file=/ca.crt",
+                  "train"});
+  EXPECT_EQ(o.rdzv_backend, "etcd");
+  EXPECT_EQ(o.etcd.endpoints, (std::vector<std::string>{"10.0.0.1:2379", "https://10.0.0.2:2379", "10.0.0.3"}));
+  EXPECT_EQ(o.min_nodes, 2);
+  EXPECT_EQ(o.max_nodes, 4);
+  EXPECT_EQ(o.etcd.prefix, "/team-a/");
+  EXPECT_EQ(o.etcd.lease_ttl, std::chrono::seconds(4));
+  EXPECT_EQ(o.etcd.user, "alice");
+  EXPECT_EQ(o.etcd.password_file, "/p");
+  EXPECT_EQ(o.etcd.ca_file, "/ca.crt");
+  // torchrun's spellings of the TLS files and its protocol key
+  auto t = parse({"--rdzv_backend=etcd", "--rdzv_endpoint=h1:2379,http://h2:2379", "--rdzv_conf",
+                  "protocol=https,cacert=/a,cert=/b,key=/c", "train"});
+  EXPECT_EQ(t.etcd.endpoints, (std::vector<std::string>{"https://h1:2379", "http://h2:2379"}));
+  EXPECT_EQ(t.etcd.ca_file, "/a");
+  EXPECT_EQ(t.etcd.cert_file, "/b");
+  EXPECT_EQ(t.etcd.key_file, "/c");
+}
+
+TEST(OptionsTest, EtcdMistakesAreNamed) {
+  EXPECT_NE(error_of({"--rdzv_backend", "etcd-v2", "--rdzv_endpoint", "h:2379", "train"}).find("v3 API"),
+            std::string::npos);
+  EXPECT_NE(error_of({"--rdzv_backend", "etcd", "train"}).find("needs --rdzv_endpoint"), std::string::npos);
+  EXPECT_NE(error_of({"--rdzv_backend", "etcd", "--rdzv_endpoint", "h:99999", "train"}).find("--rdzv_endpoint"),
+            std::string::npos);
+  EXPECT_NE(error_of({"--rdzv_backend", "etcd", "--rdzv_endpoint", "h:2379", "--rdzv_conf", "lease_ttl=1", "train"})
+                .find("lease_ttl"),
+            std::string::npos);
+  EXPECT_NE(error_of({"--rdzv_backend", "etcd", "--rdzv_endpoint", "h:2379", "--rdzv_conf", "etcd_user=bob",
+                      "train"})
+                .find("etcd_password_file"),
+            std::string::npos);
+  EXPECT_NE(error_of({"--rdzv_backend", "etcd", "--rdzv_endpoint", "h:2379", "--rdzv_conf", "protocol=ftp", "train"})
+                .find("http or https"),
+            std::string::npos);
+  // an etcd setting without the etcd backend is a mistake, not silently ignored
+  const std::string misplaced = error_of({"--rdzv_backend", "c10d", "--rdzv_endpoint", "h:29400", "--rdzv_conf",
+                                          "lease_ttl=5", "train"});
+  EXPECT_NE(misplaced.find("an etcd setting"), std::string::npos) << misplaced;
+  EXPECT_NE(misplaced.find("--rdzv_backend etcd"), std::string::npos) << misplaced;
+}
+
 }  // namespace
 }  // namespace ddprun::launcher

@@ -1,0 +1,155 @@
+// Rendezvous through etcd v3 against rendezvous through a ddprun store, side by side in one run.
+// N simulated agents (threads, each with its own connections) join one round of a job with a
+// fixed --nnodes N, without node ranks (c10d and etcd: ranks are assigned). The ddprun store runs
+// in-process, as ddprun-rendezvous would serve it; etcd is a real cluster of Debian's etcd-server
+// (1 or 3 members, on loopback, data on the local disk: each write is fsynced by etcd's raft log).
+// Reported: the time from the first agent starting to every agent holding its rank (the
+// constructor, so the lease and the generation for etcd, included), the median over REPEATS, and
+// the ratio etcd / ddprun store.
+//   etcd_rendezvous_bench [N,N,...] [REPEATS] [MEMBERS]   (default 2,16,64, 3 and 3)
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <functional>
+#include <latch>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "common/log.hpp"
+#include "common/system.hpp"
+#include "launcher/etcd_rendezvous.hpp"
+#include "launcher/store_rendezvous.hpp"
+#include "tests/support/etcd_cluster.hpp"
+
+using namespace ddprun;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+int64_t now_ns(Clock::time_point t0) {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count();
+}
+
+// One round of n agents, each made by `make(k)`; seconds from the first start to the last rank.
+double run_round(int n, const std::function<std::unique_ptr<launcher::RendezvousBackend>(int)>& make) {
+  std::atomic<int64_t> first{INT64_MAX}, last{0};
+  std::atomic<int> wrong{0};
+  std::atomic<int64_t> rank_sum{0};
+  std::latch go(n + 1), done(n);
+  const auto t0 = Clock::now();
+  std::vector<std::thread> agents;
+  for (int k = 0; k < n; ++k) {
+    agents.emplace_back([&, k] {
+      go.arrive_and_wait();
+      const int64_t start = now_ns(t0);
+      int64_t seen = first.load();
+      while (start < seen && !first.compare_exchange_weak(seen, start)) {
+      }
+      launcher::StopSignal stop;
+      std::unique_ptr<launcher::RendezvousBackend> r = make(k);
+      const auto result = r->join(r->first_round(stop), 1, [] { return uint16_t{1}; }, stop);
+      if (const auto* w = std::get_if<launcher::World>(&result)) {
+        if (w->world_size != n) ++wrong;
+        rank_sum += w->rank_offset;
+      } else {
+        ++wrong;
+      }
+      const int64_t end = now_ns(t0);
+      int64_t l = last.load();
+      while (end > l && !last.compare_exchange_weak(l, end)) {
+      }
+      done.arrive_and_wait();  // nobody leaves before everyone has its rank
+    });
+  }
+  go.arrive_and_wait();
+  for (auto& a : agents) a.join();
+  if (wrong != 0 || rank_sum != int64_t{n} * (n - 1) / 2) {
+    std::fprintf(stderr, "etcd_rendezvous_bench: wrong ranks in a round of %d\n", n);
+    std::exit(1);
+  }
+  return static_cast<double>(last - first) / 1e9;
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+std::string spread(const std::vector<double>& v) {
+  char buf[96];
+  std::snprintf(buf, sizeof buf, "%.3f (%.3f-%.3f)", median(v), *std::min_element(v.begin(), v.end()),
+                *std::max_element(v.begin(), v.end()));
+  return buf;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  raise_open_file_limit();
+  log::set_level(log::Level::Warn);
+  std::vector<int> counts{2, 16, 64};
+  int repeats = 3, members = 3;
+  if (argc > 1) {
+    counts.clear();
+    std::stringstream in(argv[1]);
+    std::string item;
+    while (std::getline(in, item, ',')) counts.push_back(std::stoi(item));
+  }
+  if (argc > 2) repeats = std::max(1, std::stoi(argv[2]));
+  if (argc > 3) members = std::max(1, std::stoi(argv[3]));
+  if (!test::have_etcd()) {
+    std::fprintf(stderr, "etcd_rendezvous_bench: needs /usr/bin/etcd and etcdctl (scripts/install_deps.sh)\n");
+    return 2;
+  }
+  test::EtcdCluster cluster(members);
+  rdzv::ServerOptions so;
+  so.log_lifecycle = false;
+  so.host = "127.0.0.1";
+  rdzv::ServerThread daemon(so);
+
+  std::printf("| agents | ddprun store: s, median (min-max) of %d | etcd, %d member%s: s, median (min-max) | "
+              "ratio of medians etcd / store |\n|---:|---:|---:|---:|\n",
+              repeats, members, members == 1 ? "" : "s");
+  int job = 0;
+  for (const int n : counts) {
+    std::vector<double> store_s, etcd_s;
+    for (int rep = 0; rep < repeats; ++rep, ++job) {
+      const std::string id = "bench-" + std::to_string(job);
+      // Alternating, so that drifts in the machine's load hit both alike.
+      store_s.push_back(run_round(n, [&](int k) {
+        launcher::StoreRendezvousOptions o;
+        o.run_id = id;
+        o.dynamic = true;
+        o.min_nodes = o.nnodes = n;
+        o.node_rank = -1;
+        o.endpoint_host = "127.0.0.1";
+        o.endpoint_port = daemon.port();
+        o.advertise_addr = "127.0.0.1";
+        o.host = "agent" + std::to_string(k);
+        o.join_timeout = std::chrono::seconds(120);
+        launcher::StopSignal stop;
+        return std::make_unique<launcher::StoreRendezvous>(o, stop);
+      }));
+      etcd_s.push_back(run_round(n, [&](int k) {
+        launcher::EtcdRendezvousOptions o;
+        o.run_id = id;
+        o.min_nodes = o.nnodes = n;
+        o.advertise_addr = "127.0.0.1";
+        o.host = "agent" + std::to_string(k);
+        o.join_timeout = std::chrono::seconds(120);
+        o.etcd.endpoints = {cluster.endpoint(k % members)};  // agents spread over the members
+        for (int m = 1; m < members; ++m) o.etcd.endpoints.push_back(cluster.endpoint((k + m) % members));
+        launcher::StopSignal stop;
+        return std::make_unique<launcher::EtcdRendezvous>(o, stop);
+      }));
+    }
+    const double s = median(store_s), e = median(etcd_s);
+    std::printf("| %d | %s | %s | %.1fx |\n", n, spread(store_s).c_str(), spread(etcd_s).c_str(), e / s);
+    std::fflush(stdout);
+  }
+  return 0;
+}

@@ -1,0 +1,260 @@
+// Rendezvous on a real etcd (Debian's etcd-server 3.4), one member or three: the etcd v3 client
+// (values, transactions, leases, watches that survive a member's death), and ddprun jobs with
+// --rdzv_backend etcd: static and elastic with real PyTorch gloo workers, two jobs at once, a job
+// id run twice, a SIGKILLed node, an etcd member killed mid-job, etcd unreachable, a secured etcd
+// (user and password, TLS).
+#include <signal.h>
+#include <sys/stat.h>
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include "launcher/etcd_client.hpp"
+#include "tests/support/etcd_cluster.hpp"
+#include "tests/support/subprocess.hpp"
+#include "tests/support/temp_dir.hpp"
+
+namespace ddprun::test {
+namespace {
+
+using namespace std::chrono_literals;
+namespace etcd = launcher::etcd;
+
+#define REQUIRE_ETCD() \
+  if (!have_etcd()) GTEST_FAIL() << "etcd-server and etcd-client are not installed: run scripts/install_deps.sh"
+
+size_t count(const std::string& text, const std::string& what) {
+  size_t n = 0;
+  for (auto p = text.find(what); p != std::string::npos; p = text.find(what, p + 1)) ++n;
+  return n;
+}
+
+// One node of a job on etcd: ddprun with `nproc` workers of `worker`.
+// `conf`: more --rdzv_conf settings; `flags`: more flags.
+std::unique_ptr<Subprocess> node(const std::string& endpoints, const std::string& id, const std::string& nnodes, int n,
+                                 std::vector<std::string> worker, const std::string& conf = "",
+                                 std::vector<std::string> flags = {}) {
+  std::vector<std::string> argv{DDPRUN_BIN, "--rdzv_backend", "etcd", "--rdzv_endpoint", endpoints, "--rdzv_id", id,
+                                "--nnodes", nnodes, "--local_addr", "127.0.0." + std::to_string(n + 1), "--rdzv_conf",
+                                "join_timeout=60,last_call_timeout=2,lease_ttl=3" + (conf.empty() ? "" : "," + conf)};
+  argv.insert(argv.end(), flags.begin(), flags.end());
+  std::map<std::string, std::string> env;
+  argv.insert(argv.end(), worker.begin(), worker.end());
+  env.emplace("OMP_NUM_THREADS", "1");
+  env.emplace("PYTHON_EXEC", TORCH_PYTHON);
+  return std::make_unique<Subprocess>(argv, env);
+}
+
+std::vector<std::string> gloo_worker() { return {GLOO_WORKER_PY}; }
+std::vector<std::string> test_worker(std::vector<std::string> args) {
+  args.insert(args.begin(), TEST_WORKER_BIN);
+  return args;
+}
+
+// --- the client ---------------------------------------------------------------------------------
+
+TEST(EtcdClientTest, EncodingsAndEndpoints) {
+  for (const std::string& s : std::vector<std::string>{"", "a", "ab", "abc", "abcd", std::string("\0\xff\x10", 3)}) {
+    EXPECT_EQ(etcd::base64_decode(etcd::base64_encode(s)), s);
+  }
+  EXPECT_EQ(etcd::base64_encode("foo"), "Zm9v");
+  EXPECT_THROW(etcd::base64_decode("Zm9"), ProtocolError);
+  EXPECT_EQ(etcd::prefix_end("/a/"), "/a0");
+  EXPECT_EQ(etcd::prefix_end(std::string("a\xff", 2)), "b");
+  EXPECT_EQ(etcd::parse_endpoint("10.0.0.1:2379").text, "http://10.0.0.1:2379");
+  EXPECT_EQ(etcd::parse_endpoint("https://[::1]:2380/").text, "https://[::1]:2380");
+  EXPECT_EQ(etcd::parse_endpoint("etcd-0").text, "http://etcd-0:2379");
+  EXPECT_TRUE(etcd::parse_endpoint("https://e:1").tls);
+  EXPECT_THROW(etcd::parse_endpoint("grpc://e:1"), ConfigError);
+  EXPECT_THROW(etcd::parse_endpoint("e:99999"), ConfigError);
+  EXPECT_THROW(etcd::parse_endpoint(":2379"), ConfigError);
+}
+
+TEST(EtcdClientTest, TransactionsLeasesAndAWatchThatOutlivesItsMember) {
+  REQUIRE_ETCD();
+  EtcdCluster cluster(3);
+  etcd::Options o;
+  o.endpoints = {cluster.endpoint(0), cluster.endpoint(1), cluster.endpoint(2)};
+  etcd::Client c(o);
+  const auto d = etcd::Client::after(10s);
+  EXPECT_EQ(c.create_or_get("/t/once", "first", 0, d), "first");
+  EXPECT_EQ(c.create_or_get("/t/once", "second", 0, d), "first") << "a creation happens once";
+  const int64_t lease = c.lease_grant(2s, d);
+  c.put("/t/leased", "x", lease, d);
+  EXPECT_GT(c.lease_keepalive(lease, d), 0);
+  const etcd::RangeResult before = c.get_prefix("/t/", d);
+  EXPECT_EQ(before.kvs.size(), 2u);
+  etcd::Watch w(c, "/t/", etcd::prefix_end("/t/"), before.revision + 1);
+  // The member the watch (and the client) talks to first dies; both carry on with the others.
+  cluster.kill(0);
+  c.put("/t/after", "y", 0, etcd::Client::after(15s));
+  std::vector<etcd::WatchEvent> seen;
+  const auto until = std::chrono::steady_clock::now() + 20s;
+  while (std::chrono::steady_clock::now() < until && seen.size() < 2) {
+    for (auto& e : w.next(500ms, until)) seen.push_back(e);
+  }
+  // The put, then the leased key's deletion when its lease expires (no renewal since).
+  ASSERT_EQ(seen.size(), 2u);
+  EXPECT_EQ(seen[0].type, etcd::WatchEvent::Type::Put);
+  EXPECT_EQ(seen[0].kv.key, "/t/after");
+  EXPECT_EQ(seen[1].type, etcd::WatchEvent::Type::Delete);
+  EXPECT_EQ(seen[1].kv.key, "/t/leased");
+  EXPECT_EQ(c.lease_keepalive(lease, etcd::Client::after(10s)), 0) << "an expired lease renews to 0";
+}
+
+// --- jobs ---------------------------------------------------------------------------------------
+
+TEST(EtcdRendezvousTest, AStaticJobOfRealPyTorchWorkersTrainsAndItsKeysAreGoneAfterwards) {
+  REQUIRE_ETCD();
+  if (::access(TORCH_PYTHON, X_OK) != 0) GTEST_SKIP() << TORCH_PYTHON << " is not here";
+  EtcdCluster cluster(1);
+  auto n0 = node(cluster.endpoints(), "job-a", "2", 0, gloo_worker(), "", {"--nproc_per_node", "2"});
+  auto n1 = node(cluster.endpoints(), "job-a", "2", 1, gloo_worker(), "", {"--nproc_per_node", "2"});
+  const Finished f0 = n0->wait(180s), f1 = n1->wait(180s);
+  ASSERT_EQ(f0.exit_code, 0) << f0.err;
+  ASSERT_EQ(f1.exit_code, 0) << f1.err;
+  EXPECT_EQ(count(f0.out + f1.out, " ok 10.0 attempt 0"), 4u) << f0.out << f1.out;  // 4 ranks: 1+2+3+4
+  // Only the job's generation counter stays.
+  EXPECT_EQ(cluster.etcdctl("get --prefix /ddprun/job-a/ --keys-only"), "/ddprun/job-a/gen\n\n");
+}
+
+TEST(EtcdRendezvousTest, AnElasticJobStartsWithTheNodesThereAfterTheLastCall) {
+  REQUIRE_ETCD();
+  if (::access(TORCH_PYTHON, X_OK) != 0) GTEST_SKIP() << TORCH_PYTHON << " is not here";
+  EtcdCluster cluster(1);
+  // --nnodes 2:3 with two nodes: the round closes 2 s (last call) after the second joins.
+  auto n0 = node(cluster.endpoints(), "elastic", "2:3", 0, gloo_worker());
+  auto n1 = node(cluster.endpoints(), "elastic", "2:3", 1, gloo_worker());
+  const Finished f0 = n0->wait(180s), f1 = n1->wait(180s);
+  ASSERT_EQ(f0.exit_code, 0) << f0.err;
+  ASSERT_EQ(f1.exit_code, 0) << f1.err;
+  EXPECT_EQ(count(f0.out + f1.out, " ok 3.0 attempt 0"), 2u) << f0.out << f1.out;
+}
+
+TEST(EtcdRendezvousTest, TwoJobsAtOnceAndAJobIdRunTwice) {
+  REQUIRE_ETCD();
+  EtcdCluster cluster(1);
+  std::vector<std::unique_ptr<Subprocess>> nodes;
+  for (const std::string id : {"x", "y"}) {
+    for (int n = 0; n < 2; ++n) nodes.push_back(node(cluster.endpoints(), id, "2", n, test_worker({"print", "1"})));
+  }
+  for (auto& p : nodes) {
+    const Finished f = p->wait(120s);
+    EXPECT_EQ(f.exit_code, 0) << f.err;
+  }
+  // Job x again: a new generation, never the old run's keys.
+  nodes.clear();
+  for (int n = 0; n < 2; ++n) nodes.push_back(node(cluster.endpoints(), "x", "2", n, test_worker({"print", "1"})));
+  for (auto& p : nodes) {
+    const Finished f = p->wait(120s);
+    EXPECT_EQ(f.exit_code, 0) << f.err;
+    EXPECT_NE(f.err.find("(generation 2)"), std::string::npos) << f.err;
+  }
+}
+
+TEST(EtcdRendezvousTest, ASigkilledNodeEndsAStaticJobWithAReportWhenItsLeaseExpires) {
+  REQUIRE_ETCD();
+  EtcdCluster cluster(1);
+  auto n0 = node(cluster.endpoints(), "kill-static", "2", 0, test_worker({"sleep", "60"}));
+  auto n1 = node(cluster.endpoints(), "kill-static", "2", 1, test_worker({"sleep", "60"}));
+  ASSERT_TRUE(n1->wait_for_output("started 1 worker", 60s)) << n1->err();
+  ASSERT_TRUE(n0->wait_for_output("started 1 worker", 60s)) << n0->err();
+  n1->signal(SIGKILL);  // its workers die with it (the orphan guard); its lease lives 3 s
+  const Finished f0 = n0->wait(60s);
+  ASSERT_FALSE(f0.timed_out) << f0.err;
+  EXPECT_EQ(f0.exit_code, 1) << f0.err;
+  EXPECT_NE(f0.err.find("lost its etcd lease"), std::string::npos) << f0.err;
+}
+
+TEST(EtcdRendezvousTest, ASigkilledNodeOfAnElasticJobLeavesTheSurvivorsToGoOn) {
+  REQUIRE_ETCD();
+  EtcdCluster cluster(1);
+  const std::vector<std::string> worker = test_worker({"sleep", "8"});
+  auto n0 = node(cluster.endpoints(), "kill-elastic", "1:2", 0, worker);
+  auto n1 = node(cluster.endpoints(), "kill-elastic", "1:2", 1, worker);
+  ASSERT_TRUE(n1->wait_for_output("started 1 worker", 60s)) << n1->err();
+  ASSERT_TRUE(n0->wait_for_output("started 1 worker", 60s)) << n0->err();
+  n1->signal(SIGKILL);
+  const Finished f0 = n0->wait(90s);
+  ASSERT_FALSE(f0.timed_out) << f0.err;
+  EXPECT_EQ(f0.exit_code, 0) << f0.err;
+  EXPECT_NE(f0.err.find("lost its etcd lease"), std::string::npos) << f0.err;
+  EXPECT_NE(f0.err.find("re-rendezvous without it"), std::string::npos) << f0.err;
+  EXPECT_NE(f0.err.find("node 0 of 1"), std::string::npos) << f0.err;
+}
+
+TEST(EtcdRendezvousTest, AJobRidesOutTheDeathOfTheEtcdMemberItTalksTo) {
+  REQUIRE_ETCD();
+  EtcdCluster cluster(3);
+  auto n0 = node(cluster.endpoints(), "failover", "2", 0, test_worker({"sleep", "6"}));
+  auto n1 = node(cluster.endpoints(), "failover", "2", 1, test_worker({"sleep", "6"}));
+  ASSERT_TRUE(n0->wait_for_output("started 1 worker", 60s)) << n0->err();
+  ASSERT_TRUE(n1->wait_for_output("started 1 worker", 60s)) << n1->err();
+  cluster.kill(0);  // the first endpoint: the one both agents talk to
+  const Finished f0 = n0->wait(90s), f1 = n1->wait(90s);
+  EXPECT_EQ(f0.exit_code, 0) << f0.err;
+  EXPECT_EQ(f1.exit_code, 0) << f1.err;
+}
+
+TEST(EtcdRendezvousTest, UnreachableEtcdIsAClearErrorWithinTheJoinTimeout) {
+  const int dead1 = free_port(), dead2 = free_port();
+  const std::string endpoints = "127.0.0.1:" + std::to_string(dead1) + ",127.0.0.1:" + std::to_string(dead2);
+  Subprocess p({DDPRUN_BIN, "--rdzv_backend", "etcd", "--rdzv_endpoint", endpoints, "--nnodes", "2", "--rdzv_conf",
+                "join_timeout=3", TEST_WORKER_BIN, "print", "1"});
+  const Finished f = p.wait(60s);
+  ASSERT_FALSE(f.timed_out);
+  EXPECT_EQ(f.exit_code, 1) << f.err;
+  EXPECT_NE(f.err.find("etcd could not be reached at http://127.0.0.1:" + std::to_string(dead1) +
+                       ", http://127.0.0.1:" + std::to_string(dead2) + " within the join timeout (3s)"),
+            std::string::npos)
+      << f.err;
+}
+
+TEST(EtcdRendezvousTest, ASecuredEtcdWithAUserAPasswordAndTls) {
+  REQUIRE_ETCD();
+  TestCertificates certs;
+  EtcdCluster cluster(1, &certs);
+  ASSERT_NE(cluster.etcdctl("user add root:s3cret-pw").find("User root created"), std::string::npos);
+  ASSERT_NE(cluster.etcdctl("auth enable").find("Authentication Enabled"), std::string::npos);
+  TempDir dir;
+  const std::string password = (dir.path / "pw").string();
+  {
+    std::ofstream(password) << "s3cret-pw\n";
+  }
+  ::chmod(password.c_str(), 0600);
+  const std::string conf = "etcd_user=root,etcd_password_file=" + password + ",etcd_ca_file=" + certs.ca;
+  auto n0 = node(cluster.endpoints(), "secure", "2", 0, test_worker({"print", "1"}), conf);
+  auto n1 = node(cluster.endpoints(), "secure", "2", 1, test_worker({"print", "1"}), conf);
+  const Finished f0 = n0->wait(120s), f1 = n1->wait(120s);
+  EXPECT_EQ(f0.exit_code, 0) << f0.err;
+  EXPECT_EQ(f1.exit_code, 0) << f1.err;
+  // Without credentials: refused, and told how to give them.
+  auto anonymous = node(cluster.endpoints(), "secure", "2", 0, test_worker({"print", "1"}), "etcd_ca_file=" + certs.ca);
+  const Finished fa = anonymous->wait(60s);
+  EXPECT_EQ(fa.exit_code, 2) << fa.err;
+  EXPECT_NE(fa.err.find("etcd_user"), std::string::npos) << fa.err;
+  // A wrong password: refused, naming the settings to check.
+  const std::string wrong = (dir.path / "wrong").string();
+  {
+    std::ofstream(wrong) << "not-the-password\n";
+  }
+  ::chmod(wrong.c_str(), 0600);
+  auto impostor = node(cluster.endpoints(), "secure", "2", 0, test_worker({"print", "1"}),
+                       "etcd_user=root,etcd_password_file=" + wrong + ",etcd_ca_file=" + certs.ca);
+  const Finished fw = impostor->wait(60s);
+  EXPECT_EQ(fw.exit_code, 2) << fw.err;
+  EXPECT_NE(fw.err.find("refused the user and password"), std::string::npos) << fw.err;
+  // Without the CA: the server's certificate is not trusted, which no retry can change: exit at
+  // once (well before the join timeout) naming the setting that fixes it.
+  auto untrusted = node(cluster.endpoints(), "secure", "2", 0, test_worker({"print", "1"}), "join_timeout=120");
+  const Finished fu = untrusted->wait(60s);
+  EXPECT_EQ(fu.exit_code, 2) << fu.err;
+  EXPECT_NE(fu.err.find("certificate verify failed"), std::string::npos) << fu.err;
+  EXPECT_NE(fu.err.find("etcd_ca_file"), std::string::npos) << fu.err;
+}
+
+}  // namespace
+}  // namespace ddprun::test
