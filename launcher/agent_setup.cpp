@@ -105,7 +105,8 @@ Agent::Agent(const LaunchOptions& o)
       base_env_(current_environment()),
       host_(host_name()),
       run_dir_(o),
-      supervisor_(SupervisorSettings{o.shutdown_timeout, host_name(), multi_node_ ? o.node_rank : -1, 12}, &guard_),
+      supervisor_(SupervisorSettings{o.shutdown_timeout, host_name(), multi_node_ ? o.node_rank : -1, 12,
+                                     o.progress_interval}, &guard_),
       file_timer_(base_env_.count("TORCHELASTIC_ENABLE_FILE_TIMER") && base_env_["TORCHELASTIC_ENABLE_FILE_TIMER"] == "1"),
       capture_stacks_(o.hang_timeout.count() > 0 || file_timer_) {
   become_subreaper();
@@ -169,6 +170,7 @@ std::unique_ptr<RendezvousBackend> Agent::make_backend() {
     eo.etcd.key_file = o_.etcd.key_file;
     eo.prefix = o_.etcd.prefix;
     eo.lease_ttl = o_.etcd.lease_ttl;
+    eo.progress_interval = o_.progress_interval;
     return std::make_unique<EtcdRendezvous>(eo, stop_);
   }
   StoreRendezvousOptions ro;
@@ -189,6 +191,7 @@ std::unique_ptr<RendezvousBackend> Agent::make_backend() {
   ro.join_timeout = o_.join_timeout;
   ro.keep_alive_interval = o_.keep_alive_interval;
   ro.keep_alive_max_attempt = o_.keep_alive_max_attempt;
+  ro.progress_interval = o_.progress_interval;
   return std::make_unique<StoreRendezvous>(ro, stop_);
 }
 
@@ -302,6 +305,8 @@ std::vector<WorkerLaunch> Agent::make_launches(const World& world, const fs::pat
     }
     if (file_timer_) env["TORCHELASTIC_TIMER_FILE"] = timer_file_;
     l.request.argv = worker_command(o_, env);
+    // torch.distributed.launch's convention: right after the script, before its own arguments.
+    if (o_.local_rank_arg) l.request.argv.push_back("--local_rank=" + env["LOCAL_RANK"]);
     for (auto& a : substitute_args(o_.program_args, lr)) l.request.argv.push_back(std::move(a));
     l.request.envp = to_envp(env);
     l.prefix = expand_prefix(o_.log_line_prefix, where.rank, lr, o_.role, host_);

@@ -51,6 +51,7 @@ struct EtcdRendezvousOptions {
   int node_rank_hint = -1;  // --node_rank, if given: an ordering hint
   std::chrono::milliseconds last_call_timeout{std::chrono::seconds(30)};
   std::chrono::milliseconds join_timeout{std::chrono::seconds(600)};
+  std::chrono::milliseconds progress_interval{std::chrono::seconds(10)};  // waiting nodes say so this often
   std::string advertise_addr;
   std::string host;
   etcd::Options etcd;

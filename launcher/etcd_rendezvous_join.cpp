@@ -59,7 +59,7 @@ std::optional<RoundEnd> EtcdRendezvous::wait_round(
   const std::string end_key = key(round, "end");
   const auto start = Clock::now();
   const auto deadline = start + options_.join_timeout;
-  auto next_report = start + std::chrono::seconds(10);
+  auto next_report = start + options_.progress_interval;
   // The round's keys as of one revision, then kept current by a watch from the next one.
   const etcd::RangeResult snapshot = client_->get_prefix(prefix, soon());
   std::map<std::string, etcd::KeyValue> state;
@@ -87,7 +87,7 @@ std::optional<RoundEnd> EtcdRendezvous::wait_round(
       log::info("ddprun") << "rendezvous of job '" << options_.run_id << "' (round " << round << "): " << progress(kvs)
                           << ", " << std::chrono::duration_cast<std::chrono::seconds>(now - start).count() << " s of "
                           << seconds_text(options_.join_timeout);
-      next_report = now + std::chrono::seconds(10);
+      next_report = now + options_.progress_interval;
     }
     const auto give_up = now + std::max<std::chrono::milliseconds>(options_.lease_ttl, std::chrono::seconds(5));
     for (auto& ev : w.next(std::chrono::milliseconds(250), give_up)) {

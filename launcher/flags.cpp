@@ -53,6 +53,11 @@ constexpr FlagDef kFlagTable[] = {
      "show only these local ranks on the console, e.g. '0' or '0,3' (log files keep everything)"},
     {"--no_python", nullptr, "no_python", false, "off", "run the program directly even if it ends in .py"},
     {"--module", "-m", "module", false, "off", "run the program as a Python module (python -m)"},
+    {"--local_rank_arg", nullptr, "local_rank_arg", false, "off",
+     "pass --local_rank=N as the program's first argument, as torch.distributed.launch did (scripts that read "
+     "--local_rank from argv run unchanged)"},
+    {"--use_env", nullptr, "use_env", false, "off",
+     "accepted for torch.distributed.launch compatibility: the workers always get LOCAL_RANK in their environment"},
     {"--local_addr", nullptr, "local_addr", true, "(host name)", "address of this node that other nodes use"},
     {"--signals_to_handle", nullptr, "signals_to_handle", true, "SIGTERM,SIGINT,SIGHUP,SIGQUIT",
      "signals forwarded to every worker; SIGTERM/SIGINT/SIGHUP/SIGQUIT also stop the job, others "

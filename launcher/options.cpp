@@ -371,6 +371,9 @@ void resolve_workers(const Given& g, const EnvLookup& env, LaunchOptions& o) {
     o.max_restarts = static_cast<int>(
         parse_int(g.flag("max_restarts"), trim(g["max_restarts"]), 0, 1 << 20, "a whole number >= 0"));
   }
+  if (auto v = env("DDPRUN_PROGRESS_INTERVAL"); v && !trim(*v).empty()) {
+    o.progress_interval = parse_seconds("DDPRUN_PROGRESS_INTERVAL", trim(*v), false);
+  }
   if (g.has("hang_timeout")) o.hang_timeout = parse_seconds(g.flag("hang_timeout"), trim(g["hang_timeout"]), true);
   if (o.hang_timeout.count() > 0 && o.hang_timeout < std::chrono::seconds(2)) {
     bad(g.flag("hang_timeout"), "0 (off) or at least 2 seconds", g["hang_timeout"]);
@@ -405,6 +408,11 @@ void resolve_workers(const Given& g, const EnvLookup& env, LaunchOptions& o) {
   }
   o.no_python = g.has("no_python");
   o.module = g.has("module");
+  o.local_rank_arg = g.has("local_rank_arg");
+  if (o.local_rank_arg && g.has("use_env")) {
+    throw ConfigError("--local_rank_arg and --use_env contradict each other: --use_env is torch.distributed.launch's "
+                      "way of saying 'no --local_rank argument'; keep one");
+  }
   const std::string signals = g.has("signals_to_handle") ? g["signals_to_handle"] : "SIGTERM,SIGINT,SIGHUP,SIGQUIT";
   for (const std::string& s : split(signals, ',')) {
     if (s.empty()) continue;

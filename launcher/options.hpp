@@ -60,6 +60,8 @@ struct LaunchOptions {
   } etcd;
   int max_restarts = 0;
   std::chrono::milliseconds hang_timeout{0};  // 0: hangs are not looked for
+  // DDPRUN_PROGRESS_INTERVAL: how often long waits (rendezvous, a slow shutdown) say where they are.
+  std::chrono::milliseconds progress_interval{std::chrono::seconds(10)};
   double straggler_factor = 1.5;              // 0: no straggler warnings
   std::string role = "default";
   std::string log_dir;
@@ -68,6 +70,7 @@ struct LaunchOptions {
   std::optional<std::set<int>> local_ranks_filter;
   bool no_python = false;
   bool module = false;
+  bool local_rank_arg = false;  // --local_rank=N before the program's own arguments
   std::string local_addr;
   std::vector<int> signals_to_handle;  // signal numbers
   std::chrono::milliseconds shutdown_timeout{std::chrono::seconds(30)};

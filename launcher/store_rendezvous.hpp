@@ -60,6 +60,7 @@ struct StoreRendezvousOptions {
   std::string advertise_addr;  // how other nodes reach this one
   std::string host;
   std::chrono::milliseconds join_timeout{std::chrono::seconds(600)};
+  std::chrono::milliseconds progress_interval{std::chrono::seconds(10)};  // waiting nodes say so this often
   // Agents heartbeat every keep_alive_interval; a node is lost after keep_alive_max_attempt
   // intervals without one.
   std::chrono::milliseconds keep_alive_interval{std::chrono::seconds(5)};

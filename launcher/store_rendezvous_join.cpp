@@ -29,7 +29,7 @@ std::optional<RoundEnd> StoreRendezvous::wait_joining(int round, const std::vect
                                                       const std::function<void()>& on_timeout) {
   const auto start = std::chrono::steady_clock::now();
   const auto deadline = start + options_.join_timeout;
-  auto next_report = start + std::chrono::seconds(10);
+  auto next_report = start + options_.progress_interval;
   for (;;) {
     if (client_->wait_for(keys, std::chrono::milliseconds(250))) return std::nullopt;
     if (client_->check({key(round, "end")})) return parse_end(client_->get(key(round, "end")));
@@ -42,11 +42,11 @@ std::optional<RoundEnd> StoreRendezvous::wait_joining(int round, const std::vect
     const auto now = std::chrono::steady_clock::now();
     if (now >= deadline) on_timeout();
     if (now >= next_report) {
-      // A steady, low rate: every 10 s while nodes are missing.
+      // A steady, low rate (every 10 s by default) while nodes are missing.
       log::info("ddprun") << "rendezvous of job '" << options_.run_id << "' (round " << round << "): " << progress()
                           << ", " << std::chrono::duration_cast<std::chrono::seconds>(now - start).count() << " s of "
                           << seconds_text(options_.join_timeout);
-      next_report = now + std::chrono::seconds(10);
+      next_report = now + options_.progress_interval;
     }
   }
 }

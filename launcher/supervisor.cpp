@@ -14,6 +14,7 @@
 #include "common/log.hpp"
 #include "launcher/console.hpp"
 #include "launcher/options.hpp"
+#include "launcher/rendezvous_values.hpp"
 #include "launcher/signals.hpp"
 
 namespace ddprun::launcher {
@@ -49,7 +50,7 @@ struct Supervisor::Worker {
 };
 
 Supervisor::Supervisor(SupervisorSettings settings, OrphanGuard* guard)
-    : settings_(std::move(settings)), guard_(guard), sigchld_(io_, SIGCHLD), grace_timer_(io_), drain_timer_(io_) {
+    : settings_(std::move(settings)), guard_(guard), sigchld_(io_, SIGCHLD), grace_timer_(io_), drain_timer_(io_), progress_timer_(io_) {
   arm_sigchld();
 }
 
@@ -89,6 +90,7 @@ void Supervisor::on_signal(int signo) {
   } else if (state_ == State::Stopping && signo == SIGINT && sigint_count_ >= 2) {
     log::warn("ddprun") << "second SIGINT: killing every worker now";
     kill_all(SIGKILL);
+    killed_ = true;
   }
 }
 
@@ -107,6 +109,8 @@ void Supervisor::begin_stop(int signo, GroupOutcome outcome) {
     if (!w->exited) w->stopped_by_us = true;
   }
   kill_all(signo);
+  stop_began_ = std::chrono::steady_clock::now();
+  stop_signo_ = signo;
   grace_timer_.expires_after(settings_.shutdown_grace);
   grace_timer_.async_wait([this](const boost::system::error_code& ec) {
     if (ec) return;
@@ -116,7 +120,35 @@ void Supervisor::begin_stop(int signo, GroupOutcome outcome) {
       log::warn("ddprun") << alive << " worker(s) still running after the " << settings_.shutdown_grace.count() / 1000.0
                           << "s grace: sending SIGKILL";
       kill_all(SIGKILL);
+      killed_ = true;
     }
+  });
+  report_stop_progress();
+}
+
+void Supervisor::report_stop_progress() {
+  progress_timer_.expires_after(settings_.progress_interval);
+  progress_timer_.async_wait([this](const boost::system::error_code& ec) {
+    if (ec || finished_) return;
+    std::string who;
+    int alive = 0, listed = 0;
+    for (auto& w : workers_) {
+      if (w->exited) continue;
+      ++alive;
+      if (++listed <= 8) {
+        who += (who.empty() ? "" : ", ") + std::string("rank ") + std::to_string(w->launch.rank) + " (pid " +
+               std::to_string(w->pid) + ")";
+      }
+    }
+    if (alive == 0) return;  // only output left to drain, bounded by the drain timer
+    if (listed > 8) who += " and " + std::to_string(listed - 8) + " more";
+    const auto waited =
+        std::chrono::duration_cast<std::chrono::seconds>(std::chrono::steady_clock::now() - stop_began_).count();
+    auto line = log::info("ddprun");
+    line << "waiting for " << alive << " of " << workers_.size() << " worker(s) to exit after "
+         << signal_name(killed_ ? SIGKILL : stop_signo_) << ": " << who << "; " << waited << " s";
+    if (!killed_) line << " of " << seconds_text(settings_.shutdown_grace) << ", then SIGKILL";
+    report_stop_progress();
   });
 }
 
@@ -220,6 +252,7 @@ void Supervisor::maybe_finish() {
   finished_ = true;
   drain_timer_.cancel();
   grace_timer_.cancel();
+  progress_timer_.cancel();
   // The tails are complete now: attach them to the failures.
   for (auto& f : result_.failures) {
     for (auto& w : workers_) {
@@ -267,6 +300,7 @@ GroupResult Supervisor::run(const std::vector<WorkerLaunch>& launches,
     result_.signal = stop_signal_;
     return result_;
   }
+  killed_ = false;
   set_state(State::Running);
   for (const WorkerLaunch& l : launches) {
     auto w = std::make_unique<Worker>(io_, l);

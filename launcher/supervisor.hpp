@@ -61,6 +61,8 @@ struct SupervisorSettings {
   std::string host;
   int node_rank = -1;  // shown in reports of multi-node jobs
   size_t stderr_tail_lines = 12;
+  // While workers are being stopped: a line saying who is still running, at this steady rate.
+  std::chrono::milliseconds progress_interval{std::chrono::seconds(10)};
 };
 
 class Supervisor {
@@ -100,6 +102,7 @@ class Supervisor {
   void on_worker_exit(Worker& w, int status);
   void read_pipe(Worker& w, bool err);
   void begin_stop(int signo, GroupOutcome outcome);
+  void report_stop_progress();
   void kill_all(int signo);
   void maybe_finish();
   void set_state(State state) {
@@ -113,6 +116,10 @@ class Supervisor {
   boost::asio::signal_set sigchld_;
   boost::asio::steady_timer grace_timer_;
   boost::asio::steady_timer drain_timer_;
+  boost::asio::steady_timer progress_timer_;
+  std::chrono::steady_clock::time_point stop_began_;
+  int stop_signo_ = 0;
+  bool killed_ = false;  // SIGKILL sent to the group
   std::vector<std::unique_ptr<Worker>> workers_;
   State state_ = State::Idle;
   std::atomic<bool> running_{false};

@@ -274,5 +274,51 @@ TEST(FaultsTest, AMalformedStoreValueIsAClearErrorNamingTheKey) {
   EXPECT_NE(f.err.find("does not hold a number ('garbage')"), std::string::npos) << f.err;
 }
 
+// --- Progress on long waits ---------------------------------------------------------------------
+
+size_t count_of(const std::string& text, const std::string& what) {
+  size_t n = 0;
+  for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
+  return n;
+}
+
+TEST(FaultsTest, WaitingForNodesSaysWhoIsMissingAtASteadyRate) {
+  // DDPRUN_PROGRESS_INTERVAL=1 rather than 10 s: a progress line per second, not a flood.
+  const int port = free_port();
+  Subprocess alone({ddprun_bin(), "--nnodes", "2", "--node_rank", "0", "--master_addr", "127.0.0.1", "--master_port",
+                    std::to_string(port), "--rdzv_id", "lonely", "--rdzv_conf", "join_timeout=4", TEST_WORKER_BIN,
+                    "print", "1"},
+                   {{"DDPRUN_PROGRESS_INTERVAL", "1"}});
+  const Finished f = alone.wait(60s);
+  ASSERT_FALSE(f.timed_out);
+  EXPECT_NE(f.exit_code, 0);
+  const size_t lines = count_of(f.err, "1 of 2 nodes joined, waiting for node_rank 1, ");
+  EXPECT_GE(lines, 1u) << f.err;
+  EXPECT_LE(lines, 6u) << f.err;
+  EXPECT_NE(f.err.find(" s of 4s"), std::string::npos) << f.err;
+}
+
+TEST(FaultsTest, ASlowShutdownSaysWhoIsStillRunningUntilSigkill) {
+  TempDir dir;
+  Subprocess p({ddprun_bin(), "--nproc_per_node", "2", "--shutdown_timeout", "4", TEST_WORKER_BIN, "ignore-term",
+                "ready-file", dir.str() + "/ready.${local_rank}", "sleep", "60"},
+               {{"DDPRUN_PROGRESS_INTERVAL", "1"}});
+  const auto until = std::chrono::steady_clock::now() + 30s;
+  while ((!fs::exists(dir.path / "ready.0") || !fs::exists(dir.path / "ready.1")) &&
+         std::chrono::steady_clock::now() < until) {
+    std::this_thread::sleep_for(20ms);  // sleep override: waiting for the workers to start
+  }
+  ASSERT_TRUE(fs::exists(dir.path / "ready.1"));
+  p.signal(SIGTERM);
+  const Finished f = p.wait(60s);
+  ASSERT_FALSE(f.timed_out);
+  EXPECT_EQ(f.exit_code, 128 + SIGTERM) << f.err;
+  // Who is still running, how long it has been, and what comes next; then the SIGKILL.
+  EXPECT_NE(f.err.find("waiting for 2 of 2 worker(s) to exit after SIGTERM: rank 0 (pid "), std::string::npos) << f.err;
+  EXPECT_NE(f.err.find(" s of 4s, then SIGKILL"), std::string::npos) << f.err;
+  EXPECT_NE(f.err.find("sending SIGKILL"), std::string::npos) << f.err;
+  EXPECT_LE(count_of(f.err, "to exit after SIGTERM"), 8u) << f.err;
+}
+
 }  // namespace
 }  // namespace ddprun::test

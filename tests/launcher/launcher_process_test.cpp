@@ -252,5 +252,35 @@ TEST(LauncherTest, LocalRankMacroIsSubstitutedInArguments) {
   EXPECT_NE(f.out.find("[rank0]: dev=cuda:0"), std::string::npos);
 }
 
+// A script written for torch.distributed.launch: it reads --local_rank from argv (required).
+TEST(LauncherTest, LocalRankArgRunsATorchDistributedLaunchScriptUnchanged) {
+  TempDir dir;
+  const std::string script = (dir.path / "train.py").string();
+  {
+    std::ofstream(script) << "import argparse, os, sys\n"
+                             "p = argparse.ArgumentParser()\n"
+                             "p.add_argument('--local_rank', type=int, required=True)\n"
+                             "p.add_argument('--epochs', type=int, default=1)\n"
+                             "a = p.parse_args()\n"
+                             "print(f'argv1={sys.argv[1]} local_rank={a.local_rank} env={os.environ[\"LOCAL_RANK\"]} "
+                             "epochs={a.epochs}')\n";
+  }
+  Subprocess p(ddprun({"--nproc_per_node", "2", "--local_rank_arg", script, "--epochs", "3"}));
+  const Finished f = p.wait(60s);
+  ASSERT_EQ(f.exit_code, 0) << f.err;
+  for (int r = 0; r < 2; ++r) {
+    const std::string lr = std::to_string(r);
+    EXPECT_NE(f.out.find("[rank" + lr + "]: argv1=--local_rank=" + lr + " local_rank=" + lr + " env=" + lr +
+                         " epochs=3"),
+              std::string::npos)
+        << f.out;
+  }
+  // The same script without the flag: argparse refuses it (exit code 2), as it would under torchrun.
+  Subprocess q(ddprun({"--nproc_per_node", "1", script, "--epochs", "3"}));
+  const Finished g = q.wait(60s);
+  EXPECT_EQ(g.exit_code, 2) << g.err;
+  EXPECT_NE(g.err.find("--local_rank"), std::string::npos) << g.err;
+}
+
 }  // namespace
 }  // namespace ddprun::test

@@ -208,5 +208,13 @@ TEST(OptionsTest, EtcdMistakesAreNamed) {
   EXPECT_NE(misplaced.find("--rdzv_backend etcd"), std::string::npos) << misplaced;
 }
 
+TEST(OptionsTest, TorchDistributedLaunchFlags) {
+  EXPECT_TRUE(parse({"--local_rank_arg", "train.py"}).local_rank_arg);
+  EXPECT_TRUE(parse({"--local-rank-arg", "train.py"}).local_rank_arg);
+  EXPECT_FALSE(parse({"--use_env", "train.py"}).local_rank_arg);
+  EXPECT_FALSE(parse({"train.py"}).local_rank_arg);
+  EXPECT_NE(error_of({"--local_rank_arg", "--use_env", "train.py"}).find("contradict"), std::string::npos);
+}
+
 }  // namespace
 }  // namespace ddprun::launcher
