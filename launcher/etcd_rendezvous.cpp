@@ -238,19 +238,11 @@ void EtcdRendezvous::stop_watcher() {
 void EtcdRendezvous::unwatch() { stop_watcher(); }
 
 RoundEnd EtcdRendezvous::report_failure(int round, const WorkerExit& failure) {
-  rdzv::jobs::Outcome o;
-  o.kind = rdzv::jobs::Outcome::Kind::Failure;
-  o.node = group_rank_;
-  o.failure = exit_to_json(failure, group_rank_);
-  return decide(round, o);
+  return decide(round, failure_outcome(failure, group_rank_));
 }
 
 RoundEnd EtcdRendezvous::report_signal(int round, int signo) {
-  rdzv::jobs::Outcome o;
-  o.kind = rdzv::jobs::Outcome::Kind::Signal;
-  o.detail = signal_name(signo) + (group_rank_ >= 0 ? " on node " + std::to_string(group_rank_) + " (" + options_.host + ")"
-                                                   : " on " + options_.host);
-  return decide(round, o);
+  return decide(round, signal_outcome(signo, group_rank_, options_.host));
 }
 
 RoundEnd EtcdRendezvous::report_success(int round, const StopSignal& stop) {

@@ -1,6 +1,7 @@
 #include "launcher/rendezvous_values.hpp"
 
 #include "common/errors.hpp"
+#include "launcher/options.hpp"
 #include "rendezvous/job_keys.hpp"
 
 namespace ddprun::launcher {
@@ -9,6 +10,21 @@ using json = nlohmann::json;
 
 std::string seconds_text(std::chrono::milliseconds d) {
   return d.count() % 1000 == 0 ? std::to_string(d.count() / 1000) + "s" : std::to_string(d.count()) + "ms";
+}
+
+rdzv::jobs::Outcome failure_outcome(const WorkerExit& failure, int node) {
+  rdzv::jobs::Outcome o;
+  o.kind = rdzv::jobs::Outcome::Kind::Failure;
+  o.node = node;
+  o.failure = exit_to_json(failure, node);
+  return o;
+}
+
+rdzv::jobs::Outcome signal_outcome(int signo, int node, const std::string& host) {
+  rdzv::jobs::Outcome o;
+  o.kind = rdzv::jobs::Outcome::Kind::Signal;
+  o.detail = signal_name(signo) + (node >= 0 ? " on node " + std::to_string(node) + " (" + host + ")" : " on " + host);
+  return o;
 }
 
 json exit_to_json(const WorkerExit& e, int node) {

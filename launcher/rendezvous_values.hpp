@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "launcher/report.hpp"
+#include "rendezvous/job_keys.hpp"
 
 namespace ddprun::launcher {
 
@@ -27,6 +28,11 @@ int64_t read_number(const std::string& key, const std::string& value);
 // A failure's root cause as one node reports it to the others, and back.
 nlohmann::json exit_to_json(const WorkerExit& e, int node);
 WorkerExit exit_from_json(const nlohmann::json& j);
+
+// The outcomes a node reports for its round, whatever the backend: a worker's failure (the root
+// cause), and a stop signal received on `host` (node -1: a job of one node).
+rdzv::jobs::Outcome failure_outcome(const WorkerExit& failure, int node);
+rdzv::jobs::Outcome signal_outcome(int signo, int node, const std::string& host);
 
 // Wall-clock milliseconds since the epoch (records and heartbeat times; never compared across hosts).
 int64_t now_ms();
