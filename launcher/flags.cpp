@@ -87,19 +87,23 @@ const FlagDef* find_flag(const std::string& spelled) {
 
 std::string usage_text() {
   std::ostringstream out;
-  out << "usage: ddprun [options] PROGRAM [ARGS...]\n\n"
+  out << "Usage: ddprun [options] PROGRAM [ARGS...]\n\n"
          "Starts nproc_per_node workers of PROGRAM on this node with torchrun's environment (RANK, LOCAL_RANK,\n"
          "WORLD_SIZE, MASTER_ADDR, MASTER_PORT, ...), hosts their rendezvous store, supervises them, and reports\n"
          "which rank failed and why. A PROGRAM ending in .py runs under $PYTHON_EXEC (default python3) -u;\n"
          "anything else is executed directly. '${local_rank}' in ARGS is replaced per worker.\n\n"
-         "options (dashes and underscores are interchangeable; each also reads PET_<NAME> from the environment):\n";
+         "Options:\n"
+         "Dashes and underscores are interchangeable; each flag also reads PET_<NAME> from the environment.\n";
   for (const FlagDef& f : kFlagTable) {
     std::string names = f.alias ? std::string(f.alias) + ", " + f.name : std::string(f.name);
     if (f.takes_value) names += " VALUE";
-    out << "  " << names << "\n      " << f.help << " (default: " << f.default_text << ")\n";
+    out << "  " << names << "\n      " << f.help;
+    if (*f.default_text != '\0') out << " (default: " << f.default_text << ")";
+    out << "\n";
   }
   out << "  -h, --help\n      show this help\n  --version\n      print the version\n\n"
-         "exit status: 0 when every worker succeeded; the root-cause worker's exit code (128+N if it died of signal\n"
+         "Exit status:\n"
+         "0 when every worker succeeded; the root-cause worker's exit code (128+N if it died of signal\n"
          "N) when one failed; 124 when the job hung (--hang_timeout); 2 for a bad command line; 1 when ddprun\n"
          "itself could not run the job.\n";
   return out.str();

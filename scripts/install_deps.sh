@@ -17,6 +17,8 @@ packages=(
   prometheus   # promtool, which checks the daemon's /metrics in the tests
   strace       # the checkpoint test checks the order of fsync and rename
   elfutils     # eu-stack: native stacks of hung workers (--hang_timeout)
+  help2man     # the man pages, made from --help
+  dpkg-dev     # dpkg-shlibdeps: the Depends of the .deb packages (CPack)
   etcd-server etcd-client   # a real etcd v3 cluster for the etcd rendezvous tests (and etcdctl)
 )
 
