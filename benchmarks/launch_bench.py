@@ -57,8 +57,9 @@ def main():
     ap.add_argument("--repeat", type=int, default=3)
     args = ap.parse_args()
     counts = [int(c) for c in args.counts.split(",")]
-    print("| workers | worker | torchrun s | ddprun s | speedup | torchrun peak RSS MB | ddprun peak RSS MB |")
-    print("|---:|---|---:|---:|---:|---:|---:|")
+    print("| workers | worker | torchrun s | ddprun s | speedup (ratio of medians) | speedup range over pairs "
+          "| torchrun peak RSS MB | ddprun peak RSS MB |")
+    print("|---:|---|---:|---:|---:|---:|---:|---:|")
     for mode in ("exit", "barrier"):
         for n in counts:
             results = {"torchrun": [], "ddprun": []}
@@ -73,8 +74,10 @@ def main():
             d_wall = statistics.median(w for w, _ in results["ddprun"])
             t_rss = max(r for _, r in results["torchrun"]) / 1024
             d_rss = max(r for _, r in results["ddprun"]) / 1024
-            print(f"| {n} | {mode} | {t_wall:.3f} | {d_wall:.3f} | {t_wall / d_wall:.1f}x | {t_rss:.1f} | {d_rss:.1f} |",
-                  flush=True)
+            # Each repeat runs torchrun then ddprun: a pair, so the range is of like-for-like ratios.
+            pairs = [t / d for (t, _), (d, _) in zip(results["torchrun"], results["ddprun"])]
+            print(f"| {n} | {mode} | {t_wall:.3f} | {d_wall:.3f} | {t_wall / d_wall:.1f}x "
+                  f"| {min(pairs):.0f}x - {max(pairs):.0f}x | {t_rss:.1f} | {d_rss:.1f} |", flush=True)
 
 
 if __name__ == "__main__":
