@@ -263,6 +263,8 @@ RoundEnd EtcdRendezvous::wait_end(int round, const StopSignal& stop) {
     const etcd::RangeResult now = client_->get(key(round, "end"), soon());
     if (!now.kvs.empty()) return parse_round_end(now.kvs[0].value);
     etcd::Watch w(*client_, key(round, "end"), "", now.revision + 1);
+    const auto start = Clock::now();
+    auto next_report = start + options_.progress_interval;
     for (;;) {
       const auto give_up = Clock::now() + std::max<std::chrono::milliseconds>(options_.lease_ttl, std::chrono::seconds(5));
       for (const etcd::WatchEvent& ev : w.next(std::chrono::milliseconds(250), give_up)) {
@@ -270,6 +272,17 @@ RoundEnd EtcdRendezvous::wait_end(int round, const StopSignal& stop) {
       }
       // Stopped while the other nodes still run: decide the round (unless it just ended otherwise).
       if (stop.requested()) return report_signal(round, stop.signo());
+      if (const auto t = Clock::now(); t >= next_report) {
+        int n;
+        {
+          std::lock_guard lock(members_mutex_);
+          n = group_world_size_;
+        }
+        const size_t finished = client_->get_prefix(key(round, "finished/"), soon(), true).kvs.size();
+        log::info("ddprun") << "waiting for the other nodes to finish: " << finished << " of " << n << " finished, "
+                            << std::chrono::duration_cast<std::chrono::seconds>(t - start).count() << " s";
+        next_report = t + options_.progress_interval;
+      }
     }
   } catch (const std::exception& e) {
     RoundEnd lost;

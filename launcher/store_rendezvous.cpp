@@ -305,6 +305,8 @@ RoundEnd StoreRendezvous::report_success(int round, const StopSignal& stop) {
 }
 
 RoundEnd StoreRendezvous::wait_end(int round, const StopSignal& stop) {
+  const auto start = std::chrono::steady_clock::now();
+  auto next_report = start + options_.progress_interval;
   for (;;) {
     try {
       if (!client_->connected()) throw ConnectionError("the connection to the rendezvous store was lost");
@@ -313,6 +315,17 @@ RoundEnd StoreRendezvous::wait_end(int round, const StopSignal& stop) {
       }
       // Stopped while the other nodes still run: decide the round (unless it just ended otherwise).
       if (stop.requested()) return report_signal(round, stop.signo());
+      if (const auto now = std::chrono::steady_clock::now(); now >= next_report) {
+        int n;
+        {
+          std::lock_guard lock(members_mutex_);
+          n = group_world_size_ > 0 ? group_world_size_ : options_.nnodes;
+        }
+        log::info("ddprun") << "waiting for the other nodes to finish: " << client_->add(key(round, "finished"), 0)
+                            << " of " << n << " finished, "
+                            << std::chrono::duration_cast<std::chrono::seconds>(now - start).count() << " s";
+        next_report = now + options_.progress_interval;
+      }
     } catch (const ConnectionError& e) {
       RoundEnd lost;
       lost.kind = RoundEnd::Kind::StoreLost;

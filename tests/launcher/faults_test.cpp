@@ -298,6 +298,25 @@ TEST(FaultsTest, WaitingForNodesSaysWhoIsMissingAtASteadyRate) {
   EXPECT_NE(f.err.find(" s of 4s"), std::string::npos) << f.err;
 }
 
+TEST(FaultsTest, ANodeWaitingForTheOthersToFinishSaysHowManyHave) {
+  const int port = free_port();
+  auto start = [&](int rank, std::vector<std::string> worker) {
+    std::vector<std::string> argv{ddprun_bin(), "--nnodes", "2", "--node_rank", std::to_string(rank), "--master_addr",
+                                  "127.0.0.1", "--master_port", std::to_string(port), "--local_addr",
+                                  "127.0.0." + std::to_string(rank + 1), "--rdzv_id", "finishers", TEST_WORKER_BIN};
+    argv.insert(argv.end(), worker.begin(), worker.end());
+    return std::make_unique<Subprocess>(argv, std::map<std::string, std::string>{{"DDPRUN_PROGRESS_INTERVAL", "1"}});
+  };
+  auto fast = start(0, {"print", "1"});
+  auto slow = start(1, {"sleep", "4"});
+  const Finished f0 = fast->wait(60s), f1 = slow->wait(60s);
+  EXPECT_EQ(f0.exit_code, 0) << f0.err;
+  EXPECT_EQ(f1.exit_code, 0) << f1.err;
+  const size_t lines = count_of(f0.err, "waiting for the other nodes to finish: 1 of 2 finished, ");
+  EXPECT_GE(lines, 1u) << f0.err;
+  EXPECT_LE(lines, 8u) << f0.err;
+}
+
 TEST(FaultsTest, ASlowShutdownSaysWhoIsStillRunningUntilSigkill) {
   TempDir dir;
   Subprocess p({ddprun_bin(), "--nproc_per_node", "2", "--shutdown_timeout", "4", TEST_WORKER_BIN, "ignore-term",
