@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <climits>
 #include <map>
+#include <tuple>
 
 #include "common/errors.hpp"
 #include "common/log.hpp"
@@ -198,13 +199,8 @@ World EtcdRendezvous::adopt(int round, const json& closed, const json& store) {
     addresses.push_back(string_field(m, "host"));
   }
   w.group_world_size = static_cast<int>(list.size());
-  w.master_addr = string_field(store, "addr");
-  w.master_port = static_cast<int>(int_field(store, "port", 0));
+  std::tie(w.master_addr, w.master_port) = worker_store_address(round, store);
   if (w.group_rank == 0) w.peer_addresses = addresses;
-  if (w.master_addr.empty() || w.master_port <= 0 || w.master_port > 65535) {
-    throw ProtocolError("round " + std::to_string(round) + "'s worker store record (" + store.dump() +
-                        ") lacks addr or a valid port");
-  }
   std::lock_guard lock(members_mutex_);
   group_rank_ = w.group_rank;
   group_world_size_ = w.group_world_size;

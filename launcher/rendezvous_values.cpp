@@ -12,6 +12,16 @@ std::string seconds_text(std::chrono::milliseconds d) {
   return d.count() % 1000 == 0 ? std::to_string(d.count() / 1000) + "s" : std::to_string(d.count()) + "ms";
 }
 
+std::pair<std::string, int> worker_store_address(int round, const json& store) {
+  const std::string addr = string_field(store, "addr");
+  const auto port = int_field(store, "port", 0);
+  if (addr.empty() || port <= 0 || port > 65535) {
+    throw ProtocolError("round " + std::to_string(round) + "'s worker store record (" + store.dump() +
+                        ") lacks addr or a valid port");
+  }
+  return {addr, static_cast<int>(port)};
+}
+
 rdzv::jobs::Outcome failure_outcome(const WorkerExit& failure, int node) {
   rdzv::jobs::Outcome o;
   o.kind = rdzv::jobs::Outcome::Kind::Failure;

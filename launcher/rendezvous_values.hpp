@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "launcher/report.hpp"
@@ -24,6 +25,10 @@ std::vector<std::string> strings_field(const nlohmann::json& j, const char* name
 nlohmann::json read_object(const std::string& key, const std::string& value);
 // A decimal number read from `key`, or a ProtocolError that names the key.
 int64_t read_number(const std::string& key, const std::string& value);
+
+// Where a round's worker store is (its record: {"addr", "port"}); a ProtocolError naming the round
+// and showing the record when either is missing or the port is out of range.
+std::pair<std::string, int> worker_store_address(int round, const nlohmann::json& store);
 
 // A failure's root cause as one node reports it to the others, and back.
 nlohmann::json exit_to_json(const WorkerExit& e, int node);

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <climits>
+#include <tuple>
 #include <nlohmann/json.hpp>
 
 #include "common/errors.hpp"
@@ -132,17 +133,12 @@ World StoreRendezvous::adopt(int round, const json& assigned, const json& store)
   w.group_world_size = static_cast<int>(int_field(assigned, "group_world_size", 0));
   w.rank_offset = static_cast<int>(int_field(assigned, "offset", -1));
   w.world_size = static_cast<int>(int_field(assigned, "world_size", 0));
-  w.master_addr = string_field(store, "addr");
-  w.master_port = static_cast<int>(int_field(store, "port", 0));
   w.peer_addresses = strings_field(assigned, "addrs");
   if (w.group_rank < 0 || w.group_world_size <= 0 || w.rank_offset < 0 || w.world_size <= 0) {
     throw ProtocolError("round " + std::to_string(round) + "'s assignment for this node (" + assigned.dump() +
                         ") lacks group_rank, group_world_size, offset or world_size");
   }
-  if (w.master_addr.empty() || w.master_port <= 0 || w.master_port > 65535) {
-    throw ProtocolError("round " + std::to_string(round) + "'s worker store record (" + store.dump() +
-                        ") lacks addr or a valid port");
-  }
+  std::tie(w.master_addr, w.master_port) = worker_store_address(round, store);
   std::lock_guard lock(members_mutex_);
   group_rank_ = w.group_rank;
   group_world_size_ = w.group_world_size;
