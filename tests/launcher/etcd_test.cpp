@@ -186,6 +186,29 @@ TEST(EtcdRendezvousTest, ASigkilledNodeOfAnElasticJobLeavesTheSurvivorsToGoOn) {
   EXPECT_NE(f0.err.find("node 0 of 1"), std::string::npos) << f0.err;
 }
 
+// The hang watchdog across nodes with etcd as the channel: progress, the hang and every node's
+// stacks travel as keys of the round.
+TEST(EtcdRendezvousTest, AHangOnTwoNodesEndsBothWithOneReportThroughEtcd) {
+  REQUIRE_ETCD();
+  if (::access(TORCH_PYTHON, X_OK) != 0) GTEST_SKIP() << TORCH_PYTHON << " is not here";
+  EtcdCluster cluster(1);
+  auto n0 = node(cluster.endpoints(), "hung", "2", 0, {HANG_WORKER_PY, "collective", "1"}, "",
+                 {"--node_rank", "0", "--hang_timeout", "5"});
+  auto n1 = node(cluster.endpoints(), "hung", "2", 1, {HANG_WORKER_PY, "collective", "1"}, "",
+                 {"--node_rank", "1", "--hang_timeout", "5"});
+  const Finished f0 = n0->wait(120s), f1 = n1->wait(120s);
+  ASSERT_FALSE(f0.timed_out || f1.timed_out) << f0.err << f1.err;
+  EXPECT_EQ(f0.exit_code, 124) << f0.err;
+  EXPECT_EQ(f1.exit_code, 124) << f1.err;
+  EXPECT_EQ(count(f0.err + f1.err, "HUNG:"), 1u) << f0.err << f1.err;
+  const std::string& report = f0.err.find("HUNG:") != std::string::npos ? f0.err : f1.err;
+  EXPECT_NE(report.find("node 0, pid"), std::string::npos) << report;
+  EXPECT_NE(report.find("node 1, pid"), std::string::npos) << report;
+  EXPECT_NE(report.find("in stuck_in_user_code"), std::string::npos) << report;
+  EXPECT_NE(report.find("in torch.distributed all_reduce"), std::string::npos) << report;
+  EXPECT_EQ(cluster.etcdctl("get --prefix /ddprun/hung/ --keys-only"), "/ddprun/hung/gen\n\n");
+}
+
 TEST(EtcdRendezvousTest, AJobRidesOutTheDeathOfTheEtcdMemberItTalksTo) {
   REQUIRE_ETCD();
   EtcdCluster cluster(3);
