@@ -17,10 +17,15 @@ for d in "$debs"/ddprun_*.deb "$dev"; do dpkg-deb -x "$d" "$root"; done
 config=$(find "$root" -name ddprunConfig.cmake)
 [[ -n $config ]] || fail "no ddprunConfig.cmake in ddprun-dev"
 [[ -f "$root/usr/include/ddprun/worker.hpp" ]] || fail "no SDK headers in ddprun-dev"
+# The CMake package names no path of the build machine (CUDA, NCCL): they are found where it is used.
+! grep -q "/usr/local/cuda" "$(dirname "$config")"/ddprunTargets*.cmake || fail "ddprunTargets.cmake names the build machine's CUDA"
 cmake -S "$consumer" -B "$work/build" -DCMAKE_PREFIX_PATH="$root/usr" -DCMAKE_BUILD_TYPE=Release > "$work/configure.log" 2>&1 \
   || { cat "$work/configure.log"; fail "find_package(ddprun) from the installed package"; }
 grep -q "ddprun_DIR:PATH=$root/usr" "$work/build/CMakeCache.txt" || fail "ddprun was not found in the installed root"
 cmake --build "$work/build" > "$work/build.log" 2>&1 || { cat "$work/build.log"; fail "building against the installed SDK"; }
+if [[ -n $(ls "$root"/usr/lib/*/libddprun_worker_nccl.a "$root"/usr/lib/libddprun_worker_nccl.a 2>/dev/null) ]]; then
+  "$work/build/consumer_nccl" | grep -q "consumer_nccl linked: yes" || fail "ddprun::worker_nccl from the installed package"
+fi
 env -u RANK "$work/build/consumer" | grep -q "consumer ok: world 1" || fail "the consumer alone"
 "$root/usr/bin/ddprun" --nproc_per_node 2 "$work/build/consumer" 2>/dev/null | grep -q "consumer ok: world 2, 5 samples" \
   || fail "the consumer under the installed ddprun"
