@@ -572,16 +572,52 @@ void Client::lease_revoke(int64_t id, Deadline deadline) {
   }
 }
 
-Watch::Watch(Client& client, std::string key, std::string range_end, int64_t start_revision)
-    : client_(client), key_(std::move(key)), range_end_(std::move(range_end)), next_revision_(start_revision) {
+Watch::Watch(Client& client, std::string key, std::string range_end, int64_t start_revision,
+             std::vector<std::string> present)
+    : client_(client),
+      key_(std::move(key)),
+      range_end_(std::move(range_end)),
+      next_revision_(start_revision),
+      present_(present.begin(), present.end()) {
   endpoint_ = client_.preferred_endpoint();
+}
+
+std::vector<WatchEvent> Watch::resync(int64_t compacted, Client::Deadline deadline) {
+  const RangeResult now = client_.range(key_, range_end_, deadline);
+  log::warn("ddprun") << "etcd compacted its history past this watch (it resumes at revision " << next_revision_
+                      << ", the oldest kept is " << compacted << "): read the keys afresh at revision " << now.revision;
+  std::vector<WatchEvent> events;
+  std::set<std::string> seen;
+  for (const KeyValue& kv : now.kvs) {
+    seen.insert(kv.key);
+    if (kv.mod_revision >= next_revision_ || present_.count(kv.key) == 0) {
+      WatchEvent ev;
+      ev.type = WatchEvent::Type::Put;
+      ev.kv = kv;
+      events.push_back(std::move(ev));
+    }
+  }
+  for (const std::string& k : present_) {
+    if (seen.count(k) != 0) continue;
+    WatchEvent ev;
+    ev.type = WatchEvent::Type::Delete;
+    ev.kv.key = k;
+    ev.kv.mod_revision = now.revision;
+    events.push_back(std::move(ev));
+  }
+  present_ = std::move(seen);
+  next_revision_ = now.revision + 1;
+  return events;
 }
 
 Watch::~Watch() = default;
 
 bool Watch::open(Client::Deadline deadline) {
   const auto& eps = client_.endpoints();
-  json create = {{"key", base64_encode(key_)}, {"start_revision", std::to_string(next_revision_)}};
+  // progress_notify: an idle watch still learns how far etcd's history has gone (every 10 minutes
+  // by default), so that resuming it elsewhere seldom needs a compacted revision.
+  json create = {{"key", base64_encode(key_)}, {"start_revision", std::to_string(next_revision_)},
+                 {"progress_notify", true}};
   if (!range_end_.empty()) create["range_end"] = base64_encode(range_end_);
   const std::string body = json{{"create_request", create}}.dump();
   for (size_t i = 0; i < eps.size(); ++i) {
@@ -655,18 +691,33 @@ std::vector<WatchEvent> Watch::next(std::chrono::milliseconds timeout, Client::D
       const json& r = j.contains("result") ? j["result"] : j;
       if (r.value("canceled", false)) {
         const int64_t compacted = int64_of(r, "compact_revision");
-        throw EtcdError(11, "etcd canceled the watch" + (compacted ? " (revision " + std::to_string(next_revision_) +
-                                                                        " was compacted; oldest is " +
-                                                                        std::to_string(compacted) + ")"
-                                                                  : std::string()));
+        if (compacted > 0) {
+          conn_.reset();
+          for (auto& ev : resync(compacted, std::max(give_up, Clock::now() + client_.options().attempt_timeout))) {
+            events.push_back(std::move(ev));
+          }
+          break;
+        }
+        throw EtcdError(11, "etcd canceled the watch" + (r.contains("cancel_reason")
+                                                             ? ": " + r.value("cancel_reason", std::string())
+                                                             : std::string()));
       }
-      if (auto evs = r.find("events"); evs != r.end() && evs->is_array()) {
+      const auto evs = r.find("events");
+      if (evs != r.end() && evs->is_array() && !evs->empty()) {
         for (const json& e : *evs) {
           WatchEvent ev;
           ev.type = e.value("type", std::string("PUT")) == "DELETE" ? WatchEvent::Type::Delete : WatchEvent::Type::Put;
           if (e.contains("kv")) ev.kv = kv_of(e["kv"]);
           next_revision_ = std::max(next_revision_, ev.kv.mod_revision + 1);
+          if (ev.type == WatchEvent::Type::Put) present_.insert(ev.kv.key);
+          else present_.erase(ev.kv.key);
           events.push_back(std::move(ev));
+        }
+      } else if (!r.value("created", false)) {
+        // A progress notification: etcd sends one only to a watch that has every event up to its
+        // header's revision.
+        if (auto hdr = r.find("header"); hdr != r.end()) {
+          next_revision_ = std::max(next_revision_, int64_of(*hdr, "revision") + 1);
         }
       }
     }

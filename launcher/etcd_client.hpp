@@ -21,6 +21,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -181,19 +182,26 @@ class Client {
 // endpoint from the revision after the last event seen, so no event is lost or repeated.
 class Watch {
  public:
-  Watch(Client& client, std::string key, std::string range_end, int64_t start_revision);
+  // Watches [key, range_end) (range_end empty: the key alone) from start_revision. `present`: the
+  // keys the caller saw there at start_revision - 1, so that a watch whose history etcd has
+  // compacted away can still report what changed (see next()).
+  Watch(Client& client, std::string key, std::string range_end, int64_t start_revision,
+        std::vector<std::string> present = {});
   ~Watch();
   Watch(const Watch&) = delete;
   Watch& operator=(const Watch&) = delete;
 
   // Events that arrived within `timeout` (empty if none). Throws ConnectionError when no
-  // endpoint will serve the watch until `give_up` passes, EtcdError if etcd refuses it (e.g.
-  // its start revision was compacted away).
+  // endpoint will serve the watch until `give_up` passes, EtcdError if etcd refuses it. When the
+  // revision to resume from has been compacted (a member failed over hours after the last event),
+  // the range is read afresh instead and the difference reported as events: a PUT for each key
+  // changed since, a DELETE for each key gone; only intermediate values are lost.
   std::vector<WatchEvent> next(std::chrono::milliseconds timeout, Client::Deadline give_up);
   int64_t next_revision() const { return next_revision_; }
 
  private:
   bool open(Client::Deadline deadline);
+  std::vector<WatchEvent> resync(int64_t compacted, Client::Deadline deadline);
 
   Client& client_;
   std::string key_, range_end_;
@@ -201,6 +209,7 @@ class Watch {
   std::unique_ptr<Connection> conn_;
   size_t endpoint_ = 0;
   std::string pending_;  // bytes of a message not complete yet
+  std::set<std::string> present_;  // keys in the range as of next_revision_ - 1
 };
 
 }  // namespace ddprun::launcher::etcd

@@ -179,12 +179,16 @@ void EtcdRendezvous::watch(int round, std::function<void(const RoundEnd&)> on_en
     };
     try {
       const std::string prefix = key(round, "");
-      const etcd::RangeResult now = client_->get(key(round, "end"), soon());
-      if (!now.kvs.empty()) {
-        on_end(parse_round_end(now.kvs[0].value));
-        return;
+      const etcd::RangeResult now = client_->get_prefix(prefix, soon(), true);
+      std::vector<std::string> present;
+      for (const etcd::KeyValue& kv : now.kvs) {
+        if (kv.key == key(round, "end")) {
+          on_end(parse_round_end(client_->get(kv.key, soon()).kvs.at(0).value));
+          return;
+        }
+        present.push_back(kv.key);
       }
-      etcd::Watch w(*client_, prefix, etcd::prefix_end(prefix), now.revision + 1);
+      etcd::Watch w(*client_, prefix, etcd::prefix_end(prefix), now.revision + 1, std::move(present));
       const std::string member_prefix = key(round, "member/");
       for (;;) {
         if (stop_watching_) return;

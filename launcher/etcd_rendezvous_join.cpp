@@ -64,8 +64,12 @@ std::optional<RoundEnd> EtcdRendezvous::wait_round(
   // The round's keys as of one revision, then kept current by a watch from the next one.
   const etcd::RangeResult snapshot = client_->get_prefix(prefix, soon());
   std::map<std::string, etcd::KeyValue> state;
-  for (const auto& kv : snapshot.kvs) state[kv.key] = kv;
-  etcd::Watch w(*client_, prefix, etcd::prefix_end(prefix), snapshot.revision + 1);
+  std::vector<std::string> present;
+  for (const auto& kv : snapshot.kvs) {
+    state[kv.key] = kv;
+    present.push_back(kv.key);
+  }
+  etcd::Watch w(*client_, prefix, etcd::prefix_end(prefix), snapshot.revision + 1, std::move(present));
   for (;;) {
     std::vector<etcd::KeyValue> kvs;
     for (const auto& [k, kv] : state) kvs.push_back(kv);

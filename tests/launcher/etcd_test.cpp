@@ -222,6 +222,30 @@ TEST(EtcdRendezvousTest, AJobRidesOutTheDeathOfTheEtcdMemberItTalksTo) {
   EXPECT_EQ(f1.exit_code, 0) << f1.err;
 }
 
+// Production etcds compact their history. A watch that resumes on another member after a
+// compaction cannot replay what it missed: the agents read the round afresh and go on.
+TEST(EtcdRendezvousTest, AWatchResumedPastACompactionReadsTheRoundAfreshAndTheJobGoesOn) {
+  REQUIRE_ETCD();
+  EtcdCluster cluster(3);
+  auto n0 = node(cluster.endpoints(), "compacted", "2", 0, test_worker({"sleep", "6"}));
+  auto n1 = node(cluster.endpoints(), "compacted", "2", 1, test_worker({"sleep", "6"}));
+  ASSERT_TRUE(n0->wait_for_output("started 1 worker", 60s)) << n0->err();
+  ASSERT_TRUE(n1->wait_for_output("started 1 worker", 60s)) << n1->err();
+  // Revisions the agents' watches never saw (another prefix), then compact up to the newest.
+  std::string put;
+  for (int i = 0; i < 3; ++i) put = cluster.etcdctl("put /elsewhere/k" + std::to_string(i) + " v -w json");
+  const auto at = put.find("\"revision\":");
+  ASSERT_NE(at, std::string::npos) << put;
+  const long revision = std::stol(put.substr(at + 11));
+  ASSERT_NE(cluster.etcdctl("compact " + std::to_string(revision)).find("compacted revision"), std::string::npos);
+  cluster.kill(0);  // the watches' member: they resume elsewhere from a revision that is gone
+  const Finished f0 = n0->wait(90s), f1 = n1->wait(90s);
+  EXPECT_EQ(f0.exit_code, 0) << f0.err;
+  EXPECT_EQ(f1.exit_code, 0) << f1.err;
+  EXPECT_NE((f0.err + f1.err).find("etcd compacted its history past this watch"), std::string::npos)
+      << f0.err << f1.err;
+}
+
 TEST(EtcdRendezvousTest, UnreachableEtcdIsAClearErrorWithinTheJoinTimeout) {
   const int dead1 = free_port(), dead2 = free_port();
   const std::string endpoints = "127.0.0.1:" + std::to_string(dead1) + ",127.0.0.1:" + std::to_string(dead2);
