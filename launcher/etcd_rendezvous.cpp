@@ -17,6 +17,9 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
+// How long a finished job id's generation counter outlives the job.
+constexpr std::chrono::seconds kForgetJobAfter{24 * 3600};
+
 // What an etcd refusal means for the user.
 [[noreturn]] void explain(const etcd::EtcdError& e, const std::string& endpoints) {
   const std::string what = e.what();
@@ -313,10 +316,13 @@ void EtcdRendezvous::leave(int round, std::chrono::milliseconds, const StopSigna
     if (n == 0) n = static_cast<int>(client_->get_prefix(key(round, "member/"), soon(), true).kvs.size());
     const int left = static_cast<int>(client_->get_prefix(gen_prefix() + "left/", soon(), true).kvs.size());
     if (left >= n) {
-      // The next run of this job id is the next generation; this one's keys go.
+      // The next run of this job id is the next generation; this one's keys go. The counter itself
+      // goes a day later (a lease of its own), as the daemon forgets job ids: a run after that
+      // starts again at generation 1, in a namespace nothing is left in.
       const std::string counter = job_key("gen");
+      const int64_t counter_lease = client_->lease_grant(kForgetJobAfter, soon());
       client_->txn({etcd::Compare::value_is(counter, std::to_string(generation_))},
-                   {etcd::Op::put(counter, std::to_string(generation_ + 1))}, {}, soon());
+                   {etcd::Op::put(counter, std::to_string(generation_ + 1), counter_lease)}, {}, soon());
       client_->erase(gen_prefix(), etcd::prefix_end(gen_prefix()), soon());
     }
   } catch (const std::exception& e) {

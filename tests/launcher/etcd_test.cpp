@@ -117,8 +117,17 @@ TEST(EtcdRendezvousTest, AStaticJobOfRealPyTorchWorkersTrainsAndItsKeysAreGoneAf
   ASSERT_EQ(f0.exit_code, 0) << f0.err;
   ASSERT_EQ(f1.exit_code, 0) << f1.err;
   EXPECT_EQ(count(f0.out + f1.out, " ok 10.0 attempt 0"), 4u) << f0.out << f1.out;  // 4 ranks: 1+2+3+4
-  // Only the job's generation counter stays.
+  // Only the job's generation counter stays, and not for ever: it is on a lease of its own.
   EXPECT_EQ(cluster.etcdctl("get --prefix /ddprun/job-a/ --keys-only"), "/ddprun/job-a/gen\n\n");
+  const std::string counter = cluster.etcdctl("get /ddprun/job-a/gen -w json");
+  const auto at = counter.find("\"lease\":");
+  ASSERT_NE(at, std::string::npos) << counter;
+  char hex[32];
+  std::snprintf(hex, sizeof hex, "%llx", std::stoull(counter.substr(at + 8)));
+  const std::string ttl = cluster.etcdctl(std::string("lease timetolive ") + hex);
+  const auto granted = ttl.find("granted with TTL(");
+  ASSERT_NE(granted, std::string::npos) << ttl;
+  EXPECT_EQ(std::stol(ttl.substr(granted + 17)), 24 * 3600) << ttl;
 }
 
 TEST(EtcdRendezvousTest, AnElasticJobStartsWithTheNodesThereAfterTheLastCall) {
