@@ -19,6 +19,7 @@
 #include <thread>
 #include <vector>
 
+#include "bench_util.hpp"
 #include "common/log.hpp"
 #include "common/system.hpp"
 #include "launcher/etcd_rendezvous.hpp"
@@ -74,14 +75,9 @@ double run_round(int n, const std::function<std::unique_ptr<launcher::Rendezvous
   return static_cast<double>(last - first) / 1e9;
 }
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-
 std::string spread(const std::vector<double>& v) {
   char buf[96];
-  std::snprintf(buf, sizeof buf, "%.3f (%.3f-%.3f)", median(v), *std::min_element(v.begin(), v.end()),
+  std::snprintf(buf, sizeof buf, "%.3f (%.3f-%.3f)", ddprun::bench::median(v), *std::min_element(v.begin(), v.end()),
                 *std::max_element(v.begin(), v.end()));
   return buf;
 }
@@ -94,10 +90,7 @@ int main(int argc, char** argv) {
   std::vector<int> counts{2, 16, 64};
   int repeats = 3, members = 3;
   if (argc > 1) {
-    counts.clear();
-    std::stringstream in(argv[1]);
-    std::string item;
-    while (std::getline(in, item, ',')) counts.push_back(std::stoi(item));
+    counts = ddprun::bench::parse_list(argv[1]);
   }
   if (argc > 2) repeats = std::max(1, std::stoi(argv[2]));
   if (argc > 3) members = std::max(1, std::stoi(argv[3]));
@@ -147,7 +140,7 @@ int main(int argc, char** argv) {
         return std::make_unique<launcher::EtcdRendezvous>(o, stop);
       }));
     }
-    const double s = median(store_s), e = median(etcd_s);
+    const double s = ddprun::bench::median(store_s), e = ddprun::bench::median(etcd_s);
     std::printf("| %d | %s | %s | %.1fx |\n", n, spread(store_s).c_str(), spread(etcd_s).c_str(), e / s);
     std::fflush(stdout);
   }

@@ -15,6 +15,7 @@
 #include <thread>
 #include <vector>
 
+#include "bench_util.hpp"
 #include "common/log.hpp"
 #include "common/system.hpp"
 #include "launcher/store_rendezvous.hpp"
@@ -105,10 +106,7 @@ int main(int argc, char** argv) {
   std::vector<int> counts{16, 128, 1024};
   int repeats = 3;
   if (argc > 1) {
-    counts.clear();
-    std::stringstream in(argv[1]);
-    std::string item;
-    while (std::getline(in, item, ',')) counts.push_back(std::stoi(item));
+    counts = ddprun::bench::parse_list(argv[1]);
   }
   if (argc > 2) repeats = std::max(1, std::stoi(argv[2]));
   std::printf("| backend | agents | store | first join -> all ranked (s), median of %d | CPU s (agents + store) "
@@ -128,10 +126,8 @@ int main(int argc, char** argv) {
         }
       }
       for (int secured = 0; secured < 2; ++secured) {
-        std::sort(times[secured].begin(), times[secured].end());
-        std::sort(cpus[secured].begin(), cpus[secured].end());
-        median[secured] = times[secured][times[secured].size() / 2];
-        cpu[secured] = cpus[secured][cpus[secured].size() / 2];
+        median[secured] = ddprun::bench::median(times[secured]);
+        cpu[secured] = ddprun::bench::median(cpus[secured]);
         std::printf("| %s | %d | %s | %.3f | %.3f | %.1f | %d |\n", dynamic ? "c10d (dynamic)" : "static", n,
                     secured ? "protected (HMAC handshake)" : "open", median[secured], cpu[secured],
                     last[secured].requests_per_agent, last[secured].wrong);

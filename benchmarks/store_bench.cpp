@@ -24,6 +24,7 @@
 #include <thread>
 #include <vector>
 
+#include "bench_util.hpp"
 #include "common/system.hpp"
 #include "rendezvous/server.hpp"
 
@@ -183,14 +184,6 @@ BarrierResult run_barrier(uint16_t port, int clients, pid_t server_pid) {
   return r;
 }
 
-std::vector<int> parse_list(const std::string& s) {
-  std::vector<int> v;
-  std::stringstream in(s);
-  std::string item;
-  while (std::getline(in, item, ',')) v.push_back(std::stoi(item));
-  return v;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -203,7 +196,7 @@ int main(int argc, char** argv) {
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string flag = argv[i];
     if (flag == "--seconds") duration = std::chrono::milliseconds(static_cast<int>(std::stod(argv[i + 1]) * 1000));
-    else if (flag == "--clients") client_counts = parse_list(argv[i + 1]);
+    else if (flag == "--clients") client_counts = ddprun::bench::parse_list(argv[i + 1]);
     else if (flag == "--barrier") barrier_clients = std::stoi(argv[i + 1]);
     else {
       std::cerr << "usage: store_bench [--seconds S] [--clients 1,16,64,256] [--barrier N]\n";

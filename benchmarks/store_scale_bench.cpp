@@ -33,6 +33,7 @@
 #include <string>
 #include <vector>
 
+#include "bench_util.hpp"
 #include "common/system.hpp"
 #include "rendezvous/protocol.hpp"
 
@@ -270,14 +271,6 @@ RunResult drive(uint16_t port, int n, std::chrono::seconds timeout) {
   return res;
 }
 
-std::vector<int> parse_list(const std::string& s) {
-  std::vector<int> out;
-  std::stringstream in(s);
-  std::string item;
-  while (std::getline(in, item, ',')) out.push_back(std::stoi(item));
-  return out;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -290,7 +283,7 @@ int main(int argc, char** argv) {
     if (flag == "--connect") connect_port = std::stoi(argv[i + 1]);
     if (flag == "--daemon") daemon = argv[i + 1];
     else if (flag == "--libtorch-server") libtorch = argv[i + 1];
-    else if (flag == "--ranks") ranks = parse_list(argv[i + 1]);
+    else if (flag == "--ranks") ranks = ddprun::bench::parse_list(argv[i + 1]);
     else if (flag == "--timeout") timeout = std::chrono::seconds(std::stoi(argv[i + 1]));
   }
   if (connect_port > 0) {

@@ -47,4 +47,8 @@ uint64_t peak_rss_kib(pid_t pid) {
   return 0;
 }
 
+std::string seconds_text(std::chrono::milliseconds d) {
+  return d.count() % 1000 == 0 ? std::to_string(d.count() / 1000) + "s" : std::to_string(d.count()) + "ms";
+}
+
 }  // namespace ddprun

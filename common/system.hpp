@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <string>
 
 namespace ddprun {
 
@@ -17,5 +18,8 @@ std::chrono::microseconds process_cpu_time(pid_t pid = 0);
 
 // Peak resident set size (VmHWM) of a process in KiB, from /proc/<pid>/status; pid 0 = this process.
 uint64_t peak_rss_kib(pid_t pid = 0);
+
+// A duration for messages: "30s", or "250ms" when not a whole number of seconds.
+std::string seconds_text(std::chrono::milliseconds d);
 
 }  // namespace ddprun

@@ -8,10 +8,6 @@ namespace ddprun::launcher {
 
 using json = nlohmann::json;
 
-std::string seconds_text(std::chrono::milliseconds d) {
-  return d.count() % 1000 == 0 ? std::to_string(d.count() / 1000) + "s" : std::to_string(d.count()) + "ms";
-}
-
 std::pair<std::string, int> worker_store_address(int round, const json& store) {
   const std::string addr = string_field(store, "addr");
   const auto port = int_field(store, "port", 0);

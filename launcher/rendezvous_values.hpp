@@ -12,6 +12,7 @@
 #include <utility>
 #include <vector>
 
+#include "common/system.hpp"  // seconds_text
 #include "launcher/report.hpp"
 #include "rendezvous/job_keys.hpp"
 
@@ -41,7 +42,5 @@ rdzv::jobs::Outcome signal_outcome(int signo, int node, const std::string& host)
 
 // Wall-clock milliseconds since the epoch (records and heartbeat times; never compared across hosts).
 int64_t now_ms();
-// "30s" or "250ms".
-std::string seconds_text(std::chrono::milliseconds d);
 
 }  // namespace ddprun::launcher

@@ -14,7 +14,7 @@
 #include "common/log.hpp"
 #include "launcher/console.hpp"
 #include "launcher/options.hpp"
-#include "launcher/rendezvous_values.hpp"
+#include "common/system.hpp"
 #include "launcher/signals.hpp"
 
 namespace ddprun::launcher {

@@ -14,39 +14,13 @@
 #include <stdexcept>
 
 #include "common/errors.hpp"
+#include "common/hex.hpp"
 
 namespace ddprun::rdzv {
 namespace {
 
 constexpr std::string_view kJobTokenHeader = "ddprun-job-token v1 ";
 constexpr size_t kMinSecretBytes = 16;
-
-std::string to_hex(std::string_view bytes) {
-  static const char* digits = "0123456789abcdef";
-  std::string out;
-  for (unsigned char c : bytes) {
-    out.push_back(digits[c >> 4]);
-    out.push_back(digits[c & 15]);
-  }
-  return out;
-}
-
-std::optional<std::string> from_hex(std::string_view hex) {
-  if (hex.size() % 2 != 0) return std::nullopt;
-  auto value = [](char c) -> int {
-    if (c >= '0' && c <= '9') return c - '0';
-    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
-    return -1;
-  };
-  std::string out;
-  for (size_t i = 0; i < hex.size(); i += 2) {
-    const int hi = value(hex[i]), lo = value(hex[i + 1]);
-    if (hi < 0 || lo < 0) return std::nullopt;
-    out.push_back(static_cast<char>(hi * 16 + lo));
-  }
-  return out;
-}
 
 std::string mac(std::string_view key, std::string_view role, std::string_view scope, std::string_view client_nonce,
                 std::string_view server_nonce) {

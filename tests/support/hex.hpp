@@ -6,6 +6,8 @@
 #include <string>
 #include <string_view>
 
+#include "common/hex.hpp"
+
 namespace ddprun::test {
 
 // "03 0500000000000000 696e69742f" -> bytes; spaces are ignored.
@@ -27,14 +29,6 @@ inline std::string unhex(std::string_view hex) {
   return out;
 }
 
-inline std::string hex(std::string_view bytes) {
-  static const char* digits = "0123456789abcdef";
-  std::string out;
-  for (unsigned char c : bytes) {
-    out.push_back(digits[c >> 4]);
-    out.push_back(digits[c & 15]);
-  }
-  return out;
-}
+inline std::string hex(std::string_view bytes) { return to_hex(bytes); }
 
 }  // namespace ddprun::test
