@@ -1,0 +1,82 @@
+#pragma once
+// Inside parse_options (options.cpp, options_rendezvous.cpp): what the command line and the
+// environment gave, and the checks every flag's value goes through. Not for use elsewhere.
+
+#include <chrono>
+#include <map>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "common/errors.hpp"
+#include "launcher/options.hpp"
+
+namespace ddprun::launcher::options_detail {
+
+inline std::string trim(const std::string& s) {
+  const auto b = s.find_first_not_of(" \t");
+  if (b == std::string::npos) return "";
+  return s.substr(b, s.find_last_not_of(" \t") - b + 1);
+}
+
+inline std::vector<std::string> split(const std::string& s, char sep) {
+  std::vector<std::string> out;
+  std::stringstream in(s);
+  std::string item;
+  while (std::getline(in, item, sep)) out.push_back(trim(item));
+  return out;
+}
+
+[[noreturn]] inline void bad(const std::string& flag, const std::string& expected, const std::string& got) {
+  throw ConfigError(flag + ": expected " + expected + ", got '" + got + "'");
+}
+
+inline long long parse_int(const std::string& flag, const std::string& text, long long lo, long long hi,
+                    const std::string& expected) {
+  try {
+    size_t used = 0;
+    const long long v = std::stoll(text, &used);
+    if (used == text.size() && v >= lo && v <= hi) return v;
+  } catch (const std::exception&) {
+  }
+  bad(flag, expected, text);
+}
+
+inline std::chrono::milliseconds parse_seconds(const std::string& flag, const std::string& text, bool allow_zero) {
+  try {
+    size_t used = 0;
+    const double v = std::stod(text, &used);
+    if (used == text.size() && (v > 0 || (allow_zero && v == 0)) && v < 1e7) {
+      return std::chrono::milliseconds(static_cast<long long>(v * 1000));
+    }
+  } catch (const std::exception&) {
+  }
+  bad(flag, allow_zero ? "a number of seconds >= 0" : "a number of seconds > 0", text);
+}
+
+// What the command line and the environment gave, before anything is checked: flag dest -> value,
+// and how the user spelled it (for error messages).
+struct Given {
+  std::map<std::string, std::string> values;
+  std::map<std::string, std::string> spelled;
+  std::string program;
+  std::vector<std::string> program_args;
+  bool help = false;
+  bool version = false;
+
+  bool has(const char* dest) const { return values.count(dest) != 0; }
+  const std::string& operator[](const char* dest) const { return values.at(dest); }
+  std::string flag(const char* dest) const {
+    auto it = spelled.find(dest);
+    return it != spelled.end() ? it->second : std::string("--") + dest;
+  }
+  void set(const std::string& dest, const std::string& value, const std::string& from) {
+    values[dest] = value;
+    spelled[dest] = from;
+  }
+};
+
+// 3b. How the nodes find each other (options_rendezvous.cpp).
+void resolve_rendezvous(const Given& g, const EnvLookup& env, LaunchOptions& o);
+
+}  // namespace ddprun::launcher::options_detail
