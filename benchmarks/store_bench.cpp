@@ -11,7 +11,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+#include "ddprun/worker/tcp_store.hpp"
 
 #include <algorithm>
 #include <atomic>
@@ -44,12 +44,7 @@ int serve(const std::string& impl) {
     ours = std::make_unique<ddprun::rdzv::ServerThread>(ddprun::rdzv::ServerOptions{});
     port = ours->port();
   } else {
-    c10d::TCPStoreOptions o;
-    o.port = 0;
-    o.isServer = true;
-    o.waitWorkers = false;
-    o.timeout = 600s;
-    theirs = c10::make_intrusive<c10d::TCPStore>("127.0.0.1", o);
+    theirs = ddprun::worker::make_tcp_store_server("127.0.0.1", 0, 600s);
     port = theirs->getPort();
   }
   std::cout << port << std::endl;
@@ -94,11 +89,7 @@ struct ServerProcess {
 // ---- client side --------------------------------------------------------------------------------
 
 c10::intrusive_ptr<c10d::TCPStore> connect(uint16_t port) {
-  c10d::TCPStoreOptions o;
-  o.port = port;
-  o.isServer = false;
-  o.timeout = 300s;
-  return c10::make_intrusive<c10d::TCPStore>("127.0.0.1", o);
+  return c10::make_intrusive<c10d::TCPStore>("127.0.0.1", ddprun::worker::tcp_store_client_options(port, 300s));
 }
 
 struct LoadResult {

@@ -12,6 +12,7 @@
 #include "launcher/agent_state.hpp"
 #include "launcher/etcd_rendezvous.hpp"
 #include "launcher/local_rendezvous.hpp"
+#include "launcher/python_hook.hpp"
 #include "launcher/stacks.hpp"
 #include "launcher/store_rendezvous.hpp"
 
@@ -115,11 +116,11 @@ Agent::Agent(const LaunchOptions& o)
     auto it = base_env_.find("TORCHELASTIC_TIMER_FILE");
     timer_file_ = it != base_env_.end() && !it->second.empty() ? it->second : (run_dir_.path / "torchelastic_timer").string();
   }
-  if (capture_stacks_) {
-    python_hook_dir_ = (run_dir_.path / "python").string();
-    create_private_directory(python_hook_dir_);
-    write_python_stack_hook(python_hook_dir_);
-  }
+  // Every worker gets the Python hook (python_hook.hpp): whether it runs Python is not known here
+  // (a shell script or a binary may start it), and it does nothing a worker has not asked for.
+  python_hook_dir_ = (run_dir_.path / "python").string();
+  create_private_directory(python_hook_dir_);
+  write_python_hook(python_hook_dir_);
   if (o.nproc_per_node > 1 && base_env_.find("OMP_NUM_THREADS") == base_env_.end()) {
     base_env_["OMP_NUM_THREADS"] = "1";
     log::warn("ddprun") << "OMP_NUM_THREADS is not set: setting it to 1 for each of the " << o.nproc_per_node
@@ -184,6 +185,8 @@ std::unique_ptr<RendezvousBackend> Agent::make_backend() {
   ro.master_port = o_.master_port.value_or(29500);
   ro.endpoint_host = o_.rdzv_endpoint_host;
   ro.endpoint_port = o_.rdzv_endpoint_port;
+  ro.is_host = o_.rdzv_is_host;
+  ro.read_timeout = o_.rdzv_read_timeout;
   ro.advertise_addr = advertise_addr_;
   ro.host = host_;
   ro.token = read_token();
@@ -300,13 +303,16 @@ std::vector<WorkerLaunch> Agent::make_launches(const World& world, const fs::pat
     if (capture_stacks_) {
       env["DDPRUN_STACK_DIR"] = rank_dir.string();
       env["DDPRUN_STACK_SIGNAL"] = std::to_string(stack_signal());
-      auto pp = env.find("PYTHONPATH");
-      env["PYTHONPATH"] = python_hook_dir_ + (pp != env.end() && !pp->second.empty() ? ":" + pp->second : "");
     }
+    auto pp = env.find("PYTHONPATH");
+    env["PYTHONPATH"] = python_hook_dir_ + (pp != env.end() && !pp->second.empty() ? ":" + pp->second : "");
     if (file_timer_) env["TORCHELASTIC_TIMER_FILE"] = timer_file_;
     l.request.argv = worker_command(o_, env);
     // torch.distributed.launch's convention: right after the script, before its own arguments.
-    if (o_.local_rank_arg) l.request.argv.push_back("--local_rank=" + env["LOCAL_RANK"]);
+    if (o_.local_rank_arg != LocalRankArg::None) {
+      l.request.argv.push_back((o_.local_rank_arg == LocalRankArg::Dash ? "--local-rank=" : "--local_rank=") +
+                               env["LOCAL_RANK"]);
+    }
     for (auto& a : substitute_args(o_.program_args, lr)) l.request.argv.push_back(std::move(a));
     l.request.envp = to_envp(env);
     l.prefix = expand_prefix(o_.log_line_prefix, where.rank, lr, o_.role, host_);

@@ -4,6 +4,7 @@
 #include <csignal>
 #include <cstring>
 #include <sstream>
+#include <string_view>
 
 #include "common/errors.hpp"
 #include "launcher/options.hpp"
@@ -54,8 +55,9 @@ constexpr FlagDef kFlagTable[] = {
     {"--no_python", nullptr, "no_python", false, "off", "run the program directly even if it ends in .py"},
     {"--module", "-m", "module", false, "off", "run the program as a Python module (python -m)"},
     {"--local_rank_arg", nullptr, "local_rank_arg", false, "off",
-     "pass --local_rank=N as the program's first argument, as torch.distributed.launch did (scripts that read "
-     "--local_rank from argv run unchanged)"},
+     "pass --local_rank=N as the program's first argument, as torch.distributed.launch 1.x did (scripts that read "
+     "--local_rank from argv run unchanged); --local_rank_arg=dash passes --local-rank=N, as 2.x does",
+     true},
     {"--use_env", nullptr, "use_env", false, "off",
      "accepted for torch.distributed.launch compatibility: the workers always get LOCAL_RANK in their environment"},
     {"--local_addr", nullptr, "local_addr", true, "(host name)", "address of this node that other nodes use"},
@@ -67,11 +69,54 @@ constexpr FlagDef kFlagTable[] = {
     {"--virtual_local_rank", nullptr, "virtual_local_rank", false, "off",
      "give each worker one GPU in CUDA_VISIBLE_DEVICES and LOCAL_RANK=0, so no rank touches another's GPU"},
     {"--log_line_prefix_template", nullptr, "log_line_prefix_template", true, "[rank${rank}]: ",
-     "prefix of each console line; ${rank}, ${local_rank}, ${role_name}, ${host} are replaced"},
+     "prefix of each console line; ${rank}, ${local_rank}, ${role_name}, ${hostname} (or ${host}) are "
+     "replaced"},
     {"--start_method", nullptr, "start_method", true, "spawn", "accepted for torchrun compatibility; ignored"},
 };
 
+constexpr RdzvConfKey kRdzvConfKeys[] = {
+    {"join_timeout", "timeout", false, "seconds a rendezvous may take before the node gives up (600)"},
+    {"last_call_timeout", "", false, "seconds an elastic rendezvous waits for more nodes once it has --nnodes MIN (30)"},
+    {"keep_alive_interval", "", false, "seconds between a node's keep-alives (5)"},
+    {"keep_alive_max_attempt", "", false, "missed keep-alives after which a node is lost (3)"},
+    {"heartbeat_timeout", "", false,
+     "seconds without keep-alives after which a node is lost: sets keep_alive_max_attempt to fit"},
+    {"read_timeout", "", false, "seconds one request to the rendezvous store may take (60)"},
+    {"is_host", "", false,
+     "with c10d: whether this node hosts the store at --rdzv_endpoint (default: when the endpoint is one of "
+     "this host's addresses); false makes it a client of another node's store or a daemon"},
+    {"close_timeout", "", false, "accepted (torchrun's wait for a closing round): ddprun's rounds close at once"},
+    {"store_type", "", false, "accepted when 'tcp' (torchrun's default): the rendezvous store is ddprun's TCP store"},
+    {"use_libuv", "", false,
+     "accepted (torchrun's choice of its store's event loop): the rendezvous store is ddprun's own"},
+    {"rank", "", false, "the node's rank, as --node_rank"},
+    {"token_file", "", false, "the rendezvous store's secret or this job's token (also DDPRUN_TOKEN_FILE)"},
+    {"key_prefix", "etcd_prefix", true, "etcd: the prefix of the job's keys (/ddprun/)"},
+    {"lease_ttl", "", true, "etcd: seconds of the agents' leases (10)"},
+    {"etcd_user", "", true, "etcd: user name (needs etcd_password_file)"},
+    {"etcd_password_file", "", true, "etcd: file holding the password"},
+    {"etcd_ca_file", "cacert,ca_cert", true, "etcd: CA certificate (PEM)"},
+    {"etcd_cert_file", "cert,ssl_cert", true, "etcd: client certificate (PEM)"},
+    {"etcd_key_file", "key,ssl_cert_key", true, "etcd: client key (PEM)"},
+    {"protocol", "", true, "etcd: http or https for endpoints given without a scheme"},
+};
+
 }  // namespace
+
+std::span<const RdzvConfKey> rdzv_conf_keys() { return kRdzvConfKeys; }
+
+const RdzvConfKey* find_rdzv_conf_key(const std::string& spelled) {
+  for (const RdzvConfKey& k : kRdzvConfKeys) {
+    if (spelled == k.name) return &k;
+    std::string_view aliases = k.aliases;
+    while (!aliases.empty()) {
+      const auto comma = aliases.find(',');
+      if (aliases.substr(0, comma) == spelled) return &k;
+      aliases = comma == std::string_view::npos ? std::string_view() : aliases.substr(comma + 1);
+    }
+  }
+  return nullptr;
+}
 
 std::span<const FlagDef> flag_table() { return kFlagTable; }
 
@@ -102,6 +147,13 @@ std::string usage_text() {
     out << "\n";
   }
   out << "  -h, --help\n      show this help\n  --version\n      print the version\n\n"
+         "--rdzv_conf keys (KEY=VALUE,...):\n";
+  for (const RdzvConfKey& k : kRdzvConfKeys) {
+    out << "  " << k.name;
+    if (*k.aliases != '\0') out << " (also " << k.aliases << ")";
+    out << "\n      " << k.meaning << "\n";
+  }
+  out << "\n"
          "Exit status:\n"
          "0 when every worker succeeded; the root-cause worker's exit code (128+N if it died of signal\n"
          "N) when one failed; 124 when the job hung (--hang_timeout); 2 for a bad command line; 1 when ddprun\n"

@@ -14,7 +14,22 @@ struct FlagDef {
   bool takes_value;
   const char* default_text;
   const char* help;
+  // A flag without a value that also takes one inline (--local_rank_arg or --local_rank_arg=dash).
+  bool optional_value = false;
 };
+
+// A --rdzv_conf key: every key torchrun 2.x accepts, and ddprun's own.
+struct RdzvConfKey {
+  const char* name;     // canonical spelling
+  const char* aliases;  // other spellings (torchrun's), comma-separated, or ""
+  bool etcd_only;       // meaningful with --rdzv_backend etcd alone
+  const char* meaning;  // for --help and the README
+};
+
+// Every --rdzv_conf key, in --help order.
+std::span<const RdzvConfKey> rdzv_conf_keys();
+// The key `spelled` names (canonical or alias), or nullptr.
+const RdzvConfKey* find_rdzv_conf_key(const std::string& spelled);
 
 // Every flag ddprun accepts, in --help order.
 std::span<const FlagDef> flag_table();

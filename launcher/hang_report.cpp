@@ -249,11 +249,16 @@ std::string rank_location(const RankState& r) {
           break;
         }
       }
-      // The outermost torch.distributed frame is the call the program made.
+      // The outermost torch.distributed frame is the call the program made, less the decorators
+      // PyTorch 2.x wraps its collectives in (c10d_logger.py's `wrapper`).
       size_t outer = i;
       while (outer + 1 < py.size() && parse_py_frame(py[outer + 1]).path.find("/torch/distributed/") != std::string::npos) {
         ++outer;
       }
+      const auto decorator = [](const PyFrame& f) {
+        return f.function == "wrapper" || f.path.find("/torch/distributed/c10d_logger.py") != std::string::npos;
+      };
+      while (outer > i && decorator(parse_py_frame(py[outer]))) --outer;
       return "in torch.distributed " + parse_py_frame(py[outer]).function + (caller.empty() ? "" : " (" + caller + ")");
     }
     const PyFrame top = parse_py_frame(py.front());

@@ -77,9 +77,10 @@ Given tokenize(const std::vector<std::string>& args) {
         if (i + 1 >= args.size()) throw ConfigError(name + " needs a value (" + f->help + ")");
         value = args[++i];
       }
-    } else {
-      if (inline_value) throw ConfigError(name + " takes no value, got '" + value + "'");
+    } else if (!inline_value) {
       value = "1";
+    } else if (!f->optional_value) {
+      throw ConfigError(name + " takes no value, got '" + value + "'");
     }
     g.set(f->dest, value, name);
   }
@@ -224,8 +225,18 @@ void resolve_workers(const Given& g, const EnvLookup& env, LaunchOptions& o) {
   }
   o.no_python = g.has("no_python");
   o.module = g.has("module");
-  o.local_rank_arg = g.has("local_rank_arg");
-  if (o.local_rank_arg && g.has("use_env")) {
+  if (g.has("local_rank_arg")) {
+    const std::string v = trim(g["local_rank_arg"]);
+    if (v == "1" || v == "underscore") {
+      o.local_rank_arg = LocalRankArg::Underscore;
+    } else if (v == "dash") {
+      o.local_rank_arg = LocalRankArg::Dash;
+    } else {
+      bad(g.flag("local_rank_arg"), "no value (--local_rank=N, torch.distributed.launch 1.x), 'underscore' (the same) "
+          "or 'dash' (--local-rank=N, 2.x)", g["local_rank_arg"]);
+    }
+  }
+  if (o.local_rank_arg != LocalRankArg::None && g.has("use_env")) {
     throw ConfigError("--local_rank_arg and --use_env contradict each other: --use_env is torch.distributed.launch's "
                       "way of saying 'no --local_rank argument'; keep one");
   }

@@ -27,6 +27,8 @@ struct StreamSelection {
   bool any() const { return all != 0 || !per_rank.empty(); }
 };
 
+enum class LocalRankArg { None, Underscore, Dash };
+
 struct LaunchOptions {
   std::string nproc_spec = "1";  // as given: a number, auto, cpu or gpu
   int nproc_per_node = 1;        // resolved
@@ -47,6 +49,8 @@ struct LaunchOptions {
   std::chrono::milliseconds keep_alive_interval{std::chrono::seconds(5)};  // rdzv_conf keep_alive_interval
   int keep_alive_max_attempt = 3;                                          // rdzv_conf keep_alive_max_attempt
   std::chrono::milliseconds last_call_timeout{std::chrono::seconds(30)};   // rdzv_conf last_call_timeout
+  std::chrono::milliseconds rdzv_read_timeout{std::chrono::seconds(60)};   // rdzv_conf read_timeout
+  std::optional<bool> rdzv_is_host;  // rdzv_conf is_host (c10d); unset: when the endpoint is this host
   // rdzv_conf token_file, else DDPRUN_TOKEN_FILE: the rendezvous store's secret (or this job's token).
   std::string token_file;
   // --rdzv_backend etcd: the client URLs (--rdzv_endpoint, comma-separated) and rdzv_conf keys.
@@ -70,7 +74,9 @@ struct LaunchOptions {
   std::optional<std::set<int>> local_ranks_filter;
   bool no_python = false;
   bool module = false;
-  bool local_rank_arg = false;  // --local_rank=N before the program's own arguments
+  // --local_rank=N (Underscore, torch.distributed.launch 1.x) or --local-rank=N (Dash, 2.x) before
+  // the program's own arguments.
+  LocalRankArg local_rank_arg = LocalRankArg::None;
   std::string local_addr;
   std::vector<int> signals_to_handle;  // signal numbers
   std::chrono::milliseconds shutdown_timeout{std::chrono::seconds(30)};

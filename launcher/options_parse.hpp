@@ -54,6 +54,19 @@ inline std::chrono::milliseconds parse_seconds(const std::string& flag, const st
   bad(flag, allow_zero ? "a number of seconds >= 0" : "a number of seconds > 0", text);
 }
 
+inline std::string lower(std::string s) {
+  for (char& c : s) c = static_cast<char>(c >= 'A' && c <= 'Z' ? c - 'A' + 'a' : c);
+  return s;
+}
+
+// torchrun's RendezvousParameters.get_as_bool: 1/true/yes/on or 0/false/no/off, any case.
+inline bool parse_bool(const std::string& flag, const std::string& text) {
+  const std::string v = lower(trim(text));
+  if (v == "1" || v == "true" || v == "yes" || v == "on") return true;
+  if (v == "0" || v == "false" || v == "no" || v == "off") return false;
+  bad(flag, "a boolean (1, true, yes, on or 0, false, no, off)", text);
+}
+
 // What the command line and the environment gave, before anything is checked: flag dest -> value,
 // and how the user spelled it (for error messages).
 struct Given {

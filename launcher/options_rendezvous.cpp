@@ -2,6 +2,7 @@
 #include <algorithm>
 
 #include "launcher/etcd_client.hpp"
+#include "launcher/flags.hpp"
 #include "launcher/options_parse.hpp"
 #include "rendezvous/job_keys.hpp"
 
@@ -70,55 +71,80 @@ void resolve_rendezvous(const Given& g, const EnvLookup& env, LaunchOptions& o) 
     if (eq == std::string::npos || eq == 0) bad(g.flag("rdzv_conf"), "key=value pairs separated by commas", kv);
     o.rdzv_conf[trim(kv.substr(0, eq))] = trim(kv.substr(eq + 1));
   }
+  std::optional<std::chrono::milliseconds> heartbeat_timeout;
   for (const auto& [k, v] : o.rdzv_conf) {
+    const RdzvConfKey* key = find_rdzv_conf_key(k);
+    if (key == nullptr) {
+      std::string known;
+      for (const RdzvConfKey& c : rdzv_conf_keys()) known += (known.empty() ? "" : ", ") + std::string(c.name);
+      throw ConfigError(g.flag("rdzv_conf") + ": unknown key '" + k + "' (known: " + known + ")");
+    }
+    if (key->etcd_only && o.rdzv_backend != "etcd") {
+      throw ConfigError(g.flag("rdzv_conf") + " " + k + ": an etcd setting, but the rendezvous backend is '" +
+                        o.rdzv_backend + "' (add --rdzv_backend etcd, or drop " + k + ")");
+    }
     const std::string where = g.flag("rdzv_conf") + " " + k;
-    if (k == "join_timeout" || k == "timeout") {
+    const std::string_view name = key->name;
+    if (name == "join_timeout") {
       o.join_timeout = parse_seconds(where, v, false);
-    } else if (k == "keep_alive_interval") {
+    } else if (name == "keep_alive_interval") {
       o.keep_alive_interval = parse_seconds(where, v, false);
-    } else if (k == "last_call_timeout") {
-      o.last_call_timeout = parse_seconds(where, v, false);
-    } else if (k == "keep_alive_max_attempt") {
+    } else if (name == "keep_alive_max_attempt") {
       o.keep_alive_max_attempt = static_cast<int>(parse_int(where, v, 1, 1000, "a count >= 1"));
-    } else if (k == "token_file") {
+    } else if (name == "heartbeat_timeout") {
+      heartbeat_timeout = parse_seconds(where, v, false);
+    } else if (name == "last_call_timeout") {
+      o.last_call_timeout = parse_seconds(where, v, false);
+    } else if (name == "close_timeout") {
+      parse_seconds(where, v, false);  // rounds close at once; validated only
+    } else if (name == "read_timeout") {
+      o.rdzv_read_timeout = parse_seconds(where, v, false);
+    } else if (name == "is_host") {
+      o.rdzv_is_host = parse_bool(where, v);
+    } else if (name == "store_type") {
+      if (lower(v) != "tcp") {
+        bad(where, "'tcp' (ddprun's rendezvous store is its TCPStore; torchrun's store_type=file has no "
+                   "counterpart)", v);
+      }
+    } else if (name == "use_libuv") {
+      parse_bool(where, v);  // the store is ddprun's own: no libuv to choose; validated only
+    } else if (name == "rank") {
+      const int rank = static_cast<int>(parse_int(where, v, 0, o.max_nodes - 1, "a node rank"));
+      if (o.node_rank_given && rank != o.node_rank) {
+        throw ConfigError(where + " is " + v + " but --node_rank is " + std::to_string(o.node_rank) + ": keep one");
+      }
+      o.node_rank = rank;
+      o.node_rank_given = true;
+    } else if (name == "token_file") {
       if (v.empty()) bad(where, "the path of a file holding the secret", v);
       o.token_file = v;
-    } else if (k == "key_prefix") {
+    } else if (name == "key_prefix") {
       if (v.empty()) bad(where, "a key prefix such as /ddprun/", v);
       o.etcd.prefix = v.back() == '/' ? v : v + "/";
-    } else if (k == "lease_ttl") {
+    } else if (name == "lease_ttl") {
       o.etcd.lease_ttl = std::chrono::seconds(parse_int(where, v, 2, 3600, "whole seconds from 2 to 3600"));
-    } else if (k == "etcd_user") {
+    } else if (name == "etcd_user") {
       o.etcd.user = v;
-    } else if (k == "etcd_password_file") {
+    } else if (name == "etcd_password_file") {
       o.etcd.password_file = v;
-    } else if (k == "etcd_ca_file" || k == "cacert") {
+    } else if (name == "etcd_ca_file") {
       o.etcd.ca_file = v;
-    } else if (k == "etcd_cert_file" || k == "cert") {
+    } else if (name == "etcd_cert_file") {
       o.etcd.cert_file = v;
-    } else if (k == "etcd_key_file" || k == "key") {
+    } else if (name == "etcd_key_file") {
       o.etcd.key_file = v;
-    } else if (k == "protocol") {
+    } else if (name == "protocol") {
       if (v != "http" && v != "https") bad(where, "http or https", v);
       // torchrun's etcd backends: the scheme of endpoints given without one.
       for (std::string& e : o.etcd.endpoints) {
         if (e.find("://") == std::string::npos) e = v + "://" + e;
       }
-    } else if (k != "close_timeout" && k != "read_timeout" && k != "is_host") {
-      throw ConfigError(g.flag("rdzv_conf") + ": unknown key '" + k +
-                        "' (known: join_timeout, last_call_timeout, keep_alive_interval, keep_alive_max_attempt, "
-                        "token_file; with etcd: key_prefix, lease_ttl, etcd_user, etcd_password_file, etcd_ca_file, "
-                        "etcd_cert_file, etcd_key_file, protocol)");
     }
   }
-  if (o.rdzv_backend != "etcd") {
-    for (const char* k : {"key_prefix", "lease_ttl", "etcd_user", "etcd_password_file", "etcd_ca_file", "cacert",
-                          "etcd_cert_file", "cert", "etcd_key_file", "key", "protocol"}) {
-      if (o.rdzv_conf.count(k) != 0) {
-        throw ConfigError(g.flag("rdzv_conf") + " " + k + ": an etcd setting, but the rendezvous backend is '" +
-                          o.rdzv_backend + "' (add --rdzv_backend etcd, or drop " + k + ")");
-      }
-    }
+  if (heartbeat_timeout) {
+    // A node is lost after keep_alive_max_attempt missed keep-alives: as many as fit in the timeout.
+    const auto n = (heartbeat_timeout->count() + o.keep_alive_interval.count() - 1) / o.keep_alive_interval.count();
+    o.keep_alive_max_attempt = static_cast<int>(std::clamp<long long>(n, 1, 1000));
   }
   if (!o.etcd.user.empty() && o.etcd.password_file.empty()) {
     throw ConfigError(g.flag("rdzv_conf") + ": etcd_user needs etcd_password_file=PATH (a file only you can read)");

@@ -24,7 +24,8 @@ std::string expand_prefix(std::string tmpl, int rank, int local_rank, const std:
   const std::pair<std::string, std::string> macros[] = {{"${rank}", std::to_string(rank)},
                                                         {"${local_rank}", std::to_string(local_rank)},
                                                         {"${role_name}", role},
-                                                        {"${host}", host}};
+                                                        {"${host}", host},
+                                                        {"${hostname}", host}};  // torchrun 2.x's spelling
   for (const auto& [macro, value] : macros) {
     for (size_t pos = tmpl.find(macro); pos != std::string::npos; pos = tmpl.find(macro, pos + value.size())) {
       tmpl.replace(pos, macro.size(), value);

@@ -63,6 +63,18 @@ void indent_block(std::ostringstream& out, const std::string& label, const std::
   }
 }
 
+// What to do about failures whose cause is known from their message alone, or "".
+std::string known_fix(const std::string& text) {
+  if (text.find("use_libuv was requested") != std::string::npos) {
+    return "this PyTorch was built without libuv, and a TCPStore was created with use_libuv=True (the default "
+           "of PyTorch >= 2.4), which it refuses even for a client. init_process_group's env:// client of "
+           "ddprun's store is fixed by ddprun's Python hook unless DDPRUN_TORCH_HOOK=0 is set or the program "
+           "replaced PYTHONPATH; a TCPStore the program creates itself needs use_libuv=False (USE_LIBUV=0 covers "
+           "torch.distributed's own servers)";
+  }
+  return "";
+}
+
 void format_one(std::ostringstream& out, const WorkerExit& e) {
   out << "  rank       : " << e.rank << " (local_rank " << e.local_rank << ")\n"
       << "  host       : " << e.host << (e.node_rank >= 0 ? " (node_rank " + std::to_string(e.node_rank) + ")" : "")
@@ -70,10 +82,14 @@ void format_one(std::ostringstream& out, const WorkerExit& e) {
       << "  pid        : " << e.pid << "\n"
       << "  exit       : " << describe_exit(e) << "\n"
       << "  time       : " << format_time(e.time) << "\n";
+  std::string fix;
   if (auto msg = e.error_text ? e.error_text : read_error_file(e.error_file)) {
     indent_block(out, "error_file : ", e.error_file);
     indent_block(out, "error      : ", *msg);
+    fix = known_fix(*msg);
   }
+  for (size_t i = 0; i < e.stderr_tail.size() && fix.empty(); ++i) fix = known_fix(e.stderr_tail[i]);
+  if (!fix.empty()) indent_block(out, "what to do : ", fix);
   if (!e.diagnosis.empty()) indent_block(out, "watchdog   : ", e.diagnosis);
   if (!e.stderr_tail.empty()) {
     out << "  last stderr lines:\n";

@@ -29,44 +29,6 @@ namespace {
 
 constexpr size_t kMaxToolOutput = 512 * 1024;
 
-// Armed by the worker itself, so ddprun never signals a process that has not asked for it.
-constexpr const char* kSiteCustomize = R"PY(# Written by ddprun: arms Python's faulthandler so that ddprun can show where this worker is when
-# the job hangs (ddprun --hang_timeout) or a torchelastic timer expires. Then runs the
-# sitecustomize module this one shadows, if any.
-def _ddprun_arm():
-    import os
-    try:
-        directory = os.environ.get("DDPRUN_STACK_DIR")
-        signum = int(os.environ.get("DDPRUN_STACK_SIGNAL", "0"))
-        # Only a worker (the leader of its process group): not its data loader processes.
-        if not directory or signum <= 0 or os.getpgid(0) != os.getpid():
-            return
-        import faulthandler
-        out = open(os.path.join(directory, "python.%d.txt" % os.getpid()), "a", buffering=1)
-        faulthandler.register(signum, file=out, all_threads=True, chain=False)
-        globals()["_ddprun_stack_file"] = out  # kept open for the life of the process
-    except Exception:
-        pass
-
-
-def _ddprun_chain():
-    import importlib.machinery
-    import importlib.util
-    import os
-    import sys
-    here = os.path.dirname(os.path.abspath(__file__))
-    path = [p for p in sys.path if os.path.abspath(p or ".") != here]
-    spec = importlib.machinery.PathFinder.find_spec("sitecustomize", path)
-    if spec is None or spec.loader is None:
-        return
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-
-
-_ddprun_arm()
-_ddprun_chain()
-)PY";
-
 std::string read_from(const std::string& path, std::streamoff offset) {
   std::ifstream in(path, std::ios::binary);
   if (!in) return "";
@@ -153,14 +115,6 @@ std::string run_bounded(const std::vector<std::string>& argv, std::chrono::stead
 }  // namespace
 
 int stack_signal() { return SIGRTMIN + 7; }
-
-void write_python_stack_hook(const std::string& dir) {
-  const std::string path = dir + "/sitecustomize.py";
-  std::ofstream out(path, std::ios::trunc);
-  out << kSiteCustomize;
-  out.close();
-  if (!out) throw ProcessError("cannot write " + path + ": " + std::strerror(errno));
-}
 
 RankStacks capture_stacks(pid_t pid, pid_t group, const std::vector<pid_t>& tree, const std::string& stack_dir,
                           std::chrono::milliseconds limit) {

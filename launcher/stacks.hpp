@@ -1,12 +1,11 @@
 #pragma once
 // Where a worker is: its stacks, captured without stopping it for more than a moment.
 //
-// Python: when stack capture is on, ddprun writes a sitecustomize.py into the run directory and
-// puts that directory first on the workers' PYTHONPATH. It arms Python's faulthandler on
-// DDPRUN_STACK_SIGNAL (SIGRTMIN+7) to write the tracebacks of all threads to
+// Python: when stack capture is on, ddprun's Python hook (python_hook.hpp) arms Python's
+// faulthandler on DDPRUN_STACK_SIGNAL (SIGRTMIN+7) to write the tracebacks of all threads to
 // DDPRUN_STACK_DIR/python.<pid>.txt, in every Python process that is the leader of its process
-// group (a worker, not its data loader processes), then runs the sitecustomize.py it shadows. The
-// signal is only ever sent to a process that created its file, so no other program gets it.
+// group (a worker, not its data loader processes). The signal is only ever sent to a process that
+// created its file, so no other program gets it.
 //
 // Native: eu-stack (Debian's elfutils) -p PID, or gdb in batch mode when eu-stack is missing, with a
 // time limit; the frames of every thread. Both need ptrace rights over the worker: ddprun's workers
@@ -22,9 +21,6 @@ namespace ddprun::launcher {
 
 // The signal that makes an armed Python worker write its tracebacks.
 int stack_signal();
-
-// Writes DIR/sitecustomize.py (see above). Throws ProcessError if it cannot be written.
-void write_python_stack_hook(const std::string& dir);
 
 struct RankStacks {
   std::string python;       // faulthandler's output for the worker's Python processes ("" if none)

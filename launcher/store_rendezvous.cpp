@@ -35,8 +35,9 @@ StoreRendezvous::StoreRendezvous(StoreRendezvousOptions options, const StopSigna
               ":" + std::to_string(::getpid()) + ":" + std::to_string(rng() % 100000);
   // Who hosts the rendezvous store: node 0 in static jobs without an endpoint; in dynamic jobs the
   // first agent on the endpoint's host that can bind its port (others, or a daemon, are clients).
-  const bool try_host = options_.dynamic ? endpoint_is_local(options_.endpoint_host, options_)
-                                         : (options_.node_rank == 0 && !external);
+  const bool try_host = options_.dynamic
+                            ? options_.is_host.value_or(endpoint_is_local(options_.endpoint_host, options_))
+                            : (options_.node_rank == 0 && !external);
   if (try_host) {
     rdzv::ServerOptions so;
     so.host = "::";
@@ -53,14 +54,14 @@ StoreRendezvous::StoreRendezvous(StoreRendezvousOptions options, const StopSigna
       log::info("ddprun") << "hosting the rendezvous store of job '" << options_.run_id << "' on port "
                           << server_->port();
     } catch (const ConnectionError&) {
-      if (!options_.dynamic) throw;
+      if (!options_.dynamic || options_.is_host.value_or(false)) throw;  // this node must host it
       // Another agent (or a ddprun-rendezvous daemon) on this host serves it already.
     }
   }
   rdzv::ClientOptions co;
   co.host = external ? options_.endpoint_host : options_.master_addr;
   co.port = external ? options_.endpoint_port : options_.master_port;
-  co.timeout = std::chrono::seconds(60);
+  co.timeout = options_.read_timeout;
   if (options_.token) co.credentials = rdzv::credentials_for(*options_.token, options_.run_id, options_.token_file);
   co.missing_secret_hint = "give this node the rendezvous secret (or this job's token) with --rdzv_conf "
                            "token_file=PATH, or DDPRUN_TOKEN_FILE=PATH (a file only you can read)";

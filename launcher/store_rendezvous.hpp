@@ -57,6 +57,10 @@ struct StoreRendezvousOptions {
   // A standalone store (ddprun-rendezvous) to rendezvous through instead of one hosted by node 0.
   std::string endpoint_host;
   uint16_t endpoint_port = 0;
+  // Dynamic: whether this node hosts the store at the endpoint (--rdzv_conf is_host); unset: when
+  // the endpoint is one of this host's addresses and its port is free.
+  std::optional<bool> is_host;
+  std::chrono::milliseconds read_timeout{std::chrono::seconds(60)};  // one request to the store
   std::string advertise_addr;  // how other nodes reach this one
   std::string host;
   std::chrono::milliseconds join_timeout{std::chrono::seconds(600)};

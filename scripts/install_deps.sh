@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# Installs everything ddprun needs to build, test and run its examples on Debian 12.
-# Idempotent: packages already present are skipped, so a second run costs a dpkg query.
+# Installs everything ddprun needs to build, test and run its examples on Debian 12 (bookworm) or
+# Debian 13 (trixie). Names that differ between releases are worked out here (the clang runtime
+# that matches the clang this release ships). Idempotent: packages already present are skipped,
+# so a second run costs a dpkg query.
 set -euo pipefail
 
 packages=(
@@ -12,15 +14,47 @@ packages=(
   libtorch-dev libgloo-dev
   python3 python3-torch
   dataset-fashion-mnist zlib1g-dev
-  clang libclang-rt-14-dev
+  clang        # the store's fuzzer (libFuzzer); its runtime package is added below
   iproute2 procps util-linux
   prometheus   # promtool, which checks the daemon's /metrics in the tests
   strace       # the checkpoint test checks the order of fsync and rename
   elfutils     # eu-stack: native stacks of hung workers (--hang_timeout)
   help2man     # the man pages, made from --help
-  dpkg-dev     # dpkg-shlibdeps: the Depends of the .deb packages (CPack)
+  dpkg-dev file  # dpkg-shlibdeps (which runs file): the Depends of the .deb packages (CPack)
   etcd-server etcd-client   # a real etcd v3 cluster for the etcd rendezvous tests (and etcdctl)
 )
+
+sudo=""
+if [[ $(id -u) -ne 0 ]]; then sudo="sudo"; fi
+export DEBIAN_FRONTEND=noninteractive
+updated=0
+update_once() {
+  if ((updated == 0)); then
+    $sudo apt-get update -qq
+    updated=1
+  fi
+}
+
+# libFuzzer's runtime is libclang-rt-N-dev for the clang N of this release (14 on Debian 12, 19 on
+# Debian 13): from the installed clang, else from the archive's clang package.
+clang_major() {
+  if command -v clang >/dev/null 2>&1; then
+    clang --version | sed -n 's/.*clang version \([0-9][0-9]*\)\..*/\1/p' | head -n 1
+  else
+    apt-cache depends clang 2>/dev/null | sed -n 's/^ *Depends: clang-\([0-9][0-9]*\)$/\1/p' | head -n 1
+  fi
+}
+clang_version=$(clang_major)
+if [[ -z "$clang_version" ]]; then
+  update_once
+  clang_version=$(clang_major)
+fi
+if [[ -z "$clang_version" ]]; then
+  echo "install_deps: cannot tell which clang this Debian release ships ('apt-cache depends clang' names no clang-N);" \
+    "is this Debian 12 or 13 with its main archive in the apt sources?" >&2
+  exit 1
+fi
+packages+=("libclang-rt-${clang_version}-dev")
 
 missing=()
 for p in "${packages[@]}"; do
@@ -35,9 +69,6 @@ if ((${#missing[@]} == 0)); then
 fi
 
 echo "install_deps: installing ${missing[*]}"
-sudo=""
-if [[ $(id -u) -ne 0 ]]; then sudo="sudo"; fi
-export DEBIAN_FRONTEND=noninteractive
-$sudo apt-get update -qq
+update_once
 $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
 echo "install_deps: done"

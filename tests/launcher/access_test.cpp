@@ -268,7 +268,8 @@ TEST(AccessTest, WorkerLogsAreReadableByTheirOwnerAlone) {
     }
   }
   EXPECT_GE(dirs, 3);  // run, attempt, rank
-  EXPECT_EQ(files, 3);  // stdout.log, stderr.log, progress (the rank's progress page)
+  // stdout.log, stderr.log, progress (the rank's progress page), python/sitecustomize.py (the hook)
+  EXPECT_EQ(files, 4);
 }
 
 TEST(AccessTest, RealPyTorchGlooWorkersTrainThroughAProtectedDaemon) {

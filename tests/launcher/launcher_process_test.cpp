@@ -282,5 +282,30 @@ TEST(LauncherTest, LocalRankArgRunsATorchDistributedLaunchScriptUnchanged) {
   EXPECT_NE(g.err.find("--local_rank"), std::string::npos) << g.err;
 }
 
+// A script written for torch.distributed.launch 2.x: argparse knows only --local-rank (dash).
+TEST(LauncherTest, LocalRankArgDashRunsATorch2LaunchScriptUnchanged) {
+  TempDir dir;
+  const std::string script = (dir.path / "train.py").string();
+  std::ofstream(script) << "import argparse, os, sys\n"
+                           "p = argparse.ArgumentParser()\n"
+                           "p.add_argument('--local-rank', type=int, required=True)\n"
+                           "a, rest = p.parse_known_args()\n"
+                           "assert not rest, rest\n"
+                           "print(f'argv1={sys.argv[1]} local_rank={a.local_rank} env={os.environ[\"LOCAL_RANK\"]}')\n";
+  Subprocess p(ddprun({"--nproc_per_node", "2", "--local_rank_arg=dash", script}));
+  const Finished f = p.wait(60s);
+  ASSERT_EQ(f.exit_code, 0) << f.err;
+  for (int r = 0; r < 2; ++r) {
+    const std::string lr = std::to_string(r);
+    EXPECT_NE(f.out.find("[rank" + lr + "]: argv1=--local-rank=" + lr + " local_rank=" + lr + " env=" + lr),
+              std::string::npos)
+        << f.out;
+  }
+  // The 1.x spelling is not what this script reads: argparse refuses it (exit code 2).
+  Subprocess q(ddprun({"--nproc_per_node", "1", "--local_rank_arg", script}));
+  const Finished g = q.wait(60s);
+  EXPECT_EQ(g.exit_code, 2) << g.err;
+}
+
 }  // namespace
 }  // namespace ddprun::test

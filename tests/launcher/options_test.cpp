@@ -5,6 +5,7 @@
 #include <csignal>
 
 #include "common/errors.hpp"
+#include "launcher/flags.hpp"
 
 namespace ddprun::launcher {
 namespace {
@@ -185,6 +186,43 @@ TEST(OptionsTest, EtcdTakesSeveralEndpointsRangesAndItsOwnSettings) {
   EXPECT_EQ(t.etcd.key_file, "/c");
 }
 
+// Every --rdzv_conf key torchrun 2.x accepts is honoured or accepted, never "unknown key".
+TEST(OptionsTest, RdzvConfTakesEveryKeyTorchrunAccepts) {
+  auto o = parse({"--rdzv_backend", "c10d", "--rdzv_endpoint", "h:29400", "--nnodes", "1:4", "--rdzv_conf",
+                  "join_timeout=90,last_call_timeout=5,close_timeout=10,heartbeat_timeout=21,read_timeout=7,"
+                  "is_host=false,store_type=TCP,use_libuv=1,keep_alive_interval=5",
+                  "train"});
+  EXPECT_EQ(o.join_timeout, std::chrono::seconds(90));
+  EXPECT_EQ(o.last_call_timeout, std::chrono::seconds(5));
+  EXPECT_EQ(o.keep_alive_max_attempt, 5);  // 21 s of 5 s keep-alives: lost after the 5th missed
+  EXPECT_EQ(o.rdzv_read_timeout, std::chrono::seconds(7));
+  ASSERT_TRUE(o.rdzv_is_host.has_value());
+  EXPECT_FALSE(*o.rdzv_is_host);
+  EXPECT_EQ(parse({"--rdzv_conf", "timeout=30", "train"}).join_timeout, std::chrono::seconds(30));
+  EXPECT_TRUE(*parse({"--rdzv_backend", "c10d", "--rdzv_endpoint", "h", "--rdzv_conf", "is_host=Yes", "t"}).rdzv_is_host);
+  // static torchrun passes the node rank as rdzv_conf rank
+  auto r = parse({"--nnodes", "2", "--rdzv_conf", "rank=1", "train"});
+  EXPECT_EQ(r.node_rank, 1);
+  EXPECT_NE(error_of({"--nnodes", "2", "--node_rank", "0", "--rdzv_conf", "rank=1", "train"}).find("keep one"),
+            std::string::npos);
+  // torchrun's etcd-v2 spellings of the TLS files and the prefix
+  auto e = parse({"--rdzv_backend=etcd", "--rdzv_endpoint=h1:2379", "--rdzv_conf",
+                  "ssl_cert=/b,ssl_cert_key=/c,ca_cert=/a,etcd_prefix=/p", "train"});
+  EXPECT_EQ(e.etcd.ca_file, "/a");
+  EXPECT_EQ(e.etcd.cert_file, "/b");
+  EXPECT_EQ(e.etcd.key_file, "/c");
+  EXPECT_EQ(e.etcd.prefix, "/p/");
+  // what cannot be honoured says so
+  EXPECT_NE(error_of({"--rdzv_conf", "store_type=file", "train"}).find("'tcp'"), std::string::npos);
+  EXPECT_NE(error_of({"--rdzv_conf", "is_host=maybe", "train"}).find("a boolean"), std::string::npos);
+  const std::string unknown = error_of({"--rdzv_conf", "jion_timeout=5", "train"});
+  EXPECT_NE(unknown.find("unknown key 'jion_timeout'"), std::string::npos) << unknown;
+  EXPECT_NE(unknown.find("heartbeat_timeout"), std::string::npos) << unknown;
+  // --help lists every key
+  const std::string help = usage_text();
+  for (const RdzvConfKey& k : rdzv_conf_keys()) EXPECT_NE(help.find(k.name), std::string::npos) << k.name;
+}
+
 TEST(OptionsTest, EtcdMistakesAreNamed) {
   EXPECT_NE(error_of({"--rdzv_backend", "etcd-v2", "--rdzv_endpoint", "h:2379", "train"}).find("v3 API"),
             std::string::npos);
@@ -209,10 +247,16 @@ TEST(OptionsTest, EtcdMistakesAreNamed) {
 }
 
 TEST(OptionsTest, TorchDistributedLaunchFlags) {
-  EXPECT_TRUE(parse({"--local_rank_arg", "train.py"}).local_rank_arg);
-  EXPECT_TRUE(parse({"--local-rank-arg", "train.py"}).local_rank_arg);
-  EXPECT_FALSE(parse({"--use_env", "train.py"}).local_rank_arg);
-  EXPECT_FALSE(parse({"train.py"}).local_rank_arg);
+  EXPECT_EQ(parse({"--local_rank_arg", "train.py"}).local_rank_arg, LocalRankArg::Underscore);
+  EXPECT_EQ(parse({"--local-rank-arg", "train.py"}).local_rank_arg, LocalRankArg::Underscore);
+  EXPECT_EQ(parse({"--local_rank_arg=underscore", "train.py"}).local_rank_arg, LocalRankArg::Underscore);
+  EXPECT_EQ(parse({"--local_rank_arg=dash", "train.py"}).local_rank_arg, LocalRankArg::Dash);
+  // Without '=', the next word is the program, not the flag's value.
+  EXPECT_EQ(parse({"--local_rank_arg", "dash"}).program, "dash");
+  EXPECT_NE(error_of({"--local_rank_arg=minus", "train.py"}).find("'dash'"), std::string::npos);
+  EXPECT_NE(error_of({"--no_python=1", "train.py"}).find("takes no value"), std::string::npos);
+  EXPECT_EQ(parse({"--use_env", "train.py"}).local_rank_arg, LocalRankArg::None);
+  EXPECT_EQ(parse({"train.py"}).local_rank_arg, LocalRankArg::None);
   EXPECT_NE(error_of({"--local_rank_arg", "--use_env", "train.py"}).find("contradict"), std::string::npos);
 }
 

@@ -19,6 +19,7 @@
 #include "launcher/hang_report.hpp"
 #include "launcher/process.hpp"
 #include "launcher/procfs.hpp"
+#include "launcher/python_hook.hpp"
 #include "launcher/stacks.hpp"
 #include "launcher/step_rates.hpp"
 #include "launcher/worker_env.hpp"
@@ -34,6 +35,13 @@ namespace fs = std::filesystem;
 const char* kPythonInCollective = R"(Current thread 0x00007f66bcd2e040 (most recent call first):
   File "/usr/lib/python3/dist-packages/torch/distributed/distributed_c10d.py", line 1541 in all_reduce
   File "/jobs/train.py", line 13 in <module>
+)";
+
+// PyTorch 2.x: the collective is wrapped by c10d_logger's decorator.
+const char* kPython2InCollective = R"(Current thread 0x00007f2955ee1780 (most recent call first):
+  File "/usr/lib/python3/dist-packages/torch/distributed/distributed_c10d.py", line 2811 in all_reduce
+  File "/usr/lib/python3/dist-packages/torch/distributed/c10d_logger.py", line 81 in wrapper
+  File "/jobs/train.py", line 77 in <module>
 )";
 
 const char* kPythonInUserCode = R"(Thread 0x00007f1111111111 (most recent call first):
@@ -95,6 +103,7 @@ TEST(HangReportTest, TheRankOutsideTheCollectiveIsBehindAndItsFramesComeFirst) {
   EXPECT_EQ(analyze_hang(d).behind, std::vector<int>{1});
   EXPECT_EQ(rank_location(d.nodes[0].ranks[0]), "in torch.distributed all_reduce (train.py:13)");
   EXPECT_EQ(rank_location(d.nodes[0].ranks[1]), "in next_batch (data.py:40)");
+  EXPECT_EQ(rank_location(rank(3, kPython2InCollective)), "in torch.distributed all_reduce (train.py:77)");
   const std::string report = format_hang_report(d);
   EXPECT_NE(report.find("train.py HUNG: no rank made progress for 31 s"), std::string::npos) << report;
   EXPECT_NE(report.find("behind     : rank 1\n"), std::string::npos) << report;
@@ -331,7 +340,7 @@ TEST(ProcfsTest, TheTreeItsCpuTimeAndItsConnectionsAreReadFromRealProcesses) {
 TEST(StacksTest, APythonWorkersTracebackAndANativeProcesssFramesAreCaptured) {
   if (::access(TORCH_PYTHON, X_OK) != 0) GTEST_SKIP() << TORCH_PYTHON << " is not here";
   test::TempDir dir;
-  write_python_stack_hook(dir.str());
+  write_python_hook(dir.str());
   SpawnRequest req;
   req.argv = {TORCH_PYTHON, "-c",
               "import time, sys\ndef waiting_for_godot():\n    print('ready', flush=True)\n    time.sleep(60)\n"

@@ -50,6 +50,13 @@ TEST(WorkerEnvTest, SubstitutesLocalRankMacro) {
             (std::vector<std::string>{"--dev=cuda:3", "33", "x"}));
 }
 
+TEST(LineWriterTest, PrefixTemplateKnowsTorchrunsMacros) {
+  // ${hostname} is torchrun 2.x's spelling; ${host} is kept for scripts written for ddprun.
+  EXPECT_EQ(expand_prefix("${hostname}:${host}:${role_name}:${rank}:${local_rank}| ", 5, 1, "trainer", "node7"),
+            "node7:node7:trainer:5:1| ");
+  EXPECT_EQ(expand_prefix("${unknown} ${rank}", 2, 0, "r", "h"), "${unknown} 2");
+}
+
 TEST(LineWriterTest, PrefixesWholeLinesAndKeepsTail) {
   int fds[2];
   ASSERT_EQ(::pipe(fds), 0);
@@ -104,6 +111,20 @@ TEST(ReportTest, NamesRootCauseWithSignalErrorFileAndTail) {
   EXPECT_NE(r.find("Stopped by ddprun after the failure: ranks 1,2"), std::string::npos);
   EXPECT_EQ(shell_exit_code(first), 137);
   EXPECT_EQ(shell_exit_code(second), 1);
+}
+
+// A worker that died of PyTorch >= 2.4's libuv default: the report says what to do.
+TEST(ReportTest, SaysWhatToDoAboutATorchWithoutLibuv) {
+  WorkerExit e;
+  e.exit_code = 1;
+  e.stderr_tail = {"Traceback (most recent call last):",
+                   "torch.distributed.DistStoreError: use_libuv was requested but PyTorch was build without libuv "
+                   "support, run with USE_LIBUV=0 to disable it."};
+  const std::string r = format_failure_report("train.py", {e}, {});
+  EXPECT_NE(r.find("what to do : this PyTorch was built without libuv"), std::string::npos) << r;
+  EXPECT_NE(r.find("use_libuv=False"), std::string::npos) << r;
+  e.stderr_tail = {"ValueError: bad batch"};
+  EXPECT_EQ(format_failure_report("train.py", {e}, {}).find("what to do"), std::string::npos);
 }
 
 // A console nobody reads: writes never block, the overflow is dropped and counted, said once.

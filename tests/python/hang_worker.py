@@ -40,7 +40,9 @@ t = torch.ones(16)
 store = None
 if mode == "heartbeat":
     # The documented one-line heartbeat, on a client of the job's store.
-    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False)
+    from torch_compat import client_kwargs
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
+                          **client_kwargs())
 for step in range(5):
     dist.all_reduce(t)
     if store is not None:

@@ -171,7 +171,10 @@ def main():
     for rank in range(2):
         env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(daemon.port), RANK=str(rank),
                    WORLD_SIZE="2", LOCAL_RANK=str(rank), TORCHELASTIC_USE_AGENT_STORE="True",
-                   TORCHELASTIC_RESTART_COUNT="0", OMP_NUM_THREADS="1")
+                   TORCHELASTIC_RESTART_COUNT="0", OMP_NUM_THREADS="1",
+                   # ddprun's Python hook, as under ddprun (PyTorch >= 2.4 without libuv needs it)
+                   PYTHONPATH=os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "launcher",
+                                           "python_hook"))
         workers.append(subprocess.Popen([sys.executable, "-c", WORKER, str(seconds)], env=env,
                                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
     stop = time.monotonic() + seconds

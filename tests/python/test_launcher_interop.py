@@ -1,4 +1,5 @@
-"""Real PyTorch workers under ddprun, and ddprun's env contract against Debian's torchrun 1.13.
+"""Real PyTorch workers under ddprun, and ddprun's env contract against Debian's torchrun (1.13 on
+Debian 12, 2.6 on Debian 13).
 
 usage: /usr/bin/python3 test_launcher_interop.py PATH/TO/ddprun PATH/TO/test_worker
 """
@@ -7,6 +8,8 @@ import subprocess
 import sys
 import tempfile
 import unittest
+
+from ports import free_port
 
 DDPRUN = TEST_WORKER = None
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -30,13 +33,6 @@ class TorchWorkersUnderDdprun(unittest.TestCase):
         self.assertEqual(r.returncode, 0, r.stderr)
         self.assertIn("[rank1]: rank 1 ok 3.0 attempt 1", r.stdout)
         self.assertIn("restart 1 of 1", r.stderr)
-
-
-def free_port():
-    import socket
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class TorchWorkersAcrossTwoNodes(unittest.TestCase):
@@ -66,12 +62,54 @@ def dump_env(cmd):
         return envs
 
 
+def torch_refuses_libuv_default():
+    """True for PyTorch >= 2.4 built without libuv: a TCPStore client with use_libuv's default fails."""
+    code = ("import datetime, torch.distributed as d\n"
+            "t = datetime.timedelta(seconds=10)\n"
+            "try:\n    s = d.TCPStore('127.0.0.1', 0, None, True, t, wait_for_workers=False, use_libuv=False)\n"
+            "except TypeError:\n    print('no'); raise SystemExit\n"
+            "try:\n    d.TCPStore('127.0.0.1', s.port, None, False, t); print('no')\n"
+            "except Exception as e:\n    print('yes' if 'use_libuv' in str(e) else 'no')\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    return r.stdout.strip() == "yes"
+
+
+class PythonHook(unittest.TestCase):
+    def test_a_users_sitecustomize_still_runs(self):
+        with tempfile.TemporaryDirectory() as d:
+            with open(os.path.join(d, "sitecustomize.py"), "w") as f:
+                f.write("import os, sys\nprint('user sitecustomize ran in', os.environ['RANK'], flush=True)\n")
+            env = dict(ENV, PYTHONPATH=d)
+            r = subprocess.run([DDPRUN, "--nproc_per_node", "2", os.path.join(HERE, "gloo_worker.py")], env=env,
+                               capture_output=True, text=True, timeout=180)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        for rank in range(2):
+            self.assertIn(f"[rank{rank}]: user sitecustomize ran in {rank}", r.stdout)
+            self.assertIn(f"[rank{rank}]: rank {rank} ok", r.stdout)
+
+    def test_torch_without_libuv_needs_nothing_set_and_without_the_hook_the_report_says_what_to_do(self):
+        if not torch_refuses_libuv_default():
+            self.skipTest("this PyTorch accepts use_libuv's default for a client (it has libuv, or is older than "
+                          "2.4): there is nothing for the hook to fix")
+        r = run([DDPRUN, "--nproc_per_node", "2", os.path.join(HERE, "gloo_worker.py")])
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("[rank1]: rank 1 ok 3.0 attempt 0", r.stdout)
+        env = dict(ENV, DDPRUN_TORCH_HOOK="0")
+        r = subprocess.run([DDPRUN, "--nproc_per_node", "2", os.path.join(HERE, "gloo_worker.py")], env=env,
+                           capture_output=True, text=True, timeout=180)
+        self.assertNotEqual(r.returncode, 0, r.stdout)
+        self.assertIn("use_libuv was requested", r.stdout + r.stderr)
+        self.assertIn("what to do : this PyTorch was built without libuv", r.stderr)
+
+
 class EnvContractMatchesTorchrun(unittest.TestCase):
     # Values that differ by design between two runs: ports, paths and ids of the run.
     PER_RUN = {"MASTER_PORT", "TORCHELASTIC_ERROR_FILE", "TORCHELASTIC_RUN_ID"}
 
     def test_same_variables_and_values_as_torchrun(self):
-        torchrun = dump_env([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+        # torchrun itself, through a wrapper that lets it start on a PyTorch without libuv (Debian 13's
+        # 2.6 cannot otherwise start any job); elsewhere the wrapper changes nothing.
+        torchrun = dump_env([sys.executable, os.path.join(HERE, "torchrun_nolibuv.py"), "--nproc_per_node", "2",
                              "--redirects", "1", "--tee", "1", "--no_python"])
         ours = dump_env([DDPRUN, "--nproc_per_node", "2"])
         self.assertEqual(sorted(torchrun), ["env.0", "env.1"])

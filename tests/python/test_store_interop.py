@@ -1,4 +1,5 @@
-"""Debian's python3-torch (1.13) TCPStore client and gloo process groups against ddprun-rendezvous.
+"""Debian's python3-torch (1.13 on Debian 12, 2.6 on Debian 13) TCPStore client and gloo process
+groups against ddprun-rendezvous.
 
 usage: /usr/bin/python3 test_store_interop.py PATH/TO/ddprun-rendezvous
 """
@@ -11,6 +12,7 @@ import unittest
 import torch.distributed as dist
 
 from daemon import Daemon
+from torch_compat import store_client
 
 DAEMON = None
 
@@ -18,7 +20,7 @@ DAEMON = None
 class TCPStoreClientTest(unittest.TestCase):
     def setUp(self):
         self.daemon = Daemon(DAEMON)
-        self.store = dist.TCPStore("127.0.0.1", self.daemon.port, 1, False, datetime.timedelta(seconds=10))
+        self.store = store_client("127.0.0.1", self.daemon.port, 1)
 
     def tearDown(self):
         del self.store
@@ -46,7 +48,7 @@ class TCPStoreClientTest(unittest.TestCase):
         # 1.13 sends no cancel; the server drops the stale wait when the next request arrives, so a
         # later set of the key must not put a stray STOP_WAITING byte on this connection.
         self.store.set("x", "1")
-        other = dist.TCPStore("127.0.0.1", self.daemon.port, None, False, datetime.timedelta(seconds=10))
+        other = store_client("127.0.0.1", self.daemon.port)
         other.set("absent", "now")
         self.assertEqual(self.store.get("x"), b"1")
         self.assertEqual(self.store.add("n", 2), 2)
@@ -59,7 +61,9 @@ class TCPStoreClientTest(unittest.TestCase):
         self.assertEqual(self.store.get("/worker/attempt_0/a"), b"1")
 
 
-WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "gloo_worker.py")
+HERE = os.path.dirname(os.path.abspath(__file__))
+WORKER = os.path.join(HERE, "gloo_worker.py")
+HOOK = os.path.join(HERE, "..", "..", "launcher", "python_hook")
 
 
 class GlooInitTest(unittest.TestCase):
@@ -67,9 +71,11 @@ class GlooInitTest(unittest.TestCase):
         with Daemon(DAEMON) as daemon:
             procs = []
             for rank in range(world):
+                # As ddprun starts them: its Python hook first on PYTHONPATH (PyTorch >= 2.4 without
+                # libuv cannot otherwise be a client of an agent's store).
                 env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(daemon.port), RANK=str(rank),
                            WORLD_SIZE=str(world), LOCAL_RANK=str(rank), TORCHELASTIC_USE_AGENT_STORE="True",
-                           TORCHELASTIC_RESTART_COUNT=str(restart_count), OMP_NUM_THREADS="1")
+                           TORCHELASTIC_RESTART_COUNT=str(restart_count), OMP_NUM_THREADS="1", PYTHONPATH=HOOK)
                 procs.append(subprocess.Popen([sys.executable, WORKER], env=env, stdout=subprocess.PIPE,
                                               stderr=subprocess.PIPE, text=True))
             outs = [p.communicate(timeout=120) for p in procs]

@@ -14,6 +14,7 @@ import sys
 import torch.distributed as dist
 
 from daemon import Daemon
+from torch_compat import store_client
 
 
 def spin():
@@ -31,8 +32,8 @@ def main():
     try:
         with Daemon(binary) as daemon:
             timeout = datetime.timedelta(seconds=30)
-            a = dist.TCPStore("127.0.0.1", daemon.port, None, False, timeout, wait_for_workers=False)
-            b = dist.TCPStore("127.0.0.1", daemon.port, None, False, timeout, wait_for_workers=False)
+            a = store_client("127.0.0.1", daemon.port, None, timeout, wait_for_workers=False)
+            b = store_client("127.0.0.1", daemon.port, None, timeout, wait_for_workers=False)
             for i in range(rounds):
                 key = f"k{i}"
                 a.set(key, "v")

@@ -36,7 +36,15 @@ class CheckpointLoadsInPython(unittest.TestCase):
             r = subprocess.run([DDPRUN, "--nproc_per_node", "2", WORKER, "checkpoint", d], capture_output=True,
                                text=True, timeout=300)
             self.assertEqual(r.returncode, 0, r.stderr)
-            ckpt = torch.load(os.path.join(d, "ckpt.pt"))
+            path = os.path.join(d, "ckpt.pt")
+            if hasattr(torch.serialization, "safe_globals"):
+                # PyTorch >= 2.6 loads weights_only by default: LibTorch's typed dictionaries need the
+                # one (harmless) helper allowed; nothing else of the file's is.
+                from torch.jit._pickle import restore_type_tag
+                with torch.serialization.safe_globals([restore_type_tag]):
+                    ckpt = torch.load(path)
+            else:
+                ckpt = torch.load(path)
             self.assertEqual(ckpt["epoch"], 5)
             self.assertEqual(ckpt["world_size"], 2)
             model = ckpt["model"]

@@ -1,12 +1,12 @@
 #include "ddprun/worker/distributed.hpp"
 #include "ddprun/worker/progress.hpp"
+#include "ddprun/worker/tcp_store.hpp"
 
 #include "gloo_device.hpp"
 
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
-#include <torch/csrc/distributed/c10d/TCPStore.hpp>
 #include <torch/cuda.h>
 #include <signal.h>
 #include <unistd.h>
@@ -86,12 +86,8 @@ Distributed Distributed::init(const WorkerEnv& env, const InitOptions& options) 
 
   c10::intrusive_ptr<c10d::Store> store;
   if (env.launched) {
-    c10d::TCPStoreOptions opts;
-    opts.port = env.master_port;
-    opts.isServer = false;
+    c10d::TCPStoreOptions opts = tcp_store_client_options(static_cast<uint16_t>(env.master_port), options.timeout);
     opts.numWorkers = static_cast<size_t>(env.world_size);
-    opts.waitWorkers = false;
-    opts.timeout = options.timeout;
     try {
       store = c10::make_intrusive<c10d::TCPStore>(env.master_addr, opts);
     } catch (const std::exception& e) {

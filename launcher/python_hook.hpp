@@ -1,0 +1,29 @@
+#pragma once
+// ddprun's Python startup hook (python_hook/sitecustomize.py): ddprun writes it into its private
+// run directory and puts that directory first on the workers' PYTHONPATH. It runs in every Python
+// process the workers start, imports nothing heavy (never torch), and then runs the sitecustomize
+// module it shadows, if any (Debian ships one), so nothing of the user's is lost.
+//
+// It does two things, each only when its variable is set by ddprun:
+//   - stacks (DDPRUN_STACK_DIR, DDPRUN_STACK_SIGNAL; with --hang_timeout or torchelastic's file
+//     timer): arms faulthandler on the signal to write every thread's traceback to
+//     DDPRUN_STACK_DIR/python.<pid>.txt, in a process that leads its process group (a worker, not
+//     its data loader processes); see stacks.hpp;
+//   - the agent store on PyTorch without libuv (TORCHELASTIC_USE_AGENT_STORE=True, unless
+//     DDPRUN_TORCH_HOOK=0): PyTorch >= 2.4 creates the env:// client of the agent's store with
+//     use_libuv=True, which a PyTorch built without libuv (Debian 13's 2.6) refuses even for a
+//     client, which never uses libuv. When torch.distributed.rendezvous is imported, its TCPStore
+//     is wrapped: a client whose creation failed for that reason alone is created again with
+//     use_libuv=False. Any other outcome, and every PyTorch that has libuv, is left as it was.
+
+#include <string>
+
+namespace ddprun::launcher {
+
+// Writes DIR/sitecustomize.py. Throws ProcessError if it cannot be written.
+void write_python_hook(const std::string& dir);
+
+// The text of python_hook/sitecustomize.py, built in (python_hook_source.cpp, made by CMake).
+const char* python_hook_source();
+
+}  // namespace ddprun::launcher
