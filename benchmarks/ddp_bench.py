@@ -24,8 +24,7 @@ def main():
     launched = "RANK" in os.environ
     if not launched:
         os.environ.update(RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT="0")
-        store = dist.TCPStore("127.0.0.1", 0, 1, True)
-        dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     else:
         dist.init_process_group("gloo")
     rank = dist.get_rank()

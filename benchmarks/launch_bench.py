@@ -9,17 +9,18 @@ usage: /usr/bin/python3 launch_bench.py DDPRUN LAUNCH_BENCH_WORKER [--counts 1,4
 """
 import argparse
 import os
-import socket
 import statistics
 import subprocess
 import sys
 import time
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+# torchrun itself; on a PyTorch >= 2.4 without libuv (Debian 13's 2.6) through a wrapper that gives its
+# TCPStores use_libuv=False, without which it cannot start any job there.
+TESTS_PY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "python")
+TORCHRUN = os.path.join(TESTS_PY, "torchrun_nolibuv.py")
+sys.path.insert(0, TESTS_PY)
+from ports import free_port  # noqa: E402  (a port reserved for this process: no probe-then-bind race)
 
 
 def peak_rss_kib(pid):
@@ -64,8 +65,7 @@ def main():
         for n in counts:
             results = {"torchrun": [], "ddprun": []}
             for _ in range(args.repeat):
-                torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(n),
-                            "--master_port", str(free_port()), "--redirects", "1", "--tee", "1", "--no_python",
+                torchrun = [sys.executable, TORCHRUN, "--nproc_per_node", str(n), "--master_port", str(free_port()), "--redirects", "1", "--tee", "1", "--no_python",
                             args.worker, mode]
                 ours = [args.ddprun, "--nproc_per_node", str(n), args.worker, mode]
                 results["torchrun"].append(measure(torchrun))

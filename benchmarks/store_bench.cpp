@@ -11,6 +11,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <torch/version.h>
+
 #include "ddprun/worker/tcp_store.hpp"
 
 #include <algorithm>
@@ -179,6 +181,11 @@ BarrierResult run_barrier(uint16_t port, int clients, pid_t server_pid) {
 
 int main(int argc, char** argv) {
   if (argc >= 3 && std::string(argv[1]) == "serve") return serve(argv[2]);
+  // The wire dialect of this LibTorch's server, for store_scale_bench: "legacy" (1.x) or "v2".
+  if (argc == 2 && std::string(argv[1]) == "dialect") {
+    std::printf("%s\n", TORCH_VERSION_MAJOR >= 2 ? "v2" : "legacy");
+    return 0;
+  }
   ddprun::raise_open_file_limit();
   ::signal(SIGPIPE, SIG_IGN);
   std::chrono::milliseconds duration = 2s;
@@ -194,8 +201,8 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
-  std::printf("Store benchmark: LibTorch 1.13 c10d::TCPStore clients; set/get/add/wait mix; %.1fs per point\n",
-              duration.count() / 1000.0);
+  std::printf("Store benchmark: LibTorch %s c10d::TCPStore clients; set/get/add/wait mix; %.1fs per point\n",
+              TORCH_VERSION, duration.count() / 1000.0);
   std::printf("| clients | server | ops/s | p50 us | p99 us | server CPU us/op |\n");
   std::printf("|---:|---|---:|---:|---:|---:|\n");
   for (int n : client_counts) {

@@ -2,11 +2,12 @@
 // thread per rank), against ddprun-rendezvous and against LibTorch 1.13's own TCPStore server, in
 // one run. Each rank connects, ADDs a counter; the rank that brings it to N SETs a key; every rank
 // WAITs on that key, then GETs it. This is the shape of a job's start (PyTorch's store-based
-// barrier and rendezvous) at N ranks. The 1.13 wire dialect is used, the only one LibTorch 1.13's
-// server speaks.
+// barrier and rendezvous) at N ranks. Both servers are spoken to in the wire dialect of the LibTorch
+// that store_bench was built against (`store_bench dialect`: 1.13's, or 2.x's with VALIDATE first),
+// the only one its server speaks; ddprun's speaks both.
 //
 //   store_scale_bench --daemon PATH/ddprun-rendezvous --libtorch-server PATH/store_bench
-//                     [--ranks 1024,4096,16384] [--timeout SECONDS]
+//                     [--ranks 1024,4096,16384] [--timeout SECONDS] [--dialect legacy|v2]
 //   store_scale_bench --connect PORT [--ranks N]     (drive a server that is already running, e.g.
 //                                                     under a profiler)
 //
@@ -99,7 +100,7 @@ struct ServerProcess {
 
 // One simulated rank's connection.
 struct Rank {
-  enum class State { Idle, Connecting, Add, Wait, GetLength, GetValue, Done } state = State::Idle;
+  enum class State { Idle, Connecting, Ping, Add, Wait, GetLength, GetValue, Done } state = State::Idle;
   int fd = -1;
   char buf[16];
   size_t need = 0, got = 0;
@@ -113,9 +114,24 @@ struct RunResult {
   std::string error;
 };
 
+ddprun::rdzv::Dialect g_dialect = ddprun::rdzv::Dialect::V2;
+
+void put_op(std::string& r, ddprun::rdzv::Op op) { put_u8(r, *ddprun::rdzv::op_to_wire(g_dialect, op)); }
+
+// A 2.x client's first bytes, as PyTorch 2.5+'s sends them: VALIDATE, then PING (it waits for the
+// echo before its first request).
+std::string hello_request() {
+  std::string r;
+  put_op(r, ddprun::rdzv::Op::Validate);
+  ddprun::rdzv::put_u32(r, ddprun::rdzv::kValidateMagic);
+  put_op(r, ddprun::rdzv::Op::Ping);
+  ddprun::rdzv::put_u32(r, 4242);
+  return r;
+}
+
 std::string add_request(int64_t delta) {
   std::string r;
-  put_u8(r, 3);  // 1.13 ADD
+  put_op(r, ddprun::rdzv::Op::Add);
   put_bytes(r, "scale/counter");
   put_i64(r, delta);
   return r;
@@ -130,14 +146,15 @@ RunResult drive(uint16_t port, int n, std::chrono::seconds timeout) {
   addr.sin_port = htons(port);
   addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   const std::string add = add_request(1);
+  const std::string hello = hello_request();
   std::string set_req, wait_req, get_req;
-  put_u8(set_req, 0);  // SET
+  put_op(set_req, ddprun::rdzv::Op::Set);
   put_bytes(set_req, "scale/go");
   put_bytes(set_req, "go");
-  put_u8(wait_req, 5);  // WAIT
+  put_op(wait_req, ddprun::rdzv::Op::Wait);
   put_u64(wait_req, 1);
   put_bytes(wait_req, "scale/go");
-  put_u8(get_req, 2);  // GET
+  put_op(get_req, ddprun::rdzv::Op::Get);
   put_bytes(get_req, "scale/go");
 
   auto send_all = [](Rank& r, const std::string& bytes) {
@@ -204,8 +221,13 @@ RunResult drive(uint16_t port, int n, std::chrono::seconds timeout) {
         ev.data.u32 = events[i].data.u32;
         ::epoll_ctl(ep, EPOLL_CTL_MOD, r.fd, &ev);
         --connecting;
-        if (!send_all(r, add)) res.error = "send ADD failed";
-        expect(r, Rank::State::Add, 8);
+        if (g_dialect == ddprun::rdzv::Dialect::V2) {
+          if (!send_all(r, hello)) res.error = "send VALIDATE+PING failed";
+          expect(r, Rank::State::Ping, 4);
+        } else {
+          if (!send_all(r, add)) res.error = "send ADD failed";
+          expect(r, Rank::State::Add, 8);
+        }
         continue;
       }
       // Read what this rank's current reply needs.
@@ -227,6 +249,10 @@ RunResult drive(uint16_t port, int n, std::chrono::seconds timeout) {
           if (r.got < r.need) continue;
         }
         switch (r.state) {
+          case Rank::State::Ping:
+            if (!send_all(r, add)) res.error = "send ADD failed";
+            expect(r, Rank::State::Add, 8);
+            break;
           case Rank::State::Add: {
             const int64_t v = static_cast<int64_t>(ddprun::rdzv::load_u64(r.buf));
             if (v == n && !send_all(r, set_req)) res.error = "send SET failed";
@@ -278,6 +304,7 @@ int main(int argc, char** argv) {
   std::vector<int> ranks{1024, 4096, 16384};
   std::chrono::seconds timeout{120};
   int connect_port = 0;
+  std::string dialect_flag;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string flag = argv[i];
     if (flag == "--connect") connect_port = std::stoi(argv[i + 1]);
@@ -285,6 +312,20 @@ int main(int argc, char** argv) {
     else if (flag == "--libtorch-server") libtorch = argv[i + 1];
     else if (flag == "--ranks") ranks = ddprun::bench::parse_list(argv[i + 1]);
     else if (flag == "--timeout") timeout = std::chrono::seconds(std::stoi(argv[i + 1]));
+    else if (flag == "--dialect") dialect_flag = argv[i + 1];
+  }
+  if (dialect_flag.empty() && !libtorch.empty()) {
+    // The dialect LibTorch's server speaks, from the store_bench built against it.
+    FILE* p = ::popen(("'" + libtorch + "' dialect").c_str(), "r");
+    char buf[32] = {};
+    if (p && std::fgets(buf, sizeof buf, p)) dialect_flag = std::string(buf, std::strcspn(buf, "\n"));
+    if (p) ::pclose(p);
+  }
+  if (dialect_flag == "legacy") {
+    g_dialect = ddprun::rdzv::Dialect::Legacy;
+  } else if (!dialect_flag.empty() && dialect_flag != "v2") {
+    std::cerr << "store_scale_bench: --dialect must be legacy (PyTorch 1.x) or v2 (2.x), got '" << dialect_flag << "'\n";
+    return 2;
   }
   if (connect_port > 0) {
     ddprun::raise_open_file_limit();
@@ -303,7 +344,8 @@ int main(int argc, char** argv) {
   }
   ddprun::raise_open_file_limit();
   ::signal(SIGPIPE, SIG_IGN);
-  std::printf("Store scale: N ranks, one connection each (one epoll loop): connect, ADD, last rank SETs, all WAIT, GET\n");
+  std::printf("Store scale: N ranks, one connection each (one epoll loop): connect, ADD, last rank SETs, all WAIT, GET;"
+              " %s dialect\n", g_dialect == ddprun::rdzv::Dialect::V2 ? "2.x (VALIDATE first)" : "1.13");
   std::printf("| ranks | server | finished | seconds | us per rank | server peak RSS MiB | server RSS growth MiB | server CPU s |\n");
   std::printf("|---:|---|---:|---:|---:|---:|---:|---:|\n");
   for (int n : ranks) {
@@ -318,7 +360,7 @@ int main(int argc, char** argv) {
       std::vector<std::string> argv = k == 0 ? std::vector<std::string>{daemon, "--host", "127.0.0.1", "--port", "0"}
                                              : std::vector<std::string>{libtorch, "serve", "torch"};
       Row row;
-      row.name = k == 0 ? "ddprun-rendezvous" : "LibTorch 1.13 TCPStore";
+      row.name = k == 0 ? "ddprun-rendezvous" : "LibTorch TCPStore";
       ServerProcess server(argv);
       const auto cpu0 = ddprun::process_cpu_time(server.pid);
       row.r = drive(server.port, n, timeout);

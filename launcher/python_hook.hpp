@@ -11,10 +11,10 @@
 //     its data loader processes); see stacks.hpp;
 //   - the agent store on PyTorch without libuv (TORCHELASTIC_USE_AGENT_STORE=True, unless
 //     DDPRUN_TORCH_HOOK=0): PyTorch >= 2.4 creates the env:// client of the agent's store with
-//     use_libuv=True, which a PyTorch built without libuv (Debian 13's 2.6) refuses even for a
-//     client, which never uses libuv. When torch.distributed.rendezvous is imported, its TCPStore
-//     is wrapped: a client whose creation failed for that reason alone is created again with
-//     use_libuv=False. Any other outcome, and every PyTorch that has libuv, is left as it was.
+//     use_libuv=True, its default, which a PyTorch built without libuv (Debian 13's 2.6) refuses
+//     even for a client, which never uses libuv. When torch.distributed.rendezvous is imported, its
+//     TCPStore is wrapped: a client created without a use_libuv of its own gets use_libuv=False.
+//     A server, a client that chose, and a PyTorch without the option are left as they were.
 
 #include <string>
 

@@ -19,19 +19,19 @@ def _ddprun_arm_stacks():
 
 def _ddprun_wrap_tcpstore(module):
     real = getattr(module, "TCPStore", None)
-    if real is None or getattr(real, "_ddprun_wrapped", False):
+    # Only a TCPStore that has the option (PyTorch >= 2.2), and only once.
+    if real is None or getattr(real, "_ddprun_wrapped", False) or "use_libuv" not in (real.__init__.__doc__ or ""):
         return
 
     def TCPStore(*args, **kwargs):
-        try:
-            return real(*args, **kwargs)
-        except Exception as e:
-            # PyTorch >= 2.4 built without libuv refuses use_libuv=True, its default, even for a
-            # client. Only the env:// client of the agent's store (no use_libuv given) is retried.
-            if "use_libuv was requested" not in str(e) or "use_libuv" in kwargs:
-                raise
+        # PyTorch >= 2.4 defaults use_libuv to True, and one built without libuv refuses it even
+        # for a client, which never uses libuv. A client that did not choose gets use_libuv=False
+        # (decided before construction: a TCPStore whose construction failed can abort the
+        # interpreter when it is freed).
+        is_master = kwargs.get("is_master", args[3] if len(args) > 3 else False)
+        if not is_master and "use_libuv" not in kwargs:
             kwargs["use_libuv"] = False
-            return real(*args, **kwargs)
+        return real(*args, **kwargs)
 
     TCPStore._ddprun_wrapped = True
     TCPStore.__wrapped__ = real
