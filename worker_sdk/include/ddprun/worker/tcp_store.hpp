@@ -40,11 +40,8 @@ inline c10d::TCPStoreOptions tcp_store_client_options(uint16_t port, std::chrono
 // it (the default of LibTorch >= 2.4), the classic one otherwise.
 inline c10::intrusive_ptr<c10d::TCPStore> make_tcp_store_server(const std::string& host, uint16_t port,
                                                                 std::chrono::milliseconds timeout) {
-  c10d::TCPStoreOptions o;
-  o.port = port;
+  c10d::TCPStoreOptions o = tcp_store_client_options(port, timeout);
   o.isServer = true;
-  o.waitWorkers = false;
-  o.timeout = timeout;
   tcp_store_detail::set_libuv(o, true, 0);
   try {
     return c10::make_intrusive<c10d::TCPStore>(host, o);
