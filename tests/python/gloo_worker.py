@@ -14,7 +14,11 @@ dist.all_reduce(t)
 expected = world * (world + 1) / 2
 assert t.tolist() == [expected] * 4, t
 gathered = [torch.zeros(2) for _ in range(world)]
-dist.all_gather(gathered, torch.tensor([rank, rank * 10.0]))
+# Every tensor given to a collective stays referenced here until destroy_process_group: PyTorch 2.6
+# can deadlock there otherwise (ProcessGroupGloo's destructor joins its worker thread while holding
+# the GIL, and that thread, freeing the last reference to a temporary's tensor, waits for the GIL).
+mine = torch.tensor([rank, rank * 10.0])
+dist.all_gather(gathered, mine)
 assert [g.tolist() for g in gathered] == [[r, r * 10.0] for r in range(world)], gathered
 dist.barrier()
 print(f"rank {rank} ok {expected} attempt {os.environ['TORCHELASTIC_RESTART_COUNT']}", flush=True)

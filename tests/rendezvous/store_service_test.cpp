@@ -306,7 +306,7 @@ TEST(StoreServiceTest, MetricsEndpointPassesPromtoolAndCountsWhatHappened) {
   DaemonOptions o;
   o.args = {"--metrics-port", "0"};
   Daemon d(DAEMON_BIN, o);
-  const std::string log = d.log();
+  const std::string log = d.log_with("metrics on 127.0.0.1:");
   const auto at = log.find("metrics on 127.0.0.1:");
   ASSERT_NE(at, std::string::npos) << log;
   const auto metrics_port = static_cast<uint16_t>(std::stoi(log.substr(at + 21)));
