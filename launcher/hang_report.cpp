@@ -347,9 +347,27 @@ HangFindings analyze_hang(const HangDiagnosis& d) {
       behind.insert(slow.begin(), slow.end());
     }
   }
+  // A rank stuck destroying its Gloo process group: the destructor joins the group's worker thread
+  // while holding the GIL, and that thread, freeing a tensor whose Python object it now owns,
+  // waits for the GIL (PyTorch 2.6; a temporary given to a collective).
+  std::vector<int> destroying;
+  for (const RankState* r : ranks) {
+    if (r->native_stack.find("ProcessGroupGloo::~ProcessGroupGloo") != std::string::npos &&
+        r->native_stack.find("maybe_destroy_pyobj") != std::string::npos) {
+      destroying.push_back(r->rank);
+    }
+  }
+  if (!destroying.empty()) {
+    out.facts.push_back(rank_list(destroying) + (destroying.size() == 1 ? " is" : " are") +
+                        " stuck in destroy_process_group: ProcessGroupGloo's destructor waits for its worker "
+                        "thread, which waits for the GIL to free a tensor (a PyTorch deadlock when a temporary "
+                        "tensor was given to a collective: keep such tensors in a variable until the group is "
+                        "destroyed)");
+  }
   // Who waits (in the store or a collective) and who does not.
   std::vector<int> waiting, elsewhere;
   for (const RankState* r : ranks) {
+    if (std::find(destroying.begin(), destroying.end(), r->rank) != destroying.end()) continue;
     (in_store.count(r->rank) || in_collective(*r) ? waiting : elsewhere).push_back(r->rank);
   }
   if (!waiting.empty() && !elsewhere.empty()) {
@@ -358,7 +376,7 @@ HangFindings analyze_hang(const HangDiagnosis& d) {
                         (elsewhere.size() == 1 ? " does" : " do") + " not");
     behind.insert(elsewhere.begin(), elsewhere.end());
   }
-  if (behind.empty() && !ranks.empty()) {
+  if (behind.empty() && destroying.empty() && !ranks.empty()) {
     if (elsewhere.empty()) {
       out.facts.push_back("every rank waits for the others: they disagree on which collective comes next, or a "
                           "connection between them was lost");

@@ -98,6 +98,23 @@ TEST(HangReportTest, ARankThatNeverConnectedIsBehindTheOneWaitingForItsKey) {
       << all;
 }
 
+// PyTorch 2.6: destroy_process_group deadlocked on the GIL (the stacks as eu-stack showed them).
+TEST(HangReportTest, ARankDeadlockedDestroyingItsGlooGroupIsNamedWithWhatToDo) {
+  RankState r = rank(0, "Current thread 0x00007fdd52880780 (most recent call first):\n"
+                        "  File \"/jobs/train.py\", line 23 in <module>\n");
+  r.native_stack = "TID 12406:\n#4  0x00007fdd4e6e129b std::thread::join()\n"
+                   "#5  0x00007fdd3efcf19c c10d::ProcessGroupGloo::~ProcessGroupGloo()\n"
+                   "TID 12416:\n#8  0x00007fdd4e985f93 c10::impl::PyObjectSlot::maybe_destroy_pyobj()\n"
+                   "#14 0x00007fdd3efde061 c10d::ProcessGroupGloo::runLoop(int)\n";
+  RankState done = rank(1);
+  done.exited = true;
+  const HangFindings f = analyze_hang(one_node({r, done}));
+  ASSERT_FALSE(f.facts.empty());
+  EXPECT_NE(f.facts[0].find("rank 0 is stuck in destroy_process_group"), std::string::npos) << f.facts[0];
+  EXPECT_NE(f.facts[0].find("keep such tensors in a variable"), std::string::npos) << f.facts[0];
+  for (const auto& fact : f.facts) EXPECT_EQ(fact.find("every rank waits"), std::string::npos) << fact;
+}
+
 TEST(HangReportTest, TheRankOutsideTheCollectiveIsBehindAndItsFramesComeFirst) {
   const auto d = one_node({rank(0, kPythonInCollective), rank(1, kPythonInUserCode), rank(2, kPythonInCollective)});
   EXPECT_EQ(analyze_hang(d).behind, std::vector<int>{1});
