@@ -20,6 +20,7 @@ packages=(
   strace       # the checkpoint test checks the order of fsync and rename
   elfutils     # eu-stack: native stacks of hung workers (--hang_timeout)
   help2man     # the man pages, made from --help
+  bc           # the benchmarks' ratios (benchmarks/*.sh)
   dpkg-dev file  # dpkg-shlibdeps (which runs file): the Depends of the .deb packages (CPack)
   etcd-server etcd-client   # a real etcd v3 cluster for the etcd rendezvous tests (and etcdctl)
 )
