@@ -8,6 +8,11 @@
 //
 //   store_scale_bench --daemon PATH/ddprun-rendezvous --libtorch-server PATH/store_bench
 //                     [--ranks 1024,4096,16384] [--timeout SECONDS] [--dialect legacy|v2]
+//                     [--sources N] [--load idle,busy] [--runs R]
+//
+// --sources: loopback source addresses (default 64; 1 = 127.0.0.1 only). --load busy runs one
+// spinning process per core beside each run (the rank-0 node, whose workers use every core while
+// its launcher hosts the store). --runs: pairs of runs per size and load, interleaved.
 //   store_scale_bench --connect PORT [--ranks N]     (drive a server that is already running, e.g.
 //                                                     under a profiler)
 //
@@ -98,6 +103,36 @@ struct ServerProcess {
   }
 };
 
+std::vector<std::string> split_words(const std::string& list) {
+  std::vector<std::string> out;
+  std::stringstream in(list);
+  for (std::string w; std::getline(in, w, ',');) {
+    if (!w.empty()) out.push_back(w);
+  }
+  return out;
+}
+
+// `count` processes spinning on a CPU each for as long as this object lives.
+struct Spinners {
+  std::vector<pid_t> pids;
+  explicit Spinners(int count) {
+    for (int i = 0; i < count; ++i) {
+      const pid_t pid = ::fork();
+      if (pid == 0) {
+        volatile uint64_t x = 0;
+        for (;;) x = x + 1;
+      }
+      if (pid > 0) pids.push_back(pid);
+    }
+  }
+  ~Spinners() {
+    for (pid_t p : pids) ::kill(p, SIGKILL);
+    for (pid_t p : pids) ::waitpid(p, nullptr, 0);
+  }
+  Spinners(const Spinners&) = delete;
+  Spinners& operator=(const Spinners&) = delete;
+};
+
 // One simulated rank's connection.
 struct Rank {
   enum class State { Idle, Connecting, Ping, Add, Wait, GetLength, GetValue, Done } state = State::Idle;
@@ -136,6 +171,9 @@ std::string add_request(int64_t delta) {
   put_i64(r, delta);
   return r;
 }
+
+// Loopback source addresses the ranks connect from (127.0.0.2 onwards; 1 means 127.0.0.1 only).
+int g_sources = 64;
 
 RunResult drive(uint16_t port, int n, std::chrono::seconds timeout) {
   RunResult res;
@@ -176,10 +214,13 @@ RunResult drive(uint16_t port, int n, std::chrono::seconds timeout) {
       ::setsockopt(r.fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
       // Real ranks come from many hosts. From one source address the kernel's search for a free
       // ephemeral port grows with every connection to the same server (O(n^2) in total), which
-      // would measure the load generator; 64 loopback sources play 64 hosts.
+      // would measure the load generator; 64 loopback sources play 64 hosts. (A server that looks
+      // up each peer's name, as LibTorch 2.x's does, then waits on the resolver for addresses
+      // that are not in /etc/hosts: `--sources 1` keeps to 127.0.0.1.)
       sockaddr_in src{};
       src.sin_family = AF_INET;
-      src.sin_addr.s_addr = htonl(INADDR_LOOPBACK + 2 + static_cast<uint32_t>(next % 64));
+      src.sin_addr.s_addr = htonl(g_sources <= 1 ? INADDR_LOOPBACK
+                                                 : INADDR_LOOPBACK + 2 + static_cast<uint32_t>(next % g_sources));
       ::setsockopt(r.fd, IPPROTO_IP, IP_BIND_ADDRESS_NO_PORT, &one, sizeof one);
       ::bind(r.fd, reinterpret_cast<sockaddr*>(&src), sizeof src);
       if (::connect(r.fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 && errno != EINPROGRESS) {
@@ -305,6 +346,8 @@ int main(int argc, char** argv) {
   std::chrono::seconds timeout{120};
   int connect_port = 0;
   std::string dialect_flag;
+  std::vector<std::string> loads{"idle"};
+  int runs = 1;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string flag = argv[i];
     if (flag == "--connect") connect_port = std::stoi(argv[i + 1]);
@@ -313,6 +356,15 @@ int main(int argc, char** argv) {
     else if (flag == "--ranks") ranks = ddprun::bench::parse_list(argv[i + 1]);
     else if (flag == "--timeout") timeout = std::chrono::seconds(std::stoi(argv[i + 1]));
     else if (flag == "--dialect") dialect_flag = argv[i + 1];
+    else if (flag == "--sources") g_sources = std::max(1, std::stoi(argv[i + 1]));
+    else if (flag == "--load") loads = split_words(argv[i + 1]);
+    else if (flag == "--runs") runs = std::max(1, std::stoi(argv[i + 1]));
+  }
+  for (const auto& l : loads) {
+    if (l != "idle" && l != "busy") {
+      std::cerr << "store_scale_bench: --load takes idle, busy or both (idle,busy), got '" << l << "'\n";
+      return 2;
+    }
   }
   if (dialect_flag.empty() && !libtorch.empty()) {
     // The dialect LibTorch's server speaks, from the store_bench built against it.
@@ -345,38 +397,56 @@ int main(int argc, char** argv) {
   ddprun::raise_open_file_limit();
   ::signal(SIGPIPE, SIG_IGN);
   std::printf("Store scale: N ranks, one connection each (one epoll loop): connect, ADD, last rank SETs, all WAIT, GET;"
-              " %s dialect\n", g_dialect == ddprun::rdzv::Dialect::V2 ? "2.x (VALIDATE first)" : "1.13");
-  std::printf("| ranks | server | finished | seconds | us per rank | server peak RSS MiB | server RSS growth MiB | server CPU s |\n");
-  std::printf("|---:|---|---:|---:|---:|---:|---:|---:|\n");
+              " %s dialect; %d source address%s\n",
+              g_dialect == ddprun::rdzv::Dialect::V2 ? "2.x (VALIDATE first)" : "1.13", g_sources,
+              g_sources == 1 ? "" : "es");
+  std::printf("| ranks | load | server | finished | seconds | us per rank | server peak RSS MiB | server RSS growth MiB |"
+              " server CPU s |\n");
+  std::printf("|---:|---|---|---:|---:|---:|---:|---:|---:|\n");
+  struct Row {
+    RunResult r;
+    double peak_mib = 0, growth_mib = 0, cpu = 0;
+  };
   for (int n : ranks) {
-    struct Row {
-      std::string name;
-      RunResult r;
-      double peak_mib = 0, growth_mib = 0, cpu = 0;
-    };
-    std::vector<Row> rows;
-    for (int k = 0; k < 2; ++k) {
-      if (k == 1 && libtorch.empty()) continue;
-      std::vector<std::string> argv = k == 0 ? std::vector<std::string>{daemon, "--host", "127.0.0.1", "--port", "0"}
-                                             : std::vector<std::string>{libtorch, "serve", "torch"};
-      Row row;
-      row.name = k == 0 ? "ddprun-rendezvous" : "LibTorch TCPStore";
-      ServerProcess server(argv);
-      const auto cpu0 = ddprun::process_cpu_time(server.pid);
-      row.r = drive(server.port, n, timeout);
-      row.cpu = static_cast<double>((ddprun::process_cpu_time(server.pid) - cpu0).count()) / 1e6;
-      row.peak_mib = static_cast<double>(ddprun::peak_rss_kib(server.pid)) / 1024.0;
-      row.growth_mib = row.peak_mib - static_cast<double>(server.idle_rss_kib) / 1024.0;
-      rows.push_back(row);
-      const char* note = row.r.timed_out ? " (timed out)" : row.r.error.empty() ? "" : " (error)";
-      std::printf("| %d | %s | %d/%d%s | %.2f | %.1f | %.1f | %.1f | %.2f |\n", n, row.name.c_str(), row.r.finished, n,
-                  note, row.r.seconds, row.r.seconds * 1e6 / n, row.peak_mib, row.growth_mib, row.cpu);
-      if (!row.r.error.empty()) std::fprintf(stderr, "  %s: %s\n", row.name.c_str(), row.r.error.c_str());
-      std::fflush(stdout);
-    }
-    if (rows.size() == 2 && rows[0].r.finished == n && rows[1].r.finished == n) {
-      std::printf("| %d | ratio ddprun/LibTorch | | %.2fx | | %.2fx | | %.2fx |\n", n, rows[0].r.seconds / rows[1].r.seconds,
-                  rows[0].peak_mib / rows[1].peak_mib, rows[0].cpu / rows[1].cpu);
+    for (const auto& load : loads) {
+      std::vector<double> ours, theirs;
+      for (int run = 0; run < runs; ++run) {
+        std::vector<Row> rows;
+        for (int k = 0; k < 2; ++k) {
+          if (k == 1 && libtorch.empty()) continue;
+          std::vector<std::string> argv = k == 0
+              ? std::vector<std::string>{daemon, "--host", "127.0.0.1", "--port", "0"}
+              : std::vector<std::string>{libtorch, "serve", "torch"};
+          const char* name = k == 0 ? "ddprun-rendezvous" : "LibTorch TCPStore";
+          ServerProcess server(argv);
+          Spinners spin(load == "busy" ? static_cast<int>(::sysconf(_SC_NPROCESSORS_ONLN)) : 0);
+          Row row;
+          const auto cpu0 = ddprun::process_cpu_time(server.pid);
+          row.r = drive(server.port, n, timeout);
+          row.cpu = static_cast<double>((ddprun::process_cpu_time(server.pid) - cpu0).count()) / 1e6;
+          row.peak_mib = static_cast<double>(ddprun::peak_rss_kib(server.pid)) / 1024.0;
+          row.growth_mib = row.peak_mib - static_cast<double>(server.idle_rss_kib) / 1024.0;
+          const char* note = row.r.timed_out ? " (timed out)" : row.r.error.empty() ? "" : " (error)";
+          std::printf("| %d | %s | %s | %d/%d%s | %.2f | %.1f | %.1f | %.1f | %.2f |\n", n, load.c_str(), name,
+                      row.r.finished, n, note, row.r.seconds, row.r.seconds * 1e6 / n, row.peak_mib, row.growth_mib,
+                      row.cpu);
+          if (!row.r.error.empty()) std::fprintf(stderr, "  %s: %s\n", name, row.r.error.c_str());
+          std::fflush(stdout);
+          rows.push_back(row);
+        }
+        if (rows.size() == 2 && rows[0].r.finished == n && rows[1].r.finished == n) {
+          ours.push_back(rows[0].r.seconds);
+          theirs.push_back(rows[1].r.seconds);
+          std::printf("| %d | %s | ratio LibTorch/ddprun (time; >1: ddprun faster) | | %.2fx | | %.2fx (memory) | | %.2fx (CPU) |\n",
+                      n, load.c_str(), rows[1].r.seconds / rows[0].r.seconds, rows[1].peak_mib / rows[0].peak_mib,
+                      rows[1].cpu / std::max(rows[0].cpu, 1e-3));
+        }
+      }
+      if (ours.size() > 1) {
+        std::printf("| %d | %s | median of %zu pairs: ddprun %.3f s, LibTorch %.3f s | | %.2fx | | | | |\n", n,
+                    load.c_str(), ours.size(), ddprun::bench::median(ours), ddprun::bench::median(theirs),
+                    ddprun::bench::median(theirs) / ddprun::bench::median(ours));
+      }
     }
   }
   return 0;
