@@ -2,10 +2,12 @@
 """Store barrier: N real PyTorch TCPStore clients against ddprun-rendezvous and against PyTorch's own
 server, interleaved in one run, idle and with every core busy.
 
-Each client is a thread of this process with its own connection (as N ranks would each have one):
-connect, add("arrived", 1), the last one sets "go", every one waits for "go" and gets it. The time
-is from the first connect to the last get. "Busy" runs one spinning process per core beside it: the
-situation of a rank-0 node whose workers use every core while its ddprun hosts their store.
+Each barrier runs in a fresh Python process; each client is a thread of it with its own connection
+(as N ranks would each have one): connect, add("arrived", 1), the last one sets "go", every one
+waits for "go" and gets it. The time is from the first connect to the last get. The two servers
+take turns in ABBA order (ddprun first in odd pairs, PyTorch first in even ones), so a drift of the
+machine's speed during the run favours neither. "Busy" runs one spinning process per core beside
+it: the situation of a rank-0 node whose workers use every core while its ddprun hosts their store.
 
 usage: /usr/bin/python3 store_barrier_bench.py DDPRUN_RENDEZVOUS [--clients 1024] [--repeat 5]
                                                 [--load idle,busy] [--sched]
@@ -98,10 +100,18 @@ def sched(pid):
     return cpu / 1e9, wait / 1e9, switches, preempted
 
 
-def measured(pid, port, n, kwargs):
+def barrier_in_process(port, n):
+    """One barrier in a fresh process of its own (no threads, memory or GC state left from earlier
+    runs); returns its time."""
+    out = subprocess.run([sys.executable, os.path.abspath(__file__), "--barrier", str(port), str(n)],
+                         stdout=subprocess.PIPE, text=True, check=True, timeout=TIMEOUT.total_seconds() + 60)
+    return float(out.stdout.split()[-1])
+
+
+def measured(pid, port, n):
     """The barrier's time and what the server at PID spent on it: (s, CPU s, wait s, sleeps, preemptions)."""
     before = sched(pid)
-    t = barrier(port, n, kwargs)
+    t = barrier_in_process(port, n)
     after = sched(pid)
     return (t,) + tuple(a - b for a, b in zip(after, before))
 
@@ -114,17 +124,17 @@ def rss_kib(pid):
     return 0
 
 
-def run_ours(daemon_bin, n, kwargs):
+def run_ours(daemon_bin, n):
     with Daemon(daemon_bin) as d:
-        m = measured(d.proc.pid, d.port, n, kwargs)
+        m = measured(d.proc.pid, d.port, n)
         return m, rss_kib(d.proc.pid)
 
 
-def run_theirs(n, kwargs):
+def run_theirs(n):
     p = subprocess.Popen([sys.executable, "-c", TORCH_SERVER], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
         port = int(p.stdout.readline())
-        m = measured(p.pid, port, n, kwargs)
+        m = measured(p.pid, port, n)
         return m, rss_kib(p.pid)
     finally:
         p.stdin.close()
@@ -136,6 +146,9 @@ def spinners(count):
 
 
 def main():
+    if len(sys.argv) == 4 and sys.argv[1] == "--barrier":  # one barrier, in a process of its own
+        print(barrier(int(sys.argv[2]), int(sys.argv[3]), client_kwargs()), flush=True)
+        return
     ap = argparse.ArgumentParser()
     ap.add_argument("daemon")
     ap.add_argument("--clients", type=int, default=1024)
@@ -143,18 +156,21 @@ def main():
     ap.add_argument("--load", default="idle,busy")
     ap.add_argument("--sched", action="store_true", help="also the servers' CPU time, run-queue wait and switches")
     args = ap.parse_args()
-    kwargs = client_kwargs()
     print(f"Store barrier: {args.clients} PyTorch {torch.__version__} clients (one connection each, threads of one "
-          f"process); median of {args.repeat} interleaved runs; {os.cpu_count()} cores")
+          f"fresh process per barrier); median of {args.repeat} runs in ABBA order; {os.cpu_count()} cores")
     print(f"{'load':<6} {'ddprun s':>9} {'range':>13} {'torch s':>9} {'range':>13} {'torch/ddprun':>12} "
-          f"{'ddprun MB':>9} {'torch MB':>9}")
+          f"{'pairs':>13} {'ddprun MB':>9} {'torch MB':>9}")
     for load in args.load.split(","):
         spin = spinners(os.cpu_count() or 1) if load == "busy" else []
         try:
             ours, theirs = [], []
-            for _ in range(args.repeat):
-                ours.append(run_ours(args.daemon, args.clients, kwargs))
-                theirs.append(run_theirs(args.clients, kwargs))
+            for i in range(args.repeat):
+                if i % 2 == 0:
+                    ours.append(run_ours(args.daemon, args.clients))
+                    theirs.append(run_theirs(args.clients))
+                else:
+                    theirs.append(run_theirs(args.clients))
+                    ours.append(run_ours(args.daemon, args.clients))
         finally:
             for p in spin:
                 p.kill()
@@ -162,9 +178,10 @@ def main():
         o = [m[0] for m, _ in ours]
         h = [m[0] for m, _ in theirs]
         om, hm = statistics.median(o), statistics.median(h)
+        pairs = [b / a for a, b in zip(o, h)]
         print(f"{load:<6} {om:9.3f} {min(o):6.3f}-{max(o):6.3f} {hm:9.3f} {min(h):6.3f}-{max(h):6.3f} "
-              f"{hm / om:11.2f}x {max(r for _, r in ours) / 1024:9.1f} {max(r for _, r in theirs) / 1024:9.1f}",
-              flush=True)
+              f"{hm / om:11.2f}x {min(pairs):5.2f}-{max(pairs):5.2f}x {max(r for _, r in ours) / 1024:9.1f} "
+              f"{max(r for _, r in theirs) / 1024:9.1f}", flush=True)
         if args.sched:
             for name, runs in (("ddprun", ours), ("torch", theirs)):
                 cpu = statistics.median(m[1] for m, _ in runs)
