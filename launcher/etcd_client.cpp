@@ -31,9 +31,8 @@ size_t Client::preferred_endpoint() const {
 
 std::string Client::authenticate(Deadline deadline) {
   const json body = {{"name", options_.user}, {"password", options_.password}};
-  const std::string text = call("/v3/auth/authenticate", body.dump(), deadline, /*anonymous=*/true);
-  const json j = json::parse(text, nullptr, false);
-  if (!j.is_object() || !j.contains("token") || !j["token"].is_string()) {
+  const json j = call("/v3/auth/authenticate", body.dump(), deadline, /*anonymous=*/true);
+  if (!j.contains("token") || !j["token"].is_string()) {
     throw ProtocolError("etcd's authenticate answer has no token");
   }
   return j["token"].get<std::string>();
@@ -51,7 +50,7 @@ void Client::token_rejected(const std::string& token) {
   if (token_ == token) token_.clear();
 }
 
-std::string Client::call(const std::string& path, const std::string& body, Deadline deadline, bool anonymous) {
+json Client::call(const std::string& path, const std::string& body, Deadline deadline, bool anonymous) {
   std::string last_error = "no attempt was made before the deadline";
   auto backoff = std::chrono::milliseconds(50);
   bool renewed_token = false;
@@ -71,7 +70,13 @@ std::string Client::call(const std::string& path, const std::string& body, Deadl
         conn_->connect(attempt_deadline);
       }
       auto [status, text] = conn_->post(path, body, anonymous ? "" : token_, attempt_deadline);
-      if (status == 200) return text;
+      if (status == 200) {
+        json j = json::parse(text, nullptr, false);
+        if (j.is_object()) return j;
+        throw ProtocolError(ep.text + " answered " + path +
+                            " with something other than etcd's JSON (is this etcd's client port?): " +
+                            printable_start(text));
+      }
       auto [code, message] = error_of(text, status);
       if (code == kUnauthenticated && !anonymous && !options_.user.empty() && !renewed_token) {
         token_.clear();  // expired: one new token, then the request again
@@ -102,14 +107,14 @@ RangeResult Client::range(const std::string& key, const std::string& range_end, 
   if (!range_end.empty()) body["range_end"] = base64_encode(range_end);
   if (keys_only) body["keys_only"] = true;
   std::lock_guard lock(mutex_);
-  return range_of(json::parse(call("/v3/kv/range", body.dump(), deadline)));
+  return range_of(call("/v3/kv/range", body.dump(), deadline));
 }
 
 int64_t Client::put(const std::string& key, const std::string& value, int64_t lease, Deadline deadline) {
   json body = {{"key", base64_encode(key)}, {"value", base64_encode(value)}};
   if (lease) body["lease"] = std::to_string(lease);
   std::lock_guard lock(mutex_);
-  const json j = json::parse(call("/v3/kv/put", body.dump(), deadline));
+  const json j = call("/v3/kv/put", body.dump(), deadline);
   return j.contains("header") ? int64_of(j["header"], "revision") : 0;
 }
 
@@ -117,7 +122,7 @@ int64_t Client::erase(const std::string& key, const std::string& range_end, Dead
   json body = {{"key", base64_encode(key)}};
   if (!range_end.empty()) body["range_end"] = base64_encode(range_end);
   std::lock_guard lock(mutex_);
-  return int64_of(json::parse(call("/v3/kv/deleterange", body.dump(), deadline)), "deleted");
+  return int64_of(call("/v3/kv/deleterange", body.dump(), deadline), "deleted");
 }
 
 TxnResult Client::txn(const std::vector<Compare>& compares, const std::vector<Op>& success,
@@ -146,9 +151,9 @@ TxnResult Client::txn(const std::vector<Compare>& compares, const std::vector<Op
   for (const Op& op : failure) ko.push_back(op_json(op));
   const json body = {{"compare", cmp}, {"success", ok}, {"failure", ko}};
   std::lock_guard lock(mutex_);
-  const json j = json::parse(call("/v3/kv/txn", body.dump(), deadline));
+  const json j = call("/v3/kv/txn", body.dump(), deadline);
   TxnResult r;
-  r.succeeded = j.value("succeeded", false);
+  r.succeeded = bool_of(j, "succeeded");
   if (j.contains("header")) r.revision = int64_of(j["header"], "revision");
   if (auto resp = j.find("responses"); resp != j.end() && resp->is_array()) {
     for (const json& x : *resp) {
@@ -159,16 +164,23 @@ TxnResult Client::txn(const std::vector<Compare>& compares, const std::vector<Op
 }
 
 std::string Client::create_or_get(const std::string& key, const std::string& value, int64_t lease, Deadline deadline) {
-  const TxnResult r = txn({Compare::absent(key)}, {Op::put(key, value, lease)}, {Op::get(key)}, deadline);
-  if (r.succeeded) return value;
-  if (r.ranges.empty() || r.ranges[0].kvs.empty()) return create_or_get(key, value, lease, deadline);  // deleted meanwhile
-  return r.ranges[0].kvs[0].value;
+  // Another client's key can be deleted between our compare and our read (its lease expired):
+  // then try again, until the deadline.
+  for (;;) {
+    const TxnResult r = txn({Compare::absent(key)}, {Op::put(key, value, lease)}, {Op::get(key)}, deadline);
+    if (r.succeeded) return value;
+    if (!r.ranges.empty() && !r.ranges[0].kvs.empty()) return r.ranges[0].kvs[0].value;
+    if (Clock::now() >= deadline) {
+      throw ConnectionError("etcd: " + key + " was neither created nor readable before the deadline (deleted each time"
+                            " it was read)");
+    }
+  }
 }
 
 int64_t Client::lease_grant(std::chrono::seconds ttl, Deadline deadline) {
   const json body = {{"TTL", std::to_string(ttl.count())}};
   std::lock_guard lock(mutex_);
-  const json j = json::parse(call("/v3/lease/grant", body.dump(), deadline));
+  const json j = call("/v3/lease/grant", body.dump(), deadline);
   const int64_t id = int64_of(j, "ID");
   if (id == 0) throw ProtocolError("etcd granted a lease without an ID: " + j.dump().substr(0, 200));
   return id;
@@ -177,7 +189,7 @@ int64_t Client::lease_grant(std::chrono::seconds ttl, Deadline deadline) {
 int64_t Client::lease_keepalive(int64_t id, Deadline deadline) {
   const json body = {{"ID", std::to_string(id)}};
   std::lock_guard lock(mutex_);
-  const json j = json::parse(call("/v3/lease/keepalive", body.dump(), deadline));
+  const json j = call("/v3/lease/keepalive", body.dump(), deadline);
   // A stream of one answer: {"result": {"ID": ..., "TTL": ...}}; no TTL: the lease is gone.
   const json& r = j.contains("result") ? j["result"] : j;
   return int64_of(r, "TTL");

@@ -20,6 +20,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <nlohmann/json_fwd.hpp>
 #include <optional>
 #include <set>
 #include <string>
@@ -162,9 +163,11 @@ class Client {
   TlsContext* tls() const { return tls_.get(); }
 
  private:
-  // POSTs `body` (JSON) to `path` with failover; returns the answer's JSON text. Called with
-  // mutex_ held; `anonymous`: without the auth token.
-  std::string call(const std::string& path, const std::string& body, Deadline deadline, bool anonymous = false);
+  // POSTs `body` (JSON) to `path`, failing over across the members until `deadline`; returns the
+  // answer, a JSON object. A member that answers anything else (a proxy's HTML page, a wrong port)
+  // counts as failed; the start of its answer is in the error at the deadline. Called with mutex_
+  // held; `anonymous`: without the auth token.
+  nlohmann::json call(const std::string& path, const std::string& body, Deadline deadline, bool anonymous = false);
   std::string authenticate(Deadline deadline);
 
   Options options_;

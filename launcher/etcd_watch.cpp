@@ -108,7 +108,7 @@ std::vector<WatchEvent> Watch::next(std::chrono::milliseconds timeout, Client::D
       pending_.erase(0, nl + 1);
       if (line.find_first_not_of(" \r\t") == std::string::npos) continue;
       const json j = json::parse(line, nullptr, false);
-      if (!j.is_object()) throw ProtocolError("etcd sent a watch message that is not JSON: " + line.substr(0, 200));
+      if (!j.is_object()) throw ProtocolError("etcd sent a watch message that is not JSON: " + printable_start(line));
       if (j.contains("error")) {
         auto [code, message] = error_of(line, 0);
         if (code == kUnauthenticated) {
@@ -123,7 +123,7 @@ std::vector<WatchEvent> Watch::next(std::chrono::milliseconds timeout, Client::D
         throw EtcdError(code, "etcd watch: " + message);
       }
       const json& r = j.contains("result") ? j["result"] : j;
-      if (r.value("canceled", false)) {
+      if (bool_of(r, "canceled")) {
         const int64_t compacted = int64_of(r, "compact_revision");
         if (compacted > 0) {
           conn_.reset();
@@ -132,22 +132,21 @@ std::vector<WatchEvent> Watch::next(std::chrono::milliseconds timeout, Client::D
           }
           break;
         }
-        throw EtcdError(11, "etcd canceled the watch" + (r.contains("cancel_reason")
-                                                             ? ": " + r.value("cancel_reason", std::string())
-                                                             : std::string()));
+        const std::string reason = string_of(r, "cancel_reason");
+        throw EtcdError(11, "etcd canceled the watch" + (reason.empty() ? std::string() : ": " + reason));
       }
       const auto evs = r.find("events");
       if (evs != r.end() && evs->is_array() && !evs->empty()) {
         for (const json& e : *evs) {
           WatchEvent ev;
-          ev.type = e.value("type", std::string("PUT")) == "DELETE" ? WatchEvent::Type::Delete : WatchEvent::Type::Put;
-          if (e.contains("kv")) ev.kv = kv_of(e["kv"]);
+          ev.type = string_of(e, "type", "PUT") == "DELETE" ? WatchEvent::Type::Delete : WatchEvent::Type::Put;
+          if (auto kv = e.find("kv"); kv != e.end()) ev.kv = kv_of(*kv);
           next_revision_ = std::max(next_revision_, ev.kv.mod_revision + 1);
           if (ev.type == WatchEvent::Type::Put) present_.insert(ev.kv.key);
           else present_.erase(ev.kv.key);
           events.push_back(std::move(ev));
         }
-      } else if (!r.value("created", false)) {
+      } else if (!bool_of(r, "created")) {
         // A progress notification: etcd sends one only to a watch that has every event up to its
         // header's revision.
         if (auto hdr = r.find("header"); hdr != r.end()) {

@@ -73,6 +73,26 @@ Endpoint parse_endpoint(const std::string& text) {
   return ep;
 }
 
+std::string string_of(const json& j, const char* name, const std::string& otherwise) {
+  auto it = j.find(name);  // find on a non-object finds nothing
+  return it != j.end() && it->is_string() ? it->get<std::string>() : otherwise;
+}
+
+bool bool_of(const json& j, const char* name) {
+  auto it = j.find(name);
+  return it != j.end() && it->is_boolean() && it->get<bool>();
+}
+
+std::string printable_start(const std::string& text, size_t max) {
+  std::string out;
+  for (char c : text.substr(0, max)) {
+    const auto u = static_cast<unsigned char>(c);
+    out.push_back(u < 0x20 || u == 0x7f ? ' ' : c);
+  }
+  if (text.size() > max) out += "...";
+  return out.empty() ? "(nothing)" : "'" + out + "'";
+}
+
 int64_t int64_of(const json& j, const char* name) {
   auto it = j.find(name);
   if (it == j.end()) return 0;
@@ -89,8 +109,8 @@ int64_t int64_of(const json& j, const char* name) {
 
 KeyValue kv_of(const json& j) {
   KeyValue kv;
-  kv.key = base64_decode(j.value("key", ""));
-  kv.value = base64_decode(j.value("value", ""));
+  kv.key = base64_decode(string_of(j, "key"));
+  kv.value = base64_decode(string_of(j, "value"));
   kv.create_revision = int64_of(j, "create_revision");
   kv.mod_revision = int64_of(j, "mod_revision");
   kv.version = int64_of(j, "version");
@@ -133,10 +153,9 @@ json op_json(const Op& op) {
 std::pair<int, std::string> error_of(const std::string& text, int http_status) {
   const json j = json::parse(text, nullptr, false);
   if (j.is_object() && j.contains("code")) {
-    return {static_cast<int>(int64_of(j, "code")), j.value("message", j.value("error", std::string("(no message)")))};
+    return {static_cast<int>(int64_of(j, "code")), string_of(j, "message", string_of(j, "error", "(no message)"))};
   }
-  return {http_status == 503 ? kUnavailable : -1,
-          "HTTP " + std::to_string(http_status) + ": " + text.substr(0, 200)};
+  return {http_status == 503 ? kUnavailable : -1, "HTTP " + std::to_string(http_status) + ": " + printable_start(text)};
 }
 
 bool transient(int code, const std::string& message) {

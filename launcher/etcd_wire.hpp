@@ -39,8 +39,14 @@ constexpr int kNotFound = 5;
 constexpr int kUnavailable = 14;
 constexpr int kUnauthenticated = 16;
 
-// int64 fields travel as strings (or are absent when zero).
+// Fields of etcd's JSON answers, read without throwing on a missing field or a wrong type (a
+// missing field is etcd's way of saying zero, false or empty). int64 fields travel as strings.
 int64_t int64_of(const json& j, const char* name);
+std::string string_of(const json& j, const char* name, const std::string& otherwise = "");
+bool bool_of(const json& j, const char* name);
+// The start of an answer that is not what was expected, fit for an error message: at most
+// `max` characters, control characters shown as spaces.
+std::string printable_start(const std::string& text, size_t max = 160);
 KeyValue kv_of(const json& j);
 RangeResult range_of(const json& j);
 json op_json(const Op& op);

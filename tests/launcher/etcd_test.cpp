@@ -3,11 +3,17 @@
 // --rdzv_backend etcd: static and elastic with real PyTorch gloo workers, two jobs at once, a job
 // id run twice, a SIGKILLed node, an etcd member killed mid-job, etcd unreachable, a secured etcd
 // (user and password, TLS).
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <filesystem>
 #include <fstream>
 #include <thread>
@@ -105,7 +111,102 @@ TEST(EtcdClientTest, TransactionsLeasesAndAWatchThatOutlivesItsMember) {
   EXPECT_EQ(c.lease_keepalive(lease, etcd::Client::after(10s)), 0) << "an expired lease renews to 0";
 }
 
+// An HTTP server that answers every request with a web page, as a proxy's login page or another
+// service on the wrong port would: 200 OK, text/html.
+class WebPageServer {
+ public:
+  WebPageServer() {
+    fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof a;
+    if (::bind(fd_, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 || ::listen(fd_, 16) != 0 ||
+        ::getsockname(fd_, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
+      throw std::runtime_error("WebPageServer: cannot listen");
+    }
+    port_ = ntohs(a.sin_port);
+    thread_ = std::thread([this] { serve(); });
+  }
+  ~WebPageServer() {
+    stop_ = true;
+    thread_.join();
+    ::close(fd_);
+  }
+  std::string endpoint() const { return "127.0.0.1:" + std::to_string(port_); }
+  int answered() const { return answered_; }
+
+ private:
+  void serve() {
+    while (!stop_) {
+      pollfd p{fd_, POLLIN, 0};
+      if (::poll(&p, 1, 50) != 1) continue;
+      const int c = ::accept4(fd_, nullptr, nullptr, SOCK_CLOEXEC);
+      if (c < 0) continue;
+      std::string request;
+      char buf[4096];
+      for (;;) {  // the header, then as much body as it announces (etcd requests are small)
+        pollfd q{c, POLLIN, 0};
+        if (::poll(&q, 1, 1000) != 1) break;
+        const ssize_t n = ::recv(c, buf, sizeof buf, 0);
+        if (n <= 0) break;
+        request.append(buf, static_cast<size_t>(n));
+        const auto end = request.find("\r\n\r\n");
+        if (end == std::string::npos) continue;
+        const auto cl = request.find("Content-Length: ");
+        const size_t body = cl == std::string::npos ? 0 : std::stoul(request.substr(cl + 16));
+        if (request.size() >= end + 4 + body) break;
+      }
+      const std::string page = "<html><head><title>Sign in</title></head><body>Please sign in to the proxy</body></html>";
+      const std::string answer = "HTTP/1.1 200 OK\r\nContent-Type: text/html\r\nContent-Length: " +
+                                 std::to_string(page.size()) + "\r\nConnection: close\r\n\r\n" + page;
+      (void)::send(c, answer.data(), answer.size(), MSG_NOSIGNAL);
+      ::close(c);
+      ++answered_;
+    }
+  }
+  int fd_ = -1;
+  uint16_t port_ = 0;
+  std::atomic<bool> stop_{false};
+  std::atomic<int> answered_{0};
+  std::thread thread_;
+};
+
+TEST(EtcdClientTest, AnEndpointThatAnswersAWebPageIsAClearErrorAtTheDeadline) {
+  WebPageServer web;
+  etcd::Options o;
+  o.endpoints = {web.endpoint()};
+  etcd::Client c(o);
+  try {
+    c.create_or_get("/t/k", "v", 0, etcd::Client::after(2s));
+    ADD_FAILURE() << "a web page was taken for etcd's answer";
+  } catch (const ConnectionError& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("answered /v3/kv/txn with something other than etcd's JSON (is this etcd's client port?)"),
+              std::string::npos)
+        << what;
+    EXPECT_NE(what.find("Please sign in to the proxy"), std::string::npos) << what;
+  }
+  EXPECT_GE(web.answered(), 2) << "tried again until the deadline";
+}
+
 // --- jobs ---------------------------------------------------------------------------------------
+
+TEST(EtcdRendezvousTest, AnEndpointThatAnswersAWebPageEndsTheJoinWithWhatItSaid) {
+  WebPageServer web;
+  Subprocess p({DDPRUN_BIN, "--rdzv_backend", "etcd", "--rdzv_endpoint", web.endpoint(), "--nnodes", "2", "--rdzv_conf",
+                "join_timeout=3", TEST_WORKER_BIN, "print", "1"});
+  const Finished f = p.wait(60s);
+  ASSERT_FALSE(f.timed_out);
+  EXPECT_EQ(f.exit_code, 1) << f.err;
+  EXPECT_NE(f.err.find("etcd could not be reached at http://" + web.endpoint() + " within the join timeout (3s)"),
+            std::string::npos)
+      << f.err;
+  EXPECT_NE(f.err.find("something other than etcd's JSON (is this etcd's client port?): '<html><head><title>Sign in"),
+            std::string::npos)
+      << f.err;
+  EXPECT_EQ(f.err.find("json.exception"), std::string::npos) << f.err;
+}
 
 TEST(EtcdRendezvousTest, AStaticJobOfRealPyTorchWorkersTrainsAndItsKeysAreGoneAfterwards) {
   REQUIRE_ETCD();
