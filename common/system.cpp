@@ -1,6 +1,7 @@
 #include "common/system.hpp"
 
 #include <sys/resource.h>
+#include <string.h>  // sigabbrev_np
 #include <unistd.h>
 
 #include <fstream>
@@ -49,6 +50,11 @@ uint64_t peak_rss_kib(pid_t pid) {
 
 std::string seconds_text(std::chrono::milliseconds d) {
   return d.count() % 1000 == 0 ? std::to_string(d.count() / 1000) + "s" : std::to_string(d.count()) + "ms";
+}
+
+std::string signal_name(int signo) {
+  const char* abbrev = sigabbrev_np(signo);
+  return abbrev ? std::string("SIG") + abbrev : "signal " + std::to_string(signo);
 }
 
 }  // namespace ddprun

@@ -22,4 +22,7 @@ uint64_t peak_rss_kib(pid_t pid = 0);
 // A duration for messages: "30s", or "250ms" when not a whole number of seconds.
 std::string seconds_text(std::chrono::milliseconds d);
 
+// "SIGTERM", or "signal 42" for a number without a name.
+std::string signal_name(int signo);
+
 }  // namespace ddprun

@@ -6,9 +6,7 @@
 
 #include "common/errors.hpp"
 #include "common/log.hpp"
-#include "launcher/options.hpp"
 #include "launcher/rendezvous_values.hpp"
-#include "launcher/store_rendezvous.hpp"
 
 namespace ddprun::launcher {
 

@@ -16,7 +16,7 @@
 
 #include "common/errors.hpp"
 #include "common/log.hpp"
-#include "launcher/options.hpp"
+#include "common/system.hpp"
 
 namespace ddprun::launcher {
 

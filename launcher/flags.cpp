@@ -191,9 +191,4 @@ int parse_signal(const std::string& text, const std::string& flag) {
   throw ConfigError(flag + ": expected signal names such as SIGTERM,SIGUSR1, got '" + text + "'");
 }
 
-std::string signal_name(int signo) {
-  const char* abbrev = sigabbrev_np(signo);
-  return abbrev ? std::string("SIG") + abbrev : "signal " + std::to_string(signo);
-}
-
 }  // namespace ddprun::launcher

@@ -3,7 +3,7 @@
 #include <csignal>
 
 #include "common/errors.hpp"
-#include "launcher/options.hpp"
+#include "common/system.hpp"
 
 namespace ddprun::launcher {
 

@@ -105,7 +105,6 @@ std::string usage_text();
 
 // "SIGUSR1" / "USR1" / "10" -> 10. Throws ConfigError naming `flag`.
 int parse_signal(const std::string& text, const std::string& flag);
-std::string signal_name(int signo);
 
 // The first host of a Slurm node list: "node[03-05,9],gpu1" -> "node03".
 std::string first_slurm_host(const std::string& nodelist);

@@ -22,7 +22,7 @@
 #include <variant>
 #include <vector>
 
-#include "launcher/report.hpp"
+#include "launcher/worker_exit.hpp"
 #include "launcher/stop.hpp"
 
 namespace ddprun::launcher {

@@ -1,7 +1,7 @@
 #include "launcher/rendezvous_values.hpp"
 
 #include "common/errors.hpp"
-#include "launcher/options.hpp"
+#include "common/system.hpp"
 #include "rendezvous/job_keys.hpp"
 
 namespace ddprun::launcher {
@@ -96,6 +96,33 @@ int64_t read_number(const std::string& key, const std::string& value) {
 int64_t now_ms() {
   return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
       .count();
+}
+
+RoundEnd parse_round_end(const std::string& value) {
+  using Kind = rdzv::jobs::Outcome::Kind;
+  const rdzv::jobs::Outcome o = rdzv::jobs::decode_outcome(value);
+  RoundEnd e;
+  e.detail = o.detail;
+  e.root_node = o.node;
+  switch (o.kind) {
+    case Kind::Success: e.kind = RoundEnd::Kind::Success; break;
+    case Kind::Signal: e.kind = RoundEnd::Kind::Signal; break;
+    case Kind::Membership: e.kind = RoundEnd::Kind::Membership; break;
+    case Kind::NodeLost: e.kind = RoundEnd::Kind::NodeLost; break;
+    case Kind::Hang:
+      e.kind = RoundEnd::Kind::Hang;
+      if (auto it = o.failure.find("report"); it != o.failure.end() && it->is_string()) e.report = it->get<std::string>();
+      break;
+    case Kind::Failure:
+      e.kind = RoundEnd::Kind::Failure;
+      if (!o.failure.empty()) {
+        e.root_cause = exit_from_json(o.failure);
+        e.detail = "rank " + std::to_string(e.root_cause->rank) + " on node " + std::to_string(e.root_node) + " (" +
+                   e.root_cause->host + ") failed with " + describe_exit(*e.root_cause);
+      }
+      break;
+  }
+  return e;
 }
 
 }  // namespace ddprun::launcher

@@ -13,7 +13,8 @@
 #include <vector>
 
 #include "common/system.hpp"  // seconds_text
-#include "launcher/report.hpp"
+#include "launcher/rendezvous_backend.hpp"  // RoundEnd
+#include "launcher/worker_exit.hpp"
 #include "rendezvous/job_keys.hpp"
 
 namespace ddprun::launcher {
@@ -34,6 +35,8 @@ std::pair<std::string, int> worker_store_address(int round, const nlohmann::json
 // A failure's root cause as one node reports it to the others, and back.
 nlohmann::json exit_to_json(const WorkerExit& e, int node);
 WorkerExit exit_from_json(const nlohmann::json& j);
+// A round's end as written to its `end` key (rdzv::jobs::encode_outcome).
+RoundEnd parse_round_end(const std::string& value);
 
 // The outcomes a node reports for its round, whatever the backend: a worker's failure (the root
 // cause), and a stop signal received on `host` (node -1: a job of one node).

@@ -9,7 +9,6 @@
 
 #include "common/errors.hpp"
 #include "common/log.hpp"
-#include "launcher/options.hpp"
 #include "launcher/rendezvous_values.hpp"
 
 namespace ddprun::launcher {
@@ -195,33 +194,6 @@ int StoreRendezvous::first_round(const StopSignal&) {
 }
 
 RoundEnd StoreRendezvous::parse_end(const std::string& value) const { return parse_round_end(value); }
-
-RoundEnd parse_round_end(const std::string& value) {
-  using Kind = rdzv::jobs::Outcome::Kind;
-  const rdzv::jobs::Outcome o = rdzv::jobs::decode_outcome(value);
-  RoundEnd e;
-  e.detail = o.detail;
-  e.root_node = o.node;
-  switch (o.kind) {
-    case Kind::Success: e.kind = RoundEnd::Kind::Success; break;
-    case Kind::Signal: e.kind = RoundEnd::Kind::Signal; break;
-    case Kind::Membership: e.kind = RoundEnd::Kind::Membership; break;
-    case Kind::NodeLost: e.kind = RoundEnd::Kind::NodeLost; break;
-    case Kind::Hang:
-      e.kind = RoundEnd::Kind::Hang;
-      if (auto it = o.failure.find("report"); it != o.failure.end() && it->is_string()) e.report = it->get<std::string>();
-      break;
-    case Kind::Failure:
-      e.kind = RoundEnd::Kind::Failure;
-      if (!o.failure.empty()) {
-        e.root_cause = exit_from_json(o.failure);
-        e.detail = "rank " + std::to_string(e.root_cause->rank) + " on node " + std::to_string(e.root_node) + " (" +
-                   e.root_cause->host + ") failed with " + describe_exit(*e.root_cause);
-      }
-      break;
-  }
-  return e;
-}
 
 RoundEnd StoreRendezvous::decide(int round, const rdzv::jobs::Outcome& proposal) {
   // The first proposal wins; everyone reads the same decision back.

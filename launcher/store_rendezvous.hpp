@@ -75,9 +75,6 @@ struct StoreRendezvousOptions {
   std::string token_file;
 };
 
-// A round's end as written to its `end` key (rdzv::jobs::encode_outcome).
-RoundEnd parse_round_end(const std::string& value);
-
 class StoreRendezvous final : public RendezvousBackend {
  public:
   // Node 0 binds the rendezvous store here (throws ConnectionError if the port is taken); every

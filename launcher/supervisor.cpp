@@ -12,9 +12,8 @@
 
 #include "common/errors.hpp"
 #include "common/log.hpp"
-#include "launcher/console.hpp"
-#include "launcher/options.hpp"
 #include "common/system.hpp"
+#include "launcher/console.hpp"
 #include "launcher/signals.hpp"
 
 namespace ddprun::launcher {

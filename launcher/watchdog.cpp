@@ -14,8 +14,8 @@
 
 #include "common/errors.hpp"
 #include "common/log.hpp"
+#include "common/system.hpp"
 #include "ddprun/worker/progress_page.hpp"
-#include "launcher/options.hpp"
 #include "launcher/procfs.hpp"
 #include "launcher/rendezvous_values.hpp"
 #include "launcher/stacks.hpp"

@@ -5,6 +5,7 @@
 #include <csignal>
 
 #include "common/errors.hpp"
+#include "common/system.hpp"
 #include "launcher/flags.hpp"
 
 namespace ddprun::launcher {
