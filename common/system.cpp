@@ -8,6 +8,8 @@
 #include <sstream>
 #include <string>
 
+#include "common/procfs.hpp"
+
 namespace ddprun {
 
 uint64_t raise_open_file_limit() {
@@ -22,20 +24,9 @@ uint64_t raise_open_file_limit() {
 }
 
 std::chrono::microseconds process_cpu_time(pid_t pid) {
-  const std::string path = pid == 0 ? "/proc/self/stat" : "/proc/" + std::to_string(pid) + "/stat";
-  std::ifstream in(path);
-  std::string line;
-  if (!std::getline(in, line)) return std::chrono::microseconds(0);
-  // The command name (field 2) may contain spaces; fields after the closing ')' are plain.
-  std::istringstream rest(line.substr(line.rfind(')') + 2));
-  std::string field;
-  unsigned long long utime = 0, stime = 0;
-  for (int i = 3; i <= 15 && rest >> field; ++i) {
-    if (i == 14) utime = std::stoull(field);
-    if (i == 15) stime = std::stoull(field);
-  }
-  const long ticks = ::sysconf(_SC_CLK_TCK);
-  return std::chrono::microseconds((utime + stime) * 1'000'000ULL / static_cast<unsigned long long>(ticks));
+  const auto st = procfs::read_stat(pid);
+  if (!st) return std::chrono::microseconds(0);
+  return std::chrono::microseconds(st->cpu_ticks * 1'000'000ULL / static_cast<uint64_t>(procfs::ticks_per_second()));
 }
 
 uint64_t peak_rss_kib(pid_t pid) {

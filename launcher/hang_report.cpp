@@ -7,7 +7,7 @@
 #include <set>
 #include <sstream>
 
-#include "launcher/procfs.hpp"
+#include "common/procfs.hpp"
 #include "launcher/rendezvous_values.hpp"
 #include "launcher/stacks.hpp"
 #include "rendezvous/job_keys.hpp"

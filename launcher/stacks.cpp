@@ -17,7 +17,7 @@
 
 #include "common/errors.hpp"
 #include "launcher/process.hpp"
-#include "launcher/procfs.hpp"
+#include "common/procfs.hpp"
 #include "launcher/worker_env.hpp"
 
 #ifndef P_PIDFD

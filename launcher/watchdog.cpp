@@ -16,7 +16,7 @@
 #include "common/log.hpp"
 #include "common/system.hpp"
 #include "ddprun/worker/progress_page.hpp"
-#include "launcher/procfs.hpp"
+#include "common/procfs.hpp"
 #include "launcher/rendezvous_values.hpp"
 #include "launcher/stacks.hpp"
 #include "rendezvous/job_keys.hpp"

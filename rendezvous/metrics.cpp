@@ -17,6 +17,7 @@
 
 #include "common/errors.hpp"
 #include "common/log.hpp"
+#include "common/procfs.hpp"
 #include "rendezvous/job_keys.hpp"
 
 namespace ddprun::rdzv {
@@ -61,27 +62,18 @@ struct ProcessFacts {
 
 ProcessFacts process_facts() {
   ProcessFacts p;
-  std::ifstream stat("/proc/self/stat");
-  std::string line;
-  if (std::getline(stat, line) && line.rfind(')') != std::string::npos) {
-    std::istringstream rest(line.substr(line.rfind(')') + 2));
-    std::string field;
-    unsigned long long utime = 0, stime = 0, start = 0, vsize = 0, rss = 0;
-    for (int i = 3; i <= 24 && rest >> field; ++i) {
-      if (i == 14) utime = std::stoull(field);
-      if (i == 15) stime = std::stoull(field);
-      if (i == 22) start = std::stoull(field);
-      if (i == 23) vsize = std::stoull(field);
-      if (i == 24) rss = std::stoull(field);
-    }
-    const double tick = static_cast<double>(::sysconf(_SC_CLK_TCK));
-    p.cpu_seconds = static_cast<double>(utime + stime) / tick;
-    p.virtual_bytes = vsize;
-    p.rss_bytes = rss * static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
+  if (const auto st = procfs::read_stat(0)) {
+    const double tick = static_cast<double>(procfs::ticks_per_second());
+    p.cpu_seconds = static_cast<double>(st->cpu_ticks) / tick;
+    p.virtual_bytes = st->virtual_bytes;
+    p.rss_bytes = st->rss_pages * static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
     // Start time is in ticks since boot; the boot time is in /proc/stat.
     std::ifstream proc_stat("/proc/stat");
+    std::string line;
     while (std::getline(proc_stat, line)) {
-      if (line.rfind("btime ", 0) == 0) p.start_time = std::stod(line.substr(6)) + static_cast<double>(start) / tick;
+      if (line.rfind("btime ", 0) == 0) {
+        p.start_time = std::stod(line.substr(6)) + static_cast<double>(st->start_ticks) / tick;
+      }
     }
   }
   std::error_code ec;

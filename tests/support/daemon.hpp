@@ -19,6 +19,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/system.hpp"
 #include "tests/support/temp_dir.hpp"
 
 namespace ddprun::test {
@@ -125,19 +126,7 @@ class Daemon {
     return 0;
   }
   // User + system CPU time in seconds, from /proc.
-  double cpu_seconds() const {
-    std::ifstream in("/proc/" + std::to_string(pid_) + "/stat");
-    std::string stat;
-    std::getline(in, stat);
-    std::istringstream rest(stat.substr(stat.rfind(')') + 2));
-    std::string field;
-    unsigned long long utime = 0, stime = 0;
-    for (int i = 3; i <= 15 && rest >> field; ++i) {
-      if (i == 14) utime = std::stoull(field);
-      if (i == 15) stime = std::stoull(field);
-    }
-    return static_cast<double>(utime + stime) / static_cast<double>(::sysconf(_SC_CLK_TCK));
-  }
+  double cpu_seconds() const { return static_cast<double>(ddprun::process_cpu_time(pid_).count()) / 1e6; }
   // How many times `needle` appears in the log.
   size_t log_count(const std::string& needle) const {
     const std::string text = log();

@@ -1,4 +1,4 @@
-#include "launcher/procfs.hpp"
+#include "common/procfs.hpp"
 
 #include <arpa/inet.h>
 #include <dirent.h>
@@ -9,7 +9,7 @@
 #include <set>
 #include <sstream>
 
-namespace ddprun::launcher::procfs {
+namespace ddprun::procfs {
 namespace {
 
 std::string read_small_file(const std::string& path) {
@@ -49,22 +49,26 @@ bool parse_u32_hex(const std::string& s, uint32_t& out) {
 }  // namespace
 
 std::optional<ProcStat> read_stat(pid_t pid) {
-  const std::string text = read_small_file("/proc/" + std::to_string(pid) + "/stat");
+  const std::string text = read_small_file(pid == 0 ? "/proc/self/stat" : "/proc/" + std::to_string(pid) + "/stat");
   // The command name (field 2) may hold spaces and parentheses: fields resume after the last ')'.
   const auto close = text.rfind(')');
   if (close == std::string::npos) return std::nullopt;
   std::istringstream in(text.substr(close + 1));
-  std::string f[16];
+  std::string f[22];
   for (auto& x : f) {
     if (!(in >> x)) return std::nullopt;
   }
-  // f[0] = state (field 3), f[2] = pgrp (5), f[11..14] = utime, stime, cutime, cstime (14..17).
+  // f[i] is field i + 3: f[0] state (3), f[2] pgrp (5), f[11..14] utime, stime, cutime, cstime
+  // (14..17), f[19] starttime (22), f[20] vsize (23), f[21] rss (24).
   ProcStat st;
   st.state = f[0].empty() ? '?' : f[0][0];
   try {
     st.pgid = static_cast<pid_t>(std::stol(f[2]));
     st.cpu_ticks = std::stoull(f[11]) + std::stoull(f[12]);
     st.child_ticks = std::stoull(f[13]) + std::stoull(f[14]);
+    st.start_ticks = std::stoull(f[19]);
+    st.virtual_bytes = std::stoull(f[20]);
+    st.rss_pages = std::stoull(f[21]);
   } catch (const std::exception&) {
     return std::nullopt;
   }
@@ -205,4 +209,4 @@ std::vector<TcpConnection> tcp_connections(const std::vector<pid_t>& pids) {
   return out;
 }
 
-}  // namespace ddprun::launcher::procfs
+}  // namespace ddprun::procfs

@@ -1,7 +1,8 @@
 #pragma once
-// What /proc tells about a worker, for the hang watchdog: its process tree, the CPU time that tree
-// has used, its scheduler state, and its TCP connections. Each call reads a few small files; a
-// process that is gone reads as absent, never as an error.
+// What /proc tells about a process: its CPU time, memory and start (for the benchmarks and the
+// store's metrics) and, for the hang watchdog, its process tree, the CPU time that tree has used,
+// its scheduler state and its TCP connections. Each call reads a few small files; a process that is
+// gone reads as absent, never as an error.
 
 #include <sys/types.h>
 
@@ -10,16 +11,19 @@
 #include <string>
 #include <vector>
 
-namespace ddprun::launcher::procfs {
+namespace ddprun::procfs {
 
 struct ProcStat {
   char state = '?';          // R, S, D, T, Z, ...
   pid_t pgid = -1;
   uint64_t cpu_ticks = 0;    // utime + stime of all its threads
   uint64_t child_ticks = 0;  // cutime + cstime: children it has reaped
+  uint64_t start_ticks = 0;  // when it started, in ticks since boot
+  uint64_t virtual_bytes = 0;
+  uint64_t rss_pages = 0;
 };
 
-// /proc/<pid>/stat; nullopt if the process is gone.
+// /proc/<pid>/stat (pid 0: this process); nullopt if the process is gone.
 std::optional<ProcStat> read_stat(pid_t pid);
 // Clock ticks per second (for cpu_ticks).
 long ticks_per_second();
@@ -50,4 +54,4 @@ std::optional<std::string> decode_proc_endpoint(const std::string& hex, uint16_t
 // "::ffff:1.2.3.4:80" / "[::ffff:1.2.3.4]:80" -> "1.2.3.4:80"; other text unchanged.
 std::string normalize_endpoint(const std::string& endpoint);
 
-}  // namespace ddprun::launcher::procfs
+}  // namespace ddprun::procfs
