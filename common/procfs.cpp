@@ -9,6 +9,8 @@
 #include <set>
 #include <sstream>
 
+#include "common/numbers.hpp"
+
 namespace ddprun::procfs {
 namespace {
 
@@ -62,16 +64,17 @@ std::optional<ProcStat> read_stat(pid_t pid) {
   // (14..17), f[19] starttime (22), f[20] vsize (23), f[21] rss (24).
   ProcStat st;
   st.state = f[0].empty() ? '?' : f[0][0];
-  try {
-    st.pgid = static_cast<pid_t>(std::stol(f[2]));
-    st.cpu_ticks = std::stoull(f[11]) + std::stoull(f[12]);
-    st.child_ticks = std::stoull(f[13]) + std::stoull(f[14]);
-    st.start_ticks = std::stoull(f[19]);
-    st.virtual_bytes = std::stoull(f[20]);
-    st.rss_pages = std::stoull(f[21]);
-  } catch (const std::exception&) {
-    return std::nullopt;
-  }
+  const auto pgid = to_int(f[2]);
+  const auto utime = to_uint(f[11]), stime = to_uint(f[12]), cutime = to_uint(f[13]), cstime = to_uint(f[14]);
+  const auto start = to_uint(f[19]), vsize = to_uint(f[20]);
+  const auto rss = to_int(f[21]);
+  if (!pgid || !utime || !stime || !cutime || !cstime || !start || !vsize || !rss) return std::nullopt;
+  st.pgid = static_cast<pid_t>(*pgid);
+  st.cpu_ticks = *utime + *stime;
+  st.child_ticks = *cutime + *cstime;
+  st.start_ticks = *start;
+  st.virtual_bytes = *vsize;
+  st.rss_pages = *rss > 0 ? static_cast<uint64_t>(*rss) : 0;
   return st;
 }
 

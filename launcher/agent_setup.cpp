@@ -108,13 +108,12 @@ Agent::Agent(const LaunchOptions& o)
       run_dir_(o),
       supervisor_(SupervisorSettings{o.shutdown_timeout, host_name(), multi_node_ ? o.node_rank : -1, 12,
                                      o.progress_interval}, &guard_),
-      file_timer_(base_env_.count("TORCHELASTIC_ENABLE_FILE_TIMER") && base_env_["TORCHELASTIC_ENABLE_FILE_TIMER"] == "1"),
+      file_timer_(o.file_timer),
       capture_stacks_(o.hang_timeout.count() > 0 || file_timer_) {
   become_subreaper();
   if (file_timer_) {
     // As torchrun: the user's TORCHELASTIC_TIMER_FILE, else one of ddprun's (private) own.
-    auto it = base_env_.find("TORCHELASTIC_TIMER_FILE");
-    timer_file_ = it != base_env_.end() && !it->second.empty() ? it->second : (run_dir_.path / "torchelastic_timer").string();
+    timer_file_ = !o.timer_file.empty() ? o.timer_file : (run_dir_.path / "torchelastic_timer").string();
   }
   // Every worker gets the Python hook (python_hook.hpp): whether it runs Python is not known here
   // (a shell script or a binary may start it), and it does nothing a worker has not asked for.
@@ -248,17 +247,7 @@ std::unique_ptr<Watchdog> Agent::make_watchdog(const World& world, const fs::pat
   ws.node = multi_node_ ? world.group_rank : -1;
   ws.attempt_dir = attempt_dir.string();
   ws.worker_store_port = static_cast<uint16_t>(world.master_port);
-  // How often step rates are published and checked for stragglers (seconds, default 10).
-  if (auto it = base_env_.find("DDPRUN_STEP_RATES_PERIOD"); it != base_env_.end()) {
-    try {
-      const double v = std::stod(it->second);
-      if (v >= 0.5 && v <= 3600) ws.rates_period = std::chrono::milliseconds(static_cast<int64_t>(v * 1000));
-      else throw std::out_of_range(it->second);
-    } catch (const std::exception&) {
-      log::warn("ddprun") << "DDPRUN_STEP_RATES_PERIOD: expected seconds between 0.5 and 3600, got '" << it->second
-                          << "'; using 10";
-    }
-  }
+  ws.rates_period = o_.step_rates_period;
   std::vector<WatchedRank> ranks;
   create_private_directory(attempt_dir);
   for (int lr = 0; lr < o_.nproc_per_node; ++lr) {

@@ -6,6 +6,7 @@
 
 #include "common/errors.hpp"
 #include "common/log.hpp"
+#include "common/numbers.hpp"
 #include "launcher/rendezvous_values.hpp"
 
 namespace ddprun::launcher {
@@ -120,7 +121,7 @@ void EtcdRendezvous::keep_lease_alive() {
 int64_t EtcdRendezvous::choose_generation(const StopSignal& stop) {
   const std::string counter = job_key("gen");
   auto number = [&](const std::string& v) {
-    const auto g = rdzv::jobs::parse_int(v);
+    const auto g = to_int(v);
     if (!g || *g < 1) throw ProtocolError("the etcd key " + counter + " holds '" + v.substr(0, 40) + "', not a generation");
     return *g;
   };
@@ -153,7 +154,7 @@ int64_t EtcdRendezvous::choose_generation(const StopSignal& stop) {
 int EtcdRendezvous::first_round(const StopSignal&) {
   const etcd::RangeResult r = client_->get(gen_prefix() + "current", soon());
   if (r.kvs.empty()) return 0;
-  const auto round = rdzv::jobs::parse_int(r.kvs[0].value);
+  const auto round = to_int(r.kvs[0].value);
   return round && *round >= 0 ? static_cast<int>(*round) : 0;
 }
 

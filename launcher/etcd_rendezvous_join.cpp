@@ -10,6 +10,7 @@
 
 #include "common/errors.hpp"
 #include "common/log.hpp"
+#include "common/numbers.hpp"
 #include "launcher/etcd_rendezvous.hpp"
 #include "launcher/rendezvous_values.hpp"
 #include "launcher/store_rendezvous.hpp"
@@ -239,7 +240,7 @@ class EtcdProgressChannel final : public ProgressChannel {
     if (claimed) {
       const etcd::RangeResult h = client_.get(key("hang"), deadline());
       if (!h.kvs.empty()) {
-        const auto by = rdzv::jobs::parse_int(h.kvs[0].value);
+        const auto by = to_int(h.kvs[0].value);
         p.hang_claimed_by = by ? static_cast<int>(*by) : -1;
       }
     }
@@ -292,7 +293,7 @@ class EtcdProgressChannel final : public ProgressChannel {
   std::map<int, json> by_node(const std::string& name) {
     std::map<int, json> out;
     for (const auto& kv : client_.get_prefix(key(name), deadline()).kvs) {
-      const auto node = rdzv::jobs::parse_int(std::string_view(kv.key).substr(key(name).size()));
+      const auto node = to_int(std::string_view(kv.key).substr(key(name).size()));
       json j = json::parse(kv.value, nullptr, false);
       if (node && j.is_object()) out[static_cast<int>(*node)] = std::move(j);
     }

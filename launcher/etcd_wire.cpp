@@ -1,6 +1,8 @@
 // The etcd client's shared pieces (etcd_wire.hpp) and the free functions of etcd_client.hpp.
 #include "launcher/etcd_wire.hpp"
 
+#include "common/numbers.hpp"
+
 namespace ddprun::launcher::etcd {
 
 std::string prefix_end(const std::string& prefix) {
@@ -63,8 +65,8 @@ Endpoint parse_endpoint(const std::string& text) {
     ep.host = rest.substr(0, colon);
     if (colon != std::string::npos) port = rest.substr(colon + 1);
   }
-  const bool numeric = !port.empty() && port.size() <= 5 && port.find_first_not_of("0123456789") == std::string::npos;
-  if (ep.host.empty() || !numeric || std::stoi(port) == 0 || std::stoi(port) > 65535) {
+  const auto number = port.find_first_not_of("0123456789") == std::string::npos ? to_uint(port) : std::nullopt;
+  if (ep.host.empty() || !number || *number == 0 || *number > 65535) {
     throw ConfigError("etcd endpoint '" + text + "': expected host:port, http://host:port or https://host:port");
   }
   ep.port = port;
@@ -98,11 +100,8 @@ int64_t int64_of(const json& j, const char* name) {
   if (it == j.end()) return 0;
   if (it->is_number_integer()) return it->get<int64_t>();
   if (it->is_string()) {
-    try {
-      return std::stoll(it->get<std::string>());
-    } catch (const std::exception&) {
-      throw ProtocolError(std::string("etcd sent a non-numeric ") + name);
-    }
+    if (const auto v = to_int(it->get<std::string>())) return *v;
+    throw ProtocolError(std::string("etcd sent a non-numeric ") + name + ": " + printable_start(it->get<std::string>()));
   }
   return 0;
 }

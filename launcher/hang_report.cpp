@@ -7,6 +7,7 @@
 #include <set>
 #include <sstream>
 
+#include "common/numbers.hpp"
 #include "common/procfs.hpp"
 #include "launcher/rendezvous_values.hpp"
 #include "launcher/stacks.hpp"
@@ -224,7 +225,7 @@ NodeDiagnosis node_diagnosis_from_json(const json& j) {
     }
     if (auto h = it->find("heartbeats"); h != it->end() && h->is_object()) {
       for (const auto& [rank, count] : h->items()) {
-        const auto r = rdzv::jobs::parse_int(rank);
+        const auto r = to_int(rank);
         if (r && count.is_number_integer()) v.heartbeats[static_cast<int>(*r)] = count.get<int64_t>();
       }
     }

@@ -103,11 +103,9 @@ void apply_pet_fallbacks(Given& g, const EnvLookup& env) {
       continue;
     }
     // torchrun's check_env: a non-zero integer means on.
-    try {
-      if (std::stoll(*v) == 0) continue;
-    } catch (const std::exception&) {
-      throw ConfigError(var + ": expected an integer (0 off, non-zero on), got '" + *v + "'");
-    }
+    const auto on = to_int(trim(*v));
+    if (!on) throw ConfigError(var + ": expected an integer (0 off, non-zero on), got '" + *v + "'");
+    if (*on == 0) continue;
     g.set(f.dest, "1", var);
   }
 }
@@ -191,20 +189,27 @@ void resolve_workers(const Given& g, const EnvLookup& env, LaunchOptions& o) {
   if (auto v = env("DDPRUN_PROGRESS_INTERVAL"); v && !trim(*v).empty()) {
     o.progress_interval = parse_seconds("DDPRUN_PROGRESS_INTERVAL", trim(*v), false);
   }
+  if (auto v = env("DDPRUN_STEP_RATES_PERIOD"); v && !trim(*v).empty()) {
+    const auto period = to_double(trim(*v));
+    if (!period || *period < 0.5 || *period > 3600) {
+      bad("DDPRUN_STEP_RATES_PERIOD", "seconds from 0.5 to 3600 (default 10)", *v);
+    }
+    o.step_rates_period = std::chrono::milliseconds(static_cast<int64_t>(*period * 1000));
+  }
+  // As torchrun: on when it is "1".
+  if (auto v = env("TORCHELASTIC_ENABLE_FILE_TIMER")) o.file_timer = trim(*v) == "1";
+  if (auto v = env("TORCHELASTIC_TIMER_FILE")) o.timer_file = trim(*v);
   if (g.has("hang_timeout")) o.hang_timeout = parse_seconds(g.flag("hang_timeout"), trim(g["hang_timeout"]), true);
   if (o.hang_timeout.count() > 0 && o.hang_timeout < std::chrono::seconds(2)) {
     bad(g.flag("hang_timeout"), "0 (off) or at least 2 seconds", g["hang_timeout"]);
   }
   if (g.has("straggler_factor")) {
     const std::string text = trim(g["straggler_factor"]);
-    try {
-      size_t used = 0;
-      const double v = std::stod(text, &used);
-      if (used != text.size() || !(v == 0 || (v > 1 && v < 1000))) throw std::invalid_argument(text);
-      o.straggler_factor = v;
-    } catch (const std::exception&) {
+    const auto v = to_double(text);
+    if (!v || !(*v == 0 || (*v > 1 && *v < 1000))) {
       bad(g.flag("straggler_factor"), "0 (off) or a factor above 1, such as 1.5", g["straggler_factor"]);
     }
+    o.straggler_factor = *v;
   }
   // Accepted for compatibility (worker exits are seen at once); a malformed value is still an error.
   if (g.has("monitor_interval")) parse_seconds(g.flag("monitor_interval"), trim(g["monitor_interval"]), false);

@@ -66,6 +66,12 @@ struct LaunchOptions {
   std::chrono::milliseconds hang_timeout{0};  // 0: hangs are not looked for
   // DDPRUN_PROGRESS_INTERVAL: how often long waits (rendezvous, a slow shutdown) say where they are.
   std::chrono::milliseconds progress_interval{std::chrono::seconds(10)};
+  // DDPRUN_STEP_RATES_PERIOD: how often the workers' step rates are published and compared.
+  std::chrono::milliseconds step_rates_period{std::chrono::seconds(10)};
+  // TORCHELASTIC_ENABLE_FILE_TIMER=1: serve torchelastic's file timer, at TORCHELASTIC_TIMER_FILE
+  // when set (else a FIFO in ddprun's run directory).
+  bool file_timer = false;
+  std::string timer_file;
   double straggler_factor = 1.5;              // 0: no straggler warnings
   std::string role = "default";
   std::string log_dir;

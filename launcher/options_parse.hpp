@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "common/errors.hpp"
+#include "common/numbers.hpp"
 #include "launcher/options.hpp"
 
 namespace ddprun::launcher::options_detail {
@@ -32,24 +33,16 @@ inline std::vector<std::string> split(const std::string& s, char sep) {
 }
 
 inline long long parse_int(const std::string& flag, const std::string& text, long long lo, long long hi,
-                    const std::string& expected) {
-  try {
-    size_t used = 0;
-    const long long v = std::stoll(text, &used);
-    if (used == text.size() && v >= lo && v <= hi) return v;
-  } catch (const std::exception&) {
-  }
+                           const std::string& expected) {
+  const auto v = to_int(text);
+  if (v && *v >= lo && *v <= hi) return *v;
   bad(flag, expected, text);
 }
 
 inline std::chrono::milliseconds parse_seconds(const std::string& flag, const std::string& text, bool allow_zero) {
-  try {
-    size_t used = 0;
-    const double v = std::stod(text, &used);
-    if (used == text.size() && (v > 0 || (allow_zero && v == 0)) && v < 1e7) {
-      return std::chrono::milliseconds(static_cast<long long>(v * 1000));
-    }
-  } catch (const std::exception&) {
+  const auto v = to_double(text);
+  if (v && (*v > 0 || (allow_zero && *v == 0)) && *v < 1e7) {
+    return std::chrono::milliseconds(static_cast<long long>(*v * 1000));
   }
   bad(flag, allow_zero ? "a number of seconds >= 0" : "a number of seconds > 0", text);
 }

@@ -1,6 +1,7 @@
 #include "launcher/rendezvous_values.hpp"
 
 #include "common/errors.hpp"
+#include "common/numbers.hpp"
 #include "common/system.hpp"
 #include "rendezvous/job_keys.hpp"
 
@@ -88,7 +89,7 @@ json read_object(const std::string& key, const std::string& value) {
 }
 
 int64_t read_number(const std::string& key, const std::string& value) {
-  if (auto n = rdzv::jobs::parse_int(value)) return *n;
+  if (auto n = to_int(value)) return *n;
   throw ProtocolError("the rendezvous key " + key + " does not hold a number ('" + value.substr(0, 60) +
                       "'); was it written by another program, or another version of ddprun?");
 }

@@ -6,6 +6,7 @@
 #include <thread>
 
 #include "common/log.hpp"
+#include "common/numbers.hpp"
 #include "launcher/rendezvous_values.hpp"
 #include "launcher/store_rendezvous.hpp"
 
@@ -29,7 +30,7 @@ class StoreProgressChannel final : public ProgressChannel {
     }
     const auto values = c_->multi_get_now({key("hang"), key("heartbeat_mode")});
     if (!values[0].empty()) {
-      const auto by = rdzv::jobs::parse_int(values[0]);
+      const auto by = to_int(values[0]);
       p.hang_claimed_by = by ? static_cast<int>(*by) : -1;
     }
     p.heartbeat_mode = !values[1].empty();

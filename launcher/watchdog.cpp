@@ -14,6 +14,7 @@
 
 #include "common/errors.hpp"
 #include "common/log.hpp"
+#include "common/numbers.hpp"
 #include "common/system.hpp"
 #include "ddprun/worker/progress_page.hpp"
 #include "common/procfs.hpp"
@@ -41,7 +42,7 @@ std::optional<int> heartbeat_rank(std::string_view key) {
   const auto at = key.rfind(kMarker);
   if (at == std::string_view::npos) return std::nullopt;
   const auto digits = key.substr(at + kMarker.size());
-  const auto rank = rdzv::jobs::parse_int(digits);
+  const auto rank = to_int(digits);
   if (!rank || *rank < 0 || *rank > (1 << 24) || digits.empty() || digits[0] == '+') return std::nullopt;
   return static_cast<int>(*rank);
 }

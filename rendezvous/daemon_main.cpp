@@ -24,6 +24,7 @@
 
 #include "common/errors.hpp"
 #include "common/log.hpp"
+#include "common/numbers.hpp"
 #include "common/system.hpp"
 #include "rendezvous/auth.hpp"
 #include "rendezvous/job_keys.hpp"
@@ -88,12 +89,7 @@ Agents given only that token (--rdzv_conf token_file=PATH) can act for that job 
 }
 
 uint64_t parse_number(std::string_view flag, const std::string& text, uint64_t max) {
-  try {
-    size_t used = 0;
-    const unsigned long long v = std::stoull(text, &used);
-    if (used == text.size() && v <= max && text[0] != '-') return v;
-  } catch (const std::exception&) {
-  }
+  if (const auto v = to_uint(text); v && *v <= max) return *v;
   usage_error(std::string(flag) + " expects a whole number from 0 to " + std::to_string(max) + ", got '" + text + "'");
 }
 
@@ -246,12 +242,9 @@ int serve_main(int argc, char** argv) {
       metrics_port = static_cast<uint16_t>(parse_number(arg, next(), 65535));
     } else if (arg == "--job-ttl" || arg == "--job_ttl") {
       const std::string v = next();
-      char* end = nullptr;
-      const double secs = std::strtod(v.c_str(), &end);
-      if (v.empty() || *end != '\0' || !(secs >= 0) || secs > 1e7) {
-        usage_error("--job-ttl expects a number of seconds >= 0, got '" + v + "'");
-      }
-      options.job_ttl = std::chrono::milliseconds(static_cast<int64_t>(secs * 1000));
+      const auto secs = to_double(v);
+      if (!secs || *secs < 0 || *secs > 1e7) usage_error("--job-ttl expects a number of seconds >= 0, got '" + v + "'");
+      options.job_ttl = std::chrono::milliseconds(static_cast<int64_t>(*secs * 1000));
     } else if (arg == "--log-level") {
       log::Level level;
       const std::string v = next();

@@ -1,8 +1,9 @@
 #include "rendezvous/job_keys.hpp"
 
 #include <algorithm>
-#include <charconv>
 #include <map>
+
+#include "common/numbers.hpp"
 
 namespace ddprun::rdzv::jobs {
 
@@ -18,7 +19,7 @@ bool run_id_char(char c) {
 // "g12" / "r0" -> 12 / 0; nullopt when the prefix letter or the number is wrong.
 std::optional<int64_t> numbered(std::string_view part, char letter) {
   if (part.size() < 2 || part[0] != letter) return std::nullopt;
-  return parse_int(part.substr(1));
+  return to_int(part.substr(1));
 }
 
 constexpr std::string_view kSuccess = "success";
@@ -28,16 +29,6 @@ constexpr std::string_view kLost = "lost:";
 constexpr std::string_view kHang = "hang:";
 
 }  // namespace
-
-std::optional<int64_t> parse_int(std::string_view text) {
-  int64_t v = 0;
-  const char* first = text.data();
-  const char* last = first + text.size();
-  if (first != last && *first == '+') ++first;
-  auto [ptr, ec] = std::from_chars(first, last, v);
-  if (ec != std::errc() || ptr != last || first == last) return std::nullopt;
-  return v;
-}
 
 bool valid_run_id(std::string_view run_id, std::string* why) {
   if (run_id.empty()) {
@@ -148,7 +139,7 @@ Outcome decode_outcome(std::string_view text) {
     o.kind = Outcome::Kind::NodeLost;
     const std::string_view rest = text.substr(kLost.size());
     const auto colon = rest.find(':');
-    const auto node = parse_int(rest.substr(0, colon));
+    const auto node = to_int(rest.substr(0, colon));
     o.node = node ? static_cast<int>(*node) : -1;
     o.detail = colon == std::string_view::npos ? std::string(rest) : std::string(rest.substr(colon + 1));
     return o;
@@ -203,7 +194,7 @@ json summarize_generation(const std::string& run_id, int64_t gen, const Generati
                           json& skipped) {
   json out = {{"run_id", run_id}, {"generation", gen}};
   if (job.counter) {
-    if (auto c = parse_int(*job.counter)) out["current_generation"] = *c;
+    if (auto c = to_int(*job.counter)) out["current_generation"] = *c;
   }
   // The latest round that has members (a round that has just opened may hold only counters).
   auto it = g.rounds.rbegin();
@@ -226,7 +217,7 @@ json summarize_generation(const std::string& run_id, int64_t gen, const Generati
         continue;
       }
       const std::string id = name.substr(name.find('/') + 1);
-      const auto number = parse_int(id);
+      const auto number = to_int(id);
       if (!number) {
         skipped.push_back({{"key", prefix + name}, {"reason", "the node number is not a number"}});
         continue;
@@ -245,10 +236,10 @@ json summarize_generation(const std::string& run_id, int64_t gen, const Generati
       const std::string agent = info.contains("agent") && info["agent"].is_string() ? info["agent"].get<std::string>() : "";
       auto hb = g.own.find("hb/" + agent);
       if (!agent.empty() && hb != g.own.end()) {
-        if (auto beats = parse_int(hb->second)) info["heartbeats"] = *beats;
+        if (auto beats = to_int(hb->second)) info["heartbeats"] = *beats;
         auto t = g.own.find("hb/" + agent + "/time");
         if (t != g.own.end()) {
-          if (auto last = parse_int(t->second)) {
+          if (auto last = to_int(t->second)) {
             info["last_heartbeat_ms"] = *last;
             info["last_heartbeat_age_s"] = static_cast<double>(now_ms - *last) / 1000.0;
           }

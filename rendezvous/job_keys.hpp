@@ -110,7 +110,4 @@ std::string_view state_name(Outcome::Kind kind);
 // gives heartbeat ages.
 nlohmann::json summarize_jobs(const std::vector<std::pair<std::string, std::string>>& entries, int64_t now_ms);
 
-// Checked conversions for values read from a store: nullopt instead of an exception.
-std::optional<int64_t> parse_int(std::string_view text);
-
 }  // namespace ddprun::rdzv::jobs

@@ -5,6 +5,7 @@
 #include <csignal>
 
 #include "common/errors.hpp"
+#include "common/numbers.hpp"
 #include "common/system.hpp"
 #include "launcher/flags.hpp"
 
@@ -67,6 +68,47 @@ TEST(OptionsTest, PetEnvironmentFallbacksApplyWhenFlagsAreAbsent) {
   EXPECT_EQ(p.nproc_per_node, 2);
   EXPECT_FALSE(p.standalone);
   EXPECT_NE(error_of({"train"}, {{"PET_MAX_RESTARTS", "lots"}}).find("PET_MAX_RESTARTS: expected"), std::string::npos);
+}
+
+TEST(OptionsTest, DdprunAndTorchelasticVariablesAreReadByTheParserUnderOneRule) {
+  const auto d = parse({"train"});
+  EXPECT_EQ(d.step_rates_period, std::chrono::seconds(10));
+  EXPECT_FALSE(d.file_timer);
+  const auto o = parse({"train"}, {{"DDPRUN_STEP_RATES_PERIOD", "2.5"}, {"DDPRUN_PROGRESS_INTERVAL", "3"},
+                                   {"TORCHELASTIC_ENABLE_FILE_TIMER", "1"}, {"TORCHELASTIC_TIMER_FILE", "/tmp/t"}});
+  EXPECT_EQ(o.step_rates_period, std::chrono::milliseconds(2500));
+  EXPECT_EQ(o.progress_interval, std::chrono::seconds(3));
+  EXPECT_TRUE(o.file_timer);
+  EXPECT_EQ(o.timer_file, "/tmp/t");
+  EXPECT_FALSE(parse({"train"}, {{"TORCHELASTIC_ENABLE_FILE_TIMER", "0"}}).file_timer);
+  // A malformed value is an error that names the variable, as for every other setting.
+  for (const std::string bad : {"0.1", "fast", "10s", "nan", "1e9"}) {
+    EXPECT_NE(error_of({"train"}, {{"DDPRUN_STEP_RATES_PERIOD", bad}})
+                  .find("DDPRUN_STEP_RATES_PERIOD: expected seconds from 0.5 to 3600 (default 10), got '" + bad + "'"),
+              std::string::npos)
+        << bad;
+  }
+  EXPECT_NE(error_of({"train"}, {{"DDPRUN_PROGRESS_INTERVAL", "soon"}}).find("DDPRUN_PROGRESS_INTERVAL: expected"),
+            std::string::npos);
+}
+
+TEST(NumbersTest, TheWholeTextIsTheNumber) {
+  EXPECT_EQ(to_int("42"), 42);
+  EXPECT_EQ(to_int("+42"), 42);
+  EXPECT_EQ(to_int("-7"), -7);
+  EXPECT_EQ(to_int("9223372036854775807"), INT64_MAX);
+  for (const char* no : {"", " 1", "1 ", "12abc", "0x10", "+", "++1", "+-1", "1.5", "9223372036854775808"}) {
+    EXPECT_FALSE(to_int(no).has_value()) << "'" << no << "'";
+  }
+  EXPECT_EQ(to_uint("18446744073709551615"), UINT64_MAX);
+  EXPECT_FALSE(to_uint("-1").has_value()) << "no wrap-around";
+  EXPECT_FALSE(to_uint("-0").has_value());
+  EXPECT_EQ(to_double("1.5"), 1.5);
+  EXPECT_EQ(to_double("2e3"), 2000.0);
+  EXPECT_EQ(to_double("+0.5"), 0.5);
+  for (const char* no : {"", "inf", "nan", "1.5s", " 1", "0x1p3", "+-1", "1e999"}) {
+    EXPECT_FALSE(to_double(no).has_value()) << "'" << no << "'";
+  }
 }
 
 TEST(OptionsTest, NprocPerNodeKeywords) {

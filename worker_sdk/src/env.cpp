@@ -3,6 +3,8 @@
 #include <cstdlib>
 #include <stdexcept>
 
+#include "common/numbers.hpp"
+
 namespace ddprun::worker {
 namespace {
 
@@ -10,12 +12,8 @@ constexpr const char* kWho =
     "; it is set by ddprun or torchrun, or set it by hand (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT)";
 
 long long parse_int(const std::string& name, const std::string& text, long long lo, long long hi) {
-  try {
-    size_t used = 0;
-    const long long v = std::stoll(text, &used);
-    if (used == text.size() && v >= lo && v <= hi) return v;
-  } catch (const std::exception&) {
-  }
+  const auto v = to_int(text);
+  if (v && *v >= lo && *v <= hi) return *v;
   throw std::invalid_argument("environment variable " + name + "='" + text + "' is not a whole number from " +
                               std::to_string(lo) + " to " + std::to_string(hi) + kWho);
 }
