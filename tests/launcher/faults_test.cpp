@@ -17,6 +17,7 @@
 #include "tests/support/free_port.hpp"
 #include "tests/support/subprocess.hpp"
 #include "tests/support/temp_dir.hpp"
+#include "tests/support/wait_until.hpp"
 
 namespace ddprun::test {
 namespace {
@@ -164,11 +165,7 @@ TEST(FaultsTest, AConsoleNobodyReadsStillLetsASignalStopTheJobAndEscalateToSigki
        "20", "sleep", "60"},
       60s, [](pid_t pid, const std::string& err_path) {
         // Once the console is full (ddprun says it drops), stop the job.
-        const auto until = std::chrono::steady_clock::now() + 30s;
-        while (read_file(err_path).find("is not keeping up") == std::string::npos &&
-               std::chrono::steady_clock::now() < until) {
-          std::this_thread::sleep_for(20ms);  // sleep override: polling another process's output file
-        }
+        wait_until([&] { return read_file(err_path).find("is not keeping up") != std::string::npos; }, 30s);
         ::kill(pid, SIGTERM);
       });
   EXPECT_FALSE(r.timed_out) << "ddprun blocked on its console:\n" << r.err;
@@ -322,12 +319,7 @@ TEST(FaultsTest, ASlowShutdownSaysWhoIsStillRunningUntilSigkill) {
   Subprocess p({ddprun_bin(), "--nproc_per_node", "2", "--shutdown_timeout", "4", TEST_WORKER_BIN, "ignore-term",
                 "ready-file", dir.str() + "/ready.${local_rank}", "sleep", "60"},
                {{"DDPRUN_PROGRESS_INTERVAL", "1"}});
-  const auto until = std::chrono::steady_clock::now() + 30s;
-  while ((!fs::exists(dir.path / "ready.0") || !fs::exists(dir.path / "ready.1")) &&
-         std::chrono::steady_clock::now() < until) {
-    std::this_thread::sleep_for(20ms);  // sleep override: waiting for the workers to start
-  }
-  ASSERT_TRUE(fs::exists(dir.path / "ready.1"));
+  ASSERT_TRUE(wait_until([&] { return fs::exists(dir.path / "ready.0") && fs::exists(dir.path / "ready.1"); }, 30s));
   p.signal(SIGTERM);
   const Finished f = p.wait(60s);
   ASSERT_FALSE(f.timed_out);

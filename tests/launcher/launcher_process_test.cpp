@@ -10,6 +10,7 @@
 
 #include "tests/support/subprocess.hpp"
 #include "tests/support/temp_dir.hpp"
+#include "tests/support/wait_until.hpp"
 
 namespace ddprun::test {
 namespace {
@@ -31,15 +32,6 @@ std::map<std::string, std::string> read_env_file(const fs::path& p) {
     if (eq != std::string::npos) env[line.substr(0, eq)] = line.substr(eq + 1);
   }
   return env;
-}
-
-bool wait_until(const std::function<bool()>& pred, std::chrono::milliseconds timeout) {
-  const auto deadline = std::chrono::steady_clock::now() + timeout;
-  while (!pred()) {
-    if (std::chrono::steady_clock::now() > deadline) return false;
-    std::this_thread::sleep_for(10ms);  // sleep override: polling another process's state
-  }
-  return true;
 }
 
 TEST(LauncherTest, SuccessfulJobExportsEnvAndPrefixesOutput) {

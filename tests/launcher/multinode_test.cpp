@@ -15,6 +15,7 @@
 #include "tests/support/free_port.hpp"
 #include "tests/support/subprocess.hpp"
 #include "tests/support/temp_dir.hpp"
+#include "tests/support/wait_until.hpp"
 
 namespace ddprun::test {
 namespace {
@@ -248,12 +249,8 @@ rdzv::ClientOptions daemon_client(uint16_t port) {
 // The daemon's key count once its janitor has caught up (it sweeps every second).
 int64_t settled_keys(uint16_t port, int64_t at_most) {
   rdzv::Client c(daemon_client(port));
-  const auto deadline = std::chrono::steady_clock::now() + 20s;
-  int64_t n = c.num_keys();
-  while (n > at_most && std::chrono::steady_clock::now() < deadline) {
-    std::this_thread::sleep_for(100ms);  // sleep override: waiting for the daemon's janitor
-    n = c.num_keys();
-  }
+  int64_t n = 0;
+  wait_until([&] { return (n = c.num_keys()) <= at_most; }, 20s, 100ms);
   return n;
 }
 

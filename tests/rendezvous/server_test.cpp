@@ -19,11 +19,13 @@
 #include "common/errors.hpp"
 #include "rendezvous/client.hpp"
 #include "tests/support/hex.hpp"
+#include "tests/support/wait_until.hpp"
 
 namespace ddprun::rdzv {
 namespace {
 
 using namespace std::chrono_literals;
+using test::wait_until;
 using test::unhex;
 
 ClientOptions client_options(uint16_t port) {
@@ -73,15 +75,8 @@ class RawSocket {
   int fd_ = -1;
 };
 
-template <typename Pred>
-bool eventually(Pred pred) {
-  const auto deadline = std::chrono::steady_clock::now() + 5s;
-  while (std::chrono::steady_clock::now() < deadline) {
-    if (pred()) return true;
-    std::this_thread::yield();
-  }
-  return pred();
-}
+// The server's state, changed by its own thread.
+bool eventually(const std::function<bool()>& pred) { return wait_until(pred, 5s, 0ms); }
 
 TEST(ServerTest, BindsKernelPickedPortAndServesEveryV2Operation) {
   ServerThread server(ServerOptions{});

@@ -21,6 +21,7 @@
 
 #include "common/system.hpp"
 #include "tests/support/temp_dir.hpp"
+#include "tests/support/wait_until.hpp"
 
 namespace ddprun::test {
 
@@ -95,12 +96,8 @@ class Daemon {
   // The log once it holds `text` (the daemon logs some lines after writing its port file), or
   // the log as it is after `limit`.
   std::string log_with(const std::string& text, std::chrono::milliseconds limit = std::chrono::seconds(10)) const {
-    const auto until = std::chrono::steady_clock::now() + limit;
-    std::string l = log();
-    while (l.find(text) == std::string::npos && std::chrono::steady_clock::now() < until) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));  // sleep override: another process's file
-      l = log();
-    }
+    std::string l;
+    wait_until([&] { return (l = log()).find(text) != std::string::npos; }, limit);
     return l;
   }
   // Still running (not exited, not a zombie).
