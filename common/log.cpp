@@ -10,6 +10,8 @@
 #include <ctime>
 #include <string>
 
+#include "common/system.hpp"
+
 namespace ddprun::log {
 namespace {
 
@@ -84,15 +86,7 @@ Line::~Line() {
     return;
   }
   // One write per line keeps lines whole; a short write on stderr is retried for the rest.
-  const char* p = text.data();
-  size_t left = text.size();
-  while (left > 0) {
-    ssize_t n = ::write(STDERR_FILENO, p, left);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) break;
-    p += n;
-    left -= static_cast<size_t>(n);
-  }
+  write_all(STDERR_FILENO, text);
 }
 
 }  // namespace ddprun::log

@@ -3,9 +3,12 @@
 
 #include <sys/types.h>
 
+#include <cerrno>
+
 #include <chrono>
 #include <cstdint>
 #include <string>
+#include <string_view>
 
 namespace ddprun {
 
@@ -24,5 +27,20 @@ std::string seconds_text(std::chrono::milliseconds d);
 
 // "SIGTERM", or "signal 42" for a number without a name.
 std::string signal_name(int signo);
+
+// Makes a system call (a callable returning -1 with errno on failure) again for as long as a
+// signal interrupts it (EINTR); returns its last result.
+template <typename Call>
+auto retry_eintr(Call call) {
+  decltype(call()) r;
+  do {
+    r = call();
+  } while (r == -1 && errno == EINTR);
+  return r;
+}
+
+// write(2) of all of `data`, retrying EINTR and short writes. False if the descriptor failed
+// (errno says why; ENOSPC when a write wrote nothing). Async-signal-safe: fit for a forked child.
+bool write_all(int fd, std::string_view data);
 
 }  // namespace ddprun

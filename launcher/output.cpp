@@ -6,18 +6,9 @@
 #include <cstring>
 
 #include "common/log.hpp"
+#include "common/system.hpp"
 
 namespace ddprun::launcher {
-
-bool write_fully(int fd, std::string_view data) {
-  while (!data.empty()) {
-    const ssize_t n = ::write(fd, data.data(), data.size());
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return false;
-    data.remove_prefix(static_cast<size_t>(n));
-  }
-  return true;
-}
 
 std::string expand_prefix(std::string tmpl, int rank, int local_rank, const std::string& role,
                           const std::string& host) {
@@ -58,7 +49,7 @@ void LineWriter::write_console(const std::string& batch) {
 }
 
 void LineWriter::feed(std::string_view data) {
-  if (file_fd_ >= 0 && !write_fully(file_fd_, data)) {
+  if (file_fd_ >= 0 && !write_all(file_fd_, data)) {
     // A full disk, say: the console still gets the output; the file stops here, and says so once.
     const int err = errno;
     log::warn("ddprun") << "cannot write a worker's log file (" << prefix_ << "): " << std::strerror(err)

@@ -42,7 +42,4 @@ class LineWriter {
 std::string expand_prefix(std::string tmpl, int rank, int local_rank, const std::string& role,
                           const std::string& host);
 
-// write(2) of everything, retrying EINTR and short writes; false if the descriptor failed.
-bool write_fully(int fd, std::string_view data);
-
 }  // namespace ddprun::launcher

@@ -13,6 +13,7 @@
 #include <system_error>
 
 #include "common/errors.hpp"
+#include "common/system.hpp"
 
 namespace ddprun::launcher {
 namespace {
@@ -22,19 +23,6 @@ void pipe_cloexec(int fds[2], const std::string& program) {
   const int err = errno;
   throw ProcessError("cannot start '" + program + "': pipe2: " + std::strerror(err) +
                      (err == EMFILE || err == ENFILE ? " (out of file descriptors: raise the limit, ulimit -n)" : ""));
-}
-
-ssize_t write_all(int fd, const void* data, size_t n) {
-  const char* p = static_cast<const char*>(data);
-  size_t left = n;
-  while (left > 0) {
-    const ssize_t w = ::write(fd, p, left);
-    if (w < 0 && errno == EINTR) continue;
-    if (w <= 0) return -1;
-    p += w;
-    left -= static_cast<size_t>(w);
-  }
-  return static_cast<ssize_t>(n);
 }
 
 // In the child between fork and exec: only async-signal-safe calls.
@@ -99,16 +87,12 @@ SpawnedProcess spawn_process(const SpawnRequest& req) {
   ::close(err[1]);
   ::close(status[1]);
   int exec_errno = 0;
-  ssize_t n;
-  do {
-    n = ::read(status[0], &exec_errno, sizeof exec_errno);
-  } while (n < 0 && errno == EINTR);
+  const ssize_t n = retry_eintr([&] { return ::read(status[0], &exec_errno, sizeof exec_errno); });
   ::close(status[0]);
   if (n == sizeof exec_errno) {
     // exec failed: the child has exited with 127; collect it now.
     int st;
-    while (::waitpid(pid, &st, 0) < 0 && errno == EINTR) {
-    }
+    retry_eintr([&] { return ::waitpid(pid, &st, 0); });
     ::close(out[0]);
     ::close(err[0]);
     std::string hint;
@@ -172,15 +156,14 @@ OrphanGuard::~OrphanGuard() {
   send('q', 0);
   ::close(fd_);
   int st;
-  while (::waitpid(pid_, &st, 0) < 0 && errno == EINTR) {
-  }
+  retry_eintr([&] { return ::waitpid(pid_, &st, 0); });
 }
 
 void OrphanGuard::send(char op, pid_t pgid) {
   char rec[1 + sizeof(pid_t)];
   rec[0] = op;
   std::memcpy(rec + 1, &pgid, sizeof pgid);
-  write_all(fd_, rec, sizeof rec);  // a dead guard only loses its protection; the job goes on
+  write_all(fd_, std::string_view(rec, sizeof rec));  // a dead guard only loses its protection; the job goes on
 }
 
 void OrphanGuard::watch_group(pid_t pgid) { send('+', pgid); }

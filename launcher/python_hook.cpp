@@ -8,6 +8,7 @@
 #include <string_view>
 
 #include "common/errors.hpp"
+#include "common/system.hpp"
 
 namespace ddprun::launcher {
 
@@ -17,16 +18,10 @@ void write_python_hook(const std::string& dir) {
   // Readable by its owner alone, like everything else in ddprun's run directory.
   const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
   if (fd < 0) throw ProcessError("cannot write " + path + ": " + std::strerror(errno));
-  size_t done = 0;
-  while (done < text.size()) {
-    const ssize_t n = ::write(fd, text.data() + done, text.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      const int err = n < 0 ? errno : ENOSPC;
-      ::close(fd);
-      throw ProcessError("cannot write " + path + ": " + std::strerror(err));
-    }
-    done += static_cast<size_t>(n);
+  if (!write_all(fd, text)) {
+    const int err = errno;
+    ::close(fd);
+    throw ProcessError("cannot write " + path + ": " + std::strerror(err));
   }
   if (::close(fd) != 0) throw ProcessError("cannot write " + path + ": " + std::strerror(errno));
 }

@@ -47,10 +47,7 @@ int try_connect(const addrinfo* ai, Clock::time_point deadline, int& err) {
     err = errno;
     return -1;
   }
-  int rc;
-  do {
-    rc = ::connect(fd, ai->ai_addr, ai->ai_addrlen);
-  } while (rc < 0 && errno == EINTR);
+  int rc = retry_eintr([&] { return ::connect(fd, ai->ai_addr, ai->ai_addrlen); });
   if (rc < 0 && errno == EINPROGRESS) {
     if (!poll_fd(fd, POLLOUT, deadline)) {
       err = ETIMEDOUT;

@@ -14,6 +14,7 @@
 
 #include "common/errors.hpp"
 #include "common/log.hpp"
+#include "common/system.hpp"
 #include "rendezvous/server_socket.hpp"
 #include "rendezvous/session.hpp"
 
@@ -193,10 +194,7 @@ void Server::run_batch() {
 
 bool Server::gather_round() {
   epoll_event events[kMaxEvents];
-  int n;
-  do {
-    n = ::epoll_wait(epoll_.native_handle(), events, kMaxEvents, 0);
-  } while (n < 0 && errno == EINTR);
+  const int n = retry_eintr([&] { return ::epoll_wait(epoll_.native_handle(), events, kMaxEvents, 0); });
   bool progress = false;
   for (int i = 0; i < n; ++i) {
     auto* s = static_cast<Session*>(events[i].data.ptr);
