@@ -27,11 +27,13 @@
 #include <vector>
 
 #include "bench_util.hpp"
+#include "server_process.hpp"
 #include "common/system.hpp"
 #include "rendezvous/server.hpp"
 
 namespace {
 
+using ddprun::bench::ServerProcess;
 using Clock = std::chrono::steady_clock;
 using namespace std::chrono_literals;
 
@@ -55,38 +57,6 @@ int serve(const std::string& impl) {
   }  // serve until the parent closes our stdin
   return 0;
 }
-
-struct ServerProcess {
-  pid_t pid = -1;
-  int stdin_fd = -1;
-  uint16_t port = 0;
-
-  explicit ServerProcess(const std::string& impl) {
-    int in[2], out[2];
-    if (::pipe2(in, O_CLOEXEC) != 0 || ::pipe2(out, O_CLOEXEC) != 0) throw std::runtime_error("pipe");
-    pid = ::fork();
-    if (pid == 0) {
-      ::dup2(in[0], STDIN_FILENO);
-      ::dup2(out[1], STDOUT_FILENO);
-      ::execl("/proc/self/exe", "store_bench", "serve", impl.c_str(), nullptr);
-      ::_exit(127);
-    }
-    ::close(in[0]);
-    ::close(out[1]);
-    stdin_fd = in[1];
-    std::string line;
-    char c;
-    while (::read(out[0], &c, 1) == 1 && c != '\n') line.push_back(c);
-    ::close(out[0]);
-    port = static_cast<uint16_t>(std::stoi(line));
-  }
-  ~ServerProcess() {
-    ::close(stdin_fd);
-    int status;
-    ::waitpid(pid, &status, 0);
-  }
-  std::chrono::microseconds cpu() const { return ddprun::process_cpu_time(pid); }
-};
 
 // ---- client side --------------------------------------------------------------------------------
 
@@ -209,7 +179,7 @@ int main(int argc, char** argv) {
     LoadResult res[2];
     const char* names[2] = {"torch", "ours"};
     for (int k = 0; k < 2; ++k) {
-      ServerProcess server(names[k]);
+      ServerProcess server({"/proc/self/exe", "serve", names[k]}, /*quiet=*/false);  // this program, as `serve IMPL`
       res[k] = run_load(server.port, n, duration, server.pid);
       std::printf("| %d | %s | %.0f | %.1f | %.1f | %.2f |\n", n, k == 0 ? "LibTorch TCPStore" : "ddprun",
                   res[k].ops_per_sec, res[k].p50_us, res[k].p99_us, res[k].server_cpu_us_per_op);
@@ -225,7 +195,7 @@ int main(int argc, char** argv) {
     BarrierResult b[2];
     const char* names[2] = {"torch", "ours"};
     for (int k = 0; k < 2; ++k) {
-      ServerProcess server(names[k]);
+      ServerProcess server({"/proc/self/exe", "serve", names[k]}, /*quiet=*/false);  // this program, as `serve IMPL`
       b[k] = run_barrier(server.port, barrier_clients, server.pid);
       std::printf("| %s | %.3f | %.1f |\n", k == 0 ? "LibTorch TCPStore" : "ddprun", b[k].seconds, b[k].server_cpu_ms);
     }

@@ -40,6 +40,7 @@
 #include <vector>
 
 #include "bench_util.hpp"
+#include "server_process.hpp"
 #include "common/system.hpp"
 #include "rendezvous/protocol.hpp"
 
@@ -50,58 +51,7 @@ using ddprun::rdzv::put_bytes;
 using ddprun::rdzv::put_i64;
 using ddprun::rdzv::put_u64;
 using ddprun::rdzv::put_u8;
-
-// A server in its own process; its first stdout line holds the port (its last number).
-struct ServerProcess {
-  pid_t pid = -1;
-  int stdin_fd = -1;
-  uint16_t port = 0;
-  uint64_t idle_rss_kib = 0;
-
-  explicit ServerProcess(std::vector<std::string> argv) {
-    int in[2], out[2];
-    if (::pipe2(in, O_CLOEXEC) != 0 || ::pipe2(out, O_CLOEXEC) != 0) throw std::runtime_error("pipe");
-    std::vector<char*> args;
-    for (auto& a : argv) args.push_back(a.data());
-    args.push_back(nullptr);
-    pid = ::fork();
-    if (pid == 0) {
-      ::dup2(in[0], STDIN_FILENO);
-      ::dup2(out[1], STDOUT_FILENO);
-      const int null = ::open("/dev/null", O_WRONLY);
-      ::dup2(null, STDERR_FILENO);
-      ::execv(args[0], args.data());
-      ::_exit(127);
-    }
-    ::close(in[0]);
-    ::close(out[1]);
-    stdin_fd = in[1];
-    std::string line;
-    char c;
-    while (::read(out[0], &c, 1) == 1 && c != '\n') line.push_back(c);
-    ::close(out[0]);
-    const auto digits = line.find_last_not_of("0123456789");
-    if (line.empty() || digits == line.size() - 1) throw std::runtime_error("server did not print its port: " + line);
-    port = static_cast<uint16_t>(std::stoi(line.substr(digits + 1)));
-    idle_rss_kib = rss_kib();
-  }
-  ~ServerProcess() {
-    ::close(stdin_fd);  // `store_bench serve` stops when its stdin closes
-    ::kill(pid, SIGTERM);
-    int status;
-    ::waitpid(pid, &status, 0);
-  }
-  uint64_t rss_kib() const {
-    FILE* f = std::fopen(("/proc/" + std::to_string(pid) + "/status").c_str(), "r");
-    char line[256];
-    uint64_t v = 0;
-    while (f && std::fgets(line, sizeof line, f)) {
-      if (std::strncmp(line, "VmRSS:", 6) == 0) v = std::strtoull(line + 6, nullptr, 10);
-    }
-    if (f) std::fclose(f);
-    return v;
-  }
-};
+using ddprun::bench::ServerProcess;
 
 std::vector<std::string> split_words(const std::string& list) {
   std::vector<std::string> out;
