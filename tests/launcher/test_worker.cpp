@@ -87,8 +87,15 @@ int main(int argc, char** argv) {
       sa.sa_handler = on_signal;
       ::sigaction(SIGUSR1, &sa, nullptr);
       ::sigaction(SIGTERM, &sa, nullptr);
+      // Blocked until sigsuspend unblocks them and waits in one step: a signal that came between
+      // a check of g_signal and pause() would be handled, then waited for in vain.
+      sigset_t both, before;
+      ::sigemptyset(&both);
+      ::sigaddset(&both, SIGUSR1);
+      ::sigaddset(&both, SIGTERM);
+      ::sigprocmask(SIG_BLOCK, &both, &before);
       std::cout << "ready" << std::endl;
-      while (g_signal == 0) ::pause();
+      while (g_signal == 0) ::sigsuspend(&before);
       std::cout << "got " << (g_signal == SIGUSR1 ? "SIGUSR1" : "SIGTERM") << std::endl;
       return 0;
     } else if (cmd == "store-barrier") {
