@@ -21,7 +21,7 @@ cpp2pg=$(DDP_BENCH_REDUCER=process-group "$build/launcher/ddprun" --nproc_per_no
 py1=$($py "$here/ddp_bench.py" "$steps" "$batch")
 # torchrun through tests/python/torchrun_nolibuv.py, and its workers with ddprun's Python hook: on a
 # PyTorch >= 2.4 without libuv (Debian 13's 2.6) neither starts otherwise; elsewhere both are no-ops.
-py2=$(PYTHONPATH="$here/../launcher/python_hook${PYTHONPATH:+:$PYTHONPATH}" \
+py2=$(PYTHONPATH="$here/../launcher/workers/python_hook${PYTHONPATH:+:$PYTHONPATH}" \
       $py "$here/../tests/python/torchrun_nolibuv.py" --nproc_per_node 2 --master_port "$(port)" --redirects 1 --tee 1 \
       "$here/ddp_bench.py" "$steps" "$batch" 2>/dev/null)
 

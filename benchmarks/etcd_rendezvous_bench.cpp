@@ -22,8 +22,8 @@
 #include "bench_util.hpp"
 #include "common/log.hpp"
 #include "common/system.hpp"
-#include "launcher/etcd_rendezvous.hpp"
-#include "launcher/store_rendezvous.hpp"
+#include "launcher/rendezvous/etcd/etcd_rendezvous.hpp"
+#include "launcher/rendezvous/store/store_rendezvous.hpp"
 #include "tests/support/etcd_cluster.hpp"
 
 using namespace ddprun;

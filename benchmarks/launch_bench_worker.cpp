@@ -5,7 +5,7 @@
 #include <iostream>
 #include <string>
 
-#include "rendezvous/client.hpp"
+#include "rendezvous/client/client.hpp"
 
 int main(int argc, char** argv) {
   const std::string mode = argc > 1 ? argv[1] : "exit";

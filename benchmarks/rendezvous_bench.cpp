@@ -18,7 +18,7 @@
 #include "bench_util.hpp"
 #include "common/log.hpp"
 #include "common/system.hpp"
-#include "launcher/store_rendezvous.hpp"
+#include "launcher/rendezvous/store/store_rendezvous.hpp"
 
 using namespace ddprun;
 using Clock = std::chrono::steady_clock;

@@ -29,7 +29,7 @@
 #include "bench_util.hpp"
 #include "server_process.hpp"
 #include "common/system.hpp"
-#include "rendezvous/server.hpp"
+#include "rendezvous/server/server.hpp"
 
 namespace {
 

@@ -42,7 +42,7 @@
 #include "bench_util.hpp"
 #include "server_process.hpp"
 #include "common/system.hpp"
-#include "rendezvous/protocol.hpp"
+#include "rendezvous/core/protocol.hpp"
 
 namespace {
 

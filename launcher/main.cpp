@@ -4,8 +4,8 @@
 
 #include "common/errors.hpp"
 #include "common/log.hpp"
-#include "launcher/agent.hpp"
-#include "launcher/options.hpp"
+#include "launcher/agent/agent.hpp"
+#include "launcher/cli/options.hpp"
 
 #ifndef DDPRUN_VERSION
 #define DDPRUN_VERSION "0.0.0"

@@ -21,10 +21,9 @@ fi
 mkdir -p "$build/corpus"
 cp -n "$root"/tests/fuzz/corpus/* "$build/corpus/" 2>/dev/null || true
 bin="$build/store_frames_fuzzer"
-srcs=("$root/tests/fuzz/store_frames_fuzzer.cpp" "$root/rendezvous/protocol.cpp" "$root/rendezvous/kv_store.cpp"
-      "$root/rendezvous/store_connection.cpp" "$root/rendezvous/output_queue.cpp" "$root/rendezvous/job_keys.cpp"
-      "$root/rendezvous/auth.cpp" "$root"/common/*.cpp)
-if [[ ! -x "$bin" ]] || [[ -n "$(find "${srcs[@]}" "$root/rendezvous" "$root/common" -newer "$bin" -name '*pp' 2>/dev/null | head -1)" ]]; then
+# The store's core (rendezvous/core: no Boost) and common/ are all the target needs.
+srcs=("$root/tests/fuzz/store_frames_fuzzer.cpp" "$root"/rendezvous/core/*.cpp "$root"/common/*.cpp)
+if [[ ! -x "$bin" ]] || [[ -n "$(find "${srcs[@]}" "$root/rendezvous/core" "$root/common" -newer "$bin" -name '*pp' 2>/dev/null | head -1)" ]]; then
   "$cxx" -std=c++20 -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
     -I"$root" "${srcs[@]}" -lcrypto -o "$bin"
 fi

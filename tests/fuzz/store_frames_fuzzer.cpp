@@ -11,7 +11,7 @@
 #include <string_view>
 
 #include "common/errors.hpp"
-#include "rendezvous/store_connection.hpp"
+#include "rendezvous/core/store_connection.hpp"
 
 using namespace ddprun::rdzv;
 

@@ -9,9 +9,9 @@
 #include <nlohmann/json.hpp>
 
 #include "common/errors.hpp"
-#include "rendezvous/auth.hpp"
-#include "rendezvous/client.hpp"
-#include "rendezvous/protocol.hpp"
+#include "rendezvous/core/auth.hpp"
+#include "rendezvous/client/client.hpp"
+#include "rendezvous/core/protocol.hpp"
 #include "tests/support/daemon.hpp"
 #include "tests/support/free_port.hpp"
 #include "tests/support/raw_socket.hpp"

@@ -18,7 +18,7 @@
 #include <fstream>
 #include <thread>
 
-#include "launcher/etcd_client.hpp"
+#include "launcher/rendezvous/etcd/etcd_client.hpp"
 #include "tests/support/etcd_cluster.hpp"
 #include "tests/support/subprocess.hpp"
 #include "tests/support/temp_dir.hpp"

@@ -12,7 +12,7 @@
 #include <sstream>
 #include <thread>
 
-#include "rendezvous/client.hpp"
+#include "rendezvous/client/client.hpp"
 #include "tests/support/daemon.hpp"
 #include "tests/support/free_port.hpp"
 #include "tests/support/subprocess.hpp"
@@ -268,7 +268,7 @@ TEST(FaultsTest, AMalformedStoreValueIsAClearErrorNamingTheKey) {
   const Finished f = p.wait(30s);
   EXPECT_EQ(f.exit_code, 1) << f.err;
   EXPECT_NE(f.err.find("the rendezvous key /ddprun/bad/"), std::string::npos) << f.err;
-  EXPECT_NE(f.err.find("does not hold a number ('garbage')"), std::string::npos) << f.err;
+  EXPECT_NE(f.err.find("does not hold a number (7 bytes: 'garbage')"), std::string::npos) << f.err;
 }
 
 // --- Progress on long waits ---------------------------------------------------------------------

@@ -10,7 +10,7 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
-#include "rendezvous/client.hpp"
+#include "rendezvous/client/client.hpp"
 #include "tests/support/daemon.hpp"
 #include "tests/support/free_port.hpp"
 #include "tests/support/subprocess.hpp"

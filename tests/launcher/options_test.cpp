@@ -1,4 +1,4 @@
-#include "launcher/options.hpp"
+#include "launcher/cli/options.hpp"
 
 #include <gtest/gtest.h>
 
@@ -7,7 +7,7 @@
 #include "common/errors.hpp"
 #include "common/numbers.hpp"
 #include "common/system.hpp"
-#include "launcher/flags.hpp"
+#include "launcher/cli/flags.hpp"
 
 namespace ddprun::launcher {
 namespace {

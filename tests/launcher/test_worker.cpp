@@ -24,7 +24,7 @@
 #include <string>
 #include <thread>
 
-#include "rendezvous/client.hpp"
+#include "rendezvous/client/client.hpp"
 
 extern char** environ;
 

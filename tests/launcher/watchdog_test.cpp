@@ -15,15 +15,16 @@
 #include <fstream>
 #include <thread>
 
-#include "launcher/file_timer.hpp"
-#include "launcher/hang_report.hpp"
-#include "launcher/process.hpp"
+#include "launcher/watchdog/file_timer.hpp"
+#include "launcher/watchdog/hang_report.hpp"
+#include "launcher/workers/process.hpp"
 #include "common/procfs.hpp"
-#include "launcher/python_hook.hpp"
-#include "launcher/stacks.hpp"
-#include "launcher/step_rates.hpp"
-#include "launcher/worker_env.hpp"
-#include "rendezvous/job_keys.hpp"
+#include "launcher/workers/python_hook.hpp"
+#include "launcher/watchdog/stacks.hpp"
+#include "launcher/watchdog/step_rates.hpp"
+#include "launcher/workers/worker_env.hpp"
+#include "rendezvous/core/job_keys.hpp"
+#include "rendezvous/daemon/job_summary.hpp"
 #include "tests/support/temp_dir.hpp"
 
 namespace ddprun::launcher {

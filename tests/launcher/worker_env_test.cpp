@@ -1,11 +1,11 @@
-#include "launcher/worker_env.hpp"
+#include "launcher/workers/worker_env.hpp"
 
 #include <fcntl.h>
 
 #include <gtest/gtest.h>
 
-#include "launcher/output.hpp"
-#include "launcher/report.hpp"
+#include "launcher/workers/output.hpp"
+#include "launcher/workers/report.hpp"
 
 namespace ddprun::launcher {
 namespace {

@@ -174,7 +174,7 @@ def main():
                    TORCHELASTIC_RESTART_COUNT="0", OMP_NUM_THREADS="1",
                    # ddprun's Python hook, as under ddprun (PyTorch >= 2.4 without libuv needs it)
                    PYTHONPATH=os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "launcher",
-                                           "python_hook"))
+                                           "workers", "python_hook"))
         workers.append(subprocess.Popen([sys.executable, "-c", WORKER, str(seconds)], env=env,
                                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
     stop = time.monotonic() + seconds

@@ -63,7 +63,7 @@ class TCPStoreClientTest(unittest.TestCase):
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 WORKER = os.path.join(HERE, "gloo_worker.py")
-HOOK = os.path.join(HERE, "..", "..", "launcher", "python_hook")
+HOOK = os.path.join(HERE, "..", "..", "launcher", "workers", "python_hook")
 
 
 class GlooInitTest(unittest.TestCase):

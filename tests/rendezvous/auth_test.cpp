@@ -1,5 +1,5 @@
 // The secret handshake and the job scope, on one connection without sockets; token files.
-#include "rendezvous/auth.hpp"
+#include "rendezvous/core/auth.hpp"
 
 #include <sys/stat.h>
 
@@ -8,7 +8,7 @@
 #include <fstream>
 
 #include "common/errors.hpp"
-#include "rendezvous/store_connection.hpp"
+#include "rendezvous/core/store_connection.hpp"
 #include "tests/support/temp_dir.hpp"
 
 namespace ddprun::rdzv {

@@ -1,10 +1,11 @@
 // The rendezvous key layout, the outcome encoding, the status summary and the janitor: pure logic.
-#include "rendezvous/job_keys.hpp"
+#include "rendezvous/core/job_keys.hpp"
+#include "rendezvous/daemon/job_summary.hpp"
 
 #include <gtest/gtest.h>
 
-#include "rendezvous/janitor.hpp"
-#include "rendezvous/kv_store.hpp"
+#include "rendezvous/server/janitor.hpp"
+#include "rendezvous/core/kv_store.hpp"
 
 namespace ddprun::rdzv {
 namespace {
@@ -14,10 +15,10 @@ using namespace std::chrono_literals;
 
 TEST(JobKeysTest, KeysRoundTripThroughTheParser) {
   const jobs::JobKeys k("job-42", 3);
-  EXPECT_EQ(k.round(7, "node/1"), "/ddprun/job-42/g3/r7/node/1");
+  EXPECT_EQ(k.round(7).node(1), "/ddprun/job-42/g3/r7/node/1");
   EXPECT_EQ(k.heartbeat("node0-host:12:5"), "/ddprun/job-42/g3/hb/node0-host:12:5");
   EXPECT_EQ(jobs::JobKeys::generation_counter("job-42"), "/ddprun/job-42/gen");
-  const auto r = jobs::parse_key(k.round(7, "node/1"), nullptr);
+  const auto r = jobs::parse_key(k.round(7).node(1), nullptr);
   ASSERT_TRUE(r);
   EXPECT_EQ(r->run_id, "job-42");
   EXPECT_EQ(r->generation, 3);
@@ -76,13 +77,13 @@ TEST(JobKeysTest, SummaryListsJobsAndSkipsWhatItCannotParse) {
   const jobs::JobKeys k("job", 1);
   std::vector<std::pair<std::string, std::string>> kv = {
       {"/ddprun/job/gen", "1"},
-      {k.round(0, "node/0"), R"({"host":"a","addr":"10.0.0.1","nproc":2,"nnodes":2,"agent":"x"})"},
-      {k.round(0, "node/1"), R"({"host":"b","addr":"10.0.0.2","nproc":2,"nnodes":2,"agent":"y"})"},
-      {k.round(0, "complete"), "1"},
+      {k.round(0).node(0), R"({"host":"a","addr":"10.0.0.1","nproc":2,"nnodes":2,"agent":"x"})"},
+      {k.round(0).node(1), R"({"host":"b","addr":"10.0.0.2","nproc":2,"nnodes":2,"agent":"y"})"},
+      {k.round(0).complete(), "1"},
       {k.heartbeat("x"), "7"},
       {k.heartbeat("x") + "/time", "1000"},
-      {k.round(1, "node/0"), "{bad json"},
-      {k.round(1, "end"), "lost:1:node 1 (b) sent no heartbeat for 15s"},
+      {k.round(1).node(0), "{bad json"},
+      {k.round(1).end(), "lost:1:node 1 (b) sent no heartbeat for 15s"},
       {"/ddprun/other/g1/r99999999999999999999/node/0", "{}"},
   };
   const json s = jobs::summarize_jobs(kv, 3000);
@@ -94,7 +95,7 @@ TEST(JobKeysTest, SummaryListsJobsAndSkipsWhatItCannotParse) {
   EXPECT_EQ(job["end"], "node 1 (b) sent no heartbeat for 15s");
   ASSERT_EQ(s["skipped"].size(), 2u) << s.dump(2);
   EXPECT_EQ(s["skipped"][0]["key"], "/ddprun/other/g1/r99999999999999999999/node/0");
-  EXPECT_EQ(s["skipped"][1]["key"], k.round(1, "node/0"));
+  EXPECT_EQ(s["skipped"][1]["key"], k.round(1).node(0));
 
   kv.resize(6);  // round 0 only: running, with heartbeats
   const json running = jobs::summarize_jobs(kv, 3000)["jobs"][0];
@@ -110,9 +111,9 @@ TEST(JobJanitorTest, DoneGenerationsGoAtOnceTheCounterAfterTheTtl) {
   KvStore store;
   const jobs::JobKeys g1("job", 1), g2("job", 2);
   store.set("/ddprun/job/gen", "2");
-  store.set(g1.round(0, "node/0"), "{}");
+  store.set(g1.round(0).node(0), "{}");
   store.set(g1.done(), "1");
-  store.set(g2.round(0, "node/0"), "{}");
+  store.set(g2.round(0).node(0), "{}");
   store.set("/default_pg/0", "not ours");
   JobJanitor janitor(10s);
   auto t = JobJanitor::Clock::now();
@@ -130,7 +131,7 @@ TEST(JobJanitorTest, DoneGenerationsGoAtOnceTheCounterAfterTheTtl) {
 TEST(JobJanitorTest, AGenerationGoesOnlyAfterATtlWithoutAnyChange) {
   KvStore store;
   const jobs::JobKeys g("job", 1);
-  store.set(g.round(0, "node/0"), "{}");
+  store.set(g.round(0).node(0), "{}");
   store.set(g.heartbeat("a"), "1");
   JobJanitor janitor(10s);
   const auto t = JobJanitor::Clock::now();

@@ -1,4 +1,4 @@
-#include "rendezvous/kv_store.hpp"
+#include "rendezvous/core/kv_store.hpp"
 
 #include <gtest/gtest.h>
 

@@ -1,4 +1,4 @@
-#include "rendezvous/protocol.hpp"
+#include "rendezvous/core/protocol.hpp"
 
 #include <gtest/gtest.h>
 

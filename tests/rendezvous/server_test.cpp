@@ -1,5 +1,5 @@
 // Our client against our server over real loopback sockets, plus raw sockets sending bad input.
-#include "rendezvous/server.hpp"
+#include "rendezvous/server/server.hpp"
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -17,7 +17,7 @@
 #include <thread>
 
 #include "common/errors.hpp"
-#include "rendezvous/client.hpp"
+#include "rendezvous/client/client.hpp"
 #include "tests/support/hex.hpp"
 #include "tests/support/wait_until.hpp"
 

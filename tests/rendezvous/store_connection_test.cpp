@@ -1,5 +1,5 @@
 // Wire-level behaviour of one connection, without sockets: bytes in, bytes out.
-#include "rendezvous/store_connection.hpp"
+#include "rendezvous/core/store_connection.hpp"
 
 #include <gtest/gtest.h>
 

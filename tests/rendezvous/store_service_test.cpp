@@ -13,8 +13,8 @@
 
 #include "common/errors.hpp"
 #include "common/system.hpp"
-#include "rendezvous/client.hpp"
-#include "rendezvous/protocol.hpp"
+#include "rendezvous/client/client.hpp"
+#include "rendezvous/core/protocol.hpp"
 #include "tests/support/daemon.hpp"
 #include "tests/support/raw_socket.hpp"
 

@@ -15,7 +15,7 @@
 #include <thread>
 #include <vector>
 
-#include "launcher/etcd_client.hpp"
+#include "launcher/rendezvous/etcd/etcd_client.hpp"
 #include "tests/support/free_port.hpp"
 #include "tests/support/temp_dir.hpp"
 

@@ -14,8 +14,8 @@
 #include <thread>
 
 #include "common/errors.hpp"
-#include "rendezvous/client.hpp"
-#include "rendezvous/server.hpp"
+#include "rendezvous/client/client.hpp"
+#include "rendezvous/server/server.hpp"
 
 namespace ddprun::rdzv {
 namespace {

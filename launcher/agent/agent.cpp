@@ -1,0 +1,309 @@
+#include "launcher/agent/agent.hpp"
+
+#include <unistd.h>
+
+#include <csignal>
+#include <fstream>
+
+#include "common/errors.hpp"
+#include "common/log.hpp"
+#include "common/system.hpp"
+#include "launcher/agent/agent_state.hpp"
+#include "launcher/workers/console.hpp"
+
+namespace ddprun::launcher {
+namespace agent_detail {
+
+void Agent::start_watch(int round) {
+  // Another node's failure (or signal, or a membership change) stops this node's workers at once.
+  backend_->watch(round, [this](const RoundEnd& end) {
+    {
+      std::lock_guard lock(seen_mutex_);
+      seen_end_ = end;
+    }
+    if (end.kind != RoundEnd::Kind::Success) supervisor_.request_stop(end.detail);
+  });
+  watching_ = true;
+}
+
+std::variant<World, RoundEnd> Agent::rendezvous(int round) {
+  auto joined = backend_->join(round, o_.nproc_per_node, [this] { return host_worker_store(); }, stop_);
+  if (auto* w = std::get_if<World>(&joined)) {
+    if (multi_node_ && worker_store_ && w->group_rank == 0) {
+      // Now the job's nodes are known: their workers may connect, nobody else's.
+      std::vector<std::string> peers = w->peer_addresses;
+      peers.push_back(advertise_addr_);
+      worker_store_->allow_peers(resolve_all(peers));
+    }
+    if (multi_node_) {
+      log::info("ddprun") << "round " << w->round << " (restart " << restarts_ << "): node " << w->group_rank << " of "
+                          << w->group_world_size << ", ranks " << w->rank_offset << ".."
+                          << w->rank_offset + o_.nproc_per_node - 1 << " of " << w->world_size
+                          << ", MASTER_ADDR=" << w->master_addr << " MASTER_PORT=" << w->master_port;
+    } else {
+      log::info("ddprun") << "attempt " << restarts_ << ": worker store on "
+                          << rdzv::format_endpoint(worker_store_->endpoint()) << ", MASTER_ADDR=" << w->master_addr
+                          << " MASTER_PORT=" << w->master_port;
+    }
+  }
+  return joined;
+}
+
+void Agent::on_hang(const RoundEnd& end) {
+  // On the watchdog's thread. On several nodes the end is in the rendezvous too, and the watcher
+  // of every node (this one included) stops its workers; this is the same end, seen first here.
+  {
+    std::lock_guard lock(seen_mutex_);
+    if (seen_end_) return;
+    seen_end_ = end;
+  }
+  supervisor_.request_stop("the job hung: " + end.detail);
+}
+
+GroupResult Agent::running(const World& world) {
+  attempt_dir_ = attempt_directory(world);
+  watchdog_.reset();
+  watchdog_ = make_watchdog(world, attempt_dir_);
+  std::vector<WorkerLaunch> launches = make_launches(world, attempt_dir_, *watchdog_);
+  {
+    std::lock_guard lock(seen_mutex_);
+    seen_end_.reset();
+  }
+  std::unique_ptr<ProgressChannel> channel;
+  if (multi_node_) {
+    try {
+      channel = backend_->progress_channel(world.round);
+    } catch (const std::exception& e) {
+      log::warn("ddprun") << "hang watchdog: no connection to the rendezvous store (" << e.what()
+                          << "): watching this node's ranks only";
+    }
+    start_watch(world.round);
+  }
+  // The worker store's changes are progress signals; it lives on the node of group rank 0.
+  rdzv::ServerThread* store = !multi_node_ || world.group_rank == 0 ? worker_store_.get() : nullptr;
+  GroupResult result = supervisor_.run(launches, [&](const std::vector<pid_t>& pids) {
+    watchdog_->start(pids, store, std::move(channel), [this](const RoundEnd& end) { on_hang(end); },
+                     [this] {
+                       std::lock_guard lock(seen_mutex_);
+                       return supervisor_.group_running() && !seen_end_;
+                     });
+  });
+  watchdog_->stop();
+  // What the watchdog saw goes into the failure report.
+  const auto notes = watchdog_->timer_notes();
+  for (auto& f : result.failures) {
+    if (auto it = notes.find(f.rank); it != notes.end()) f.diagnosis = it->second;
+  }
+  if (watchdog_->wrote_diagnosis()) run_dir_.keep();
+  return result;
+}
+
+void Agent::show_hang_report(const World& world, const RoundEnd& end) {
+  // In the run directory of every node; on the console of the node that diagnosed it (one report
+  // for the job), a pointer to it on the others.
+  const fs::path file = attempt_dir_ / "hang_report.txt";
+  {
+    std::ofstream out(file, std::ios::trunc);
+    out << (end.report.empty() ? end.detail + "\n" : end.report);
+  }
+  std::error_code ec;
+  fs::permissions(file, fs::perms::owner_read | fs::perms::owner_write, fs::perm_options::replace, ec);
+  run_dir_.keep();
+  const bool diagnosed_here = !multi_node_ || end.root_node == world.group_rank;
+  if (diagnosed_here && !end.report.empty()) {
+    if (ConsoleWriter* err = consoles().err) err->write(end.report);
+  } else {
+    log::error("ddprun") << "the job hung (diagnosed by node " << end.root_node << "): " << end.detail
+                         << "; the full report is on that node's console";
+  }
+  log::error("ddprun") << "hang report: " << file.string();
+}
+
+void Agent::print_rates() {
+  if (!watchdog_) return;
+  const std::string table = watchdog_->rates_report();
+  if (table.empty()) return;
+  if (ConsoleWriter* err = consoles().err) err->write(table);
+}
+
+RoundEnd Agent::agree_on_end(int round, const GroupResult& result) {
+  switch (result.outcome) {
+    case GroupOutcome::Succeeded:
+      if (multi_node_) log::info("ddprun") << "this node's workers all finished; waiting for the other nodes to finish";
+      return backend_->report_success(round, stop_);
+    case GroupOutcome::Failed: return backend_->report_failure(round, result.failures.front());
+    case GroupOutcome::Signalled: return backend_->report_signal(round, result.signal);
+    case GroupOutcome::StoppedByRequest: {
+      // Stopped because the watcher saw the round end: use what it saw.
+      std::lock_guard lock(seen_mutex_);
+      if (seen_end_) return *seen_end_;
+      break;
+    }
+  }
+  return backend_->wait_end(round, stop_);
+}
+
+int Agent::finish(int round, const World& world, const RoundEnd& end, const GroupResult& result, int exit_code) {
+  switch (end.kind) {
+    case RoundEnd::Kind::Success:
+      if (multi_node_) {
+        log::info("ddprun") << "all " << world.world_size << " worker(s) on " << world.group_world_size
+                            << " nodes finished successfully";
+      } else {
+        log::info("ddprun") << "all " << o_.nproc_per_node << " worker(s) finished successfully";
+      }
+      break;
+    case RoundEnd::Kind::Signal:
+      log::warn("ddprun") << (multi_node_ ? "job stopped by " : "workers stopped by ") << end.detail;
+      break;
+    case RoundEnd::Kind::StoreLost:
+      log::error("ddprun") << end.detail;
+      return exit_code;  // nothing to leave: the store is gone
+    case RoundEnd::Kind::NodeLost:
+      log::error("ddprun") << "job stopped: " << end.detail;
+      break;
+    case RoundEnd::Kind::Membership:
+      log::warn("ddprun") << "stopped during a re-rendezvous (" << end.detail << ")";
+      break;
+    case RoundEnd::Kind::Failure: {
+      std::vector<WorkerExit> failures;
+      if (end.root_cause) failures.push_back(*end.root_cause);
+      for (const auto& f : result.failures) {
+        if (!end.root_cause || f.rank != end.root_cause->rank) failures.push_back(f);
+      }
+      const std::string report = format_failure_report(o_.program, failures, result.stopped_ranks);
+      if (ConsoleWriter* err = consoles().err) err->write(report);
+      if (o_.max_restarts > 0) log::error("ddprun") << "giving up after " << o_.max_restarts << " restart(s)";
+      break;
+    }
+    case RoundEnd::Kind::Hang:
+      // The report is out already (show_hang_report).
+      if (o_.max_restarts > 0) log::error("ddprun") << "giving up after " << o_.max_restarts << " restart(s)";
+      break;
+  }
+  // A lost node never leaves: give the others a few seconds to read the outcome, not the full wait.
+  backend_->leave(round, end.kind == RoundEnd::Kind::NodeLost ? std::chrono::seconds(5) : std::chrono::seconds(30),
+                  stop_);
+  return exit_code;
+}
+
+int Agent::run() {
+  enum class State { Rendezvous, Running, Ending } state = State::Rendezvous;
+  int round = 0;
+  World world;
+  GroupResult result;
+  RoundEnd end;
+  try {
+    backend_ = make_backend();
+    round = backend_->first_round(stop_);
+  } catch (const StopRequested& s) {
+    log::warn("ddprun") << "received " << signal_name(s.signal()) << " before the rendezvous: no worker was started";
+    return 128 + s.signal();
+  }
+  for (;;) {
+    switch (state) {
+      case State::Rendezvous: {
+        std::variant<World, RoundEnd> joined;
+        try {
+          joined = rendezvous(round);
+        } catch (const StopRequested& s) {
+          log::warn("ddprun") << "received " << signal_name(s.signal())
+                              << " during the rendezvous: left it; no worker was started";
+          return 128 + s.signal();
+        }
+        if (auto* ended = std::get_if<RoundEnd>(&joined)) {
+          // Another node stopped or failed before the round could start.
+          end = *ended;
+          result = GroupResult{};
+          state = State::Ending;
+          break;
+        }
+        world = std::get<World>(joined);
+        round = world.round;  // a node arriving late joins the job's next round
+        state = State::Running;
+        break;
+      }
+      case State::Running:
+        result = running(world);
+        end = agree_on_end(round, result);
+        print_rates();
+        if (end.kind == RoundEnd::Kind::Hang) show_hang_report(world, end);
+        state = State::Ending;
+        break;
+      case State::Ending: {
+        if (watching_) {
+          backend_->unwatch();
+          watching_ = false;
+        }
+        const Decision d = decide(end, RestartState{restarts_, o_.max_restarts, backend_->elastic(), stop_.signo(),
+                                                    result.signal});
+        switch (d.kind) {
+          case Decision::Kind::Finish: return finish(round, world, end, result, d.exit_code);
+          case Decision::Kind::Restart:
+            ++restarts_;
+            log::warn("ddprun") << end.detail << "; restarting the worker group"
+                                << (multi_node_ ? "s of all " + std::to_string(world.group_world_size) + " nodes" : "")
+                                << " (restart " << restarts_ << " of " << o_.max_restarts << ")";
+            break;
+          case Decision::Kind::Rerendezvous:
+            log::warn("ddprun") << end.detail << "; re-rendezvous"
+                                << (end.kind == RoundEnd::Kind::NodeLost ? " without it" : " to admit it")
+                                << " (not counted as a restart)";
+            break;
+        }
+        ++round;
+        state = State::Rendezvous;
+        break;
+      }
+    }
+  }
+}
+
+}  // namespace agent_detail
+
+namespace {
+
+// ddprun's own log lines, through the stderr console writer while the agent runs.
+void log_to_console(std::string_view line) {
+  if (ConsoleWriter* err = consoles().err) {
+    err->write(line);
+    return;
+  }
+  [[maybe_unused]] auto n = ::write(STDERR_FILENO, line.data(), line.size());
+}
+
+}  // namespace
+
+int run_agent(const LaunchOptions& o) {
+  raise_open_file_limit();  // three descriptors per worker, and a store's clients
+  auto notice = [](const char* stream) {
+    return [stream] {
+      log::warn("ddprun") << "the console (" << stream << ") is not keeping up: worker output is dropped (and counted) "
+                          << "rather than held back; per-rank log files keep everything (--tee 3 --log_dir DIR)";
+    };
+  };
+  ConsoleWriter out(STDOUT_FILENO, ConsoleWriter::kDefaultCapacity, notice("stdout"));
+  ConsoleWriter err(STDERR_FILENO, ConsoleWriter::kDefaultCapacity, notice("stderr"));
+  consoles() = Consoles{&out, &err};
+  log::set_sink(&log_to_console);
+  int code = 1;
+  try {
+    agent_detail::Agent agent(o);
+    code = agent.run();
+  } catch (...) {
+    log::set_sink(nullptr);
+    consoles() = Consoles{};
+    throw;
+  }
+  const uint64_t dropped = out.dropped_bytes() + err.dropped_bytes();
+  if (dropped > 0) {
+    log::warn("ddprun") << dropped << " bytes of console output were dropped because the console did not keep up";
+  }
+  out.drain(std::chrono::seconds(2));
+  err.drain(std::chrono::seconds(2));
+  log::set_sink(nullptr);
+  consoles() = Consoles{};
+  return code;
+}
+
+}  // namespace ddprun::launcher

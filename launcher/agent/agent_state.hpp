@@ -1,0 +1,103 @@
+#pragma once
+// The agent's parts, shared by its two files: agent_setup.cpp (what a round needs: the backend, the
+// worker store, the run and attempt directories, the watchdog, the workers' launches) and
+// agent.cpp (the state machine). Internal to the launcher; see agent.hpp.
+
+#include <filesystem>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include "launcher/agent/restart_policy.hpp"
+#include "launcher/cli/options.hpp"
+#include "launcher/workers/process.hpp"
+#include "launcher/rendezvous/rendezvous_backend.hpp"
+#include "launcher/workers/signals.hpp"
+#include "launcher/workers/stop.hpp"
+#include "launcher/workers/supervisor.hpp"
+#include "launcher/watchdog/watchdog.hpp"
+#include "launcher/workers/worker_env.hpp"
+#include "rendezvous/core/auth.hpp"
+#include "rendezvous/server/server.hpp"
+
+namespace ddprun::launcher::agent_detail {
+
+namespace fs = std::filesystem;
+
+std::string host_name();
+// Creates `dir` (and missing parents) readable by this user alone: worker logs and error files
+// hold whatever the workers print.
+void create_private_directory(const fs::path& dir);
+// The worker's argv: the program, through the Python interpreter for .py files and -m.
+std::vector<std::string> worker_command(const LaunchOptions& o, const Environment& env);
+// Every numeric address of `names` (addresses or host names), for an allow list.
+std::vector<std::string> resolve_all(const std::vector<std::string>& names);
+
+// Where attempt directories go: LOG_DIR/RUN_ID_XXXX, or a temporary directory removed at exit
+// when nothing was asked to be kept. Private (0700), as is everything ddprun creates in it.
+struct RunDirectory {
+  fs::path path;
+  bool temporary = false;
+
+  explicit RunDirectory(const LaunchOptions& o);
+  ~RunDirectory();
+  // Something worth keeping was written (stacks of a hang): the directory stays after the job.
+  void keep();
+};
+
+// One node's agent: the state machine of agent.hpp and what it keeps between rounds.
+class Agent {
+ public:
+  explicit Agent(const LaunchOptions& o);
+  ~Agent();
+  int run();
+
+ private:
+  void on_signal(int signo);
+  std::unique_ptr<RendezvousBackend> make_backend();
+  std::optional<rdzv::Token> read_token() const;
+  uint16_t host_worker_store();
+  fs::path attempt_directory(const World& world) const;
+  std::vector<WorkerLaunch> make_launches(const World& world, const fs::path& attempt_dir, const Watchdog& watchdog);
+  std::unique_ptr<Watchdog> make_watchdog(const World& world, const fs::path& attempt_dir);
+  void on_hang(const RoundEnd& end);
+  void start_watch(int round);
+  // The states.
+  std::variant<World, RoundEnd> rendezvous(int round);
+  GroupResult running(const World& world);
+  RoundEnd agree_on_end(int round, const GroupResult& result);
+  int finish(int round, const World& world, const RoundEnd& end, const GroupResult& result, int exit_code);
+  void print_rates();
+  void show_hang_report(const World& world, const RoundEnd& end);
+
+  const LaunchOptions& o_;
+  const bool multi_node_;
+  StopSignal stop_;
+  OrphanGuard guard_;  // before any thread or socket exists, so it inherits nothing worth keeping
+  Environment base_env_;
+  std::string host_;
+  std::string signals_text_;
+  std::optional<std::vector<std::string>> gpus_;
+  RunDirectory run_dir_;
+  Supervisor supervisor_;
+  std::unique_ptr<SignalWatcher> signals_;  // after supervisor_: destroyed (joined) before it
+  std::unique_ptr<RendezvousBackend> backend_;
+  std::unique_ptr<rdzv::ServerThread> worker_store_;
+  std::string advertise_addr_;  // the address other nodes (and the workers) use for this node
+  // Stack capture (for --hang_timeout and torchelastic's file timer): the workers' Python hook.
+  const bool file_timer_;
+  const bool capture_stacks_;
+  std::string timer_file_;
+  std::string python_hook_dir_;
+  std::unique_ptr<Watchdog> watchdog_;  // the current round's
+  fs::path attempt_dir_;
+  int restarts_ = 0;
+  bool watching_ = false;
+  std::mutex seen_mutex_;
+  std::optional<RoundEnd> seen_end_;  // the round's end as the watcher saw it
+};
+
+}  // namespace ddprun::launcher::agent_detail

@@ -1,0 +1,29 @@
+#pragma once
+// How a round's end decides what the agent does next: finish with an exit code, restart the
+// worker group, or rendezvous again. Pure: the agent passes what it knows, and the tests call it
+// with every combination.
+
+#include "launcher/rendezvous/rendezvous_backend.hpp"
+
+namespace ddprun::launcher {
+
+// The exit code of a job that hung (--hang_timeout), as timeout(1) has it.
+inline constexpr int kHangExitCode = 124;
+
+struct Decision {
+  enum class Kind { Finish, Restart, Rerendezvous } kind = Kind::Finish;
+  int exit_code = 0;  // Finish only
+  bool operator==(const Decision&) const = default;
+};
+
+struct RestartState {
+  int restarts = 0;      // restarts made so far
+  int max_restarts = 0;  // --max_restarts
+  bool elastic = false;  // the backend lets the survivors go on without a lost node
+  int stop_signal = 0;   // the signal that asked ddprun to stop; 0: none
+  int group_signal = 0;  // the signal that stopped this node's group; 0: none
+};
+
+Decision decide(const RoundEnd& end, const RestartState& s);
+
+}  // namespace ddprun::launcher

@@ -1,0 +1,194 @@
+#include "launcher/cli/flags.hpp"
+
+#include <algorithm>
+#include <csignal>
+#include <cstring>
+#include <sstream>
+#include <string_view>
+
+#include "common/errors.hpp"
+#include "launcher/cli/options.hpp"
+
+namespace ddprun::launcher {
+namespace {
+
+// Every flag ddprun accepts. Dashes and underscores are interchangeable after the leading "--".
+constexpr FlagDef kFlagTable[] = {
+    {"--nproc_per_node", nullptr, "nproc_per_node", true, "1",
+     "workers on this node: a number, 'cpu' (one per CPU), 'gpu' (one per visible GPU) or 'auto' (GPUs if any, else CPUs)"},
+    {"--nnodes", nullptr, "nnodes", true, "1", "number of nodes, N or MIN:MAX (ranges with --rdzv_backend c10d or etcd)"},
+    {"--node_rank", nullptr, "node_rank", true, "0", "rank of this node, 0..nnodes-1 (static rendezvous)"},
+    {"--master_addr", nullptr, "master_addr", true, "127.0.0.1",
+     "address of node 0, where the store runs; MASTER_ADDR of the workers"},
+    {"--master_port", nullptr, "master_port", true, "a kernel-picked free port on one node, 29500 on several",
+     "port of the store on node 0"},
+    {"--standalone", nullptr, "standalone", false, "off",
+     "single-node job with an automatic store port and run id (ddprun's default anyway)"},
+    {"--rdzv_backend", nullptr, "rdzv_backend", true, "static",
+     "static (each node gives --node_rank), c10d (nodes join --rdzv_endpoint without ranks; --nnodes MIN:MAX) or "
+     "etcd (the same through an etcd v3 cluster: no single point of failure)"},
+    {"--rdzv_endpoint", nullptr, "rdzv_endpoint", true, "(node 0 hosts it at master_addr:master_port)",
+     "a ddprun-rendezvous daemon, host[:port] (port 29400 if omitted), to rendezvous through; many jobs can share "
+     "one. With etcd: the cluster's client URLs, host:port[,host:port...] (http:// or https:// optional)"},
+    {"--rdzv_id", "--run_id", "rdzv_id", true, "none", "job id shared by all nodes; TORCHELASTIC_RUN_ID"},
+    {"--rdzv_conf", nullptr, "rdzv_conf", true, "", "rendezvous settings k1=v1,k2=v2: join_timeout=600, last_call_timeout=30, keep_alive_interval=5, "
+     "keep_alive_max_attempt=3, token_file=PATH (the rendezvous secret, or this job's token; also "
+     "DDPRUN_TOKEN_FILE). With etcd: key_prefix=/ddprun/, lease_ttl=10, etcd_user=NAME, etcd_password_file=PATH, "
+     "etcd_ca_file=PATH (https), etcd_cert_file=PATH, etcd_key_file=PATH (client certificate), protocol=http|https"},
+    {"--max_restarts", nullptr, "max_restarts", true, "0", "times the worker group is restarted after a failure or a hang"},
+    {"--hang_timeout", nullptr, "hang_timeout", true, "0 (off)",
+     "seconds without progress from any rank after which the job is hung: every rank's stacks are captured and "
+     "reported, then the job is stopped (exit code 124) or restarted (--max_restarts)"},
+    {"--straggler_factor", nullptr, "straggler_factor", true, "1.5",
+     "warn when a rank's compute time per step stays above this multiple of the median rank's (0: never)"},
+    {"--monitor_interval", nullptr, "monitor_interval", true, "0.1",
+     "accepted for torchrun compatibility: worker exits are seen at once (SIGCHLD) and other nodes are "
+     "checked every keep_alive_interval (--rdzv_conf)"},
+    {"--role", nullptr, "role", true, "default", "worker role; ROLE_NAME"},
+    {"--log_dir", nullptr, "log_dir", true, "(temporary directory)",
+     "base directory for per-rank logs: LOG_DIR/RUN_ID_XXXX/attempt_K/LOCAL_RANK/{stdout,stderr}.log"},
+    {"--redirects", "-r", "redirects", true, "0",
+     "send worker output to log files only: 0 none, 1 stdout, 2 stderr, 3 both, or per local rank '0:1,1:3'"},
+    {"--tee", "-t", "tee", true, "0", "like --redirects, but also to the console"},
+    {"--local_ranks_filter", nullptr, "local_ranks_filter", true, "(all)",
+     "show only these local ranks on the console, e.g. '0' or '0,3' (log files keep everything)"},
+    {"--no_python", nullptr, "no_python", false, "off", "run the program directly even if it ends in .py"},
+    {"--module", "-m", "module", false, "off", "run the program as a Python module (python -m)"},
+    {"--local_rank_arg", nullptr, "local_rank_arg", false, "off",
+     "pass --local_rank=N as the program's first argument, as torch.distributed.launch 1.x did (scripts that read "
+     "--local_rank from argv run unchanged); --local_rank_arg=dash passes --local-rank=N, as 2.x does",
+     true},
+    {"--use_env", nullptr, "use_env", false, "off",
+     "accepted for torch.distributed.launch compatibility: the workers always get LOCAL_RANK in their environment"},
+    {"--local_addr", nullptr, "local_addr", true, "(host name)", "address of this node that other nodes use"},
+    {"--signals_to_handle", nullptr, "signals_to_handle", true, "SIGTERM,SIGINT,SIGHUP,SIGQUIT",
+     "signals forwarded to every worker; SIGTERM/SIGINT/SIGHUP/SIGQUIT also stop the job, others "
+     "(e.g. SIGUSR1) are only forwarded"},
+    {"--shutdown_timeout", nullptr, "shutdown_timeout", true, "30",
+     "seconds between SIGTERM and SIGKILL when stopping workers"},
+    {"--virtual_local_rank", nullptr, "virtual_local_rank", false, "off",
+     "give each worker one GPU in CUDA_VISIBLE_DEVICES and LOCAL_RANK=0, so no rank touches another's GPU"},
+    {"--log_line_prefix_template", nullptr, "log_line_prefix_template", true, "[rank${rank}]: ",
+     "prefix of each console line; ${rank}, ${local_rank}, ${role_name}, ${hostname} (or ${host}) are "
+     "replaced"},
+    {"--start_method", nullptr, "start_method", true, "spawn", "accepted for torchrun compatibility; ignored"},
+};
+
+constexpr RdzvConfKey kRdzvConfKeys[] = {
+    {"join_timeout", "timeout", false, "seconds a rendezvous may take before the node gives up (600)"},
+    {"last_call_timeout", "", false, "seconds an elastic rendezvous waits for more nodes once it has --nnodes MIN (30)"},
+    {"keep_alive_interval", "", false, "seconds between a node's keep-alives (5)"},
+    {"keep_alive_max_attempt", "", false, "missed keep-alives after which a node is lost (3)"},
+    {"heartbeat_timeout", "", false,
+     "seconds without keep-alives after which a node is lost: sets keep_alive_max_attempt to fit"},
+    {"read_timeout", "", false, "seconds one request to the rendezvous store may take (60)"},
+    {"is_host", "", false,
+     "with c10d: whether this node hosts the store at --rdzv_endpoint (default: when the endpoint is one of "
+     "this host's addresses); false makes it a client of another node's store or a daemon"},
+    {"close_timeout", "", false, "accepted (torchrun's wait for a closing round): ddprun's rounds close at once"},
+    {"store_type", "", false, "accepted when 'tcp' (torchrun's default): the rendezvous store is ddprun's TCP store"},
+    {"use_libuv", "", false,
+     "accepted (torchrun's choice of its store's event loop): the rendezvous store is ddprun's own"},
+    {"rank", "", false, "the node's rank, as --node_rank"},
+    {"token_file", "", false, "the rendezvous store's secret or this job's token (also DDPRUN_TOKEN_FILE)"},
+    {"key_prefix", "etcd_prefix", true, "etcd: the prefix of the job's keys (/ddprun/)"},
+    {"lease_ttl", "", true, "etcd: seconds of the agents' leases (10)"},
+    {"etcd_user", "", true, "etcd: user name (needs etcd_password_file)"},
+    {"etcd_password_file", "", true, "etcd: file holding the password"},
+    {"etcd_ca_file", "cacert,ca_cert", true, "etcd: CA certificate (PEM)"},
+    {"etcd_cert_file", "cert,ssl_cert", true, "etcd: client certificate (PEM)"},
+    {"etcd_key_file", "key,ssl_cert_key", true, "etcd: client key (PEM)"},
+    {"protocol", "", true, "etcd: http or https for endpoints given without a scheme"},
+};
+
+}  // namespace
+
+std::span<const RdzvConfKey> rdzv_conf_keys() { return kRdzvConfKeys; }
+
+const RdzvConfKey* find_rdzv_conf_key(const std::string& spelled) {
+  for (const RdzvConfKey& k : kRdzvConfKeys) {
+    if (spelled == k.name) return &k;
+    std::string_view aliases = k.aliases;
+    while (!aliases.empty()) {
+      const auto comma = aliases.find(',');
+      if (aliases.substr(0, comma) == spelled) return &k;
+      aliases = comma == std::string_view::npos ? std::string_view() : aliases.substr(comma + 1);
+    }
+  }
+  return nullptr;
+}
+
+std::span<const FlagDef> flag_table() { return kFlagTable; }
+
+const FlagDef* find_flag(const std::string& spelled) {
+  std::string norm = spelled;
+  if (norm.rfind("--", 0) == 0) std::replace(norm.begin() + 2, norm.end(), '-', '_');
+  for (const FlagDef& f : kFlagTable) {
+    if (norm == f.name || (f.alias && norm == f.alias)) return &f;
+  }
+  return nullptr;
+}
+
+
+std::string usage_text() {
+  std::ostringstream out;
+  out << "Usage: ddprun [options] PROGRAM [ARGS...]\n\n"
+         "Starts nproc_per_node workers of PROGRAM on this node with torchrun's environment (RANK, LOCAL_RANK,\n"
+         "WORLD_SIZE, MASTER_ADDR, MASTER_PORT, ...), hosts their rendezvous store, supervises them, and reports\n"
+         "which rank failed and why. A PROGRAM ending in .py runs under $PYTHON_EXEC (default python3) -u;\n"
+         "anything else is executed directly. '${local_rank}' in ARGS is replaced per worker.\n\n"
+         "Options:\n"
+         "Dashes and underscores are interchangeable; each flag also reads PET_<NAME> from the environment.\n";
+  for (const FlagDef& f : kFlagTable) {
+    std::string names = f.alias ? std::string(f.alias) + ", " + f.name : std::string(f.name);
+    if (f.takes_value) names += " VALUE";
+    out << "  " << names << "\n      " << f.help;
+    if (*f.default_text != '\0') out << " (default: " << f.default_text << ")";
+    out << "\n";
+  }
+  out << "  -h, --help\n      show this help\n  --version\n      print the version\n\n"
+         "--rdzv_conf keys (KEY=VALUE,...):\n";
+  for (const RdzvConfKey& k : kRdzvConfKeys) {
+    out << "  " << k.name;
+    if (*k.aliases != '\0') out << " (also " << k.aliases << ")";
+    out << "\n      " << k.meaning << "\n";
+  }
+  out << "\n"
+         "Exit status:\n"
+         "0 when every worker succeeded; the root-cause worker's exit code (128+N if it died of signal\n"
+         "N) when one failed; 124 when the job hung (--hang_timeout); 2 for a bad command line; 1 when ddprun\n"
+         "itself could not run the job.\n";
+  return out.str();
+}
+
+namespace {
+
+std::string upper_text(std::string s) {
+  for (char& c : s) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  return s;
+}
+
+std::string trimmed(const std::string& s) {
+  const auto b = s.find_first_not_of(" \t");
+  if (b == std::string::npos) return "";
+  return s.substr(b, s.find_last_not_of(" \t") - b + 1);
+}
+
+}  // namespace
+
+int parse_signal(const std::string& text, const std::string& flag) {
+  const std::string t = upper_text(trimmed(text));
+  if (!t.empty() && std::all_of(t.begin(), t.end(), ::isdigit)) {
+    const int n = t.size() <= 2 ? std::stoi(t) : 0;
+    if (n >= 1 && n <= 64) return n;
+  } else {
+    const std::string name = t.rfind("SIG", 0) == 0 ? t.substr(3) : t;
+    for (int s = 1; s < 32; ++s) {
+      const char* abbrev = sigabbrev_np(s);
+      if (abbrev && name == abbrev) return s;
+    }
+  }
+  throw ConfigError(flag + ": expected signal names such as SIGTERM,SIGUSR1, got '" + text + "'");
+}
+
+}  // namespace ddprun::launcher

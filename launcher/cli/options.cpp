@@ -1,0 +1,373 @@
+#include "launcher/cli/options.hpp"
+
+#include <sched.h>
+
+#include <algorithm>
+#include <csignal>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <sstream>
+
+#include "common/errors.hpp"
+#include "launcher/cli/flags.hpp"
+#include "launcher/cli/options_parse.hpp"
+#include "rendezvous/core/job_keys.hpp"
+
+namespace ddprun::launcher {
+namespace {
+
+using namespace options_detail;
+
+std::string upper(std::string s) {
+  for (char& c : s) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  return s;
+}
+
+StreamSelection parse_streams(const std::string& flag, const std::string& text) {
+  const std::string expected = "0 (none), 1 (stdout), 2 (stderr), 3 (both) or per local rank like '0:1,1:3'";
+  StreamSelection sel;
+  if (text.find(':') == std::string::npos) {
+    sel.all = static_cast<int>(parse_int(flag, trim(text), 0, 3, expected));
+    return sel;
+  }
+  for (const std::string& item : split(text, ',')) {
+    const auto colon = item.find(':');
+    if (colon == std::string::npos) bad(flag, expected, text);
+    const int lr = static_cast<int>(parse_int(flag, trim(item.substr(0, colon)), 0, 1 << 20, expected));
+    sel.per_rank[lr] = static_cast<int>(parse_int(flag, trim(item.substr(colon + 1)), 0, 3, expected));
+  }
+  return sel;
+}
+
+// 1. argv -> flags and the program; stops at the first argument that is not a flag (or "--").
+Given tokenize(const std::vector<std::string>& args) {
+  Given g;
+  size_t i = 0;
+  for (; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    if (a == "--") {
+      ++i;
+      break;
+    }
+    if (a == "-h" || a == "--help") {
+      g.help = true;
+      return g;
+    }
+    if (a == "--version") {
+      g.version = true;
+      return g;
+    }
+    if (a.empty() || a[0] != '-' || a == "-") break;  // the program
+    std::string name = a, value;
+    bool inline_value = false;
+    if (a.rfind("--", 0) == 0 && a.find('=') != std::string::npos) {
+      name = a.substr(0, a.find('='));
+      value = a.substr(a.find('=') + 1);
+      inline_value = true;
+    } else if (a.size() > 2 && a[1] != '-' && find_flag(a.substr(0, 2)) && find_flag(a.substr(0, 2))->takes_value) {
+      name = a.substr(0, 2);  // -r3
+      value = a.substr(2);
+      inline_value = true;
+    }
+    const FlagDef* f = find_flag(name);
+    if (!f) throw ConfigError("unknown option '" + name + "' (see ddprun --help for the list)");
+    if (f->takes_value) {
+      if (!inline_value) {
+        if (i + 1 >= args.size()) throw ConfigError(name + " needs a value (" + f->help + ")");
+        value = args[++i];
+      }
+    } else if (!inline_value) {
+      value = "1";
+    } else if (!f->optional_value) {
+      throw ConfigError(name + " takes no value, got '" + value + "'");
+    }
+    g.set(f->dest, value, name);
+  }
+  if (i < args.size()) {
+    g.program = args[i];
+    g.program_args.assign(args.begin() + static_cast<long>(i) + 1, args.end());
+  }
+  return g;
+}
+
+// 2a. PET_<DEST> for every flag not given, as torchrun reads them (Kubeflow's PyTorchJob sets these).
+void apply_pet_fallbacks(Given& g, const EnvLookup& env) {
+  for (const FlagDef& f : flag_table()) {
+    if (g.has(f.dest)) continue;
+    const std::string var = "PET_" + upper(f.dest);
+    auto v = env(var);
+    if (!v || v->empty()) continue;
+    if (f.takes_value) {
+      g.set(f.dest, *v, var);
+      continue;
+    }
+    // torchrun's check_env: a non-zero integer means on.
+    const auto on = to_int(trim(*v));
+    if (!on) throw ConfigError(var + ": expected an integer (0 off, non-zero on), got '" + *v + "'");
+    if (*on == 0) continue;
+    g.set(f.dest, "1", var);
+  }
+}
+
+// 2b. Under Slurm (srun ddprun ...), the job's layout comes from its environment unless given.
+void apply_slurm(Given& g, const EnvLookup& env) {
+  const auto job = env("SLURM_JOB_ID"), nodes = env("SLURM_NNODES"), node = env("SLURM_NODEID"),
+             list = env("SLURM_JOB_NODELIST");
+  if (!job || !nodes || !node || !list || g.has("nnodes") || g.has("node_rank") || g.has("master_addr")) return;
+  g.set("nnodes", *nodes, "SLURM_NNODES");
+  g.set("node_rank", *node, "SLURM_NODEID");
+  g.set("master_addr", first_slurm_host(*list), "SLURM_JOB_NODELIST");
+  if (!g.has("master_port")) {
+    // The same on every node of the job, and below Linux's ephemeral port range.
+    const long long id = parse_int("SLURM_JOB_ID", trim(*job), 0, (1LL << 62), "a job number");
+    g.set("master_port", std::to_string(20000 + id % 12000), "SLURM_JOB_ID");
+  }
+  if (!g.has("rdzv_id")) g.set("rdzv_id", "slurm-" + trim(*job), "SLURM_JOB_ID");
+}
+
+// 3a. How many workers and nodes, and where node 0's store is.
+void resolve_layout(const Given& g, const HostFacts& host, LaunchOptions& o) {
+  if (g.has("nproc_per_node")) {
+    const std::string v = trim(g["nproc_per_node"]);
+    o.nproc_spec = v;
+    if (v == "cpu") {
+      o.nproc_per_node = host.cpu_count;
+    } else if (v == "gpu") {
+      if (host.gpu_count == 0) {
+        throw ConfigError(g.flag("nproc_per_node") + " gpu: no GPU is visible (check CUDA_VISIBLE_DEVICES and "
+                          "/dev/nvidia*); use a number or 'cpu'");
+      }
+      o.nproc_per_node = host.gpu_count;
+    } else if (v == "auto") {
+      o.nproc_per_node = host.gpu_count > 0 ? host.gpu_count : host.cpu_count;
+    } else {
+      o.nproc_per_node = static_cast<int>(
+          parse_int(g.flag("nproc_per_node"), v, 1, 1 << 16, "a positive number, 'auto', 'cpu' or 'gpu'"));
+    }
+  }
+  if (g.has("nnodes")) {
+    const std::string v = trim(g["nnodes"]);
+    const std::string expected = "N or MIN:MAX with 0 < MIN <= MAX";
+    const auto colon = v.find(':');
+    if (colon == std::string::npos) {
+      o.min_nodes = o.max_nodes = static_cast<int>(parse_int(g.flag("nnodes"), v, 1, 1 << 20, expected));
+    } else {
+      o.min_nodes = static_cast<int>(parse_int(g.flag("nnodes"), trim(v.substr(0, colon)), 1, 1 << 20, expected));
+      o.max_nodes = static_cast<int>(parse_int(g.flag("nnodes"), trim(v.substr(colon + 1)), 1, 1 << 20, expected));
+      if (o.min_nodes > o.max_nodes) bad(g.flag("nnodes"), expected, v);
+    }
+  }
+  o.node_rank_given = g.has("node_rank");
+  if (g.has("node_rank")) {
+    o.node_rank = static_cast<int>(parse_int(g.flag("node_rank"), trim(g["node_rank"]), 0, o.max_nodes - 1,
+                                             "a node rank from 0 to " + std::to_string(o.max_nodes - 1) +
+                                                 " (--nnodes is " + std::to_string(o.max_nodes) + ")"));
+  }
+  if (g.has("master_addr")) {
+    o.master_addr = trim(g["master_addr"]);
+    // torchrun accepts IPv6 in brackets.
+    if (o.master_addr.size() > 2 && o.master_addr.front() == '[' && o.master_addr.back() == ']') {
+      o.master_addr = o.master_addr.substr(1, o.master_addr.size() - 2);
+    }
+    if (o.master_addr.empty()) bad(g.flag("master_addr"), "a host name or address", g["master_addr"]);
+  }
+  if (g.has("master_port")) {
+    const auto port = parse_int(g.flag("master_port"), trim(g["master_port"]), 0, 65535, "a port from 0 to 65535");
+    if (port != 0) o.master_port = static_cast<uint16_t>(port);
+  }
+  o.standalone = g.has("standalone");
+  if (g.has("local_addr")) o.local_addr = trim(g["local_addr"]);
+}
+
+// 3c. How the workers run, restart, log and get signals.
+void resolve_workers(const Given& g, const EnvLookup& env, LaunchOptions& o) {
+  if (g.has("max_restarts")) {
+    o.max_restarts = static_cast<int>(
+        parse_int(g.flag("max_restarts"), trim(g["max_restarts"]), 0, 1 << 20, "a whole number >= 0"));
+  }
+  if (auto v = env("DDPRUN_PROGRESS_INTERVAL"); v && !trim(*v).empty()) {
+    o.progress_interval = parse_seconds("DDPRUN_PROGRESS_INTERVAL", trim(*v), false);
+  }
+  if (auto v = env("DDPRUN_STEP_RATES_PERIOD"); v && !trim(*v).empty()) {
+    const auto period = to_double(trim(*v));
+    if (!period || *period < 0.5 || *period > 3600) {
+      bad("DDPRUN_STEP_RATES_PERIOD", "seconds from 0.5 to 3600 (default 10)", *v);
+    }
+    o.step_rates_period = std::chrono::milliseconds(static_cast<int64_t>(*period * 1000));
+  }
+  // As torchrun: on when it is "1".
+  if (auto v = env("TORCHELASTIC_ENABLE_FILE_TIMER")) o.file_timer = trim(*v) == "1";
+  if (auto v = env("TORCHELASTIC_TIMER_FILE")) o.timer_file = trim(*v);
+  if (g.has("hang_timeout")) o.hang_timeout = parse_seconds(g.flag("hang_timeout"), trim(g["hang_timeout"]), true);
+  if (o.hang_timeout.count() > 0 && o.hang_timeout < std::chrono::seconds(2)) {
+    bad(g.flag("hang_timeout"), "0 (off) or at least 2 seconds", g["hang_timeout"]);
+  }
+  if (g.has("straggler_factor")) {
+    const std::string text = trim(g["straggler_factor"]);
+    const auto v = to_double(text);
+    if (!v || !(*v == 0 || (*v > 1 && *v < 1000))) {
+      bad(g.flag("straggler_factor"), "0 (off) or a factor above 1, such as 1.5", g["straggler_factor"]);
+    }
+    o.straggler_factor = *v;
+  }
+  // Accepted for compatibility (worker exits are seen at once); a malformed value is still an error.
+  if (g.has("monitor_interval")) parse_seconds(g.flag("monitor_interval"), trim(g["monitor_interval"]), false);
+  if (g.has("role")) {
+    o.role = trim(g["role"]);
+    if (o.role.empty()) bad(g.flag("role"), "a non-empty role name", g["role"]);
+  }
+  if (g.has("log_dir")) o.log_dir = g["log_dir"];
+  if (g.has("redirects")) o.redirects = parse_streams(g.flag("redirects"), g["redirects"]);
+  if (g.has("tee")) o.tee = parse_streams(g.flag("tee"), g["tee"]);
+  if (g.has("local_ranks_filter") && !trim(g["local_ranks_filter"]).empty()) {
+    std::set<int> ranks;
+    for (const std::string& r : split(g["local_ranks_filter"], ',')) {
+      ranks.insert(static_cast<int>(parse_int(g.flag("local_ranks_filter"), r, 0, 1 << 20,
+                                              "comma-separated local ranks such as '0' or '0,2'")));
+    }
+    o.local_ranks_filter = std::move(ranks);
+  }
+  o.no_python = g.has("no_python");
+  o.module = g.has("module");
+  if (g.has("local_rank_arg")) {
+    const std::string v = trim(g["local_rank_arg"]);
+    if (v == "1" || v == "underscore") {
+      o.local_rank_arg = LocalRankArg::Underscore;
+    } else if (v == "dash") {
+      o.local_rank_arg = LocalRankArg::Dash;
+    } else {
+      bad(g.flag("local_rank_arg"), "no value (--local_rank=N, torch.distributed.launch 1.x), 'underscore' (the same) "
+          "or 'dash' (--local-rank=N, 2.x)", g["local_rank_arg"]);
+    }
+  }
+  if (o.local_rank_arg != LocalRankArg::None && g.has("use_env")) {
+    throw ConfigError("--local_rank_arg and --use_env contradict each other: --use_env is torch.distributed.launch's "
+                      "way of saying 'no --local_rank argument'; keep one");
+  }
+  const std::string signals = g.has("signals_to_handle") ? g["signals_to_handle"] : "SIGTERM,SIGINT,SIGHUP,SIGQUIT";
+  for (const std::string& s : split(signals, ',')) {
+    if (s.empty()) continue;
+    const int signo = parse_signal(s, g.flag("signals_to_handle"));
+    if (signo == SIGKILL || signo == SIGSTOP || signo == SIGCHLD) {
+      bad(g.flag("signals_to_handle"), "signals that can be caught and forwarded (not SIGKILL, SIGSTOP, SIGCHLD)", s);
+    }
+    if (std::find(o.signals_to_handle.begin(), o.signals_to_handle.end(), signo) == o.signals_to_handle.end()) {
+      o.signals_to_handle.push_back(signo);
+    }
+  }
+  if (g.has("shutdown_timeout")) {
+    o.shutdown_timeout = parse_seconds(g.flag("shutdown_timeout"), trim(g["shutdown_timeout"]), true);
+  } else if (auto v = env("TORCH_ELASTIC_SHUTDOWN_TIMEOUT"); v && !v->empty()) {
+    o.shutdown_timeout = parse_seconds("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", trim(*v), true);
+  }
+  o.virtual_local_rank = g.has("virtual_local_rank");
+  if (g.has("log_line_prefix_template")) o.log_line_prefix = g["log_line_prefix_template"];
+  else if (auto v = env("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"); v) o.log_line_prefix = *v;
+}
+
+// 3d. Combinations that cannot work, refused before anything starts.
+void validate(LaunchOptions& o) {
+  if (o.no_python && o.module) {
+    throw ConfigError("--no_python and -m/--module cannot be combined: -m runs a Python module, --no_python runs "
+                      "the program directly");
+  }
+  if (o.standalone && o.max_nodes > 1) {
+    throw ConfigError("--standalone runs a single-node job, but --nnodes is " + std::to_string(o.max_nodes));
+  }
+  if (o.standalone) o.rdzv_backend = "static";  // one node, automatic port: the single-node path
+  if (o.min_nodes != o.max_nodes && o.rdzv_backend != "c10d" && o.rdzv_backend != "etcd") {
+    throw ConfigError("--nnodes " + std::to_string(o.min_nodes) + ":" + std::to_string(o.max_nodes) +
+                      ": node ranges need --rdzv_backend c10d with --rdzv_endpoint HOST:PORT (or etcd)");
+  }
+  if (o.rdzv_backend == "etcd" && o.etcd.endpoints.empty()) {
+    throw ConfigError("--rdzv_backend etcd needs --rdzv_endpoint HOST:PORT[,HOST:PORT...]: the etcd cluster's client "
+                      "URLs (http:// or https:// optional)");
+  }
+  if (o.rdzv_backend == "c10d" && o.rdzv_endpoint_host.empty()) {
+    throw ConfigError("--rdzv_backend c10d needs --rdzv_endpoint HOST[:PORT]: the store every node joins (a "
+                      "ddprun-rendezvous daemon, or the ddprun on that host serves it)");
+  }
+  if (o.program.empty()) {
+    throw ConfigError("missing the program to run: ddprun [options] PROGRAM [ARGS...] (see ddprun --help)");
+  }
+}
+
+}  // namespace
+
+LaunchOptions parse_options(const std::vector<std::string>& args, const EnvLookup& env, const HostFacts& host) {
+  Given g = tokenize(args);
+  LaunchOptions o;
+  if (g.help || g.version) {
+    o.help = g.help;
+    o.version = g.version;
+    return o;
+  }
+  apply_pet_fallbacks(g, env);
+  apply_slurm(g, env);
+  o.program = g.program;
+  o.program_args = g.program_args;
+  resolve_layout(g, host, o);
+  resolve_rendezvous(g, env, o);
+  resolve_workers(g, env, o);
+  validate(o);
+  return o;
+}
+
+std::string first_slurm_host(const std::string& nodelist) {
+  const std::string list = trim(nodelist);
+  size_t depth = 0, end = list.size();
+  for (size_t i = 0; i < list.size(); ++i) {
+    if (list[i] == '[') ++depth;
+    if (list[i] == ']' && depth > 0) --depth;
+    if (list[i] == ',' && depth == 0) {
+      end = i;
+      break;
+    }
+  }
+  // Each bracket group ("[07-10,12]") contributes its first number.
+  std::string host;
+  const std::string first = list.substr(0, end);
+  for (size_t i = 0; i < first.size(); ++i) {
+    if (first[i] != '[') {
+      host.push_back(first[i]);
+      continue;
+    }
+    const auto close = first.find(']', i);
+    const std::string inside = first.substr(i + 1, close == std::string::npos ? std::string::npos : close - i - 1);
+    host += inside.substr(0, inside.find_first_of("-,"));
+    if (close == std::string::npos) break;
+    i = close;
+  }
+  return host;
+}
+
+EnvLookup process_env() {
+  return [](const std::string& name) -> std::optional<std::string> {
+    const char* v = std::getenv(name.c_str());
+    if (!v) return std::nullopt;
+    return std::string(v);
+  };
+}
+
+HostFacts detect_host(const EnvLookup& env) {
+  HostFacts h;
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  h.cpu_count = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 1;
+  if (auto cvd = env("CUDA_VISIBLE_DEVICES")) {
+    for (const std::string& d : split(*cvd, ',')) {
+      if (d.empty() || d == "-1" || d == "NoDevFiles") break;
+      ++h.gpu_count;
+    }
+    return h;
+  }
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator("/dev", ec)) {
+    const std::string n = e.path().filename().string();
+    if (n.rfind("nvidia", 0) == 0 && n.size() > 6 && std::all_of(n.begin() + 6, n.end(), ::isdigit)) ++h.gpu_count;
+  }
+  return h;
+}
+
+}  // namespace ddprun::launcher

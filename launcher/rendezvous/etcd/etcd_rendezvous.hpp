@@ -1,0 +1,130 @@
+#pragma once
+// Rendezvous on etcd v3 (--rdzv_backend etcd): a replicated, linearizable store with leases and
+// watches, for clusters where one ddprun-rendezvous daemon (or node 0) is too much of a single
+// point of failure. Through etcd's HTTP/JSON gateway (etcd_client.hpp).
+//
+// Keys, under the prefix (--rdzv_conf key_prefix, default /ddprun/) and the job id:
+//   <id>/gen                      the job id's current generation: each run of a job id is one
+//   <id>/g<G>/current             the round a newly started agent joins
+//   <id>/g<G>/r<R>/member/<agent> an agent's record, attached to its lease: it disappears when the
+//                                 agent is gone (SIGKILLed, partitioned) for the lease's TTL
+//   <id>/g<G>/r<R>/closed         the round's membership in group-rank order, written once (a
+//                                 transaction that creates it only if absent)
+//   <id>/g<G>/r<R>/worker_store   where group rank 0 hosts the workers' TCPStore
+//   <id>/g<G>/r<R>/end            how the round ended (failure with its root cause, signal, lost
+//                                 node, membership change, hang, success), written once
+//   <id>/g<G>/r<R>/finished/<agent>, progress/<node>, rates/<node>, hang, diagnosis/<node>
+//   <id>/g<G>/ended, left/<agent> the run's outcome, and who has read it; the last agent to leave
+//                                 deletes the generation
+// Joining: an agent puts its member key and watches the round; the round closes when --nnodes MAX
+// agents are there, or MIN after the last call; the agent whose transaction creates `closed`
+// orders the members (--node_rank hints, then arrival). An agent that finds the round closed
+// without it asks the running job to re-rendezvous (elastic jobs, below MAX), or is refused.
+// Liveness: each agent keeps its lease alive (a renewal every TTL/3) and watches the round: a
+// member key deleted by lease expiry ends the round as a lost node, so the survivors re-rendezvous
+// (--nnodes MIN:MAX) or stop with a report (a fixed --nnodes). No polling: watches carry every
+// change, and a watch whose member goes away resumes on another from the revision it had reached.
+//
+// A generation whose agents are all gone (no key attached to a live lease) or that has ended is
+// never joined again: the next run of the job id starts the next generation and deletes it.
+
+#include <atomic>
+#include <chrono>
+#include <memory>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "launcher/rendezvous/etcd/etcd_client.hpp"
+#include "launcher/rendezvous/membership.hpp"
+#include "launcher/rendezvous/rendezvous_backend.hpp"
+#include "rendezvous/core/job_keys.hpp"
+
+namespace ddprun::launcher {
+
+struct EtcdRendezvousOptions {
+  std::string run_id = "none";
+  int min_nodes = 1;
+  int nnodes = 1;
+  int node_rank_hint = -1;  // --node_rank, if given: an ordering hint
+  std::chrono::milliseconds last_call_timeout{std::chrono::seconds(30)};
+  std::chrono::milliseconds join_timeout{std::chrono::seconds(600)};
+  std::chrono::milliseconds progress_interval{std::chrono::seconds(10)};  // waiting nodes say so this often
+  std::string advertise_addr;
+  std::string host;
+  etcd::Options etcd;
+  std::string prefix = "/ddprun/";
+  std::chrono::seconds lease_ttl{10};
+};
+
+class EtcdRendezvous final : public RendezvousBackend {
+ public:
+  // Connects (trying every endpoint until the join timeout; StopRequested if `stop` comes first),
+  // takes a lease and chooses the job's generation. Throws ConnectionError naming the endpoints.
+  EtcdRendezvous(EtcdRendezvousOptions options, const StopSignal& stop);
+  ~EtcdRendezvous() override;
+
+  int first_round(const StopSignal& stop) override;
+  std::variant<World, RoundEnd> join(int round, int nproc, const WorkerStoreHost& host_worker_store,
+                                     const StopSignal& stop) override;
+  void watch(int round, std::function<void(const RoundEnd&)> on_end) override;
+  void unwatch() override;
+  RoundEnd report_failure(int round, const WorkerExit& root_cause) override;
+  RoundEnd report_signal(int round, int signo) override;
+  RoundEnd report_success(int round, const StopSignal& stop) override;
+  RoundEnd wait_end(int round, const StopSignal& stop) override;
+  void leave(int round, std::chrono::milliseconds timeout, const StopSignal& stop) override;
+  bool elastic() const override { return options_.min_nodes < options_.nnodes; }
+  int node_rank() const override { return group_rank_; }
+  std::unique_ptr<ProgressChannel> progress_channel(int round) override;
+
+  int64_t generation() const { return generation_; }
+
+ private:
+  std::string job_key(const std::string& name) const { return options_.prefix + options_.run_id + "/" + name; }
+  std::string gen_prefix() const { return job_key("g" + std::to_string(generation_) + "/"); }
+  rdzv::jobs::RoundKeys rk(int round) const {
+    return rdzv::jobs::RoundKeys(gen_prefix() + "r" + std::to_string(round) + "/");
+  }
+  etcd::Client::Deadline soon() const;  // a deadline for one ordinary request
+
+  int64_t choose_generation(const StopSignal& stop);
+  void keep_lease_alive();
+  // The round's end if decided.
+  std::optional<RoundEnd> read_end(int round);
+  RoundEnd decide(int round, const rdzv::jobs::Outcome& proposal);
+  // Closes `round` with the members there now (the first close wins).
+  void close_round(int round, std::vector<Joiner> members);
+  std::vector<Joiner> members_of(const std::vector<etcd::KeyValue>& kvs, const std::string& prefix) const;
+  // Waits (watching the round) until `done` says the round's keys are ready; returns the round's
+  // end if it was decided first. `on_change` runs on every change (and once at first).
+  std::optional<RoundEnd> wait_round(int round, const StopSignal& stop,
+                                     const std::function<bool(const std::vector<etcd::KeyValue>&)>& ready,
+                                     const std::function<std::string(const std::vector<etcd::KeyValue>&)>& progress);
+  // Makes `w` (this node's world in `m`) the current round's.
+  World adopt(World w, const Membership& m);
+  void stop_watcher();
+
+  EtcdRendezvousOptions options_;
+  std::unique_ptr<etcd::Client> client_;
+  std::string agent_id_;
+  int64_t lease_ = 0;
+  int64_t generation_ = 1;
+  std::thread keepalive_;
+  std::atomic<bool> stop_keepalive_{false};
+  std::atomic<bool> lease_lost_{false};
+  std::mutex keepalive_mutex_;
+  std::condition_variable keepalive_wake_;
+  std::thread watcher_;
+  std::atomic<bool> stop_watching_{false};
+  std::mutex members_mutex_;
+  int group_rank_ = -1;
+  int group_world_size_ = 0;
+  std::vector<std::string> member_agents_;  // this round's, in group-rank order
+  std::vector<std::string> member_hosts_;
+};
+
+}  // namespace ddprun::launcher

@@ -1,0 +1,286 @@
+// Joining a round of the etcd rendezvous (see etcd_rendezvous.hpp): member keys on the agent's
+// lease, a round closed once by a transaction, waits carried by a watch of the round; and the hang
+// watchdog's channel over etcd.
+#include <algorithm>
+#include <climits>
+#include <map>
+#include <tuple>
+
+#include "common/errors.hpp"
+#include "common/log.hpp"
+#include "common/numbers.hpp"
+#include "launcher/rendezvous/etcd/etcd_rendezvous.hpp"
+#include "launcher/rendezvous/rendezvous_values.hpp"
+
+namespace ddprun::launcher {
+
+using json = nlohmann::json;
+using Clock = std::chrono::steady_clock;
+
+std::vector<Joiner> EtcdRendezvous::members_of(const std::vector<etcd::KeyValue>& kvs, const std::string& prefix) const {
+  std::vector<Joiner> out;
+  for (const auto& kv : kvs) {
+    if (kv.key.rfind(prefix, 0) != 0) continue;
+    auto record = rdzv::jobs::decode_node_record(kv.value);
+    if (!record) {
+      log::warn("ddprun") << "etcd key " << kv.key << " is not a member record: ignored";
+      continue;
+    }
+    // The member key names the agent.
+    record->agent = kv.key.substr(prefix.size());
+    out.push_back({record->agent, std::move(*record), kv.create_revision});
+  }
+  return out;
+}
+
+void EtcdRendezvous::close_round(int round, std::vector<Joiner> joined) {
+  order_by_group_rank(joined);
+  if (static_cast<int>(joined.size()) > options_.nnodes) joined.resize(static_cast<size_t>(options_.nnodes));
+  rdzv::jobs::ClosedRound closed;
+  for (auto& m : joined) closed.members.push_back(std::move(m.record));
+  client_->create_or_get(rk(round).closed(), rdzv::jobs::encode(closed), 0, soon());
+}
+
+std::optional<RoundEnd> EtcdRendezvous::wait_round(
+    int round, const StopSignal& stop, const std::function<bool(const std::vector<etcd::KeyValue>&)>& ready,
+    const std::function<std::string(const std::vector<etcd::KeyValue>&)>& progress) {
+  const std::string prefix = rk(round).prefix();
+  const std::string end_key = rk(round).end();
+  const auto start = Clock::now();
+  const auto deadline = start + options_.join_timeout;
+  auto next_report = start + options_.progress_interval;
+  // The round's keys as of one revision, then kept current by a watch from the next one.
+  const etcd::RangeResult snapshot = client_->get_prefix(prefix, soon());
+  std::map<std::string, etcd::KeyValue> state;
+  std::vector<std::string> present;
+  for (const auto& kv : snapshot.kvs) {
+    state[kv.key] = kv;
+    present.push_back(kv.key);
+  }
+  etcd::Watch w(*client_, prefix, etcd::prefix_end(prefix), snapshot.revision + 1, std::move(present));
+  for (;;) {
+    std::vector<etcd::KeyValue> kvs;
+    for (const auto& [k, kv] : state) kvs.push_back(kv);
+    if (auto e = state.find(end_key); e != state.end()) return parse_round_end(e->second.value);
+    if (ready(kvs)) return std::nullopt;
+    if (stop.requested()) {
+      // Leave cleanly: the others learn of it at once, not at the join timeout.
+      report_signal(round, stop.signo());
+      leave(round, std::chrono::seconds(5), stop);
+      throw StopRequested(stop.signo());
+    }
+    if (lease_lost_) throw ConnectionError("this node's etcd lease expired during the rendezvous (etcd unreachable)");
+    const auto now = Clock::now();
+    if (now >= deadline) {
+      throw TimeoutError("rendezvous (round " + std::to_string(round) + ") timed out after " +
+                         seconds_text(options_.join_timeout) + ": " + progress(kvs) +
+                         " (set the wait with --rdzv_conf join_timeout=SECONDS)");
+    }
+    if (now >= next_report) {
+      log::info("ddprun") << "rendezvous of job '" << options_.run_id << "' (round " << round << "): " << progress(kvs)
+                          << ", " << std::chrono::duration_cast<std::chrono::seconds>(now - start).count() << " s of "
+                          << seconds_text(options_.join_timeout);
+      next_report = now + options_.progress_interval;
+    }
+    const auto give_up = now + std::max<std::chrono::milliseconds>(options_.lease_ttl, std::chrono::seconds(5));
+    for (auto& ev : w.next(std::chrono::milliseconds(250), give_up)) {
+      if (ev.type == etcd::WatchEvent::Type::Delete) state.erase(ev.kv.key);
+      else state[ev.kv.key] = std::move(ev.kv);
+    }
+  }
+}
+
+std::variant<World, RoundEnd> EtcdRendezvous::join(int round, int nproc, const WorkerStoreHost& host_worker_store,
+                                                   const StopSignal& stop) {
+  if (stop.requested()) throw StopRequested(stop.signo());
+  for (;;) {
+    // No agent in the record: the member key names it.
+    rdzv::jobs::NodeRecord me = this_node(options_.host, options_.advertise_addr, nproc, options_.nnodes);
+    me.hint = options_.node_rank_hint;
+    const std::string member_key = rk(round).member(agent_id_);
+    client_->put(member_key, rdzv::jobs::encode(me), lease_, soon());  // gone with this agent's lease
+    // Only after a key on a live lease: a generation with keys but none on a live lease is one
+    // whose agents are all gone (choose_generation).
+    client_->put(gen_prefix() + "current", std::to_string(round), 0, soon());
+    log::info("ddprun") << "joined round " << round << " of job '" << options_.run_id << "' (generation " << generation_
+                        << ") on etcd (--nnodes " << options_.min_nodes << ":" << options_.nnodes << ")";
+    const std::string member_prefix = rk(round).members();
+    const std::string closed_key = rk(round).closed();
+    std::optional<Clock::time_point> enough_since;
+    auto count_members = [&](const std::vector<etcd::KeyValue>& kvs) {
+      return std::count_if(kvs.begin(), kvs.end(), [&](auto& kv) { return kv.key.rfind(member_prefix, 0) == 0; });
+    };
+    auto ready = [&](const std::vector<etcd::KeyValue>& kvs) {
+      if (std::any_of(kvs.begin(), kvs.end(), [&](auto& kv) { return kv.key == closed_key; })) return true;
+      const auto members = members_of(kvs, member_prefix);
+      const int n = static_cast<int>(members.size());
+      if (n >= options_.nnodes) {
+        close_round(round, members);  // full; the watch brings `closed`
+      } else if (n >= options_.min_nodes) {
+        // Enough nodes: wait the last call for more, then close with whoever is there.
+        if (!enough_since) enough_since = Clock::now();
+        else if (Clock::now() - *enough_since >= options_.last_call_timeout) close_round(round, members);
+      } else {
+        enough_since.reset();
+      }
+      return false;
+    };
+    auto progress = [&](const std::vector<etcd::KeyValue>& kvs) {
+      return std::to_string(count_members(kvs)) + " node(s) joined, " + std::to_string(options_.min_nodes) +
+             " needed to start (--nnodes " + std::to_string(options_.min_nodes) + ":" +
+             std::to_string(options_.nnodes) + ")";
+    };
+    if (auto ended = wait_round(round, stop, ready, progress)) return *ended;
+    const Membership closed(read_closed_round(closed_key, client_->get(closed_key, soon()).kvs.at(0).value).members);
+    const int mine = closed.group_rank_of(agent_id_);
+    if (mine < 0) {
+      client_->erase(member_key, "", soon());
+      if (!elastic() || closed.size() >= options_.nnodes) {
+        throw ConfigError("job '" + options_.run_id + "' is running with " + std::to_string(closed.size()) +
+                          " node(s) (--nnodes " + std::to_string(options_.min_nodes) + ":" +
+                          std::to_string(options_.nnodes) + "), with no room for this one; give this job its own "
+                          "--rdzv_id, or start it when the other run has ended");
+      }
+      // Too late for this round: ask the running nodes to re-rendezvous, and join the next round.
+      log::info("ddprun") << "job '" << options_.run_id << "' is running with " << closed.size()
+                          << " node(s): asking it to re-rendezvous to admit this node";
+      rdzv::jobs::Outcome membership;
+      membership.kind = rdzv::jobs::Outcome::Kind::Membership;
+      membership.detail = "node " + options_.host + " wants to join";
+      decide(round, membership);
+      ++round;
+      continue;
+    }
+    const std::string store_key = rk(round).worker_store();
+    if (mine == 0) {
+      const uint16_t port = host_worker_store();
+      client_->put(store_key, rdzv::jobs::encode(rdzv::jobs::WorkerStoreRecord{options_.advertise_addr, port}), 0, soon());
+    }
+    auto stored = [&](const std::vector<etcd::KeyValue>& kvs) {
+      return std::any_of(kvs.begin(), kvs.end(), [&](auto& kv) { return kv.key == store_key; });
+    };
+    auto waiting_for_store = [&](const std::vector<etcd::KeyValue>&) {
+      return std::string("waiting for node 0 to start the worker store");
+    };
+    if (auto ended = wait_round(round, stop, stored, waiting_for_store)) return *ended;
+    return adopt(world_of(round, closed, mine, read_worker_store(store_key, client_->get(store_key, soon()).kvs.at(0).value)),
+                 closed);
+  }
+}
+
+World EtcdRendezvous::adopt(World w, const Membership& m) {
+  std::lock_guard lock(members_mutex_);
+  group_rank_ = w.group_rank;
+  group_world_size_ = w.group_world_size;
+  member_agents_ = m.agents();
+  member_hosts_ = m.hosts();
+  return w;
+}
+
+namespace {
+
+// The hang watchdog's job-wide channel (rendezvous_backend.hpp) over etcd, on a client of its own.
+class EtcdProgressChannel final : public ProgressChannel {
+ public:
+  EtcdProgressChannel(etcd::Options options, rdzv::jobs::RoundKeys keys, int node, int nodes)
+      : client_(std::move(options)), rk_(std::move(keys)), node_(node), nodes_(nodes) {}
+
+  Pulse pulse(bool progressed, bool heartbeat_mode) override {
+    if (progressed) client_.put(rk_.progress_of(node_), std::to_string(++count_), 0, deadline());
+    if (heartbeat_mode && !heartbeat_mode_published_) {
+      client_.put(rk_.heartbeat_mode(), "1", 0, deadline());
+      heartbeat_mode_published_ = true;
+    }
+    // One read of the round's keys: the newest progress revision, and the flags.
+    const etcd::RangeResult r = client_.get_prefix(rk_.prefix(), deadline(), /*keys_only=*/true);
+    Pulse p;
+    bool claimed = false;
+    for (const auto& kv : r.kvs) {
+      if (kv.key.rfind(rk_.progress_all(), 0) == 0) p.job_progress = std::max(p.job_progress, kv.mod_revision);
+      p.heartbeat_mode = p.heartbeat_mode || kv.key == rk_.heartbeat_mode();
+      claimed = claimed || kv.key == rk_.hang();
+    }
+    if (claimed) {
+      const etcd::RangeResult h = client_.get(rk_.hang(), deadline());
+      if (!h.kvs.empty()) {
+        const auto by = to_int(h.kvs[0].value);
+        p.hang_claimed_by = by ? static_cast<int>(*by) : -1;
+      }
+    }
+    return p;
+  }
+
+  void publish_rates(const json& record) override {
+    client_.put(rk_.rates(node_), record.dump(), 0, deadline());
+  }
+
+  std::map<int, json> rates() override { return by_node(rk_.rates_all()); }
+
+  bool claim_hang() override {
+    const std::string me = std::to_string(node_);
+    return client_.create_or_get(rk_.hang(), me, 0, deadline()) == me;
+  }
+
+  void put_diagnosis(const json& diagnosis) override {
+    client_.put(rk_.diagnosis(node_), diagnosis.dump(-1, ' ', false, json::error_handler_t::replace),
+                0, deadline());
+  }
+
+  std::map<int, json> gather_diagnoses(Clock::time_point until) override {
+    std::map<int, json> out;
+    for (;;) {
+      out = by_node(rk_.diagnoses());
+      if (static_cast<int>(out.size()) >= nodes_ || Clock::now() >= until) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(250));  // sleep override: the parts come within seconds
+    }
+    client_.erase(rk_.diagnoses(), etcd::prefix_end(rk_.diagnoses()), deadline());
+    return out;
+  }
+
+  RoundEnd report_hang(const std::string& summary, const std::string& report) override {
+    rdzv::jobs::Outcome o;
+    o.kind = rdzv::jobs::Outcome::Kind::Hang;
+    o.node = node_;
+    o.detail = summary;
+    o.failure = {{"report", report}};
+    return parse_round_end(client_.create_or_get(rk_.end(), rdzv::jobs::encode_outcome(o), 0, deadline()));
+  }
+
+  int nodes() const override { return nodes_; }
+  int node() const override { return node_; }
+
+ private:
+  static etcd::Client::Deadline deadline() { return etcd::Client::after(std::chrono::seconds(5)); }
+
+  // Every node's record under `prefix` (rk_.rates_all(), rk_.diagnoses()), by node.
+  std::map<int, json> by_node(const std::string& prefix) {
+    std::map<int, json> out;
+    for (const auto& kv : client_.get_prefix(prefix, deadline()).kvs) {
+      const auto node = to_int(std::string_view(kv.key).substr(prefix.size()));
+      json j = json::parse(kv.value, nullptr, false);
+      if (node && j.is_object()) out[static_cast<int>(*node)] = std::move(j);
+    }
+    return out;
+  }
+
+  etcd::Client client_;
+  rdzv::jobs::RoundKeys rk_;
+  int node_;
+  int nodes_;
+  uint64_t count_ = 0;
+  bool heartbeat_mode_published_ = false;
+};
+
+}  // namespace
+
+std::unique_ptr<ProgressChannel> EtcdRendezvous::progress_channel(int round) {
+  int node, nodes;
+  {
+    std::lock_guard lock(members_mutex_);
+    node = group_rank_;
+    nodes = group_world_size_;
+  }
+  return std::make_unique<EtcdProgressChannel>(options_.etcd, rk(round), node, nodes);
+}
+
+}  // namespace ddprun::launcher

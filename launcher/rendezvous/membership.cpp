@@ -1,0 +1,80 @@
+#include "launcher/rendezvous/membership.hpp"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <climits>
+
+#include "launcher/rendezvous/rendezvous_values.hpp"  // now_ms
+
+namespace ddprun::launcher {
+
+rdzv::jobs::NodeRecord this_node(const std::string& host, const std::string& addr, int nproc, int nnodes) {
+  rdzv::jobs::NodeRecord r;
+  r.host = host;
+  r.addr = addr;
+  r.nproc = nproc;
+  r.pid = static_cast<int>(::getpid());
+  r.nnodes = nnodes;
+  r.joined_ms = now_ms();
+  return r;
+}
+
+void order_by_group_rank(std::vector<Joiner>& joiners) {
+  std::stable_sort(joiners.begin(), joiners.end(), [](const Joiner& a, const Joiner& b) {
+    if (a.record.store_host != b.record.store_host) return a.record.store_host;
+    const int ka = a.record.hint < 0 ? INT_MAX : a.record.hint, kb = b.record.hint < 0 ? INT_MAX : b.record.hint;
+    if (ka != kb) return ka < kb;
+    return a.arrival < b.arrival;
+  });
+}
+
+Membership::Membership(std::vector<rdzv::jobs::NodeRecord> nodes) : nodes_(std::move(nodes)) {
+  for (const auto& n : nodes_) {
+    offsets_.push_back(world_size_);
+    world_size_ += n.nproc;
+  }
+}
+
+std::vector<std::string> Membership::agents() const {
+  std::vector<std::string> out;
+  for (const auto& n : nodes_) out.push_back(n.agent);
+  return out;
+}
+
+std::vector<std::string> Membership::hosts() const {
+  std::vector<std::string> out;
+  for (const auto& n : nodes_) out.push_back(n.host);
+  return out;
+}
+
+std::vector<std::string> Membership::peer_addresses() const {
+  std::vector<std::string> out;
+  for (const auto& n : nodes_) {
+    out.push_back(n.addr);
+    out.push_back(n.host);
+  }
+  return out;
+}
+
+int Membership::group_rank_of(const std::string& agent) const {
+  for (size_t i = 0; i < nodes_.size(); ++i) {
+    if (nodes_[i].agent == agent) return static_cast<int>(i);
+  }
+  return -1;
+}
+
+World world_of(int round, const Membership& m, int g, const rdzv::jobs::WorkerStoreRecord& store) {
+  World w;
+  w.round = round;
+  w.group_rank = g;
+  w.group_world_size = m.size();
+  w.rank_offset = m.rank_offset(g);
+  w.world_size = m.world_size();
+  w.master_addr = store.addr;
+  w.master_port = store.port;
+  if (g == 0) w.peer_addresses = m.peer_addresses();
+  return w;
+}
+
+}  // namespace ddprun::launcher

@@ -1,0 +1,124 @@
+#pragma once
+// What the agent needs from a rendezvous, whatever serves it: join a round and get this node's
+// place in it; host the round's worker store on the node that becomes group rank 0; learn of an
+// end decided elsewhere (another node's failure or signal, a lost node, a membership change); agree
+// on how a round ended; leave at the end. The agent depends only on this interface:
+//   - LocalRendezvous: one node, nothing to agree with;
+//   - StoreRendezvous: static and c10d-style rendezvous over a TCPStore (node 0's, or a
+//     ddprun-rendezvous daemon's);
+//   - EtcdRendezvous: etcd v3, with leases for liveness and watches.
+//
+// Blocking calls take the agent's StopSignal: a stop request ends any wait within a second (a
+// round left during its rendezvous is marked ended, so the other nodes learn of it at once) and
+// the call throws StopRequested.
+
+#include <chrono>
+#include <functional>
+#include <map>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include "launcher/workers/worker_exit.hpp"
+#include "launcher/workers/stop.hpp"
+
+namespace ddprun::launcher {
+
+// What a round's rendezvous agreed on.
+struct World {
+  int round = 0;  // the round joined (dynamic: may be later than asked, for a node arriving late)
+  int group_rank = 0;
+  int group_world_size = 1;
+  int rank_offset = 0;  // global rank of this node's local rank 0
+  int world_size = 0;
+  std::string master_addr;  // the worker store
+  int master_port = 0;
+  // On the node that hosts the worker store: every node's addresses (and host names), the only
+  // peers its store accepts besides loopback. Empty elsewhere.
+  std::vector<std::string> peer_addresses;
+};
+
+// How a round ended for the whole job.
+struct RoundEnd {
+  // StoreLost: the rendezvous itself is gone (node 0's store, every etcd endpoint).
+  // Membership: a node asked to join the running job (elastic rendezvous only).
+  // Hang: no rank of the job made progress for --hang_timeout (see watchdog.hpp).
+  enum class Kind { Success, Failure, Signal, StoreLost, NodeLost, Membership, Hang } kind = Kind::Success;
+  std::optional<WorkerExit> root_cause;  // Failure
+  int root_node = -1;  // Failure: the failed rank's node; Hang: the node that diagnosed it
+  std::string detail;  // human-readable, one line
+  std::string report;  // Hang: the full report, with every rank's stacks
+};
+
+// The job-wide side of the hang watchdog and the step rates, for one round. Used from the
+// watchdog's thread, on a connection of its own.
+class ProgressChannel {
+ public:
+  virtual ~ProgressChannel() = default;
+
+  struct Pulse {
+    int64_t job_progress = 0;  // moves whenever any node reports progress
+    std::optional<int> hang_claimed_by;  // the node that is diagnosing a hang, if any
+    // Some rank heartbeats through the worker store: CPU time is no sign of progress (its waits
+    // may spin).
+    bool heartbeat_mode = false;
+  };
+  // Says whether this node's ranks progressed since the last pulse (and, on the node hosting the
+  // worker store, whether ranks heartbeat through it); returns the job-wide view.
+  virtual Pulse pulse(bool progressed, bool heartbeat_mode) = 0;
+  // This node's latest step rates (for `ddprun-rendezvous status` and the straggler check).
+  virtual void publish_rates(const nlohmann::json& record) = 0;
+  // Every node's latest step rates record, by node.
+  virtual std::map<int, nlohmann::json> rates() = 0;
+  // Claims the diagnosis of a hang for this node; false if another node claimed it first.
+  virtual bool claim_hang() = 0;
+  virtual void put_diagnosis(const nlohmann::json& diagnosis) = 0;
+  // The nodes' diagnoses, as far as they arrive before `deadline`.
+  virtual std::map<int, nlohmann::json> gather_diagnoses(std::chrono::steady_clock::time_point deadline) = 0;
+  // Ends the round as hung; returns the end as decided (the first end proposed wins).
+  virtual RoundEnd report_hang(const std::string& summary, const std::string& report) = 0;
+  virtual int nodes() const = 0;
+  virtual int node() const = 0;
+};
+
+// Starts the round's worker store on this node (called on group rank 0 only); returns its port.
+using WorkerStoreHost = std::function<uint16_t()>;
+
+class RendezvousBackend {
+ public:
+  virtual ~RendezvousBackend() = default;
+
+  // The round a newly started agent joins first (elastic jobs may be running already).
+  virtual int first_round(const StopSignal& stop) = 0;
+  // Joins `round` with `nproc` local workers: the World, or the round's end if it was decided
+  // before the rendezvous completed (a node stopped or failed meanwhile). Throws TimeoutError
+  // naming the missing nodes after the join timeout, ConfigError for a duplicate node rank.
+  virtual std::variant<World, RoundEnd> join(int round, int nproc, const WorkerStoreHost& host_worker_store,
+                                             const StopSignal& stop) = 0;
+  // Watches `round` from a thread of its own; `on_end` runs there once, when the round's end is
+  // decided (by any node). unwatch() stops and joins that thread.
+  virtual void watch(int round, std::function<void(const RoundEnd&)> on_end) = 0;
+  virtual void unwatch() = 0;
+  // Proposes how the round ended; returns the end as decided (the first proposal wins).
+  virtual RoundEnd report_failure(int round, const WorkerExit& root_cause) = 0;
+  virtual RoundEnd report_signal(int round, int signo) = 0;
+  // This node's workers all succeeded: waits until every node's did or the round ended otherwise.
+  virtual RoundEnd report_success(int round, const StopSignal& stop) = 0;
+  // Waits for the round's end as another node decided it.
+  virtual RoundEnd wait_end(int round, const StopSignal& stop) = 0;
+  // The job is over for this node: record the outcome and leave; the node that hosts a store the
+  // others still need waits (up to `timeout`) for them to leave too.
+  virtual void leave(int round, std::chrono::milliseconds timeout, const StopSignal& stop) = 0;
+  // Whether a lost node leads to a new rendezvous of the survivors (elastic) rather than the end.
+  virtual bool elastic() const = 0;
+  // Node rank to show in reports; -1 for a single-node job.
+  virtual int node_rank() const = 0;
+  // The job-wide progress channel of `round` (after join), on a connection of its own; nullptr
+  // for a single-node job, whose watchdog needs none.
+  virtual std::unique_ptr<ProgressChannel> progress_channel(int round) = 0;
+};
+
+}  // namespace ddprun::launcher

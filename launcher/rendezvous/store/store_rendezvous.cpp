@@ -1,0 +1,346 @@
+#include "launcher/rendezvous/store/store_rendezvous.hpp"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <thread>
+
+#include "common/errors.hpp"
+#include "common/log.hpp"
+#include "launcher/rendezvous/rendezvous_values.hpp"
+
+namespace ddprun::launcher {
+
+using json = nlohmann::json;
+
+namespace {
+
+// Dynamic mode: is the rendezvous endpoint this machine? (torchrun's is_host.)
+bool endpoint_is_local(const std::string& endpoint, const StoreRendezvousOptions& o) {
+  return endpoint == "localhost" || endpoint.rfind("127.", 0) == 0 || endpoint == "::1" || endpoint == o.host ||
+         (!o.advertise_addr.empty() && endpoint == o.advertise_addr);
+}
+
+}  // namespace
+
+StoreRendezvous::StoreRendezvous(StoreRendezvousOptions options, const StopSignal& stop)
+    : options_(std::move(options)) {
+  const bool external = !options_.endpoint_host.empty();
+  std::mt19937 rng(std::random_device{}());
+  // Unique per agent process, so that a dead earlier run's heartbeat is never mistaken for ours.
+  agent_id_ = (options_.dynamic ? std::string() : "node" + std::to_string(options_.node_rank) + "-") + options_.host +
+              ":" + std::to_string(::getpid()) + ":" + std::to_string(rng() % 100000);
+  // Who hosts the rendezvous store: node 0 in static jobs without an endpoint; in dynamic jobs the
+  // first agent on the endpoint's host that can bind its port (others, or a daemon, are clients).
+  const bool try_host = options_.dynamic
+                            ? options_.is_host.value_or(endpoint_is_local(options_.endpoint_host, options_))
+                            : (options_.node_rank == 0 && !external);
+  if (try_host) {
+    rdzv::ServerOptions so;
+    so.host = "::";
+    so.port = options_.dynamic ? options_.endpoint_port : options_.master_port;
+    so.log_lifecycle = false;
+    if (options_.token) so.secret = rdzv::store_secret(*options_.token);
+    try {
+      try {
+        server_ = std::make_unique<rdzv::ServerThread>(so);
+      } catch (const ConnectionError&) {
+        so.host = "0.0.0.0";  // no IPv6 on this host
+        server_ = std::make_unique<rdzv::ServerThread>(so);
+      }
+      log::info("ddprun") << "hosting the rendezvous store of job '" << options_.run_id << "' on port "
+                          << server_->port();
+    } catch (const ConnectionError&) {
+      if (!options_.dynamic || options_.is_host.value_or(false)) throw;  // this node must host it
+      // Another agent (or a ddprun-rendezvous daemon) on this host serves it already.
+    }
+  }
+  rdzv::ClientOptions co;
+  co.host = external ? options_.endpoint_host : options_.master_addr;
+  co.port = external ? options_.endpoint_port : options_.master_port;
+  co.timeout = options_.read_timeout;
+  if (options_.token) co.credentials = rdzv::credentials_for(*options_.token, options_.run_id, options_.token_file);
+  co.missing_secret_hint = "give this node the rendezvous secret (or this job's token) with --rdzv_conf "
+                           "token_file=PATH, or DDPRUN_TOKEN_FILE=PATH (a file only you can read)";
+  // Connect in slices of a second, so that a stop signal is acted on while the store is not up yet.
+  const auto deadline = std::chrono::steady_clock::now() + options_.join_timeout;
+  log::info("ddprun") << "connecting to the rendezvous store at " << co.host << ":" << co.port;
+  for (;;) {
+    co.connect_timeout = std::clamp<std::chrono::milliseconds>(
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now()),
+        std::chrono::milliseconds(1), std::chrono::seconds(1));
+    try {
+      client_ = std::make_unique<rdzv::Client>(co);
+      break;
+    } catch (const TimeoutError& e) {
+      if (stop.requested()) throw StopRequested(stop.signo());
+      if (std::chrono::steady_clock::now() < deadline) continue;
+      throw TimeoutError("this node could not reach the rendezvous store within the join timeout (" +
+                         seconds_text(options_.join_timeout) + "): " + std::string(e.what()) +
+                         (external ? ". Is ddprun-rendezvous (or the endpoint's ddprun) running at --rdzv_endpoint?"
+                                   : ". Is ddprun running on node 0 with the same --master_addr/--master_port?"));
+    }
+  }
+  keys_ = rdzv::jobs::JobKeys(options_.run_id, choose_generation());
+  group_rank_ = options_.dynamic ? -1 : options_.node_rank;  // dynamic: known once assigned
+}
+
+int64_t StoreRendezvous::choose_generation() {
+  const std::string counter = rdzv::jobs::JobKeys::generation_counter(options_.run_id);
+  int64_t g = read_number(counter, client_->compare_set(counter, "", "1"));
+  // A run that has ended is never joined again: its job id starts over in the next generation.
+  while (client_->check({rdzv::jobs::JobKeys(options_.run_id, g).ended()})) g = next_generation(g);
+  return g;
+}
+
+int64_t StoreRendezvous::next_generation(int64_t after) {
+  const std::string counter = rdzv::jobs::JobKeys::generation_counter(options_.run_id);
+  return read_number(counter, client_->compare_set(counter, std::to_string(after), std::to_string(after + 1)));
+}
+
+bool StoreRendezvous::agent_alive(const std::string& agent, const StopSignal& stop) {
+  const std::string k = hb_key(agent);
+  const auto window = options_.keep_alive_interval * options_.keep_alive_max_attempt;
+  const auto deadline = std::chrono::steady_clock::now() + window;
+  const auto beats = [&]() -> int64_t { return client_->check({k}) ? read_number(k, client_->get(k)) : -1; };
+  const int64_t first = beats();
+  while (std::chrono::steady_clock::now() < deadline) {
+    // Watching another agent's heartbeat counter for the liveness window.
+    if (stop.sleep_for(std::min<std::chrono::milliseconds>(options_.keep_alive_interval / 4,
+                                                           std::chrono::milliseconds(250)))) {
+      throw StopRequested(stop.signo());
+    }
+    if (beats() != first) return true;
+  }
+  return false;
+}
+
+StoreRendezvous::~StoreRendezvous() {
+  stop_watcher();
+  stop_heartbeat();
+}
+
+void StoreRendezvous::stop_heartbeat() {
+  stop_heartbeat_ = true;
+  if (heartbeat_.joinable()) heartbeat_.join();
+}
+
+std::shared_ptr<rdzv::Client> StoreRendezvous::side_connection() const {
+  // Connected by the caller, not on the thread that uses it: a store that is already gone is
+  // reported at once, and the thread never sits in a connect retry loop that shutdown would have
+  // to wait for. It never reconnects: to a watcher, a lost store is the news.
+  rdzv::ClientOptions co = client_->options();
+  co.reconnect = false;
+  co.connect_timeout = std::chrono::seconds(5);
+  return std::make_shared<rdzv::Client>(co);
+}
+
+void StoreRendezvous::start_heartbeat() {
+  if (heartbeat_.joinable()) return;
+  std::shared_ptr<rdzv::Client> c;
+  try {
+    c = side_connection();
+  } catch (const std::exception& e) {
+    log::warn("ddprun") << "no heartbeat: " << e.what();
+    return;
+  }
+  heartbeat_ = std::thread([this, c] {
+    try {
+      const std::string k = hb_key(agent_id_);
+      while (!stop_heartbeat_) {
+        c->add(k, 1);  // what liveness is judged by (a counter: clocks need not agree)
+        c->set(k + "/time", std::to_string(now_ms()));  // for `ddprun-rendezvous status` only
+        // sleep override: the heartbeat period, in slices so that shutdown is prompt
+        for (auto slept = std::chrono::milliseconds(0); slept < options_.keep_alive_interval && !stop_heartbeat_;
+             slept += std::chrono::milliseconds(50)) {
+          std::this_thread::sleep_for(std::min(std::chrono::milliseconds(50), options_.keep_alive_interval));
+        }
+      }
+    } catch (const std::exception& e) {
+      log::warn("ddprun") << "heartbeat stopped: " << e.what();
+    }
+  });
+}
+
+std::optional<int> StoreRendezvous::find_lost_node(rdzv::Client& c,
+                                                  std::pair<int64_t, std::chrono::steady_clock::time_point>& seen) {
+  std::string watched;
+  int watched_rank;
+  {
+    std::lock_guard lock(members_mutex_);
+    const int n = static_cast<int>(member_ids_.size());
+    if (n < 2) return std::nullopt;
+    // Each node watches the next one in group-rank order: O(1) store traffic per node.
+    watched_rank = (group_rank_ + 1) % n;
+    watched = member_ids_[static_cast<size_t>(watched_rank)];
+  }
+  const auto now = std::chrono::steady_clock::now();
+  const std::string k = hb_key(watched);
+  const int64_t beats = c.check({k}) ? read_number(k, c.get(k)) : -1;
+  if (beats != seen.first) {
+    seen = {beats, now};
+  } else if (now - seen.second > options_.keep_alive_interval * options_.keep_alive_max_attempt) {
+    return watched_rank;
+  }
+  return std::nullopt;
+}
+
+int StoreRendezvous::first_round(const StopSignal&) {
+  const std::string k = keys_.current_round();
+  if (!options_.dynamic || !client_->check({k})) return 0;
+  return static_cast<int>(read_number(k, client_->get(k)));
+}
+
+RoundEnd StoreRendezvous::parse_end(const std::string& value) const { return parse_round_end(value); }
+
+RoundEnd StoreRendezvous::decide(int round, const rdzv::jobs::Outcome& proposal) {
+  // The first proposal wins; everyone reads the same decision back.
+  return parse_end(client_->compare_set(rk(round).end(), "", rdzv::jobs::encode_outcome(proposal)));
+}
+
+void StoreRendezvous::watch(int round, std::function<void(const RoundEnd&)> on_end) {
+  stop_watcher();
+  stop_watching_ = false;
+  auto store_lost = [](const std::exception& e) {
+    RoundEnd lost;
+    lost.kind = RoundEnd::Kind::StoreLost;
+    lost.detail = std::string("lost the rendezvous store: ") + e.what();
+    return lost;
+  };
+  std::shared_ptr<rdzv::Client> c;
+  try {
+    c = side_connection();
+  } catch (const std::exception& e) {
+    on_end(store_lost(e));
+    return;
+  }
+  watcher_ = std::thread([this, round, c, store_lost, on_end = std::move(on_end)] {
+    try {
+      // WAIT has no server timeout; the client re-arms it every period so that a store that went
+      // silent (its host gone) is noticed, and each node checks the next node's heartbeat.
+      const auto period = std::min<std::chrono::milliseconds>(std::chrono::seconds(1), options_.keep_alive_interval);
+      std::pair<int64_t, std::chrono::steady_clock::time_point> seen{-1, std::chrono::steady_clock::now()};
+      for (;;) {
+        try {
+          c->wait({rk(round).end()}, period);
+          break;
+        } catch (const TimeoutError&) {
+          if (stop_watching_) return;
+        }
+        if (auto lost = find_lost_node(*c, seen)) {
+          std::string host;
+          {
+            std::lock_guard lock(members_mutex_);
+            host = member_hosts_.size() > static_cast<size_t>(*lost) ? member_hosts_[static_cast<size_t>(*lost)] : "?";
+          }
+          const auto limit = options_.keep_alive_interval * options_.keep_alive_max_attempt;
+          // On this thread's own connection: the main client may be blocked in a long WAIT.
+          rdzv::jobs::Outcome gone;
+          gone.kind = rdzv::jobs::Outcome::Kind::NodeLost;
+          gone.node = *lost;
+          gone.detail = "node " + std::to_string(*lost) + " (" + host + ") sent no heartbeat for " + seconds_text(limit) +
+                        " (its ddprun was killed or its host is unreachable)";
+          c->compare_set(rk(round).end(), "", rdzv::jobs::encode_outcome(gone));
+        }
+      }
+      on_end(parse_end(c->get(rk(round).end())));
+    } catch (const std::exception& e) {
+      on_end(store_lost(e));
+    }
+  });
+}
+
+void StoreRendezvous::stop_watcher() {
+  stop_watching_ = true;
+  if (watcher_.joinable()) watcher_.join();
+}
+
+void StoreRendezvous::unwatch() { stop_watcher(); }
+
+RoundEnd StoreRendezvous::report_failure(int round, const WorkerExit& failure) {
+  return decide(round, failure_outcome(failure, group_rank_));
+}
+
+RoundEnd StoreRendezvous::report_signal(int round, int signo) {
+  return decide(round, signal_outcome(signo, group_rank_, options_.host));
+}
+
+RoundEnd StoreRendezvous::report_success(int round, const StopSignal& stop) {
+  int n;
+  {
+    std::lock_guard lock(members_mutex_);
+    n = group_world_size_ > 0 ? group_world_size_ : options_.nnodes;
+  }
+  if (client_->add(rk(round).finished(), 1) == n) return decide(round, rdzv::jobs::Outcome{});
+  return wait_end(round, stop);
+}
+
+RoundEnd StoreRendezvous::wait_end(int round, const StopSignal& stop) {
+  const auto start = std::chrono::steady_clock::now();
+  auto next_report = start + options_.progress_interval;
+  for (;;) {
+    try {
+      if (!client_->connected()) throw ConnectionError("the connection to the rendezvous store was lost");
+      if (client_->wait_for({rk(round).end()}, std::chrono::milliseconds(250))) {
+        return parse_end(client_->get(rk(round).end()));
+      }
+      // Stopped while the other nodes still run: decide the round (unless it just ended otherwise).
+      if (stop.requested()) return report_signal(round, stop.signo());
+      if (const auto now = std::chrono::steady_clock::now(); now >= next_report) {
+        int n;
+        {
+          std::lock_guard lock(members_mutex_);
+          n = group_world_size_ > 0 ? group_world_size_ : options_.nnodes;
+        }
+        log::info("ddprun") << "waiting for the other nodes to finish: " << client_->add(rk(round).finished(), 0)
+                            << " of " << n << " finished, "
+                            << std::chrono::duration_cast<std::chrono::seconds>(now - start).count() << " s";
+        next_report = now + options_.progress_interval;
+      }
+    } catch (const ConnectionError& e) {
+      RoundEnd lost;
+      lost.kind = RoundEnd::Kind::StoreLost;
+      lost.detail = std::string("lost the rendezvous store: ") + e.what();
+      return lost;
+    }
+  }
+}
+
+void StoreRendezvous::leave(int round, std::chrono::milliseconds timeout, const StopSignal& stop) {
+  stop_watcher();
+  stop_heartbeat();
+  int n;
+  {
+    std::lock_guard lock(members_mutex_);
+    n = static_cast<int>(member_ids_.size());
+  }
+  try {
+    // A round that never completed: the nodes that joined it are the ones that will leave.
+    if (n == 0) n = static_cast<int>(std::min<int64_t>(client_->add(rk(round).joined(), 0), options_.nnodes));
+    // The first node to leave records how the job ended: a later run of this job id sees it and
+    // starts a new generation instead of joining this one.
+    const std::string end_key = rk(round).end();
+    const std::string outcome = client_->check({end_key}) ? client_->get(end_key) : std::string("signal:left");
+    client_->compare_set(keys_.ended(), "", outcome);
+    if (client_->add(keys_.exited(), 1) == n) client_->set(keys_.done(), "1");
+    if (!server_) return;
+    // The store host stays until everyone has read the outcome (or the timeout: a node that is
+    // gone never leaves; after a stop signal, a few seconds are enough for the others to see it).
+    const auto deadline = std::chrono::steady_clock::now() +
+                          (stop.requested() ? std::min<std::chrono::milliseconds>(timeout, std::chrono::seconds(5))
+                                            : timeout);
+    while (!client_->wait_for({keys_.done()}, std::chrono::milliseconds(250))) {
+      if (std::chrono::steady_clock::now() >= deadline) {
+        log::warn("ddprun") << "end-of-job barrier: " << client_->add(keys_.exited(), 0) << " of " << n
+                            << " node(s) have left; not waiting for the others any longer";
+        return;
+      }
+    }
+  } catch (const std::exception& e) {
+    log::warn("ddprun") << "end-of-job barrier: " << e.what();
+  }
+}
+
+}  // namespace ddprun::launcher

@@ -1,0 +1,158 @@
+#pragma once
+// Multi-node rendezvous over the TCPStore protocol: static (--nnodes N --node_rank K, node 0's
+// agent hosts the store at --master_addr:--master_port) or dynamic (c10d: nodes join an endpoint
+// without ranks), directly on node 0's store or through a ddprun-rendezvous daemon. The keys, and
+// how a round's outcome is written, are in rendezvous/job_keys.hpp:
+//   - each run of a job id is a generation of its own: a node joins the current generation unless
+//     that run has ended, in which case it starts the next, so a job id can be run again on a
+//     shared daemon; the last node to leave marks the generation done, for the daemon to forget;
+//   - in a round, static nodes claim node/<K> (COMPARE_SET: a node rank joins once; a holder whose
+//     heartbeat has stopped is a dead earlier run, and the node starts a new generation), and the
+//     node that brings `joined` to N writes every assign/<K> and `complete`; dynamic nodes take
+//     member/<arrival>, and the round closes with N nodes, or with MIN after the last call;
+//   - `end` is decided by the first COMPARE_SET: a failure with its root cause, a stop signal, a
+//     lost node, a membership change, or "success" (set by the last node to finish).
+// Agents heartbeat (a counter per agent, so clocks need not agree) from the moment they hold a
+// place; each watches the next node in group-rank order and ends the round when its heartbeat
+// stops. Each agent watches `end` from a thread, so a failure on any node stops every node at once.
+// Waits are sliced (at most 250 ms each) so a stop request is acted on at once; a node stopped
+// during the rendezvous marks the round ended, and the others, which check for that between
+// slices, learn of it at once too.
+//
+// Everything read from the store is parsed with checks: a malformed value is a ProtocolError that
+// names the key. Thread-safety: one agent thread; the watcher and heartbeat threads have their own
+// connections.
+
+#include <atomic>
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "launcher/rendezvous/membership.hpp"
+#include "launcher/rendezvous/rendezvous_backend.hpp"
+#include "rendezvous/core/auth.hpp"
+#include "rendezvous/client/client.hpp"
+#include "rendezvous/core/job_keys.hpp"
+#include "rendezvous/server/server.hpp"
+
+namespace ddprun::launcher {
+
+struct StoreRendezvousOptions {
+  std::string run_id = "none";
+  // Static: min_nodes == nnodes and node_rank is this node's rank. Dynamic (c10d): nodes join
+  // without ranks; a round closes with nnodes nodes at once, or with at least min_nodes after
+  // last_call_timeout; node_rank (if >= 0) is only an ordering hint.
+  bool dynamic = false;
+  int min_nodes = 1;
+  int nnodes = 1;
+  int node_rank = 0;
+  std::chrono::milliseconds last_call_timeout{std::chrono::seconds(30)};
+  std::string master_addr;
+  uint16_t master_port = 0;
+  // A standalone store (ddprun-rendezvous) to rendezvous through instead of one hosted by node 0.
+  std::string endpoint_host;
+  uint16_t endpoint_port = 0;
+  // Dynamic: whether this node hosts the store at the endpoint (--rdzv_conf is_host); unset: when
+  // the endpoint is one of this host's addresses and its port is free.
+  std::optional<bool> is_host;
+  std::chrono::milliseconds read_timeout{std::chrono::seconds(60)};  // one request to the store
+  std::string advertise_addr;  // how other nodes reach this one
+  std::string host;
+  std::chrono::milliseconds join_timeout{std::chrono::seconds(600)};
+  std::chrono::milliseconds progress_interval{std::chrono::seconds(10)};  // waiting nodes say so this often
+  // Agents heartbeat every keep_alive_interval; a node is lost after keep_alive_max_attempt
+  // intervals without one.
+  std::chrono::milliseconds keep_alive_interval{std::chrono::seconds(5)};
+  int keep_alive_max_attempt = 3;
+  // The rendezvous secret (or this job's token) and where it came from: the store this node hosts
+  // is protected with it, and every connection proves it.
+  std::optional<rdzv::Token> token;
+  std::string token_file;
+};
+
+class StoreRendezvous final : public RendezvousBackend {
+ public:
+  // Node 0 binds the rendezvous store here (throws ConnectionError if the port is taken); every
+  // node connects (retrying until join_timeout; StopRequested if `stop` comes first).
+  StoreRendezvous(StoreRendezvousOptions options, const StopSignal& stop);
+  ~StoreRendezvous() override;
+
+  int first_round(const StopSignal& stop) override;
+  std::variant<World, RoundEnd> join(int round, int nproc, const WorkerStoreHost& host_worker_store,
+                                     const StopSignal& stop) override;
+  void watch(int round, std::function<void(const RoundEnd&)> on_end) override;
+  void unwatch() override;
+  RoundEnd report_failure(int round, const WorkerExit& failure) override;
+  RoundEnd report_signal(int round, int signo) override;
+  RoundEnd report_success(int round, const StopSignal& stop) override;
+  RoundEnd wait_end(int round, const StopSignal& stop) override;
+  void leave(int round, std::chrono::milliseconds timeout, const StopSignal& stop) override;
+  bool elastic() const override { return options_.dynamic; }
+  int node_rank() const override { return group_rank_; }
+  std::unique_ptr<ProgressChannel> progress_channel(int round) override;
+
+  const StoreRendezvousOptions& options() const { return options_; }
+  int64_t generation() const { return keys_.generation(); }
+
+ private:
+  rdzv::jobs::RoundKeys rk(int round) const { return keys_.round(round); }
+  std::string hb_key(const std::string& agent) const { return keys_.heartbeat(agent); }
+  // The generation this node works in: the current one unless that run of the job has ended.
+  int64_t choose_generation();
+  // Starts generation `after` + 1 (or joins whichever newer one another node started).
+  int64_t next_generation(int64_t after);
+  // Whether the agent that wrote heartbeat key `agent` is alive: its counter moves within the
+  // liveness window (keep_alive_interval x keep_alive_max_attempt).
+  bool agent_alive(const std::string& agent, const StopSignal& stop);
+  void assign(int round);
+  World adopt(int round, const rdzv::jobs::Assignment& assigned, const rdzv::jobs::WorkerStoreRecord& store);
+  // Writes every node's assignment (assign/<id>) for `ordered`, in group-rank order, with `extra`.
+  void write_assignments(int round, const std::vector<Joiner>& ordered,
+                         std::vector<std::pair<std::string, std::string>> extra);
+  std::variant<World, RoundEnd> join_static(int round, int nproc, const WorkerStoreHost& host_worker_store,
+                                            const StopSignal& stop);
+  std::variant<World, RoundEnd> join_dynamic(int round, int nproc, const WorkerStoreHost& host_worker_store,
+                                             const StopSignal& stop);
+  // Dynamic: closes round `round` with the members that have joined (the first close wins) and,
+  // if this call closed it, writes every member's assignment.
+  void close_dynamic(int round);
+  // Waits for `keys` in slices until the join timeout; returns the round's end if it was decided
+  // meanwhile, nullopt when the keys are there. Throws StopRequested (after marking the round
+  // ended) or TimeoutError (from `on_timeout`). `progress` describes who is missing.
+  std::optional<RoundEnd> wait_joining(int round, const std::vector<std::string>& keys, const StopSignal& stop,
+                                       const std::function<std::string()>& progress,
+                                       const std::function<void()>& on_timeout);
+  RoundEnd decide(int round, const rdzv::jobs::Outcome& proposal);
+  RoundEnd parse_end(const std::string& value) const;
+  void stop_watcher();
+  void start_heartbeat();
+  void stop_heartbeat();
+  // A second connection to the rendezvous store for the watcher or heartbeat thread.
+  std::shared_ptr<rdzv::Client> side_connection() const;
+  // The next node in group-rank order whose heartbeat has not moved for too long, if any.
+  std::optional<int> find_lost_node(rdzv::Client& c, std::pair<int64_t, std::chrono::steady_clock::time_point>& seen);
+
+  StoreRendezvousOptions options_;
+  std::unique_ptr<rdzv::ServerThread> server_;  // the node that hosts the rendezvous store
+  std::unique_ptr<rdzv::Client> client_;
+  std::thread watcher_;
+  std::atomic<bool> stop_watching_{false};
+  std::thread heartbeat_;
+  std::atomic<bool> stop_heartbeat_{false};
+  rdzv::jobs::JobKeys keys_{"none", 1};
+  std::string agent_id_;  // heartbeat key: unique per agent process
+  // The current round's membership, in group-rank order (heartbeat ids and hosts).
+  int group_rank_ = 0;
+  int group_world_size_ = 0;
+  std::vector<std::string> member_ids_;
+  std::vector<std::string> member_hosts_;
+  std::mutex members_mutex_;
+};
+
+}  // namespace ddprun::launcher

@@ -1,0 +1,261 @@
+// Joining a round of a store rendezvous (see store_rendezvous.hpp): static node ranks claimed
+// with COMPARE_SET, dynamic arrivals closed by the MAX-th node or after the last call, assignments
+// written once by one node, and waits that a stop or an early end of the round cut short.
+#include <algorithm>
+#include <climits>
+#include <tuple>
+
+#include "common/errors.hpp"
+#include "common/log.hpp"
+#include "launcher/rendezvous/rendezvous_values.hpp"
+#include "launcher/rendezvous/store/store_rendezvous.hpp"
+
+namespace ddprun::launcher {
+
+
+std::variant<World, RoundEnd> StoreRendezvous::join(int round, int nproc, const WorkerStoreHost& host_worker_store,
+                                                    const StopSignal& stop) {
+  if (stop.requested()) throw StopRequested(stop.signo());
+  return options_.dynamic ? join_dynamic(round, nproc, host_worker_store, stop)
+                          : join_static(round, nproc, host_worker_store, stop);
+}
+
+std::optional<RoundEnd> StoreRendezvous::wait_joining(int round, const std::vector<std::string>& keys,
+                                                      const StopSignal& stop,
+                                                      const std::function<std::string()>& progress,
+                                                      const std::function<void()>& on_timeout) {
+  const auto start = std::chrono::steady_clock::now();
+  const auto deadline = start + options_.join_timeout;
+  auto next_report = start + options_.progress_interval;
+  for (;;) {
+    if (client_->wait_for(keys, std::chrono::milliseconds(250))) return std::nullopt;
+    if (client_->check({rk(round).end()})) return parse_end(client_->get(rk(round).end()));
+    if (stop.requested()) {
+      // Leave cleanly: the others learn of it at their next check, not at the join timeout.
+      report_signal(round, stop.signo());
+      leave(round, std::chrono::seconds(5), stop);
+      throw StopRequested(stop.signo());
+    }
+    const auto now = std::chrono::steady_clock::now();
+    if (now >= deadline) on_timeout();
+    if (now >= next_report) {
+      // A steady, low rate (every 10 s by default) while nodes are missing.
+      log::info("ddprun") << "rendezvous of job '" << options_.run_id << "' (round " << round << "): " << progress()
+                          << ", " << std::chrono::duration_cast<std::chrono::seconds>(now - start).count() << " s of "
+                          << seconds_text(options_.join_timeout);
+      next_report = now + options_.progress_interval;
+    }
+  }
+}
+
+std::variant<World, RoundEnd> StoreRendezvous::join_static(int round, int nproc, const WorkerStoreHost& host_worker_store,
+                                                           const StopSignal& stop) {
+  const int n = options_.nnodes;
+  rdzv::jobs::NodeRecord me = this_node(options_.host, options_.advertise_addr, nproc, n);
+  me.agent = agent_id_;
+  const std::string mine = rdzv::jobs::encode(me);
+  for (;;) {
+    const std::string node_key = rk(round).node(options_.node_rank);
+    const std::string held = client_->compare_set(node_key, "", mine);
+    if (held == mine) break;
+    // Someone holds this node rank in this run of the job.
+    const auto other = rdzv::jobs::decode_node_record(held);
+    const std::string holder = other ? other->agent : std::string();
+    const std::string where = other ? other->host + " (pid " + std::to_string(other->pid) + ")" : std::string("another agent");
+    const bool ended = client_->check({keys_.ended()});
+    if (round == 0 && (ended || holder.empty() || !agent_alive(holder, stop))) {
+      // That run is over (or its agents are gone): this is a new run of the job id.
+      const int64_t g = next_generation(keys_.generation());
+      log::info("ddprun") << "job '" << options_.run_id << "': generation " << keys_.generation()
+                          << (ended ? " has ended" : " was left by agents that are gone (" + where + ")")
+                          << "; this run is generation " << g;
+      keys_ = rdzv::jobs::JobKeys(options_.run_id, g);
+      continue;
+    }
+    throw ConfigError("node_rank " + std::to_string(options_.node_rank) + " has already joined this job from " +
+                      where + ", which is still running; give every node a different --node_rank, or each job its "
+                      "own --rdzv_id");
+  }
+  start_heartbeat();  // from now on: a node that holds a rank is seen to be alive
+  log::info("ddprun") << "joined round " << round << " of job '" << options_.run_id << "' (generation "
+                      << keys_.generation() << ") as node_rank " << options_.node_rank << " of " << n;
+  if (options_.node_rank == 0) {
+    const uint16_t port = host_worker_store();
+    client_->set(rk(round).worker_store(), rdzv::jobs::encode(rdzv::jobs::WorkerStoreRecord{options_.advertise_addr, port}));
+  }
+  if (client_->add(rk(round).joined(), 1) == n) assign(round);
+  // Who is missing, by node rank (checked only for jobs small enough to list them).
+  auto missing_ranks = [&]() {
+    std::string missing;
+    int joined = 0;
+    for (int k = 0; k < n; ++k) {
+      if (client_->check({rk(round).node(k)})) {
+        ++joined;
+      } else {
+        missing += (missing.empty() ? "" : ", ") + std::to_string(k);
+      }
+    }
+    return std::make_pair(joined, missing);
+  };
+  auto progress = [&]() -> std::string {
+    const int64_t joined = client_->add(rk(round).joined(), 0);
+    if (n > 64) return std::to_string(joined) + " of " + std::to_string(n) + " nodes joined";
+    return std::to_string(joined) + " of " + std::to_string(n) + " nodes joined, waiting for node_rank " +
+           missing_ranks().second;
+  };
+  auto timed_out = [&]() {
+    const auto [joined, missing] = missing_ranks();
+    throw TimeoutError("rendezvous (round " + std::to_string(round) + ") timed out after " +
+                       seconds_text(options_.join_timeout) + ": " + std::to_string(joined) + " of " + std::to_string(n) +
+                       " nodes joined; missing node_rank " + missing +
+                       " (set the wait with --rdzv_conf join_timeout=SECONDS)");
+  };
+  if (auto ended = wait_joining(round, {rk(round).complete(), rk(round).worker_store()}, stop, progress, timed_out)) {
+    return *ended;
+  }
+  // Two reads, whatever the job's size: this node's assignment and the worker store.
+  const std::string assign_key = rk(round).assign(std::to_string(options_.node_rank));
+  const std::string store_key = rk(round).worker_store();
+  const auto values = client_->multi_get({assign_key, store_key});
+  return adopt(round, read_assignment(assign_key, values[0]), read_worker_store(store_key, values[1]));
+}
+
+World StoreRendezvous::adopt(int round, const rdzv::jobs::Assignment& assigned,
+                             const rdzv::jobs::WorkerStoreRecord& store) {
+  World w;
+  w.round = round;
+  w.group_rank = assigned.group_rank;
+  w.group_world_size = assigned.group_world_size;
+  w.rank_offset = assigned.offset;
+  w.world_size = assigned.world_size;
+  w.peer_addresses = assigned.addrs;
+  w.master_addr = store.addr;
+  w.master_port = store.port;
+  std::lock_guard lock(members_mutex_);
+  group_rank_ = w.group_rank;
+  group_world_size_ = w.group_world_size;
+  member_ids_ = assigned.agents;
+  member_hosts_ = assigned.hosts;
+  return w;
+}
+
+void StoreRendezvous::write_assignments(int round, const std::vector<Joiner>& ordered,
+                                       std::vector<std::pair<std::string, std::string>> extra) {
+  // The membership list (for the heartbeat ring) rides along for jobs of up to 64 nodes.
+  std::vector<rdzv::jobs::NodeRecord> records;
+  for (const auto& j : ordered) records.push_back(j.record);
+  const Membership m(std::move(records));
+  std::vector<std::pair<std::string, std::string>> assignments;
+  for (int g = 0; g < m.size(); ++g) {
+    rdzv::jobs::Assignment a;
+    a.group_rank = g;
+    a.group_world_size = m.size();
+    a.offset = m.rank_offset(g);
+    a.world_size = m.world_size();
+    if (m.size() <= 64) {
+      a.agents = m.agents();
+      a.hosts = m.hosts();
+    }
+    // The worker store's host admits only the job's nodes: it alone gets every address.
+    if (g == 0) a.addrs = m.peer_addresses();
+    assignments.emplace_back(rk(round).assign(ordered[static_cast<size_t>(g)].id), rdzv::jobs::encode(a));
+  }
+  for (auto& e : extra) assignments.push_back(std::move(e));
+  client_->multi_set(assignments);
+}
+
+void StoreRendezvous::assign(int round) {
+  // The last node to join reads every node's record once and writes one small assignment per
+  // node: O(n) in total.
+  std::vector<std::string> keys;
+  for (int k = 0; k < options_.nnodes; ++k) keys.push_back(rk(round).node(k));
+  const auto values = client_->multi_get(keys);
+  std::vector<Joiner> ordered;
+  for (int k = 0; k < options_.nnodes; ++k) {
+    const auto i = static_cast<size_t>(k);
+    ordered.push_back({std::to_string(k), read_node_record(keys[i], values[i]), k});
+  }
+  write_assignments(round, ordered, {{rk(round).complete(), "1"}});
+}
+
+std::variant<World, RoundEnd> StoreRendezvous::join_dynamic(int round, int nproc, const WorkerStoreHost& host_worker_store,
+                                                            const StopSignal& stop) {
+  for (;;) {
+    client_->set(keys_.current_round(), std::to_string(round));
+    rdzv::jobs::NodeRecord me = this_node(options_.host, options_.advertise_addr, nproc, options_.nnodes);
+    me.agent = agent_id_;
+    me.hint = options_.node_rank;
+    me.store_host = server_ != nullptr;
+    const int64_t idx = client_->add(rk(round).joined(), 1);
+    client_->set(rk(round).member(std::to_string(idx)), rdzv::jobs::encode(me));
+    start_heartbeat();
+    log::info("ddprun") << "joined round " << round << " of job '" << options_.run_id << "' (generation "
+                        << keys_.generation() << ") as arrival " << idx << " (--nnodes " << options_.min_nodes << ":"
+                        << options_.nnodes << ")";
+    if (idx == options_.nnodes) {
+      close_dynamic(round);  // full
+    } else if (idx == options_.min_nodes) {
+      // Enough nodes: wait the last call for more, then close with whoever is there.
+      const auto deadline = std::chrono::steady_clock::now() + options_.last_call_timeout;
+      while (std::chrono::steady_clock::now() < deadline && !client_->check({rk(round).closed()})) {
+        // The last-call window, in slices so that a full round or a stop is seen promptly.
+        if (stop.sleep_for(std::min<std::chrono::milliseconds>(options_.last_call_timeout, std::chrono::milliseconds(100)))) {
+          break;  // wait_joining leaves the round cleanly
+        }
+      }
+      if (!stop.requested()) close_dynamic(round);
+    }
+    auto progress = [&]() -> std::string {
+      return std::to_string(client_->add(rk(round).joined(), 0)) + " node(s) joined, " +
+             std::to_string(options_.min_nodes) + " needed to start";
+    };
+    auto timed_out = [&]() {
+      const int64_t joined = client_->add(rk(round).joined(), 0);
+      throw TimeoutError("rendezvous (round " + std::to_string(round) + ") timed out after " +
+                         seconds_text(options_.join_timeout) + ": " + std::to_string(joined) + " node(s) joined, " +
+                         std::to_string(options_.min_nodes) + " needed (--nnodes " + std::to_string(options_.min_nodes) +
+                         ":" + std::to_string(options_.nnodes) + ")");
+    };
+    if (auto ended = wait_joining(round, {rk(round).closed()}, stop, progress, timed_out)) return *ended;
+    const int64_t members = read_number(rk(round).closed(), client_->get(rk(round).closed()));
+    if (idx > members) {
+      // Too late for this round: ask the running nodes to re-rendezvous, and join the next round.
+      log::info("ddprun") << "job '" << options_.run_id << "' is running with " << members
+                          << " node(s): asking it to re-rendezvous to admit this node";
+      rdzv::jobs::Outcome membership;
+      membership.kind = rdzv::jobs::Outcome::Kind::Membership;
+      membership.detail = "node " + options_.host + " wants to join";
+      client_->compare_set(rk(round).end(), "", rdzv::jobs::encode_outcome(membership));
+      ++round;
+      continue;
+    }
+    const std::string assign_key = rk(round).assign(std::to_string(idx));
+    if (auto ended = wait_joining(round, {assign_key}, stop, progress, timed_out)) return *ended;
+    const rdzv::jobs::Assignment assigned = read_assignment(assign_key, client_->get(assign_key));
+    if (assigned.group_rank == 0) {
+      const uint16_t port = host_worker_store();
+      client_->set(rk(round).worker_store(), rdzv::jobs::encode(rdzv::jobs::WorkerStoreRecord{options_.advertise_addr, port}));
+    }
+    const std::string store_key = rk(round).worker_store();
+    if (auto ended = wait_joining(round, {store_key}, stop, progress, timed_out)) return *ended;
+    return adopt(round, assigned, read_worker_store(store_key, client_->get(store_key)));
+  }
+}
+
+void StoreRendezvous::close_dynamic(int round) {
+  const int64_t joined = std::min<int64_t>(client_->add(rk(round).joined(), 0), options_.nnodes);
+  const std::string count = std::to_string(joined);
+  if (client_->compare_set(rk(round).closed(), "", count) != count) return;  // someone else closed it
+  std::vector<std::string> keys;
+  for (int64_t i = 1; i <= joined; ++i) keys.push_back(rk(round).member(std::to_string(i)));
+  const auto values = client_->multi_get(keys);
+  std::vector<Joiner> ordered;
+  for (int64_t i = 0; i < joined; ++i) {
+    const auto k = static_cast<size_t>(i);
+    ordered.push_back({std::to_string(i + 1), read_node_record(keys[k], values[k]), i + 1});
+  }
+  order_by_group_rank(ordered);
+  write_assignments(round, ordered, {});
+}
+
+}  // namespace ddprun::launcher

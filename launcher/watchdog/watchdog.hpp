@@ -1,0 +1,156 @@
+#pragma once
+// The watchdog of one worker group (one node, one round): progress, hangs, timers, step rates.
+//
+// Progress. Once a second it reads, per rank:
+//   - the progress page (progress_page.hpp) the worker SDK bumps on every DDP forward and step;
+//   - on the node that hosts the worker store, every change clients make to it (a rank that sets,
+//     adds or deletes a key is doing something; a rank that waits or polls with ADD 0 is not), and
+//     the opt-in heartbeat keys: any key ending in "ddprun/progress/<rank>" (ADD 1 per step);
+//   - the CPU time of the rank's process tree, over a sliding window (at least 2% of a core): a
+//     rank blocked in a collective or the store uses next to none, a rank that computes uses a lot.
+//     CPU time is ignored for a rank inside a CollectiveWait (the SDK's collectives, which may
+//     spin) and for every rank once any rank heartbeats through the store (heartbeats are for jobs
+//     whose blocked ranks spin, such as NCCL's).
+// On several nodes, each node bumps a job-wide progress counter in the rendezvous store when its
+// ranks progress, and reads it back: the job has progressed if any node's ranks have.
+//
+// Hangs (--hang_timeout). When the job has made no progress for that long, the node that notices
+// first claims the diagnosis; every node captures its ranks' stacks (stacks.hpp), the ranks' store
+// connections and, on the store's node, who waits for which key; the claiming node gathers the
+// nodes' parts (up to a bound), writes one report (hang_report.hpp) and ends the round as hung,
+// which stops every node. A healthy job is never touched: silent computation shows as CPU time,
+// and a long phase without CPU (a big checkpoint write, a download) needs a --hang_timeout longer
+// than itself, or a heartbeat.
+//
+// Timers. With TORCHELASTIC_ENABLE_FILE_TIMER=1 it serves torchelastic's file timer
+// (file_timer.hpp): an expired scope gets its rank's stacks captured before the signal.
+//
+// Step rates. From the pages' step counters (or the heartbeat counters), per rank; published every
+// 10 s for `ddprun-rendezvous status` and checked for stragglers (step_rates.hpp) on node 0.
+
+#include <sys/types.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "launcher/watchdog/file_timer.hpp"
+#include "launcher/watchdog/hang_report.hpp"
+#include "launcher/rendezvous/rendezvous_backend.hpp"
+#include "launcher/watchdog/step_rates.hpp"
+
+namespace ddprun::rdzv {
+class ServerThread;
+}
+
+namespace ddprun::launcher {
+
+struct WatchdogSettings {
+  std::chrono::milliseconds hang_timeout{0};  // 0: hangs are not looked for
+  double straggler_factor = 1.5;              // 0: no straggler warnings
+  std::chrono::milliseconds tick{1000};
+  std::chrono::milliseconds rates_period{10000};
+  std::chrono::milliseconds stack_limit{10000};   // per capture
+  std::chrono::milliseconds gather_limit{20000};  // waiting for the other nodes' diagnoses
+  bool python_stacks = false;                     // the workers' sitecustomize.py hook is installed
+  bool file_timer = false;                        // serve TORCHELASTIC_TIMER_FILE
+  std::string timer_file;                         // its path
+  std::string program;
+  std::string host;
+  int node = -1;  // group rank on several nodes, else -1
+  std::string attempt_dir;
+  uint16_t worker_store_port = 0;
+};
+
+struct WatchedRank {
+  int rank = 0;
+  int local_rank = 0;
+  std::string dir;  // the rank's private log directory
+};
+
+class Watchdog {
+ public:
+  // Creates each rank's progress page (in its directory) and, if asked, the timer FIFO, before the
+  // workers start. Throws ProcessError if they cannot be created.
+  Watchdog(WatchdogSettings settings, std::vector<WatchedRank> ranks);
+  ~Watchdog();
+  Watchdog(const Watchdog&) = delete;
+  Watchdog& operator=(const Watchdog&) = delete;
+
+  // DDPRUN_PROGRESS_FILE of the rank with this local rank.
+  std::string progress_file(int local_rank) const;
+
+  // Starts watching the workers (pids by local rank; -1 for one that could not start).
+  // `worker_store`: the worker store when this node hosts it, else nullptr. `channel`: the job's
+  // progress channel on several nodes, else nullptr. `on_hang` runs on the watchdog's thread with
+  // the round's end when a hang was diagnosed; `group_running` says whether the workers still run
+  // (nothing is reported for a group that is being stopped anyway).
+  void start(const std::vector<pid_t>& pids, rdzv::ServerThread* worker_store, std::unique_ptr<ProgressChannel> channel,
+             std::function<void(const RoundEnd&)> on_hang, std::function<bool()> group_running);
+  // Stops watching and publishes the final step rates. Idempotent.
+  void stop();
+
+  // Notes for the failure report, by rank: expired torchelastic timers.
+  std::map<int, std::string> timer_notes() const;
+  // The end-of-round table of step rates: this node's ranks (single node) or the whole job's
+  // (node 0); "" when no rank reported steps or another node prints it.
+  std::string rates_report();
+  // Stacks were written into the run directory (it must be kept).
+  bool wrote_diagnosis() const { return wrote_diagnosis_; }
+
+ private:
+  struct Rank;
+  class StoreTap;
+
+  void run();
+  // One tick's readings; true if any rank of this node made progress.
+  bool sample(std::chrono::steady_clock::time_point now);
+  void pulse(std::chrono::steady_clock::time_point now, bool progressed);
+  void publish_rates(std::chrono::steady_clock::time_point now, bool final);
+  void handle_hang(std::chrono::steady_clock::time_point now);
+  NodeDiagnosis diagnose_local(std::chrono::steady_clock::time_point now);
+  RankState diagnose_rank(const Rank& r, std::chrono::steady_clock::time_point now);
+  void on_timer_expired(const TimerExpiry& t, int rank);
+  int owner_of(pid_t pid) const;
+  bool cpu_progress(Rank& r, std::chrono::steady_clock::time_point now);
+  nlohmann::json rates_record(bool whole_run);
+
+  WatchdogSettings s_;
+  std::vector<std::unique_ptr<Rank>> ranks_;
+  std::unique_ptr<FileTimerServer> timer_;
+  rdzv::ServerThread* worker_store_ = nullptr;
+  std::unique_ptr<StoreTap> tap_;
+  std::unique_ptr<ProgressChannel> channel_;
+  std::function<void(const RoundEnd&)> on_hang_;
+  std::function<bool()> group_running_;
+  std::thread thread_;
+  std::mutex wake_mutex_;
+  std::condition_variable wake_;
+  bool stopping_ = false;
+  bool started_ = false;
+  std::atomic<bool> wrote_diagnosis_{false};
+  mutable std::mutex pids_mutex_;  // ranks' pids, read by the timer thread
+  mutable std::mutex notes_mutex_;
+  std::map<int, std::string> timer_notes_;
+
+  // Progress state (watchdog thread only).
+  std::chrono::steady_clock::time_point started_at_, last_job_progress_, next_rates_;
+  int64_t job_counter_ = -1;
+  bool heartbeat_mode_ = false;
+  bool hang_handled_ = false;  // this node looked into a hang (found one, or saw another node claim it)
+  bool contributed_ = false;   // this node's part of a hang diagnosis is written
+  uint64_t store_changes_ = 0;
+  std::map<int, RateTracker> heartbeat_rates_;
+  std::map<int, int64_t> heartbeats_seen_;
+  StragglerWatch stragglers_{1.5, 3};
+  bool channel_failed_logged_ = false;
+};
+
+}  // namespace ddprun::launcher

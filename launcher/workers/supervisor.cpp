@@ -1,0 +1,352 @@
+#include "launcher/workers/supervisor.hpp"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <boost/asio/post.hpp>
+#include <algorithm>
+#include <array>
+#include <cerrno>
+
+#include "common/errors.hpp"
+#include "common/log.hpp"
+#include "common/system.hpp"
+#include "launcher/workers/console.hpp"
+#include "launcher/workers/signals.hpp"
+
+namespace ddprun::launcher {
+
+namespace asio = boost::asio;
+
+namespace {
+
+int open_log(const std::string& path) {
+  if (path.empty()) return -1;
+  // Private: a worker's output is its own business.
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  if (fd < 0) throw ProcessError("cannot create log file " + path + ": " + std::strerror(errno));
+  return fd;
+}
+
+}  // namespace
+
+struct Supervisor::Worker {
+  Worker(asio::io_context& io, const WorkerLaunch& l) : launch(l), out_pipe(io), err_pipe(io) {}
+  WorkerLaunch launch;
+  pid_t pid = -1;
+  bool exited = false;
+  bool out_open = false;
+  bool err_open = false;
+  bool stopped_by_us = false;
+  asio::posix::stream_descriptor out_pipe;
+  asio::posix::stream_descriptor err_pipe;
+  std::unique_ptr<LineWriter> out;
+  std::unique_ptr<LineWriter> err;
+  std::array<char, 16384> out_buf{};
+  std::array<char, 16384> err_buf{};
+};
+
+Supervisor::Supervisor(SupervisorSettings settings, OrphanGuard* guard)
+    : settings_(std::move(settings)), guard_(guard), sigchld_(io_, SIGCHLD), grace_timer_(io_), drain_timer_(io_), progress_timer_(io_) {
+  arm_sigchld();
+}
+
+Supervisor::~Supervisor() = default;
+
+void Supervisor::deliver_signal(int signo) {
+  if (is_stop_signal(signo)) {
+    int none = 0;
+    stop_signal_.compare_exchange_strong(none, signo);  // the first stop signal is the job's
+  }
+  asio::post(io_, [this, signo] { on_signal(signo); });
+}
+
+void Supervisor::arm_sigchld() {
+  sigchld_.async_wait([this](const boost::system::error_code& ec, int) {
+    if (ec) return;
+    reap();
+    arm_sigchld();
+  });
+}
+
+void Supervisor::on_signal(int signo) {
+  if (signo == SIGINT) ++sigint_count_;
+  if (!is_stop_signal(signo)) {
+    if (state_ == State::Idle) return;  // no workers to forward it to
+    log::info("ddprun") << "forwarding " << signal_name(signo) << " to " << workers_.size() << " worker(s)";
+    for (auto& w : workers_) {
+      if (!w->exited) ::kill(-w->pid, signo);
+    }
+    return;
+  }
+  if (state_ == State::Running) {
+    log::warn("ddprun") << "received " << signal_name(signo) << ": forwarding it to every worker, SIGKILL in "
+                        << settings_.shutdown_grace.count() / 1000.0 << "s (Ctrl-C again to kill now)";
+    begin_stop(signo, GroupOutcome::Signalled);
+    result_.signal = signo;
+  } else if (state_ == State::Stopping && signo == SIGINT && sigint_count_ >= 2) {
+    log::warn("ddprun") << "second SIGINT: killing every worker now";
+    kill_all(SIGKILL);
+    killed_ = true;
+  }
+}
+
+void Supervisor::request_stop(const std::string& reason) {
+  asio::post(io_, [this, reason] {
+    if (state_ != State::Running) return;  // a request for a group that has already ended
+    log::warn("ddprun") << "stopping the workers: " << reason;
+    begin_stop(SIGTERM, GroupOutcome::StoppedByRequest);
+  });
+}
+
+void Supervisor::begin_stop(int signo, GroupOutcome outcome) {
+  set_state(State::Stopping);
+  result_.outcome = outcome;
+  for (auto& w : workers_) {
+    if (!w->exited) w->stopped_by_us = true;
+  }
+  kill_all(signo);
+  stop_began_ = std::chrono::steady_clock::now();
+  stop_signo_ = signo;
+  grace_timer_.expires_after(settings_.shutdown_grace);
+  grace_timer_.async_wait([this](const boost::system::error_code& ec) {
+    if (ec) return;
+    int alive = 0;
+    for (auto& w : workers_) alive += w->exited ? 0 : 1;
+    if (alive > 0) {
+      log::warn("ddprun") << alive << " worker(s) still running after the " << settings_.shutdown_grace.count() / 1000.0
+                          << "s grace: sending SIGKILL";
+      kill_all(SIGKILL);
+      killed_ = true;
+    }
+  });
+  report_stop_progress();
+}
+
+void Supervisor::report_stop_progress() {
+  progress_timer_.expires_after(settings_.progress_interval);
+  progress_timer_.async_wait([this](const boost::system::error_code& ec) {
+    if (ec || finished_) return;
+    std::string who;
+    int alive = 0, listed = 0;
+    for (auto& w : workers_) {
+      if (w->exited) continue;
+      ++alive;
+      if (++listed <= 8) {
+        who += (who.empty() ? "" : ", ") + std::string("rank ") + std::to_string(w->launch.rank) + " (pid " +
+               std::to_string(w->pid) + ")";
+      }
+    }
+    if (alive == 0) return;  // only output left to drain, bounded by the drain timer
+    if (listed > 8) who += " and " + std::to_string(listed - 8) + " more";
+    const auto waited =
+        std::chrono::duration_cast<std::chrono::seconds>(std::chrono::steady_clock::now() - stop_began_).count();
+    auto line = log::info("ddprun");
+    line << "waiting for " << alive << " of " << workers_.size() << " worker(s) to exit after "
+         << signal_name(killed_ ? SIGKILL : stop_signo_) << ": " << who << "; " << waited << " s";
+    if (!killed_) line << " of " << seconds_text(settings_.shutdown_grace) << ", then SIGKILL";
+    report_stop_progress();
+  });
+}
+
+void Supervisor::kill_all(int signo) {
+  for (auto& w : workers_) {
+    // The whole process group: grandchildren (data loader workers, shells) go too.
+    if (!w->exited && ::kill(-w->pid, signo) != 0 && errno == ESRCH) ::kill(w->pid, signo);
+  }
+}
+
+void Supervisor::reap() {
+  for (;;) {
+    int status = 0;
+    const pid_t pid = ::waitpid(-1, &status, WNOHANG);
+    if (pid <= 0) {
+      if (pid < 0 && errno == EINTR) continue;
+      return;  // 0: nothing more now; ECHILD: no children
+    }
+    for (auto& w : workers_) {
+      if (w->pid == pid && !w->exited) {
+        on_worker_exit(*w, status);
+        break;
+      }
+    }
+    // Other pids are orphaned grandchildren handed to us as subreaper: just collected.
+  }
+}
+
+void Supervisor::on_worker_exit(Worker& w, int status) {
+  w.exited = true;
+  const auto now = std::chrono::system_clock::now();
+  // Grandchildren die with their worker.
+  ::kill(-w.pid, SIGKILL);
+  if (guard_) guard_->forget_group(w.pid);
+  WorkerExit e;
+  e.rank = w.launch.rank;
+  e.local_rank = w.launch.local_rank;
+  e.host = settings_.host;
+  e.node_rank = settings_.node_rank;
+  e.pid = w.pid;
+  e.time = now;
+  e.error_file = w.launch.error_file;
+  if (WIFSIGNALED(status)) e.signal = WTERMSIG(status);
+  else e.exit_code = WEXITSTATUS(status);
+  const bool failed = e.signal != 0 || e.exit_code != 0;
+  if (failed || log::enabled(log::Level::Debug)) {
+    (failed && !w.stopped_by_us ? log::warn("ddprun") : log::info("ddprun"))
+        << "worker rank " << e.rank << " (pid " << e.pid << ") ended with " << describe_exit(e);
+  }
+  if (failed && !w.stopped_by_us) {
+    result_.failures.push_back(std::move(e));
+    if (state_ == State::Running) {
+      log::warn("ddprun") << "rank " << w.launch.rank << " failed: stopping the other workers";
+      begin_stop(SIGTERM, GroupOutcome::Failed);
+    }
+  } else if (w.stopped_by_us) {
+    result_.stopped_ranks.push_back(w.launch.rank);
+  }
+  bool all_exited = std::all_of(workers_.begin(), workers_.end(), [](auto& x) { return x->exited; });
+  if (all_exited) {
+    grace_timer_.cancel();
+    // Output still in the pipes is read; a grandchild that escaped the group may hold a pipe open,
+    // so draining is bounded.
+    drain_timer_.expires_after(std::chrono::seconds(2));
+    drain_timer_.async_wait([this](const boost::system::error_code& ec) {
+      if (ec) return;
+      for (auto& x : workers_) {
+        boost::system::error_code ignored;
+        if (x->out_open) x->out_pipe.close(ignored);
+        if (x->err_open) x->err_pipe.close(ignored);
+      }
+      maybe_finish();
+    });
+  }
+  maybe_finish();
+}
+
+void Supervisor::read_pipe(Worker& w, bool err) {
+  auto& pipe = err ? w.err_pipe : w.out_pipe;
+  auto& buf = err ? w.err_buf : w.out_buf;
+  pipe.async_read_some(asio::buffer(buf), [this, &w, err](const boost::system::error_code& ec, size_t n) {
+    auto& writer = err ? w.err : w.out;
+    if (!ec) {
+      writer->feed(std::string_view((err ? w.err_buf : w.out_buf).data(), n));
+      read_pipe(w, err);
+      return;
+    }
+    writer->finish();
+    (err ? w.err_open : w.out_open) = false;
+    boost::system::error_code ignored;
+    (err ? w.err_pipe : w.out_pipe).close(ignored);
+    maybe_finish();
+  });
+}
+
+void Supervisor::maybe_finish() {
+  if (finished_) return;
+  for (auto& w : workers_) {
+    if (!w->exited || w->out_open || w->err_open) return;
+  }
+  finished_ = true;
+  drain_timer_.cancel();
+  grace_timer_.cancel();
+  progress_timer_.cancel();
+  // The tails are complete now: attach them to the failures.
+  for (auto& f : result_.failures) {
+    for (auto& w : workers_) {
+      if (w->launch.rank == f.rank) f.stderr_tail.assign(w->err->tail().begin(), w->err->tail().end());
+    }
+  }
+  std::sort(result_.stopped_ranks.begin(), result_.stopped_ranks.end());
+  io_.stop();
+}
+
+void Supervisor::spawn_failed(const WorkerLaunch& l, const std::string& why) {
+  WorkerExit e;
+  e.rank = l.rank;
+  e.local_rank = l.local_rank;
+  e.host = settings_.host;
+  e.node_rank = settings_.node_rank;
+  e.pid = -1;
+  e.exit_code = 127;  // the shell's "could not be run"
+  e.time = std::chrono::system_clock::now();
+  e.error_text = "could not be started: " + why;
+  log::error("ddprun") << "worker rank " << l.rank << " could not be started: " << why;
+  result_.failures.push_back(std::move(e));
+  if (!workers_.empty()) {
+    log::warn("ddprun") << "stopping the " << workers_.size() << " worker(s) already started";
+    begin_stop(SIGTERM, GroupOutcome::Failed);
+  } else {
+    set_state(State::Stopping);
+    result_.outcome = GroupOutcome::Failed;
+  }
+}
+
+GroupResult Supervisor::run(const std::vector<WorkerLaunch>& launches,
+                            const std::function<void(const std::vector<pid_t>&)>& on_started) {
+  workers_.clear();
+  result_ = GroupResult{};
+  set_state(State::Idle);
+  finished_ = false;
+  io_.restart();
+  // Requests posted after the previous group ended find no group running and are dropped here;
+  // signals are remembered in stop_signal_.
+  io_.poll();
+  io_.restart();
+  if (stop_signal_ != 0) {  // a stop signal came before the workers started
+    result_.outcome = GroupOutcome::Signalled;
+    result_.signal = stop_signal_;
+    return result_;
+  }
+  killed_ = false;
+  set_state(State::Running);
+  for (const WorkerLaunch& l : launches) {
+    auto w = std::make_unique<Worker>(io_, l);
+    SpawnedProcess p;
+    try {
+      const int out_fd = open_log(l.stdout_file);
+      const int err_fd = open_log(l.stderr_file);
+      Consoles& c = consoles();
+      w->out = std::make_unique<LineWriter>(l.prefix, l.stdout_to_console ? c.out : nullptr, out_fd, 0);
+      w->err = std::make_unique<LineWriter>(l.prefix, l.stderr_to_console ? c.err : nullptr, err_fd,
+                                            settings_.stderr_tail_lines);
+      p = spawn_process(l.request);
+    } catch (const std::exception& e) {
+      // Out of descriptors (pipe2), processes (fork), a program that cannot be executed: a failure
+      // of this rank like any other, so the ones already started are stopped and reaped.
+      spawn_failed(l, e.what());
+      break;
+    }
+    w->pid = p.pid;
+    if (guard_) guard_->watch_group(p.pid);
+    w->out_pipe.assign(p.stdout_fd);
+    w->err_pipe.assign(p.stderr_fd);
+    w->out_open = w->err_open = true;
+    DDPRUN_LOG_DEBUG("ddprun") << "worker rank " << l.rank << " started, pid " << p.pid;
+    workers_.push_back(std::move(w));
+  }
+  if (!workers_.empty()) {
+    log::info("ddprun") << "started " << workers_.size() << " worker(s), pids " << workers_.front()->pid << ".."
+                        << workers_.back()->pid;
+  }
+  if (on_started) {
+    std::vector<pid_t> pids(launches.size(), -1);
+    for (size_t i = 0; i < workers_.size(); ++i) pids[i] = workers_[i]->pid;
+    on_started(pids);
+  }
+  for (auto& w : workers_) {
+    read_pipe(*w, false);
+    read_pipe(*w, true);
+  }
+  reap();  // a worker that exited before SIGCHLD was being watched
+  maybe_finish();
+  if (!finished_) io_.run();
+  set_state(State::Idle);
+  GroupResult r = std::move(result_);
+  if (r.outcome == GroupOutcome::Succeeded && !r.failures.empty()) r.outcome = GroupOutcome::Failed;
+  workers_.clear();
+  return r;
+}
+
+}  // namespace ddprun::launcher

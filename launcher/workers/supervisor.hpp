@@ -1,0 +1,132 @@
+#pragma once
+// Runs one worker group (the workers of one node for one attempt) to its end: spawns the workers,
+// reaps them as they exit (SIGCHLD, no polling), streams their output (to non-blocking console
+// writers and to log files), and on the first failure or a stop signal terminates every worker's
+// process group (the signal, then SIGKILL after the grace).
+//
+// Single-threaded: everything happens on the Supervisor's io_context, driven by run(). Signals and
+// stop requests come from other threads through deliver_signal() and request_stop(), which post to
+// that loop; a stop signal that arrives between two runs is remembered, so the next run starts no
+// worker. A worker that cannot be started is a failure like any other: the ones already started
+// are stopped and reaped, and the report names the one that could not start.
+
+#include <utility>  // before Asio (Boost 1.74 quirk)
+
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/posix/stream_descriptor.hpp>
+#include <boost/asio/signal_set.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <atomic>
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "launcher/workers/output.hpp"
+#include "launcher/workers/process.hpp"
+#include "launcher/workers/report.hpp"
+
+namespace ddprun::launcher {
+
+// One worker to start.
+struct WorkerLaunch {
+  int local_rank = 0;
+  int rank = 0;
+  SpawnRequest request;
+  std::string prefix;  // console line prefix
+  bool stdout_to_console = true;
+  bool stderr_to_console = true;
+  std::string stdout_file;  // "" = none
+  std::string stderr_file;
+  std::string error_file;
+};
+
+enum class GroupOutcome {
+  Succeeded,   // every worker exited 0
+  Failed,      // a worker failed; failures[0] is the root cause
+  Signalled,   // ddprun received a stop signal and stopped the workers
+  StoppedByRequest,  // request_stop() was called (e.g. another node failed)
+};
+
+struct GroupResult {
+  GroupOutcome outcome = GroupOutcome::Succeeded;
+  std::vector<WorkerExit> failures;  // in order of occurrence
+  std::vector<int> stopped_ranks;    // ranks ddprun terminated
+  int signal = 0;                    // for Signalled
+};
+
+struct SupervisorSettings {
+  std::chrono::milliseconds shutdown_grace{std::chrono::seconds(30)};
+  std::string host;
+  int node_rank = -1;  // shown in reports of multi-node jobs
+  size_t stderr_tail_lines = 12;
+  // While workers are being stopped: a line saying who is still running, at this steady rate.
+  std::chrono::milliseconds progress_interval{std::chrono::seconds(10)};
+};
+
+class Supervisor {
+ public:
+  Supervisor(SupervisorSettings settings, OrphanGuard* guard);
+  ~Supervisor();
+
+  // Starts the workers and returns when all have ended (or at once, Signalled, if a stop signal
+  // came first). `on_started` runs once the workers are started, with their pids in the order of
+  // `workers` (-1 for one that could not be started).
+  GroupResult run(const std::vector<WorkerLaunch>& workers,
+                  const std::function<void(const std::vector<pid_t>&)>& on_started = {});
+
+  // Thread-safe. Whether a group runs and is not being stopped.
+  bool group_running() const { return running_.load(std::memory_order_acquire); }
+
+  // Thread-safe. Stops the running group (SIGTERM, SIGKILL after the grace); run() then returns
+  // StoppedByRequest. Ignored when no group is running.
+  void request_stop(const std::string& reason);
+  // Thread-safe. A signal ddprun received: stop signals stop the group (a second SIGINT kills it at
+  // once); the other handled signals are forwarded to every worker's process group.
+  void deliver_signal(int signo);
+
+  // A stop signal (SIGINT/SIGTERM/SIGHUP/SIGQUIT) has arrived; the job must not be restarted.
+  bool stop_signal_received() const { return stop_signal_ != 0; }
+  int stop_signal() const { return stop_signal_; }
+
+ private:
+  struct Worker;
+  enum class State { Idle, Running, Stopping };
+
+  void arm_sigchld();
+  // A worker that could not be started: recorded as its failure; the started ones are stopped.
+  void spawn_failed(const WorkerLaunch& launch, const std::string& why);
+  void on_signal(int signo);
+  void reap();
+  void on_worker_exit(Worker& w, int status);
+  void read_pipe(Worker& w, bool err);
+  void begin_stop(int signo, GroupOutcome outcome);
+  void report_stop_progress();
+  void kill_all(int signo);
+  void maybe_finish();
+  void set_state(State state) {
+    state_ = state;
+    running_.store(state == State::Running, std::memory_order_release);
+  }
+
+  SupervisorSettings settings_;
+  OrphanGuard* guard_;
+  boost::asio::io_context io_{1};
+  boost::asio::signal_set sigchld_;
+  boost::asio::steady_timer grace_timer_;
+  boost::asio::steady_timer drain_timer_;
+  boost::asio::steady_timer progress_timer_;
+  std::chrono::steady_clock::time_point stop_began_;
+  int stop_signo_ = 0;
+  bool killed_ = false;  // SIGKILL sent to the group
+  std::vector<std::unique_ptr<Worker>> workers_;
+  State state_ = State::Idle;
+  std::atomic<bool> running_{false};
+  GroupResult result_;
+  std::atomic<int> stop_signal_{0};
+  int sigint_count_ = 0;
+  bool finished_ = false;
+};
+
+}  // namespace ddprun::launcher

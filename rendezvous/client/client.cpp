@@ -1,0 +1,332 @@
+#include "rendezvous/client/client.hpp"
+
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <random>
+#include <thread>
+
+#include "common/errors.hpp"
+#include "common/system.hpp"
+#include "rendezvous/core/protocol.hpp"
+
+namespace ddprun::rdzv {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+int remaining_ms(Clock::time_point deadline) {
+  const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
+  if (left <= 0) return 0;
+  return left > 1'000'000'000 ? 1'000'000'000 : static_cast<int>(left);
+}
+
+// Waits for `events` on fd until the deadline; false on timeout. Retries EINTR.
+bool poll_fd(int fd, short events, Clock::time_point deadline) {
+  for (;;) {
+    pollfd p{fd, events, 0};
+    const int rc = ::poll(&p, 1, remaining_ms(deadline));
+    if (rc > 0) return true;
+    if (rc == 0) return false;
+    if (errno != EINTR) throw std::system_error(errno, std::generic_category(), "poll");
+  }
+}
+
+// One non-blocking connect attempt to one address; returns the fd or -1 with `err` set.
+int try_connect(const addrinfo* ai, Clock::time_point deadline, int& err) {
+  int fd = ::socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, ai->ai_protocol);
+  if (fd < 0) {
+    err = errno;
+    return -1;
+  }
+  int rc = retry_eintr([&] { return ::connect(fd, ai->ai_addr, ai->ai_addrlen); });
+  if (rc < 0 && errno == EINPROGRESS) {
+    if (!poll_fd(fd, POLLOUT, deadline)) {
+      err = ETIMEDOUT;
+      ::close(fd);
+      return -1;
+    }
+    socklen_t len = sizeof err;
+    ::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len);
+    rc = err == 0 ? 0 : -1;
+  } else if (rc < 0) {
+    err = errno;
+  }
+  if (rc < 0) {
+    ::close(fd);
+    return -1;
+  }
+  const int one = 1;
+  ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+  return fd;
+}
+
+}  // namespace
+
+Client::Client(ClientOptions options) : options_(std::move(options)) {
+  std::lock_guard lock(mutex_);
+  connect_locked();
+}
+
+Client::~Client() {
+  std::lock_guard lock(mutex_);
+  close_locked();
+}
+
+std::string Client::endpoint() const {
+  const bool v6 = options_.host.find(':') != std::string::npos;
+  return (v6 ? "[" + options_.host + "]" : options_.host) + ":" + std::to_string(options_.port);
+}
+
+bool Client::connected() {
+  std::lock_guard lock(mutex_);
+  return fd_ >= 0;
+}
+
+void Client::close_locked() {
+  if (fd_ >= 0) ::close(fd_);
+  fd_ = -1;
+  expected_server_mac_.reset();
+  unsent_proof_.clear();
+  rbuf_.clear();
+  rpos_ = 0;
+}
+
+void Client::connect_locked() {
+  const auto start = Clock::now();
+  const auto deadline = start + options_.connect_timeout;
+  // Seeded once per thread: std::random_device costs a system call (and more) each time.
+  thread_local std::mt19937 rng(std::random_device{}());
+  auto backoff = options_.initial_backoff;
+  int attempts = 0;
+  std::string last_error = "no attempt made";
+  for (;;) {
+    ++attempts;
+    addrinfo hints{};
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    addrinfo* res = nullptr;
+    const int gai = ::getaddrinfo(options_.host.c_str(), std::to_string(options_.port).c_str(), &hints, &res);
+    if (gai != 0) {
+      last_error = std::string("cannot resolve host: ") + ::gai_strerror(gai);
+    } else {
+      // Every address the name has (IPv6 and IPv4), each with its share of the remaining time.
+      for (addrinfo* ai = res; ai != nullptr && fd_ < 0; ai = ai->ai_next) {
+        int err = 0;
+        fd_ = try_connect(ai, deadline, err);
+        if (fd_ < 0) last_error = std::strerror(err);
+      }
+      ::freeaddrinfo(res);
+    }
+    if (fd_ >= 0) {
+      try {
+        if (options_.dialect == Dialect::Legacy) return;  // 1.13 has no handshake
+        // 2.x handshake: VALIDATE (no reply), then PING, whose echo proves a store is listening,
+        // then (one round trip for both) ddprun's AUTH_HELLO.
+        std::string hello = request(Op::Validate);
+        put_u32(hello, kValidateMagic);
+        const uint32_t nonce = static_cast<uint32_t>(::getpid());
+        hello += request(Op::Ping);
+        put_u32(hello, nonce);
+        const std::string client_nonce = options_.negotiate_auth ? random_nonce() : std::string();
+        if (options_.negotiate_auth) {
+          hello += request(Op::AuthHello);
+          put_u32(hello, kAuthVersion);
+          put_bytes(hello, options_.credentials ? std::string_view(options_.credentials->scope) : std::string_view());
+          put_bytes(hello, client_nonce);
+        }
+        const auto hello_deadline = std::max(deadline, Clock::now() + std::chrono::seconds(5));
+        send_locked(hello, hello_deadline, "handshake");
+        char echo[4];
+        recv_locked(echo, 4, hello_deadline, "handshake");
+        if (load_u32(echo) != nonce) {
+          close_locked();
+          throw ProtocolError("the server at " + endpoint() + " answered PING with a wrong nonce; is it a store?");
+        }
+        if (options_.negotiate_auth) prove_locked(client_nonce, hello_deadline);
+        return;
+      } catch (const ConnectionError& e) {
+        last_error = e.what();
+        close_locked();
+      }
+    }
+    if (Clock::now() >= deadline) break;
+    // Exponential backoff with full jitter, so many clients that start together spread out.
+    std::uniform_int_distribution<long> jitter(backoff.count() / 2, backoff.count());
+    auto sleep = std::chrono::milliseconds(jitter(rng));
+    sleep = std::min(sleep, std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()));
+    // sleep override: backoff between connection attempts.
+    if (sleep.count() > 0) std::this_thread::sleep_for(sleep);
+    backoff = std::min(backoff * 2, options_.max_backoff);
+  }
+  throw TimeoutError("connect to store " + endpoint() + " timed out after " + seconds_text(options_.connect_timeout) +
+                     " (" + std::to_string(attempts) + " attempts): " + last_error);
+}
+
+void Client::prove_locked(const std::string& client_nonce, Clock::time_point deadline) {
+  uint8_t mode;
+  std::string server_nonce;
+  try {
+    mode = recv_u8(deadline, "AUTH_HELLO");
+    server_nonce = recv_bytes(deadline, "AUTH_HELLO");
+  } catch (const ConnectionError&) {
+    throw ProtocolError("the store at " + endpoint() + " closed the connection at ddprun's handshake: is it an "
+                        "older ddprun, or another program's store?");
+  }
+  if (mode == 0) return;  // an open store
+  if (!options_.credentials) {
+    close_locked();
+    throw ConfigError("the store at " + endpoint() + " is protected by a secret, and this client has none" +
+                      (options_.missing_secret_hint.empty() ? "" : ": " + options_.missing_secret_hint));
+  }
+  const Credentials& c = *options_.credentials;
+  unsent_proof_ = request(Op::AuthProof);
+  put_bytes(unsent_proof_, client_mac(c.key, c.scope, client_nonce, server_nonce));
+  expected_server_mac_ = server_mac(c.key, c.scope, client_nonce, server_nonce);
+}
+
+void Client::settle_proof_locked(Clock::time_point deadline) {
+  if (!expected_server_mac_) return;
+  const std::string expected = std::move(*expected_server_mac_);
+  expected_server_mac_.reset();  // before reading: recv_locked comes back here
+  const Credentials& c = *options_.credentials;
+  std::string theirs;
+  try {
+    if (recv_u8(deadline, "AUTH_PROOF") != 0) throw ConnectionError("refused");
+    theirs = recv_bytes(deadline, "AUTH_PROOF");
+  } catch (const ConnectionError&) {
+    close_locked();
+    throw ConfigError("the store at " + endpoint() + " refused this client's secret for " +
+                      (c.scope == kAllJobs ? std::string("every job") : "job '" + c.scope + "'") +
+                      ": is the token file the store's own secret, or a token for this job?");
+  }
+  if (!same_mac(theirs, expected)) {
+    close_locked();
+    throw ProtocolError("the store at " + endpoint() + " could not prove that it holds the secret: it is not the "
+                        "store this client's token belongs to");
+  }
+}
+
+void Client::ensure_connected_locked() {
+  if (fd_ >= 0) return;
+  if (!options_.reconnect) throw ConnectionError("the connection to store " + endpoint() + " was lost");
+  connect_locked();
+}
+
+void Client::send_locked(const std::string& request_bytes, Clock::time_point deadline, std::string_view what) {
+  // The handshake's proof goes out with the first request: one segment, no extra round trip.
+  std::string with_proof;
+  if (!unsent_proof_.empty()) {
+    with_proof = std::move(unsent_proof_) + request_bytes;
+    unsent_proof_.clear();
+  }
+  const std::string& bytes = with_proof.empty() ? request_bytes : with_proof;
+  size_t off = 0;
+  while (off < bytes.size()) {
+    const ssize_t n = ::send(fd_, bytes.data() + off, bytes.size() - off, MSG_NOSIGNAL);
+    if (n > 0) {
+      off += static_cast<size_t>(n);
+      continue;
+    }
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+      if (poll_fd(fd_, POLLOUT, deadline)) continue;
+      close_locked();
+      throw TimeoutError("sending " + std::string(what) + " to store " + endpoint() + " timed out");
+    }
+    const int err = errno;
+    close_locked();
+    throw ConnectionError("sending " + std::string(what) + " to store " + endpoint() + " failed: " + std::strerror(err));
+  }
+}
+
+void Client::recv_locked(char* out, size_t n, Clock::time_point deadline, std::string_view what) {
+  settle_proof_locked(deadline);
+  size_t off = 0;
+  while (off < n) {
+    // Buffered: a reply's small fields (and a pipelined answer before it) come in one recv.
+    if (rpos_ < rbuf_.size()) {
+      const size_t take = std::min(n - off, rbuf_.size() - rpos_);
+      std::memcpy(out + off, rbuf_.data() + rpos_, take);
+      rpos_ += take;
+      off += take;
+      if (rpos_ == rbuf_.size()) {
+        rbuf_.clear();
+        rpos_ = 0;
+      }
+      continue;
+    }
+    // Large values go straight to their destination; small reads fill the buffer.
+    const size_t want = n - off;
+    char* dst = out + off;
+    size_t cap = want;
+    if (want < kReadBuffer) {
+      rbuf_.resize(kReadBuffer);
+      dst = rbuf_.data();
+      cap = kReadBuffer;
+    }
+    const ssize_t r = ::recv(fd_, dst, cap, 0);
+    if (r > 0) {
+      if (dst == out + off) {
+        off += static_cast<size_t>(r);
+      } else {
+        rbuf_.resize(static_cast<size_t>(r));
+        rpos_ = 0;
+      }
+      continue;
+    }
+    if (dst != out + off) rbuf_.clear();
+    if (r == 0) {
+      close_locked();
+      throw ConnectionError("store " + endpoint() + " closed the connection during " + std::string(what));
+    }
+    if (errno == EINTR) continue;
+    if (errno == EAGAIN || errno == EWOULDBLOCK) {
+      if (poll_fd(fd_, POLLIN, deadline)) continue;
+      close_locked();
+      throw TimeoutError("no reply to " + std::string(what) + " from store " + endpoint() + " within the deadline");
+    }
+    const int err = errno;
+    close_locked();
+    throw ConnectionError("reading " + std::string(what) + " from store " + endpoint() + " failed: " + std::strerror(err));
+  }
+}
+
+bool Client::readable_locked(Clock::time_point deadline) {
+  return rpos_ < rbuf_.size() || poll_fd(fd_, POLLIN, deadline);
+}
+
+uint8_t Client::recv_u8(Clock::time_point deadline, std::string_view what) {
+  char c;
+  recv_locked(&c, 1, deadline, what);
+  return static_cast<uint8_t>(c);
+}
+
+int64_t Client::recv_i64(Clock::time_point deadline, std::string_view what) {
+  char b[8];
+  recv_locked(b, 8, deadline, what);
+  return static_cast<int64_t>(load_u64(b));
+}
+
+std::string Client::recv_bytes(Clock::time_point deadline, std::string_view what) {
+  char b[8];
+  recv_locked(b, 8, deadline, what);
+  const uint64_t len = load_u64(b);
+  if (len > (uint64_t{1} << 34)) {
+    close_locked();
+    throw ProtocolError("store " + endpoint() + " sent a " + std::to_string(len) + "-byte value for " + std::string(what));
+  }
+  std::string v(len, '\0');
+  if (len > 0) recv_locked(v.data(), len, deadline, what);
+  return v;
+}
+
+}  // namespace ddprun::rdzv

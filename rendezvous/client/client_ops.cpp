@@ -1,0 +1,265 @@
+// The store's operations over a Client's connection (client.hpp); client.cpp has the connection
+// itself: connecting with backoff, the secret handshake, framing and deadlines.
+#include "rendezvous/client/client.hpp"
+
+#include "common/errors.hpp"
+#include "common/system.hpp"
+#include "rendezvous/core/protocol.hpp"
+
+namespace ddprun::rdzv {
+
+Client::Clock::time_point Client::deadline(std::optional<Duration> timeout) const {
+  return Clock::now() + timeout.value_or(options_.timeout);
+}
+
+std::string Client::request(Op op) const {
+  const auto code = op_to_wire(options_.dialect, op);
+  if (!code) {
+    throw ProtocolError(std::string(op_name(op)) + " is not available in the " +
+                        std::string(dialect_name(options_.dialect)) + " store protocol");
+  }
+  std::string req;
+  req.reserve(64);
+  put_u8(req, *code);
+  return req;
+}
+
+void Client::set(std::string_view key, std::string_view value) {
+  std::lock_guard lock(mutex_);
+  ensure_connected_locked();
+  std::string req = request(Op::Set);
+  put_bytes(req, key);
+  put_bytes(req, value);
+  send_locked(req, deadline(std::nullopt), "SET");
+}
+
+std::string Client::get(std::string_view key, std::optional<Duration> timeout) {
+  std::lock_guard lock(mutex_);
+  ensure_connected_locked();
+  const auto dl = deadline(timeout);
+  wait_locked({std::string(key)}, dl, timeout.value_or(options_.timeout));
+  std::string req = request(Op::Get);
+  put_bytes(req, key);
+  send_locked(req, dl, "GET");
+  return recv_bytes(dl, "GET");
+}
+
+int64_t Client::add(std::string_view key, int64_t delta) {
+  std::lock_guard lock(mutex_);
+  ensure_connected_locked();
+  const auto dl = deadline(std::nullopt);
+  std::string req = request(Op::Add);
+  put_bytes(req, key);
+  put_i64(req, delta);
+  send_locked(req, dl, "ADD");
+  return recv_i64(dl, "ADD");
+}
+
+std::string Client::compare_set(std::string_view key, std::string_view expected, std::string_view desired) {
+  std::lock_guard lock(mutex_);
+  ensure_connected_locked();
+  const auto dl = deadline(std::nullopt);
+  std::string req = request(Op::CompareSet);
+  put_bytes(req, key);
+  put_bytes(req, expected);
+  put_bytes(req, desired);
+  send_locked(req, dl, "COMPARE_SET");
+  return recv_bytes(dl, "COMPARE_SET");
+}
+
+bool Client::check(const std::vector<std::string>& keys) {
+  std::lock_guard lock(mutex_);
+  ensure_connected_locked();
+  const auto dl = deadline(std::nullopt);
+  std::string req = request(Op::Check);
+  put_u64(req, keys.size());
+  for (const auto& k : keys) put_bytes(req, k);
+  send_locked(req, dl, "CHECK");
+  return recv_u8(dl, "CHECK") == kCheckReady;
+}
+
+void Client::wait(const std::vector<std::string>& keys, std::optional<Duration> timeout) {
+  std::lock_guard lock(mutex_);
+  ensure_connected_locked();
+  wait_locked(keys, deadline(timeout), timeout.value_or(options_.timeout));
+}
+
+bool Client::timed_wait_locked(const std::vector<std::string>& keys, Clock::time_point dl) {
+  std::string req = request(Op::Wait);
+  put_u64(req, keys.size());
+  for (const auto& k : keys) put_bytes(req, k);
+  send_locked(req, dl, "WAIT");
+  settle_proof_locked(dl);  // so that readiness below means the WAIT's answer
+  if (readable_locked(dl)) {
+    if (recv_u8(dl, "WAIT") != kStopWaiting) {
+      close_locked();
+      throw ProtocolError("store " + endpoint() + " answered WAIT with an unexpected byte");
+    }
+    return true;
+  }
+  if (options_.dialect == Dialect::Legacy) {
+    // No CANCEL_WAIT in 1.13: a late STOP_WAITING would desynchronise the connection, so drop it.
+    close_locked();
+    throw TimeoutError("waited on store " + endpoint() + " for " + std::to_string(keys.size()) +
+                       " key(s) past the deadline");
+  }
+  // Deadline passed: cancel on the server. A STOP_WAITING that raced the cancel means the keys
+  // did arrive; WAIT_CANCELED always follows.
+  const auto cancel_deadline = Clock::now() + std::chrono::seconds(10);
+  send_locked(request(Op::CancelWait), cancel_deadline, "CANCEL_WAIT");
+  uint8_t reply = recv_u8(cancel_deadline, "CANCEL_WAIT");
+  const bool arrived = reply == kStopWaiting;
+  if (arrived) reply = recv_u8(cancel_deadline, "CANCEL_WAIT");
+  if (reply != kWaitCanceled) {
+    close_locked();
+    throw ProtocolError("store " + endpoint() + " answered CANCEL_WAIT with an unexpected byte");
+  }
+  return arrived;
+}
+
+bool Client::wait_for(const std::vector<std::string>& keys, Duration timeout) {
+  std::lock_guard lock(mutex_);
+  ensure_connected_locked();
+  return timed_wait_locked(keys, Clock::now() + timeout);
+}
+
+void Client::wait_locked(const std::vector<std::string>& keys, Clock::time_point dl, Duration timeout) {
+  if (timed_wait_locked(keys, dl)) return;
+  const auto cancel_deadline = Clock::now() + std::chrono::seconds(10);
+  // Name what is missing, so the error says what never came.
+  std::string missing;
+  size_t n_missing = 0;
+  for (const auto& k : keys) {
+    std::string chk = request(Op::Check);
+    put_u64(chk, 1);
+    put_bytes(chk, k);
+    send_locked(chk, cancel_deadline, "CHECK");
+    if (recv_u8(cancel_deadline, "CHECK") == kCheckReady) continue;
+    if (n_missing++ < 8) missing += (missing.empty() ? "" : ", ") + k;
+  }
+  if (n_missing > 8) missing += ", ...";
+  throw TimeoutError("waited " + seconds_text(timeout) + " on store " + endpoint() + " for " +
+                     std::to_string(keys.size()) + " key(s); " + std::to_string(n_missing) + " still missing: " + missing);
+}
+
+bool Client::delete_key(std::string_view key) {
+  std::lock_guard lock(mutex_);
+  ensure_connected_locked();
+  const auto dl = deadline(std::nullopt);
+  std::string req = request(Op::DeleteKey);
+  put_bytes(req, key);
+  send_locked(req, dl, "DELETE_KEY");
+  return recv_i64(dl, "DELETE_KEY") == 1;
+}
+
+int64_t Client::num_keys() {
+  std::lock_guard lock(mutex_);
+  ensure_connected_locked();
+  const auto dl = deadline(std::nullopt);
+  send_locked(request(Op::GetNumKeys), dl, "GETNUMKEYS");
+  return recv_i64(dl, "GETNUMKEYS");
+}
+
+void Client::append(std::string_view key, std::string_view data) {
+  std::lock_guard lock(mutex_);
+  ensure_connected_locked();
+  std::string req = request(Op::Append);
+  put_bytes(req, key);
+  put_bytes(req, data);
+  send_locked(req, deadline(std::nullopt), "APPEND");
+}
+
+std::vector<std::string> Client::multi_get(const std::vector<std::string>& keys, std::optional<Duration> timeout) {
+  std::lock_guard lock(mutex_);
+  ensure_connected_locked();
+  const auto dl = deadline(timeout);
+  wait_locked(keys, dl, timeout.value_or(options_.timeout));
+  return multi_get_locked(keys, dl);
+}
+
+std::vector<std::string> Client::multi_get_now(const std::vector<std::string>& keys) {
+  std::lock_guard lock(mutex_);
+  ensure_connected_locked();
+  return multi_get_locked(keys, deadline(std::nullopt));
+}
+
+std::vector<std::string> Client::multi_get_locked(const std::vector<std::string>& keys, Clock::time_point dl) {
+  std::string req = request(Op::MultiGet);
+  put_u64(req, keys.size());
+  for (const auto& k : keys) put_bytes(req, k);
+  send_locked(req, dl, "MULTI_GET");
+  std::vector<std::string> values;
+  values.reserve(keys.size());
+  for (size_t i = 0; i < keys.size(); ++i) values.push_back(recv_bytes(dl, "MULTI_GET"));
+  return values;
+}
+
+void Client::multi_set(const std::vector<std::pair<std::string, std::string>>& entries) {
+  std::lock_guard lock(mutex_);
+  ensure_connected_locked();
+  std::string req = request(Op::MultiSet);
+  put_i64(req, static_cast<int64_t>(entries.size()));
+  for (const auto& [k, v] : entries) {
+    put_bytes(req, k);
+    put_bytes(req, v);
+  }
+  send_locked(req, deadline(std::nullopt), "MULTI_SET");
+}
+
+void Client::queue_push(std::string_view key, std::string_view value) {
+  std::lock_guard lock(mutex_);
+  ensure_connected_locked();
+  std::string req = request(Op::QueuePush);
+  put_bytes(req, key);
+  put_bytes(req, value);
+  send_locked(req, deadline(std::nullopt), "QUEUE_PUSH");
+}
+
+std::optional<std::string> Client::queue_pop(std::string_view key) {
+  std::lock_guard lock(mutex_);
+  ensure_connected_locked();
+  const auto dl = deadline(std::nullopt);
+  std::string req = request(Op::QueuePop);
+  put_bytes(req, key);
+  send_locked(req, dl, "QUEUE_POP");
+  if (recv_i64(dl, "QUEUE_POP") <= 0) return std::nullopt;
+  return recv_bytes(dl, "QUEUE_POP");
+}
+
+int64_t Client::queue_len(std::string_view key) {
+  std::lock_guard lock(mutex_);
+  ensure_connected_locked();
+  const auto dl = deadline(std::nullopt);
+  std::string req = request(Op::QueueLen);
+  put_bytes(req, key);
+  send_locked(req, dl, "QUEUE_LEN");
+  return recv_i64(dl, "QUEUE_LEN");
+}
+
+std::vector<std::string> Client::list() {
+  std::lock_guard lock(mutex_);
+  ensure_connected_locked();
+  const auto dl = deadline(std::nullopt);
+  send_locked(request(Op::List), dl, "LIST");
+  const int64_t n = recv_i64(dl, "LIST");
+  std::vector<std::string> keys;
+  for (int64_t i = 0; i < n; ++i) keys.push_back(recv_bytes(dl, "LIST"));
+  return keys;
+}
+
+Client::Duration Client::ping() {
+  std::lock_guard lock(mutex_);
+  ensure_connected_locked();
+  const auto start = Clock::now();
+  const auto dl = deadline(std::nullopt);
+  std::string req = request(Op::Ping);
+  const uint32_t nonce = 0x5eed;
+  put_u32(req, nonce);
+  send_locked(req, dl, "PING");
+  char echo[4];
+  recv_locked(echo, 4, dl, "PING");
+  if (load_u32(echo) != nonce) throw ProtocolError("store " + endpoint() + " echoed a wrong PING nonce");
+  return std::chrono::duration_cast<Duration>(Clock::now() - start);
+}
+
+}  // namespace ddprun::rdzv

@@ -1,0 +1,174 @@
+#include "rendezvous/core/job_keys.hpp"
+
+#include "common/numbers.hpp"
+
+namespace ddprun::rdzv::jobs {
+
+using json = nlohmann::json;
+
+namespace {
+
+bool run_id_char(char c) {
+  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' || c == '_' ||
+         c == '-' || c == ':';
+}
+
+// "g12" / "r0" -> 12 / 0; nullopt when the prefix letter or the number is wrong.
+std::optional<int64_t> numbered(std::string_view part, char letter) {
+  if (part.size() < 2 || part[0] != letter) return std::nullopt;
+  return to_int(part.substr(1));
+}
+
+constexpr std::string_view kSuccess = "success";
+constexpr std::string_view kSignal = "signal:";
+constexpr std::string_view kMembership = "membership:";
+constexpr std::string_view kLost = "lost:";
+constexpr std::string_view kHang = "hang:";
+
+}  // namespace
+
+bool valid_run_id(std::string_view run_id, std::string* why) {
+  if (run_id.empty()) {
+    if (why) *why = "it is empty";
+    return false;
+  }
+  if (run_id.size() > 200) {
+    if (why) *why = "it is longer than 200 characters";
+    return false;
+  }
+  for (char c : run_id) {
+    if (!run_id_char(c)) {
+      if (why) *why = std::string("it contains '") + c + "'; use letters, digits and . _ - :";
+      return false;
+    }
+  }
+  return true;
+}
+
+JobKeys::JobKeys(std::string run_id, int64_t generation)
+    : run_id_(std::move(run_id)),
+      generation_(generation),
+      prefix_(job_prefix(run_id_) + "g" + std::to_string(generation_) + "/") {}
+
+std::string JobKeys::generation_counter(std::string_view run_id) { return job_prefix(run_id) + "gen"; }
+
+std::string JobKeys::job_prefix(std::string_view run_id) {
+  return std::string(kRoot) + std::string(run_id) + "/";
+}
+
+RoundKeys JobKeys::round(int64_t round) const { return RoundKeys(prefix_ + "r" + std::to_string(round) + "/"); }
+
+std::string JobKeys::heartbeat(std::string_view agent) const { return prefix_ + "hb/" + std::string(agent); }
+
+std::optional<ParsedKey> parse_key(std::string_view key, std::string* why) {
+  auto fail = [&](std::string reason) -> std::optional<ParsedKey> {
+    if (why) *why = std::move(reason);
+    return std::nullopt;
+  };
+  if (key.substr(0, kRoot.size()) != kRoot) return fail("not a ddprun key");
+  std::string_view rest = key.substr(kRoot.size());
+  const auto slash = rest.find('/');
+  if (slash == std::string_view::npos) return fail("no job part after the run id");
+  ParsedKey out;
+  out.run_id = std::string(rest.substr(0, slash));
+  std::string reason;
+  if (!valid_run_id(out.run_id, &reason)) return fail("run id not valid: " + reason);
+  rest = rest.substr(slash + 1);
+  if (rest == "gen") {
+    out.name = "gen";
+    return out;
+  }
+  const auto gslash = rest.find('/');
+  if (gslash == std::string_view::npos) return fail("unknown job key '" + std::string(rest) + "'");
+  out.generation = numbered(rest.substr(0, gslash), 'g');
+  if (!out.generation || *out.generation < 0) return fail("generation '" + std::string(rest.substr(0, gslash)) + "' is not a number");
+  rest = rest.substr(gslash + 1);
+  if (!rest.empty() && rest[0] == 'r') {
+    const auto rslash = rest.find('/');
+    if (rslash == std::string_view::npos) return fail("round key without a name");
+    out.round = numbered(rest.substr(0, rslash), 'r');
+    if (!out.round || *out.round < 0) return fail("round '" + std::string(rest.substr(0, rslash)) + "' is not a number");
+    rest = rest.substr(rslash + 1);
+  }
+  if (rest.empty()) return fail("empty key name");
+  out.name = std::string(rest);
+  return out;
+}
+
+std::string encode_outcome(const Outcome& o) {
+  switch (o.kind) {
+    case Outcome::Kind::Success: return std::string(kSuccess);
+    case Outcome::Kind::Signal: return std::string(kSignal) + o.detail;
+    case Outcome::Kind::Membership: return std::string(kMembership) + o.detail;
+    case Outcome::Kind::NodeLost: return std::string(kLost) + std::to_string(o.node) + ":" + o.detail;
+    case Outcome::Kind::Failure: {
+      json j = o.failure.is_object() ? o.failure : json::object();
+      if (!j.contains("node")) j["node"] = o.node;
+      return j.dump();
+    }
+    case Outcome::Kind::Hang: {
+      json j = o.failure.is_object() ? o.failure : json::object();
+      j["node"] = o.node;
+      j["detail"] = o.detail;
+      return std::string(kHang) + j.dump();
+    }
+  }
+  return std::string(kSuccess);
+}
+
+Outcome decode_outcome(std::string_view text) {
+  Outcome o;
+  auto starts = [&](std::string_view p) { return text.substr(0, p.size()) == p; };
+  if (text == kSuccess) return o;
+  if (starts(kSignal)) {
+    o.kind = Outcome::Kind::Signal;
+    o.detail = std::string(text.substr(kSignal.size()));
+    return o;
+  }
+  if (starts(kMembership)) {
+    o.kind = Outcome::Kind::Membership;
+    o.detail = std::string(text.substr(kMembership.size()));
+    return o;
+  }
+  if (starts(kLost)) {
+    o.kind = Outcome::Kind::NodeLost;
+    const std::string_view rest = text.substr(kLost.size());
+    const auto colon = rest.find(':');
+    const auto node = to_int(rest.substr(0, colon));
+    o.node = node ? static_cast<int>(*node) : -1;
+    o.detail = colon == std::string_view::npos ? std::string(rest) : std::string(rest.substr(colon + 1));
+    return o;
+  }
+  if (starts(kHang)) {
+    o.kind = Outcome::Kind::Hang;
+    o.failure = json::parse(text.substr(kHang.size()), nullptr, false);
+    if (!o.failure.is_object()) o.failure = json::object();
+    o.node = o.failure.value("node", -1);
+    o.detail = o.failure.contains("detail") && o.failure["detail"].is_string() ? o.failure["detail"].get<std::string>()
+                                                                             : "the job hung";
+    return o;
+  }
+  o.kind = Outcome::Kind::Failure;
+  o.failure = json::parse(text, nullptr, false);
+  if (o.failure.is_object()) {
+    o.node = o.failure.contains("node") && o.failure["node"].is_number_integer() ? o.failure["node"].get<int>() : -1;
+  } else {
+    o.failure = json::object();
+    o.detail = std::string(text.substr(0, 500));
+  }
+  return o;
+}
+
+std::string_view state_name(Outcome::Kind kind) {
+  switch (kind) {
+    case Outcome::Kind::Success: return "succeeded";
+    case Outcome::Kind::Failure: return "failed";
+    case Outcome::Kind::Signal: return "stopped";
+    case Outcome::Kind::NodeLost: return "node_lost";
+    case Outcome::Kind::Membership: return "re-rendezvous";
+    case Outcome::Kind::Hang: return "hung";
+  }
+  return "?";
+}
+
+}  // namespace ddprun::rdzv::jobs

@@ -1,0 +1,118 @@
+#include "rendezvous/core/records.hpp"
+
+namespace ddprun::rdzv::jobs {
+
+using json = nlohmann::json;
+
+namespace {
+
+int64_t int_of(const json& j, const char* name, int64_t otherwise) {
+  auto it = j.find(name);
+  return it != j.end() && it->is_number_integer() ? it->get<int64_t>() : otherwise;
+}
+std::string string_of(const json& j, const char* name) {
+  auto it = j.find(name);
+  return it != j.end() && it->is_string() ? it->get<std::string>() : std::string();
+}
+bool bool_of(const json& j, const char* name) {
+  auto it = j.find(name);
+  return it != j.end() && it->is_boolean() && it->get<bool>();
+}
+std::vector<std::string> strings_of(const json& j, const char* name) {
+  std::vector<std::string> out;
+  auto it = j.find(name);
+  if (it == j.end() || !it->is_array()) return out;
+  for (const auto& v : *it) out.push_back(v.is_string() ? v.get<std::string>() : v.dump());
+  return out;
+}
+int small_int_of(const json& j, const char* name, int otherwise) {
+  const int64_t v = int_of(j, name, otherwise);
+  return v < INT32_MIN || v > INT32_MAX ? otherwise : static_cast<int>(v);
+}
+
+}  // namespace
+
+json to_json(const NodeRecord& r) {
+  json j = {{"host", r.host}, {"addr", r.addr},     {"nproc", r.nproc},
+            {"pid", r.pid},   {"nnodes", r.nnodes}, {"joined_ms", r.joined_ms}};
+  if (!r.agent.empty()) j["agent"] = r.agent;
+  if (r.hint >= 0) j["hint"] = r.hint;
+  if (r.store_host) j["store_host"] = true;
+  return j;
+}
+
+std::string encode(const NodeRecord& r) { return to_json(r).dump(); }
+
+std::optional<NodeRecord> node_record_from_json(const json& j) {
+  if (!j.is_object()) return std::nullopt;
+  NodeRecord r;
+  r.host = string_of(j, "host");
+  r.addr = string_of(j, "addr");
+  r.agent = string_of(j, "agent");
+  r.nproc = small_int_of(j, "nproc", 0);
+  r.pid = small_int_of(j, "pid", 0);
+  r.nnodes = small_int_of(j, "nnodes", 0);
+  r.joined_ms = int_of(j, "joined_ms", 0);
+  r.hint = small_int_of(j, "hint", -1);
+  r.store_host = bool_of(j, "store_host");
+  return r;
+}
+
+std::optional<NodeRecord> decode_node_record(std::string_view text) {
+  return node_record_from_json(json::parse(text, nullptr, false));
+}
+
+std::string encode(const WorkerStoreRecord& r) { return json{{"addr", r.addr}, {"port", r.port}}.dump(); }
+
+std::optional<WorkerStoreRecord> decode_worker_store(std::string_view text) {
+  const json j = json::parse(text, nullptr, false);
+  if (!j.is_object()) return std::nullopt;
+  WorkerStoreRecord r{string_of(j, "addr"), small_int_of(j, "port", 0)};
+  if (r.addr.empty() || r.port <= 0 || r.port > 65535) return std::nullopt;
+  return r;
+}
+
+std::string encode(const Assignment& a) {
+  json j = {{"group_rank", a.group_rank}, {"group_world_size", a.group_world_size}, {"offset", a.offset},
+            {"world_size", a.world_size}};
+  if (!a.agents.empty()) j["agents"] = a.agents;
+  if (!a.hosts.empty()) j["hosts"] = a.hosts;
+  if (!a.addrs.empty()) j["addrs"] = a.addrs;
+  return j.dump();
+}
+
+std::optional<Assignment> decode_assignment(std::string_view text) {
+  const json j = json::parse(text, nullptr, false);
+  if (!j.is_object()) return std::nullopt;
+  Assignment a;
+  a.group_rank = small_int_of(j, "group_rank", -1);
+  a.group_world_size = small_int_of(j, "group_world_size", 0);
+  a.offset = small_int_of(j, "offset", -1);
+  a.world_size = small_int_of(j, "world_size", 0);
+  if (a.group_rank < 0 || a.group_world_size <= 0 || a.offset < 0 || a.world_size <= 0) return std::nullopt;
+  a.agents = strings_of(j, "agents");
+  a.hosts = strings_of(j, "hosts");
+  a.addrs = strings_of(j, "addrs");
+  return a;
+}
+
+std::string encode(const ClosedRound& c) {
+  json list = json::array();
+  for (const auto& m : c.members) list.push_back(to_json(m));
+  return json{{"members", std::move(list)}}.dump();
+}
+
+std::optional<ClosedRound> decode_closed_round(std::string_view text) {
+  const json j = json::parse(text, nullptr, false);
+  auto it = j.is_object() ? j.find("members") : j.end();
+  if (it == j.end() || !it->is_array()) return std::nullopt;
+  ClosedRound c;
+  for (const auto& m : *it) {
+    auto r = node_record_from_json(m);
+    if (!r) return std::nullopt;
+    c.members.push_back(std::move(*r));
+  }
+  return c;
+}
+
+}  // namespace ddprun::rdzv::jobs

@@ -1,0 +1,169 @@
+#include "rendezvous/daemon/job_summary.hpp"
+
+#include <algorithm>
+#include <map>
+
+#include "common/numbers.hpp"
+#include "rendezvous/core/job_keys.hpp"
+
+namespace ddprun::rdzv::jobs {
+
+using json = nlohmann::json;
+
+namespace {
+
+struct Generation {
+  std::map<std::string, std::string> own;                          // gen-level keys
+  std::map<int64_t, std::map<std::string, std::string>> rounds;    // round -> name -> value
+};
+
+struct Job {
+  std::optional<std::string> counter;  // /ddprun/<id>/gen
+  std::map<int64_t, Generation> generations;
+};
+
+namespace names_of = round_names;
+
+bool starts_with(const std::string& name, std::string_view prefix) { return name.rfind(prefix, 0) == 0; }
+bool is_member_key(const std::string& name) {
+  return starts_with(name, names_of::kNode) || starts_with(name, names_of::kMember);
+}
+// The value of round key `name`, if present.
+const std::string* find(const std::map<std::string, std::string>& names, std::string_view name) {
+  auto it = names.find(std::string(name));
+  return it == names.end() ? nullptr : &it->second;
+}
+
+json summarize_generation(const std::string& run_id, int64_t gen, const Generation& g, const Job& job, int64_t now_ms,
+                          json& skipped) {
+  json out = {{"run_id", run_id}, {"generation", gen}};
+  if (job.counter) {
+    if (auto c = to_int(*job.counter)) out["current_generation"] = *c;
+  }
+  // The latest round that has members (a round that has just opened may hold only counters).
+  auto it = g.rounds.rbegin();
+  while (it != g.rounds.rend() && std::next(it) != g.rounds.rend() &&
+         std::none_of(it->second.begin(), it->second.end(), [](const auto& kv) { return is_member_key(kv.first); })) {
+    ++it;
+  }
+  json nodes = json::array();
+  int world = 0, nnodes = 0;
+  std::string state = "joining";
+  if (it != g.rounds.rend()) {
+    const auto& [round, names] = *it;
+    out["round"] = round;
+    const std::string prefix = JobKeys(run_id, gen).round(round).prefix();
+    for (const auto& [name, value] : names) {
+      if (!is_member_key(name)) continue;
+      json info = json::parse(value, nullptr, false);
+      if (!info.is_object()) {
+        skipped.push_back({{"key", prefix + name}, {"reason", "the node record is not a JSON object"}});
+        continue;
+      }
+      const std::string id = name.substr(name.find('/') + 1);
+      const auto number = to_int(id);
+      if (!number) {
+        skipped.push_back({{"key", prefix + name}, {"reason", "the node number is not a number"}});
+        continue;
+      }
+      if (starts_with(name, names_of::kMember)) {
+        info["arrival"] = *number;
+        if (const std::string* a = find(names, std::string(names_of::kAssign) + id)) {
+          const json assigned = json::parse(*a, nullptr, false);
+          if (assigned.is_object() && assigned.contains("group_rank")) info["node_rank"] = assigned["group_rank"];
+        }
+      } else {
+        info["node_rank"] = *number;
+      }
+      // Heartbeats: a counter, and the wall-clock time (the node's clock) of the last one.
+      const std::string agent = info.contains("agent") && info["agent"].is_string() ? info["agent"].get<std::string>() : "";
+      auto hb = g.own.find("hb/" + agent);
+      if (!agent.empty() && hb != g.own.end()) {
+        if (auto beats = to_int(hb->second)) info["heartbeats"] = *beats;
+        auto t = g.own.find("hb/" + agent + "/time");
+        if (t != g.own.end()) {
+          if (auto last = to_int(t->second)) {
+            info["last_heartbeat_ms"] = *last;
+            info["last_heartbeat_age_s"] = static_cast<double>(now_ms - *last) / 1000.0;
+          }
+        }
+      }
+      if (info.contains("nproc") && info["nproc"].is_number_integer()) world += info["nproc"].get<int>();
+      if (info.contains("nnodes") && info["nnodes"].is_number_integer()) nnodes = info["nnodes"].get<int>();
+      nodes.push_back(std::move(info));
+    }
+    // Step rates, as each node last published them (every 10 s while the job runs).
+    json rates = json::array();
+    for (const auto& [name, value] : names) {
+      if (!starts_with(name, names_of::kRates)) continue;
+      const json record = json::parse(value, nullptr, false);
+      if (!record.is_object() || !record.contains("ranks") || !record["ranks"].is_array()) {
+        skipped.push_back({{"key", prefix + name}, {"reason", "the step rates record is not a JSON object with ranks"}});
+        continue;
+      }
+      for (const json& r : record["ranks"]) rates.push_back(r);
+    }
+    if (!rates.empty()) out["step_rates"] = std::move(rates);
+    const std::string* end = find(names, names_of::kEnd);
+    if (const std::string* hang = find(names, names_of::kHang); hang && !end) out["hang_diagnosed_by"] = *hang;
+    if (const std::string* ws = find(names, names_of::kWorkerStore)) {
+      const json store = json::parse(*ws, nullptr, false);
+      if (store.is_object()) out["worker_store"] = store;
+      else skipped.push_back({{"key", prefix + std::string(names_of::kWorkerStore)}, {"reason", "not a JSON object"}});
+    }
+    if (end) {
+      const Outcome o = decode_outcome(*end);
+      state = std::string(state_name(o.kind));
+      switch (o.kind) {
+        case Outcome::Kind::Success: break;
+        case Outcome::Kind::Failure: out["end"] = o.failure.empty() ? json(o.detail) : o.failure; break;
+        case Outcome::Kind::Hang:  // the full report stays in the store; status shows its summary
+          out["end"] = {{"detail", o.detail}, {"node", o.node}};
+          break;
+        case Outcome::Kind::Signal:
+        case Outcome::Kind::NodeLost:
+        case Outcome::Kind::Membership: out["end"] = o.detail; break;
+      }
+    } else if (find(names, names_of::kComplete) || find(names, names_of::kClosed)) {
+      state = "running";
+    }
+  }
+  out["state"] = state;
+  out["nnodes"] = nnodes;
+  out["joined"] = nodes.size();
+  out["world_size"] = world;
+  out["nodes"] = std::move(nodes);
+  if (g.own.count("done")) out["all_nodes_left"] = true;
+  return out;
+}
+
+}  // namespace
+
+json summarize_jobs(const std::vector<std::pair<std::string, std::string>>& entries, int64_t now_ms) {
+  std::map<std::string, Job> jobs;
+  json skipped = json::array();
+  for (const auto& [key, value] : entries) {
+    std::string why;
+    const auto parsed = parse_key(key, &why);
+    if (!parsed) {
+      skipped.push_back({{"key", key.substr(0, 300)}, {"reason", why}});
+      continue;
+    }
+    Job& job = jobs[parsed->run_id];
+    if (!parsed->generation) {
+      job.counter = value;
+      continue;
+    }
+    Generation& g = job.generations[*parsed->generation];
+    if (parsed->round) g.rounds[*parsed->round][parsed->name] = value;
+    else g.own[parsed->name] = value;
+  }
+  json out = {{"jobs", json::array()}, {"skipped", std::move(skipped)}};
+  for (const auto& [run_id, job] : jobs) {
+    for (const auto& [gen, g] : job.generations) {
+      out["jobs"].push_back(summarize_generation(run_id, gen, g, job, now_ms, out["skipped"]));
+    }
+  }
+  return out;
+}
+}  // namespace ddprun::rdzv::jobs

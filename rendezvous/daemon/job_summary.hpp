@@ -1,0 +1,24 @@
+#pragma once
+// What `ddprun-rendezvous status` and the metrics endpoint know of the jobs on a store: read back
+// from the keys rendezvous/core/job_keys.hpp lays out. Pure: no I/O.
+
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace ddprun::rdzv::jobs {
+
+// Summary of every job found among `entries` (keys under /ddprun/ with their values), as
+// `ddprun-rendezvous status` prints it:
+//   {"jobs": [{"run_id", "generation", "current_generation", "round", "state", "nnodes", "joined",
+//              "world_size", "nodes": [...], "worker_store", "end", "step_rates": [...],
+//              "hang_diagnosed_by"}],
+//    "skipped": [{"key", "reason"}]}
+// A state is "joining", "running", or the final round's outcome (state_name). What cannot be
+// parsed (a bad record, an odd key) is skipped and listed, never fatal. `now_ms` (wall clock)
+// gives heartbeat ages.
+nlohmann::json summarize_jobs(const std::vector<std::pair<std::string, std::string>>& entries, int64_t now_ms);
+
+}  // namespace ddprun::rdzv::jobs

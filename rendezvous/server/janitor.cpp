@@ -1,0 +1,77 @@
+#include "rendezvous/server/janitor.hpp"
+
+#include <functional>
+#include <vector>
+
+#include "common/log.hpp"
+#include "rendezvous/core/job_keys.hpp"
+
+namespace ddprun::rdzv {
+
+bool JobJanitor::quiet(const std::string& id, uint64_t fingerprint, Clock::time_point now,
+                       std::map<std::string, Seen>& next) {
+  auto it = seen_.find(id);
+  Seen s{fingerprint, now};
+  if (it != seen_.end() && it->second.fingerprint == fingerprint) s.since = it->second.since;
+  next[id] = s;
+  return now - s.since >= ttl_;
+}
+
+JobJanitor::Sweep JobJanitor::sweep(KvStore& store, Clock::time_point now) {
+  struct Generation {
+    std::vector<std::string> keys;
+    uint64_t fingerprint = 0;
+    bool done = false;
+  };
+  struct Job {
+    std::string counter_key;
+    std::string counter;
+    std::map<int64_t, Generation> generations;
+  };
+  std::map<std::string, Job> jobs;
+  store.for_each(jobs::kRoot, [&](std::string_view key, const std::string& value) {
+    const auto parsed = jobs::parse_key(key, nullptr);
+    if (!parsed) return;  // not ours to forget
+    Job& job = jobs[parsed->run_id];
+    if (!parsed->generation) {
+      job.counter_key = std::string(key);
+      job.counter = value;
+      return;
+    }
+    Generation& g = job.generations[*parsed->generation];
+    g.keys.emplace_back(key);
+    // Order-independent: a sum of per-entry hashes.
+    g.fingerprint += std::hash<std::string_view>{}(key) * 31 + std::hash<std::string>{}(value);
+    if (!parsed->round && parsed->name == "done") g.done = true;
+  });
+
+  Sweep result;
+  std::map<std::string, Seen> next;
+  for (auto& [run_id, job] : jobs) {
+    size_t left = 0;
+    for (auto& [gen, g] : job.generations) {
+      const std::string id = run_id + "/g" + std::to_string(gen);
+      const bool abandoned = !g.done && quiet(id, g.fingerprint, now, next);
+      if (!g.done && !abandoned) {
+        ++left;
+        continue;
+      }
+      for (const std::string& k : g.keys) store.remove(k);
+      result.keys_deleted += g.keys.size();
+      ++result.generations_forgotten;
+      next.erase(id);
+      DDPRUN_LOG_DEBUG("store") << "forgot job '" << run_id << "' generation " << gen << " ("
+                                << (g.done ? "every node has left" : "no change for the job TTL") << ", "
+                                << g.keys.size() << " keys)";
+    }
+    if (left == 0 && !job.counter_key.empty() && quiet(run_id, std::hash<std::string>{}(job.counter), now, next)) {
+      store.remove(job.counter_key);
+      ++result.keys_deleted;
+      next.erase(run_id);
+    }
+  }
+  seen_ = std::move(next);
+  return result;
+}
+
+}  // namespace ddprun::rdzv

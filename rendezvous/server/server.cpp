@@ -1,0 +1,498 @@
+#include "rendezvous/server/server.hpp"
+
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/epoll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <boost/asio/post.hpp>
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+#include "common/errors.hpp"
+#include "common/log.hpp"
+#include "common/system.hpp"
+#include "rendezvous/server/server_socket.hpp"
+#include "rendezvous/server/session.hpp"
+
+namespace ddprun::rdzv {
+
+using namespace server_socket;
+
+namespace asio = boost::asio;
+using asio::ip::tcp;
+
+namespace {
+
+constexpr size_t kReadChunk = 64 * 1024;
+// Bytes read from one connection per batch: a client that sends without pause is served in
+// slices, between which every other connection gets its turn.
+constexpr size_t kReadBudget = 256 * 1024;
+// Gathering stops after this many epoll rounds even if clients keep sending.
+constexpr int kMaxGatherRounds = 8;
+constexpr int kMaxEvents = 256;
+// New connections accepted per batch, so a connect storm does not stall the served ones.
+constexpr int kAcceptPerBatch = 1024;
+
+}  // namespace
+
+
+std::string_view close_reason_name(CloseReason reason) {
+  switch (reason) {
+    case CloseReason::PeerClosed: return "peer_closed";
+    case CloseReason::BadRequest: return "bad_request";
+    case CloseReason::OverLimit: return "over_limit";
+    case CloseReason::NotReading: return "not_reading";
+    case CloseReason::WriteFailed: return "write_failed";
+    case CloseReason::Unauthorized: return "unauthorized";
+    case CloseReason::Shutdown: return "shutdown";
+  }
+  return "?";
+}
+
+Server::Server(asio::io_context& io, ServerOptions options)
+    : io_(io),
+      options_(std::move(options)),
+      epoll_(io),
+      accept_retry_(io),
+      janitor_timer_(io),
+      store_(options_.store_limits) {
+  if (options_.job_ttl.count() > 0) janitor_ = std::make_unique<JobJanitor>(options_.job_ttl);
+  if (options_.allowed_peers) allow_peers(*options_.allowed_peers);
+  sockaddr_storage bound{};
+  socklen_t len = 0;
+  listen_fd_ = listen_on(options_.host, options_.port, bound, len);
+  endpoint_ = to_endpoint(bound, len);
+  port_ = endpoint_.port();
+  // Accepted sockets inherit these from the listener (Linux copies the socket's state): no
+  // per-connection system calls.
+  set_keepalive(listen_fd_, options_);
+  const int epfd = ::epoll_create1(EPOLL_CLOEXEC);
+  if (epfd < 0) {
+    const int err = errno;
+    ::close(listen_fd_);
+    throw ConnectionError(std::string("cannot create the store's epoll set: ") + std::strerror(err));
+  }
+  epoll_.assign(epfd);
+  epoll_event ev{};
+  ev.events = EPOLLIN;
+  ev.data.ptr = nullptr;  // the listening socket
+  ::epoll_ctl(epfd, EPOLL_CTL_ADD, listen_fd_, &ev);
+  spare_fd_ = open_spare();
+  scratch_.resize(kReadChunk);
+}
+
+Server::~Server() {
+  stop();
+  if (listen_fd_ >= 0) ::close(listen_fd_);
+  if (spare_fd_ >= 0) ::close(spare_fd_);
+}
+
+void Server::start() {
+  if (options_.log_lifecycle) log::info("store") << "listening on " << format_endpoint(endpoint_);
+  else DDPRUN_LOG_DEBUG("store") << "listening on " << format_endpoint(endpoint_);
+  started_ = true;
+  arm();
+  arm_janitor();
+}
+
+void Server::arm_janitor() {
+  if (!janitor_ || stopped_) return;
+  // Done jobs go within a second; the TTL's resolution is a quarter of it.
+  const auto period = std::clamp<std::chrono::milliseconds>(options_.job_ttl / 4, std::chrono::milliseconds(50),
+                                                            std::chrono::seconds(1));
+  janitor_timer_.expires_after(period);
+  janitor_timer_.async_wait([this](const boost::system::error_code& ec) {
+    if (ec || stopped_) return;
+    try {
+      counters_.jobs_forgotten += janitor_->sweep(store_, std::chrono::steady_clock::now()).generations_forgotten;
+    } catch (const std::exception& e) {
+      log::error("store") << "forgetting finished jobs failed: " << e.what();
+    }
+    arm_janitor();
+  });
+}
+
+void Server::arm() {
+  if (stopped_) return;
+  // Asio watches the epoll set edge-triggered: if events are already waiting, run now rather
+  // than wait for an edge that has passed.
+  pollfd p{epoll_.native_handle(), POLLIN, 0};
+  if (!batch_.empty() || ::poll(&p, 1, 0) > 0) {
+    asio::post(io_, [this] { run_batch(); });
+    return;
+  }
+  epoll_.async_wait(asio::posix::stream_descriptor::wait_read, [this](const boost::system::error_code& ec) {
+    if (!ec) run_batch();
+  });
+}
+
+void Server::run_batch() {
+  if (stopped_) return;
+  try {
+    // 1. Read every socket that has something, until none has more.
+    for (int round = 0; round < kMaxGatherRounds; ++round) {
+      if (!gather_round()) break;
+    }
+    // 2. Apply: first the requests nobody waits for an answer to, then the rest.
+    for (Session* s : batch_) apply(*s, StoreConnection::Stage::NoReply);
+    // Each connection's replies leave as soon as its requests are applied: its client goes on with
+    // its next request while the others' are served, rather than after the whole batch (under CPU
+    // contention the batch can be preempted many times before it ends).
+    for (size_t i = 0; i < batch_.size(); ++i) {
+      Session& s = *batch_[i];
+      apply(s, StoreConnection::Stage::All);
+      if (!s.flags.closing && !s.conn().output().empty()) send(s);
+    }
+    // 3. Send, and settle each connection's state.
+    for (Session* s : batch_) {
+      s->flags.in_batch = false;
+      if (s->flags.closing) continue;
+      s->flags.paused = s->conn().blocked();
+      if (s->flags.peer_closed) {
+        send(*s);  // the client may have shut down only its sending side
+        if (s->flags.closing) continue;
+        const std::string_view partial = s->input();
+        if (!partial.empty()) {
+          close_session(*s, CloseReason::PeerClosed,
+                        "disconnected mid-request (" + s->conn().describe_partial(partial) + ")");
+        } else if (s->conn().waiting()) {
+          close_session(*s, CloseReason::PeerClosed,
+                        "disconnected while waiting on " + std::to_string(s->conn().missing_keys()) + " key(s)");
+        } else {
+          close_session(*s, CloseReason::PeerClosed, "");
+        }
+        continue;
+      }
+      s->trim_input();
+      mark_dirty(*s);
+    }
+    batch_.clear();
+    // Sending may resume a paused connection with requests already read: they go to batch_ and
+    // are applied in the next batch, which arm() starts at once.
+    for (size_t i = 0; i < dirty_.size(); ++i) {
+      Session* s = dirty_[i];
+      s->flags.dirty = false;
+      if (!s->flags.closing) send(*s);
+    }
+    dirty_.clear();
+  } catch (const std::exception& e) {
+    // Not expected (each connection's errors are handled where they happen), but no error may end
+    // the loop that serves every job.
+    log::error("store") << "unexpected error while serving a batch: " << e.what();
+    for (Session* s : batch_) s->flags.in_batch = false;
+    for (Session* s : dirty_) s->flags.dirty = false;
+    batch_.clear();
+    dirty_.clear();
+  }
+  closed_.clear();
+  arm();
+}
+
+bool Server::gather_round() {
+  epoll_event events[kMaxEvents];
+  const int n = retry_eintr([&] { return ::epoll_wait(epoll_.native_handle(), events, kMaxEvents, 0); });
+  bool progress = false;
+  for (int i = 0; i < n; ++i) {
+    auto* s = static_cast<Session*>(events[i].data.ptr);
+    if (s == nullptr) {
+      const uint64_t before = counters_.accepted;
+      accept_pending();
+      progress = progress || counters_.accepted != before;
+      continue;
+    }
+    if (s->flags.closing) continue;
+    if (events[i].events & EPOLLOUT) send(*s);
+    if (s->flags.closing) continue;
+    if ((events[i].events & (EPOLLHUP | EPOLLERR)) && (s->flags.paused || s->flags.peer_closed)) {
+      // Not reading it, and epoll reports a hang-up regardless: it is gone.
+      close_session(*s, CloseReason::PeerClosed, s->conn().output().empty() ? "" : "disconnected with replies unread");
+      continue;
+    }
+    if ((events[i].events & (EPOLLIN | EPOLLHUP | EPOLLERR | EPOLLRDHUP)) && !s->flags.paused &&
+        !s->flags.peer_closed) {
+      const size_t before = s->input().size();
+      on_readable(*s);
+      progress = progress || s->input().size() != before || s->flags.peer_closed;
+    }
+  }
+  return progress;
+}
+
+void Server::on_readable(Session& s) {
+  // Budget per batch, not per call: a connection read in an earlier round of this batch gets
+  // what is left of it.
+  size_t received = 0;
+  const size_t already = s.flags.in_batch ? s.input().size() : 0;
+  const size_t budget = already >= kReadBudget ? 0 : kReadBudget - already;
+  if (budget == 0) return;
+  const Session::ReadStatus st = s.read(scratch_, budget, received);
+  counters_.bytes_received += received;
+  if (st == Session::ReadStatus::Closed) s.flags.peer_closed = true;
+  if ((received > 0 || s.flags.peer_closed) && !s.flags.in_batch) {
+    s.flags.in_batch = true;
+    batch_.push_back(&s);
+  }
+  if (s.flags.peer_closed) update_interest(s);
+}
+
+void Server::apply(Session& s, StoreConnection::Stage stage) {
+  if (s.flags.closing) return;
+  try {
+    const size_t used = s.conn().consume(s.input(), stage);
+    s.input().erase(0, used);
+  } catch (const AccessDenied& e) {
+    close_session(s, CloseReason::Unauthorized, std::string("access denied, closing the connection: ") + e.what());
+  } catch (const LimitError& e) {
+    close_session(s, CloseReason::OverLimit, std::string("refused a request over a limit, closing the connection: ") +
+                                                 e.what());
+  } catch (const ProtocolError& e) {
+    close_session(s, CloseReason::BadRequest, std::string("bad request, closing the connection: ") + e.what());
+  } catch (const std::bad_alloc&) {
+    close_session(s, CloseReason::OverLimit, "out of memory while serving a request, closing the connection");
+  } catch (const std::exception& e) {
+    close_session(s, CloseReason::BadRequest, std::string("error while serving a request, closing the connection: ") +
+                                                  e.what());
+  }
+}
+
+void Server::mark_dirty(Session& s) {
+  if (s.flags.dirty || s.flags.closing) return;
+  s.flags.dirty = true;
+  dirty_.push_back(&s);
+}
+
+void Server::send(Session& s) {
+  if (s.conn().overflowed()) {
+    close_session(s, CloseReason::NotReading,
+                  "not reading what it is sent: " + std::to_string(s.conn().output().size()) +
+                      " bytes of wake-ups and watch notifications unread, over the limit of " +
+                      std::to_string(options_.limits.max_output_backlog) + "; closing the connection");
+    return;
+  }
+  size_t sent = 0;
+  int error = 0;
+  const bool ok = s.flush(sent, error);
+  counters_.bytes_sent += sent;
+  if (!ok) {
+    close_session(s, CloseReason::WriteFailed,
+                  error == EPIPE || error == ECONNRESET ? "" : std::string("write failed: ") + std::strerror(error));
+    return;
+  }
+  // The client read its backlog: take up its waiting request again, in the batch under way.
+  if (s.flags.paused && s.conn().output().size() <= options_.limits.output_high_water) {
+    s.flags.paused = false;
+    if (!s.flags.in_batch && !s.input().empty()) {
+      s.flags.in_batch = true;
+      batch_.push_back(&s);
+    }
+  }
+  update_interest(s);
+}
+
+void Server::update_interest(Session& s) {
+  if (s.flags.closing) return;
+  uint32_t want = 0;
+  if (!s.flags.paused && !s.flags.peer_closed) want |= EPOLLIN | EPOLLRDHUP;
+  if (!s.conn().output().empty()) want |= EPOLLOUT;
+  if (want == s.flags.registered) return;
+  epoll_event ev{};
+  ev.events = want;
+  ev.data.ptr = &s;
+  ::epoll_ctl(epoll_.native_handle(), EPOLL_CTL_MOD, s.fd(), &ev);
+  s.flags.registered = want;
+}
+
+void Server::accept_pending() {
+  for (int i = 0; i < kAcceptPerBatch && !accept_paused_; ++i) {
+    sockaddr_storage addr{};
+    socklen_t len = sizeof addr;
+    const int fd = ::accept4(listen_fd_, reinterpret_cast<sockaddr*>(&addr), &len, SOCK_NONBLOCK | SOCK_CLOEXEC);
+    if (fd < 0) {
+      if (errno == EINTR || errno == ECONNABORTED || errno == EPROTO) continue;
+      if (errno == EAGAIN || errno == EWOULDBLOCK) return;
+      if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
+        // accept(2) fails this way whether or not a connection is waiting.
+        if (!refuse_one()) return;
+        continue;
+      }
+      log::warn("store") << "accept failed: " << std::strerror(errno);
+      pause_accepting();
+      return;
+    }
+    if (out_of_fds_) {
+      out_of_fds_ = false;
+      log::info("store") << "accepting connections again (" << refused_in_episode_
+                         << " refused while out of file descriptors)";
+      refused_in_episode_ = 0;
+    }
+    if (allowed_ && !allowed_->count(peer_address(addr))) {
+      // Not one of the job's nodes: closed before a byte is read.
+      const std::string who = peer_address(addr);
+      if (refused_logged_.insert(who).second && refused_logged_.size() <= 1000) {
+        log::warn("store") << "refused a connection from " << who << ": not one of this job's nodes";
+      }
+      const linger reset{1, 0};
+      ::setsockopt(fd, SOL_SOCKET, SO_LINGER, &reset, sizeof reset);
+      ::close(fd);
+      ++counters_.refused_not_allowed;
+      continue;
+    }
+    auto session = std::make_unique<Session>(fd, format_sockaddr(&addr), store_, options_.limits,
+                                             [this](Session& s) { mark_dirty(s); },
+                                             options_.secret ? &*options_.secret : nullptr);
+    Session* raw = session.get();
+    epoll_event ev{};
+    ev.events = EPOLLIN | EPOLLRDHUP;
+    ev.data.ptr = raw;
+    if (::epoll_ctl(epoll_.native_handle(), EPOLL_CTL_ADD, fd, &ev) != 0) {
+      log::warn("store") << "cannot watch client " << raw->peer() << ": " << std::strerror(errno);
+      continue;  // the session's destructor closes the socket
+    }
+    raw->flags.registered = ev.events;
+    sessions_.emplace(raw, std::move(session));
+    ++counters_.accepted;
+    DDPRUN_LOG_DEBUG("store") << "client " << raw->peer() << " connected";
+  }
+}
+
+bool Server::refuse_one() {
+  if (spare_fd_ < 0) {
+    pause_accepting();
+    return false;
+  }
+  // The reserve-descriptor idiom: give up the spare, take the newcomer and close it at once, so
+  // it learns now (connection reset) rather than waiting in the backlog forever.
+  ::close(spare_fd_);
+  spare_fd_ = -1;
+  const int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
+  const int err = errno;
+  if (fd >= 0) {
+    const linger reset{1, 0};
+    ::setsockopt(fd, SOL_SOCKET, SO_LINGER, &reset, sizeof reset);
+    ::close(fd);
+    ++counters_.refused_out_of_fds;
+    ++refused_in_episode_;
+    if (!out_of_fds_) {
+      out_of_fds_ = true;
+      log::warn("store") << "out of file descriptors (" << sessions_.size() << " clients, limit "
+                         << open_file_limit()
+                         << "): new clients are refused until some disconnect; raise the limit (ulimit -n, "
+                            "LimitNOFILE=) to serve more";
+    }
+  }
+  spare_fd_ = open_spare();
+  if (fd < 0 && err != EAGAIN && err != EWOULDBLOCK) pause_accepting();
+  return fd >= 0;
+}
+
+void Server::pause_accepting() {
+  // Without a spare descriptor the pending connection cannot be taken: stop watching the
+  // listener for a moment rather than spin on it.
+  if (accept_paused_) return;
+  accept_paused_ = true;
+  epoll_event ev{};
+  ev.data.ptr = nullptr;
+  ::epoll_ctl(epoll_.native_handle(), EPOLL_CTL_MOD, listen_fd_, &ev);
+  accept_retry_.expires_after(std::chrono::milliseconds(100));
+  accept_retry_.async_wait([this](const boost::system::error_code& ec) {
+    if (ec || stopped_) return;
+    accept_paused_ = false;
+    if (spare_fd_ < 0) spare_fd_ = open_spare();
+    epoll_event ev{};
+    ev.events = EPOLLIN;
+    ev.data.ptr = nullptr;
+    ::epoll_ctl(epoll_.native_handle(), EPOLL_CTL_MOD, listen_fd_, &ev);
+  });
+}
+
+void Server::close_session(Session& s, CloseReason reason, const std::string& why) {
+  if (s.flags.closing) return;
+  s.flags.closing = true;
+  ++counters_.closed[static_cast<size_t>(reason)];
+  if (!why.empty()) {
+    log::warn("store") << "client " << s.peer() << ": " << why;
+  } else {
+    DDPRUN_LOG_DEBUG("store") << "client " << s.peer() << " disconnected after " << s.conn().requests()
+                              << " requests";
+  }
+  if (reason != CloseReason::PeerClosed && reason != CloseReason::WriteFailed && reason != CloseReason::NotReading) {
+    // The replies to the requests applied before the bad one are the client's: send what the
+    // socket takes now (never blocking), so it learns what happened before the close.
+    size_t sent = 0;
+    int error = 0;
+    s.flush(sent, error);
+    counters_.bytes_sent += sent;
+  }
+  ::epoll_ctl(epoll_.native_handle(), EPOLL_CTL_DEL, s.fd(), nullptr);
+  // Clears this client's waits and watches now; the object goes at the end of the batch, since
+  // the batch's lists may still point at it.
+  s.conn().release();
+  auto it = sessions_.find(&s);
+  if (it != sessions_.end()) {
+    ::shutdown(s.fd(), SHUT_RDWR);
+    closed_.push_back(std::move(it->second));
+    sessions_.erase(it);
+  }
+}
+
+void Server::allow_peers(const std::vector<std::string>& addresses) {
+  std::set<std::string> allowed{"127.0.0.1", "::1"};
+  for (const std::string& a : addresses) allowed.insert(normalize_address(a));
+  allowed_ = std::move(allowed);
+}
+
+std::vector<ClientInfo> Server::clients() const {
+  std::unordered_map<const Waiter*, const PendingWaitInfo*> waits;
+  const std::vector<PendingWaitInfo> pending = store_.pending_waits();
+  for (const PendingWaitInfo& w : pending) waits[w.waiter] = &w;
+  std::vector<ClientInfo> out;
+  out.reserve(sessions_.size());
+  for (const auto& [ptr, session] : sessions_) {
+    if (session->flags.closing) continue;
+    ClientInfo c;
+    c.peer = session->peer();
+    if (auto it = waits.find(&session->conn()); it != waits.end()) {
+      c.waiting = it->second->missing;
+      c.waiting_since = it->second->since;
+    }
+    out.push_back(std::move(c));
+  }
+  return out;
+}
+
+ServerStats Server::stats() const {
+  ServerStats st = counters_;
+  st.connections = sessions_.size();
+  st.waiting_clients = store_.waiting_clients();
+  st.keys = store_.num_keys();
+  st.stored_bytes = store_.stored_bytes();
+  st.requests = store_.requests();
+  return st;
+}
+
+void Server::stop() {
+  if (stopped_) return;
+  stopped_ = true;
+  boost::system::error_code ignored;
+  accept_retry_.cancel();
+  janitor_timer_.cancel();
+  epoll_.cancel(ignored);
+  std::vector<Session*> all;
+  for (auto& [ptr, session] : sessions_) all.push_back(ptr);
+  for (Session* s : all) close_session(*s, CloseReason::Shutdown, "");
+  closed_.clear();
+  batch_.clear();
+  dirty_.clear();
+  epoll_.close(ignored);
+  if (listen_fd_ >= 0) ::close(listen_fd_);
+  listen_fd_ = -1;
+  if (!started_) return;
+  if (options_.log_lifecycle) log::info("store") << "stopped serving " << format_endpoint(endpoint_);
+  else DDPRUN_LOG_DEBUG("store") << "stopped serving " << format_endpoint(endpoint_);
+}
+
+}  // namespace ddprun::rdzv

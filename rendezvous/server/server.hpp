@@ -1,0 +1,206 @@
+#pragma once
+// The TCPStore-compatible server: a listening socket, its sessions, and the KvStore they share.
+//
+// Server runs on a caller-supplied io_context and must only be touched from that io_context's
+// thread once start() has run (use post). ServerThread is the embeddable form: it owns an
+// io_context and one thread, binds in its constructor (so the port is known at once and no other
+// process can take it in between) and stops cleanly in stop() or its destructor.
+//
+// How it serves, and why not with Asio's per-socket operations: SET has no reply, so a client's
+// set() returns as soon as its bytes are written, and the client may then ask something through
+// another connection. Asio completes each socket's read on its own (speculatively, as soon as a
+// read is started), so the second connection's request could be applied before the SET that
+// reached the server first was even read. Here the sockets sit in an epoll set of the server's
+// own, which Asio watches as one descriptor; each batch
+//   1. reads every ready socket (in rounds, until no socket has anything more, each connection up
+//      to a per-batch budget so that one fast client cannot starve the others),
+//   2. applies, connection by connection, the leading requests that have no reply (SET, APPEND,
+//      MULTI_SET, QUEUE_PUSH), then everything else, each connection's requests in order,
+//   3. sends the replies and wake-ups, pausing a connection's reading while it owes its client
+//      more than Limits::output_high_water.
+// A request applied in a batch was read after every byte that reached the server before it, so a
+// set() that had returned before another client sent its request is always visible to it.
+//
+// Under faults: every descriptor is close-on-exec; accepted sockets get TCP keepalive, so a
+// crashed or partitioned client's connection (and its pending WAIT) is reclaimed; out of file
+// descriptors, a spare descriptor is given up to accept and close the newcomer at once (it gets an
+// error instead of waiting forever), logged once per episode; no exception from one connection
+// ends the loop: that connection is closed with one log line.
+
+#include <utility>  // before Asio (Boost 1.74 quirk)
+
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/posix/stream_descriptor.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <set>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "rendezvous/server/janitor.hpp"
+#include "rendezvous/core/kv_store.hpp"
+#include "rendezvous/core/protocol.hpp"
+#include "rendezvous/core/store_connection.hpp"
+
+namespace ddprun::rdzv {
+
+class Session;
+
+struct ServerOptions {
+  // Address to bind: a numeric IPv4/IPv6 address or a host name. "::" listens on IPv6 and IPv4.
+  std::string host = "127.0.0.1";
+  // 0 lets the kernel pick a free port; read it back with port().
+  uint16_t port = 0;
+  Limits limits;
+  StoreLimits store_limits;
+  // Log "listening on" / "stopped" at INFO (the daemon) or DEBUG (embedded in the launcher).
+  bool log_lifecycle = true;
+  // TCP keepalive of accepted connections: first probe after `keepalive_idle` of silence, then every
+  // `keepalive_interval`; the connection is dropped after `keepalive_probes` unanswered probes
+  // (about 2 minutes with the defaults).
+  std::chrono::seconds keepalive_idle{60};
+  std::chrono::seconds keepalive_interval{10};
+  int keepalive_probes = 6;
+  // Forget ddprun jobs that are over (see JobJanitor): 0 leaves every key alone (a store embedded
+  // in one job's ddprun); the daemon sets --job-ttl.
+  std::chrono::milliseconds job_ttl{0};
+  // A protected store: clients must prove this secret before any key operation, and are bound to
+  // one job's keys (rendezvous/auth.hpp). Without it the store is open, as PyTorch's is.
+  std::optional<StoreSecret> secret;
+  // Only these peer addresses (numeric, plus loopback) may connect; others are closed before a
+  // byte is read. Unset: anyone. Can be replaced later with Server::allow_peers.
+  std::optional<std::vector<std::string>> allowed_peers;
+};
+
+// Why connections were closed, for metrics.
+enum class CloseReason { PeerClosed, BadRequest, OverLimit, NotReading, WriteFailed, Unauthorized, Shutdown };
+inline constexpr size_t kCloseReasonCount = static_cast<size_t>(CloseReason::Shutdown) + 1;
+std::string_view close_reason_name(CloseReason reason);
+
+// A snapshot of the server's state, for status queries, metrics and tests.
+struct ServerStats {
+  size_t connections = 0;
+  size_t waiting_clients = 0;
+  size_t keys = 0;
+  uint64_t stored_bytes = 0;
+  uint64_t requests = 0;  // served since start
+  uint64_t accepted = 0;
+  uint64_t refused_out_of_fds = 0;  // accepted and closed at once while out of descriptors
+  uint64_t refused_not_allowed = 0;  // closed at once: the peer's address is not allowed
+  uint64_t bytes_received = 0;
+  uint64_t bytes_sent = 0;
+  uint64_t closed[kCloseReasonCount] = {};
+  uint64_t jobs_forgotten = 0;  // job generations deleted by the janitor
+};
+
+// A connected client, for diagnostics: who it is and what it waits for.
+struct ClientInfo {
+  std::string peer;                  // "127.0.0.1:41234"
+  std::vector<std::string> waiting;  // keys its pending WAIT still misses (empty: none pending)
+  std::chrono::steady_clock::time_point waiting_since;
+};
+
+class Server {
+ public:
+  // Binds and listens at once; throws ConnectionError naming the address if that fails.
+  Server(boost::asio::io_context& io, ServerOptions options);
+  ~Server();
+  Server(const Server&) = delete;
+  Server& operator=(const Server&) = delete;
+
+  void start();
+  // Stops accepting and closes every connection. Call on the io_context thread.
+  void stop();
+
+  uint16_t port() const { return port_; }
+  const boost::asio::ip::tcp::endpoint& endpoint() const { return endpoint_; }
+  ServerStats stats() const;
+  // Every connected client, with its pending wait if any.
+  std::vector<ClientInfo> clients() const;
+  KvStore& store() { return store_; }
+  const KvStore& store() const { return store_; }
+  // Replaces the allowed peers (numeric addresses; loopback is always allowed). Connections open
+  // already are not affected.
+  void allow_peers(const std::vector<std::string>& addresses);
+  bool protected_store() const { return options_.secret.has_value(); }
+
+ private:
+  void arm();
+  void run_batch();
+  // One epoll_wait(0) and the reads it allows; true if any bytes arrived or a client connected.
+  bool gather_round();
+  void on_readable(Session& s);
+  void apply(Session& s, StoreConnection::Stage stage);
+  void send(Session& s);
+  void update_interest(Session& s);
+  void accept_pending();
+  // Accepts one waiting connection and closes it at once; false when none was waiting.
+  bool refuse_one();
+  void pause_accepting();
+  void mark_dirty(Session& s);
+  void close_session(Session& s, CloseReason reason, const std::string& why);
+  void arm_janitor();
+
+  boost::asio::io_context& io_;
+  ServerOptions options_;
+  int listen_fd_ = -1;
+  int spare_fd_ = -1;  // given up to accept-and-close when out of descriptors
+  boost::asio::posix::stream_descriptor epoll_;
+  boost::asio::steady_timer accept_retry_;
+  boost::asio::steady_timer janitor_timer_;
+  std::unique_ptr<JobJanitor> janitor_;
+  boost::asio::ip::tcp::endpoint endpoint_;
+  uint16_t port_ = 0;
+  KvStore store_;
+  std::unordered_map<Session*, std::unique_ptr<Session>> sessions_;
+  std::vector<std::unique_ptr<Session>> closed_;  // destroyed at the end of the batch
+  std::vector<Session*> batch_;                   // sessions with bytes to apply, in arrival order
+  std::vector<Session*> dirty_;                   // sessions with bytes to send
+  std::vector<char> scratch_;
+  std::optional<std::set<std::string>> allowed_;
+  std::set<std::string> refused_logged_;  // one line per refused address
+  bool accept_paused_ = false;
+  bool out_of_fds_ = false;  // an episode is under way (logged once)
+  uint64_t refused_in_episode_ = 0;
+  ServerStats counters_;
+  bool stopped_ = false;
+  bool started_ = false;
+};
+
+class ServerThread {
+ public:
+  explicit ServerThread(ServerOptions options);
+  ~ServerThread();
+  ServerThread(const ServerThread&) = delete;
+  ServerThread& operator=(const ServerThread&) = delete;
+
+  uint16_t port() const { return port_; }
+  const boost::asio::ip::tcp::endpoint& endpoint() const { return endpoint_; }
+  // Closes all connections and joins the thread; idempotent.
+  void stop();
+  // Taken on the server thread; blocks until it answers.
+  ServerStats stats();
+  // Runs `fn` on the server thread with the server, and waits for it.
+  void with_server(const std::function<void(Server&)>& fn);
+  // Thread-safe Server::allow_peers.
+  void allow_peers(const std::vector<std::string>& addresses);
+
+ private:
+  boost::asio::io_context io_{1};
+  std::unique_ptr<Server> server_;
+  boost::asio::ip::tcp::endpoint endpoint_;
+  uint16_t port_ = 0;
+  std::thread thread_;
+};
+
+// "127.0.0.1:29500" or "[::1]:29500".
+std::string format_endpoint(const boost::asio::ip::tcp::endpoint& ep);
+
+}  // namespace ddprun::rdzv

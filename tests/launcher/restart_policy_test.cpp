@@ -1,0 +1,84 @@
+// The restart policy (launcher/agent/restart_policy.hpp): what a round's end makes the agent do.
+#include "launcher/agent/restart_policy.hpp"
+
+#include <gtest/gtest.h>
+
+#include <csignal>
+
+#include "launcher/workers/worker_exit.hpp"
+
+namespace ddprun::launcher {
+namespace {
+
+RoundEnd end_of(RoundEnd::Kind kind) {
+  RoundEnd e;
+  e.kind = kind;
+  return e;
+}
+
+RoundEnd failure(int exit_code, int signal = 0) {
+  RoundEnd e = end_of(RoundEnd::Kind::Failure);
+  WorkerExit w;
+  w.rank = 3;
+  w.exit_code = exit_code;
+  w.signal = signal;
+  e.root_cause = w;
+  return e;
+}
+
+constexpr Decision kRestart{Decision::Kind::Restart, 0};
+constexpr Decision kRerendezvous{Decision::Kind::Rerendezvous, 0};
+constexpr Decision finish(int code) { return {Decision::Kind::Finish, code}; }
+
+TEST(RestartPolicyTest, SuccessFinishesWithZeroWhateverTheRestartsLeft) {
+  EXPECT_EQ(decide(end_of(RoundEnd::Kind::Success), {.restarts = 0, .max_restarts = 3}), finish(0));
+  EXPECT_EQ(decide(end_of(RoundEnd::Kind::Success), {.stop_signal = SIGTERM}), finish(0));
+}
+
+TEST(RestartPolicyTest, AFailureRestartsWhileRestartsAreLeftThenExitsAsTheRootCauseDid) {
+  EXPECT_EQ(decide(failure(3), {.restarts = 0, .max_restarts = 2}), kRestart);
+  EXPECT_EQ(decide(failure(3), {.restarts = 1, .max_restarts = 2}), kRestart);
+  EXPECT_EQ(decide(failure(3), {.restarts = 2, .max_restarts = 2}), finish(3));
+  EXPECT_EQ(decide(failure(0, SIGSEGV), {.max_restarts = 0}), finish(128 + SIGSEGV));
+  // A failure whose root cause did not travel (an older peer) still fails the job.
+  EXPECT_EQ(decide(end_of(RoundEnd::Kind::Failure), {}), finish(1));
+}
+
+TEST(RestartPolicyTest, AStopSignalNeverRestarts) {
+  EXPECT_EQ(decide(failure(3), {.restarts = 0, .max_restarts = 5, .stop_signal = SIGTERM}), finish(3));
+  EXPECT_EQ(decide(end_of(RoundEnd::Kind::Hang), {.max_restarts = 5, .stop_signal = SIGINT}), finish(kHangExitCode));
+  EXPECT_EQ(decide(end_of(RoundEnd::Kind::Membership), {.elastic = true, .stop_signal = SIGINT}), finish(128 + SIGINT));
+  EXPECT_EQ(decide(end_of(RoundEnd::Kind::NodeLost), {.elastic = true, .stop_signal = SIGTERM}), finish(1));
+}
+
+TEST(RestartPolicyTest, ASignalEndExitsWithTheSignalThatStoppedUsOrTheGroupOrSigterm) {
+  EXPECT_EQ(decide(end_of(RoundEnd::Kind::Signal), {.stop_signal = SIGINT, .group_signal = SIGTERM}),
+            finish(128 + SIGINT));
+  EXPECT_EQ(decide(end_of(RoundEnd::Kind::Signal), {.group_signal = SIGHUP}), finish(128 + SIGHUP));
+  // Another node's signal ended the round: this node saw none.
+  EXPECT_EQ(decide(end_of(RoundEnd::Kind::Signal), {}), finish(128 + SIGTERM));
+}
+
+TEST(RestartPolicyTest, ALostNodeIsARerendezvousOnlyForElasticJobsAndNotARestart) {
+  EXPECT_EQ(decide(end_of(RoundEnd::Kind::NodeLost), {.max_restarts = 3, .elastic = true}), kRerendezvous);
+  EXPECT_EQ(decide(end_of(RoundEnd::Kind::NodeLost), {.max_restarts = 3, .elastic = false}), finish(1));
+  // Restarts used up do not stop an elastic job from going on without the lost node.
+  EXPECT_EQ(decide(end_of(RoundEnd::Kind::NodeLost), {.restarts = 3, .max_restarts = 3, .elastic = true}),
+            kRerendezvous);
+}
+
+TEST(RestartPolicyTest, ANewNodeAlwaysMeansARerendezvous) {
+  EXPECT_EQ(decide(end_of(RoundEnd::Kind::Membership), {.restarts = 9, .max_restarts = 0}), kRerendezvous);
+}
+
+TEST(RestartPolicyTest, AHangRestartsLikeAFailureThenExitsWith124) {
+  EXPECT_EQ(decide(end_of(RoundEnd::Kind::Hang), {.restarts = 0, .max_restarts = 1}), kRestart);
+  EXPECT_EQ(decide(end_of(RoundEnd::Kind::Hang), {.restarts = 1, .max_restarts = 1}), finish(124));
+}
+
+TEST(RestartPolicyTest, LosingTheStoreEndsTheJobWithOneEvenWithRestartsLeft) {
+  EXPECT_EQ(decide(end_of(RoundEnd::Kind::StoreLost), {.max_restarts = 3, .elastic = true}), finish(1));
+}
+
+}  // namespace
+}  // namespace ddprun::launcher
