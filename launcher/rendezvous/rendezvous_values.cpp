@@ -17,6 +17,15 @@ rdzv::jobs::Outcome failure_outcome(const WorkerExit& failure, int node) {
   return o;
 }
 
+rdzv::jobs::Outcome hang_outcome(const std::string& summary, const std::string& report, int node) {
+  rdzv::jobs::Outcome o;
+  o.kind = rdzv::jobs::Outcome::Kind::Hang;
+  o.node = node;
+  o.detail = summary;
+  o.failure = {{"report", report}};
+  return o;
+}
+
 rdzv::jobs::Outcome signal_outcome(int signo, int node, const std::string& host) {
   rdzv::jobs::Outcome o;
   o.kind = rdzv::jobs::Outcome::Kind::Signal;
@@ -32,22 +41,6 @@ json exit_to_json(const WorkerExit& e, int node) {
   if (auto text = e.error_text ? e.error_text : read_error_file(e.error_file)) j["error"] = *text;
   if (!e.diagnosis.empty()) j["diagnosis"] = e.diagnosis;
   return j;
-}
-
-int64_t int_field(const json& j, const char* name, int64_t fallback) {
-  auto it = j.find(name);
-  return it != j.end() && it->is_number_integer() ? it->get<int64_t>() : fallback;
-}
-std::string string_field(const json& j, const char* name) {
-  auto it = j.find(name);
-  return it != j.end() && it->is_string() ? it->get<std::string>() : std::string();
-}
-std::vector<std::string> strings_field(const json& j, const char* name) {
-  std::vector<std::string> out;
-  auto it = j.find(name);
-  if (it == j.end() || !it->is_array()) return out;
-  for (const auto& v : *it) out.push_back(v.is_string() ? v.get<std::string>() : v.dump());
-  return out;
 }
 
 WorkerExit exit_from_json(const json& j) {

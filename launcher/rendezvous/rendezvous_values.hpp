@@ -16,13 +16,11 @@
 #include "launcher/rendezvous/rendezvous_backend.hpp"  // RoundEnd
 #include "launcher/workers/worker_exit.hpp"
 #include "rendezvous/core/job_keys.hpp"
+#include "rendezvous/core/json_fields.hpp"
 #include "rendezvous/core/records.hpp"
 
 namespace ddprun::launcher {
 
-int64_t int_field(const nlohmann::json& j, const char* name, int64_t fallback);
-std::string string_field(const nlohmann::json& j, const char* name);
-std::vector<std::string> strings_field(const nlohmann::json& j, const char* name);
 
 // The round's records (rendezvous/core/records.hpp) read from `key`, or a ProtocolError that
 // names the key, says what it should hold and shows the start of the value.
@@ -43,6 +41,8 @@ RoundEnd parse_round_end(const std::string& value);
 // cause), and a stop signal received on `host` (node -1: a job of one node).
 rdzv::jobs::Outcome failure_outcome(const WorkerExit& failure, int node);
 rdzv::jobs::Outcome signal_outcome(int signo, int node, const std::string& host);
+// A hang diagnosed by `node`: `summary` is the one line, `report` the full report.
+rdzv::jobs::Outcome hang_outcome(const std::string& summary, const std::string& report, int node);
 
 // Wall-clock milliseconds since the epoch (records and heartbeat times; never compared across hosts).
 int64_t now_ms();

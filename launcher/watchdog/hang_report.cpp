@@ -9,7 +9,8 @@
 
 #include "common/numbers.hpp"
 #include "common/procfs.hpp"
-#include "launcher/rendezvous/rendezvous_values.hpp"
+#include "common/system.hpp"  // seconds_text
+#include "rendezvous/core/json_fields.hpp"
 #include "launcher/watchdog/stacks.hpp"
 #include "rendezvous/core/job_keys.hpp"
 

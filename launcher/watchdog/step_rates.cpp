@@ -4,7 +4,7 @@
 #include <cstdio>
 #include <sstream>
 
-#include "launcher/rendezvous/rendezvous_values.hpp"
+#include "rendezvous/core/json_fields.hpp"
 
 namespace ddprun::launcher {
 

@@ -1,32 +1,16 @@
 #include "rendezvous/core/records.hpp"
 
+#include "rendezvous/core/json_fields.hpp"
+
 namespace ddprun::rdzv::jobs {
 
 using json = nlohmann::json;
 
 namespace {
 
-int64_t int_of(const json& j, const char* name, int64_t otherwise) {
-  auto it = j.find(name);
-  return it != j.end() && it->is_number_integer() ? it->get<int64_t>() : otherwise;
-}
-std::string string_of(const json& j, const char* name) {
-  auto it = j.find(name);
-  return it != j.end() && it->is_string() ? it->get<std::string>() : std::string();
-}
-bool bool_of(const json& j, const char* name) {
-  auto it = j.find(name);
-  return it != j.end() && it->is_boolean() && it->get<bool>();
-}
-std::vector<std::string> strings_of(const json& j, const char* name) {
-  std::vector<std::string> out;
-  auto it = j.find(name);
-  if (it == j.end() || !it->is_array()) return out;
-  for (const auto& v : *it) out.push_back(v.is_string() ? v.get<std::string>() : v.dump());
-  return out;
-}
+// An int field; out of int's range reads as the fallback.
 int small_int_of(const json& j, const char* name, int otherwise) {
-  const int64_t v = int_of(j, name, otherwise);
+  const int64_t v = int_field(j, name, otherwise);
   return v < INT32_MIN || v > INT32_MAX ? otherwise : static_cast<int>(v);
 }
 
@@ -46,15 +30,15 @@ std::string encode(const NodeRecord& r) { return to_json(r).dump(); }
 std::optional<NodeRecord> node_record_from_json(const json& j) {
   if (!j.is_object()) return std::nullopt;
   NodeRecord r;
-  r.host = string_of(j, "host");
-  r.addr = string_of(j, "addr");
-  r.agent = string_of(j, "agent");
+  r.host = string_field(j, "host");
+  r.addr = string_field(j, "addr");
+  r.agent = string_field(j, "agent");
   r.nproc = small_int_of(j, "nproc", 0);
   r.pid = small_int_of(j, "pid", 0);
   r.nnodes = small_int_of(j, "nnodes", 0);
-  r.joined_ms = int_of(j, "joined_ms", 0);
+  r.joined_ms = int_field(j, "joined_ms", 0);
   r.hint = small_int_of(j, "hint", -1);
-  r.store_host = bool_of(j, "store_host");
+  r.store_host = bool_field(j, "store_host");
   return r;
 }
 
@@ -67,7 +51,7 @@ std::string encode(const WorkerStoreRecord& r) { return json{{"addr", r.addr}, {
 std::optional<WorkerStoreRecord> decode_worker_store(std::string_view text) {
   const json j = json::parse(text, nullptr, false);
   if (!j.is_object()) return std::nullopt;
-  WorkerStoreRecord r{string_of(j, "addr"), small_int_of(j, "port", 0)};
+  WorkerStoreRecord r{string_field(j, "addr"), small_int_of(j, "port", 0)};
   if (r.addr.empty() || r.port <= 0 || r.port > 65535) return std::nullopt;
   return r;
 }
@@ -90,9 +74,9 @@ std::optional<Assignment> decode_assignment(std::string_view text) {
   a.offset = small_int_of(j, "offset", -1);
   a.world_size = small_int_of(j, "world_size", 0);
   if (a.group_rank < 0 || a.group_world_size <= 0 || a.offset < 0 || a.world_size <= 0) return std::nullopt;
-  a.agents = strings_of(j, "agents");
-  a.hosts = strings_of(j, "hosts");
-  a.addrs = strings_of(j, "addrs");
+  a.agents = strings_field(j, "agents");
+  a.hosts = strings_field(j, "hosts");
+  a.addrs = strings_field(j, "addrs");
   return a;
 }
 

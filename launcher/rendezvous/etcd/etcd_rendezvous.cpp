@@ -36,7 +36,8 @@ constexpr std::chrono::seconds kForgetJobAfter{24 * 3600};
 
 }  // namespace
 
-EtcdRendezvous::EtcdRendezvous(EtcdRendezvousOptions options, const StopSignal& stop) : options_(std::move(options)) {
+EtcdRendezvous::EtcdRendezvous(EtcdRendezvousOptions options, const StopSignal& stop)
+    : NodeRendezvous(options.host), options_(std::move(options)) {
   client_ = std::make_unique<etcd::Client>(options_.etcd);
   std::mt19937 rng(std::random_device{}());
   agent_id_ = options_.host + ":" + std::to_string(::getpid()) + ":" + std::to_string(rng() % 100000);
@@ -170,9 +171,7 @@ RoundEnd EtcdRendezvous::decide(int round, const rdzv::jobs::Outcome& proposal) 
 }
 
 void EtcdRendezvous::watch(int round, std::function<void(const RoundEnd&)> on_end) {
-  stop_watcher();
-  stop_watching_ = false;
-  watcher_ = std::thread([this, round, on_end = std::move(on_end)] {
+  start_watcher([this, round, on_end = std::move(on_end)] {
     auto lost = [](const std::string& why) {
       RoundEnd e;
       e.kind = RoundEnd::Kind::StoreLost;
@@ -193,7 +192,7 @@ void EtcdRendezvous::watch(int round, std::function<void(const RoundEnd&)> on_en
       etcd::Watch w(*client_, prefix, etcd::prefix_end(prefix), now.revision + 1, std::move(present));
       const std::string member_prefix = rk(round).members();
       for (;;) {
-        if (stop_watching_) return;
+        if (watch_stopped()) return;
         if (lease_lost_) {
           on_end(lost("this node's etcd lease expired (etcd unreachable for " + std::to_string(options_.lease_ttl.count()) +
                       " s): the other nodes count it as lost"));
@@ -208,15 +207,13 @@ void EtcdRendezvous::watch(int round, std::function<void(const RoundEnd&)> on_en
           if (ev.type != etcd::WatchEvent::Type::Delete || ev.kv.key.rfind(member_prefix, 0) != 0) continue;
           // A member's lease expired: that node is gone.
           const std::string agent = ev.kv.key.substr(member_prefix.size());
+          const Place p = place();
           int node = -1;
           std::string host;
-          {
-            std::lock_guard lock(members_mutex_);
-            for (size_t i = 0; i < member_agents_.size(); ++i) {
-              if (member_agents_[i] == agent) {
-                node = static_cast<int>(i);
-                host = member_hosts_[i];
-              }
+          for (size_t i = 0; i < p.agents.size(); ++i) {
+            if (p.agents[i] == agent) {
+              node = static_cast<int>(i);
+              host = i < p.hosts.size() ? p.hosts[i] : "?";
             }
           }
           if (node < 0 || agent == agent_id_) continue;
@@ -236,29 +233,10 @@ void EtcdRendezvous::watch(int round, std::function<void(const RoundEnd&)> on_en
   });
 }
 
-void EtcdRendezvous::stop_watcher() {
-  stop_watching_ = true;
-  if (watcher_.joinable()) watcher_.join();
-}
-
-void EtcdRendezvous::unwatch() { stop_watcher(); }
-
-RoundEnd EtcdRendezvous::report_failure(int round, const WorkerExit& failure) {
-  return decide(round, failure_outcome(failure, group_rank_));
-}
-
-RoundEnd EtcdRendezvous::report_signal(int round, int signo) {
-  return decide(round, signal_outcome(signo, group_rank_, options_.host));
-}
-
 RoundEnd EtcdRendezvous::report_success(int round, const StopSignal& stop) {
   client_->put(rk(round).finished_by(agent_id_), "1", 0, soon());
   const etcd::RangeResult done = client_->get_prefix(rk(round).finished_all(), soon(), true);
-  int n;
-  {
-    std::lock_guard lock(members_mutex_);
-    n = group_world_size_;
-  }
+  const int n = place().group_world_size;
   // The put comes before the count: whichever node finishes last sees every node finished.
   if (static_cast<int>(done.kvs.size()) >= n) return decide(round, rdzv::jobs::Outcome{});
   return wait_end(round, stop);
@@ -279,11 +257,7 @@ RoundEnd EtcdRendezvous::wait_end(int round, const StopSignal& stop) {
       // Stopped while the other nodes still run: decide the round (unless it just ended otherwise).
       if (stop.requested()) return report_signal(round, stop.signo());
       if (const auto t = Clock::now(); t >= next_report) {
-        int n;
-        {
-          std::lock_guard lock(members_mutex_);
-          n = group_world_size_;
-        }
+        const int n = place().group_world_size;
         const size_t finished = client_->get_prefix(rk(round).finished_all(), soon(), true).kvs.size();
         log::info("ddprun") << "waiting for the other nodes to finish: " << finished << " of " << n << " finished, "
                             << std::chrono::duration_cast<std::chrono::seconds>(t - start).count() << " s";
@@ -307,11 +281,7 @@ void EtcdRendezvous::leave(int round, std::chrono::milliseconds, const StopSigna
     const std::string outcome = end.kvs.empty() ? std::string("signal:left") : end.kvs[0].value;
     client_->create_or_get(gen_prefix() + "ended", outcome, 0, soon());
     client_->put(gen_prefix() + "left/" + agent_id_, "1", 0, soon());
-    int n;
-    {
-      std::lock_guard lock(members_mutex_);
-      n = group_world_size_;
-    }
+    int n = place().group_world_size;
     if (n == 0) n = static_cast<int>(client_->get_prefix(rk(round).members(), soon(), true).kvs.size());
     const int left = static_cast<int>(client_->get_prefix(gen_prefix() + "left/", soon(), true).kvs.size());
     if (left >= n) {

@@ -40,6 +40,7 @@
 
 #include "launcher/rendezvous/etcd/etcd_client.hpp"
 #include "launcher/rendezvous/membership.hpp"
+#include "launcher/rendezvous/node_rendezvous.hpp"
 #include "launcher/rendezvous/rendezvous_backend.hpp"
 #include "rendezvous/core/job_keys.hpp"
 
@@ -60,7 +61,7 @@ struct EtcdRendezvousOptions {
   std::chrono::seconds lease_ttl{10};
 };
 
-class EtcdRendezvous final : public RendezvousBackend {
+class EtcdRendezvous final : public NodeRendezvous {
  public:
   // Connects (trying every endpoint until the join timeout; StopRequested if `stop` comes first),
   // takes a lease and chooses the job's generation. Throws ConnectionError naming the endpoints.
@@ -71,15 +72,10 @@ class EtcdRendezvous final : public RendezvousBackend {
   std::variant<World, RoundEnd> join(int round, int nproc, const WorkerStoreHost& host_worker_store,
                                      const StopSignal& stop) override;
   void watch(int round, std::function<void(const RoundEnd&)> on_end) override;
-  void unwatch() override;
-  RoundEnd report_failure(int round, const WorkerExit& root_cause) override;
-  RoundEnd report_signal(int round, int signo) override;
   RoundEnd report_success(int round, const StopSignal& stop) override;
   RoundEnd wait_end(int round, const StopSignal& stop) override;
   void leave(int round, std::chrono::milliseconds timeout, const StopSignal& stop) override;
   bool elastic() const override { return options_.min_nodes < options_.nnodes; }
-  int node_rank() const override { return group_rank_; }
-  std::unique_ptr<ProgressChannel> progress_channel(int round) override;
 
   int64_t generation() const { return generation_; }
 
@@ -95,7 +91,8 @@ class EtcdRendezvous final : public RendezvousBackend {
   void keep_lease_alive();
   // The round's end if decided.
   std::optional<RoundEnd> read_end(int round);
-  RoundEnd decide(int round, const rdzv::jobs::Outcome& proposal);
+  RoundEnd decide(int round, const rdzv::jobs::Outcome& proposal) override;
+  std::unique_ptr<ProgressChannel> open_progress_channel(int round, int node, int nodes) override;
   // Closes `round` with the members there now (the first close wins).
   void close_round(int round, std::vector<Joiner> members);
   std::vector<Joiner> members_of(const std::vector<etcd::KeyValue>& kvs, const std::string& prefix) const;
@@ -106,7 +103,6 @@ class EtcdRendezvous final : public RendezvousBackend {
                                      const std::function<std::string(const std::vector<etcd::KeyValue>&)>& progress);
   // Makes `w` (this node's world in `m`) the current round's.
   World adopt(World w, const Membership& m);
-  void stop_watcher();
 
   EtcdRendezvousOptions options_;
   std::unique_ptr<etcd::Client> client_;
@@ -118,13 +114,6 @@ class EtcdRendezvous final : public RendezvousBackend {
   std::atomic<bool> lease_lost_{false};
   std::mutex keepalive_mutex_;
   std::condition_variable keepalive_wake_;
-  std::thread watcher_;
-  std::atomic<bool> stop_watching_{false};
-  std::mutex members_mutex_;
-  int group_rank_ = -1;
-  int group_world_size_ = 0;
-  std::vector<std::string> member_agents_;  // this round's, in group-rank order
-  std::vector<std::string> member_hosts_;
 };
 
 }  // namespace ddprun::launcher

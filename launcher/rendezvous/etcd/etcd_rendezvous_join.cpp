@@ -169,11 +169,7 @@ std::variant<World, RoundEnd> EtcdRendezvous::join(int round, int nproc, const W
 }
 
 World EtcdRendezvous::adopt(World w, const Membership& m) {
-  std::lock_guard lock(members_mutex_);
-  group_rank_ = w.group_rank;
-  group_world_size_ = w.group_world_size;
-  member_agents_ = m.agents();
-  member_hosts_ = m.hosts();
+  set_place(Place{w.group_rank, w.group_world_size, m.agents(), m.hosts()});
   return w;
 }
 
@@ -238,12 +234,8 @@ class EtcdProgressChannel final : public ProgressChannel {
   }
 
   RoundEnd report_hang(const std::string& summary, const std::string& report) override {
-    rdzv::jobs::Outcome o;
-    o.kind = rdzv::jobs::Outcome::Kind::Hang;
-    o.node = node_;
-    o.detail = summary;
-    o.failure = {{"report", report}};
-    return parse_round_end(client_.create_or_get(rk_.end(), rdzv::jobs::encode_outcome(o), 0, deadline()));
+    const std::string proposal = rdzv::jobs::encode_outcome(hang_outcome(summary, report, node_));
+    return parse_round_end(client_.create_or_get(rk_.end(), proposal, 0, deadline()));
   }
 
   int nodes() const override { return nodes_; }
@@ -273,13 +265,7 @@ class EtcdProgressChannel final : public ProgressChannel {
 
 }  // namespace
 
-std::unique_ptr<ProgressChannel> EtcdRendezvous::progress_channel(int round) {
-  int node, nodes;
-  {
-    std::lock_guard lock(members_mutex_);
-    node = group_rank_;
-    nodes = group_world_size_;
-  }
+std::unique_ptr<ProgressChannel> EtcdRendezvous::open_progress_channel(int round, int node, int nodes) {
   return std::make_unique<EtcdProgressChannel>(options_.etcd, rk(round), node, nodes);
 }
 

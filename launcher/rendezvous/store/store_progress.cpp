@@ -86,12 +86,7 @@ class StoreProgressChannel final : public ProgressChannel {
   }
 
   RoundEnd report_hang(const std::string& summary, const std::string& report) override {
-    rdzv::jobs::Outcome o;
-    o.kind = rdzv::jobs::Outcome::Kind::Hang;
-    o.node = node_;
-    o.detail = summary;
-    o.failure = {{"report", report}};
-    const std::string proposal = rdzv::jobs::encode_outcome(o);
+    const std::string proposal = rdzv::jobs::encode_outcome(hang_outcome(summary, report, node_));
     return parse_round_end(c_->compare_set(rk_.end(), "", proposal));
   }
 
@@ -109,13 +104,7 @@ class StoreProgressChannel final : public ProgressChannel {
 
 }  // namespace
 
-std::unique_ptr<ProgressChannel> StoreRendezvous::progress_channel(int round) {
-  int node, nodes;
-  {
-    std::lock_guard lock(members_mutex_);
-    node = group_rank_;
-    nodes = group_world_size_;
-  }
+std::unique_ptr<ProgressChannel> StoreRendezvous::open_progress_channel(int round, int node, int nodes) {
   return std::make_unique<StoreProgressChannel>(side_connection(), keys_.round(round), node, nodes);
 }
 

@@ -26,7 +26,7 @@ bool endpoint_is_local(const std::string& endpoint, const StoreRendezvousOptions
 }  // namespace
 
 StoreRendezvous::StoreRendezvous(StoreRendezvousOptions options, const StopSignal& stop)
-    : options_(std::move(options)) {
+    : NodeRendezvous(options.host), options_(std::move(options)) {
   const bool external = !options_.endpoint_host.empty();
   std::mt19937 rng(std::random_device{}());
   // Unique per agent process, so that a dead earlier run's heartbeat is never mistaken for ours.
@@ -84,7 +84,9 @@ StoreRendezvous::StoreRendezvous(StoreRendezvousOptions options, const StopSigna
     }
   }
   keys_ = rdzv::jobs::JobKeys(options_.run_id, choose_generation());
-  group_rank_ = options_.dynamic ? -1 : options_.node_rank;  // dynamic: known once assigned
+  Place first;
+  first.group_rank = options_.dynamic ? -1 : options_.node_rank;  // dynamic: known once assigned
+  set_place(std::move(first));
 }
 
 int64_t StoreRendezvous::choose_generation() {
@@ -166,16 +168,12 @@ void StoreRendezvous::start_heartbeat() {
 
 std::optional<int> StoreRendezvous::find_lost_node(rdzv::Client& c,
                                                   std::pair<int64_t, std::chrono::steady_clock::time_point>& seen) {
-  std::string watched;
-  int watched_rank;
-  {
-    std::lock_guard lock(members_mutex_);
-    const int n = static_cast<int>(member_ids_.size());
-    if (n < 2) return std::nullopt;
-    // Each node watches the next one in group-rank order: O(1) store traffic per node.
-    watched_rank = (group_rank_ + 1) % n;
-    watched = member_ids_[static_cast<size_t>(watched_rank)];
-  }
+  const Place p = place();
+  const int n = static_cast<int>(p.agents.size());
+  if (n < 2) return std::nullopt;
+  // Each node watches the next one in group-rank order: O(1) store traffic per node.
+  const int watched_rank = (p.group_rank + 1) % n;
+  const std::string& watched = p.agents[static_cast<size_t>(watched_rank)];
   const auto now = std::chrono::steady_clock::now();
   const std::string k = hb_key(watched);
   const int64_t beats = c.check({k}) ? read_number(k, c.get(k)) : -1;
@@ -202,7 +200,6 @@ RoundEnd StoreRendezvous::decide(int round, const rdzv::jobs::Outcome& proposal)
 
 void StoreRendezvous::watch(int round, std::function<void(const RoundEnd&)> on_end) {
   stop_watcher();
-  stop_watching_ = false;
   auto store_lost = [](const std::exception& e) {
     RoundEnd lost;
     lost.kind = RoundEnd::Kind::StoreLost;
@@ -216,7 +213,7 @@ void StoreRendezvous::watch(int round, std::function<void(const RoundEnd&)> on_e
     on_end(store_lost(e));
     return;
   }
-  watcher_ = std::thread([this, round, c, store_lost, on_end = std::move(on_end)] {
+  start_watcher([this, round, c, store_lost, on_end = std::move(on_end)] {
     try {
       // WAIT has no server timeout; the client re-arms it every period so that a store that went
       // silent (its host gone) is noticed, and each node checks the next node's heartbeat.
@@ -227,14 +224,10 @@ void StoreRendezvous::watch(int round, std::function<void(const RoundEnd&)> on_e
           c->wait({rk(round).end()}, period);
           break;
         } catch (const TimeoutError&) {
-          if (stop_watching_) return;
+          if (watch_stopped()) return;
         }
         if (auto lost = find_lost_node(*c, seen)) {
-          std::string host;
-          {
-            std::lock_guard lock(members_mutex_);
-            host = member_hosts_.size() > static_cast<size_t>(*lost) ? member_hosts_[static_cast<size_t>(*lost)] : "?";
-          }
+          const std::string host = host_of(*lost);
           const auto limit = options_.keep_alive_interval * options_.keep_alive_max_attempt;
           // On this thread's own connection: the main client may be blocked in a long WAIT.
           rdzv::jobs::Outcome gone;
@@ -252,27 +245,9 @@ void StoreRendezvous::watch(int round, std::function<void(const RoundEnd&)> on_e
   });
 }
 
-void StoreRendezvous::stop_watcher() {
-  stop_watching_ = true;
-  if (watcher_.joinable()) watcher_.join();
-}
-
-void StoreRendezvous::unwatch() { stop_watcher(); }
-
-RoundEnd StoreRendezvous::report_failure(int round, const WorkerExit& failure) {
-  return decide(round, failure_outcome(failure, group_rank_));
-}
-
-RoundEnd StoreRendezvous::report_signal(int round, int signo) {
-  return decide(round, signal_outcome(signo, group_rank_, options_.host));
-}
-
 RoundEnd StoreRendezvous::report_success(int round, const StopSignal& stop) {
-  int n;
-  {
-    std::lock_guard lock(members_mutex_);
-    n = group_world_size_ > 0 ? group_world_size_ : options_.nnodes;
-  }
+  const int known = place().group_world_size;
+  const int n = known > 0 ? known : options_.nnodes;
   if (client_->add(rk(round).finished(), 1) == n) return decide(round, rdzv::jobs::Outcome{});
   return wait_end(round, stop);
 }
@@ -289,11 +264,8 @@ RoundEnd StoreRendezvous::wait_end(int round, const StopSignal& stop) {
       // Stopped while the other nodes still run: decide the round (unless it just ended otherwise).
       if (stop.requested()) return report_signal(round, stop.signo());
       if (const auto now = std::chrono::steady_clock::now(); now >= next_report) {
-        int n;
-        {
-          std::lock_guard lock(members_mutex_);
-          n = group_world_size_ > 0 ? group_world_size_ : options_.nnodes;
-        }
+        const int known = place().group_world_size;
+        const int n = known > 0 ? known : options_.nnodes;
         log::info("ddprun") << "waiting for the other nodes to finish: " << client_->add(rk(round).finished(), 0)
                             << " of " << n << " finished, "
                             << std::chrono::duration_cast<std::chrono::seconds>(now - start).count() << " s";
@@ -311,11 +283,7 @@ RoundEnd StoreRendezvous::wait_end(int round, const StopSignal& stop) {
 void StoreRendezvous::leave(int round, std::chrono::milliseconds timeout, const StopSignal& stop) {
   stop_watcher();
   stop_heartbeat();
-  int n;
-  {
-    std::lock_guard lock(members_mutex_);
-    n = static_cast<int>(member_ids_.size());
-  }
+  int n = static_cast<int>(place().agents.size());
   try {
     // A round that never completed: the nodes that joined it are the ones that will leave.
     if (n == 0) n = static_cast<int>(std::min<int64_t>(client_->add(rk(round).joined(), 0), options_.nnodes));

@@ -27,14 +27,13 @@
 #include <chrono>
 #include <functional>
 #include <memory>
-#include <mutex>
-#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "launcher/rendezvous/membership.hpp"
+#include "launcher/rendezvous/node_rendezvous.hpp"
 #include "launcher/rendezvous/rendezvous_backend.hpp"
 #include "rendezvous/core/auth.hpp"
 #include "rendezvous/client/client.hpp"
@@ -76,7 +75,7 @@ struct StoreRendezvousOptions {
   std::string token_file;
 };
 
-class StoreRendezvous final : public RendezvousBackend {
+class StoreRendezvous final : public NodeRendezvous {
  public:
   // Node 0 binds the rendezvous store here (throws ConnectionError if the port is taken); every
   // node connects (retrying until join_timeout; StopRequested if `stop` comes first).
@@ -87,15 +86,10 @@ class StoreRendezvous final : public RendezvousBackend {
   std::variant<World, RoundEnd> join(int round, int nproc, const WorkerStoreHost& host_worker_store,
                                      const StopSignal& stop) override;
   void watch(int round, std::function<void(const RoundEnd&)> on_end) override;
-  void unwatch() override;
-  RoundEnd report_failure(int round, const WorkerExit& failure) override;
-  RoundEnd report_signal(int round, int signo) override;
   RoundEnd report_success(int round, const StopSignal& stop) override;
   RoundEnd wait_end(int round, const StopSignal& stop) override;
   void leave(int round, std::chrono::milliseconds timeout, const StopSignal& stop) override;
   bool elastic() const override { return options_.dynamic; }
-  int node_rank() const override { return group_rank_; }
-  std::unique_ptr<ProgressChannel> progress_channel(int round) override;
 
   const StoreRendezvousOptions& options() const { return options_; }
   int64_t generation() const { return keys_.generation(); }
@@ -128,9 +122,9 @@ class StoreRendezvous final : public RendezvousBackend {
   std::optional<RoundEnd> wait_joining(int round, const std::vector<std::string>& keys, const StopSignal& stop,
                                        const std::function<std::string()>& progress,
                                        const std::function<void()>& on_timeout);
-  RoundEnd decide(int round, const rdzv::jobs::Outcome& proposal);
+  RoundEnd decide(int round, const rdzv::jobs::Outcome& proposal) override;
+  std::unique_ptr<ProgressChannel> open_progress_channel(int round, int node, int nodes) override;
   RoundEnd parse_end(const std::string& value) const;
-  void stop_watcher();
   void start_heartbeat();
   void stop_heartbeat();
   // A second connection to the rendezvous store for the watcher or heartbeat thread.
@@ -141,18 +135,10 @@ class StoreRendezvous final : public RendezvousBackend {
   StoreRendezvousOptions options_;
   std::unique_ptr<rdzv::ServerThread> server_;  // the node that hosts the rendezvous store
   std::unique_ptr<rdzv::Client> client_;
-  std::thread watcher_;
-  std::atomic<bool> stop_watching_{false};
   std::thread heartbeat_;
   std::atomic<bool> stop_heartbeat_{false};
   rdzv::jobs::JobKeys keys_{"none", 1};
   std::string agent_id_;  // heartbeat key: unique per agent process
-  // The current round's membership, in group-rank order (heartbeat ids and hosts).
-  int group_rank_ = 0;
-  int group_world_size_ = 0;
-  std::vector<std::string> member_ids_;
-  std::vector<std::string> member_hosts_;
-  std::mutex members_mutex_;
 };
 
 }  // namespace ddprun::launcher

@@ -131,11 +131,7 @@ World StoreRendezvous::adopt(int round, const rdzv::jobs::Assignment& assigned,
   w.peer_addresses = assigned.addrs;
   w.master_addr = store.addr;
   w.master_port = store.port;
-  std::lock_guard lock(members_mutex_);
-  group_rank_ = w.group_rank;
-  group_world_size_ = w.group_world_size;
-  member_ids_ = assigned.agents;
-  member_hosts_ = assigned.hosts;
+  set_place(Place{w.group_rank, w.group_world_size, assigned.agents, assigned.hosts});
   return w;
 }
 
