@@ -203,4 +203,18 @@ std::string first_lines(const std::string& text, size_t max_lines) {
   return text.substr(0, pos) + "... (" + std::to_string(rest + (text.back() == '\n' ? 0 : 1)) + " more lines)\n";
 }
 
+bool write_stacks_file(const std::string& path, const std::string& heading, const RankStacks& stacks) {
+  {
+    std::ofstream out(path, std::ios::trunc);
+    out << heading << "\n";
+    for (const auto& p : stacks.problems) out << "note: " << p << "\n";
+    if (!stacks.python.empty()) out << "\n== Python (faulthandler, all threads) ==\n" << stacks.python;
+    if (!stacks.native.empty()) out << "\n== native (" << stacks.native_tool << ", all threads) ==\n" << stacks.native;
+    out.close();
+    if (!out) return false;
+  }
+  ::chmod(path.c_str(), 0600);
+  return true;
+}
+
 }  // namespace ddprun::launcher

@@ -36,6 +36,10 @@ struct RankStacks {
 RankStacks capture_stacks(pid_t pid, pid_t group, const std::vector<pid_t>& tree, const std::string& stack_dir,
                           std::chrono::milliseconds limit);
 
+// Writes `stacks` to `path`, readable by this user alone: `heading`, what could not be captured,
+// then every Python and native thread in full. False when the file could not be written.
+bool write_stacks_file(const std::string& path, const std::string& heading, const RankStacks& stacks);
+
 // The first `max_lines` lines of `text`, with a note of how many were left out.
 std::string first_lines(const std::string& text, size_t max_lines);
 

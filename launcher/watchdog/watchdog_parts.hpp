@@ -1,0 +1,78 @@
+#pragma once
+// The watchdog's private parts, shared by its three files: watchdog.cpp (sampling, the job-wide
+// pulse, the loop), watchdog_rates.cpp (step rates: publishing, the straggler check, the table)
+// and watchdog_diagnosis.cpp (a hang's diagnosis, the torchelastic timer's captures).
+
+#include <sys/mman.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "common/numbers.hpp"
+#include "ddprun/worker/progress_page.hpp"
+#include "launcher/watchdog/watchdog.hpp"
+#include "rendezvous/server/server.hpp"
+
+namespace ddprun::launcher::watchdog_detail {
+
+using Clock = std::chrono::steady_clock;
+
+inline double secs(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
+
+// The rank in a heartbeat key: "<anything>ddprun/progress/<rank>".
+inline std::optional<int> heartbeat_rank(std::string_view key) {
+  static constexpr std::string_view kMarker = "ddprun/progress/";
+  const auto at = key.rfind(kMarker);
+  if (at == std::string_view::npos) return std::nullopt;
+  const auto digits = key.substr(at + kMarker.size());
+  const auto rank = to_int(digits);
+  if (!rank || *rank < 0 || *rank > (1 << 24) || digits.empty() || digits[0] == '+') return std::nullopt;
+  return static_cast<int>(*rank);
+}
+
+}  // namespace ddprun::launcher::watchdog_detail
+
+namespace ddprun::launcher {
+
+// The worker store's changes, as the watchdog needs them (called on the store's thread).
+class Watchdog::StoreTap final : public rdzv::ChangeObserver {
+ public:
+  void on_change(std::string_view key, const int64_t* counter) override {
+    changes.fetch_add(1, std::memory_order_relaxed);
+    const auto rank = watchdog_detail::heartbeat_rank(key);
+    if (!rank) return;
+    std::lock_guard lock(mutex);
+    int64_t& beats = heartbeats[*rank];
+    beats = counter ? *counter : beats + 1;
+  }
+  std::atomic<uint64_t> changes{0};
+  std::mutex mutex;
+  std::map<int, int64_t> heartbeats;
+};
+
+struct Watchdog::Rank {
+  WatchedRank w;
+  std::string progress_file;
+  worker::ProgressPage* page = nullptr;
+  pid_t pid = -1;
+  bool exited = false;
+  uint64_t beats = 0, steps = 0;
+  bool reports = false;  // has written its page
+  watchdog_detail::Clock::time_point last_progress;
+  std::vector<std::pair<watchdog_detail::Clock::time_point, uint64_t>> cpu;  // (time, ticks), oldest first
+  RateTracker rates;
+
+  ~Rank() {
+    if (page) ::munmap(page, worker::ProgressPage::kFileSize);
+  }
+};
+
+}  // namespace ddprun::launcher
