@@ -14,9 +14,9 @@ inline int64_t int_field(const nlohmann::json& j, const char* name, int64_t fall
   return it != j.end() && it->is_number_integer() ? it->get<int64_t>() : fallback;
 }
 
-inline std::string string_field(const nlohmann::json& j, const char* name) {
+inline std::string string_field(const nlohmann::json& j, const char* name, const std::string& fallback = {}) {
   auto it = j.find(name);
-  return it != j.end() && it->is_string() ? it->get<std::string>() : std::string();
+  return it != j.end() && it->is_string() ? it->get<std::string>() : fallback;
 }
 
 inline bool bool_field(const nlohmann::json& j, const char* name) {

@@ -153,7 +153,7 @@ TxnResult Client::txn(const std::vector<Compare>& compares, const std::vector<Op
   std::lock_guard lock(mutex_);
   const json j = call("/v3/kv/txn", body.dump(), deadline);
   TxnResult r;
-  r.succeeded = bool_of(j, "succeeded");
+  r.succeeded = bool_field(j, "succeeded");
   if (j.contains("header")) r.revision = int64_of(j["header"], "revision");
   if (auto resp = j.find("responses"); resp != j.end() && resp->is_array()) {
     for (const json& x : *resp) {

@@ -123,7 +123,7 @@ std::vector<WatchEvent> Watch::next(std::chrono::milliseconds timeout, Client::D
         throw EtcdError(code, "etcd watch: " + message);
       }
       const json& r = j.contains("result") ? j["result"] : j;
-      if (bool_of(r, "canceled")) {
+      if (bool_field(r, "canceled")) {
         const int64_t compacted = int64_of(r, "compact_revision");
         if (compacted > 0) {
           conn_.reset();
@@ -132,21 +132,21 @@ std::vector<WatchEvent> Watch::next(std::chrono::milliseconds timeout, Client::D
           }
           break;
         }
-        const std::string reason = string_of(r, "cancel_reason");
+        const std::string reason = string_field(r, "cancel_reason");
         throw EtcdError(11, "etcd canceled the watch" + (reason.empty() ? std::string() : ": " + reason));
       }
       const auto evs = r.find("events");
       if (evs != r.end() && evs->is_array() && !evs->empty()) {
         for (const json& e : *evs) {
           WatchEvent ev;
-          ev.type = string_of(e, "type", "PUT") == "DELETE" ? WatchEvent::Type::Delete : WatchEvent::Type::Put;
+          ev.type = string_field(e, "type", "PUT") == "DELETE" ? WatchEvent::Type::Delete : WatchEvent::Type::Put;
           if (auto kv = e.find("kv"); kv != e.end()) ev.kv = kv_of(*kv);
           next_revision_ = std::max(next_revision_, ev.kv.mod_revision + 1);
           if (ev.type == WatchEvent::Type::Put) present_.insert(ev.kv.key);
           else present_.erase(ev.kv.key);
           events.push_back(std::move(ev));
         }
-      } else if (!bool_of(r, "created")) {
+      } else if (!bool_field(r, "created")) {
         // A progress notification: etcd sends one only to a watch that has every event up to its
         // header's revision.
         if (auto hdr = r.find("header"); hdr != r.end()) {

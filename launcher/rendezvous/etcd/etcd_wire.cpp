@@ -39,16 +39,6 @@ std::string base64_decode(const std::string& text) {
   return out;
 }
 
-std::string string_of(const json& j, const char* name, const std::string& otherwise) {
-  auto it = j.find(name);  // find on a non-object finds nothing
-  return it != j.end() && it->is_string() ? it->get<std::string>() : otherwise;
-}
-
-bool bool_of(const json& j, const char* name) {
-  auto it = j.find(name);
-  return it != j.end() && it->is_boolean() && it->get<bool>();
-}
-
 std::string printable_start(const std::string& text, size_t max) {
   std::string out;
   for (char c : text.substr(0, max)) {
@@ -72,8 +62,8 @@ int64_t int64_of(const json& j, const char* name) {
 
 KeyValue kv_of(const json& j) {
   KeyValue kv;
-  kv.key = base64_decode(string_of(j, "key"));
-  kv.value = base64_decode(string_of(j, "value"));
+  kv.key = base64_decode(string_field(j, "key"));
+  kv.value = base64_decode(string_field(j, "value"));
   kv.create_revision = int64_of(j, "create_revision");
   kv.mod_revision = int64_of(j, "mod_revision");
   kv.version = int64_of(j, "version");
@@ -116,7 +106,7 @@ json op_json(const Op& op) {
 std::pair<int, std::string> error_of(const std::string& text, int http_status) {
   const json j = json::parse(text, nullptr, false);
   if (j.is_object() && j.contains("code")) {
-    return {static_cast<int>(int64_of(j, "code")), string_of(j, "message", string_of(j, "error", "(no message)"))};
+    return {static_cast<int>(int64_of(j, "code")), string_field(j, "message", string_field(j, "error", "(no message)"))};
   }
   return {http_status == 503 ? kUnavailable : -1, "HTTP " + std::to_string(http_status) + ": " + printable_start(text)};
 }

@@ -25,6 +25,7 @@
 #include "common/errors.hpp"
 #include "common/log.hpp"
 #include "launcher/rendezvous/etcd/etcd_client.hpp"
+#include "rendezvous/core/json_fields.hpp"
 
 namespace ddprun::launcher::etcd {
 
@@ -39,11 +40,9 @@ constexpr int kNotFound = 5;
 constexpr int kUnavailable = 14;
 constexpr int kUnauthenticated = 16;
 
-// Fields of etcd's JSON answers, read without throwing on a missing field or a wrong type (a
-// missing field is etcd's way of saying zero, false or empty). int64 fields travel as strings.
+// An int64 field of etcd's JSON answers (they travel as strings), read without throwing: a
+// missing field is etcd's way of saying zero. Other fields: rendezvous/core/json_fields.hpp.
 int64_t int64_of(const json& j, const char* name);
-std::string string_of(const json& j, const char* name, const std::string& otherwise = "");
-bool bool_of(const json& j, const char* name);
 // The start of an answer that is not what was expected, fit for an error message: at most
 // `max` characters, control characters shown as spaces.
 std::string printable_start(const std::string& text, size_t max = 160);
