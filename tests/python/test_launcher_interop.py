@@ -112,8 +112,9 @@ class EnvContractMatchesTorchrun(unittest.TestCase):
     def test_same_variables_and_values_as_torchrun(self):
         # torchrun itself, through a wrapper that lets it start on a PyTorch without libuv (Debian 13's
         # 2.6 cannot otherwise start any job); elsewhere the wrapper changes nothing.
+        # Its own free port: torchrun's default 29500 is taken whenever another job on the machine uses it.
         torchrun = dump_env([sys.executable, os.path.join(HERE, "torchrun_nolibuv.py"), "--nproc_per_node", "2",
-                             "--redirects", "1", "--tee", "1", "--no_python"])
+                             "--master_port", str(free_port()), "--redirects", "1", "--tee", "1", "--no_python"])
         ours = dump_env([DDPRUN, "--nproc_per_node", "2"])
         self.assertEqual(sorted(torchrun), ["env.0", "env.1"])
         self.assertEqual(sorted(ours), ["env.0", "env.1"])
