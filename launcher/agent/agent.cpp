@@ -102,9 +102,12 @@ void Agent::show_hang_report(const World& world, const RoundEnd& end) {
   // In the run directory of every node; on the console of the node that diagnosed it (one report
   // for the job), a pointer to it on the others.
   const fs::path file = attempt_dir_ / "hang_report.txt";
+  bool written = false;
   {
     std::ofstream out(file, std::ios::trunc);
     out << (end.report.empty() ? end.detail + "\n" : end.report);
+    out.close();
+    written = static_cast<bool>(out);
   }
   std::error_code ec;
   fs::permissions(file, fs::perms::owner_read | fs::perms::owner_write, fs::perm_options::replace, ec);
@@ -116,7 +119,12 @@ void Agent::show_hang_report(const World& world, const RoundEnd& end) {
     log::error("ddprun") << "the job hung (diagnosed by node " << end.root_node << "): " << end.detail
                          << "; the full report is on that node's console";
   }
-  log::error("ddprun") << "hang report: " << file.string();
+  if (written) {
+    log::error("ddprun") << "hang report: " << file.string();
+  } else {
+    log::warn("ddprun") << "cannot write the hang report " << file.string() << " (a full disk?): "
+                        << (diagnosed_here ? "it is on this console only" : "it is on that node's console only");
+  }
 }
 
 void Agent::print_rates() {

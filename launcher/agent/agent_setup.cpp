@@ -118,8 +118,15 @@ Agent::Agent(const LaunchOptions& o)
   // Every worker gets the Python hook (python_hook.hpp): whether it runs Python is not known here
   // (a shell script or a binary may start it), and it does nothing a worker has not asked for.
   python_hook_dir_ = (run_dir_.path / "python").string();
-  create_private_directory(python_hook_dir_);
-  write_python_hook(python_hook_dir_);
+  try {
+    create_private_directory(python_hook_dir_);
+    write_python_hook(python_hook_dir_);
+  } catch (const Error& e) {
+    // A full disk, say: the workers start without the hook, and a PyTorch that needs it says what
+    // to do (python_hook.hpp).
+    log::warn("ddprun") << e.what() << "; workers start without ddprun's Python hook";
+    python_hook_dir_.clear();
+  }
   if (o.nproc_per_node > 1 && base_env_.find("OMP_NUM_THREADS") == base_env_.end()) {
     base_env_["OMP_NUM_THREADS"] = "1";
     log::warn("ddprun") << "OMP_NUM_THREADS is not set: setting it to 1 for each of the " << o.nproc_per_node
@@ -288,13 +295,15 @@ std::vector<WorkerLaunch> Agent::make_launches(const World& world, const fs::pat
     l.error_file = (rank_dir / "error.json").string();
     Environment env = worker_environment(base_env_, where, ctx, l.error_file);
     // The watchdog's side of the contract (see watchdog.hpp and stacks.hpp).
-    env["DDPRUN_PROGRESS_FILE"] = watchdog.progress_file(lr);
+    if (std::string page = watchdog.progress_file(lr); !page.empty()) env["DDPRUN_PROGRESS_FILE"] = std::move(page);
     if (capture_stacks_) {
       env["DDPRUN_STACK_DIR"] = rank_dir.string();
       env["DDPRUN_STACK_SIGNAL"] = std::to_string(stack_signal());
     }
-    auto pp = env.find("PYTHONPATH");
-    env["PYTHONPATH"] = python_hook_dir_ + (pp != env.end() && !pp->second.empty() ? ":" + pp->second : "");
+    if (!python_hook_dir_.empty()) {
+      auto pp = env.find("PYTHONPATH");
+      env["PYTHONPATH"] = python_hook_dir_ + (pp != env.end() && !pp->second.empty() ? ":" + pp->second : "");
+    }
     if (file_timer_) env["TORCHELASTIC_TIMER_FILE"] = timer_file_;
     l.request.argv = worker_command(o_, env);
     // torch.distributed.launch's convention: right after the script, before its own arguments.

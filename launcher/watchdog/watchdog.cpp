@@ -8,7 +8,6 @@
 #include <cerrno>
 #include <cstring>
 
-#include "common/errors.hpp"
 #include "common/log.hpp"
 #include "common/procfs.hpp"
 #include "launcher/watchdog/watchdog_parts.hpp"
@@ -25,6 +24,36 @@ namespace {
 // CPU time counts as progress from this share of one core over the window up.
 constexpr double kBusyShare = 0.02;
 
+// The rank's progress page, a file in its directory that the worker maps too. Its blocks are
+// reserved before it is mapped: a page of a sparse file on a full file system would kill the first
+// process that writes to it (ddprun included) with SIGBUS. nullptr, with why set, when it cannot be.
+ProgressPage* map_progress_page(const std::string& file, std::string& why) {
+  const int fd = ::open(file.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  if (fd < 0) {
+    why = "cannot create " + file + ": " + std::strerror(errno);
+    return nullptr;
+  }
+  // posix_fallocate returns the error rather than setting errno.
+  if (const int err = ::posix_fallocate(fd, 0, ProgressPage::kFileSize); err != 0) {
+    ::close(fd);
+    ::unlink(file.c_str());
+    why = "cannot reserve " + std::to_string(ProgressPage::kFileSize) + " bytes for " + file + ": " +
+          std::strerror(err);
+    return nullptr;
+  }
+  void* p = ::mmap(nullptr, ProgressPage::kFileSize, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  const int err = errno;
+  ::close(fd);
+  if (p == MAP_FAILED) {
+    ::unlink(file.c_str());
+    why = "cannot map " + file + ": " + std::strerror(err);
+    return nullptr;
+  }
+  auto* page = static_cast<ProgressPage*>(p);
+  page->magic.store(ProgressPage::kMagic, std::memory_order_release);
+  return page;
+}
+
 }  // namespace
 
 Watchdog::Watchdog(WatchdogSettings settings, std::vector<WatchedRank> ranks) : s_(std::move(settings)) {
@@ -32,18 +61,17 @@ Watchdog::Watchdog(WatchdogSettings settings, std::vector<WatchedRank> ranks) : 
   for (auto& w : ranks) {
     auto r = std::make_unique<Rank>();
     r->w = std::move(w);
-    r->progress_file = r->w.dir + "/progress";
-    const int fd = ::open(r->progress_file.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-    if (fd < 0 || ::ftruncate(fd, ProgressPage::kFileSize) != 0) {
-      const int e = errno;
-      if (fd >= 0) ::close(fd);
-      throw ProcessError("cannot create the progress file " + r->progress_file + ": " + std::strerror(e));
+    const std::string file = r->w.dir + "/progress";
+    std::string why;
+    r->page = map_progress_page(file, why);
+    if (r->page) {
+      r->progress_file = file;
+    } else {
+      // A full disk, say: the rank runs without a page, and its hang detection goes on from its
+      // CPU time and its store traffic.
+      log::warn("ddprun") << "rank " << r->w.rank << " runs without a progress page: " << why
+                          << "; its hang detection goes on from its CPU time and store traffic";
     }
-    void* p = ::mmap(nullptr, ProgressPage::kFileSize, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    ::close(fd);
-    if (p == MAP_FAILED) throw ProcessError("cannot map the progress file " + r->progress_file + ": " + std::strerror(errno));
-    r->page = static_cast<ProgressPage*>(p);
-    r->page->magic.store(ProgressPage::kMagic, std::memory_order_release);
     ranks_.push_back(std::move(r));
   }
   if (s_.file_timer) {

@@ -25,15 +25,20 @@ std::string expand_prefix(std::string tmpl, int rank, int local_rank, const std:
   return tmpl;
 }
 
-LineWriter::LineWriter(std::string prefix, ConsoleWriter* console, int file_fd, size_t tail_lines)
-    : prefix_(std::move(prefix)), console_(console), file_fd_(file_fd), tail_lines_(tail_lines) {}
+LineWriter::LineWriter(std::string prefix, Sinks sinks, size_t tail_lines)
+    : prefix_(std::move(prefix)),
+      console_(sinks.console),
+      to_console_(sinks.to_console),
+      file_fd_(sinks.file_fd),
+      file_name_(std::move(sinks.file_name)),
+      tail_lines_(tail_lines) {}
 
 LineWriter::~LineWriter() {
   if (file_fd_ >= 0) ::close(file_fd_);
 }
 
 void LineWriter::emit_line(std::string_view line, std::string& batch) {
-  if (console_) {
+  if (console_ && to_console_) {
     batch += prefix_;
     batch.append(line);
     batch.push_back('\n');
@@ -45,17 +50,21 @@ void LineWriter::emit_line(std::string_view line, std::string& batch) {
 }
 
 void LineWriter::write_console(const std::string& batch) {
-  if (console_ && !batch.empty()) console_->write(batch);
+  if (console_ && to_console_ && !batch.empty()) console_->write(batch);
 }
 
 void LineWriter::feed(std::string_view data) {
   if (file_fd_ >= 0 && !write_all(file_fd_, data)) {
-    // A full disk, say: the console still gets the output; the file stops here, and says so once.
+    // A full disk, say: the file stops here, says so once, and nothing is lost: the console gets
+    // the output from here on.
     const int err = errno;
-    log::warn("ddprun") << "cannot write a worker's log file (" << prefix_ << "): " << std::strerror(err)
-                        << "; its output goes on to the console only";
+    log::warn("ddprun") << "cannot write " << file_name_ << ": " << std::strerror(err)
+                        << (!console_      ? "; the rest of this output is dropped"
+                            : to_console_ ? "; the rest goes to the console only"
+                                          : "; the rest goes to the console instead");
     ::close(file_fd_);
     file_fd_ = -1;
+    to_console_ = true;
   }
   std::string batch;
   while (!data.empty()) {

@@ -14,8 +14,18 @@ namespace ddprun::launcher {
 
 class LineWriter {
  public:
-  // console: nullptr for none (not owned); file_fd: -1 for none (owned: closed by the writer).
-  LineWriter(std::string prefix, ConsoleWriter* console, int file_fd, size_t tail_lines);
+  // A stream's destinations. console: the node's console (not owned), nullptr for none;
+  // to_console: whether lines go there while the file takes them; file_fd: -1 for none (owned:
+  // closed by the writer); file_name: how messages name the file ("rank 3's log file PATH").
+  struct Sinks {
+    ConsoleWriter* console = nullptr;
+    bool to_console = true;
+    int file_fd = -1;
+    std::string file_name;
+  };
+  // When the file cannot take more (a full disk, say), it is closed, ddprun says so once, and the
+  // lines go to the console from there on, also where they went to the file only.
+  LineWriter(std::string prefix, Sinks sinks, size_t tail_lines);
   ~LineWriter();
   LineWriter(const LineWriter&) = delete;
   LineWriter& operator=(const LineWriter&) = delete;
@@ -32,7 +42,9 @@ class LineWriter {
 
   std::string prefix_;
   ConsoleWriter* console_;
+  bool to_console_;
   int file_fd_;
+  std::string file_name_;
   size_t tail_lines_;
   std::string partial_;
   std::deque<std::string> tail_;

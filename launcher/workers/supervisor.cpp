@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <array>
 #include <cerrno>
+#include <cstring>
 
 #include "common/errors.hpp"
 #include "common/log.hpp"
@@ -22,12 +23,23 @@ namespace asio = boost::asio;
 
 namespace {
 
-int open_log(const std::string& path) {
-  if (path.empty()) return -1;
+// The rank's log file for one stream, or -1 for none; a file that cannot be created (a full disk,
+// say) is a warning, and the stream goes to the console instead: its output is never lost.
+LineWriter::Sinks log_sinks(const WorkerLaunch& l, const std::string& path, ConsoleWriter* console,
+                            bool to_console) {
+  LineWriter::Sinks s;
+  s.console = console;
+  s.to_console = to_console;
+  s.file_name = "rank " + std::to_string(l.rank) + "'s log file " + path;
+  if (path.empty()) return s;
   // Private: a worker's output is its own business.
-  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-  if (fd < 0) throw ProcessError("cannot create log file " + path + ": " + std::strerror(errno));
-  return fd;
+  s.file_fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  if (s.file_fd < 0) {
+    log::warn("ddprun") << "cannot create " << s.file_name << ": " << std::strerror(errno)
+                        << "; its lines go to the console instead";
+    s.to_console = true;
+  }
+  return s;
 }
 
 }  // namespace
@@ -305,11 +317,9 @@ GroupResult Supervisor::run(const std::vector<WorkerLaunch>& launches,
     auto w = std::make_unique<Worker>(io_, l);
     SpawnedProcess p;
     try {
-      const int out_fd = open_log(l.stdout_file);
-      const int err_fd = open_log(l.stderr_file);
       Consoles& c = consoles();
-      w->out = std::make_unique<LineWriter>(l.prefix, l.stdout_to_console ? c.out : nullptr, out_fd, 0);
-      w->err = std::make_unique<LineWriter>(l.prefix, l.stderr_to_console ? c.err : nullptr, err_fd,
+      w->out = std::make_unique<LineWriter>(l.prefix, log_sinks(l, l.stdout_file, c.out, l.stdout_to_console), 0);
+      w->err = std::make_unique<LineWriter>(l.prefix, log_sinks(l, l.stderr_file, c.err, l.stderr_to_console),
                                             settings_.stderr_tail_lines);
       p = spawn_process(l.request);
     } catch (const std::exception& e) {

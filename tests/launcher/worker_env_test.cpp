@@ -1,6 +1,10 @@
 #include "launcher/workers/worker_env.hpp"
 
 #include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
 
 #include <gtest/gtest.h>
 
@@ -57,12 +61,37 @@ TEST(LineWriterTest, PrefixTemplateKnowsTorchrunsMacros) {
   EXPECT_EQ(expand_prefix("${unknown} ${rank}", 2, 0, "r", "h"), "${unknown} 2");
 }
 
+// A log file on a full disk (/dev/full answers every write with ENOSPC): output that went to the
+// file only reaches the console from the failed write on, so no line is lost.
+TEST(LineWriterTest, AFileThatCannotTakeMoreHandsItsLinesToTheConsole) {
+  int fds[2];
+  ASSERT_EQ(::pipe(fds), 0);
+  const int full = ::open("/dev/full", O_WRONLY | O_CLOEXEC);
+  ASSERT_GE(full, 0) << std::strerror(errno);
+  {
+    ConsoleWriter console(fds[1]);
+    LineWriter w("[r0]: ", {&console, /*to_console=*/false, full, "rank 0's log file /dev/full"}, 0);
+    w.feed("one\ntw");
+    w.feed("o\n");
+    w.finish();
+    EXPECT_TRUE(console.drain(std::chrono::seconds(10)));
+  }
+  ::close(fds[1]);
+  char buf[256];
+  const ssize_t n = ::read(fds[0], buf, sizeof buf);
+  ::close(fds[0]);
+  ASSERT_GT(n, 0);
+  EXPECT_EQ(std::string(buf, static_cast<size_t>(n)), "[r0]: one\n[r0]: two\n");
+}
+
 TEST(LineWriterTest, PrefixesWholeLinesAndKeepsTail) {
   int fds[2];
   ASSERT_EQ(::pipe(fds), 0);
   {
     ConsoleWriter console(fds[1]);
-    LineWriter w(expand_prefix("[${role_name}${rank}/${local_rank}]: ", 7, 3, "trainer", "h"), &console, -1, 2);
+    LineWriter::Sinks sinks;
+    sinks.console = &console;
+    LineWriter w(expand_prefix("[${role_name}${rank}/${local_rank}]: ", 7, 3, "trainer", "h"), sinks, 2);
     w.feed("first li");
     w.feed("ne\nsecond\nthi");
     w.feed("rd");
