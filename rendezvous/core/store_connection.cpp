@@ -36,7 +36,15 @@ size_t StoreConnection::consume(std::string_view input, Stage stage) {
     used = hs.consumed;
   }
   while (used < input.size()) {
-    const DecodeResult r = decoder_.decode(*dialect_, input.substr(used), limits_, request_);
+    // Before the handshake, a protected store takes only the handshake's frames, at the
+    // handshake's sizes: anything else is refused at its first byte, before it costs memory.
+    const bool gated = awaiting_proof();
+    if (gated) {
+      const std::optional<Op> op = op_from_wire(*dialect_, static_cast<uint8_t>(input[used]));
+      if (op && !allowed_before_handshake(*op)) throw_before_handshake(*op);
+    }
+    const DecodeResult r = decoder_.decode(*dialect_, input.substr(used), gated ? handshake_limits() : limits_,
+                                           request_);
     switch (r.status) {
       case DecodeStatus::Incomplete: return used;
       case DecodeStatus::Error: throw ProtocolError(r.error);
@@ -137,13 +145,33 @@ void StoreConnection::authenticate(const Request& req) {
   DDPRUN_LOG_DEBUG("store") << "client authenticated for " << (scope_ == kAllJobs ? "every job" : "job " + scope_);
 }
 
+const Limits& StoreConnection::handshake_limits() {
+  // A scope is a job id (at most 200 bytes) or "*"; nonces and proofs are 32 bytes.
+  static const Limits limits = [] {
+    Limits l;
+    l.max_key_bytes = 256;
+    l.max_value_bytes = 64;
+    l.max_keys_per_request = 1;
+    l.max_request_bytes = 1024;
+    return l;
+  }();
+  return limits;
+}
+
+bool StoreConnection::allowed_before_handshake(Op op) {
+  return op == Op::Validate || op == Op::Ping || op == Op::AuthHello || op == Op::AuthProof;
+}
+
+void StoreConnection::throw_before_handshake(Op op) {
+  throw AccessDenied("sent " + std::string(op_name(op)) +
+                     " before proving it holds the store's secret (this store is protected)");
+}
+
 void StoreConnection::check_access(const Request& req) const {
   switch (auth_) {
     case AuthState::Open: return;
     case AuthState::Required:
-    case AuthState::Challenged:
-      throw AccessDenied("sent " + std::string(op_name(req.op)) +
-                         " before proving it holds the store's secret (this store is protected)");
+    case AuthState::Challenged: throw_before_handshake(req.op);
     case AuthState::Authenticated: break;
   }
   if (scope_ == kAllJobs) return;

@@ -62,6 +62,10 @@ class StoreConnection final : public Waiter {
   void release();
 
   std::optional<Dialect> dialect() const { return dialect_; }
+  // A protected store's connection that has not yet proved the secret: it may send only the
+  // handshake's frames (VALIDATE, PING, AUTH_HELLO, AUTH_PROOF), each within handshake_limits().
+  bool awaiting_proof() const { return auth_ == AuthState::Required || auth_ == AuthState::Challenged; }
+  static const Limits& handshake_limits();
   // The scope this connection proved ("*" or a run id); empty until then (or on an open store).
   const std::string& scope() const { return scope_; }
   bool waiting() const { return store_.has_pending_wait(*this); }
@@ -79,6 +83,8 @@ class StoreConnection final : public Waiter {
   // The handshake, and the gate every other request passes first.
   void authenticate(const Request& req);
   void check_access(const Request& req) const;
+  static bool allowed_before_handshake(Op op);
+  [[noreturn]] static void throw_before_handshake(Op op);
   // Bytes the reply to `req` will carry, from the store's current state; throws LimitError if it
   // is over Limits::max_reply_bytes.
   void check_reply_size(const Request& req) const;

@@ -57,6 +57,12 @@ Options:
                          one job's keys
   --insecure             listen on a non-loopback address without a secret (anyone who reaches the
                          port can read, change and end every job)
+  --handshake-timeout SECONDS
+                         with --token-file: close a connection that has not proved the secret
+                         SECONDS after it connected (default 10)
+  --max-pending-handshakes N
+                         with --token-file: most connections not yet proven at once, the oldest
+                         closed to make room (default 256, at most a quarter of the descriptor limit)
   --max-key-bytes N      longest key accepted (default 8192)
   --max-value-bytes N    largest value accepted (default 8388608)
   --max-keys N           most keys in one request (default 131072)
@@ -240,6 +246,16 @@ int serve_main(int argc, char** argv) {
       options.store_limits.max_store_bytes = parse_number(arg, next(), uint64_t{1} << 50);
     } else if (arg == "--metrics-port" || arg == "--metrics_port") {
       metrics_port = static_cast<uint16_t>(parse_number(arg, next(), 65535));
+    } else if (arg == "--handshake-timeout" || arg == "--handshake_timeout") {
+      const std::string v = next();
+      const auto secs = to_double(v);
+      if (!secs || *secs <= 0 || *secs > 3600) {
+        usage_error("--handshake-timeout expects a number of seconds in (0, 3600], got '" + v + "'");
+      }
+      options.handshake_timeout = std::chrono::milliseconds(static_cast<int64_t>(*secs * 1000));
+    } else if (arg == "--max-pending-handshakes" || arg == "--max_pending_handshakes") {
+      options.max_pending_handshakes = parse_number(arg, next(), uint64_t{1} << 20);
+      if (options.max_pending_handshakes == 0) usage_error("--max-pending-handshakes expects a number >= 1, got 0");
     } else if (arg == "--job-ttl" || arg == "--job_ttl") {
       const std::string v = next();
       const auto secs = to_double(v);

@@ -48,6 +48,7 @@ std::string_view close_reason_name(CloseReason reason) {
     case CloseReason::NotReading: return "not_reading";
     case CloseReason::WriteFailed: return "write_failed";
     case CloseReason::Unauthorized: return "unauthorized";
+    case CloseReason::NoHandshake: return "no_handshake";
     case CloseReason::Shutdown: return "shutdown";
   }
   return "?";
@@ -59,6 +60,8 @@ Server::Server(asio::io_context& io, ServerOptions options)
       epoll_(io),
       accept_retry_(io),
       janitor_timer_(io),
+      housekeeping_timer_(io),
+      refusals_(options_.refusal_log_window),
       store_(options_.store_limits) {
   if (options_.job_ttl.count() > 0) janitor_ = std::make_unique<JobJanitor>(options_.job_ttl);
   if (options_.allowed_peers) allow_peers(*options_.allowed_peers);
@@ -97,6 +100,57 @@ void Server::start() {
   started_ = true;
   arm();
   arm_janitor();
+  arm_housekeeping();
+}
+
+void Server::arm_housekeeping() {
+  if (!options_.secret || stopped_) return;
+  const auto period = std::clamp<std::chrono::milliseconds>(options_.handshake_timeout / 4,
+                                                            std::chrono::milliseconds(50), std::chrono::seconds(1));
+  housekeeping_timer_.expires_after(period);
+  housekeeping_timer_.async_wait([this](const boost::system::error_code& ec) {
+    if (ec || stopped_) return;
+    const auto now = std::chrono::steady_clock::now();
+    while (!pending_handshakes_.empty() &&
+           now - pending_handshakes_.front()->handshake.since >= options_.handshake_timeout) {
+      Session& s = *pending_handshakes_.front();
+      close_session(s, CloseReason::NoHandshake,
+                    "did not prove the store's secret within " +
+                        std::to_string(std::chrono::duration_cast<std::chrono::seconds>(options_.handshake_timeout).count()) +
+                        " s, closing the connection");
+    }
+    refusals_.flush(now);
+    arm_housekeeping();
+  });
+}
+
+size_t Server::pending_handshake_cap() const {
+  // Under a low descriptor limit, unauthenticated peers get at most a quarter of it.
+  const uint64_t limit = open_file_limit();
+  const size_t share = static_cast<size_t>(std::max<uint64_t>(8, limit / 4));
+  return std::max<size_t>(1, std::min(options_.max_pending_handshakes, share));
+}
+
+void Server::add_pending_handshake(Session& s) {
+  if (pending_handshakes_.size() >= pending_handshake_cap()) {
+    evict_oldest_pending("made room for a newer connection: " + std::to_string(pending_handshakes_.size()) +
+                         " connections have not proved the store's secret yet, the most allowed at once");
+  }
+  s.handshake.pending = true;
+  s.handshake.since = std::chrono::steady_clock::now();
+  s.handshake.at = pending_handshakes_.insert(pending_handshakes_.end(), &s);
+}
+
+void Server::drop_pending_handshake(Session& s) {
+  if (!s.handshake.pending) return;
+  pending_handshakes_.erase(s.handshake.at);
+  s.handshake.pending = false;
+}
+
+bool Server::evict_oldest_pending(const std::string& why) {
+  if (pending_handshakes_.empty()) return false;
+  close_session(*pending_handshakes_.front(), CloseReason::NoHandshake, why + "; closing the connection");
+  return true;
 }
 
 void Server::arm_janitor() {
@@ -244,6 +298,7 @@ void Server::apply(Session& s, StoreConnection::Stage stage) {
   try {
     const size_t used = s.conn().consume(s.input(), stage);
     s.input().erase(0, used);
+    if (s.handshake.pending && !s.conn().awaiting_proof()) drop_pending_handshake(s);
   } catch (const AccessDenied& e) {
     close_session(s, CloseReason::Unauthorized, std::string("access denied, closing the connection: ") + e.what());
   } catch (const LimitError& e) {
@@ -315,7 +370,9 @@ void Server::accept_pending() {
       if (errno == EINTR || errno == ECONNABORTED || errno == EPROTO) continue;
       if (errno == EAGAIN || errno == EWOULDBLOCK) return;
       if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
-        // accept(2) fails this way whether or not a connection is waiting.
+        // A connection that has not proved the secret makes room; without one, the newcomer is
+        // refused. accept(2) fails this way whether or not a connection is waiting.
+        if (evict_oldest_pending("made room for a newer connection: out of file descriptors")) continue;
         if (!refuse_one()) return;
         continue;
       }
@@ -354,6 +411,7 @@ void Server::accept_pending() {
     }
     raw->flags.registered = ev.events;
     sessions_.emplace(raw, std::move(session));
+    if (options_.secret) add_pending_handshake(*raw);
     ++counters_.accepted;
     DDPRUN_LOG_DEBUG("store") << "client " << raw->peer() << " connected";
   }
@@ -412,8 +470,11 @@ void Server::pause_accepting() {
 void Server::close_session(Session& s, CloseReason reason, const std::string& why) {
   if (s.flags.closing) return;
   s.flags.closing = true;
+  drop_pending_handshake(s);
   ++counters_.closed[static_cast<size_t>(reason)];
-  if (!why.empty()) {
+  if (!why.empty() && (reason == CloseReason::Unauthorized || reason == CloseReason::NoHandshake)) {
+    refusals_.refused(peer_host(s.peer()), "client " + s.peer() + ": " + why, std::chrono::steady_clock::now());
+  } else if (!why.empty()) {
     log::warn("store") << "client " << s.peer() << ": " << why;
   } else {
     DDPRUN_LOG_DEBUG("store") << "client " << s.peer() << " disconnected after " << s.conn().requests()
@@ -433,7 +494,10 @@ void Server::close_session(Session& s, CloseReason reason, const std::string& wh
   s.conn().release();
   auto it = sessions_.find(&s);
   if (it != sessions_.end()) {
+    // The descriptor goes now, not at the end of the batch: a connection evicted to make room
+    // when out of descriptors frees one for the newcomer at once.
     ::shutdown(s.fd(), SHUT_RDWR);
+    s.close_socket();
     closed_.push_back(std::move(it->second));
     sessions_.erase(it);
   }
@@ -480,6 +544,7 @@ void Server::stop() {
   boost::system::error_code ignored;
   accept_retry_.cancel();
   janitor_timer_.cancel();
+  housekeeping_timer_.cancel();
   epoll_.cancel(ignored);
   std::vector<Session*> all;
   for (auto& [ptr, session] : sessions_) all.push_back(ptr);
@@ -487,6 +552,7 @@ void Server::stop() {
   closed_.clear();
   batch_.clear();
   dirty_.clear();
+  refusals_.flush(std::chrono::steady_clock::now(), /*all=*/true);
   epoll_.close(ignored);
   if (listen_fd_ >= 0) ::close(listen_fd_);
   listen_fd_ = -1;

@@ -25,7 +25,9 @@
 // crashed or partitioned client's connection (and its pending WAIT) is reclaimed; out of file
 // descriptors, a spare descriptor is given up to accept and close the newcomer at once (it gets an
 // error instead of waiting forever), logged once per episode; no exception from one connection
-// ends the loop: that connection is closed with one log line.
+// ends the loop: that connection is closed with one log line. A protected store admits only the
+// handshake's frames before the secret is proved, gives the proof a deadline, caps connections that
+// have not proved it (the oldest makes room), and logs refusals once per address and window.
 
 #include <utility>  // before Asio (Boost 1.74 quirk)
 
@@ -36,6 +38,7 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <list>
 #include <memory>
 #include <optional>
 #include <set>
@@ -45,6 +48,7 @@
 #include <vector>
 
 #include "rendezvous/server/janitor.hpp"
+#include "rendezvous/server/refusal_log.hpp"
 #include "rendezvous/core/kv_store.hpp"
 #include "rendezvous/core/protocol.hpp"
 #include "rendezvous/core/store_connection.hpp"
@@ -77,10 +81,27 @@ struct ServerOptions {
   // Only these peer addresses (numeric, plus loopback) may connect; others are closed before a
   // byte is read. Unset: anyone. Can be replaced later with Server::allow_peers.
   std::optional<std::vector<std::string>> allowed_peers;
+  // A protected store's connections that have not proved the secret: closed `handshake_timeout`
+  // after they connected, and at most `max_pending_handshakes` at a time (fewer under a low
+  // descriptor limit: a quarter of it), the oldest making room for a newcomer, as it does when
+  // the server is out of descriptors. A client with the secret proves it in one round trip.
+  std::chrono::milliseconds handshake_timeout{std::chrono::seconds(10)};
+  size_t max_pending_handshakes = 256;
+  // Refused connections are logged once per address and window, then counted (RefusalLog).
+  std::chrono::seconds refusal_log_window{60};
 };
 
 // Why connections were closed, for metrics.
-enum class CloseReason { PeerClosed, BadRequest, OverLimit, NotReading, WriteFailed, Unauthorized, Shutdown };
+enum class CloseReason {
+  PeerClosed,
+  BadRequest,
+  OverLimit,
+  NotReading,
+  WriteFailed,
+  Unauthorized,
+  NoHandshake,  // a protected store's client that did not prove the secret in time, or made room
+  Shutdown,
+};
 inline constexpr size_t kCloseReasonCount = static_cast<size_t>(CloseReason::Shutdown) + 1;
 std::string_view close_reason_name(CloseReason reason);
 
@@ -147,6 +168,13 @@ class Server {
   void mark_dirty(Session& s);
   void close_session(Session& s, CloseReason reason, const std::string& why);
   void arm_janitor();
+  // Protected stores: the connections that have not proved the secret yet.
+  void add_pending_handshake(Session& s);
+  void drop_pending_handshake(Session& s);
+  // Closes the connection that has waited longest to prove the secret; false if there is none.
+  bool evict_oldest_pending(const std::string& why);
+  void arm_housekeeping();
+  size_t pending_handshake_cap() const;
 
   boost::asio::io_context& io_;
   ServerOptions options_;
@@ -155,6 +183,9 @@ class Server {
   boost::asio::posix::stream_descriptor epoll_;
   boost::asio::steady_timer accept_retry_;
   boost::asio::steady_timer janitor_timer_;
+  boost::asio::steady_timer housekeeping_timer_;
+  std::list<Session*> pending_handshakes_;  // oldest first
+  RefusalLog refusals_;
   std::unique_ptr<JobJanitor> janitor_;
   boost::asio::ip::tcp::endpoint endpoint_;
   uint16_t port_ = 0;

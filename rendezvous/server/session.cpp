@@ -33,7 +33,12 @@ Session::Session(int fd, std::string peer, KvStore& store, const Limits& limits,
 
 Session::~Session() {
   conn_.release();
+  close_socket();
+}
+
+void Session::close_socket() {
   if (fd_ >= 0) ::close(fd_);
+  fd_ = -1;
 }
 
 Session::ReadStatus Session::read(std::span<char> scratch, size_t budget, size_t& received) {

@@ -8,8 +8,10 @@
 
 #include <sys/types.h>
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
+#include <list>
 #include <span>
 #include <string>
 
@@ -54,6 +56,16 @@ class Session {
     bool closing = false;    // closed; destroyed at the end of the batch
     uint32_t registered = 0;  // epoll events registered
   } flags;
+  // A protected store's connection that has not proved the secret yet: when it connected, and
+  // where it sits in the server's list of them (oldest first).
+  struct PendingHandshake {
+    bool pending = false;
+    std::chrono::steady_clock::time_point since;
+    std::list<Session*>::iterator at;
+  } handshake;
+
+  // Closes the socket now (the object may live on until the end of the batch); idempotent.
+  void close_socket();
 
  private:
   int fd_;

@@ -1,0 +1,168 @@
+// Peers of a protected ddprun-rendezvous that never prove the secret: what they may send before
+// the handshake, how long they may stay, how many there may be, and how much they may log.
+#include <signal.h>
+#include <sys/stat.h>
+
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "rendezvous/client/client.hpp"
+#include "rendezvous/core/protocol.hpp"
+#include "tests/support/daemon.hpp"
+#include "tests/support/raw_socket.hpp"
+#include "tests/support/temp_dir.hpp"
+
+namespace ddprun::test {
+namespace {
+
+using namespace std::chrono_literals;
+using rdzv::Dialect;
+using rdzv::Op;
+
+constexpr const char* kSecret = "this-is-the-cluster-secret-0123456789";
+
+struct ProtectedDaemon {
+  TempDir dir;
+  std::string token;
+  std::unique_ptr<Daemon> daemon;
+  explicit ProtectedDaemon(std::vector<std::string> args = {}, std::optional<rlim_t> nofile = std::nullopt) {
+    token = (dir.path / "token").string();
+    std::ofstream(token) << kSecret << "\n";
+    ::chmod(token.c_str(), 0600);
+    DaemonOptions o;
+    o.args = {"--token-file", token};
+    o.args.insert(o.args.end(), args.begin(), args.end());
+    o.nofile = nofile;
+    daemon = std::make_unique<Daemon>(DAEMON_BIN, o);
+  }
+};
+
+uint8_t wire(Op op) { return *rdzv::op_to_wire(Dialect::V2, op); }
+
+// A 2.x client's first frame.
+std::string validate() {
+  std::string s;
+  rdzv::put_u8(s, wire(Op::Validate));
+  rdzv::put_u32(s, rdzv::kValidateMagic);
+  return s;
+}
+
+// The daemon serves a client that holds the secret: a PING, a set and a get.
+void expect_serving(uint16_t port) {
+  rdzv::ClientOptions o;
+  o.host = "127.0.0.1";
+  o.port = port;
+  o.connect_timeout = 10s;
+  o.timeout = 10s;
+  o.credentials = rdzv::Credentials{"*", kSecret};
+  rdzv::Client c(o);
+  c.ping();
+  c.set("handshake_test/key", "value");
+  EXPECT_EQ(c.get("handshake_test/key"), "value");
+}
+
+// Before: an unauthenticated MULTI_SET was decoded in full (up to 64 MiB per connection) before
+// access was checked: ten such connections took the daemon from 5 MiB to 588 MiB.
+TEST(HandshakeTest, BeforeTheHandshakeARequestOtherThanItsOwnIsRefusedAtItsFirstByte) {
+  ProtectedDaemon pd;
+  Daemon& d = *pd.daemon;
+  const uint64_t rss_before = d.rss_kib();
+  std::vector<std::unique_ptr<RawSocket>> socks;
+  const std::string value(7 * 1024 * 1024, 'v');
+  for (int i = 0; i < 10; ++i) {
+    auto s = std::make_unique<RawSocket>(d.port());
+    std::string frame = validate();
+    rdzv::put_u8(frame, wire(Op::MultiSet));
+    rdzv::put_u64(frame, 8);  // eight keys of 7 MiB each, each under the value limit; the last never comes
+    bool open = s->send(frame);
+    for (int k = 0; k < 7 && open; ++k) {
+      std::string item;
+      rdzv::put_bytes(item, "k" + std::to_string(k));
+      rdzv::put_u64(item, value.size());
+      open = s->send(item) && s->send(value);
+    }
+    socks.push_back(std::move(s));
+  }
+  for (auto& s : socks) {
+    // Closed at its first byte: the rest of what it sent was never kept.
+    EXPECT_TRUE(s->read_until_eof(nullptr, 3s)) << d.log();
+  }
+  EXPECT_LT(d.rss_kib(), rss_before + 32 * 1024) << "the daemon buffered what unauthenticated peers sent";
+  EXPECT_NE(d.log().find("sent MULTI_SET before proving it holds the store's secret"), std::string::npos) << d.log();
+  expect_serving(d.port());
+}
+
+// The handshake's own frames are held to the handshake's sizes: a 4 KiB AUTH_HELLO scope is
+// refused as soon as its length is read.
+TEST(HandshakeTest, AnOversizedHandshakeFrameIsRefusedFromItsLength) {
+  ProtectedDaemon pd;
+  Daemon& d = *pd.daemon;
+  RawSocket s(d.port());
+  std::string frame = validate();
+  rdzv::put_u8(frame, wire(Op::AuthHello));
+  rdzv::put_u32(frame, 1);
+  rdzv::put_u64(frame, 4096);  // a scope under the key limit but over the handshake's; it never follows
+  s.send(frame);
+  EXPECT_TRUE(s.read_until_eof(nullptr, 10s)) << d.log();
+  expect_serving(d.port());
+}
+
+// Before: a connection that never authenticated stayed open for as long as its peer liked.
+TEST(HandshakeTest, AConnectionThatDoesNotAuthenticateInTimeIsClosed) {
+  ProtectedDaemon pd({"--handshake-timeout", "1"});
+  Daemon& d = *pd.daemon;
+  RawSocket silent(d.port());
+  RawSocket pinging(d.port());
+  ASSERT_TRUE(pinging.send(validate()));
+  // PING is allowed before the handshake, but does not extend it.
+  for (int i = 0; i < 3; ++i) {
+    std::string ping;
+    rdzv::put_u8(ping, wire(Op::Ping));
+    rdzv::put_u32(ping, static_cast<uint32_t>(i));
+    if (!pinging.send(ping)) break;
+    if (pinging.recv_exact(4, 5s).size() != 4) break;
+  }
+  EXPECT_TRUE(silent.read_until_eof(nullptr, 30s)) << d.log();
+  EXPECT_TRUE(pinging.read_until_eof(nullptr, 30s)) << d.log();
+  EXPECT_NE(d.log().find("did not prove the store's secret within 1 s"), std::string::npos) << d.log();
+  expect_serving(d.port());
+}
+
+// Before: under a descriptor limit of 300, 400 idle unauthenticated connections locked legitimate
+// clients out for as long as they stayed open. The oldest of them now make room.
+TEST(HandshakeTest, IdleUnauthenticatedConnectionsCannotLockOutAClientWithTheSecret) {
+  ProtectedDaemon pd({}, 300);
+  Daemon& d = *pd.daemon;
+  std::vector<std::unique_ptr<RawSocket>> idle;
+  for (int i = 0; i < 400; ++i) idle.push_back(std::make_unique<RawSocket>(d.port()));
+  expect_serving(d.port());
+  EXPECT_TRUE(d.alive());
+}
+
+// Before: one WARN line per refused connection, without limit.
+TEST(HandshakeTest, RefusedConnectionsFromOneAddressAreLoggedOnceAndCounted) {
+  ProtectedDaemon pd;
+  Daemon& d = *pd.daemon;
+  std::string set = validate();
+  rdzv::put_u8(set, wire(Op::Set));
+  rdzv::put_bytes(set, "k");
+  rdzv::put_bytes(set, "v");
+  for (int i = 0; i < 300; ++i) {
+    RawSocket s(d.port());
+    s.send(set);
+    ASSERT_TRUE(s.read_until_eof(nullptr, 10s));
+  }
+  expect_serving(d.port());
+  EXPECT_EQ(d.log_count("access denied"), 1u) << d.log().substr(0, 4000);
+  d.stop(SIGTERM);
+  // The count of what was not logged comes out at the end of its window, or at shutdown.
+  EXPECT_NE(d.log().find("299 more refused connections from 127.0.0.1 in the last"), std::string::npos)
+      << d.log().substr(0, 4000);
+}
+
+}  // namespace
+}  // namespace ddprun::test
