@@ -12,6 +12,7 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <list>
 #include <map>
 #include <sstream>
 
@@ -158,28 +159,61 @@ std::string render_metrics(const Server& server) {
 
 namespace {
 
-constexpr int kMaxConnections = 64;
+// Connections served at once. A scraper sends its request at once and reads the answer at once:
+// a connection that does neither within these times is closed, and when all the places are taken
+// the one that has waited longest for its request makes room, so slow clients cannot block
+// scraping.
+constexpr size_t kMaxConnections = 64;
+constexpr auto kRequestTime = std::chrono::seconds(3);
+constexpr auto kResponseTime = std::chrono::seconds(10);
+
+}  // namespace
+
+class MetricsSession;
+
+// The connections being served, oldest first (shared with them: a session's last handler may run
+// after the server is gone).
+struct MetricsServer::Sessions {
+  std::list<MetricsSession*> list;
+  size_t live = 0;  // not yet made to make room
+};
 
 // One HTTP exchange: read a request (bounded in size and time), answer it, close.
 class MetricsSession : public std::enable_shared_from_this<MetricsSession> {
  public:
-  MetricsSession(tcp::socket socket, std::function<std::string()>& render, std::shared_ptr<int> open)
-      : stream_(std::move(socket)), render_(render), open_(std::move(open)) {
-    ++*open_;
+  MetricsSession(tcp::socket socket, std::function<std::string()>& render,
+                 std::shared_ptr<MetricsServer::Sessions> all)
+      : stream_(std::move(socket)), render_(render), all_(std::move(all)) {
+    at_ = all_->list.insert(all_->list.end(), this);
+    ++all_->live;
   }
-  ~MetricsSession() { --*open_; }
+  ~MetricsSession() {
+    if (reading_) --all_->live;
+    all_->list.erase(at_);
+  }
 
   void start() {
     parser_.header_limit(8 * 1024);
     parser_.body_limit(0);
-    stream_.expires_after(std::chrono::seconds(10));
+    stream_.expires_after(kRequestTime);
     http::async_read(stream_, buffer_, parser_, [self = shared_from_this()](beast::error_code ec, size_t) {
-      if (!ec) self->respond();
+      if (!ec && self->reading_) self->respond();
     });
+  }
+
+  bool reading() const { return reading_; }
+  // Closes a connection whose request has not arrived yet, to make room for a newer one.
+  void make_room() {
+    if (!reading_) return;
+    reading_ = false;
+    --all_->live;
+    stream_.close();
   }
 
  private:
   void respond() {
+    reading_ = false;
+    --all_->live;
     const auto& req = parser_.get();
     auto& res = response_;
     res.version(req.version());
@@ -207,6 +241,7 @@ class MetricsSession : public std::enable_shared_from_this<MetricsSession> {
       res.body().clear();
     }
     res.prepare_payload();
+    stream_.expires_after(kResponseTime);
     http::async_write(stream_, res, [self = shared_from_this()](beast::error_code, size_t) {
       beast::error_code ignored;
       self->stream_.socket().shutdown(tcp::socket::shutdown_send, ignored);
@@ -218,8 +253,12 @@ class MetricsSession : public std::enable_shared_from_this<MetricsSession> {
   http::request_parser<http::empty_body> parser_;
   http::response<http::string_body> response_;
   std::function<std::string()>& render_;
-  std::shared_ptr<int> open_;
+  std::shared_ptr<MetricsServer::Sessions> all_;
+  std::list<MetricsSession*>::iterator at_;
+  bool reading_ = true;
 };
+
+namespace {
 
 void set_cloexec(int fd) { ::fcntl(fd, F_SETFD, ::fcntl(fd, F_GETFD) | FD_CLOEXEC); }
 
@@ -227,7 +266,7 @@ void set_cloexec(int fd) { ::fcntl(fd, F_SETFD, ::fcntl(fd, F_GETFD) | FD_CLOEXE
 
 MetricsServer::MetricsServer(asio::io_context& io, const std::string& host, uint16_t port,
                              std::function<std::string()> render)
-    : io_(io), acceptor_(io), render_(std::move(render)), open_(std::make_shared<int>(0)) {
+    : io_(io), acceptor_(io), render_(std::move(render)), sessions_(std::make_shared<Sessions>()) {
   boost::system::error_code ec;
   const auto addr = asio::ip::make_address(host, ec);
   if (ec) throw ConnectionError("cannot serve metrics on '" + host + "': not a numeric address");
@@ -258,8 +297,15 @@ void MetricsServer::accept() {
     if (ec == asio::error::operation_aborted || !acceptor_.is_open()) return;
     if (!ec) {
       set_cloexec(socket.native_handle());
-      if (*open_ < kMaxConnections) std::make_shared<MetricsSession>(std::move(socket), render_, open_)->start();
-      // else: dropped (closed) at once; a scraper retries at its next interval
+      if (sessions_->live >= kMaxConnections) {
+        for (MetricsSession* s : sessions_->list) {
+          if (s->reading()) {
+            s->make_room();
+            break;
+          }
+        }
+      }
+      std::make_shared<MetricsSession>(std::move(socket), render_, sessions_)->start();
       accept();
       return;
     }

@@ -28,6 +28,7 @@ std::string render_metrics(const Server& server);
 // so a client that stalls or floods costs nothing lasting. Not thread-safe: the io_context's thread.
 class MetricsServer {
  public:
+  struct Sessions;
   // Binds `host`:`port` (0: the kernel picks; read port()); throws ConnectionError.
   MetricsServer(boost::asio::io_context& io, const std::string& host, uint16_t port,
                 std::function<std::string()> render);
@@ -42,7 +43,7 @@ class MetricsServer {
   boost::asio::ip::tcp::acceptor acceptor_;
   std::function<std::string()> render_;
   uint16_t port_ = 0;
-  std::shared_ptr<int> open_;  // connections being served (bounded)
+  std::shared_ptr<Sessions> sessions_;  // connections being served (bounded)
 };
 
 }  // namespace ddprun::rdzv
