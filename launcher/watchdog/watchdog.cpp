@@ -246,14 +246,26 @@ void Watchdog::pulse(Clock::time_point now, bool progressed) {
       log::warn("ddprun") << "node " << *p.hang_claimed_by << " found the job hung: capturing this node's stacks";
       channel_->put_diagnosis(to_json(diagnose_local(now)));
     }
-  } catch (const std::exception& e) {
-    if (!channel_failed_logged_) {
-      log::warn("ddprun") << "hang watchdog: the rendezvous store does not answer (" << e.what()
-                          << "); watching this node's ranks only";
-      channel_failed_logged_ = true;
+    if (channel_down_) {
+      // The outage was no idle time of the job: the hang clock goes on from where it stopped,
+      // and the other nodes' progress made meanwhile shows in the counter read above.
+      channel_down_ = false;
+      last_job_progress_ = std::min(now, last_job_progress_ + (now - channel_down_since_));
+      log::info("ddprun") << "hang watchdog: the rendezvous store answers again after "
+                          << static_cast<int>(secs(now - channel_down_since_)) << " s";
     }
-    channel_.reset();
+  } catch (const std::exception& e) {
+    channel_failed(now, e);
   }
+}
+
+void Watchdog::channel_failed(Clock::time_point now, const std::exception& e) {
+  if (channel_down_) return;
+  channel_down_ = true;
+  channel_down_since_ = now;
+  log::warn("ddprun") << "hang watchdog: the rendezvous store does not answer (" << e.what()
+                      << "); retrying, and no hang is decided until it answers: the other nodes' progress is "
+                         "unknown meanwhile";
 }
 
 void Watchdog::run() {
@@ -270,8 +282,8 @@ void Watchdog::run() {
       publish_rates(now, false);
       next_rates_ = now + s_.rates_period;
     }
-    if (s_.hang_timeout.count() > 0 && !hang_handled_ && now - last_job_progress_ >= s_.hang_timeout &&
-        (!group_running_ || group_running_())) {
+    if (s_.hang_timeout.count() > 0 && !hang_handled_ && !channel_down_ &&
+        now - last_job_progress_ >= s_.hang_timeout && (!group_running_ || group_running_())) {
       handle_hang(now);
     }
   }

@@ -150,7 +150,11 @@ class Watchdog {
   std::map<int, RateTracker> heartbeat_rates_;
   std::map<int, int64_t> heartbeats_seen_;
   StragglerWatch stragglers_{1.5, 3};
-  bool channel_failed_logged_ = false;
+  // The job-wide channel does not answer (since when): the other nodes' progress is unknown, so
+  // no hang is decided until it answers again, and the outage does not count as idle time.
+  bool channel_down_ = false;
+  std::chrono::steady_clock::time_point channel_down_since_;
+  void channel_failed(std::chrono::steady_clock::time_point now, const std::exception& e);
 };
 
 }  // namespace ddprun::launcher

@@ -88,7 +88,18 @@ NodeDiagnosis Watchdog::diagnose_local(Clock::time_point now) {
 }
 
 void Watchdog::handle_hang(Clock::time_point now) {
-  hang_handled_ = true;
+  try {
+    // Another node may have claimed it first: this node's part then goes with the next pulse.
+    if (channel_ && !channel_->claim_hang()) {
+      hang_handled_ = true;
+      return;
+    }
+  } catch (const std::exception& e) {
+    // No claim without the channel: decided when it answers again, from what it says then.
+    channel_failed(now, e);
+    return;
+  }
+  hang_handled_ = contributed_ = true;
   HangDiagnosis d;
   d.program = s_.program;
   d.timeout = s_.hang_timeout;
@@ -96,14 +107,6 @@ void Watchdog::handle_hang(Clock::time_point now) {
   d.detector_node = s_.node;
   d.detector_host = s_.host;
   d.detected_at = std::chrono::system_clock::now();
-  try {
-    // Another node may have claimed it first: this node's part then goes with the next pulse.
-    if (channel_ && !channel_->claim_hang()) return;
-    contributed_ = true;
-  } catch (const std::exception& e) {
-    log::warn("ddprun") << "hang watchdog: cannot reach the rendezvous store (" << e.what() << ")";
-    channel_.reset();
-  }
   log::warn("ddprun") << "no rank made progress for " << static_cast<int>(d.idle_seconds)
                       << " s (--hang_timeout " << seconds_text(s_.hang_timeout) << "): capturing every rank's stacks";
   NodeDiagnosis local = diagnose_local(now);

@@ -30,7 +30,7 @@ void Watchdog::publish_rates(Clock::time_point now, bool final) {
   for (const json& r : record["ranks"]) {
     if (auto rate = rank_rate_from_json(r)) window.push_back(*rate);
   }
-  if (channel_ && !window.empty()) {
+  if (channel_ && !channel_down_ && !window.empty()) {
     try {
       channel_->publish_rates(record);
       if (!final && channel_->node() == 0) {

@@ -114,6 +114,19 @@ int main(int argc, char** argv) {
         std::cerr << "err line " << k << "\n";
       }
       std::cout.flush();
+    } else if (cmd == "busy-if-rank") {
+      // Rank R computes (spins on a core) for SECONDS; the others sleep as long, using no CPU.
+      const std::string r = arg();
+      const auto span = std::chrono::milliseconds(static_cast<int>(std::stod(arg()) * 1000));
+      if (r == rank) {
+        const auto until = std::chrono::steady_clock::now() + span;
+        volatile uint64_t x = 0;
+        while (std::chrono::steady_clock::now() < until) {
+          for (int k = 0; k < 100000; ++k) x = x + static_cast<uint64_t>(k);
+        }
+      } else {
+        std::this_thread::sleep_for(span);
+      }
     } else if (cmd == "sleep") {
       std::this_thread::sleep_for(std::chrono::milliseconds(static_cast<int>(std::stod(arg()) * 1000)));
     } else if (cmd == "fds") {

@@ -77,6 +77,9 @@ class EtcdCluster {
     ::waitpid(pid, nullptr, 0);
     pid = -1;
   }
+  // Freezes member i (SIGSTOP) or lets it go on (SIGCONT): two of three frozen lose the quorum.
+  void pause(int i) { ::kill(pids_[static_cast<size_t>(i)], SIGSTOP); }
+  void resume(int i) { ::kill(pids_[static_cast<size_t>(i)], SIGCONT); }
   std::string log(int i) const {
     std::ifstream in((dir_.path / (name(i) + ".log")).string());
     std::string s((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());

@@ -1,0 +1,54 @@
+// A short etcd outage (quorum lost for less than the lease TTL) under a job with --hang_timeout:
+// the job must ride it out; a store that does not answer for a while is no evidence of a hang.
+#include <gtest/gtest.h>
+
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "tests/support/etcd_cluster.hpp"
+#include "tests/support/subprocess.hpp"
+
+namespace ddprun::test {
+namespace {
+
+using namespace std::chrono_literals;
+
+std::unique_ptr<Subprocess> node(const EtcdCluster& cluster, int n) {
+  // Rank 0 (node 0) computes for 30 s; rank 1 (node 1) waits for it, idle, as a rank in a
+  // collective does. Leases of 20 s outlive the outage.
+  return std::make_unique<Subprocess>(
+      std::vector<std::string>{DDPRUN_BIN, "--rdzv_backend", "etcd", "--rdzv_endpoint", cluster.endpoints(),
+                               "--rdzv_id", "outage", "--nnodes", "2", "--node_rank", std::to_string(n),
+                               "--local_addr", "127.0.0." + std::to_string(n + 1), "--rdzv_conf",
+                               "join_timeout=60,lease_ttl=20", "--hang_timeout", "10", TEST_WORKER_BIN,
+                               "busy-if-rank", "0", "30"},
+      std::map<std::string, std::string>{{"OMP_NUM_THREADS", "1"}});
+}
+
+// Before: the first failed call dropped the job-wide progress channel for the rest of the
+// attempt, and node 1 then saw only its own idle rank: exit 124 "HUNG", node 0 exit 1.
+TEST(EtcdOutageTest, QuorumLostForSixSecondsIsNoHang) {
+  if (!have_etcd()) GTEST_FAIL() << "etcd-server and etcd-client are not installed: run scripts/install_deps.sh";
+  EtcdCluster cluster(3);
+  auto n0 = node(cluster, 0);
+  auto n1 = node(cluster, 1);
+  ASSERT_TRUE(n0->wait_for_output("started 1 worker", 60s)) << n0->err();
+  ASSERT_TRUE(n1->wait_for_output("started 1 worker", 60s)) << n1->err();
+  std::this_thread::sleep_for(5s);  // sleep override: the job runs a while before the fault
+  cluster.pause(1);
+  cluster.pause(2);
+  std::this_thread::sleep_for(6s);  // sleep override: the length of the outage
+  cluster.resume(1);
+  cluster.resume(2);
+  const Finished f0 = n0->wait(120s), f1 = n1->wait(120s);
+  ASSERT_FALSE(f0.timed_out || f1.timed_out);
+  EXPECT_EQ(f0.exit_code, 0) << f0.err;
+  EXPECT_EQ(f1.exit_code, 0) << f1.err;
+  EXPECT_EQ((f0.err + f1.err).find("HUNG"), std::string::npos) << f0.err << f1.err;
+}
+
+}  // namespace
+}  // namespace ddprun::test
