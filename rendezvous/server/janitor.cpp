@@ -27,11 +27,21 @@ JobJanitor::Sweep JobJanitor::sweep(KvStore& store, Clock::time_point now) {
     std::string counter_key;
     std::string counter;
     std::map<int64_t, Generation> generations;
+    Generation stray;  // keys under the job's prefix that are no part of ddprun's layout
   };
   std::map<std::string, Job> jobs;
   store.for_each(jobs::kRoot, [&](std::string_view key, const std::string& value) {
     const auto parsed = jobs::parse_key(key, nullptr);
-    if (!parsed) return;  // not ours to forget
+    if (!parsed) {
+      // Under a job's prefix all the same (a client with the job's token wrote it): the job's.
+      const std::string_view rest = key.substr(jobs::kRoot.size());
+      const std::string_view run_id = rest.substr(0, rest.find('/'));
+      if (run_id.size() == rest.size() || !jobs::valid_run_id(run_id)) return;  // not ours to forget
+      Generation& g = jobs[std::string(run_id)].stray;
+      g.keys.emplace_back(key);
+      g.fingerprint += std::hash<std::string_view>{}(key) * 31 + std::hash<std::string>{}(value);
+      return;
+    }
     Job& job = jobs[parsed->run_id];
     if (!parsed->generation) {
       job.counter_key = std::string(key);
@@ -63,6 +73,18 @@ JobJanitor::Sweep JobJanitor::sweep(KvStore& store, Clock::time_point now) {
       DDPRUN_LOG_DEBUG("store") << "forgot job '" << run_id << "' generation " << gen << " ("
                                 << (g.done ? "every node has left" : "no change for the job TTL") << ", "
                                 << g.keys.size() << " keys)";
+    }
+    if (!job.stray.keys.empty()) {
+      const std::string id = run_id + "/stray";
+      if (quiet(id, job.stray.fingerprint, now, next)) {
+        for (const std::string& k : job.stray.keys) store.remove(k);
+        result.keys_deleted += job.stray.keys.size();
+        next.erase(id);
+        log::info("store") << "forgot " << job.stray.keys.size() << " key(s) under job '" << run_id
+                           << "' that are no part of a ddprun round (unchanged for the job TTL)";
+      } else {
+        ++left;
+      }
     }
     if (left == 0 && !job.counter_key.empty() && quiet(run_id, std::hash<std::string>{}(job.counter), now, next)) {
       store.remove(job.counter_key);

@@ -7,6 +7,8 @@
 //     killed, or a node never came back to read the outcome) is deleted then;
 //   - the job id's generation counter goes last, once it is the job's only key and has not changed
 //     for `ttl` (a run starting meanwhile keeps counting from it).
+//   - keys under a job's prefix that are no part of the layout (written by a client holding the
+//     job's token) go once none of them has changed for `ttl`.
 // Pure logic over a KvStore; the server calls sweep() from its I/O thread on a timer.
 
 #include <chrono>

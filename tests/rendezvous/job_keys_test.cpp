@@ -144,5 +144,24 @@ TEST(JobJanitorTest, AGenerationGoesOnlyAfterATtlWithoutAnyChange) {
   EXPECT_EQ(store.num_keys(), 0u);
 }
 
+// Keys a client wrote under a job's prefix that are no part of ddprun's layout (a buggy or hostile
+// holder of the job's token): before, the janitor skipped them ("generation 'junk' is not a
+// number") and they stayed for good, counted against the store's limits.
+TEST(JobJanitorTest, StrayKeysUnderAJobsPrefixGoAfterATtlWithoutAnyChange) {
+  KvStore store;
+  store.set("/ddprun/job/junk", "x");
+  store.set("/ddprun/job/g1x/r0/node/0", "y");
+  store.set("/ddprun/job/g7/r0/n", "z");  // a round key ddprun never writes
+  store.set("/ddprun/!bad id/x", "not a job's");
+  JobJanitor janitor(10s);
+  const auto t = JobJanitor::Clock::now();
+  EXPECT_EQ(janitor.sweep(store, t).keys_deleted, 0u);
+  store.set("/ddprun/job/junk", "x2");  // still being written
+  janitor.sweep(store, t + 8s);
+  EXPECT_EQ(store.num_keys(), 4u) << "a change 8 s ago keeps them";
+  EXPECT_GE(janitor.sweep(store, t + 19s).keys_deleted, 2u);
+  EXPECT_EQ(keys_of(store), (std::vector<std::string>{"/ddprun/!bad id/x"}));
+}
+
 }  // namespace
 }  // namespace ddprun::rdzv
