@@ -215,6 +215,22 @@ void Client::settle_proof_locked(Clock::time_point deadline) {
   }
 }
 
+std::string Client::refusal_reason() const {
+  if (options_.refusal_note_key.empty()) return "";
+  try {
+    ClientOptions o = options_;
+    o.refusal_note_key.clear();
+    o.reconnect = false;
+    o.connect_timeout = std::chrono::seconds(2);
+    o.timeout = std::chrono::seconds(2);
+    Client asker(o);
+    if (!asker.check({options_.refusal_note_key})) return "";
+    return ": the store refused it " + asker.get(options_.refusal_note_key);  // "at TIME: why"
+  } catch (const std::exception&) {
+    return "";  // the store is gone altogether: nothing more to say
+  }
+}
+
 void Client::ensure_connected_locked() {
   if (fd_ >= 0) return;
   if (!options_.reconnect) throw ConnectionError("the connection to store " + endpoint() + " was lost");
@@ -244,7 +260,8 @@ void Client::send_locked(const std::string& request_bytes, Clock::time_point dea
     }
     const int err = errno;
     close_locked();
-    throw ConnectionError("sending " + std::string(what) + " to store " + endpoint() + " failed: " + std::strerror(err));
+    throw ConnectionError("sending " + std::string(what) + " to store " + endpoint() + " failed: " + std::strerror(err) +
+                          (err == EPIPE || err == ECONNRESET ? refusal_reason() : std::string()));
   }
 }
 
@@ -286,7 +303,8 @@ void Client::recv_locked(char* out, size_t n, Clock::time_point deadline, std::s
     if (dst != out + off) rbuf_.clear();
     if (r == 0) {
       close_locked();
-      throw ConnectionError("store " + endpoint() + " closed the connection during " + std::string(what));
+      throw ConnectionError("store " + endpoint() + " closed the connection during " + std::string(what) +
+                            refusal_reason());
     }
     if (errno == EINTR) continue;
     if (errno == EAGAIN || errno == EWOULDBLOCK) {

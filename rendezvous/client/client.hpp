@@ -45,6 +45,11 @@ struct ClientOptions {
   std::optional<Credentials> credentials;
   // Appended to the error when a protected store meets a client without a secret: how to give one.
   std::string missing_secret_hint;
+  // Where a store that refused a request leaves its reason (ddprun-rendezvous writes
+  // /ddprun/<run id>/store_refusal: a job over its quota, a full store). When the store closes the
+  // connection during a request, the client reads it over a new connection and adds it to the
+  // error. Empty: not asked.
+  std::string refusal_note_key;
 };
 
 class Client {
@@ -107,6 +112,9 @@ class Client {
   // or ProtocolError (the store could not prove the secret).
   void settle_proof_locked(Clock::time_point deadline);
   void ensure_connected_locked();
+  // ": the store refused it at <time>: <reason>" when the store left a reason under
+  // refusal_note_key, else "".
+  std::string refusal_reason() const;
   void close_locked();
   void send_locked(const std::string& bytes, Clock::time_point deadline, std::string_view what);
   void recv_locked(char* out, size_t n, Clock::time_point deadline, std::string_view what);

@@ -52,6 +52,16 @@ JobKeys::JobKeys(std::string run_id, int64_t generation)
 
 std::string JobKeys::generation_counter(std::string_view run_id) { return job_prefix(run_id) + "gen"; }
 
+std::string JobKeys::refusal_note(std::string_view run_id) { return job_prefix(run_id) + "store_refusal"; }
+
+std::string_view job_of_key(std::string_view key) {
+  if (!key.starts_with(kRoot)) return {};
+  const std::string_view rest = key.substr(kRoot.size());
+  const size_t slash = rest.find('/');
+  if (slash == std::string_view::npos || slash == 0) return {};
+  return rest.substr(0, slash);
+}
+
 std::string JobKeys::job_prefix(std::string_view run_id) {
   return std::string(kRoot) + std::string(run_id) + "/";
 }

@@ -109,6 +109,9 @@ class JobKeys {
   static std::string generation_counter(std::string_view run_id);
   // /ddprun/<run_id>/
   static std::string job_prefix(std::string_view run_id);
+  // /ddprun/<run_id>/store_refusal: why the store last refused a request of this job (a quota or
+  // a store-wide limit), left by the store for the job's agents to read.
+  static std::string refusal_note(std::string_view run_id);
 
   std::string prefix() const { return prefix_; }  // /ddprun/<run_id>/g<G>/
   RoundKeys round(int64_t round) const;
@@ -123,6 +126,10 @@ class JobKeys {
   int64_t generation_;
   std::string prefix_;
 };
+
+// The run id of a key under /ddprun/<run id>/ (any key there, ddprun's layout or not); empty for
+// every other key.
+std::string_view job_of_key(std::string_view key);
 
 // A key under /ddprun/, taken apart.
 struct ParsedKey {

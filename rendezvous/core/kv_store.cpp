@@ -2,27 +2,92 @@
 
 #include <algorithm>
 #include <charconv>
+#include <chrono>
+#include <ctime>
 #include <utility>
 
 #include "common/errors.hpp"
+#include "rendezvous/core/job_keys.hpp"
 #include "rendezvous/core/protocol.hpp"
 
 namespace ddprun::rdzv {
 
-void KvStore::reserve(size_t new_keys, int64_t more_bytes, std::string_view what, std::string_view key) const {
-  const auto shown = [&] {
-    return std::string(key.substr(0, 64)) + (key.size() > 64 ? "..." : "");
-  };
+namespace {
+
+// Refusal notes kept at once (one per job at most): a client holding the cluster secret could
+// otherwise grow the store past its limits with notes of made-up jobs.
+constexpr size_t kMaxNotes = 1024;
+constexpr std::string_view kNoteName = "store_refusal";
+
+std::string shown(std::string_view key) { return std::string(key.substr(0, 64)) + (key.size() > 64 ? "..." : ""); }
+
+bool is_note(std::string_view key) {
+  return key.size() > kNoteName.size() && key.ends_with(kNoteName) && key[key.size() - kNoteName.size() - 1] == '/' &&
+         jobs::job_of_key(key).size() + jobs::kRoot.size() + 1 + kNoteName.size() == key.size();
+}
+
+}  // namespace
+
+void KvStore::account(std::string_view key, int64_t keys, int64_t bytes) {
+  stored_bytes_ = static_cast<uint64_t>(static_cast<int64_t>(stored_bytes_) + bytes);
+  const std::string_view job = jobs::job_of_key(key);
+  if (job.empty()) return;
+  auto it = jobs_.find(job);
+  if (it == jobs_.end()) it = jobs_.emplace(std::string(job), JobUsage{}).first;
+  it->second.keys = static_cast<uint64_t>(static_cast<int64_t>(it->second.keys) + keys);
+  it->second.bytes = static_cast<uint64_t>(static_cast<int64_t>(it->second.bytes) + bytes);
+  if (it->second.keys == 0 && it->second.bytes == 0) jobs_.erase(it);
+}
+
+void KvStore::refuse(std::string_view job, const std::string& why) {
+  if (!job.empty()) {
+    // Where the job's agents look when the store closes their connection (rdzv::Client).
+    const std::string note = jobs::JobKeys::refusal_note(job);
+    if (map_.count(note) != 0 || notes_ < kMaxNotes) {
+      const auto now = std::chrono::system_clock::to_time_t(std::chrono::system_clock::now());
+      char when[32];
+      tm utc{};
+      ::gmtime_r(&now, &utc);
+      std::strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%SZ", &utc);
+      unlimited_ = true;
+      store(note, "at " + std::string(when) + ": " + why);
+      unlimited_ = false;
+    }
+  }
+  throw LimitError(why);
+}
+
+void KvStore::reserve(size_t new_keys, int64_t more_bytes, std::string_view what, std::string_view key) {
+  if (unlimited_) return;
+  const std::string_view job = jobs::job_of_key(key);
   if (new_keys > 0 && total_keys() + new_keys > limits_.max_total_keys) {
-    throw LimitError(std::string(what) + " of key '" + shown() + "' would make " +
-                     std::to_string(total_keys() + new_keys) + " keys, over the store's limit of " +
-                     std::to_string(limits_.max_total_keys) + " (--max-total-keys)");
+    refuse(job, "store full: " + std::string(what) + " of key '" + shown(key) + "' would make " +
+                    std::to_string(total_keys() + new_keys) + " keys, over the store's limit of " +
+                    std::to_string(limits_.max_total_keys) + " (--max-total-keys)");
   }
   if (more_bytes > 0 && stored_bytes_ + static_cast<uint64_t>(more_bytes) > limits_.max_store_bytes) {
-    throw LimitError(std::string(what) + " of key '" + shown() + "' would make " +
-                     std::to_string(stored_bytes_ + static_cast<uint64_t>(more_bytes)) +
-                     " bytes stored, over the store's limit of " + std::to_string(limits_.max_store_bytes) +
-                     " (--max-store-bytes)");
+    refuse(job, "store full: " + std::string(what) + " of key '" + shown(key) + "' would make " +
+                    std::to_string(stored_bytes_ + static_cast<uint64_t>(more_bytes)) +
+                    " bytes stored, over the store's limit of " + std::to_string(limits_.max_store_bytes) +
+                    " (--max-store-bytes)");
+  }
+  if (!job.empty()) reserve_for_job(job, new_keys, more_bytes, what, key);
+}
+
+void KvStore::reserve_for_job(std::string_view job, size_t new_keys, int64_t more_bytes, std::string_view what,
+                              std::string_view key) {
+  if (unlimited_ || (limits_.max_job_keys == 0 && limits_.max_job_bytes == 0)) return;
+  JobUsage used;
+  if (auto it = jobs_.find(job); it != jobs_.end()) used = it->second;
+  if (limits_.max_job_keys > 0 && new_keys > 0 && used.keys + new_keys > limits_.max_job_keys) {
+    refuse(job, "job '" + std::string(job) + "' over its quota: " + std::string(what) + " of key '" + shown(key) +
+                    "' would make it hold " + std::to_string(used.keys + new_keys) + " keys, over its quota of " +
+                    std::to_string(limits_.max_job_keys) + " (--job-max-keys)");
+  }
+  if (limits_.max_job_bytes > 0 && more_bytes > 0 && used.bytes + static_cast<uint64_t>(more_bytes) > limits_.max_job_bytes) {
+    refuse(job, "job '" + std::string(job) + "' over its quota: " + std::string(what) + " of key '" + shown(key) +
+                    "' would make it hold " + std::to_string(used.bytes + static_cast<uint64_t>(more_bytes)) +
+                    " bytes, over its quota of " + std::to_string(limits_.max_job_bytes) + " (--job-max-bytes)");
   }
 }
 
@@ -31,15 +96,16 @@ void KvStore::store(std::string_view key, std::string_view value) {
   if (it == map_.end()) {
     reserve(1, static_cast<int64_t>(key.size() + value.size()), "SET", key);
     it = map_.emplace(std::string(key), std::make_shared<std::string>(value)).first;
-    stored_bytes_ += key.size() + value.size();
+    account(key, 1, static_cast<int64_t>(key.size() + value.size()));
     key_bytes_ += key.size();
+    if (unlimited_) ++notes_;
     if (!watchers_.empty()) notify_watchers(key, nullptr, it->second);
     key_arrived(key, /*wake_one=*/false);
     return;
   }
   Value& slot = it->second;
   reserve(0, static_cast<int64_t>(value.size()) - static_cast<int64_t>(slot->size()), "SET", key);
-  stored_bytes_ = stored_bytes_ - slot->size() + value.size();
+  account(key, 0, static_cast<int64_t>(value.size()) - static_cast<int64_t>(slot->size()));
   const bool watched = !watchers_.empty() && watchers_.count(key) != 0;
   if (!watched && slot.use_count() == 1) {
     slot->assign(value.data(), value.size());  // nobody else holds it: reuse the buffer
@@ -116,7 +182,7 @@ void KvStore::append(std::string_view key, std::string_view data) {
   Value& slot = it->second;
   reserve(0, static_cast<int64_t>(data.size()), "APPEND", key);
   changed(key, nullptr);
-  stored_bytes_ += data.size();
+  account(key, 0, static_cast<int64_t>(data.size()));
   const bool watched = !watchers_.empty() && watchers_.count(key) != 0;
   if (!watched && slot.use_count() == 1) {
     slot->append(data.data(), data.size());
@@ -144,6 +210,26 @@ void KvStore::multi_set(std::span<const std::string_view> keys, std::span<const 
     }
   }
   if (!keys.empty()) reserve(new_keys, more, "MULTI_SET", keys[0]);
+  // Each job's share of the request against its own quota (keys[0]'s job was checked above).
+  if (limits_.max_job_keys > 0 || limits_.max_job_bytes > 0) {
+    std::unordered_map<std::string_view, std::pair<size_t, int64_t>> per_job;
+    for (size_t i = 0; i < keys.size(); ++i) {
+      const std::string_view job = jobs::job_of_key(keys[i]);
+      if (job.empty()) continue;
+      auto& [n, bytes] = per_job[job];
+      const std::string* old = get(keys[i]);
+      n += old == nullptr ? 1 : 0;
+      bytes += old == nullptr ? static_cast<int64_t>(keys[i].size() + values[i].size())
+                              : static_cast<int64_t>(values[i].size()) - static_cast<int64_t>(old->size());
+    }
+    for (size_t i = 0; i < keys.size(); ++i) {
+      const std::string_view job = jobs::job_of_key(keys[i]);
+      auto it = job.empty() ? per_job.end() : per_job.find(job);
+      if (it == per_job.end()) continue;
+      reserve_for_job(job, it->second.first, it->second.second, "MULTI_SET", keys[i]);
+      per_job.erase(it);
+    }
+  }
   for (size_t i = 0; i < keys.size(); ++i) store(keys[i], values[i]);
   for (size_t i = 0; i < keys.size(); ++i) changed(keys[i], nullptr);
 }
@@ -152,8 +238,9 @@ bool KvStore::remove(std::string_view key) {
   auto it = map_.find(key);
   if (it == map_.end()) return false;
   changed(key, nullptr);
-  stored_bytes_ -= it->first.size() + it->second->size();
+  account(key, -1, -static_cast<int64_t>(it->first.size() + it->second->size()));
   key_bytes_ -= it->first.size();
+  if (is_note(key)) --notes_;
   if (!watchers_.empty() && watchers_.count(key) != 0) {
     const Value old = std::move(it->second);
     const std::string name = it->first;
@@ -301,10 +388,10 @@ void KvStore::queue_push(std::string_view key, std::string_view value) {
   reserve(created ? 1 : 0, static_cast<int64_t>((created ? key.size() : 0) + value.size()), "QUEUE_PUSH", key);
   if (created) {
     it = queues_.emplace(std::string(key), std::deque<std::string>()).first;
-    stored_bytes_ += key.size();
+    account(key, 1, static_cast<int64_t>(key.size()));
   }
   it->second.emplace_back(value);
-  stored_bytes_ += value.size();
+  account(key, 0, static_cast<int64_t>(value.size()));
   changed(key, nullptr);
   key_arrived(key, /*wake_one=*/true);
 }
@@ -315,10 +402,10 @@ int64_t KvStore::queue_pop(std::string_view key, std::string& value) {
   const auto before = static_cast<int64_t>(it->second.size());
   changed(key, nullptr);
   value = std::move(it->second.front());
-  stored_bytes_ -= value.size();
+  account(key, 0, -static_cast<int64_t>(value.size()));
   it->second.pop_front();
   if (it->second.empty()) {
-    stored_bytes_ -= it->first.size();
+    account(key, -1, -static_cast<int64_t>(it->first.size()));
     queues_.erase(it);
   }
   return before;

@@ -61,6 +61,10 @@ struct StringHash {
 struct StoreLimits {
   uint64_t max_total_keys = 1 << 20;
   uint64_t max_store_bytes = uint64_t{1} << 30;  // keys + values + queued items
+  // Each ddprun job's share (the keys under /ddprun/<run id>/), so that one job cannot fill the
+  // store for the others; 0: no quota (a store embedded in one job).
+  uint64_t max_job_keys = 0;
+  uint64_t max_job_bytes = 0;
 };
 
 // One pending WAIT, as the store sees it (for diagnostics: who waits on what).
@@ -160,8 +164,15 @@ class KvStore {
   };
 
   bool present(std::string_view key) const;
-  // Throws LimitError unless `new_keys` more keys and `more_bytes` more bytes fit.
-  void reserve(size_t new_keys, int64_t more_bytes, std::string_view what, std::string_view key) const;
+  // Throws LimitError unless `new_keys` more keys and `more_bytes` more bytes fit, in the store and
+  // in the quota of the job `key` belongs to; a refusal of a job's key leaves its reason under
+  // /ddprun/<run id>/store_refusal, where the job's agents read it.
+  void reserve(size_t new_keys, int64_t more_bytes, std::string_view what, std::string_view key);
+  void reserve_for_job(std::string_view job, size_t new_keys, int64_t more_bytes, std::string_view what,
+                       std::string_view key);
+  [[noreturn]] void refuse(std::string_view job, const std::string& why);
+  // Counts a change of `keys` keys and `bytes` bytes, in the store and in the key's job.
+  void account(std::string_view key, int64_t keys, int64_t bytes);
   // Stores `value` under `key` (checked against the limits first) and wakes waiters and watchers.
   void store(std::string_view key, std::string_view value);
   // A key appeared: decrement every waiter on it (or only the first, for a queue push).
@@ -180,6 +191,13 @@ class KvStore {
   std::unordered_map<const Waiter*, std::vector<std::string>> watching_;  // a watcher's keys
   uint64_t stored_bytes_ = 0;
   uint64_t key_bytes_ = 0;  // of the KV map's keys, for LIST
+  struct JobUsage {
+    uint64_t keys = 0;
+    uint64_t bytes = 0;
+  };
+  std::unordered_map<std::string, JobUsage, StringHash, std::equal_to<>> jobs_;
+  bool unlimited_ = false;  // storing a refusal note
+  size_t notes_ = 0;        // refusal notes stored (at most kMaxNotes)
   uint64_t requests_ = 0;
   uint64_t requests_by_op_[kOpCount] = {};
   ChangeObserver* observer_ = nullptr;

@@ -69,6 +69,9 @@ Options:
   --max-reply-bytes N    largest reply one request may produce (default 268435456)
   --max-total-keys N     most keys (and queues) the store holds (default 1048576)
   --max-store-bytes N    most bytes of keys and values the store holds (default 1073741824)
+  --job-max-keys N       most keys one job (its keys under /ddprun/<run id>/) holds; 0 for no quota
+                         (default 131072)
+  --job-max-bytes N      most bytes one job holds; 0 for no quota (default 268435456)
   --metrics-port N       serve Prometheus metrics at http://HOST:N/metrics, on the store's address
                          (off by default; 0 lets the kernel pick the port, printed at start)
   --job-ttl SECONDS      forget a ddprun job at once when all its nodes have left, or after SECONDS
@@ -217,6 +220,9 @@ void write_port_file(const std::string& path, uint16_t port) {
 int serve_main(int argc, char** argv) {
   rdzv::ServerOptions options;
   options.host = "127.0.0.1";
+  // A daemon serves many jobs: each gets a share, so that one cannot fill the store for the others.
+  options.store_limits.max_job_keys = 131072;
+  options.store_limits.max_job_bytes = uint64_t{256} << 20;
   options.port = 29400;
   options.job_ttl = std::chrono::hours(1);
   std::string port_file;
@@ -244,6 +250,10 @@ int serve_main(int argc, char** argv) {
       options.store_limits.max_total_keys = parse_number(arg, next(), uint64_t{1} << 40);
     } else if (arg == "--max-store-bytes") {
       options.store_limits.max_store_bytes = parse_number(arg, next(), uint64_t{1} << 50);
+    } else if (arg == "--job-max-keys" || arg == "--job_max_keys") {
+      options.store_limits.max_job_keys = parse_number(arg, next(), uint64_t{1} << 40);
+    } else if (arg == "--job-max-bytes" || arg == "--job_max_bytes") {
+      options.store_limits.max_job_bytes = parse_number(arg, next(), uint64_t{1} << 50);
     } else if (arg == "--metrics-port" || arg == "--metrics_port") {
       metrics_port = static_cast<uint16_t>(parse_number(arg, next(), 65535));
     } else if (arg == "--handshake-timeout" || arg == "--handshake_timeout") {

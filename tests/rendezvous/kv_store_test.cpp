@@ -174,5 +174,55 @@ TEST(KvStoreTest, PendingWaitsNameTheKeysStillMissing) {
   EXPECT_EQ(pending[0].missing, (std::vector<std::string>{"a", "c"}));
 }
 
+// One job cannot fill the store for the others: each job's keys (under /ddprun/<run id>/) have a
+// quota of their own. Before, a client with one job's token filled the store-wide limit and the
+// next job failed at once, told only that the store "closed the connection".
+TEST(KvStoreTest, EachJobHasAQuotaOfItsOwnAndARefusalLeavesItsReason) {
+  StoreLimits limits;
+  limits.max_job_keys = 4;
+  limits.max_job_bytes = 1000;
+  KvStore store(limits);
+  for (int i = 0; i < 4; ++i) store.set("/ddprun/greedy/k" + std::to_string(i), "v");
+  try {
+    store.set("/ddprun/greedy/k4", "v");
+    FAIL() << "a fifth key was stored";
+  } catch (const LimitError& e) {
+    EXPECT_NE(std::string(e.what()).find("job 'greedy' over its quota"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("(--job-max-keys)"), std::string::npos) << e.what();
+  }
+  // The reason is left where the job's agents can read it; it does not count against the job.
+  const std::string* note = store.get("/ddprun/greedy/store_refusal");
+  ASSERT_NE(note, nullptr);
+  EXPECT_NE(note->find("over its quota"), std::string::npos) << *note;
+  EXPECT_THROW(store.append("/ddprun/greedy/k0", std::string(2000, 'x')), LimitError);
+  EXPECT_THROW(store.multi_set(std::array<std::string_view, 1>{"/ddprun/greedy/m"},
+                               std::array<std::string_view, 1>{"v"}),
+               LimitError);
+  // Another job, and keys outside every job, are not touched by it.
+  for (int i = 0; i < 4; ++i) store.set("/ddprun/other/k" + std::to_string(i), "v");
+  store.set("/default_pg/0", std::string(2000, 'y'));
+  // Deleting frees the job's quota again.
+  EXPECT_TRUE(store.remove("/ddprun/greedy/k0"));
+  EXPECT_TRUE(store.remove("/ddprun/greedy/store_refusal"));
+  store.set("/ddprun/greedy/k4", "v");
+}
+
+TEST(KvStoreTest, AFullStoreSaysSoInItsRefusal) {
+  StoreLimits limits;
+  limits.max_total_keys = 2;
+  KvStore store(limits);
+  store.set("/ddprun/a/x", "1");
+  store.set("/ddprun/a/y", "1");
+  try {
+    store.compare_set("/ddprun/b/gen", "", "0");
+    FAIL() << "a third key was stored";
+  } catch (const LimitError& e) {
+    EXPECT_EQ(std::string(e.what()).rfind("store full: ", 0), 0u) << e.what();
+  }
+  const std::string* note = store.get("/ddprun/b/store_refusal");
+  ASSERT_NE(note, nullptr);
+  EXPECT_NE(note->find("store full"), std::string::npos);
+}
+
 }  // namespace
 }  // namespace ddprun::rdzv

@@ -64,6 +64,8 @@ StoreRendezvous::StoreRendezvous(StoreRendezvousOptions options, const StopSigna
   if (options_.token) co.credentials = rdzv::credentials_for(*options_.token, options_.run_id, options_.token_file);
   co.missing_secret_hint = "give this node the rendezvous secret (or this job's token) with --rdzv_conf "
                            "token_file=PATH, or DDPRUN_TOKEN_FILE=PATH (a file only you can read)";
+  // A daemon that refuses this job's request (its quota, a full store) says why there.
+  co.refusal_note_key = rdzv::jobs::JobKeys::refusal_note(options_.run_id);
   // Connect in slices of a second, so that a stop signal is acted on while the store is not up yet.
   const auto deadline = std::chrono::steady_clock::now() + options_.join_timeout;
   log::info("ddprun") << "connecting to the rendezvous store at " << co.host << ":" << co.port;
