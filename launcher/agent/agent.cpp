@@ -165,6 +165,7 @@ int Agent::finish(int round, const World& world, const RoundEnd& end, const Grou
       log::warn("ddprun") << (multi_node_ ? "job stopped by " : "workers stopped by ") << end.detail;
       break;
     case RoundEnd::Kind::StoreLost:
+      backend_->quiesce();
       log::error("ddprun") << end.detail;
       return exit_code;  // nothing to leave: the store is gone
     case RoundEnd::Kind::NodeLost:

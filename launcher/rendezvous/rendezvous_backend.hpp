@@ -112,6 +112,9 @@ class RendezvousBackend {
   // The job is over for this node: record the outcome and leave; the node that hosts a store the
   // others still need waits (up to `timeout`) for them to leave too.
   virtual void leave(int round, std::chrono::milliseconds timeout, const StopSignal& stop) = 0;
+  // The job ends without leave() (its store is gone): background work (heartbeats) stops
+  // reporting, so that nothing is printed after the job's last line.
+  virtual void quiesce() {}
   // Whether a lost node leads to a new rendezvous of the survivors (elastic) rather than the end.
   virtual bool elastic() const = 0;
   // Node rank to show in reports; -1 for a single-node job.

@@ -155,6 +155,10 @@ TEST(MultiNodeTest, LosingNodeZeroStopsTheOtherNodes) {
   EXPECT_EQ(f1.exit_code, 1) << f1.err;
   EXPECT_NE(f1.err.find("lost the rendezvous store"), std::string::npos) << f1.err;
   EXPECT_NE(f1.out.find("[rank1]: got SIGTERM"), std::string::npos);
+  // The error is the last word: no heartbeat warning comes after it.
+  const size_t last = f1.err.rfind("ERROR ddprun: lost the rendezvous store");
+  ASSERT_NE(last, std::string::npos) << f1.err;
+  EXPECT_EQ(f1.err.find("heartbeat stopped", last), std::string::npos) << f1.err;
 }
 
 TEST(MultiNodeTest, NodeWhoseDdprunIsKilledIsDetectedByHeartbeat) {

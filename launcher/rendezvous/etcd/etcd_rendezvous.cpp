@@ -102,15 +102,18 @@ void EtcdRendezvous::keep_lease_alive() {
     try {
       const int64_t ttl = client_->lease_keepalive(lease_, etcd::Client::after(period));
       if (ttl <= 0) {
-        log::error("ddprun") << "this node's etcd lease has expired: the other nodes count it as lost";
+        log::error("ddprun") << "etcd says this node's lease has expired: the other nodes count it as lost";
         lease_lost_ = true;
       } else {
         last_renewal = Clock::now();
       }
     } catch (const std::exception& e) {
       if (Clock::now() - last_renewal > options_.lease_ttl) {
+        // Nobody may have seen anything (etcd without a quorum lets no lease expire): this node
+        // leaves because it cannot tell whether it is still counted in.
         log::error("ddprun") << "no etcd member renewed this node's lease for " << options_.lease_ttl.count()
-                             << " s (" << e.what() << "): the other nodes count it as lost";
+                             << " s (" << e.what() << "): etcd is unreachable or without a quorum, and this node "
+                                "cannot tell whether its lease still holds";
         lease_lost_ = true;
       }
     }
@@ -194,8 +197,8 @@ void EtcdRendezvous::watch(int round, std::function<void(const RoundEnd&)> on_en
       for (;;) {
         if (watch_stopped()) return;
         if (lease_lost_) {
-          on_end(lost("this node's etcd lease expired (etcd unreachable for " + std::to_string(options_.lease_ttl.count()) +
-                      " s): the other nodes count it as lost"));
+          on_end(lost("this node's etcd lease could not be renewed for " + std::to_string(options_.lease_ttl.count()) +
+                      " s: it may have expired, and the other nodes then count this node as lost"));
           return;
         }
         const auto give_up = Clock::now() + std::max<std::chrono::milliseconds>(options_.lease_ttl, std::chrono::seconds(5));

@@ -163,7 +163,8 @@ void StoreRendezvous::start_heartbeat() {
         }
       }
     } catch (const std::exception& e) {
-      log::warn("ddprun") << "heartbeat stopped: " << e.what();
+      // Once the job is ending the failure is no news (the store is gone, or going with it).
+      if (!stop_heartbeat_) log::warn("ddprun") << "heartbeat stopped: " << e.what();
     }
   });
 }

@@ -89,6 +89,7 @@ class StoreRendezvous final : public NodeRendezvous {
   RoundEnd report_success(int round, const StopSignal& stop) override;
   RoundEnd wait_end(int round, const StopSignal& stop) override;
   void leave(int round, std::chrono::milliseconds timeout, const StopSignal& stop) override;
+  void quiesce() override { stop_heartbeat_ = true; }
   bool elastic() const override { return options_.dynamic; }
 
   const StoreRendezvousOptions& options() const { return options_; }
