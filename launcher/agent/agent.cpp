@@ -89,6 +89,14 @@ GroupResult Agent::running(const World& world) {
                      });
   });
   watchdog_->stop();
+  fenced_ = false;
+  if (const auto window = guard_.take_fenced()) {
+    fenced_ = true;
+    log::warn("ddprun") << "this node's guard stopped its workers: no heartbeat reached the rendezvous for "
+                        << seconds_text(*window)
+                        << " (ddprun was stopped, frozen or cut off), so the other nodes count this node as lost "
+                           "and may go on without it";
+  }
   // What the watchdog saw goes into the failure report.
   const auto notes = watchdog_->timer_notes();
   for (auto& f : result.failures) {
@@ -139,7 +147,11 @@ RoundEnd Agent::agree_on_end(int round, const GroupResult& result) {
     case GroupOutcome::Succeeded:
       if (multi_node_) log::info("ddprun") << "this node's workers all finished; waiting for the other nodes to finish";
       return backend_->report_success(round, stop_);
-    case GroupOutcome::Failed: return backend_->report_failure(round, result.failures.front());
+    case GroupOutcome::Failed:
+      // Fenced workers did not fail: this node fell out of the job. What the others decide (this
+      // node lost, or the store gone) is the outcome.
+      if (fenced_) return backend_->wait_end(round, stop_);
+      return backend_->report_failure(round, result.failures.front());
     case GroupOutcome::Signalled: return backend_->report_signal(round, result.signal);
     case GroupOutcome::StoppedByRequest: {
       // Stopped because the watcher saw the round end: use what it saw.

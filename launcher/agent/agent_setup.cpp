@@ -153,6 +153,14 @@ std::optional<rdzv::Token> Agent::read_token() const {
   return rdzv::read_token_file(o_.token_file);
 }
 
+void Agent::arm_fence(std::chrono::milliseconds lost_after) {
+  // The other nodes count this node as lost after `lost_after` without a heartbeat (an expired
+  // lease); its workers are stopped a quarter earlier, so that they never run beside a group
+  // re-formed without them. At least a second: a busy machine's scheduling hiccups are no reason.
+  fence_window_ = std::max<std::chrono::milliseconds>(lost_after * 3 / 4, std::chrono::seconds(1));
+  guard_.arm_fence(fence_window_);
+}
+
 std::unique_ptr<RendezvousBackend> Agent::make_backend() {
   // The address other nodes (and the workers) use for this node: --local_addr; else node 0 of a
   // static job is --master_addr, and any other node is known by its host name.
@@ -198,6 +206,12 @@ std::unique_ptr<RendezvousBackend> Agent::make_backend() {
   ro.token = read_token();
   ro.token_file = o_.token_file;
   ro.join_timeout = o_.join_timeout;
+  if (ro.dynamic && o_.min_nodes < o_.max_nodes) {
+    // Elastic: the others re-form without a node they count as lost, so its workers must stop
+    // first. (A static job ends when a node is lost: no second group forms.)
+    ro.alive = [this] { guard_.renew(); };
+    arm_fence(o_.keep_alive_interval * o_.keep_alive_max_attempt);
+  }
   ro.keep_alive_interval = o_.keep_alive_interval;
   ro.keep_alive_max_attempt = o_.keep_alive_max_attempt;
   ro.progress_interval = o_.progress_interval;

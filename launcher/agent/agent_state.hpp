@@ -58,6 +58,9 @@ class Agent {
  private:
   void on_signal(int signo);
   std::unique_ptr<RendezvousBackend> make_backend();
+  // Multi-node jobs: the guard stops this node's workers when no heartbeat got through for most of
+  // `lost_after`, the time after which the other nodes count this node as lost.
+  void arm_fence(std::chrono::milliseconds lost_after);
   std::optional<rdzv::Token> read_token() const;
   uint16_t host_worker_store();
   fs::path attempt_directory(const World& world) const;
@@ -77,6 +80,8 @@ class Agent {
   const bool multi_node_;
   StopSignal stop_;
   OrphanGuard guard_;  // before any thread or socket exists, so it inherits nothing worth keeping
+  std::chrono::milliseconds fence_window_{0};  // multi-node jobs: see arm_fence
+  bool fenced_ = false;                          // the guard stopped the last group's workers
   Environment base_env_;
   std::string host_;
   std::string signals_text_;

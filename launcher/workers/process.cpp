@@ -3,12 +3,18 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <linux/close_range.h>
+#include <poll.h>
+#include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <atomic>
 #include <cerrno>
+#include <climits>
 #include <cstring>
+#include <new>
 #include <set>
 #include <system_error>
 
@@ -105,7 +111,78 @@ SpawnedProcess spawn_process(const SpawnRequest& req) {
 
 void become_subreaper() { ::prctl(PR_SET_CHILD_SUBREAPER, 1); }
 
+struct OrphanGuard::Shared {
+  std::atomic<int64_t> fenced_window_ms{-1};  // set by the guard when it fenced
+};
+
+namespace {
+
+int64_t monotonic_ms() {
+  timespec ts{};
+  ::clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<int64_t>(ts.tv_sec) * 1000 + ts.tv_nsec / 1'000'000;
+}
+
+// The guard's loop: records of one op byte and an int32 from ddprun, until EOF.
+[[noreturn]] void guard_main(int fd, std::atomic<int64_t>& fenced_window_ms) {
+  std::set<pid_t> groups;
+  bool goodbye = false;
+  int64_t window_ms = 0;  // 0: the fence is not armed
+  int64_t deadline_ms = 0;
+  constexpr size_t kRecord = 1 + sizeof(int32_t);
+  char buf[64 * kRecord];
+  size_t have = 0;
+  for (;;) {
+    int timeout = -1;
+    if (window_ms > 0 && !groups.empty()) timeout = static_cast<int>(std::max<int64_t>(0, deadline_ms - monotonic_ms()));
+    pollfd p{fd, POLLIN, 0};
+    const int rc = ::poll(&p, 1, timeout);
+    if (rc < 0 && errno == EINTR) continue;
+    if (rc == 0) {
+      // No renewal within the window: the other nodes may count this node as lost and re-form
+      // without it. Its workers must not run on beside them.
+      for (pid_t pg : groups) ::kill(-pg, SIGKILL);
+      groups.clear();
+      fenced_window_ms.store(window_ms);
+      window_ms = 0;
+      continue;
+    }
+    const ssize_t r = ::read(fd, buf + have, sizeof buf - have);
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) break;  // EOF: ddprun is gone
+    have += static_cast<size_t>(r);
+    size_t at = 0;
+    for (; have - at >= kRecord; at += kRecord) {
+      int32_t v;
+      std::memcpy(&v, buf + at + 1, sizeof v);
+      switch (buf[at]) {
+        case '+':
+          // ddprun starting a worker is alive now: a lapse before it does not count.
+          groups.insert(static_cast<pid_t>(v));
+          deadline_ms = monotonic_ms() + window_ms;
+          break;
+        case '-': groups.erase(static_cast<pid_t>(v)); break;
+        case 'q': goodbye = true; break;
+        case 'f': window_ms = v; [[fallthrough]];
+        case 'r': deadline_ms = monotonic_ms() + window_ms; break;
+        default: break;
+      }
+    }
+    std::memmove(buf, buf + at, have - at);
+    have -= at;
+  }
+  if (!goodbye) {
+    for (pid_t pg : groups) ::kill(-pg, SIGKILL);
+  }
+  ::_exit(0);
+}
+
+}  // namespace
+
 OrphanGuard::OrphanGuard() {
+  void* page = ::mmap(nullptr, sizeof(Shared), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  if (page == MAP_FAILED) throw std::system_error(errno, std::generic_category(), "mmap (orphan guard)");
+  shared_ = new (page) Shared();
   int fds[2];
   pipe_cloexec(fds, "the orphan guard");
   const pid_t pid = ::fork();
@@ -123,28 +200,7 @@ OrphanGuard::OrphanGuard() {
     for (int fd = 3; fd < max_fd && fd < 65536; ++fd) {
       if (fd != fds[0]) ::close(fd);
     }
-    std::set<pid_t> groups;
-    bool goodbye = false;
-    for (;;) {
-      char rec[1 + sizeof(pid_t)];
-      size_t got = 0;
-      while (got < sizeof rec) {
-        const ssize_t r = ::read(fds[0], rec + got, sizeof rec - got);
-        if (r < 0 && errno == EINTR) continue;
-        if (r <= 0) break;
-        got += static_cast<size_t>(r);
-      }
-      if (got < sizeof rec) break;  // EOF: ddprun is gone
-      pid_t pg;
-      std::memcpy(&pg, rec + 1, sizeof pg);
-      if (rec[0] == '+') groups.insert(pg);
-      if (rec[0] == '-') groups.erase(pg);
-      if (rec[0] == 'q') goodbye = true;
-    }
-    if (!goodbye) {
-      for (pid_t pg : groups) ::kill(-pg, SIGKILL);
-    }
-    ::_exit(0);
+    guard_main(fds[0], shared_->fenced_window_ms);
   }
   ::close(fds[0]);
   fd_ = fds[1];
@@ -152,21 +208,36 @@ OrphanGuard::OrphanGuard() {
 }
 
 OrphanGuard::~OrphanGuard() {
-  if (fd_ < 0) return;
-  send('q', 0);
-  ::close(fd_);
-  int st;
-  retry_eintr([&] { return ::waitpid(pid_, &st, 0); });
+  if (fd_ >= 0) {
+    send('q', 0);
+    ::close(fd_);
+    int st;
+    retry_eintr([&] { return ::waitpid(pid_, &st, 0); });
+  }
+  if (shared_) ::munmap(shared_, sizeof(Shared));
 }
 
-void OrphanGuard::send(char op, pid_t pgid) {
-  char rec[1 + sizeof(pid_t)];
+void OrphanGuard::send(char op, int32_t value) {
+  char rec[1 + sizeof(int32_t)];
   rec[0] = op;
-  std::memcpy(rec + 1, &pgid, sizeof pgid);
+  std::memcpy(rec + 1, &value, sizeof value);
+  // One write of 5 bytes (under PIPE_BUF): atomic, so threads may send at once.
   write_all(fd_, std::string_view(rec, sizeof rec));  // a dead guard only loses its protection; the job goes on
 }
 
-void OrphanGuard::watch_group(pid_t pgid) { send('+', pgid); }
-void OrphanGuard::forget_group(pid_t pgid) { send('-', pgid); }
+void OrphanGuard::watch_group(pid_t pgid) { send('+', static_cast<int32_t>(pgid)); }
+void OrphanGuard::forget_group(pid_t pgid) { send('-', static_cast<int32_t>(pgid)); }
+
+void OrphanGuard::arm_fence(std::chrono::milliseconds window) {
+  send('f', static_cast<int32_t>(std::clamp<int64_t>(window.count(), 0, INT32_MAX)));
+}
+
+void OrphanGuard::renew() { send('r', 0); }
+
+std::optional<std::chrono::milliseconds> OrphanGuard::take_fenced() {
+  const int64_t w = shared_ ? shared_->fenced_window_ms.exchange(-1) : -1;
+  if (w < 0) return std::nullopt;
+  return std::chrono::milliseconds(w);
+}
 
 }  // namespace ddprun::launcher

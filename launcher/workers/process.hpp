@@ -7,6 +7,9 @@
 
 #include <sys/types.h>
 
+#include <chrono>
+#include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -34,6 +37,12 @@ void become_subreaper();
 // A small process that outlives ddprun by design: it learns the process group of every worker and,
 // when its pipe from ddprun closes without a clean goodbye (ddprun was SIGKILLed or crashed), kills
 // those groups, so no worker or grandchild is orphaned. Start it before opening sockets or threads.
+//
+// It also fences a node that the others may count as lost: once armed with a window, every
+// renew() (ddprun calls it after each heartbeat the rendezvous took) opens a new window; when one
+// passes without a renewal (ddprun was stopped with SIGSTOP, frozen, or cut off from the
+// rendezvous) it kills the workers' groups, before the other nodes re-form a group without this
+// node, so two groups never run side by side.
 class OrphanGuard {
  public:
   OrphanGuard();
@@ -43,12 +52,20 @@ class OrphanGuard {
 
   void watch_group(pid_t pgid);
   void forget_group(pid_t pgid);
+  // Arms the fence (a window of 0 disarms it); each renew() starts a new window. Thread-safe.
+  void arm_fence(std::chrono::milliseconds window);
+  void renew();
+  // The window that passed when the guard last fenced this node's workers (once per fence);
+  // nullopt if it has not since the last call.
+  std::optional<std::chrono::milliseconds> take_fenced();
   pid_t pid() const { return pid_; }
 
  private:
-  void send(char op, pid_t pgid);
+  void send(char op, int32_t value);
   int fd_ = -1;
   pid_t pid_ = -1;
+  struct Shared;
+  Shared* shared_ = nullptr;  // a page shared with the guard process
 };
 
 }  // namespace ddprun::launcher

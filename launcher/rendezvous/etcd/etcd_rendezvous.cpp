@@ -95,17 +95,24 @@ etcd::Client::Deadline EtcdRendezvous::soon() const {
 
 void EtcdRendezvous::keep_lease_alive() {
   const auto period = std::max<std::chrono::milliseconds>(options_.lease_ttl / 3, std::chrono::milliseconds(500));
+  // After a failed renewal, tried again at once and often, each try short: the lease (and the
+  // node's fence, see OrphanGuard) is renewed as soon as etcd answers again.
+  const auto retry = std::chrono::milliseconds(500);
+  const auto attempt = std::min<std::chrono::milliseconds>(period, std::chrono::seconds(2));
   auto last_renewal = Clock::now();
+  bool failing = false;
   std::unique_lock lock(keepalive_mutex_);
-  while (!keepalive_wake_.wait_for(lock, period, [this] { return stop_keepalive_.load(); })) {
+  while (!keepalive_wake_.wait_for(lock, failing ? retry : period, [this] { return stop_keepalive_.load(); })) {
     lock.unlock();
+    failing = true;
     try {
-      const int64_t ttl = client_->lease_keepalive(lease_, etcd::Client::after(period));
+      const int64_t ttl = client_->lease_keepalive(lease_, etcd::Client::after(attempt));
       if (ttl <= 0) {
         log::error("ddprun") << "etcd says this node's lease has expired: the other nodes count it as lost";
         lease_lost_ = true;
       } else {
         last_renewal = Clock::now();
+        failing = false;
       }
     } catch (const std::exception& e) {
       if (Clock::now() - last_renewal > options_.lease_ttl) {

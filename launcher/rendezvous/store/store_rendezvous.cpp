@@ -155,6 +155,7 @@ void StoreRendezvous::start_heartbeat() {
       const std::string k = hb_key(agent_id_);
       while (!stop_heartbeat_) {
         c->add(k, 1);  // what liveness is judged by (a counter: clocks need not agree)
+        if (options_.alive) options_.alive();
         c->set(k + "/time", std::to_string(now_ms()));  // for `ddprun-rendezvous status` only
         // sleep override: the heartbeat period, in slices so that shutdown is prompt
         for (auto slept = std::chrono::milliseconds(0); slept < options_.keep_alive_interval && !stop_heartbeat_;

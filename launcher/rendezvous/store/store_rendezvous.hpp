@@ -43,6 +43,8 @@
 namespace ddprun::launcher {
 
 struct StoreRendezvousOptions {
+  // Called after each heartbeat (lease renewal) the rendezvous took: this node is still counted in.
+  std::function<void()> alive;
   std::string run_id = "none";
   // Static: min_nodes == nnodes and node_rank is this node's rank. Dynamic (c10d): nodes join
   // without ranks; a round closes with nnodes nodes at once, or with at least min_nodes after

@@ -1,0 +1,82 @@
+// A frozen node (its ddprun stopped with SIGSTOP) in an elastic job: the others re-form without it,
+// and its workers must not run on beside the new group.
+#include <signal.h>
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "tests/support/free_port.hpp"
+#include "tests/support/subprocess.hpp"
+#include "tests/support/temp_dir.hpp"
+#include "tests/support/wait_until.hpp"
+
+namespace ddprun::test {
+namespace {
+
+using namespace std::chrono_literals;
+
+// DDPRUN_TEST_DDPRUN_BIN runs these tests against another build of ddprun.
+std::string ddprun_bin() {
+  const char* other = std::getenv("DDPRUN_TEST_DDPRUN_BIN");
+  return other && *other ? other : DDPRUN_BIN;
+}
+
+// The others count a node as lost after 6 heartbeats of 0.5 s without one.
+std::unique_ptr<Subprocess> agent(int port, const std::string& addr, const std::string& ready_file,
+                                  const std::string& seconds) {
+  return std::make_unique<Subprocess>(std::vector<std::string>{
+      ddprun_bin(), "--rdzv_backend", "c10d", "--rdzv_endpoint", "127.0.0.1:" + std::to_string(port), "--rdzv_id",
+      "frozen", "--nnodes", "1:2", "--local_addr", addr, "--rdzv_conf",
+      "join_timeout=30,last_call_timeout=1,keep_alive_interval=0.5,keep_alive_max_attempt=6", TEST_WORKER_BIN,
+      "ready-file", ready_file, "sleep", seconds});
+}
+
+pid_t read_pid(const std::string& file) {
+  pid_t pid = 0;
+  std::ifstream(file) >> pid;
+  return pid;
+}
+
+// Running (not gone, not a zombie waiting for its stopped parent).
+bool running(pid_t pid) {
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string line;
+  if (!std::getline(stat, line)) return false;
+  const size_t close = line.rfind(')');
+  return close != std::string::npos && close + 2 < line.size() && line[close + 2] != 'Z' && line[close + 2] != 'X';
+}
+
+// Before: node 0 re-formed a one-node group while node 1's old worker kept running, two groups
+// side by side (they could overwrite each other's checkpoints).
+TEST(FrozenNodeTest, AFrozenNodesWorkersAreFencedBeforeTheOthersGoOnWithoutIt) {
+  TempDir dir;
+  const int port = free_port();
+  const std::string ready0 = (dir.path / "w0").string(), ready1 = (dir.path / "w1").string();
+  auto a = agent(port, "127.0.0.2", ready0, "12");
+  ASSERT_TRUE(a->wait_for_output("hosting the rendezvous store", 10s)) << a->err();
+  auto b = agent(port, "127.0.0.3", ready1, "15");
+  ASSERT_TRUE(b->wait_for_output("started 1 worker", 30s)) << b->err();
+  ASSERT_TRUE(wait_until([&] { return read_pid(ready1) > 0; }, 10s));
+  const pid_t frozen_worker = read_pid(ready1);
+  ASSERT_TRUE(running(frozen_worker));
+  b->signal(SIGSTOP);
+  ASSERT_TRUE(a->wait_for_output("re-rendezvous without it", 30s)) << a->err();
+  EXPECT_FALSE(running(frozen_worker)) << "the frozen node's worker runs beside the new group";
+  // Resumed, the node learns why its worker died, and joins the job again.
+  b->signal(SIGCONT);
+  const Finished fa = a->wait(90s), fb = b->wait(90s);
+  EXPECT_EQ(fa.exit_code, 0) << fa.err;
+  EXPECT_EQ(fb.exit_code, 0) << fb.err;
+  // Fenced after 3/4 of the 3 s after which the others count it as lost.
+  EXPECT_NE(fb.err.find("this node's guard stopped its workers: no heartbeat reached the rendezvous for 2250ms"),
+            std::string::npos)
+      << fb.err;
+}
+
+}  // namespace
+}  // namespace ddprun::test
