@@ -12,6 +12,7 @@
 #include <fstream>
 #include <string>
 
+#include "tests/support/ddprun_bin.hpp"
 #include "tests/support/subprocess.hpp"
 #include "tests/support/temp_dir.hpp"
 
@@ -19,12 +20,6 @@ namespace ddprun::test {
 namespace {
 
 using namespace std::chrono_literals;
-
-// DDPRUN_TEST_DDPRUN_BIN runs these tests against another build of ddprun.
-std::string ddprun_bin() {
-  const char* other = std::getenv("DDPRUN_TEST_DDPRUN_BIN");
-  return other && *other ? other : DDPRUN_BIN;
-}
 
 // A tmpfs of `size` mounted on a fresh directory, unmounted at scope exit. Needs CAP_SYS_ADMIN:
 // `error` says why when it could not be mounted.

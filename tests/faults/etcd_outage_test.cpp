@@ -8,6 +8,7 @@
 #include <thread>
 #include <vector>
 
+#include "tests/support/ddprun_bin.hpp"
 #include "tests/support/etcd_cluster.hpp"
 #include "tests/support/subprocess.hpp"
 
@@ -15,12 +16,6 @@ namespace ddprun::test {
 namespace {
 
 using namespace std::chrono_literals;
-
-// DDPRUN_TEST_DDPRUN_BIN runs these tests against another build of ddprun.
-std::string ddprun_bin() {
-  const char* other = std::getenv("DDPRUN_TEST_DDPRUN_BIN");
-  return other && *other ? other : DDPRUN_BIN;
-}
 
 // Rank 0 (node 0) computes for 30 s; rank 1 (node 1) waits for it, idle, as a rank in a
 // collective does.

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "tests/support/ddprun_bin.hpp"
 #include "tests/support/free_port.hpp"
 #include "tests/support/subprocess.hpp"
 #include "tests/support/temp_dir.hpp"
@@ -19,12 +20,6 @@ namespace ddprun::test {
 namespace {
 
 using namespace std::chrono_literals;
-
-// DDPRUN_TEST_DDPRUN_BIN runs these tests against another build of ddprun.
-std::string ddprun_bin() {
-  const char* other = std::getenv("DDPRUN_TEST_DDPRUN_BIN");
-  return other && *other ? other : DDPRUN_BIN;
-}
 
 // The others count a node as lost after 6 heartbeats of 0.5 s without one.
 std::unique_ptr<Subprocess> agent(int port, const std::string& addr, const std::string& ready_file,

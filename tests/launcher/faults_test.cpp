@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "rendezvous/client/client.hpp"
+#include "tests/support/ddprun_bin.hpp"
 #include "tests/support/daemon.hpp"
 #include "tests/support/free_port.hpp"
 #include "tests/support/subprocess.hpp"
@@ -24,12 +25,6 @@ namespace {
 
 namespace fs = std::filesystem;
 using namespace std::chrono_literals;
-
-// DDPRUN_TEST_DDPRUN_BIN runs these tests against another build of ddprun.
-std::string ddprun_bin() {
-  const char* other = std::getenv("DDPRUN_TEST_DDPRUN_BIN");
-  return other && *other ? other : DDPRUN_BIN;
-}
 
 std::unique_ptr<Subprocess> node(int port, int rank, int nnodes, std::vector<std::string> worker,
                                  std::vector<std::string> extra = {}) {
