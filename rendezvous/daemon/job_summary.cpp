@@ -19,6 +19,7 @@ struct Generation {
 
 struct Job {
   std::optional<std::string> counter;  // /ddprun/<id>/gen
+  std::optional<std::string> refusal;  // /ddprun/<id>/store_refusal: why the store last refused it
   std::map<int64_t, Generation> generations;
 };
 
@@ -134,6 +135,7 @@ json summarize_generation(const std::string& run_id, int64_t gen, const Generati
   out["world_size"] = world;
   out["nodes"] = std::move(nodes);
   if (g.own.count("done")) out["all_nodes_left"] = true;
+  if (job.refusal) out["store_refusal"] = *job.refusal;
   return out;
 }
 
@@ -143,6 +145,10 @@ json summarize_jobs(const std::vector<std::pair<std::string, std::string>>& entr
   std::map<std::string, Job> jobs;
   json skipped = json::array();
   for (const auto& [key, value] : entries) {
+    if (const std::string_view run_id = job_of_key(key); !run_id.empty() && key == JobKeys::refusal_note(run_id)) {
+      jobs[std::string(run_id)].refusal = value;
+      continue;
+    }
     std::string why;
     const auto parsed = parse_key(key, &why);
     if (!parsed) {
@@ -162,6 +168,10 @@ json summarize_jobs(const std::vector<std::pair<std::string, std::string>>& entr
   for (const auto& [run_id, job] : jobs) {
     for (const auto& [gen, g] : job.generations) {
       out["jobs"].push_back(summarize_generation(run_id, gen, g, job, now_ms, out["skipped"]));
+    }
+    // Refused before its first round (the store full when it started, say): the reason alone.
+    if (job.generations.empty() && job.refusal) {
+      out["jobs"].push_back({{"run_id", run_id}, {"state", "refused"}, {"store_refusal", *job.refusal}});
     }
   }
   return out;

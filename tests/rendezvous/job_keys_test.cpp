@@ -97,6 +97,16 @@ TEST(JobKeysTest, SummaryListsJobsAndSkipsWhatItCannotParse) {
   EXPECT_EQ(s["skipped"][0]["key"], "/ddprun/other/g1/r99999999999999999999/node/0");
   EXPECT_EQ(s["skipped"][1]["key"], k.round(1).node(0));
 
+  // Why the store refused a job's request is shown with the job, not as an odd key.
+  kv.push_back({jobs::JobKeys::refusal_note("job"), "at 2026-11-24T05:10:05Z: job 'job' over its quota: ..."});
+  kv.push_back({jobs::JobKeys::refusal_note("late"), "at 2026-11-24T05:10:06Z: store full: ..."});
+  const json refused = jobs::summarize_jobs(kv, 3000);
+  ASSERT_EQ(refused["jobs"].size(), 2u) << refused.dump(2);
+  EXPECT_EQ(refused["skipped"].size(), 2u) << refused.dump(2);
+  EXPECT_EQ(refused["jobs"][0]["store_refusal"], "at 2026-11-24T05:10:05Z: job 'job' over its quota: ...");
+  EXPECT_EQ(refused["jobs"][1]["run_id"], "late");
+  EXPECT_EQ(refused["jobs"][1]["state"], "refused");
+
   kv.resize(6);  // round 0 only: running, with heartbeats
   const json running = jobs::summarize_jobs(kv, 3000)["jobs"][0];
   EXPECT_EQ(running["state"], "running");
