@@ -52,7 +52,16 @@ JobKeys::JobKeys(std::string run_id, int64_t generation)
 
 std::string JobKeys::generation_counter(std::string_view run_id) { return job_prefix(run_id) + "gen"; }
 
-std::string JobKeys::refusal_note(std::string_view run_id) { return job_prefix(run_id) + "store_refusal"; }
+namespace {
+constexpr std::string_view kRefusalNote = "store_refusal";
+}  // namespace
+
+std::string JobKeys::refusal_note(std::string_view run_id) { return job_prefix(run_id) + std::string(kRefusalNote); }
+
+bool is_refusal_note(std::string_view key) {
+  const std::string_view run_id = job_of_key(key);
+  return !run_id.empty() && key.substr(kRoot.size() + run_id.size() + 1) == kRefusalNote;
+}
 
 std::string_view job_of_key(std::string_view key) {
   if (!key.starts_with(kRoot)) return {};

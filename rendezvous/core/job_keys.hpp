@@ -130,6 +130,8 @@ class JobKeys {
 // The run id of a key under /ddprun/<run id>/ (any key there, ddprun's layout or not); empty for
 // every other key.
 std::string_view job_of_key(std::string_view key);
+// Whether `key` is a job's refusal note (JobKeys::refusal_note).
+bool is_refusal_note(std::string_view key);
 
 // A key under /ddprun/, taken apart.
 struct ParsedKey {

@@ -17,14 +17,8 @@ namespace {
 // Refusal notes kept at once (one per job at most): a client holding the cluster secret could
 // otherwise grow the store past its limits with notes of made-up jobs.
 constexpr size_t kMaxNotes = 1024;
-constexpr std::string_view kNoteName = "store_refusal";
 
 std::string shown(std::string_view key) { return std::string(key.substr(0, 64)) + (key.size() > 64 ? "..." : ""); }
-
-bool is_note(std::string_view key) {
-  return key.size() > kNoteName.size() && key.ends_with(kNoteName) && key[key.size() - kNoteName.size() - 1] == '/' &&
-         jobs::job_of_key(key).size() + jobs::kRoot.size() + 1 + kNoteName.size() == key.size();
-}
 
 }  // namespace
 
@@ -58,6 +52,13 @@ void KvStore::refuse(std::string_view job, const std::string& why) {
 }
 
 void KvStore::reserve(size_t new_keys, int64_t more_bytes, std::string_view what, std::string_view key) {
+  reserve_in_store(new_keys, more_bytes, what, key);
+  if (const std::string_view job = jobs::job_of_key(key); !job.empty()) {
+    reserve_for_job(job, new_keys, more_bytes, what, key);
+  }
+}
+
+void KvStore::reserve_in_store(size_t new_keys, int64_t more_bytes, std::string_view what, std::string_view key) {
   if (unlimited_) return;
   const std::string_view job = jobs::job_of_key(key);
   if (new_keys > 0 && total_keys() + new_keys > limits_.max_total_keys) {
@@ -71,7 +72,6 @@ void KvStore::reserve(size_t new_keys, int64_t more_bytes, std::string_view what
                     " bytes stored, over the store's limit of " + std::to_string(limits_.max_store_bytes) +
                     " (--max-store-bytes)");
   }
-  if (!job.empty()) reserve_for_job(job, new_keys, more_bytes, what, key);
 }
 
 void KvStore::reserve_for_job(std::string_view job, size_t new_keys, int64_t more_bytes, std::string_view what,
@@ -196,40 +196,31 @@ void KvStore::append(std::string_view key, std::string_view data) {
 }
 
 void KvStore::multi_set(std::span<const std::string_view> keys, std::span<const std::string_view> values) {
-  // One check for the whole request (an over-estimate when a key repeats), so that either every
-  // entry is stored or none is.
-  size_t new_keys = 0;
-  int64_t more = 0;
+  // One check for the whole request, and one for each job's share of it (over-estimates when a
+  // key repeats), so that either every entry is stored or none is.
+  struct Share {
+    size_t new_keys = 0;
+    int64_t bytes = 0;
+    std::string_view first_key;
+  };
+  Share total;
+  std::unordered_map<std::string_view, Share> per_job;
   for (size_t i = 0; i < keys.size(); ++i) {
     const std::string* old = get(keys[i]);
-    if (old == nullptr) {
-      ++new_keys;
-      more += static_cast<int64_t>(keys[i].size() + values[i].size());
-    } else {
-      more += static_cast<int64_t>(values[i].size()) - static_cast<int64_t>(old->size());
+    const size_t n = old == nullptr ? 1 : 0;
+    const int64_t bytes = old == nullptr ? static_cast<int64_t>(keys[i].size() + values[i].size())
+                                         : static_cast<int64_t>(values[i].size()) - static_cast<int64_t>(old->size());
+    total.new_keys += n;
+    total.bytes += bytes;
+    if (const std::string_view job = jobs::job_of_key(keys[i]); !job.empty()) {
+      Share& s = per_job[job];
+      if (s.first_key.empty()) s.first_key = keys[i];
+      s.new_keys += n;
+      s.bytes += bytes;
     }
   }
-  if (!keys.empty()) reserve(new_keys, more, "MULTI_SET", keys[0]);
-  // Each job's share of the request against its own quota (keys[0]'s job was checked above).
-  if (limits_.max_job_keys > 0 || limits_.max_job_bytes > 0) {
-    std::unordered_map<std::string_view, std::pair<size_t, int64_t>> per_job;
-    for (size_t i = 0; i < keys.size(); ++i) {
-      const std::string_view job = jobs::job_of_key(keys[i]);
-      if (job.empty()) continue;
-      auto& [n, bytes] = per_job[job];
-      const std::string* old = get(keys[i]);
-      n += old == nullptr ? 1 : 0;
-      bytes += old == nullptr ? static_cast<int64_t>(keys[i].size() + values[i].size())
-                              : static_cast<int64_t>(values[i].size()) - static_cast<int64_t>(old->size());
-    }
-    for (size_t i = 0; i < keys.size(); ++i) {
-      const std::string_view job = jobs::job_of_key(keys[i]);
-      auto it = job.empty() ? per_job.end() : per_job.find(job);
-      if (it == per_job.end()) continue;
-      reserve_for_job(job, it->second.first, it->second.second, "MULTI_SET", keys[i]);
-      per_job.erase(it);
-    }
-  }
+  if (!keys.empty()) reserve_in_store(total.new_keys, total.bytes, "MULTI_SET", keys[0]);
+  for (const auto& [job, share] : per_job) reserve_for_job(job, share.new_keys, share.bytes, "MULTI_SET", share.first_key);
   for (size_t i = 0; i < keys.size(); ++i) store(keys[i], values[i]);
   for (size_t i = 0; i < keys.size(); ++i) changed(keys[i], nullptr);
 }
@@ -240,7 +231,7 @@ bool KvStore::remove(std::string_view key) {
   changed(key, nullptr);
   account(key, -1, -static_cast<int64_t>(it->first.size() + it->second->size()));
   key_bytes_ -= it->first.size();
-  if (is_note(key)) --notes_;
+  if (jobs::is_refusal_note(key)) --notes_;
   if (!watchers_.empty() && watchers_.count(key) != 0) {
     const Value old = std::move(it->second);
     const std::string name = it->first;

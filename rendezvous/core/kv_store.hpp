@@ -168,6 +168,7 @@ class KvStore {
   // in the quota of the job `key` belongs to; a refusal of a job's key leaves its reason under
   // /ddprun/<run id>/store_refusal, where the job's agents read it.
   void reserve(size_t new_keys, int64_t more_bytes, std::string_view what, std::string_view key);
+  void reserve_in_store(size_t new_keys, int64_t more_bytes, std::string_view what, std::string_view key);
   void reserve_for_job(std::string_view job, size_t new_keys, int64_t more_bytes, std::string_view what,
                        std::string_view key);
   [[noreturn]] void refuse(std::string_view job, const std::string& why);

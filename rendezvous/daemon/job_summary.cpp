@@ -145,8 +145,8 @@ json summarize_jobs(const std::vector<std::pair<std::string, std::string>>& entr
   std::map<std::string, Job> jobs;
   json skipped = json::array();
   for (const auto& [key, value] : entries) {
-    if (const std::string_view run_id = job_of_key(key); !run_id.empty() && key == JobKeys::refusal_note(run_id)) {
-      jobs[std::string(run_id)].refusal = value;
+    if (is_refusal_note(key)) {
+      jobs[std::string(job_of_key(key))].refusal = value;
       continue;
     }
     std::string why;

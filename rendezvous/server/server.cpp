@@ -34,8 +34,6 @@ constexpr size_t kReadBudget = 256 * 1024;
 // Gathering stops after this many epoll rounds even if clients keep sending.
 constexpr int kMaxGatherRounds = 8;
 constexpr int kMaxEvents = 256;
-// New connections accepted per batch, so a connect storm does not stall the served ones.
-constexpr int kAcceptPerBatch = 1024;
 
 }  // namespace
 
@@ -64,6 +62,9 @@ Server::Server(asio::io_context& io, ServerOptions options)
       refusals_(options_.refusal_log_window),
       store_(options_.store_limits) {
   if (options_.job_ttl.count() > 0) janitor_ = std::make_unique<JobJanitor>(options_.job_ttl);
+  // Under a low descriptor limit, unproven peers get at most a quarter of it.
+  pending_cap_ = std::max<size_t>(1, std::min<size_t>(options_.max_pending_handshakes,
+                                                      std::max<uint64_t>(8, open_file_limit() / 4)));
   if (options_.allowed_peers) allow_peers(*options_.allowed_peers);
   sockaddr_storage bound{};
   socklen_t len = 0;
@@ -101,56 +102,6 @@ void Server::start() {
   arm();
   arm_janitor();
   arm_housekeeping();
-}
-
-void Server::arm_housekeeping() {
-  if (!options_.secret || stopped_) return;
-  const auto period = std::clamp<std::chrono::milliseconds>(options_.handshake_timeout / 4,
-                                                            std::chrono::milliseconds(50), std::chrono::seconds(1));
-  housekeeping_timer_.expires_after(period);
-  housekeeping_timer_.async_wait([this](const boost::system::error_code& ec) {
-    if (ec || stopped_) return;
-    const auto now = std::chrono::steady_clock::now();
-    while (!pending_handshakes_.empty() &&
-           now - pending_handshakes_.front()->handshake.since >= options_.handshake_timeout) {
-      Session& s = *pending_handshakes_.front();
-      close_session(s, CloseReason::NoHandshake,
-                    "did not prove the store's secret within " +
-                        std::to_string(std::chrono::duration_cast<std::chrono::seconds>(options_.handshake_timeout).count()) +
-                        " s, closing the connection");
-    }
-    refusals_.flush(now);
-    arm_housekeeping();
-  });
-}
-
-size_t Server::pending_handshake_cap() const {
-  // Under a low descriptor limit, unauthenticated peers get at most a quarter of it.
-  const uint64_t limit = open_file_limit();
-  const size_t share = static_cast<size_t>(std::max<uint64_t>(8, limit / 4));
-  return std::max<size_t>(1, std::min(options_.max_pending_handshakes, share));
-}
-
-void Server::add_pending_handshake(Session& s) {
-  if (pending_handshakes_.size() >= pending_handshake_cap()) {
-    evict_oldest_pending("made room for a newer connection: " + std::to_string(pending_handshakes_.size()) +
-                         " connections have not proved the store's secret yet, the most allowed at once");
-  }
-  s.handshake.pending = true;
-  s.handshake.since = std::chrono::steady_clock::now();
-  s.handshake.at = pending_handshakes_.insert(pending_handshakes_.end(), &s);
-}
-
-void Server::drop_pending_handshake(Session& s) {
-  if (!s.handshake.pending) return;
-  pending_handshakes_.erase(s.handshake.at);
-  s.handshake.pending = false;
-}
-
-bool Server::evict_oldest_pending(const std::string& why) {
-  if (pending_handshakes_.empty()) return false;
-  close_session(*pending_handshakes_.front(), CloseReason::NoHandshake, why + "; closing the connection");
-  return true;
 }
 
 void Server::arm_janitor() {
@@ -361,112 +312,6 @@ void Server::update_interest(Session& s) {
   s.flags.registered = want;
 }
 
-void Server::accept_pending() {
-  for (int i = 0; i < kAcceptPerBatch && !accept_paused_; ++i) {
-    sockaddr_storage addr{};
-    socklen_t len = sizeof addr;
-    const int fd = ::accept4(listen_fd_, reinterpret_cast<sockaddr*>(&addr), &len, SOCK_NONBLOCK | SOCK_CLOEXEC);
-    if (fd < 0) {
-      if (errno == EINTR || errno == ECONNABORTED || errno == EPROTO) continue;
-      if (errno == EAGAIN || errno == EWOULDBLOCK) return;
-      if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
-        // A connection that has not proved the secret makes room; without one, the newcomer is
-        // refused. accept(2) fails this way whether or not a connection is waiting.
-        if (evict_oldest_pending("made room for a newer connection: out of file descriptors")) continue;
-        if (!refuse_one()) return;
-        continue;
-      }
-      log::warn("store") << "accept failed: " << std::strerror(errno);
-      pause_accepting();
-      return;
-    }
-    if (out_of_fds_) {
-      out_of_fds_ = false;
-      log::info("store") << "accepting connections again (" << refused_in_episode_
-                         << " refused while out of file descriptors)";
-      refused_in_episode_ = 0;
-    }
-    if (allowed_ && !allowed_->count(peer_address(addr))) {
-      // Not one of the job's nodes: closed before a byte is read.
-      const std::string who = peer_address(addr);
-      if (refused_logged_.insert(who).second && refused_logged_.size() <= 1000) {
-        log::warn("store") << "refused a connection from " << who << ": not one of this job's nodes";
-      }
-      const linger reset{1, 0};
-      ::setsockopt(fd, SOL_SOCKET, SO_LINGER, &reset, sizeof reset);
-      ::close(fd);
-      ++counters_.refused_not_allowed;
-      continue;
-    }
-    auto session = std::make_unique<Session>(fd, format_sockaddr(&addr), store_, options_.limits,
-                                             [this](Session& s) { mark_dirty(s); },
-                                             options_.secret ? &*options_.secret : nullptr);
-    Session* raw = session.get();
-    epoll_event ev{};
-    ev.events = EPOLLIN | EPOLLRDHUP;
-    ev.data.ptr = raw;
-    if (::epoll_ctl(epoll_.native_handle(), EPOLL_CTL_ADD, fd, &ev) != 0) {
-      log::warn("store") << "cannot watch client " << raw->peer() << ": " << std::strerror(errno);
-      continue;  // the session's destructor closes the socket
-    }
-    raw->flags.registered = ev.events;
-    sessions_.emplace(raw, std::move(session));
-    if (options_.secret) add_pending_handshake(*raw);
-    ++counters_.accepted;
-    DDPRUN_LOG_DEBUG("store") << "client " << raw->peer() << " connected";
-  }
-}
-
-bool Server::refuse_one() {
-  if (spare_fd_ < 0) {
-    pause_accepting();
-    return false;
-  }
-  // The reserve-descriptor idiom: give up the spare, take the newcomer and close it at once, so
-  // it learns now (connection reset) rather than waiting in the backlog forever.
-  ::close(spare_fd_);
-  spare_fd_ = -1;
-  const int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
-  const int err = errno;
-  if (fd >= 0) {
-    const linger reset{1, 0};
-    ::setsockopt(fd, SOL_SOCKET, SO_LINGER, &reset, sizeof reset);
-    ::close(fd);
-    ++counters_.refused_out_of_fds;
-    ++refused_in_episode_;
-    if (!out_of_fds_) {
-      out_of_fds_ = true;
-      log::warn("store") << "out of file descriptors (" << sessions_.size() << " clients, limit "
-                         << open_file_limit()
-                         << "): new clients are refused until some disconnect; raise the limit (ulimit -n, "
-                            "LimitNOFILE=) to serve more";
-    }
-  }
-  spare_fd_ = open_spare();
-  if (fd < 0 && err != EAGAIN && err != EWOULDBLOCK) pause_accepting();
-  return fd >= 0;
-}
-
-void Server::pause_accepting() {
-  // Without a spare descriptor the pending connection cannot be taken: stop watching the
-  // listener for a moment rather than spin on it.
-  if (accept_paused_) return;
-  accept_paused_ = true;
-  epoll_event ev{};
-  ev.data.ptr = nullptr;
-  ::epoll_ctl(epoll_.native_handle(), EPOLL_CTL_MOD, listen_fd_, &ev);
-  accept_retry_.expires_after(std::chrono::milliseconds(100));
-  accept_retry_.async_wait([this](const boost::system::error_code& ec) {
-    if (ec || stopped_) return;
-    accept_paused_ = false;
-    if (spare_fd_ < 0) spare_fd_ = open_spare();
-    epoll_event ev{};
-    ev.events = EPOLLIN;
-    ev.data.ptr = nullptr;
-    ::epoll_ctl(epoll_.native_handle(), EPOLL_CTL_MOD, listen_fd_, &ev);
-  });
-}
-
 void Server::close_session(Session& s, CloseReason reason, const std::string& why) {
   if (s.flags.closing) return;
   s.flags.closing = true;
@@ -501,12 +346,6 @@ void Server::close_session(Session& s, CloseReason reason, const std::string& wh
     closed_.push_back(std::move(it->second));
     sessions_.erase(it);
   }
-}
-
-void Server::allow_peers(const std::vector<std::string>& addresses) {
-  std::set<std::string> allowed{"127.0.0.1", "::1"};
-  for (const std::string& a : addresses) allowed.insert(normalize_address(a));
-  allowed_ = std::move(allowed);
 }
 
 std::vector<ClientInfo> Server::clients() const {

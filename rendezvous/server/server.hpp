@@ -174,7 +174,6 @@ class Server {
   // Closes the connection that has waited longest to prove the secret; false if there is none.
   bool evict_oldest_pending(const std::string& why);
   void arm_housekeeping();
-  size_t pending_handshake_cap() const;
 
   boost::asio::io_context& io_;
   ServerOptions options_;
@@ -185,6 +184,7 @@ class Server {
   boost::asio::steady_timer janitor_timer_;
   boost::asio::steady_timer housekeeping_timer_;
   std::list<Session*> pending_handshakes_;  // oldest first
+  size_t pending_cap_ = 0;                  // at most this many (ServerOptions::max_pending_handshakes)
   RefusalLog refusals_;
   std::unique_ptr<JobJanitor> janitor_;
   boost::asio::ip::tcp::endpoint endpoint_;
