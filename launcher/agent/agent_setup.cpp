@@ -201,6 +201,7 @@ std::unique_ptr<RendezvousBackend> Agent::make_backend() {
   ro.endpoint_port = o_.rdzv_endpoint_port;
   ro.is_host = o_.rdzv_is_host;
   ro.read_timeout = o_.rdzv_read_timeout;
+  ro.store_reconnect_timeout = o_.store_reconnect_timeout;
   ro.advertise_addr = advertise_addr_;
   ro.host = host_;
   ro.token = read_token();

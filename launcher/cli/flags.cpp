@@ -82,6 +82,9 @@ constexpr RdzvConfKey kRdzvConfKeys[] = {
     {"heartbeat_timeout", "", false,
      "seconds without keep-alives after which a node is lost: sets keep_alive_max_attempt to fit"},
     {"read_timeout", "", false, "seconds one request to the rendezvous store may take (60)"},
+    {"store_reconnect_timeout", "", false,
+     "seconds a node keeps reconnecting to a ddprun-rendezvous daemon that keeps its state (--state-file) "
+     "after losing it, e.g. while it is restarted, before the job fails (30; 0: fail at once)"},
     {"is_host", "", false,
      "with c10d: whether this node hosts the store at --rdzv_endpoint (default: when the endpoint is one of "
      "this host's addresses); false makes it a client of another node's store or a daemon"},

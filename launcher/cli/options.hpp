@@ -50,6 +50,7 @@ struct LaunchOptions {
   int keep_alive_max_attempt = 3;                                          // rdzv_conf keep_alive_max_attempt
   std::chrono::milliseconds last_call_timeout{std::chrono::seconds(30)};   // rdzv_conf last_call_timeout
   std::chrono::milliseconds rdzv_read_timeout{std::chrono::seconds(60)};   // rdzv_conf read_timeout
+  std::chrono::milliseconds store_reconnect_timeout{std::chrono::seconds(30)};  // rdzv_conf store_reconnect_timeout
   std::optional<bool> rdzv_is_host;  // rdzv_conf is_host (c10d); unset: when the endpoint is this host
   // rdzv_conf token_file, else DDPRUN_TOKEN_FILE: the rendezvous store's secret (or this job's token).
   std::string token_file;

@@ -99,6 +99,8 @@ void resolve_rendezvous(const Given& g, const EnvLookup& env, LaunchOptions& o) 
       parse_seconds(where, v, false);  // rounds close at once; validated only
     } else if (name == "read_timeout") {
       o.rdzv_read_timeout = parse_seconds(where, v, false);
+    } else if (name == "store_reconnect_timeout") {
+      o.store_reconnect_timeout = parse_seconds(where, v, true);
     } else if (name == "is_host") {
       o.rdzv_is_host = parse_bool(where, v);
     } else if (name == "store_type") {

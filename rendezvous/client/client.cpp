@@ -10,11 +10,13 @@
 
 #include <cerrno>
 #include <cstring>
+#include <nlohmann/json.hpp>
 #include <random>
 #include <thread>
 
 #include "common/errors.hpp"
 #include "common/system.hpp"
+#include "rendezvous/core/job_keys.hpp"
 #include "rendezvous/core/protocol.hpp"
 
 namespace ddprun::rdzv {
@@ -100,9 +102,56 @@ void Client::close_locked() {
   rpos_ = 0;
 }
 
-void Client::connect_locked() {
+bool Client::rides_out_restarts() {
+  std::lock_guard lock(mutex_);
+  return durable_ && options_.restart_tolerance.count() > 0;
+}
+
+void Client::learn_durability_locked(Clock::time_point deadline) {
+  if (options_.restart_tolerance.count() <= 0 || options_.dialect == Dialect::Legacy || no_info_) return;
+  try {
+    read_store_info_locked(deadline);
+  } catch (const ConnectionError&) {
+    // An older ddprun-rendezvous closes a job-scoped client that reads outside its job: it keeps
+    // no state, and the next connection does not ask again.
+    no_info_ = true;
+    durable_ = false;
+    throw;
+  }
+}
+
+void Client::read_store_info_locked(Clock::time_point deadline) {
+  const std::string_view key = jobs::kStoreInfoKey;
+  std::string check = request(Op::Check);
+  put_u64(check, 1);
+  put_bytes(check, key);
+  send_locked(check, deadline, "CHECK");
+  std::string info;
+  if (recv_u8(deadline, "CHECK") == kCheckReady) {
+    std::string get = request(Op::Get);
+    put_bytes(get, key);
+    send_locked(get, deadline, "GET");
+    info = recv_bytes(deadline, "GET");
+  }
+  const nlohmann::json j = nlohmann::json::parse(info, nullptr, /*allow_exceptions=*/false);
+  const bool object = j.is_object();
+  durable_ = object && j.contains("durable") && j["durable"].is_boolean() && j["durable"].get<bool>();
+  boot_ = object && j.contains("boot") && j["boot"].is_string() ? j["boot"].get<std::string>() : std::string();
+  if (durable_ && token_prefix_.empty()) {
+    constexpr char kHex[] = "0123456789abcdef";
+    for (const char c : random_nonce().substr(0, 12)) {
+      token_prefix_ += kHex[(static_cast<uint8_t>(c) >> 4) & 15];
+      token_prefix_ += kHex[static_cast<uint8_t>(c) & 15];
+    }
+    token_prefix_ += ':';
+  }
+}
+
+std::string Client::next_once_token() { return token_prefix_ + std::to_string(++token_seq_); }
+
+void Client::connect_locked(std::optional<Clock::time_point> until) {
   const auto start = Clock::now();
-  const auto deadline = start + options_.connect_timeout;
+  const auto deadline = until.value_or(start + options_.connect_timeout);
   // Seeded once per thread: std::random_device costs a system call (and more) each time.
   thread_local std::mt19937 rng(std::random_device{}());
   auto backoff = options_.initial_backoff;
@@ -152,6 +201,7 @@ void Client::connect_locked() {
           throw ProtocolError("the server at " + endpoint() + " answered PING with a wrong nonce; is it a store?");
         }
         if (options_.negotiate_auth) prove_locked(client_nonce, hello_deadline);
+        learn_durability_locked(hello_deadline);
         return;
       } catch (const ConnectionError& e) {
         last_error = e.what();
@@ -167,7 +217,8 @@ void Client::connect_locked() {
     if (sleep.count() > 0) std::this_thread::sleep_for(sleep);
     backoff = std::min(backoff * 2, options_.max_backoff);
   }
-  throw TimeoutError("connect to store " + endpoint() + " timed out after " + seconds_text(options_.connect_timeout) +
+  throw TimeoutError("connect to store " + endpoint() + " timed out after " +
+                     seconds_text(std::chrono::duration_cast<std::chrono::milliseconds>(deadline - start)) +
                      " (" + std::to_string(attempts) + " attempts): " + last_error);
 }
 
@@ -221,6 +272,7 @@ std::string Client::refusal_reason() const {
     ClientOptions o = options_;
     o.refusal_note_key.clear();
     o.reconnect = false;
+    o.restart_tolerance = std::chrono::milliseconds(0);
     o.connect_timeout = std::chrono::seconds(2);
     o.timeout = std::chrono::seconds(2);
     Client asker(o);
@@ -233,7 +285,9 @@ std::string Client::refusal_reason() const {
 
 void Client::ensure_connected_locked() {
   if (fd_ >= 0) return;
-  if (!options_.reconnect) throw ConnectionError("the connection to store " + endpoint() + " was lost");
+  if (!options_.reconnect && !(durable_ && options_.restart_tolerance.count() > 0)) {
+    throw ConnectionError("the connection to store " + endpoint() + " was lost");
+  }
   connect_locked();
 }
 

@@ -8,6 +8,7 @@
 // the connection is closed, since its reply may still arrive. Connection failures throw
 // ConnectionError; the client reconnects on the next call.
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <mutex>
@@ -50,6 +51,15 @@ struct ClientOptions {
   // connection during a request, the client reads it over a new connection and adds it to the
   // error. Empty: not asked.
   std::string refusal_note_key;
+  // Ride out a restart of a store that keeps its state (ddprun-rendezvous --state-file, which says
+  // so under jobs::kStoreInfoKey, read at each connection): when the connection is lost, connect
+  // again with backoff for up to this long and send the request again, instead of failing it.
+  // Against such a store ADD goes as ADD_ONCE and SET, MULTI_SET, APPEND and QUEUE_PUSH wait for
+  // the store's confirmation, so that a retried request is neither applied twice nor lost (APPEND
+  // and QUEUE_PUSH, lost between the store's write and its confirmation, can be applied twice).
+  // A store that comes back without its state fails the call (ConnectionError). 0: never; also
+  // never against any other store.
+  std::chrono::milliseconds restart_tolerance{0};
 };
 
 class Client {
@@ -95,6 +105,11 @@ class Client {
   Duration ping();
 
   const ClientOptions& options() const { return options_; }
+  // Whether a lost connection is ridden out (restart_tolerance, against a store that keeps its state).
+  bool rides_out_restarts();
+  // Connections made again after one was lost (callers that time what they see over the store
+  // start over when it changes: an outage is no silence of the other clients).
+  uint64_t reconnects() const { return reconnects_.load(); }
   // Whether the connection is up (it is re-established on the next call when reconnect is set).
   bool connected();
   std::string endpoint() const;
@@ -102,7 +117,20 @@ class Client {
  private:
   using Clock = std::chrono::steady_clock;
 
-  void connect_locked();
+  // Connects (with backoff until `deadline`, default connect_timeout from now) and does the
+  // handshake; with restart_tolerance, learns whether the store keeps its state.
+  void connect_locked(std::optional<Clock::time_point> deadline = std::nullopt);
+  // Reads jobs::kStoreInfoKey on a fresh connection: durable_ and boot_.
+  void learn_durability_locked(Clock::time_point deadline);
+  void read_store_info_locked(Clock::time_point deadline);
+  // Runs `fn` (one request), connecting first; a lost connection is ridden out when
+  // rides_out_restarts(): reconnect, then run `fn` again.
+  template <typename Fn>
+  auto retrying(Fn&& fn) -> decltype(fn());
+  // Sends a request that has no reply; against a durable store, with a PING after it whose echo
+  // confirms it (the store writes its state down before any reply).
+  void send_write_locked(std::string req, Clock::time_point deadline, std::string_view what);
+  std::string next_once_token();
   // The handshake's second half, after the AUTH_HELLO reply: sends AUTH_PROOF without waiting for
   // its answer, which settle_proof_locked() reads before the first reply the client reads (the
   // store answers in order and closes on a wrong proof), so a protected store costs no extra round
@@ -138,6 +166,12 @@ class Client {
   static constexpr size_t kReadBuffer = 4096;
   std::string rbuf_;  // bytes received and not consumed yet
   size_t rpos_ = 0;
+  bool durable_ = false;  // the store says it keeps its state across restarts
+  bool no_info_ = false;  // the store closed the connection when asked (an older ddprun-rendezvous)
+  std::string boot_;      // the store's boot id, when durable
+  std::atomic<uint64_t> reconnects_{0};
+  std::string token_prefix_;  // this client's ADD_ONCE tokens: prefix + sequence
+  uint64_t token_seq_ = 0;
 };
 
 }  // namespace ddprun::rdzv

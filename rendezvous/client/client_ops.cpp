@@ -3,6 +3,7 @@
 #include "rendezvous/client/client.hpp"
 
 #include "common/errors.hpp"
+#include "common/log.hpp"
 #include "common/system.hpp"
 #include "rendezvous/core/protocol.hpp"
 
@@ -24,64 +25,133 @@ std::string Client::request(Op op) const {
   return req;
 }
 
+template <typename Fn>
+auto Client::retrying(Fn&& fn) -> decltype(fn()) {
+  std::optional<Clock::time_point> give_up;
+  std::string first_error;
+  bool closed_by_live_store = false;  // reconnected to the same store instance, not a restarted one
+  for (;;) {
+    try {
+      ensure_connected_locked();
+      return fn();
+    } catch (const ConnectionError& e) {
+      if (!durable_ || options_.restart_tolerance.count() <= 0) throw;
+      // The store that closed the connection is up and closes it again: it refuses the request
+      // (access, a limit, a quota), and sending it once more would not change that.
+      if (closed_by_live_store) throw;
+      if (!give_up) {
+        give_up = Clock::now() + options_.restart_tolerance;
+        first_error = e.what();
+        log::warn("store") << first_error << "; the store keeps its state across restarts: reconnecting for up to "
+                           << seconds_text(options_.restart_tolerance);
+      }
+    }
+    close_locked();
+    const std::string boot = boot_;
+    try {
+      connect_locked(*give_up);
+    } catch (const TimeoutError&) {
+      throw ConnectionError(first_error + "; it did not come back within " + seconds_text(options_.restart_tolerance));
+    }
+    ++reconnects_;
+    if (!durable_) {
+      close_locked();
+      throw ConnectionError(first_error + "; it came back without the state it kept (restarted without its "
+                                          "--state-file?)");
+    }
+    closed_by_live_store = boot_ == boot;
+    log::info("store") << "connected to store " << endpoint() << " again"
+                       << (boot_ != boot ? " (it restarted, and kept its state)" : "");
+  }
+}
+
+void Client::send_write_locked(std::string req, Clock::time_point dl, std::string_view what) {
+  const bool confirm = durable_ && options_.restart_tolerance.count() > 0;
+  constexpr uint32_t kNonce = 0xC0FF1E;
+  if (confirm) {
+    req += request(Op::Ping);
+    put_u32(req, kNonce);
+  }
+  send_locked(req, dl, what);
+  if (!confirm) return;
+  char echo[4];
+  recv_locked(echo, 4, dl, what);
+  if (load_u32(echo) != kNonce) {
+    close_locked();
+    throw ProtocolError("store " + endpoint() + " confirmed " + std::string(what) + " with a wrong PING nonce");
+  }
+}
+
 void Client::set(std::string_view key, std::string_view value) {
   std::lock_guard lock(mutex_);
-  ensure_connected_locked();
-  std::string req = request(Op::Set);
-  put_bytes(req, key);
-  put_bytes(req, value);
-  send_locked(req, deadline(std::nullopt), "SET");
+  retrying([&] {
+    std::string req = request(Op::Set);
+    put_bytes(req, key);
+    put_bytes(req, value);
+    send_write_locked(std::move(req), deadline(std::nullopt), "SET");
+  });
 }
 
 std::string Client::get(std::string_view key, std::optional<Duration> timeout) {
   std::lock_guard lock(mutex_);
-  ensure_connected_locked();
-  const auto dl = deadline(timeout);
-  wait_locked({std::string(key)}, dl, timeout.value_or(options_.timeout));
-  std::string req = request(Op::Get);
-  put_bytes(req, key);
-  send_locked(req, dl, "GET");
-  return recv_bytes(dl, "GET");
+  return retrying([&] {
+    const auto dl = deadline(timeout);
+    wait_locked({std::string(key)}, dl, timeout.value_or(options_.timeout));
+    std::string req = request(Op::Get);
+    put_bytes(req, key);
+    send_locked(req, dl, "GET");
+    return recv_bytes(dl, "GET");
+  });
 }
 
 int64_t Client::add(std::string_view key, int64_t delta) {
   std::lock_guard lock(mutex_);
-  ensure_connected_locked();
-  const auto dl = deadline(std::nullopt);
-  std::string req = request(Op::Add);
-  put_bytes(req, key);
-  put_i64(req, delta);
-  send_locked(req, dl, "ADD");
-  return recv_i64(dl, "ADD");
+  std::string token;  // one per call: a retry sends the same one
+  return retrying([&] {
+    const auto dl = deadline(std::nullopt);
+    const bool once = delta != 0 && durable_ && options_.restart_tolerance.count() > 0;
+    std::string req = request(once ? Op::AddOnce : Op::Add);
+    put_bytes(req, key);
+    put_i64(req, delta);
+    if (once) {
+      if (token.empty()) token = next_once_token();
+      put_bytes(req, token);
+    }
+    send_locked(req, dl, "ADD");
+    return recv_i64(dl, "ADD");
+  });
 }
 
 std::string Client::compare_set(std::string_view key, std::string_view expected, std::string_view desired) {
   std::lock_guard lock(mutex_);
-  ensure_connected_locked();
-  const auto dl = deadline(std::nullopt);
-  std::string req = request(Op::CompareSet);
-  put_bytes(req, key);
-  put_bytes(req, expected);
-  put_bytes(req, desired);
-  send_locked(req, dl, "COMPARE_SET");
-  return recv_bytes(dl, "COMPARE_SET");
+  return retrying([&] {
+    const auto dl = deadline(std::nullopt);
+    std::string req = request(Op::CompareSet);
+    put_bytes(req, key);
+    put_bytes(req, expected);
+    put_bytes(req, desired);
+    send_locked(req, dl, "COMPARE_SET");
+    return recv_bytes(dl, "COMPARE_SET");
+  });
 }
 
 bool Client::check(const std::vector<std::string>& keys) {
   std::lock_guard lock(mutex_);
-  ensure_connected_locked();
-  const auto dl = deadline(std::nullopt);
-  std::string req = request(Op::Check);
-  put_u64(req, keys.size());
-  for (const auto& k : keys) put_bytes(req, k);
-  send_locked(req, dl, "CHECK");
-  return recv_u8(dl, "CHECK") == kCheckReady;
+  return retrying([&] {
+    const auto dl = deadline(std::nullopt);
+    std::string req = request(Op::Check);
+    put_u64(req, keys.size());
+    for (const auto& k : keys) put_bytes(req, k);
+    send_locked(req, dl, "CHECK");
+    return recv_u8(dl, "CHECK") == kCheckReady;
+  });
 }
 
 void Client::wait(const std::vector<std::string>& keys, std::optional<Duration> timeout) {
   std::lock_guard lock(mutex_);
-  ensure_connected_locked();
-  wait_locked(keys, deadline(timeout), timeout.value_or(options_.timeout));
+  retrying([&] {
+    wait_locked(keys, deadline(timeout), timeout.value_or(options_.timeout));
+  });
 }
 
 bool Client::timed_wait_locked(const std::vector<std::string>& keys, Clock::time_point dl) {
@@ -119,8 +189,9 @@ bool Client::timed_wait_locked(const std::vector<std::string>& keys, Clock::time
 
 bool Client::wait_for(const std::vector<std::string>& keys, Duration timeout) {
   std::lock_guard lock(mutex_);
-  ensure_connected_locked();
-  return timed_wait_locked(keys, Clock::now() + timeout);
+  return retrying([&] {
+    return timed_wait_locked(keys, Clock::now() + timeout);
+  });
 }
 
 void Client::wait_locked(const std::vector<std::string>& keys, Clock::time_point dl, Duration timeout) {
@@ -144,43 +215,48 @@ void Client::wait_locked(const std::vector<std::string>& keys, Clock::time_point
 
 bool Client::delete_key(std::string_view key) {
   std::lock_guard lock(mutex_);
-  ensure_connected_locked();
-  const auto dl = deadline(std::nullopt);
-  std::string req = request(Op::DeleteKey);
-  put_bytes(req, key);
-  send_locked(req, dl, "DELETE_KEY");
-  return recv_i64(dl, "DELETE_KEY") == 1;
+  return retrying([&] {
+    const auto dl = deadline(std::nullopt);
+    std::string req = request(Op::DeleteKey);
+    put_bytes(req, key);
+    send_locked(req, dl, "DELETE_KEY");
+    return recv_i64(dl, "DELETE_KEY") == 1;
+  });
 }
 
 int64_t Client::num_keys() {
   std::lock_guard lock(mutex_);
-  ensure_connected_locked();
-  const auto dl = deadline(std::nullopt);
-  send_locked(request(Op::GetNumKeys), dl, "GETNUMKEYS");
-  return recv_i64(dl, "GETNUMKEYS");
+  return retrying([&] {
+    const auto dl = deadline(std::nullopt);
+    send_locked(request(Op::GetNumKeys), dl, "GETNUMKEYS");
+    return recv_i64(dl, "GETNUMKEYS");
+  });
 }
 
 void Client::append(std::string_view key, std::string_view data) {
   std::lock_guard lock(mutex_);
-  ensure_connected_locked();
-  std::string req = request(Op::Append);
-  put_bytes(req, key);
-  put_bytes(req, data);
-  send_locked(req, deadline(std::nullopt), "APPEND");
+  retrying([&] {
+    std::string req = request(Op::Append);
+    put_bytes(req, key);
+    put_bytes(req, data);
+    send_write_locked(std::move(req), deadline(std::nullopt), "APPEND");
+  });
 }
 
 std::vector<std::string> Client::multi_get(const std::vector<std::string>& keys, std::optional<Duration> timeout) {
   std::lock_guard lock(mutex_);
-  ensure_connected_locked();
-  const auto dl = deadline(timeout);
-  wait_locked(keys, dl, timeout.value_or(options_.timeout));
-  return multi_get_locked(keys, dl);
+  return retrying([&] {
+    const auto dl = deadline(timeout);
+    wait_locked(keys, dl, timeout.value_or(options_.timeout));
+    return multi_get_locked(keys, dl);
+  });
 }
 
 std::vector<std::string> Client::multi_get_now(const std::vector<std::string>& keys) {
   std::lock_guard lock(mutex_);
-  ensure_connected_locked();
-  return multi_get_locked(keys, deadline(std::nullopt));
+  return retrying([&] {
+    return multi_get_locked(keys, deadline(std::nullopt));
+  });
 }
 
 std::vector<std::string> Client::multi_get_locked(const std::vector<std::string>& keys, Clock::time_point dl) {
@@ -196,70 +272,76 @@ std::vector<std::string> Client::multi_get_locked(const std::vector<std::string>
 
 void Client::multi_set(const std::vector<std::pair<std::string, std::string>>& entries) {
   std::lock_guard lock(mutex_);
-  ensure_connected_locked();
-  std::string req = request(Op::MultiSet);
-  put_i64(req, static_cast<int64_t>(entries.size()));
-  for (const auto& [k, v] : entries) {
-    put_bytes(req, k);
-    put_bytes(req, v);
-  }
-  send_locked(req, deadline(std::nullopt), "MULTI_SET");
+  retrying([&] {
+    std::string req = request(Op::MultiSet);
+    put_i64(req, static_cast<int64_t>(entries.size()));
+    for (const auto& [k, v] : entries) {
+      put_bytes(req, k);
+      put_bytes(req, v);
+    }
+    send_write_locked(std::move(req), deadline(std::nullopt), "MULTI_SET");
+  });
 }
 
 void Client::queue_push(std::string_view key, std::string_view value) {
   std::lock_guard lock(mutex_);
-  ensure_connected_locked();
-  std::string req = request(Op::QueuePush);
-  put_bytes(req, key);
-  put_bytes(req, value);
-  send_locked(req, deadline(std::nullopt), "QUEUE_PUSH");
+  retrying([&] {
+    std::string req = request(Op::QueuePush);
+    put_bytes(req, key);
+    put_bytes(req, value);
+    send_write_locked(std::move(req), deadline(std::nullopt), "QUEUE_PUSH");
+  });
 }
 
 std::optional<std::string> Client::queue_pop(std::string_view key) {
   std::lock_guard lock(mutex_);
-  ensure_connected_locked();
-  const auto dl = deadline(std::nullopt);
-  std::string req = request(Op::QueuePop);
-  put_bytes(req, key);
-  send_locked(req, dl, "QUEUE_POP");
-  if (recv_i64(dl, "QUEUE_POP") <= 0) return std::nullopt;
-  return recv_bytes(dl, "QUEUE_POP");
+  return retrying([&]() -> std::optional<std::string> {
+    const auto dl = deadline(std::nullopt);
+    std::string req = request(Op::QueuePop);
+    put_bytes(req, key);
+    send_locked(req, dl, "QUEUE_POP");
+    if (recv_i64(dl, "QUEUE_POP") <= 0) return std::nullopt;
+    return recv_bytes(dl, "QUEUE_POP");
+  });
 }
 
 int64_t Client::queue_len(std::string_view key) {
   std::lock_guard lock(mutex_);
-  ensure_connected_locked();
-  const auto dl = deadline(std::nullopt);
-  std::string req = request(Op::QueueLen);
-  put_bytes(req, key);
-  send_locked(req, dl, "QUEUE_LEN");
-  return recv_i64(dl, "QUEUE_LEN");
+  return retrying([&] {
+    const auto dl = deadline(std::nullopt);
+    std::string req = request(Op::QueueLen);
+    put_bytes(req, key);
+    send_locked(req, dl, "QUEUE_LEN");
+    return recv_i64(dl, "QUEUE_LEN");
+  });
 }
 
 std::vector<std::string> Client::list() {
   std::lock_guard lock(mutex_);
-  ensure_connected_locked();
-  const auto dl = deadline(std::nullopt);
-  send_locked(request(Op::List), dl, "LIST");
-  const int64_t n = recv_i64(dl, "LIST");
-  std::vector<std::string> keys;
-  for (int64_t i = 0; i < n; ++i) keys.push_back(recv_bytes(dl, "LIST"));
-  return keys;
+  return retrying([&] {
+    const auto dl = deadline(std::nullopt);
+    send_locked(request(Op::List), dl, "LIST");
+    const int64_t n = recv_i64(dl, "LIST");
+    std::vector<std::string> keys;
+    for (int64_t i = 0; i < n; ++i) keys.push_back(recv_bytes(dl, "LIST"));
+    return keys;
+  });
 }
 
 Client::Duration Client::ping() {
   std::lock_guard lock(mutex_);
-  ensure_connected_locked();
-  const auto start = Clock::now();
-  const auto dl = deadline(std::nullopt);
-  std::string req = request(Op::Ping);
-  const uint32_t nonce = 0x5eed;
-  put_u32(req, nonce);
-  send_locked(req, dl, "PING");
-  char echo[4];
-  recv_locked(echo, 4, dl, "PING");
-  if (load_u32(echo) != nonce) throw ProtocolError("store " + endpoint() + " echoed a wrong PING nonce");
-  return std::chrono::duration_cast<Duration>(Clock::now() - start);
+  return retrying([&] {
+    const auto start = Clock::now();
+    const auto dl = deadline(std::nullopt);
+    std::string req = request(Op::Ping);
+    const uint32_t nonce = 0x5eed;
+    put_u32(req, nonce);
+    send_locked(req, dl, "PING");
+    char echo[4];
+    recv_locked(echo, 4, dl, "PING");
+    if (load_u32(echo) != nonce) throw ProtocolError("store " + endpoint() + " echoed a wrong PING nonce");
+    return std::chrono::duration_cast<Duration>(Clock::now() - start);
+  });
 }
 
 }  // namespace ddprun::rdzv

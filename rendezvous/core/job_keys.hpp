@@ -34,6 +34,10 @@
 namespace ddprun::rdzv::jobs {
 
 inline constexpr std::string_view kRoot = "/ddprun/";
+// What ddprun-rendezvous says about itself, outside every job and readable by every client (JSON:
+// {"durable": true when it keeps its state across restarts (--state-file), "boot": an id of this
+// start}). A client that rides out a restart reads it on each connection.
+inline constexpr std::string_view kStoreInfoKey = "/ddprun-store/info";
 
 // Whether `run_id` can name a job; `why` says what is wrong otherwise.
 bool valid_run_id(std::string_view run_id, std::string* why = nullptr);

@@ -172,6 +172,31 @@ int64_t KvStore::add(std::string_view key, int64_t delta) {
   return sum;
 }
 
+int64_t KvStore::add_once(std::string_view key, int64_t delta, std::string_view token) {
+  if (auto it = once_.find(token); it != once_.end()) return it->second;  // a retry: already added
+  const int64_t sum = add(key, delta);
+  remember_once(token, sum);
+  if (observer_) observer_->on_once(token, sum);
+  return sum;
+}
+
+void KvStore::remember_once(std::string_view token, int64_t result) {
+  auto [it, inserted] = once_.try_emplace(std::string(token), result);
+  if (!inserted) {
+    it->second = result;
+    return;
+  }
+  once_order_.emplace_back(token);
+  if (once_order_.size() > kOnceTokens) {
+    once_.erase(once_order_.front());
+    once_order_.pop_front();
+  }
+}
+
+void KvStore::for_each_once(const std::function<void(std::string_view, int64_t)>& fn) const {
+  for (const std::string& token : once_order_) fn(token, once_.find(token)->second);
+}
+
 void KvStore::append(std::string_view key, std::string_view data) {
   auto it = map_.find(key);
   if (it == map_.end()) {
@@ -385,6 +410,16 @@ void KvStore::queue_push(std::string_view key, std::string_view value) {
   account(key, 0, static_cast<int64_t>(value.size()));
   changed(key, nullptr);
   key_arrived(key, /*wake_one=*/true);
+}
+
+const std::deque<std::string>* KvStore::queue_items(std::string_view key) const {
+  auto it = queues_.find(key);
+  return it == queues_.end() ? nullptr : &it->second;
+}
+
+void KvStore::for_each_queue(
+    const std::function<void(std::string_view, const std::deque<std::string>&)>& fn) const {
+  for (const auto& [key, items] : queues_) fn(key, items);
 }
 
 int64_t KvStore::queue_pop(std::string_view key, std::string& value) {

@@ -47,8 +47,11 @@ class Waiter {
 class ChangeObserver {
  public:
   virtual ~ChangeObserver() = default;
-  // `counter`: the counter's new value after an ADD, else nullptr.
+  // `counter`: the counter's new value after an ADD, else nullptr. Called before or after the
+  // change itself (read the store's state later, not here).
   virtual void on_change(std::string_view key, const int64_t* counter) = 0;
+  // An ADD_ONCE token was recorded with its result (for a journal of the store's state).
+  virtual void on_once(std::string_view /*token*/, int64_t /*result*/) {}
 };
 
 struct StringHash {
@@ -87,6 +90,16 @@ class KvStore {
   // Adds to a decimal-ASCII counter (absent = 0). Throws ProtocolError if the stored value is not
   // a decimal integer or the sum overflows; the store is left unchanged then.
   int64_t add(std::string_view key, int64_t delta);
+  // ddprun's ADD_ONCE: an ADD a client may send again after losing the connection before the
+  // reply. The first request with `token` adds; a later one with the same token adds nothing and
+  // returns the first one's result. The last kOnceTokens tokens are remembered (a client retries
+  // within seconds; at thousands of ADDs a second that is still minutes).
+  int64_t add_once(std::string_view key, int64_t delta, std::string_view token);
+  static constexpr size_t kOnceTokens = size_t{1} << 16;
+  // Restores a remembered token (loading a saved state).
+  void remember_once(std::string_view token, int64_t result);
+  // The remembered tokens, oldest first.
+  void for_each_once(const std::function<void(std::string_view, int64_t)>& fn) const;
   void append(std::string_view key, std::string_view data);
   // MULTI_SET: all entries or none (a limit is checked for the whole request first).
   void multi_set(std::span<const std::string_view> keys, std::span<const std::string_view> values);
@@ -119,6 +132,9 @@ class KvStore {
   // Returns the queue's length before the pop and moves the front value into `value` if it was > 0.
   int64_t queue_pop(std::string_view key, std::string& value);
   int64_t queue_len(std::string_view key) const;
+  // A queue's items, front first; nullptr when there is no such queue.
+  const std::deque<std::string>* queue_items(std::string_view key) const;
+  void for_each_queue(const std::function<void(std::string_view, const std::deque<std::string>&)>& fn) const;
 
   size_t waiting_clients() const { return waits_.size(); }
   // Keys in the KV map plus queues: what max_total_keys bounds.
@@ -199,6 +215,8 @@ class KvStore {
   std::unordered_map<std::string, JobUsage, StringHash, std::equal_to<>> jobs_;
   bool unlimited_ = false;  // storing a refusal note
   size_t notes_ = 0;        // refusal notes stored (at most kMaxNotes)
+  std::unordered_map<std::string, int64_t, StringHash, std::equal_to<>> once_;  // ADD_ONCE token -> result
+  std::deque<std::string> once_order_;                                         // oldest first
   uint64_t requests_ = 0;
   uint64_t requests_by_op_[kOpCount] = {};
   ChangeObserver* observer_ = nullptr;

@@ -41,6 +41,7 @@ std::span<const Field> layout(Op op) {
   static constexpr Field kEntryList[] = {Field::EntryCount, Field::Entries};
   static constexpr Field kAuthHello[] = {Field::U32, Field::Key, Field::Value};
   static constexpr Field kAuthProof[] = {Field::Value};
+  static constexpr Field kAddOnce[] = {Field::Key, Field::I64, Field::Value};
   switch (op) {
     case Op::Validate:
     case Op::Ping: return kNumber;
@@ -63,6 +64,7 @@ std::span<const Field> layout(Op op) {
     case Op::List: return {};
     case Op::AuthHello: return kAuthHello;
     case Op::AuthProof: return kAuthProof;
+    case Op::AddOnce: return kAddOnce;
   }
   return {};
 }
@@ -78,6 +80,7 @@ std::optional<Op> op_from_wire(Dialect dialect, uint8_t code) {
       if (code < std::size(kV2Ops)) return kV2Ops[code];
       if (code == kAuthHelloWire) return Op::AuthHello;
       if (code == kAuthProofWire) return Op::AuthProof;
+      if (code == kAddOnceWire) return Op::AddOnce;
       return std::nullopt;
   }
   return std::nullopt;
@@ -95,6 +98,7 @@ std::optional<uint8_t> op_to_wire(Dialect dialect, Op op) {
     case Dialect::V2:
       if (op == Op::AuthHello) return kAuthHelloWire;
       if (op == Op::AuthProof) return kAuthProofWire;
+      if (op == Op::AddOnce) return kAddOnceWire;
       return find(kV2Ops);
   }
   return std::nullopt;
@@ -123,6 +127,7 @@ std::string_view op_name(Op op) {
     case Op::List: return "LIST";
     case Op::AuthHello: return "AUTH_HELLO";
     case Op::AuthProof: return "AUTH_PROOF";
+    case Op::AddOnce: return "ADD_ONCE";
   }
   return "?";
 }
@@ -301,6 +306,7 @@ bool op_has_reply(Op op) {
     case Op::List:
     case Op::AuthHello:
     case Op::AuthProof:
+    case Op::AddOnce:
       return true;
   }
   return true;

@@ -15,6 +15,9 @@
 //   GETNUMKEYS, CANCEL_WAIT, LIST: cmd alone; PING, VALIDATE: cmd | u32
 //   AUTH_HELLO   cmd | u32 version | str scope | bytes nonce  (ddprun's, 2.x only) -> u8 | bytes
 //   AUTH_PROOF   cmd | bytes mac                              (ddprun's, 2.x only) -> u8 | bytes
+//   ADD_ONCE     cmd | str key | i64 delta | bytes token      (ddprun's, 2.x only) -> i64
+//                an ADD the client may send again after a lost connection: a token seen before
+//                returns the first result and adds nothing (ddprun-rendezvous --state-file)
 //
 // Two numberings exist. 1.13 ("legacy") starts at SET=0 and has WATCH_KEY=7, DELETE_KEY=8. 2.x
 // ("v2") starts every connection with VALIDATE=0 and the magic 0x3C85F7CE, and numbers SET=1 ..
@@ -53,11 +56,16 @@ enum class Op : uint8_t {
   // ddprun's extension of the 2.x dialect: the secret handshake (rendezvous/auth.hpp).
   AuthHello,
   AuthProof,
+  // ddprun's retry-safe ADD (KvStore::add_once).
+  AddOnce,
 };
-inline constexpr size_t kOpCount = static_cast<size_t>(Op::AuthProof) + 1;
+inline constexpr size_t kOpCount = static_cast<size_t>(Op::AddOnce) + 1;
 // Wire bytes of the handshake, far above PyTorch's numbering (which ends at 17).
 inline constexpr uint8_t kAuthHelloWire = 0x60;
 inline constexpr uint8_t kAuthProofWire = 0x61;
+inline constexpr uint8_t kAddOnceWire = 0x62;
+// An ADD_ONCE token's longest length.
+inline constexpr size_t kMaxOnceToken = 64;
 
 enum class Dialect : uint8_t {
   Legacy,  // PyTorch 1.13 / 2.0 numbering, no handshake.

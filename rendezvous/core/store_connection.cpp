@@ -176,7 +176,9 @@ void StoreConnection::check_access(const Request& req) const {
   }
   if (scope_ == kAllJobs) return;
   const std::string prefix = jobs::JobKeys::job_prefix(scope_);
+  const bool reads = req.op == Op::Check || req.op == Op::Get || req.op == Op::MultiGet || req.op == Op::Wait;
   for (std::string_view key : req.keys) {
+    if (reads && key == jobs::kStoreInfoKey) continue;  // the store's own description, for everyone
     if (key.substr(0, prefix.size()) != prefix) {
       throw AccessDenied("authenticated for job '" + scope_ + "' but sent " + std::string(op_name(req.op)) +
                          " on key '" + std::string(key.substr(0, 80)) + "', outside that job");
@@ -223,6 +225,13 @@ void StoreConnection::apply(const Request& req) {
       break;
     case Op::Add:
       out_.put_i64(store_.add(req.keys[0], req.delta));
+      break;
+    case Op::AddOnce:
+      if (req.values[0].empty() || req.values[0].size() > kMaxOnceToken) {
+        throw ProtocolError("ADD_ONCE with a " + std::to_string(req.values[0].size()) + "-byte token (1 to " +
+                            std::to_string(kMaxOnceToken) + " bytes)");
+      }
+      out_.put_i64(store_.add_once(req.keys[0], req.delta, req.values[0]));
       break;
     case Op::Check:
       out_.put_u8(store_.check(req.keys) ? kCheckReady : kCheckNotReady);

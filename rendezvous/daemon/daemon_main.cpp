@@ -76,6 +76,11 @@ Options:
                          (off by default; 0 lets the kernel pick the port, printed at start)
   --job-ttl SECONDS      forget a ddprun job at once when all its nodes have left, or after SECONDS
                          without any change (its agents were killed); 0 keeps every key (default 3600)
+  --state-file PATH      keep the store's contents in PATH across restarts: a daemon killed and
+                         started again on the same PATH (and port) within the agents' reconnect
+                         window (--rdzv_conf store_reconnect_timeout, 30 s) ends no running job.
+                         Each change is written before its reply; no fsync per write (the file
+                         outlives the daemon, not a crash of its machine). Default: memory only
   --log-level LEVEL      debug, info, warn or error (default info; env DDPRUN_LOG_LEVEL)
   -h, --help             show this help
   --version              print the version
@@ -271,6 +276,9 @@ int serve_main(int argc, char** argv) {
       const auto secs = to_double(v);
       if (!secs || *secs < 0 || *secs > 1e7) usage_error("--job-ttl expects a number of seconds >= 0, got '" + v + "'");
       options.job_ttl = std::chrono::milliseconds(static_cast<int64_t>(*secs * 1000));
+    } else if (arg == "--state-file" || arg == "--state_file") {
+      options.state_file = next();
+      if (options.state_file.empty()) usage_error("--state-file expects a path, got ''");
     } else if (arg == "--log-level") {
       log::Level level;
       const std::string v = next();

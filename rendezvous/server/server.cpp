@@ -11,10 +11,13 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <nlohmann/json.hpp>
 
 #include "common/errors.hpp"
 #include "common/log.hpp"
 #include "common/system.hpp"
+#include "rendezvous/core/auth.hpp"
+#include "rendezvous/core/job_keys.hpp"
 #include "rendezvous/server/server_socket.hpp"
 #include "rendezvous/server/session.hpp"
 
@@ -66,6 +69,7 @@ Server::Server(asio::io_context& io, ServerOptions options)
   pending_cap_ = std::max<size_t>(1, std::min<size_t>(options_.max_pending_handshakes,
                                                       std::max<uint64_t>(8, open_file_limit() / 4)));
   if (options_.allowed_peers) allow_peers(*options_.allowed_peers);
+  if (!options_.state_file.empty()) open_state();  // before listening: no client sees an empty store
   sockaddr_storage bound{};
   socklen_t len = 0;
   listen_fd_ = listen_on(options_.host, options_.port, bound, len);
@@ -87,6 +91,25 @@ Server::Server(asio::io_context& io, ServerOptions options)
   ::epoll_ctl(epfd, EPOLL_CTL_ADD, listen_fd_, &ev);
   spare_fd_ = open_spare();
   scratch_.resize(kReadChunk);
+}
+
+void Server::open_state() {
+  journal_ = std::make_unique<StateJournal>(options_.state_file, store_);
+  store_.set_observer(journal_.get());
+  const StateJournal::Loaded& got = journal_->loaded();
+  log::info("store") << "state file " << options_.state_file << ": "
+                     << (got.keys + got.queues == 0 ? std::string("nothing to restore")
+                                                    : "restored " + std::to_string(got.keys) + " key(s) and " +
+                                                          std::to_string(got.queues) + " queue(s)");
+  // Clients that ride out a restart read this on each connection (rdzv::ClientOptions).
+  std::string boot;
+  for (const char c : random_nonce().substr(0, 8)) {
+    constexpr char kHex[] = "0123456789abcdef";
+    boot += kHex[(static_cast<uint8_t>(c) >> 4) & 15];
+    boot += kHex[static_cast<uint8_t>(c) & 15];
+  }
+  nlohmann::json info{{"durable", true}, {"boot", boot}};
+  store_.set(jobs::kStoreInfoKey, info.dump());
 }
 
 Server::~Server() {
@@ -272,6 +295,8 @@ void Server::mark_dirty(Session& s) {
 }
 
 void Server::send(Session& s) {
+  // What a client is about to hear of is in the state file first.
+  if (journal_) journal_->flush();
   if (s.conn().overflowed()) {
     close_session(s, CloseReason::NotReading,
                   "not reading what it is sent: " + std::to_string(s.conn().output().size()) +
@@ -392,6 +417,7 @@ void Server::stop() {
   batch_.clear();
   dirty_.clear();
   refusals_.flush(std::chrono::steady_clock::now(), /*all=*/true);
+  if (journal_) journal_->flush();
   epoll_.close(ignored);
   if (listen_fd_ >= 0) ::close(listen_fd_);
   listen_fd_ = -1;

@@ -49,6 +49,7 @@
 
 #include "rendezvous/server/janitor.hpp"
 #include "rendezvous/server/refusal_log.hpp"
+#include "rendezvous/server/state_journal.hpp"
 #include "rendezvous/core/kv_store.hpp"
 #include "rendezvous/core/protocol.hpp"
 #include "rendezvous/core/store_connection.hpp"
@@ -89,6 +90,9 @@ struct ServerOptions {
   size_t max_pending_handshakes = 256;
   // Refused connections are logged once per address and window, then counted (RefusalLog).
   std::chrono::seconds refusal_log_window{60};
+  // Keep the store's contents in this file across restarts (StateJournal): loaded before the
+  // server listens, every change written before the reply that tells of it. Empty: memory only.
+  std::string state_file;
 };
 
 // Why connections were closed, for metrics.
@@ -174,6 +178,8 @@ class Server {
   // Closes the connection that has waited longest to prove the secret; false if there is none.
   bool evict_oldest_pending(const std::string& why);
   void arm_housekeeping();
+  // --state-file: restores the store from the file and journals it from now on.
+  void open_state();
 
   boost::asio::io_context& io_;
   ServerOptions options_;
@@ -190,6 +196,7 @@ class Server {
   boost::asio::ip::tcp::endpoint endpoint_;
   uint16_t port_ = 0;
   KvStore store_;
+  std::unique_ptr<StateJournal> journal_;  // after store_: destroyed (and flushed) before it
   std::unordered_map<Session*, std::unique_ptr<Session>> sessions_;
   std::vector<std::unique_ptr<Session>> closed_;  // destroyed at the end of the batch
   std::vector<Session*> batch_;                   // sessions with bytes to apply, in arrival order

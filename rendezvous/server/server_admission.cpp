@@ -27,7 +27,7 @@ constexpr int kAcceptPerBatch = 1024;
 }  // namespace
 
 void Server::arm_housekeeping() {
-  if (!options_.secret || stopped_) return;
+  if ((!options_.secret && !journal_) || stopped_) return;
   const auto period = std::clamp<std::chrono::milliseconds>(options_.handshake_timeout / 4,
                                                             std::chrono::milliseconds(50), std::chrono::seconds(1));
   housekeeping_timer_.expires_after(period);
@@ -43,6 +43,7 @@ void Server::arm_housekeeping() {
                         " s, closing the connection");
     }
     refusals_.flush(now);
+    if (journal_) journal_->retry_if_broken();
     arm_housekeeping();
   });
 }

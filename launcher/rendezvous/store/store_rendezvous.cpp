@@ -66,6 +66,7 @@ StoreRendezvous::StoreRendezvous(StoreRendezvousOptions options, const StopSigna
                            "token_file=PATH, or DDPRUN_TOKEN_FILE=PATH (a file only you can read)";
   // A daemon that refuses this job's request (its quota, a full store) says why there.
   co.refusal_note_key = rdzv::jobs::JobKeys::refusal_note(options_.run_id);
+  co.restart_tolerance = options_.store_reconnect_timeout;
   // Connect in slices of a second, so that a stop signal is acted on while the store is not up yet.
   const auto deadline = std::chrono::steady_clock::now() + options_.join_timeout;
   log::info("ddprun") << "connecting to the rendezvous store at " << co.host << ":" << co.port;
@@ -107,10 +108,16 @@ int64_t StoreRendezvous::next_generation(int64_t after) {
 bool StoreRendezvous::agent_alive(const std::string& agent, const StopSignal& stop) {
   const std::string k = hb_key(agent);
   const auto window = options_.keep_alive_interval * options_.keep_alive_max_attempt;
-  const auto deadline = std::chrono::steady_clock::now() + window;
+  auto deadline = std::chrono::steady_clock::now() + window;
   const auto beats = [&]() -> int64_t { return client_->check({k}) ? read_number(k, client_->get(k)) : -1; };
   const int64_t first = beats();
+  uint64_t reconnects = client_->reconnects();
   while (std::chrono::steady_clock::now() < deadline) {
+    // The store was gone for a while (a restart): its silence was nobody's, the window starts over.
+    if (client_->reconnects() != reconnects) {
+      reconnects = client_->reconnects();
+      deadline = std::chrono::steady_clock::now() + window;
+    }
     // Watching another agent's heartbeat counter for the liveness window.
     if (stop.sleep_for(std::min<std::chrono::milliseconds>(options_.keep_alive_interval / 4,
                                                            std::chrono::milliseconds(250)))) {
@@ -170,8 +177,7 @@ void StoreRendezvous::start_heartbeat() {
   });
 }
 
-std::optional<int> StoreRendezvous::find_lost_node(rdzv::Client& c,
-                                                  std::pair<int64_t, std::chrono::steady_clock::time_point>& seen) {
+std::optional<int> StoreRendezvous::find_lost_node(rdzv::Client& c, HeartbeatSeen& seen) {
   const Place p = place();
   const int n = static_cast<int>(p.agents.size());
   if (n < 2) return std::nullopt;
@@ -181,9 +187,11 @@ std::optional<int> StoreRendezvous::find_lost_node(rdzv::Client& c,
   const auto now = std::chrono::steady_clock::now();
   const std::string k = hb_key(watched);
   const int64_t beats = c.check({k}) ? read_number(k, c.get(k)) : -1;
-  if (beats != seen.first) {
-    seen = {beats, now};
-  } else if (now - seen.second > options_.keep_alive_interval * options_.keep_alive_max_attempt) {
+  // After the store was gone for a while (a restart), nobody's heartbeat got through: the window
+  // starts over rather than count the outage as the watched node's silence.
+  if (beats != seen.beats || c.reconnects() != seen.reconnects) {
+    seen = {beats, now, c.reconnects()};
+  } else if (now - seen.since > options_.keep_alive_interval * options_.keep_alive_max_attempt) {
     return watched_rank;
   }
   return std::nullopt;
@@ -222,7 +230,7 @@ void StoreRendezvous::watch(int round, std::function<void(const RoundEnd&)> on_e
       // WAIT has no server timeout; the client re-arms it every period so that a store that went
       // silent (its host gone) is noticed, and each node checks the next node's heartbeat.
       const auto period = std::min<std::chrono::milliseconds>(std::chrono::seconds(1), options_.keep_alive_interval);
-      std::pair<int64_t, std::chrono::steady_clock::time_point> seen{-1, std::chrono::steady_clock::now()};
+      HeartbeatSeen seen{-1, std::chrono::steady_clock::now(), c->reconnects()};
       for (;;) {
         try {
           c->wait({rk(round).end()}, period);
@@ -261,7 +269,9 @@ RoundEnd StoreRendezvous::wait_end(int round, const StopSignal& stop) {
   auto next_report = start + options_.progress_interval;
   for (;;) {
     try {
-      if (!client_->connected()) throw ConnectionError("the connection to the rendezvous store was lost");
+      if (!client_->connected() && !client_->rides_out_restarts()) {
+        throw ConnectionError("the connection to the rendezvous store was lost");
+      }
       if (client_->wait_for({rk(round).end()}, std::chrono::milliseconds(250))) {
         return parse_end(client_->get(rk(round).end()));
       }

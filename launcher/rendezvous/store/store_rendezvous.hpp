@@ -63,6 +63,9 @@ struct StoreRendezvousOptions {
   // the endpoint is one of this host's addresses and its port is free.
   std::optional<bool> is_host;
   std::chrono::milliseconds read_timeout{std::chrono::seconds(60)};  // one request to the store
+  // How long a store that keeps its state (ddprun-rendezvous --state-file) may be gone, e.g. while
+  // it restarts, before this node counts it as lost (rdzv::ClientOptions::restart_tolerance).
+  std::chrono::milliseconds store_reconnect_timeout{std::chrono::seconds(30)};
   std::string advertise_addr;  // how other nodes reach this one
   std::string host;
   std::chrono::milliseconds join_timeout{std::chrono::seconds(600)};
@@ -133,7 +136,13 @@ class StoreRendezvous final : public NodeRendezvous {
   // A second connection to the rendezvous store for the watcher or heartbeat thread.
   std::shared_ptr<rdzv::Client> side_connection() const;
   // The next node in group-rank order whose heartbeat has not moved for too long, if any.
-  std::optional<int> find_lost_node(rdzv::Client& c, std::pair<int64_t, std::chrono::steady_clock::time_point>& seen);
+  // The watched node's heartbeat counter as last read, since when, and the connection it was read on.
+  struct HeartbeatSeen {
+    int64_t beats = -1;
+    std::chrono::steady_clock::time_point since;
+    uint64_t reconnects = 0;
+  };
+  std::optional<int> find_lost_node(rdzv::Client& c, HeartbeatSeen& seen);
 
   StoreRendezvousOptions options_;
   std::unique_ptr<rdzv::ServerThread> server_;  // the node that hosts the rendezvous store
