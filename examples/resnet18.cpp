@@ -8,9 +8,10 @@ using namespace ddprun::examples;
 
 struct BasicBlockImpl : torch::nn::Module {
   BasicBlockImpl(int64_t in, int64_t out, int64_t stride)
+      // In declaration order, the order they are registered in (and their parameters listed).
       : conv1(register_module("conv1", torch::nn::Conv2d(torch::nn::Conv2dOptions(in, out, 3).stride(stride).padding(1).bias(false)))),
-        bn1(register_module("bn1", torch::nn::BatchNorm2d(out))),
         conv2(register_module("conv2", torch::nn::Conv2d(torch::nn::Conv2dOptions(out, out, 3).padding(1).bias(false)))),
+        bn1(register_module("bn1", torch::nn::BatchNorm2d(out))),
         bn2(register_module("bn2", torch::nn::BatchNorm2d(out))) {
     if (stride != 1 || in != out) {
       shortcut = register_module("shortcut", torch::nn::Sequential(

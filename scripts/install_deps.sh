@@ -22,6 +22,7 @@ packages=(
   help2man     # the man pages, made from --help
   bc           # the benchmarks' ratios (benchmarks/*.sh)
   dpkg-dev file  # dpkg-shlibdeps (which runs file): the Depends of the .deb packages (CPack)
+  lintian      # Debian's checker, run on the packages by the tests
   etcd-server etcd-client   # a real etcd v3 cluster for the etcd rendezvous tests (and etcdctl)
 )
 

@@ -322,8 +322,10 @@ TEST(EtcdRendezvousTest, AHangOnTwoNodesEndsBothWithOneReportThroughEtcd) {
 TEST(EtcdRendezvousTest, AJobRidesOutTheDeathOfTheEtcdMemberItTalksTo) {
   REQUIRE_ETCD();
   EtcdCluster cluster(3);
-  auto n0 = node(cluster.endpoints(), "failover", "2", 0, test_worker({"sleep", "6"}));
-  auto n1 = node(cluster.endpoints(), "failover", "2", 1, test_worker({"sleep", "6"}));
+  // Losing a member may cost an election (the leader was that member); on a busy 2-core machine
+  // that has taken over 3 s, so the leases get the room a production TTL (10 s) gives.
+  auto n0 = node(cluster.endpoints(), "failover", "2", 0, test_worker({"sleep", "6"}), "lease_ttl=8");
+  auto n1 = node(cluster.endpoints(), "failover", "2", 1, test_worker({"sleep", "6"}), "lease_ttl=8");
   ASSERT_TRUE(n0->wait_for_output("started 1 worker", 60s)) << n0->err();
   ASSERT_TRUE(n1->wait_for_output("started 1 worker", 60s)) << n1->err();
   cluster.kill(0);  // the first endpoint: the one both agents talk to
@@ -337,8 +339,9 @@ TEST(EtcdRendezvousTest, AJobRidesOutTheDeathOfTheEtcdMemberItTalksTo) {
 TEST(EtcdRendezvousTest, AWatchResumedPastACompactionReadsTheRoundAfreshAndTheJobGoesOn) {
   REQUIRE_ETCD();
   EtcdCluster cluster(3);
-  auto n0 = node(cluster.endpoints(), "compacted", "2", 0, test_worker({"sleep", "6"}));
-  auto n1 = node(cluster.endpoints(), "compacted", "2", 1, test_worker({"sleep", "6"}));
+  // As above: the killed member may have been the leader, so the leases get an election's room.
+  auto n0 = node(cluster.endpoints(), "compacted", "2", 0, test_worker({"sleep", "6"}), "lease_ttl=8");
+  auto n1 = node(cluster.endpoints(), "compacted", "2", 1, test_worker({"sleep", "6"}), "lease_ttl=8");
   ASSERT_TRUE(n0->wait_for_output("started 1 worker", 60s)) << n0->err();
   ASSERT_TRUE(n1->wait_for_output("started 1 worker", 60s)) << n1->err();
   // Revisions the agents' watches never saw (another prefix), then compact up to the newest.
