@@ -16,6 +16,7 @@ packages=(
   dataset-fashion-mnist zlib1g-dev
   clang        # the store's fuzzer (libFuzzer); its runtime package is added below
   iproute2 procps util-linux
+  nftables     # the partition tests cut a network namespace off
   prometheus   # promtool, which checks the daemon's /metrics in the tests
   strace       # the checkpoint test checks the order of fsync and rename
   elfutils     # eu-stack: native stacks of hung workers (--hang_timeout)

@@ -14,6 +14,10 @@
 namespace ddprun::launcher {
 namespace agent_detail {
 
+bool Agent::lost_here(const RoundEnd& end, const World& world) const {
+  return multi_node_ && end.kind == RoundEnd::Kind::NodeLost && end.root_node == world.group_rank;
+}
+
 void Agent::start_watch(int round) {
   // Another node's failure (or signal, or a membership change) stops this node's workers at once.
   backend_->watch(round, [this](const RoundEnd& end) {
@@ -181,7 +185,8 @@ int Agent::finish(int round, const World& world, const RoundEnd& end, const Grou
       log::error("ddprun") << end.detail;
       return exit_code;  // nothing to leave: the store is gone
     case RoundEnd::Kind::NodeLost:
-      log::error("ddprun") << "job stopped: " << end.detail;
+      log::error("ddprun") << "job stopped: " << (lost_here(end, world) ? "this node was counted as lost: " : "")
+                           << end.detail;
       break;
     case RoundEnd::Kind::Membership:
       log::warn("ddprun") << "stopped during a re-rendezvous (" << end.detail << ")";
@@ -236,6 +241,8 @@ int Agent::run() {
           // Another node stopped or failed before the round could start.
           end = *ended;
           result = GroupResult{};
+          world = World{};
+          world.group_rank = -1;  // no place in a round that never started
           state = State::Ending;
           break;
         }
@@ -267,6 +274,13 @@ int Agent::run() {
                                 << " (restart " << restarts_ << " of " << o_.max_restarts << ")";
             break;
           case Decision::Kind::Rerendezvous:
+            if (lost_here(end, world)) {
+              // Cut off or frozen for longer than the keep-alive window, and back: the others went
+              // on to a new round, and this node joins it rather than leave the job.
+              log::warn("ddprun") << "the other nodes counted this node as lost (" << end.detail
+                                  << "); it is back, and joins the job's next round (not counted as a restart)";
+              break;
+            }
             log::warn("ddprun") << end.detail << "; re-rendezvous"
                                 << (end.kind == RoundEnd::Kind::NodeLost ? " without it" : " to admit it")
                                 << " (not counted as a restart)";

@@ -67,6 +67,8 @@ class Agent {
   std::vector<WorkerLaunch> make_launches(const World& world, const fs::path& attempt_dir, const Watchdog& watchdog);
   std::unique_ptr<Watchdog> make_watchdog(const World& world, const fs::path& attempt_dir);
   void on_hang(const RoundEnd& end);
+  // Whether `end` is this node counted as lost by the others (it was cut off or frozen).
+  bool lost_here(const RoundEnd& end, const World& world) const;
   void start_watch(int round);
   // The states.
   std::variant<World, RoundEnd> rendezvous(int round);

@@ -15,6 +15,7 @@
 #include <thread>
 
 #include "common/errors.hpp"
+#include "common/hex.hpp"
 #include "common/system.hpp"
 #include "rendezvous/core/job_keys.hpp"
 #include "rendezvous/core/protocol.hpp"
@@ -24,6 +25,8 @@ namespace ddprun::rdzv {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+// The longest one connection attempt lasts before a fresh one is made (Client::connect_locked).
+constexpr std::chrono::seconds kConnectAttempt{3};
 
 int remaining_ms(Clock::time_point deadline) {
   const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
@@ -96,60 +99,55 @@ bool Client::connected() {
 void Client::close_locked() {
   if (fd_ >= 0) ::close(fd_);
   fd_ = -1;
+  refusal_said_ = false;
   expected_server_mac_.reset();
   unsent_proof_.clear();
   rbuf_.clear();
   rpos_ = 0;
 }
 
-bool Client::rides_out_restarts() {
+bool Client::rides_out_outages() {
   std::lock_guard lock(mutex_);
-  return durable_ && options_.restart_tolerance.count() > 0;
+  return tolerant_locked();
 }
 
 void Client::learn_durability_locked(Clock::time_point deadline) {
-  if (options_.restart_tolerance.count() <= 0 || options_.dialect == Dialect::Legacy || no_info_) return;
-  try {
-    read_store_info_locked(deadline);
-  } catch (const ConnectionError&) {
-    // An older ddprun-rendezvous closes a job-scoped client that reads outside its job: it keeps
-    // no state, and the next connection does not ask again.
-    no_info_ = true;
-    durable_ = false;
-    throw;
-  }
-}
-
-void Client::read_store_info_locked(Clock::time_point deadline) {
+  if (options_.outage_tolerance.count() <= 0 || options_.dialect == Dialect::Legacy || no_info_) return;
   const std::string_view key = jobs::kStoreInfoKey;
   std::string check = request(Op::Check);
   put_u64(check, 1);
   put_bytes(check, key);
   send_locked(check, deadline, "CHECK");
+  // The handshake's proof went out with the CHECK: its answer comes first, and a connection lost
+  // there says nothing about the store's age.
+  settle_proof_locked(deadline);
   std::string info;
-  if (recv_u8(deadline, "CHECK") == kCheckReady) {
-    std::string get = request(Op::Get);
-    put_bytes(get, key);
-    send_locked(get, deadline, "GET");
-    info = recv_bytes(deadline, "GET");
+  try {
+    if (recv_u8(deadline, "CHECK") == kCheckReady) {
+      std::string get = request(Op::Get);
+      put_bytes(get, key);
+      send_locked(get, deadline, "GET");
+      info = recv_bytes(deadline, "GET");
+    }
+  } catch (const ConnectionError&) {
+    // An older ddprun-rendezvous closes a job-scoped client that reads outside its job: it keeps
+    // no state, and the next connection does not ask again.
+    no_info_ = true;
+    durable_ = false;
+    boot_.clear();
+    throw;
   }
   const nlohmann::json j = nlohmann::json::parse(info, nullptr, /*allow_exceptions=*/false);
   const bool object = j.is_object();
   durable_ = object && j.contains("durable") && j["durable"].is_boolean() && j["durable"].get<bool>();
   boot_ = object && j.contains("boot") && j["boot"].is_string() ? j["boot"].get<std::string>() : std::string();
-  if (durable_ && token_prefix_.empty()) {
-    constexpr char kHex[] = "0123456789abcdef";
-    for (const char c : random_nonce().substr(0, 12)) {
-      token_prefix_ += kHex[(static_cast<uint8_t>(c) >> 4) & 15];
-      token_prefix_ += kHex[static_cast<uint8_t>(c) & 15];
-    }
-    token_prefix_ += ':';
-  }
+  // Tokens that make a retried ADD count once (ADD_ONCE): unique to this client.
+  if (!boot_.empty() && token_prefix_.empty()) token_prefix_ = to_hex(random_nonce().substr(0, 12)) + ":";
 }
 
 std::string Client::next_once_token() { return token_prefix_ + std::to_string(++token_seq_); }
 
-void Client::connect_locked(std::optional<Clock::time_point> until) {
+void Client::connect_locked(std::optional<Clock::time_point> until, bool refused_is_final) {
   const auto start = Clock::now();
   const auto deadline = until.value_or(start + options_.connect_timeout);
   // Seeded once per thread: std::random_device costs a system call (and more) each time.
@@ -167,13 +165,21 @@ void Client::connect_locked(std::optional<Clock::time_point> until) {
     if (gai != 0) {
       last_error = std::string("cannot resolve host: ") + ::gai_strerror(gai);
     } else {
-      // Every address the name has (IPv6 and IPv4), each with its share of the remaining time.
+      // Every address the name has (IPv6 and IPv4). An attempt lasts a few seconds at most: the
+      // kernel's SYN retries back off to many seconds, and a fresh attempt gets through as soon as
+      // a path to the store is back (a healed partition).
+      const auto attempt_deadline = std::min(deadline, Clock::now() + kConnectAttempt);
+      bool refused = false;
       for (addrinfo* ai = res; ai != nullptr && fd_ < 0; ai = ai->ai_next) {
         int err = 0;
-        fd_ = try_connect(ai, deadline, err);
+        fd_ = try_connect(ai, attempt_deadline, err);
         if (fd_ < 0) last_error = std::strerror(err);
+        refused = refused || (fd_ < 0 && err == ECONNREFUSED);
       }
       ::freeaddrinfo(res);
+      if (fd_ < 0 && refused && refused_is_final) {
+        throw ConnectionError("store " + endpoint() + " refused the connection (nothing listens there any more)");
+      }
     }
     if (fd_ >= 0) {
       try {
@@ -232,7 +238,8 @@ void Client::prove_locked(const std::string& client_nonce, Clock::time_point dea
     throw ProtocolError("the store at " + endpoint() + " closed the connection at ddprun's handshake: is it an "
                         "older ddprun, or another program's store?");
   }
-  if (mode == 0) return;  // an open store
+  if (mode == kAuthOpen) return;
+  refusal_said_ = mode == kAuthProveSaysRefusal;
   if (!options_.credentials) {
     close_locked();
     throw ConfigError("the store at " + endpoint() + " is protected by a secret, and this client has none" +
@@ -250,10 +257,18 @@ void Client::settle_proof_locked(Clock::time_point deadline) {
   expected_server_mac_.reset();  // before reading: recv_locked comes back here
   const Credentials& c = *options_.credentials;
   std::string theirs;
+  bool refused = false;
+  const bool refusal_said = refusal_said_;  // a lost connection clears it
   try {
-    if (recv_u8(deadline, "AUTH_PROOF") != 0) throw ConnectionError("refused");
-    theirs = recv_bytes(deadline, "AUTH_PROOF");
+    refused = recv_u8(deadline, "AUTH_PROOF") != kProofAccepted;
+    if (!refused) theirs = recv_bytes(deadline, "AUTH_PROOF");
   } catch (const ConnectionError&) {
+    // A store that says its refusals did not refuse: the connection was lost (a partition, a
+    // restart), and that is an outage to ride out, not a wrong secret.
+    if (refusal_said) throw;
+    refused = true;
+  }
+  if (refused) {
     close_locked();
     throw ConfigError("the store at " + endpoint() + " refused this client's secret for " +
                       (c.scope == kAllJobs ? std::string("every job") : "job '" + c.scope + "'") +
@@ -272,7 +287,7 @@ std::string Client::refusal_reason() const {
     ClientOptions o = options_;
     o.refusal_note_key.clear();
     o.reconnect = false;
-    o.restart_tolerance = std::chrono::milliseconds(0);
+    o.outage_tolerance = std::chrono::milliseconds(0);
     o.connect_timeout = std::chrono::seconds(2);
     o.timeout = std::chrono::seconds(2);
     Client asker(o);
@@ -285,7 +300,7 @@ std::string Client::refusal_reason() const {
 
 void Client::ensure_connected_locked() {
   if (fd_ >= 0) return;
-  if (!options_.reconnect && !(durable_ && options_.restart_tolerance.count() > 0)) {
+  if (!options_.reconnect && !tolerant_locked()) {
     throw ConnectionError("the connection to store " + endpoint() + " was lost");
   }
   connect_locked();

@@ -51,15 +51,18 @@ struct ClientOptions {
   // connection during a request, the client reads it over a new connection and adds it to the
   // error. Empty: not asked.
   std::string refusal_note_key;
-  // Ride out a restart of a store that keeps its state (ddprun-rendezvous --state-file, which says
-  // so under jobs::kStoreInfoKey, read at each connection): when the connection is lost, connect
-  // again with backoff for up to this long and send the request again, instead of failing it.
-  // Against such a store ADD goes as ADD_ONCE and SET, MULTI_SET, APPEND and QUEUE_PUSH wait for
-  // the store's confirmation, so that a retried request is neither applied twice nor lost (APPEND
-  // and QUEUE_PUSH, lost between the store's write and its confirmation, can be applied twice).
-  // A store that comes back without its state fails the call (ConnectionError). 0: never; also
-  // never against any other store.
-  std::chrono::milliseconds restart_tolerance{0};
+  // Ride out an outage of a ddprun store (one that describes itself under jobs::kStoreInfoKey,
+  // read at each connection): when the connection is lost, or a request gets no reply before its
+  // deadline (a partition, a frozen host), connect again with backoff for up to this long and send
+  // the request again, instead of failing it. Coming back to the same store (same boot id) goes on
+  // as if nothing happened; to a restarted one only if it keeps its state (ddprun-rendezvous
+  // --state-file). A store that refuses the reconnection (nothing listens on its port) and kept no
+  // state is gone: the call fails at once, as does a store back without its state
+  // (ConnectionError). Against such a store ADD goes as ADD_ONCE and SET, MULTI_SET, APPEND and
+  // QUEUE_PUSH wait for the store's confirmation, so that a retried request is neither applied
+  // twice nor lost (APPEND and QUEUE_PUSH, lost between the store's write and its confirmation,
+  // can be applied twice). 0: never; also never against any other store.
+  std::chrono::milliseconds outage_tolerance{0};
 };
 
 class Client {
@@ -105,8 +108,8 @@ class Client {
   Duration ping();
 
   const ClientOptions& options() const { return options_; }
-  // Whether a lost connection is ridden out (restart_tolerance, against a store that keeps its state).
-  bool rides_out_restarts();
+  // Whether a lost connection is ridden out (outage_tolerance, against a ddprun store).
+  bool rides_out_outages();
   // Connections made again after one was lost (callers that time what they see over the store
   // start over when it changes: an outage is no silence of the other clients).
   uint64_t reconnects() const { return reconnects_.load(); }
@@ -118,13 +121,14 @@ class Client {
   using Clock = std::chrono::steady_clock;
 
   // Connects (with backoff until `deadline`, default connect_timeout from now) and does the
-  // handshake; with restart_tolerance, learns whether the store keeps its state.
-  void connect_locked(std::optional<Clock::time_point> deadline = std::nullopt);
+  // handshake; with outage_tolerance, learns whether the store keeps its state. With
+  // `refused_is_final`, a refused connection (nothing listens on the port) ends the attempts at once
+  // (ConnectionError): a store that kept no state is not coming back.
+  void connect_locked(std::optional<Clock::time_point> deadline = std::nullopt, bool refused_is_final = false);
   // Reads jobs::kStoreInfoKey on a fresh connection: durable_ and boot_.
   void learn_durability_locked(Clock::time_point deadline);
-  void read_store_info_locked(Clock::time_point deadline);
-  // Runs `fn` (one request), connecting first; a lost connection is ridden out when
-  // rides_out_restarts(): reconnect, then run `fn` again.
+  // Runs `fn` (one request), connecting first; a lost connection (or a request without a reply)
+  // is ridden out when tolerant_locked(): reconnect, then run `fn` again.
   template <typename Fn>
   auto retrying(Fn&& fn) -> decltype(fn());
   // Sends a request that has no reply; against a durable store, with a PING after it whose echo
@@ -140,6 +144,7 @@ class Client {
   // or ProtocolError (the store could not prove the secret).
   void settle_proof_locked(Clock::time_point deadline);
   void ensure_connected_locked();
+  bool tolerant_locked() const { return !boot_.empty() && options_.outage_tolerance.count() > 0; }
   // ": the store refused it at <time>: <reason>" when the store left a reason under
   // refusal_note_key, else "".
   std::string refusal_reason() const;
@@ -163,12 +168,13 @@ class Client {
   int fd_ = -1;
   std::optional<std::string> expected_server_mac_;  // AUTH_PROOF sent, its answer not read yet
   std::string unsent_proof_;  // AUTH_PROOF, sent in one segment with the next request
+  bool refusal_said_ = false;  // the store says a refused proof before closing (kAuthProveSaysRefusal)
   static constexpr size_t kReadBuffer = 4096;
   std::string rbuf_;  // bytes received and not consumed yet
   size_t rpos_ = 0;
   bool durable_ = false;  // the store says it keeps its state across restarts
   bool no_info_ = false;  // the store closed the connection when asked (an older ddprun-rendezvous)
-  std::string boot_;      // the store's boot id, when durable
+  std::string boot_;      // the store's boot id: a ddprun store that describes itself
   std::atomic<uint64_t> reconnects_{0};
   std::string token_prefix_;  // this client's ADD_ONCE tokens: prefix + sequence
   uint64_t token_seq_ = 0;

@@ -30,34 +30,46 @@ auto Client::retrying(Fn&& fn) -> decltype(fn()) {
   std::optional<Clock::time_point> give_up;
   std::string first_error;
   bool closed_by_live_store = false;  // reconnected to the same store instance, not a restarted one
+  const auto outage = [&](const std::exception& e) {
+    if (give_up) return;
+    give_up = Clock::now() + options_.outage_tolerance;
+    first_error = e.what();
+    log::warn("store") << first_error << "; reconnecting for up to " << seconds_text(options_.outage_tolerance);
+  };
   for (;;) {
     try {
       ensure_connected_locked();
       return fn();
     } catch (const ConnectionError& e) {
-      if (!durable_ || options_.restart_tolerance.count() <= 0) throw;
+      if (!tolerant_locked()) throw;
       // The store that closed the connection is up and closes it again: it refuses the request
       // (access, a limit, a quota), and sending it once more would not change that.
       if (closed_by_live_store) throw;
-      if (!give_up) {
-        give_up = Clock::now() + options_.restart_tolerance;
-        first_error = e.what();
-        log::warn("store") << first_error << "; the store keeps its state across restarts: reconnecting for up to "
-                           << seconds_text(options_.restart_tolerance);
-      }
+      outage(e);
+    } catch (const TimeoutError& e) {
+      // No reply before the deadline cost the connection (a partition, a frozen store host); a
+      // timed WAIT that simply ran out keeps it, and its error is the caller's.
+      if (!tolerant_locked() || fd_ >= 0) throw;
+      outage(e);
     }
     close_locked();
     const std::string boot = boot_;
+    const bool was_durable = durable_;
     try {
-      connect_locked(*give_up);
+      // A store without state that refuses the connection has ended: nothing to wait for.
+      connect_locked(*give_up, /*refused_is_final=*/!was_durable);
     } catch (const TimeoutError&) {
-      throw ConnectionError(first_error + "; it did not come back within " + seconds_text(options_.restart_tolerance));
+      throw ConnectionError(first_error + "; it did not come back within " + seconds_text(options_.outage_tolerance));
+    } catch (const ConnectionError& e) {
+      throw ConnectionError(first_error + "; " + e.what());
     }
     ++reconnects_;
-    if (!durable_) {
+    if (boot_ != boot && !durable_) {
       close_locked();
-      throw ConnectionError(first_error + "; it came back without the state it kept (restarted without its "
-                                          "--state-file?)");
+      throw ConnectionError(first_error + (was_durable ? "; it came back without the state it kept (restarted "
+                                                         "without its --state-file?)"
+                                                       : "; it restarted, and forgot every job (a store keeps "
+                                                         "them across restarts with --state-file)"));
     }
     closed_by_live_store = boot_ == boot;
     log::info("store") << "connected to store " << endpoint() << " again"
@@ -66,7 +78,7 @@ auto Client::retrying(Fn&& fn) -> decltype(fn()) {
 }
 
 void Client::send_write_locked(std::string req, Clock::time_point dl, std::string_view what) {
-  const bool confirm = durable_ && options_.restart_tolerance.count() > 0;
+  const bool confirm = tolerant_locked();
   constexpr uint32_t kNonce = 0xC0FF1E;
   if (confirm) {
     req += request(Op::Ping);
@@ -109,7 +121,7 @@ int64_t Client::add(std::string_view key, int64_t delta) {
   std::string token;  // one per call: a retry sends the same one
   return retrying([&] {
     const auto dl = deadline(std::nullopt);
-    const bool once = delta != 0 && durable_ && options_.restart_tolerance.count() > 0;
+    const bool once = delta != 0 && tolerant_locked();
     std::string req = request(once ? Op::AddOnce : Op::Add);
     put_bytes(req, key);
     put_i64(req, delta);

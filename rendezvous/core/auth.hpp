@@ -11,8 +11,11 @@
 // PyTorch's, so PyTorch clients never send them). A ddprun client sends, right after VALIDATE and
 // PING:
 //   AUTH_HELLO  u32 version | str scope | bytes client_nonce(32)  -> u8 mode | bytes server_nonce
-// mode 0: the store is open (no secret needed, as for PyTorch clients); mode 1: prove it:
+// mode 0: the store is open (no secret needed, as for PyTorch clients); mode 1 or 2: prove it:
 //   AUTH_PROOF  bytes mac(32)                                      -> u8 0 | bytes server_mac(32)
+// A store that answers mode 2 says a refused proof (u8 1) before it closes the connection, so that
+// its clients tell a refused secret from a connection lost mid-handshake (a partition); after mode
+// 1 (older stores) a close is the refusal.
 // mac = HMAC(key, "ddprun-auth-v1 client" | scope | client_nonce | server_nonce), server_mac the
 // same with "server": each side proves it holds the key, for fresh nonces, so a captured exchange
 // replays nothing and an impostor store is detected. scope is a run id (key: that job's key) or "*"
@@ -28,6 +31,11 @@
 namespace ddprun::rdzv {
 
 inline constexpr uint32_t kAuthVersion = 1;
+inline constexpr uint8_t kAuthOpen = 0;
+inline constexpr uint8_t kAuthProve = 1;             // a refused proof is a close
+inline constexpr uint8_t kAuthProveSaysRefusal = 2;  // a refused proof is u8 1, then a close
+inline constexpr uint8_t kProofAccepted = 0;
+inline constexpr uint8_t kProofRefused = 1;
 inline constexpr size_t kNonceBytes = 32;
 inline constexpr size_t kMacBytes = 32;
 inline constexpr std::string_view kAllJobs = "*";

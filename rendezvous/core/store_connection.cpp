@@ -1,5 +1,7 @@
 #include "rendezvous/core/store_connection.hpp"
 
+#include <algorithm>
+
 #include "common/errors.hpp"
 #include "common/log.hpp"
 #include "rendezvous/core/auth.hpp"
@@ -102,7 +104,7 @@ void StoreConnection::check_reply_size(const Request& req) const {
 void StoreConnection::authenticate(const Request& req) {
   if (req.op == Op::AuthHello) {
     if (auth_ == AuthState::Open) {
-      out_.put_u8(0);  // open store: nothing to prove
+      out_.put_u8(kAuthOpen);  // nothing to prove
       out_.put_bytes("");
       return;
     }
@@ -119,7 +121,7 @@ void StoreConnection::authenticate(const Request& req) {
     client_nonce_ = std::string(req.values[0]);
     server_nonce_ = random_nonce();
     auth_ = AuthState::Challenged;
-    out_.put_u8(1);
+    out_.put_u8(kAuthProveSaysRefusal);
     out_.put_bytes(server_nonce_);
     return;
   }
@@ -127,20 +129,23 @@ void StoreConnection::authenticate(const Request& req) {
   if (auth_ == AuthState::Open) throw AccessDenied("AUTH_PROOF to a store that needs none");
   if (auth_ != AuthState::Challenged) throw AccessDenied("AUTH_PROOF without AUTH_HELLO first");
   if (scope_ != kAllJobs && !jobs::valid_run_id(scope_)) {
+    out_.put_u8(kProofRefused);
     throw AccessDenied("AUTH_PROOF for scope '" + scope_.substr(0, 64) + "', which is no job id");
   }
   const std::optional<std::string> key_for_scope = secret_->key_for(scope_);
   if (!key_for_scope) {
+    out_.put_u8(kProofRefused);  // said before the close (kAuthProveSaysRefusal)
     throw AccessDenied("AUTH_PROOF for " + (scope_ == kAllJobs ? std::string("every job") : "job '" + scope_ + "'") +
                        ", which this store does not serve");
   }
   const std::string& key = *key_for_scope;
   if (!same_mac(req.values[0], client_mac(key, scope_, client_nonce_, server_nonce_))) {
     scope_.clear();
+    out_.put_u8(kProofRefused);
     throw AccessDenied("wrong proof of the secret (a wrong token file, or a token for another job)");
   }
   auth_ = AuthState::Authenticated;
-  out_.put_u8(0);
+  out_.put_u8(kProofAccepted);
   out_.put_bytes(server_mac(key, scope_, client_nonce_, server_nonce_));
   DDPRUN_LOG_DEBUG("store") << "client authenticated for " << (scope_ == kAllJobs ? "every job" : "job " + scope_);
 }
@@ -186,6 +191,15 @@ void StoreConnection::check_access(const Request& req) const {
   }
 }
 
+std::span<const std::string_view> StoreConnection::stored_keys(const std::vector<std::string_view>& keys) {
+  if (!description_ || std::find(keys.begin(), keys.end(), jobs::kStoreInfoKey) == keys.end()) return keys;
+  described_others_.clear();
+  for (std::string_view k : keys) {
+    if (k != jobs::kStoreInfoKey) described_others_.push_back(k);
+  }
+  return described_others_;
+}
+
 void StoreConnection::apply(const Request& req) {
   switch (req.op) {
     case Op::Validate:
@@ -220,6 +234,10 @@ void StoreConnection::apply(const Request& req) {
       out_.put_value(store_.compare_set(req.keys[0], req.values[0], req.values[1]));
       break;
     case Op::Get:
+      if (description_ && req.keys[0] == jobs::kStoreInfoKey) {
+        out_.put_value(description_);
+        break;
+      }
       // PyTorch's clients WAIT before GET; a key deleted in between reads as empty (as libuv does).
       out_.put_value(store_.get_shared(req.keys[0]));
       break;
@@ -233,12 +251,16 @@ void StoreConnection::apply(const Request& req) {
       }
       out_.put_i64(store_.add_once(req.keys[0], req.delta, req.values[0]));
       break;
-    case Op::Check:
-      out_.put_u8(store_.check(req.keys) ? kCheckReady : kCheckNotReady);
+    case Op::Check: {
+      const auto keys = stored_keys(req.keys);
+      out_.put_u8(keys.empty() || store_.check(keys) ? kCheckReady : kCheckNotReady);
       break;
-    case Op::Wait:
-      if (store_.wait(*this, req.keys)) out_.put_u8(kStopWaiting);
+    }
+    case Op::Wait: {
+      const auto keys = stored_keys(req.keys);
+      if (keys.empty() || store_.wait(*this, keys)) out_.put_u8(kStopWaiting);
       break;
+    }
     case Op::GetNumKeys:
       if (auth_ == AuthState::Authenticated && scope_ != kAllJobs) {
         int64_t n = 0;  // a job sees its own keys only

@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <functional>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 
@@ -61,6 +62,11 @@ class StoreConnection final : public Waiter {
   // Drops this client's waits and watches from the store (disconnect); idempotent.
   void release();
 
+  // A store that describes itself (ServerOptions::describe_self): CHECK and GET of
+  // jobs::kStoreInfoKey answer `description`, which is no key of the store, so that PyTorch clients
+  // that count or list keys see nothing new.
+  void describe_store(SharedBytes description) { description_ = std::move(description); }
+
   std::optional<Dialect> dialect() const { return dialect_; }
   // A protected store's connection that has not yet proved the secret: it may send only the
   // handshake's frames (VALIDATE, PING, AUTH_HELLO, AUTH_PROOF), each within handshake_limits().
@@ -80,6 +86,8 @@ class StoreConnection final : public Waiter {
 
  private:
   void apply(const Request& req);
+  // `keys` without jobs::kStoreInfoKey when the store describes itself (that key is always there).
+  std::span<const std::string_view> stored_keys(const std::vector<std::string_view>& keys);
   // The handshake, and the gate every other request passes first.
   void authenticate(const Request& req);
   void check_access(const Request& req) const;
@@ -102,6 +110,8 @@ class StoreConnection final : public Waiter {
   // Protected stores only.
   enum class AuthState { Open, Required, Challenged, Authenticated };
   const StoreSecret* secret_;
+  SharedBytes description_;  // describe_store()
+  std::vector<std::string_view> described_others_;  // stored_keys()' scratch
   AuthState auth_;
   std::string scope_;
   std::string client_nonce_;

@@ -230,6 +230,7 @@ int serve_main(int argc, char** argv) {
   options.store_limits.max_job_bytes = uint64_t{256} << 20;
   options.port = 29400;
   options.job_ttl = std::chrono::hours(1);
+  options.describe_self = true;  // agents ride out a partition or a restart (rdzv::ClientOptions)
   std::string port_file;
   std::optional<std::string> token_file;
   std::optional<uint16_t> metrics_port;

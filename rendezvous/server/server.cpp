@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/errors.hpp"
+#include "common/hex.hpp"
 #include "common/log.hpp"
 #include "common/system.hpp"
 #include "rendezvous/core/auth.hpp"
@@ -70,6 +71,7 @@ Server::Server(asio::io_context& io, ServerOptions options)
                                                       std::max<uint64_t>(8, open_file_limit() / 4)));
   if (options_.allowed_peers) allow_peers(*options_.allowed_peers);
   if (!options_.state_file.empty()) open_state();  // before listening: no client sees an empty store
+  if (options_.describe_self || !options_.state_file.empty()) describe_self();
   sockaddr_storage bound{};
   socklen_t len = 0;
   listen_fd_ = listen_on(options_.host, options_.port, bound, len);
@@ -101,15 +103,17 @@ void Server::open_state() {
                      << (got.keys + got.queues == 0 ? std::string("nothing to restore")
                                                     : "restored " + std::to_string(got.keys) + " key(s) and " +
                                                           std::to_string(got.queues) + " queue(s)");
-  // Clients that ride out a restart read this on each connection (rdzv::ClientOptions).
-  std::string boot;
-  for (const char c : random_nonce().substr(0, 8)) {
-    constexpr char kHex[] = "0123456789abcdef";
-    boot += kHex[(static_cast<uint8_t>(c) >> 4) & 15];
-    boot += kHex[static_cast<uint8_t>(c) & 15];
-  }
-  nlohmann::json info{{"durable", true}, {"boot", boot}};
-  store_.set(jobs::kStoreInfoKey, info.dump());
+}
+
+void Server::describe_self() {
+  // Clients that ride out an outage read this on each connection (rdzv::ClientOptions): the same
+  // boot id means the same store, its contents intact; another one with "durable" a restart that
+  // kept them.
+  const nlohmann::json info{{"durable", journal_ != nullptr}, {"boot", to_hex(random_nonce().substr(0, 8))}};
+  description_ = std::make_shared<const std::string>(info.dump());
+  // Answered by each connection, not kept as a key (StoreConnection::describe_store); a state file
+  // of an earlier version may hold it as one.
+  store_.remove(jobs::kStoreInfoKey);
 }
 
 Server::~Server() {

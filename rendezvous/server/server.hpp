@@ -93,6 +93,11 @@ struct ServerOptions {
   // Keep the store's contents in this file across restarts (StateJournal): loaded before the
   // server listens, every change written before the reply that tells of it. Empty: memory only.
   std::string state_file;
+  // Answer CHECK and GET of jobs::kStoreInfoKey (whether the store keeps its state, and an id of
+  // this start; no key of the store, so PyTorch clients that count keys see nothing new), so that
+  // ddprun's clients ride out a lost connection (rdzv::ClientOptions::outage_tolerance):
+  // ddprun-rendezvous and the rendezvous store an agent hosts. Always with a state_file.
+  bool describe_self = false;
 };
 
 // Why connections were closed, for metrics.
@@ -180,6 +185,8 @@ class Server {
   void arm_housekeeping();
   // --state-file: restores the store from the file and journals it from now on.
   void open_state();
+  // Makes the description that jobs::kStoreInfoKey reads as (ServerOptions::describe_self).
+  void describe_self();
 
   boost::asio::io_context& io_;
   ServerOptions options_;
@@ -196,6 +203,7 @@ class Server {
   boost::asio::ip::tcp::endpoint endpoint_;
   uint16_t port_ = 0;
   KvStore store_;
+  SharedBytes description_;  // what jobs::kStoreInfoKey reads as (describe_self), or none
   std::unique_ptr<StateJournal> journal_;  // after store_: destroyed (and flushed) before it
   std::unordered_map<Session*, std::unique_ptr<Session>> sessions_;
   std::vector<std::unique_ptr<Session>> closed_;  // destroyed at the end of the batch

@@ -111,6 +111,7 @@ void Server::accept_pending() {
                                              [this](Session& s) { mark_dirty(s); },
                                              options_.secret ? &*options_.secret : nullptr);
     Session* raw = session.get();
+    if (description_) raw->conn().describe_store(description_);
     epoll_event ev{};
     ev.events = EPOLLIN | EPOLLRDHUP;
     ev.data.ptr = raw;

@@ -158,7 +158,7 @@ ClientOptions client_options(uint16_t port, std::chrono::milliseconds tolerance)
   o.port = port;
   o.connect_timeout = 5s;
   o.timeout = 5s;
-  o.restart_tolerance = tolerance;
+  o.outage_tolerance = tolerance;
   return o;
 }
 
@@ -187,7 +187,7 @@ TEST(DurableServerTest, AClientRidesOutARestartAndAddsOnce) {
   auto first = std::make_unique<ServerThread>(durable_options(state));
   const uint16_t port = first->port();
   Client c(client_options(port, 10s));
-  ASSERT_TRUE(c.rides_out_restarts());
+  ASSERT_TRUE(c.rides_out_outages());
   EXPECT_EQ(c.add("counter", 1), 1);
   c.set("written", "before");
   first.reset();  // the store goes away with the client connected
@@ -241,7 +241,7 @@ TEST(DurableServerTest, AStoreThatKeepsNoStateIsNotWaitedFor) {
   auto first = std::make_unique<ServerThread>(durable_options(""));
   const uint16_t port = first->port();
   Client c(client_options(port, 10s));
-  EXPECT_FALSE(c.rides_out_restarts());
+  EXPECT_FALSE(c.rides_out_outages());
   first.reset();
   const auto start = std::chrono::steady_clock::now();
   EXPECT_THROW(c.add("k", 1), std::exception);
@@ -258,7 +258,7 @@ TEST(DurableServerTest, AJobScopedClientReadsTheStoreInfoButCannotWriteIt) {
   ClientOptions co = client_options(server.port(), 10s);
   co.credentials = Credentials{"job", job_key(cluster.cluster_secret, "job")};
   Client c(co);
-  EXPECT_TRUE(c.rides_out_restarts());
+  EXPECT_TRUE(c.rides_out_outages());
   Client writer(co);
   EXPECT_THROW(
       {

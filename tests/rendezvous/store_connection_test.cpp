@@ -3,7 +3,11 @@
 
 #include <gtest/gtest.h>
 
+#include <memory>
+#include <vector>
+
 #include "common/errors.hpp"
+#include "rendezvous/core/job_keys.hpp"
 #include "tests/support/hex.hpp"
 
 namespace ddprun::rdzv {
@@ -133,6 +137,40 @@ TEST(StoreConnectionTest, DisconnectReleasesWaits) {
     EXPECT_EQ(store.waiting_clients(), 1u);
   }
   EXPECT_EQ(store.waiting_clients(), 0u);
+}
+
+// ddprun-rendezvous answers what it is (durable, boot id) under jobs::kStoreInfoKey without
+// keeping it as a key: PyTorch clients that count the keys see none of it.
+TEST(StoreConnectionTest, AStoreThatDescribesItselfAnswersItsInfoKeyWithoutStoringIt) {
+  KvStore store;
+  Conn conn(store);
+  conn.c.describe_store(std::make_shared<const std::string>(R"({"durable":false,"boot":"b1"})"));
+  const std::string info(jobs::kStoreInfoKey);
+  auto request = [](uint8_t op, const std::vector<std::string>& keys, bool counted) {
+    std::string r;
+    put_u8(r, op);
+    if (counted) put_u64(r, keys.size());
+    for (const auto& k : keys) put_bytes(r, k);
+    return r;
+  };
+  // 1.13 opcodes: GET 2, CHECK 4, WAIT 5, GETNUMKEYS 6.
+  std::string ready;
+  put_u8(ready, kCheckReady);
+  std::string stop;
+  put_u8(stop, kStopWaiting);
+  EXPECT_EQ(conn.feed(request(4, {info}, true)), ready);
+  EXPECT_EQ(conn.feed(request(5, {info}, true)), stop);
+  std::string value;
+  put_bytes(value, R"({"durable":false,"boot":"b1"})");
+  EXPECT_EQ(conn.feed(request(2, {info}, false)), value);
+  EXPECT_EQ(hex(conn.feed(unhex("06"))), "0000000000000000") << "the description is no key";
+  // With other keys, those decide.
+  std::string not_ready;
+  put_u8(not_ready, kCheckNotReady);
+  EXPECT_EQ(conn.feed(request(4, {info, "/absent"}, true)), not_ready);
+  // Without a description it is a key like any other, absent until set.
+  Conn plain(store);
+  EXPECT_EQ(plain.feed(request(4, {info}, true)), not_ready);
 }
 
 }  // namespace

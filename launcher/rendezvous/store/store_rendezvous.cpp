@@ -42,6 +42,7 @@ StoreRendezvous::StoreRendezvous(StoreRendezvousOptions options, const StopSigna
     so.host = "::";
     so.port = options_.dynamic ? options_.endpoint_port : options_.master_port;
     so.log_lifecycle = false;
+    so.describe_self = true;  // the agents ride out a partition from it (outage_tolerance)
     if (options_.token) so.secret = rdzv::store_secret(*options_.token);
     try {
       try {
@@ -66,7 +67,7 @@ StoreRendezvous::StoreRendezvous(StoreRendezvousOptions options, const StopSigna
                            "token_file=PATH, or DDPRUN_TOKEN_FILE=PATH (a file only you can read)";
   // A daemon that refuses this job's request (its quota, a full store) says why there.
   co.refusal_note_key = rdzv::jobs::JobKeys::refusal_note(options_.run_id);
-  co.restart_tolerance = options_.store_reconnect_timeout;
+  co.outage_tolerance = options_.store_reconnect_timeout;
   // Connect in slices of a second, so that a stop signal is acted on while the store is not up yet.
   const auto deadline = std::chrono::steady_clock::now() + options_.join_timeout;
   log::info("ddprun") << "connecting to the rendezvous store at " << co.host << ":" << co.port;
@@ -145,6 +146,13 @@ std::shared_ptr<rdzv::Client> StoreRendezvous::side_connection() const {
   rdzv::ClientOptions co = client_->options();
   co.reconnect = false;
   co.connect_timeout = std::chrono::seconds(5);
+  // A heartbeat that takes longer than its period is as good as missed: a request without a reply
+  // by then is given up and, against a store that describes itself, sent again over a new
+  // connection, which gets through as soon as the path is back (a TCP retransmission after a
+  // partition may come many seconds later).
+  co.timeout = std::clamp<std::chrono::milliseconds>(options_.keep_alive_interval, std::chrono::seconds(2),
+                                                     std::max<std::chrono::milliseconds>(co.timeout,
+                                                                                          std::chrono::seconds(2)));
   return std::make_shared<rdzv::Client>(co);
 }
 
@@ -269,7 +277,7 @@ RoundEnd StoreRendezvous::wait_end(int round, const StopSignal& stop) {
   auto next_report = start + options_.progress_interval;
   for (;;) {
     try {
-      if (!client_->connected() && !client_->rides_out_restarts()) {
+      if (!client_->connected() && !client_->rides_out_outages()) {
         throw ConnectionError("the connection to the rendezvous store was lost");
       }
       if (client_->wait_for({rk(round).end()}, std::chrono::milliseconds(250))) {
