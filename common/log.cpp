@@ -65,16 +65,7 @@ bool parse_level(std::string_view text, Level& out) {
 
 Line::Line(Level level, std::string_view component) : level_(level) {
   if (!enabled(level_)) return;
-  using namespace std::chrono;
-  const auto now = system_clock::now();
-  const std::time_t secs = system_clock::to_time_t(now);
-  const auto millis = duration_cast<milliseconds>(now.time_since_epoch()).count() % 1000;
-  std::tm tm{};
-  gmtime_r(&secs, &tm);
-  char stamp[64];
-  std::snprintf(stamp, sizeof stamp, "%04d-%02d-%02dT%02d:%02d:%02d.%03dZ", tm.tm_year + 1900, tm.tm_mon + 1,
-                tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec, static_cast<int>(millis));
-  stream_ << stamp << ' ' << level_name(level_) << ' ' << component << ": ";
+  stream_ << utc_timestamp(std::chrono::system_clock::now()) << ' ' << level_name(level_) << ' ' << component << ": ";
 }
 
 Line::~Line() {

@@ -4,6 +4,8 @@
 #include <string.h>  // sigabbrev_np
 #include <unistd.h>
 
+#include <cstdio>
+#include <ctime>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -41,6 +43,18 @@ uint64_t peak_rss_kib(pid_t pid) {
 
 std::string seconds_text(std::chrono::milliseconds d) {
   return d.count() % 1000 == 0 ? std::to_string(d.count() / 1000) + "s" : std::to_string(d.count()) + "ms";
+}
+
+std::string utc_timestamp(std::chrono::system_clock::time_point t) {
+  using namespace std::chrono;
+  const std::time_t secs = system_clock::to_time_t(t);
+  const auto millis = duration_cast<milliseconds>(t.time_since_epoch()).count() % 1000;
+  std::tm tm{};
+  ::gmtime_r(&secs, &tm);
+  char stamp[64];
+  std::snprintf(stamp, sizeof stamp, "%04d-%02d-%02dT%02d:%02d:%02d.%03dZ", tm.tm_year + 1900, tm.tm_mon + 1,
+                tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec, static_cast<int>(millis < 0 ? 0 : millis));
+  return stamp;
 }
 
 std::string signal_name(int signo) {

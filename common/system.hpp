@@ -25,6 +25,9 @@ uint64_t peak_rss_kib(pid_t pid = 0);
 // A duration for messages: "30s", or "250ms" when not a whole number of seconds.
 std::string seconds_text(std::chrono::milliseconds d);
 
+// ISO 8601 in UTC with milliseconds: "2026-11-24T12:00:00.123Z".
+std::string utc_timestamp(std::chrono::system_clock::time_point t);
+
 // "SIGTERM", or "signal 42" for a number without a name.
 std::string signal_name(int signo);
 

@@ -3,6 +3,8 @@
 #include <unistd.h>
 
 #include <csignal>
+#include <cstring>
+#include <filesystem>
 #include <fstream>
 
 #include "common/errors.hpp"
@@ -121,6 +123,7 @@ void Agent::show_hang_report(const World& world, const RoundEnd& end) {
     out.close();
     written = static_cast<bool>(out);
   }
+  if (written) report_.set_hang_report_file(file.string());
   std::error_code ec;
   fs::permissions(file, fs::perms::owner_read | fs::perms::owner_write, fs::perm_options::replace, ec);
   run_dir_.keep();
@@ -141,9 +144,12 @@ void Agent::show_hang_report(const World& world, const RoundEnd& end) {
 
 void Agent::print_rates() {
   if (!watchdog_) return;
-  const std::string table = watchdog_->rates_report();
-  if (table.empty()) return;
-  if (ConsoleWriter* err = consoles().err) err->write(table);
+  FinalRates rates = watchdog_->final_rates();
+  // The job's table is printed once: by the node that has every rank's figures.
+  if (rates.job_wide && !rates.ranks.empty()) {
+    if (ConsoleWriter* err = consoles().err) err->write(format_rates_table(rates.ranks, rates.stragglers));
+  }
+  report_.set_rates(std::move(rates));
 }
 
 RoundEnd Agent::agree_on_end(int round, const GroupResult& result) {
@@ -168,6 +174,8 @@ RoundEnd Agent::agree_on_end(int round, const GroupResult& result) {
 }
 
 int Agent::finish(int round, const World& world, const RoundEnd& end, const GroupResult& result, int exit_code) {
+  report_.finish(&end, exit_code);
+  if (!run_dir_.temporary) report_.set_run_directory(run_dir_.path.string());
   switch (end.kind) {
     case RoundEnd::Kind::Success:
       if (multi_node_) {
@@ -219,23 +227,27 @@ int Agent::run() {
   World world;
   GroupResult result;
   RoundEnd end;
+  auto stopped_early = [this](int signo, const std::string& message) {
+    log::warn("ddprun") << message;
+    report_.finish(nullptr, 128 + signo, "signalled", message);
+    return 128 + signo;
+  };
   try {
     backend_ = make_backend();
     round = backend_->first_round(stop_);
   } catch (const StopRequested& s) {
-    log::warn("ddprun") << "received " << signal_name(s.signal()) << " before the rendezvous: no worker was started";
-    return 128 + s.signal();
+    return stopped_early(s.signal(), "received " + signal_name(s.signal()) + " before the rendezvous: no worker was started");
   }
   for (;;) {
     switch (state) {
       case State::Rendezvous: {
         std::variant<World, RoundEnd> joined;
+        report_.rendezvous_began(round, restarts_);
         try {
           joined = rendezvous(round);
         } catch (const StopRequested& s) {
-          log::warn("ddprun") << "received " << signal_name(s.signal())
-                              << " during the rendezvous: left it; no worker was started";
-          return 128 + s.signal();
+          return stopped_early(s.signal(), "received " + signal_name(s.signal()) +
+                                               " during the rendezvous: left it; no worker was started");
         }
         if (auto* ended = std::get_if<RoundEnd>(&joined)) {
           // Another node stopped or failed before the round could start.
@@ -243,10 +255,12 @@ int Agent::run() {
           result = GroupResult{};
           world = World{};
           world.group_rank = -1;  // no place in a round that never started
+          report_.round_ended(end, result);
           state = State::Ending;
           break;
         }
         world = std::get<World>(joined);
+        report_.group_started(world);
         round = world.round;  // a node arriving late joins the job's next round
         state = State::Running;
         break;
@@ -254,6 +268,7 @@ int Agent::run() {
       case State::Running:
         result = running(world);
         end = agree_on_end(round, result);
+        report_.round_ended(end, result);
         print_rates();
         if (end.kind == RoundEnd::Kind::Hang) show_hang_report(world, end);
         state = State::Ending;
@@ -298,6 +313,25 @@ int Agent::run() {
 
 namespace {
 
+// A report file that cannot be written is found out before any worker runs, not after the job.
+void check_report_path(const std::string& path) {
+  if (path.empty()) return;
+  namespace fs = std::filesystem;
+  const fs::path target(path);
+  std::error_code ec;
+  if (fs::is_directory(target, ec)) {
+    throw ConfigError("--report_file " + path + " is a directory: give a file path, e.g. " +
+                      (target / "ddprun-report.json").string());
+  }
+  const fs::path dir = target.has_parent_path() ? target.parent_path() : fs::path(".");
+  fs::create_directories(dir, ec);
+  if (ec) throw ConfigError("--report_file " + path + ": cannot create its directory " + dir.string() + ": " + ec.message());
+  if (::access(dir.c_str(), W_OK | X_OK) != 0) {
+    throw ConfigError("--report_file " + path + ": its directory " + dir.string() + " is not writable: " +
+                      std::strerror(errno));
+  }
+}
+
 // ddprun's own log lines, through the stderr console writer while the agent runs.
 void log_to_console(std::string_view line) {
   if (ConsoleWriter* err = consoles().err) {
@@ -322,9 +356,21 @@ int run_agent(const LaunchOptions& o) {
   consoles() = Consoles{&out, &err};
   log::set_sink(&log_to_console);
   int code = 1;
+  const bool multi_node = is_multi_node(o);
+  JobReport report(o, agent_detail::host_name(), expand_report_path(o.report_file, agent_detail::host_name()),
+                   multi_node);
   try {
-    agent_detail::Agent agent(o);
+    check_report_path(report.path());
+    agent_detail::Agent agent(o, report);
     code = agent.run();
+    report.write();
+  } catch (const std::exception& e) {
+    // ddprun's own error (main prints it): the report says so too, with the exit code main returns.
+    report.finish(nullptr, dynamic_cast<const ConfigError*>(&e) ? 2 : 1, "error", e.what());
+    report.write();
+    log::set_sink(nullptr);
+    consoles() = Consoles{};
+    throw;
   } catch (...) {
     log::set_sink(nullptr);
     consoles() = Consoles{};

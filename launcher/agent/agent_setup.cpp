@@ -100,9 +100,10 @@ std::vector<std::string> resolve_all(const std::vector<std::string>& names) {
   return out;
 }
 
-Agent::Agent(const LaunchOptions& o)
+Agent::Agent(const LaunchOptions& o, JobReport& report)
     : o_(o),
-      multi_node_(o.max_nodes > 1 || o.rdzv_backend != "static"),
+      report_(report),
+      multi_node_(is_multi_node(o)),
       base_env_(current_environment()),
       host_(host_name()),
       run_dir_(o),
@@ -127,7 +128,8 @@ Agent::Agent(const LaunchOptions& o)
     log::warn("ddprun") << e.what() << "; workers start without ddprun's Python hook";
     python_hook_dir_.clear();
   }
-  if (o.nproc_per_node > 1 && base_env_.find("OMP_NUM_THREADS") == base_env_.end()) {
+  plan_numa_binding();
+  if (placements_.empty() && o.nproc_per_node > 1 && base_env_.find("OMP_NUM_THREADS") == base_env_.end()) {
     base_env_["OMP_NUM_THREADS"] = "1";
     log::warn("ddprun") << "OMP_NUM_THREADS is not set: setting it to 1 for each of the " << o.nproc_per_node
                         << " workers to avoid oversubscribing the CPUs; set it yourself to tune";
@@ -135,6 +137,25 @@ Agent::Agent(const LaunchOptions& o)
   for (int s : o.signals_to_handle) signals_text_ += (signals_text_.empty() ? "" : ",") + signal_name(s);
   if (o.virtual_local_rank) gpus_ = visible_gpu_ids(base_env_, o.nproc_per_node);
   signals_ = std::make_unique<SignalWatcher>(o.signals_to_handle, [this](int s) { on_signal(s); });
+}
+
+void Agent::plan_numa_binding() {
+  if (o_.numa_binding == NumaBinding::Off) return;
+  const Topology topology = read_topology(o_.topology_root, allowed_cpus());
+  std::optional<std::string> visible;
+  if (auto it = base_env_.find("CUDA_VISIBLE_DEVICES"); it != base_env_.end()) visible = it->second;
+  std::string why;
+  const auto gpus = visible_gpus(topology, visible, &why);
+  if (!gpus) log::warn("ddprun") << "--numa_binding: " << why << "; the workers are placed as CPU workers";
+  placements_ = place_ranks(topology, o_.numa_binding, o_.nproc_per_node, gpus.value_or(std::vector<int>{}));
+  omp_threads_per_rank_ = base_env_.find("OMP_NUM_THREADS") == base_env_.end();
+  const std::string mode = numa_binding_name(o_.numa_binding);
+  for (size_t lr = 0; lr < placements_.size(); ++lr) {
+    const RankPlacement& p = placements_[lr];
+    log::info("ddprun") << "--numa_binding " << mode << ": local rank " << lr << " on CPUs " << format_cpu_list(p.cpus)
+                        << ", memory of NUMA node " << p.numa_node << (p.near.empty() ? "" : ", near " + p.near)
+                        << (omp_threads_per_rank_ ? ", OMP_NUM_THREADS=" + std::to_string(p.threads) : "");
+  }
 }
 
 Agent::~Agent() {
@@ -320,6 +341,12 @@ std::vector<WorkerLaunch> Agent::make_launches(const World& world, const fs::pat
       env["PYTHONPATH"] = python_hook_dir_ + (pp != env.end() && !pp->second.empty() ? ":" + pp->second : "");
     }
     if (file_timer_) env["TORCHELASTIC_TIMER_FILE"] = timer_file_;
+    if (!placements_.empty()) {
+      const RankPlacement& p = placements_[static_cast<size_t>(lr)];
+      l.request.cpus = p.cpus;
+      l.request.preferred_numa_node = p.numa_node;
+      if (omp_threads_per_rank_) env["OMP_NUM_THREADS"] = std::to_string(p.threads);
+    }
     l.request.argv = worker_command(o_, env);
     // torch.distributed.launch's convention: right after the script, before its own arguments.
     if (o_.local_rank_arg != LocalRankArg::None) {

@@ -11,6 +11,7 @@
 #include <variant>
 #include <vector>
 
+#include "launcher/agent/job_report.hpp"
 #include "launcher/agent/restart_policy.hpp"
 #include "launcher/cli/options.hpp"
 #include "launcher/workers/process.hpp"
@@ -51,7 +52,8 @@ struct RunDirectory {
 // One node's agent: the state machine of agent.hpp and what it keeps between rounds.
 class Agent {
  public:
-  explicit Agent(const LaunchOptions& o);
+  // `report` records the job as it goes (--report_file); the caller writes it.
+  Agent(const LaunchOptions& o, JobReport& report);
   ~Agent();
   int run();
 
@@ -62,6 +64,7 @@ class Agent {
   // `lost_after`, the time after which the other nodes count this node as lost.
   void arm_fence(std::chrono::milliseconds lost_after);
   std::optional<rdzv::Token> read_token() const;
+  void plan_numa_binding();
   uint16_t host_worker_store();
   fs::path attempt_directory(const World& world) const;
   std::vector<WorkerLaunch> make_launches(const World& world, const fs::path& attempt_dir, const Watchdog& watchdog);
@@ -79,6 +82,7 @@ class Agent {
   void show_hang_report(const World& world, const RoundEnd& end);
 
   const LaunchOptions& o_;
+  JobReport& report_;
   const bool multi_node_;
   StopSignal stop_;
   OrphanGuard guard_;  // before any thread or socket exists, so it inherits nothing worth keeping
@@ -88,6 +92,8 @@ class Agent {
   std::string host_;
   std::string signals_text_;
   std::optional<std::vector<std::string>> gpus_;
+  std::vector<RankPlacement> placements_;  // --numa_binding, by local rank
+  bool omp_threads_per_rank_ = false;      // OMP_NUM_THREADS was not set: each rank gets its share
   RunDirectory run_dir_;
   Supervisor supervisor_;
   std::unique_ptr<SignalWatcher> signals_;  // after supervisor_: destroyed (joined) before it

@@ -47,6 +47,9 @@ constexpr FlagDef kFlagTable[] = {
     {"--role", nullptr, "role", true, "default", "worker role; ROLE_NAME"},
     {"--log_dir", nullptr, "log_dir", true, "(temporary directory)",
      "base directory for per-rank logs: LOG_DIR/RUN_ID_XXXX/attempt_K/LOCAL_RANK/{stdout,stderr}.log"},
+    {"--report_file", nullptr, "report_file", true, "(none; DDPRUN_REPORT_FILE)",
+     "write how the job ended as one JSON document to this path at the end of every job (schema "
+     "ddprun-report/1 in the README); {host} in the path is this host's name"},
     {"--redirects", "-r", "redirects", true, "0",
      "send worker output to log files only: 0 none, 1 stdout, 2 stderr, 3 both, or per local rank '0:1,1:3'"},
     {"--tee", "-t", "tee", true, "0", "like --redirects, but also to the console"},
@@ -68,6 +71,10 @@ constexpr FlagDef kFlagTable[] = {
      "seconds between SIGTERM and SIGKILL when stopping workers"},
     {"--virtual_local_rank", nullptr, "virtual_local_rank", false, "off",
      "give each worker one GPU in CUDA_VISIBLE_DEVICES and LOCAL_RANK=0, so no rank touches another's GPU"},
+    {"--numa_binding", nullptr, "numa_binding", true, "(off)",
+     "bind each local rank's CPUs and memory: node (its NUMA node's CPUs), socket (its socket's), exclusive (its "
+     "even share of the node's physical cores), core-complex (a group of cores sharing the last-level cache); the "
+     "node is the GPU's own for GPU workers, an even split of the NUMA nodes for CPU workers"},
     {"--log_line_prefix_template", nullptr, "log_line_prefix_template", true, "[rank${rank}]: ",
      "prefix of each console line; ${rank}, ${local_rank}, ${role_name}, ${hostname} (or ${host}) are "
      "replaced"},

@@ -218,6 +218,18 @@ void resolve_workers(const Given& g, const EnvLookup& env, LaunchOptions& o) {
     if (o.role.empty()) bad(g.flag("role"), "a non-empty role name", g["role"]);
   }
   if (g.has("log_dir")) o.log_dir = g["log_dir"];
+  if (g.has("numa_binding")) {
+    const std::string v = trim(g["numa_binding"]);
+    const auto mode = parse_numa_binding(v);
+    if (!mode) bad(g.flag("numa_binding"), "node, socket, exclusive or core-complex", g["numa_binding"]);
+    o.numa_binding = *mode;
+  }
+  if (auto v = env("DDPRUN_TOPOLOGY_ROOT"); v && !trim(*v).empty()) o.topology_root = trim(*v);
+  if (auto v = env("DDPRUN_REPORT_FILE"); v && !trim(*v).empty()) o.report_file = trim(*v);
+  if (g.has("report_file")) {  // the flag wins over the environment
+    o.report_file = trim(g["report_file"]);
+    if (o.report_file.empty()) bad(g.flag("report_file"), "a file path", g["report_file"]);
+  }
   if (g.has("redirects")) o.redirects = parse_streams(g.flag("redirects"), g["redirects"]);
   if (g.has("tee")) o.tee = parse_streams(g.flag("tee"), g["tee"]);
   if (g.has("local_ranks_filter") && !trim(g["local_ranks_filter"]).empty()) {

@@ -14,6 +14,8 @@
 #include <string>
 #include <vector>
 
+#include "launcher/workers/numa.hpp"
+
 namespace ddprun::launcher {
 
 // -r/--redirects and -t/--tee: 0 none, 1 stdout, 2 stderr, 3 both; per local rank as "0:1,1:3".
@@ -76,6 +78,8 @@ struct LaunchOptions {
   double straggler_factor = 1.5;              // 0: no straggler warnings
   std::string role = "default";
   std::string log_dir;
+  // --report_file / DDPRUN_REPORT_FILE: the job's end as JSON ("{host}" is this host's name); "" none.
+  std::string report_file;
   StreamSelection redirects;
   StreamSelection tee;
   std::optional<std::set<int>> local_ranks_filter;
@@ -88,6 +92,8 @@ struct LaunchOptions {
   std::vector<int> signals_to_handle;  // signal numbers
   std::chrono::milliseconds shutdown_timeout{std::chrono::seconds(30)};
   bool virtual_local_rank = false;
+  NumaBinding numa_binding = NumaBinding::Off;  // --numa_binding
+  std::string topology_root = "/";  // DDPRUN_TOPOLOGY_ROOT: where sys/ (and proc/driver/nvidia) are read
   std::string log_line_prefix = "[rank${rank}]: ";
   std::string program;
   std::vector<std::string> program_args;
@@ -95,6 +101,9 @@ struct LaunchOptions {
   bool help = false;
   bool version = false;
 };
+
+// Whether the job may span several nodes: the agents then rendezvous and watch each other.
+inline bool is_multi_node(const LaunchOptions& o) { return o.max_nodes > 1 || o.rdzv_backend != "static"; }
 
 using EnvLookup = std::function<std::optional<std::string>(const std::string&)>;
 

@@ -77,6 +77,14 @@ class StragglerWatch {
   std::set<int> warned_;
 };
 
+// The step rates at the end of a round: every rank of the job (one node, or node 0 of several),
+// else this node's ranks; `stragglers` are the ranks warned about.
+struct FinalRates {
+  std::vector<RankRate> ranks;
+  std::set<int> stragglers;
+  bool job_wide = false;
+};
+
 // The end-of-run table: one line per rank; the ranks in `flagged` are marked.
 std::string format_rates_table(std::vector<RankRate> rates, const std::set<int>& flagged);
 

@@ -99,9 +99,9 @@ class Watchdog {
 
   // Notes for the failure report, by rank: expired torchelastic timers.
   std::map<int, std::string> timer_notes() const;
-  // The end-of-round table of step rates: this node's ranks (single node) or the whole job's
-  // (node 0); "" when no rank reported steps or another node prints it.
-  std::string rates_report();
+  // The end-of-round step rates: the whole job's on one node or on node 0 of several, else this
+  // node's ranks (another node prints the job's table).
+  FinalRates final_rates();
   // Stacks were written into the run directory (it must be kept).
   bool wrote_diagnosis() const { return wrote_diagnosis_; }
 

@@ -53,28 +53,28 @@ void Watchdog::publish_rates(Clock::time_point now, bool final) {
   (void)now;
 }
 
-std::string Watchdog::rates_report() {
-  std::vector<RankRate> all;
-  if (channel_) {
-    if (channel_->node() != 0) return "";
-    try {
-      for (const auto& [node, rec] : channel_->rates()) {
-        if (!rec.contains("ranks") || !rec["ranks"].is_array()) continue;
-        for (const json& r : rec["ranks"]) {
-          if (auto rate = rank_rate_from_json(r)) all.push_back(*rate);
-        }
-      }
-    } catch (const std::exception& e) {
-      log::warn("ddprun") << "cannot read the nodes' step rates: " << e.what();
-    }
-  } else {
-    const json record = rates_record(true);
+FinalRates Watchdog::final_rates() {
+  FinalRates out;
+  out.stragglers = stragglers_.flagged();
+  auto add_all = [&out](const json& record) {
+    if (!record.contains("ranks") || !record["ranks"].is_array()) return;
     for (const json& r : record["ranks"]) {
-      if (auto rate = rank_rate_from_json(r)) all.push_back(*rate);
+      if (auto rate = rank_rate_from_json(r)) out.ranks.push_back(*rate);
+    }
+  };
+  if (channel_ && channel_->node() == 0) {
+    try {
+      for (const auto& [node, rec] : channel_->rates()) add_all(rec);
+      out.job_wide = true;
+      return out;
+    } catch (const std::exception& e) {
+      log::warn("ddprun") << "cannot read the nodes' step rates: " << e.what() << "; this node's only";
+      out.ranks.clear();
     }
   }
-  if (all.empty()) return "";
-  return format_rates_table(all, stragglers_.flagged());
+  add_all(rates_record(true));
+  out.job_wide = !channel_;
+  return out;
 }
 
 }  // namespace ddprun::launcher

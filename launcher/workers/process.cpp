@@ -1,6 +1,9 @@
 #include "launcher/workers/process.hpp"
 
 #include <fcntl.h>
+#include <linux/mempolicy.h>
+#include <sched.h>
+#include <sys/syscall.h>
 #include <signal.h>
 #include <linux/close_range.h>
 #include <poll.h>
@@ -17,6 +20,7 @@
 #include <new>
 #include <set>
 #include <system_error>
+#include <vector>
 
 #include "common/errors.hpp"
 #include "common/system.hpp"
@@ -31,9 +35,43 @@ void pipe_cloexec(int fds[2], const std::string& program) {
                      (err == EMFILE || err == ENFILE ? " (out of file descriptors: raise the limit, ulimit -n)" : ""));
 }
 
+// The placement a worker starts with (--numa_binding), prepared before fork.
+struct Placement {
+  cpu_set_t* cpus = nullptr;
+  size_t cpus_bytes = 0;
+  std::vector<unsigned long> nodemask;
+  explicit Placement(const SpawnRequest& req) {
+    if (!req.cpus.empty()) {
+      const int count = *req.cpus.rbegin() + 1;
+      cpus = CPU_ALLOC(count);
+      cpus_bytes = CPU_ALLOC_SIZE(count);
+      CPU_ZERO_S(cpus_bytes, cpus);
+      for (int c : req.cpus) CPU_SET_S(c, cpus_bytes, cpus);
+    }
+    if (req.preferred_numa_node >= 0) {
+      constexpr int kBits = 8 * sizeof(unsigned long);
+      nodemask.assign(static_cast<size_t>(req.preferred_numa_node / kBits + 1), 0);
+      nodemask[static_cast<size_t>(req.preferred_numa_node / kBits)] |= 1UL << (req.preferred_numa_node % kBits);
+    }
+  }
+  ~Placement() {
+    if (cpus) CPU_FREE(cpus);
+  }
+  Placement(const Placement&) = delete;
+  Placement& operator=(const Placement&) = delete;
+  // In the child: affinity and memory policy are kept across exec. A refused memory policy (a
+  // container's seccomp filter, say) leaves the default, which is only slower.
+  void apply() const {
+    if (cpus) ::sched_setaffinity(0, cpus_bytes, cpus);
+    if (!nodemask.empty()) {
+      ::syscall(SYS_set_mempolicy, MPOL_PREFERRED, nodemask.data(), nodemask.size() * 8 * sizeof(unsigned long) + 1);
+    }
+  }
+};
+
 // In the child between fork and exec: only async-signal-safe calls.
-[[noreturn]] void exec_child(const SpawnRequest& req, char* const* argv, char* const* envp, int out_w, int err_w,
-                             int status_w, pid_t parent) {
+[[noreturn]] void exec_child(const SpawnRequest& req, const Placement& placement, char* const* argv,
+                             char* const* envp, int out_w, int err_w, int status_w, pid_t parent) {
   ::setpgid(0, 0);
   ::prctl(PR_SET_PDEATHSIG, SIGKILL);
   if (::getppid() != parent) ::_exit(127);  // the launcher died before the death signal was armed
@@ -52,6 +90,7 @@ void pipe_cloexec(int fds[2], const std::string& program) {
   // Every descriptor ddprun opens is close-on-exec; this makes sure of it for any a library may
   // have opened without (Linux 5.11+; an older kernel refuses and changes nothing).
   ::close_range(3, ~0U, CLOSE_RANGE_CLOEXEC);
+  placement.apply();
   ::execvpe(argv[0], argv, envp);
   const int err = errno;
   [[maybe_unused]] auto n = ::write(status_w, &err, sizeof err);
@@ -79,6 +118,7 @@ SpawnedProcess spawn_process(const SpawnRequest& req) {
     }
     throw;
   }
+  const Placement placement(req);
   const pid_t parent = ::getpid();
   const pid_t pid = ::fork();
   if (pid < 0) {
@@ -86,7 +126,7 @@ SpawnedProcess spawn_process(const SpawnRequest& req) {
     for (int fd : {out[0], out[1], err[0], err[1], status[0], status[1]}) ::close(fd);
     throw ProcessError("cannot start '" + req.argv[0] + "': fork failed: " + std::strerror(e));
   }
-  if (pid == 0) exec_child(req, argv.data(), envp.data(), out[1], err[1], status[1], parent);
+  if (pid == 0) exec_child(req, placement, argv.data(), envp.data(), out[1], err[1], status[1], parent);
   // Also set the group from the parent, so it exists before anyone signals it (no race with exec).
   ::setpgid(pid, pid);
   ::close(out[1]);

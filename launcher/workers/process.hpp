@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cstdint>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -18,6 +19,8 @@ namespace ddprun::launcher {
 struct SpawnRequest {
   std::vector<std::string> argv;  // argv[0] is looked up in PATH when it has no '/'
   std::vector<std::string> envp;  // KEY=VALUE
+  std::set<int> cpus;             // the CPU affinity it starts with; empty = ddprun's own
+  int preferred_numa_node = -1;   // memory policy MPOL_PREFERRED on that node (best effort); -1 = default
 };
 
 struct SpawnedProcess {

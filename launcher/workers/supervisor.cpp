@@ -204,6 +204,7 @@ void Supervisor::on_worker_exit(Worker& w, int status) {
   e.error_file = w.launch.error_file;
   if (WIFSIGNALED(status)) e.signal = WTERMSIG(status);
   else e.exit_code = WEXITSTATUS(status);
+  result_.exits.push_back(e);
   const bool failed = e.signal != 0 || e.exit_code != 0;
   if (failed || log::enabled(log::Level::Debug)) {
     (failed && !w.stopped_by_us ? log::warn("ddprun") : log::info("ddprun"))
@@ -285,6 +286,7 @@ void Supervisor::spawn_failed(const WorkerLaunch& l, const std::string& why) {
   e.time = std::chrono::system_clock::now();
   e.error_text = "could not be started: " + why;
   log::error("ddprun") << "worker rank " << l.rank << " could not be started: " << why;
+  result_.exits.push_back(e);
   result_.failures.push_back(std::move(e));
   if (!workers_.empty()) {
     log::warn("ddprun") << "stopping the " << workers_.size() << " worker(s) already started";

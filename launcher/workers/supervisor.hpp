@@ -53,6 +53,7 @@ struct GroupResult {
   GroupOutcome outcome = GroupOutcome::Succeeded;
   std::vector<WorkerExit> failures;  // in order of occurrence
   std::vector<int> stopped_ranks;    // ranks ddprun terminated
+  std::vector<WorkerExit> exits;     // every worker's end (one that could not start included), in order
   int signal = 0;                    // for Signalled
 };
 

@@ -11,6 +11,8 @@
 #include <ctime>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
+#include <optional>
 #include <regex>
 #include <sstream>
 
@@ -179,13 +181,19 @@ TEST(HangTest, AHungJobRestartsWhenMaxRestartsAllows) {
 TEST(HangTest, ATwoNodeHangEndsBothNodesWithOneReportOfEveryRank) {
   if (!have_torch()) GTEST_SKIP() << TORCH_PYTHON << " is not here";
   const int port = free_port();
+  TempDir reports;
   std::vector<std::unique_ptr<Subprocess>> nodes;
   for (int n = 0; n < 2; ++n) {
+    // Each node's --report_file: node 0's by the flag, node 1's by DDPRUN_REPORT_FILE.
+    const std::string report = (reports.path / ("node" + std::to_string(n) + ".json")).string();
+    std::vector<std::string> flags{"--nnodes", "2", "--node_rank", std::to_string(n), "--master_addr", "127.0.0.1",
+                                   "--master_port", std::to_string(port), "--local_addr",
+                                   "127.0.0." + std::to_string(n + 1), "--hang_timeout", "5"};
+    if (n == 0) flags.insert(flags.end(), {"--report_file", report});
     nodes.push_back(std::make_unique<Subprocess>(
-        command({"--nnodes", "2", "--node_rank", std::to_string(n), "--master_addr", "127.0.0.1", "--master_port",
-                 std::to_string(port), "--local_addr", "127.0.0." + std::to_string(n + 1), "--hang_timeout", "5"},
-                {"collective", "1"}),
-        python_env()));
+        command(flags, {"collective", "1"}), python_env(n == 1 ? std::map<std::string, std::string>{
+                                                                    {"DDPRUN_REPORT_FILE", report}}
+                                                              : std::map<std::string, std::string>{})));
   }
   const Finished f0 = nodes[0]->wait(120s), f1 = nodes[1]->wait(120s);
   ASSERT_FALSE(f0.timed_out || f1.timed_out) << f0.err << f1.err;
@@ -201,6 +209,25 @@ TEST(HangTest, ATwoNodeHangEndsBothNodesWithOneReportOfEveryRank) {
   EXPECT_NE(report.find("in stuck_in_user_code"), std::string::npos) << report;
   EXPECT_NE(report.find("in torch.distributed all_reduce"), std::string::npos) << report;
   EXPECT_NE(other.find("the full report is on that node's console"), std::string::npos) << other;
+  // Both nodes' report files say the same: hung, diagnosed by one node, with every rank in its report.
+  std::optional<int> diagnosed_by;
+  for (int n = 0; n < 2; ++n) {
+    const auto r = nlohmann::json::parse(read_file(reports.path / ("node" + std::to_string(n) + ".json")), nullptr,
+                                         /*allow_exceptions=*/false);
+    ASSERT_TRUE(r.is_object()) << "node " << n;
+    EXPECT_EQ(r["outcome"], "hung");
+    EXPECT_EQ(r["exit_code"], 124);
+    ASSERT_TRUE(r["hang"].is_object()) << r.dump(2);
+    const int by = r["hang"]["diagnosed_by_node"].get<int>();
+    if (diagnosed_by) EXPECT_EQ(by, *diagnosed_by);
+    diagnosed_by = by;
+    if (by == n) {
+      const std::string text = r["hang"]["report"].get<std::string>();
+      EXPECT_NE(text.find("behind     : rank 1\n"), std::string::npos) << text;
+      EXPECT_NE(text.find("node 1, pid"), std::string::npos) << text;
+    }
+    EXPECT_TRUE(r["hang"]["report_file"].is_string()) << r.dump(2);
+  }
 }
 
 }  // namespace

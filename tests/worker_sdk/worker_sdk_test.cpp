@@ -4,6 +4,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <sstream>
 #include <tuple>
 
@@ -209,39 +210,52 @@ TEST(WorkerSdkProgressTest, AWorkerThatStopsSteppingIsCaughtWhileTheOthersWaitIn
   EXPECT_NE(f.err.find(", step 20, no progress for"), std::string::npos) << f.err;
 }
 
+nlohmann::json read_json(const std::filesystem::path& p) {
+  std::ifstream in(p);
+  std::stringstream s;
+  s << in.rdbuf();
+  return nlohmann::json::parse(s.str(), nullptr, /*allow_exceptions=*/false);
+}
+
 TEST(WorkerSdkProgressTest, StepRatesAreReportedAndAStragglerIsNamed) {
   // Rank 1 computes 25 ms longer per step; rates are checked every second here (10 s by default).
-  const Finished f = run_under_ddprun(2, {"train", "250", "-1", "1", "25"}, {"--straggler_factor", "1.5"},
+  TempDir dir;
+  const auto report_file = dir.path / "report.json";
+  const Finished f = run_under_ddprun(2, {"train", "250", "-1", "1", "25"},
+                                      {"--straggler_factor", "1.5", "--report_file", report_file.string()},
                                       {{"DDPRUN_STEP_RATES_PERIOD", "1"}});
   ASSERT_EQ(f.exit_code, 0) << f.err;
   EXPECT_NE(f.err.find("rank 1 is a straggler: "), std::string::npos) << f.err;
   EXPECT_EQ(f.err.find("rank 0 is a straggler"), std::string::npos) << f.err;
-  const auto table = f.err.find("per-rank step rates (whole run):");
-  ASSERT_NE(table, std::string::npos) << f.err;
-  std::istringstream rows(f.err.substr(table));
-  std::string line;
-  int ranks = 0;
-  while (std::getline(rows, line)) {
-    std::istringstream cells(line);
-    std::string rank, node, steps;
-    if (cells >> rank >> node >> steps && (rank == "0" || rank == "1")) {
-      ++ranks;
-      EXPECT_EQ(steps, "250") << line;
-      EXPECT_EQ(line.find("<- straggler") != std::string::npos, rank == "1") << line;
-    }
+  EXPECT_NE(f.err.find("per-rank step rates (whole run):"), std::string::npos) << f.err;
+  // The figures, from the report file.
+  const auto report = read_json(report_file);
+  ASSERT_TRUE(report.is_object()) << f.err;
+  const auto& rates = report["step_rates"];
+  ASSERT_TRUE(rates.is_object()) << report.dump(2);
+  EXPECT_EQ(rates["scope"], "job");
+  ASSERT_EQ(rates["ranks"].size(), 2u) << rates.dump(2);
+  for (int rank = 0; rank < 2; ++rank) {
+    const auto& r = rates["ranks"][rank];
+    EXPECT_EQ(r["rank"], rank);
+    EXPECT_EQ(r["steps"], 250);
+    EXPECT_GT(r.value("steps_per_s", 0.0), 0.0) << r.dump();
+    EXPECT_GT(r.value("compute_ms_per_step", 0.0), 0.0) << r.dump();  // the SDK reports its waits
+    EXPECT_EQ(r["straggler"], rank == 1) << r.dump();
   }
-  EXPECT_EQ(ranks, 2) << f.err;
 }
 
 TEST(WorkerSdkProgressTest, NodeZeroReportsTheWholeJobsRatesFromEveryNode) {
   const int port = free_port();
+  TempDir dir;
   std::vector<std::unique_ptr<Subprocess>> nodes;
   for (int n = 0; n < 2; ++n) {
     nodes.push_back(std::make_unique<Subprocess>(
         std::vector<std::string>{DDPRUN_BIN, "--nnodes", "2", "--node_rank", std::to_string(n), "--master_addr",
                                  "127.0.0.1", "--master_port", std::to_string(port), "--local_addr",
-                                 "127.0.0." + std::to_string(n + 1), SDK_TEST_WORKER_BIN, "train", "300", "-1", "-1",
-                                 "0"},
+                                 "127.0.0." + std::to_string(n + 1), "--report_file",
+                                 (dir.path / ("node" + std::to_string(n) + ".json")).string(), SDK_TEST_WORKER_BIN,
+                                 "train", "300", "-1", "-1", "0"},
         std::map<std::string, std::string>{{"OMP_NUM_THREADS", "1"}, {"DDPRUN_STEP_RATES_PERIOD", "1"}}));
   }
   const Finished f0 = nodes[0]->wait(300s), f1 = nodes[1]->wait(300s);
@@ -253,6 +267,19 @@ TEST(WorkerSdkProgressTest, NodeZeroReportsTheWholeJobsRatesFromEveryNode) {
   // rank 0 on node 0 and rank 1 on node 1, each with its 300 steps.
   EXPECT_NE(f0.err.find("     0     0        300"), std::string::npos) << f0.err.substr(table);
   EXPECT_NE(f0.err.find("     1     1        300"), std::string::npos) << f0.err.substr(table);
+  // Node 0's report has the job's ranks, node 1's its own.
+  for (int n = 0; n < 2; ++n) {
+    const auto report = read_json(dir.path / ("node" + std::to_string(n) + ".json"));
+    ASSERT_TRUE(report.is_object()) << "node " << n;
+    const auto& rates = report["step_rates"];
+    ASSERT_TRUE(rates.is_object()) << report.dump(2);
+    EXPECT_EQ(rates["scope"], n == 0 ? "job" : "node");
+    ASSERT_EQ(rates["ranks"].size(), n == 0 ? 2u : 1u) << rates.dump(2);
+    for (const auto& r : rates["ranks"]) {
+      EXPECT_EQ(r["steps"], 300) << r.dump();
+      EXPECT_EQ(r["node"], r["rank"]) << r.dump();  // one rank per node
+    }
+  }
 }
 
 TEST(WorkerSdkTest, RunsAloneWithoutALauncher) {

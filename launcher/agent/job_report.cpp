@@ -1,0 +1,282 @@
+#include "launcher/agent/job_report.hpp"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+
+#include "common/log.hpp"
+#include "common/system.hpp"
+
+#ifndef DDPRUN_VERSION
+#define DDPRUN_VERSION "0.0.0"
+#endif
+
+namespace ddprun::launcher {
+
+using json = nlohmann::json;
+namespace fs = std::filesystem;
+
+namespace {
+
+double seconds_between(std::chrono::system_clock::time_point a, std::chrono::system_clock::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
+
+json time_or_null(std::chrono::system_clock::time_point t) {
+  if (t.time_since_epoch().count() == 0) return nullptr;
+  return utc_timestamp(t);
+}
+
+json signal_or_null(int signo) { return signo != 0 ? json(signal_name(signo)) : json(nullptr); }
+
+// One worker's end. `state`: succeeded, failed, or stopped (by ddprun, after another's failure or
+// a signal).
+json worker_json(const WorkerExit& e, const std::string& state) {
+  json j = {{"rank", e.rank},
+            {"local_rank", e.local_rank},
+            {"node_rank", e.node_rank >= 0 ? json(e.node_rank) : json(nullptr)},
+            {"host", e.host},
+            {"pid", e.pid > 0 ? json(e.pid) : json(nullptr)},
+            {"state", state},
+            {"exit_code", e.signal == 0 ? json(e.exit_code) : json(nullptr)},
+            {"signal", e.signal != 0 ? json(e.signal) : json(nullptr)},
+            {"signal_name", signal_or_null(e.signal)},
+            {"ended_at", time_or_null(e.time)}};
+  return j;
+}
+
+// The failure in full: the worker's end, its last stderr lines, its error file, the watchdog's note.
+json failure_json(const WorkerExit& e) {
+  json j = worker_json(e, "failed");
+  j["error_file"] = e.error_file.empty() ? json(nullptr) : json(e.error_file);
+  const auto text = e.error_text ? e.error_text : read_error_file(e.error_file);
+  j["error"] = text ? json(*text) : json(nullptr);
+  j["stderr_tail"] = e.stderr_tail;
+  j["diagnosis"] = e.diagnosis.empty() ? json(nullptr) : json(e.diagnosis);
+  return j;
+}
+
+json rates_json(const FinalRates& r) {
+  if (r.ranks.empty()) return nullptr;
+  json ranks = json::array();
+  std::vector<RankRate> sorted = r.ranks;
+  std::sort(sorted.begin(), sorted.end(), [](const RankRate& a, const RankRate& b) { return a.rank < b.rank; });
+  for (const RankRate& rate : sorted) {
+    json j = to_json(rate);
+    j["straggler"] = r.stragglers.count(rate.rank) > 0;
+    ranks.push_back(std::move(j));
+  }
+  return {{"scope", r.job_wide ? "job" : "node"}, {"ranks", std::move(ranks)}};
+}
+
+}  // namespace
+
+std::string expand_report_path(const std::string& spec, const std::string& host) {
+  std::string out;
+  static const std::string kHost = "{host}";
+  for (size_t i = 0; i < spec.size();) {
+    if (spec.compare(i, kHost.size(), kHost) == 0) {
+      out += host;
+      i += kHost.size();
+    } else {
+      out += spec[i++];
+    }
+  }
+  return out;
+}
+
+std::string outcome_name(RoundEnd::Kind kind) {
+  switch (kind) {
+    case RoundEnd::Kind::Success: return "succeeded";
+    case RoundEnd::Kind::Failure: return "failed";
+    case RoundEnd::Kind::Signal: return "signalled";
+    case RoundEnd::Kind::StoreLost: return "store_lost";
+    case RoundEnd::Kind::NodeLost: return "node_lost";
+    case RoundEnd::Kind::Membership: return "membership_change";
+    case RoundEnd::Kind::Hang: return "hung";
+  }
+  return "unknown";
+}
+
+JobReport::JobReport(const LaunchOptions& o, std::string host, std::string path, bool multi_node)
+    : o_(o), host_(std::move(host)), path_(std::move(path)), multi_node_(multi_node) {}
+
+void JobReport::rendezvous_began(int round, int restart) {
+  Attempt a;
+  a.round = round;
+  a.restart = restart;
+  a.rendezvous_began = Clock::now();
+  attempts_.push_back(std::move(a));
+}
+
+void JobReport::group_started(const World& world) {
+  if (attempts_.empty()) rendezvous_began(world.round, 0);
+  Attempt& a = attempts_.back();
+  a.round = world.round;
+  a.world = world;
+  a.started = Clock::now();
+}
+
+void JobReport::round_ended(const RoundEnd& end, const GroupResult& result) {
+  if (attempts_.empty()) rendezvous_began(0, 0);
+  Attempt& a = attempts_.back();
+  a.ended = Clock::now();
+  a.outcome = outcome_name(end.kind);
+  a.detail = end.detail;
+  a.workers = result.exits;
+  std::sort(a.workers.begin(), a.workers.end(), [](const WorkerExit& x, const WorkerExit& y) { return x.rank < y.rank; });
+  a.stopped_ranks = std::set<int>(result.stopped_ranks.begin(), result.stopped_ranks.end());
+  failures_ = result.failures;
+}
+
+void JobReport::finish(const RoundEnd* end, int exit_code, const std::string& outcome, const std::string& message) {
+  ended_ = Clock::now();
+  exit_code_ = exit_code;
+  finished_ = true;
+  if (end) end_ = *end;
+  outcome_ = !outcome.empty() ? outcome : end ? outcome_name(end->kind) : "error";
+  message_ = !message.empty() ? message : end ? end->detail : "";
+}
+
+json JobReport::to_json() const {
+  json attempts = json::array();
+  for (const Attempt& a : attempts_) {
+    json workers = json::array();
+    for (const WorkerExit& w : a.workers) {
+      const bool failed = w.signal != 0 || w.exit_code != 0;
+      const std::string state = a.stopped_ranks.count(w.rank) ? "stopped" : failed ? "failed" : "succeeded";
+      workers.push_back(worker_json(w, state));
+    }
+    json j = {{"round", a.round},
+              {"restart", a.restart},
+              {"outcome", a.outcome.empty() ? json(nullptr) : json(a.outcome)},
+              {"message", a.detail},
+              {"rendezvous_began_at", time_or_null(a.rendezvous_began)},
+              {"started_at", time_or_null(a.started)},
+              {"ended_at", time_or_null(a.ended)},
+              {"rendezvous_s", a.world ? json(seconds_between(a.rendezvous_began, a.started)) : json(nullptr)},
+              {"run_s", a.world && a.ended.time_since_epoch().count() ? json(seconds_between(a.started, a.ended))
+                                                                      : json(nullptr)},
+              {"workers", std::move(workers)}};
+    if (a.world) {
+      j["node_rank"] = a.world->group_rank;
+      j["nnodes"] = a.world->group_world_size;
+      j["world_size"] = a.world->world_size;
+      j["ranks"] = {a.world->rank_offset, a.world->rank_offset + o_.nproc_per_node - 1};
+      j["master_addr"] = a.world->master_addr;
+      j["master_port"] = a.world->master_port;
+    } else {
+      j["node_rank"] = nullptr;
+      j["nnodes"] = nullptr;
+      j["world_size"] = nullptr;
+      j["ranks"] = nullptr;
+      j["master_addr"] = nullptr;
+      j["master_port"] = nullptr;
+    }
+    attempts.push_back(std::move(j));
+  }
+  // The node's place in the job: as of the last round it ran in.
+  const World* last = nullptr;
+  for (auto it = attempts_.rbegin(); it != attempts_.rend() && !last; ++it) {
+    if (it->world) last = &*it->world;
+  }
+  json root_cause = nullptr;
+  json failures = json::array();
+  if (end_ && end_->kind == RoundEnd::Kind::Failure) {
+    if (end_->root_cause) root_cause = failure_json(*end_->root_cause);
+    for (const WorkerExit& f : failures_) {
+      if (!end_->root_cause || f.rank != end_->root_cause->rank) failures.push_back(failure_json(f));
+    }
+    if (root_cause.is_object() && end_->root_node >= 0 && root_cause["node_rank"].is_null()) {
+      root_cause["node_rank"] = end_->root_node;
+    }
+  }
+  json hang = nullptr;
+  if (end_ && end_->kind == RoundEnd::Kind::Hang) {
+    hang = {{"diagnosed_by_node", end_->root_node >= 0 ? json(end_->root_node) : json(nullptr)},
+            {"summary", end_->detail},
+            {"report", end_->report.empty() ? json(nullptr) : json(end_->report)},
+            {"report_file", hang_report_file_.empty() ? json(nullptr) : json(hang_report_file_)}};
+  }
+  int restarts = 0;
+  for (const Attempt& a : attempts_) restarts = std::max(restarts, a.restart);
+  json args = o_.program_args;
+  return {{"schema", kReportSchema},
+          {"ddprun_version", DDPRUN_VERSION},
+          {"job_id", o_.run_id},
+          {"program", o_.program},
+          {"args", std::move(args)},
+          {"host", host_},
+          {"pid", static_cast<int>(::getpid())},
+          {"outcome", finished_ ? json(outcome_) : json(nullptr)},
+          {"exit_code", finished_ ? json(exit_code_) : json(nullptr)},
+          {"message", message_},
+          {"started_at", time_or_null(began_)},
+          {"ended_at", time_or_null(ended_)},
+          {"duration_s", finished_ ? json(seconds_between(began_, ended_)) : json(nullptr)},
+          {"nodes",
+           {{"min", o_.min_nodes},
+            {"max", o_.max_nodes},
+            {"count", last ? json(last->group_world_size) : json(nullptr)},
+            {"this_node_rank", last ? json(last->group_rank) : json(nullptr)},
+            {"rdzv_backend", o_.rdzv_backend},
+            {"multi_node", multi_node_}}},
+          {"nproc_per_node", o_.nproc_per_node},
+          {"world_size", last ? json(last->world_size) : json(nullptr)},
+          {"restarts", restarts},
+          {"max_restarts", o_.max_restarts},
+          {"attempts", std::move(attempts)},
+          {"root_cause", std::move(root_cause)},
+          {"other_failures", std::move(failures)},
+          {"hang", std::move(hang)},
+          {"step_rates", rates_json(rates_)},
+          {"run_directory", run_directory_.empty() ? json(nullptr) : json(run_directory_)}};
+}
+
+bool JobReport::write() const {
+  if (path_.empty()) return true;
+  const fs::path target(path_);
+  auto warn = [&](const std::string& what, int err) {
+    log::warn("ddprun") << "cannot write the report file " << path_ << ": " << what << ": " << std::strerror(err)
+                        << "; the report is on the console only";
+    return false;
+  };
+  const fs::path dir = target.has_parent_path() ? target.parent_path() : fs::path(".");
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) return warn("creating " + dir.string(), ec.value());
+  std::string text;
+  try {
+    text = to_json().dump(2, ' ', false, json::error_handler_t::replace) + "\n";
+  } catch (const std::exception& e) {
+    log::warn("ddprun") << "cannot encode the report for " << path_ << ": " << e.what();
+    return false;
+  }
+  // A reader sees the old document or the new one, whole: a temporary file in the same directory,
+  // renamed over the path.
+  std::string tmp = (dir / ("." + target.filename().string() + ".XXXXXX")).string();
+  const int fd = ::mkostemp(tmp.data(), O_CLOEXEC);  // 0600: it holds what the workers printed
+  if (fd < 0) return warn("creating a temporary file in " + dir.string(), errno);
+  const bool written = write_all(fd, text);
+  const int write_err = errno;
+  if (!written || ::close(fd) != 0) {
+    const int err = written ? errno : write_err;
+    if (!written) ::close(fd);
+    ::unlink(tmp.c_str());
+    return warn("writing " + tmp, err);
+  }
+  if (::rename(tmp.c_str(), target.c_str()) != 0) {
+    const int err = errno;
+    ::unlink(tmp.c_str());
+    return warn("renaming " + tmp + " over it", err);
+  }
+  log::info("ddprun") << "report: " << path_;
+  return true;
+}
+
+}  // namespace ddprun::launcher

@@ -1,0 +1,88 @@
+#pragma once
+// --report_file: how the job ended, as one JSON document a scheduler, a dashboard or a test reads
+// instead of the console's sentences. Written by every node at the end of every job (success,
+// failure, hang, a stop signal, a lost node or store, an error of ddprun's own), atomically (a
+// temporary file renamed over the path), readable by its owner only like the logs. The schema
+// ("ddprun-report/1") is in the README; fields are only ever added to it.
+//
+// The agent records each attempt as it goes (the rendezvous, the start, the end with this node's
+// workers) and the end; JobReport turns that into the document. Each node reports its own workers;
+// the root cause and a hang's diagnosis come from the rendezvous, so they are the job's.
+
+#include <chrono>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "launcher/cli/options.hpp"
+#include "launcher/rendezvous/rendezvous_backend.hpp"
+#include "launcher/watchdog/step_rates.hpp"
+#include "launcher/workers/supervisor.hpp"
+
+namespace ddprun::launcher {
+
+inline constexpr const char* kReportSchema = "ddprun-report/1";
+
+// "{host}" in --report_file is this host's name: nodes that share a file system write one file each.
+std::string expand_report_path(const std::string& spec, const std::string& host);
+
+// The outcome word of the report for a round's end ("succeeded", "failed", "hung", ...).
+std::string outcome_name(RoundEnd::Kind kind);
+
+class JobReport {
+ public:
+  using Clock = std::chrono::system_clock;
+
+  // `path` "" = no report (but the record is still kept, for to_json).
+  JobReport(const LaunchOptions& o, std::string host, std::string path, bool multi_node);
+
+  const std::string& path() const { return path_; }
+
+  // An attempt: its rendezvous begins, the group starts, the round ends.
+  void rendezvous_began(int round, int restart);
+  void group_started(const World& world);
+  void round_ended(const RoundEnd& end, const GroupResult& result);
+  void set_rates(FinalRates rates) { rates_ = std::move(rates); }
+  void set_hang_report_file(std::string path) { hang_report_file_ = std::move(path); }
+  void set_run_directory(std::string path) { run_directory_ = std::move(path); }
+
+  // The end of the job: the last round's end (none when no round ended), ddprun's exit code and
+  // a one-line message when there is no round end to tell it (a stop signal before the start, an
+  // error).
+  void finish(const RoundEnd* end, int exit_code, const std::string& outcome = "", const std::string& message = "");
+
+  nlohmann::json to_json() const;
+  // Writes the document to path() (nothing without a path). A failure (a full disk, a missing
+  // permission) is a warning naming the file and why; it never changes the job's exit code.
+  bool write() const;
+
+ private:
+  struct Attempt {
+    int round = 0;
+    int restart = 0;
+    std::optional<World> world;  // none: the round never started on this node
+    Clock::time_point rendezvous_began, started, ended;
+    std::string outcome, detail;
+    std::vector<WorkerExit> workers;  // this node's, in rank order
+    std::set<int> stopped_ranks;
+  };
+
+  const LaunchOptions& o_;
+  std::string host_;
+  std::string path_;
+  bool multi_node_;
+  Clock::time_point began_ = Clock::now(), ended_{};
+  std::vector<Attempt> attempts_;
+  std::optional<RoundEnd> end_;
+  std::vector<WorkerExit> failures_;  // this node's, last round
+  std::string outcome_, message_;
+  int exit_code_ = 0;
+  bool finished_ = false;
+  FinalRates rates_;
+  std::string hang_report_file_;
+  std::string run_directory_;
+};
+
+}  // namespace ddprun::launcher
