@@ -2,6 +2,7 @@
 // store, the run and attempt directories, the watchdog and the workers' launches.
 #include <netdb.h>
 #include <sys/socket.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <random>
@@ -182,6 +183,14 @@ void Agent::arm_fence(std::chrono::milliseconds lost_after) {
   guard_.arm_fence(fence_window_);
 }
 
+void Agent::confirm_membership() {
+  timespec ts{};
+  ::clock_gettime(CLOCK_MONOTONIC, &ts);
+  const uint64_t now = static_cast<uint64_t>(ts.tv_sec) * 1'000'000'000ULL + static_cast<uint64_t>(ts.tv_nsec);
+  membership_until_ns_.store(now + static_cast<uint64_t>(fence_window_.count()) * 1'000'000ULL,
+                             std::memory_order_release);
+}
+
 std::unique_ptr<RendezvousBackend> Agent::make_backend() {
   // The address other nodes (and the workers) use for this node: --local_addr; else node 0 of a
   // static job is --master_addr, and any other node is known by its host name.
@@ -231,7 +240,10 @@ std::unique_ptr<RendezvousBackend> Agent::make_backend() {
   if (ro.dynamic && o_.min_nodes < o_.max_nodes) {
     // Elastic: the others re-form without a node they count as lost, so its workers must stop
     // first. (A static job ends when a node is lost: no second group forms.)
-    ro.alive = [this] { guard_.renew(); };
+    ro.alive = [this] {
+      guard_.renew();
+      confirm_membership();
+    };
     arm_fence(o_.keep_alive_interval * o_.keep_alive_max_attempt);
   }
   ro.keep_alive_interval = o_.keep_alive_interval;
@@ -290,6 +302,10 @@ std::unique_ptr<Watchdog> Agent::make_watchdog(const World& world, const fs::pat
   ws.node = multi_node_ ? world.group_rank : -1;
   ws.attempt_dir = attempt_dir.string();
   ws.worker_store_port = static_cast<uint16_t>(world.master_port);
+  if (fence_window_.count() > 0) {
+    confirm_membership();  // the rendezvous has just taken this node into the round
+    ws.membership_until_ns = &membership_until_ns_;
+  }
   ws.rates_period = o_.step_rates_period;
   std::vector<WatchedRank> ranks;
   create_private_directory(attempt_dir);

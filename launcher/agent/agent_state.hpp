@@ -3,6 +3,7 @@
 // worker store, the run and attempt directories, the watchdog, the workers' launches) and
 // agent.cpp (the state machine). Internal to the launcher; see agent.hpp.
 
+#include <atomic>
 #include <filesystem>
 #include <memory>
 #include <mutex>
@@ -87,7 +88,11 @@ class Agent {
   StopSignal stop_;
   OrphanGuard guard_;  // before any thread or socket exists, so it inherits nothing worth keeping
   std::chrono::milliseconds fence_window_{0};  // multi-node jobs: see arm_fence
-  bool fenced_ = false;                          // the guard stopped the last group's workers
+  bool fenced_ = false;
+  // Elastic jobs: CLOCK_MONOTONIC ns until which this node's place in the job is confirmed (the
+  // fence's window from the last heartbeat taken); the workers' progress pages carry it.
+  std::atomic<uint64_t> membership_until_ns_{0};
+  void confirm_membership();                          // the guard stopped the last group's workers
   Environment base_env_;
   std::string host_;
   std::string signals_text_;

@@ -74,6 +74,7 @@ Watchdog::Watchdog(WatchdogSettings settings, std::vector<WatchedRank> ranks) : 
     }
     ranks_.push_back(std::move(r));
   }
+  copy_membership();  // before any worker reads it
   if (s_.file_timer) {
     timer_ = std::make_unique<FileTimerServer>(
         s_.timer_file, [this](pid_t pid) { return owner_of(pid); },
@@ -268,12 +269,21 @@ void Watchdog::channel_failed(Clock::time_point now, const std::exception& e) {
                          "unknown meanwhile";
 }
 
+void Watchdog::copy_membership() {
+  if (!s_.membership_until_ns) return;
+  const uint64_t until = s_.membership_until_ns->load(std::memory_order_acquire);
+  for (auto& r : ranks_) {
+    if (r->page) r->page->membership_until_ns.store(until, std::memory_order_release);
+  }
+}
+
 void Watchdog::run() {
   for (;;) {
     {
       std::unique_lock lock(wake_mutex_);
       if (wake_.wait_for(lock, s_.tick, [this] { return stopping_; })) return;
     }
+    copy_membership();
     const auto now = Clock::now();
     const bool progressed = sample(now);
     if (progressed) last_job_progress_ = now;

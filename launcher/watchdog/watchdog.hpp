@@ -67,6 +67,10 @@ struct WatchdogSettings {
   int node = -1;  // group rank on several nodes, else -1
   std::string attempt_dir;
   uint16_t worker_store_port = 0;
+  // Elastic jobs: CLOCK_MONOTONIC ns until which this node's place in the job is confirmed (the
+  // agent moves it on after each heartbeat); copied into every rank's progress page each tick, for
+  // the SDK's checkpoint writer. nullptr: nothing to confirm.
+  const std::atomic<uint64_t>* membership_until_ns = nullptr;
 };
 
 struct WatchedRank {
@@ -112,6 +116,7 @@ class Watchdog {
   void run();
   // One tick's readings; true if any rank of this node made progress.
   bool sample(std::chrono::steady_clock::time_point now);
+  void copy_membership();
   void pulse(std::chrono::steady_clock::time_point now, bool progressed);
   void publish_rates(std::chrono::steady_clock::time_point now, bool final);
   void handle_hang(std::chrono::steady_clock::time_point now);

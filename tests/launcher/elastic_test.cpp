@@ -74,6 +74,26 @@ TEST(ElasticTest, NodeRankHintOrdersTheOtherNodes) {
   EXPECT_EQ(last_round(f2.err, s2)[3], "2") << f2.err;
 }
 
+// The workers' progress pages carry this node's place in the job (renewed after each heartbeat), for
+// the SDK's checkpoint writer; a static job has nothing to confirm.
+TEST(ElasticTest, TheWorkersSeeTheirNodesConfirmedPlaceInTheJob) {
+  const int port = free_port();
+  // keep-alive window 0.6 s: the fence (and so the confirmation) lasts 3/4 of it, at least 1 s.
+  auto a = agent(port, "1:2", 1, "127.0.0.2", kFast, {"sleep", "1.5", "membership"});
+  const Finished fa = a->wait(60s);
+  ASSERT_EQ(fa.exit_code, 0) << fa.err;
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(fa.out, m, std::regex(R"(membership_ms=(-?\d+))"))) << fa.out;
+  // Renewed by the heartbeats while the worker slept: still ahead, by at most the fence's window.
+  EXPECT_GT(std::stoi(m[1]), 0) << fa.out;
+  EXPECT_LE(std::stoi(m[1]), 1000) << fa.out;
+
+  Subprocess fixed({DDPRUN_BIN, "--nproc_per_node", "1", TEST_WORKER_BIN, "membership"});
+  const Finished ff = fixed.wait(60s);
+  ASSERT_EQ(ff.exit_code, 0) << ff.err;
+  EXPECT_NE(ff.out.find("membership_ms=none"), std::string::npos) << ff.out;
+}
+
 TEST(ElasticTest, MinNodesStartAfterTheLastCallWithoutWaitingForMax) {
   const int port = free_port();
   auto a = agent(port, "1:3", 1, "127.0.0.2", kFast, {"store-barrier"});

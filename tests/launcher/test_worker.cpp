@@ -13,11 +13,17 @@
 //   test_worker fds OUT_DIR            write this process's open descriptors to OUT_DIR/fds.<RANK>
 //   test_worker flood MB               print MB megabytes of 100-byte lines to stdout, fast
 //   test_worker ignore-term            ignore SIGTERM from now on
+//   test_worker membership             print "membership_ms=N": ms until the progress page's
+//                                      membership_until_ns ("none" when 0, "no-page" without a page)
+#include <fcntl.h>
 #include <signal.h>
+#include <sys/mman.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <chrono>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -145,6 +151,25 @@ int main(int argc, char** argv) {
       const std::string line(99, 'x');
       for (long i = 0; i < mb * 10000; ++i) std::cout << line << '\n';
       std::cout.flush();
+    } else if (cmd == "membership") {
+      const char* file = std::getenv("DDPRUN_PROGRESS_FILE");
+      const int fd = file ? ::open(file, O_RDONLY | O_CLOEXEC) : -1;
+      void* map = fd >= 0 ? ::mmap(nullptr, 4096, PROT_READ, MAP_SHARED, fd, 0) : MAP_FAILED;
+      if (fd >= 0) ::close(fd);
+      if (map == MAP_FAILED) {
+        std::cout << "membership_ms=no-page" << std::endl;
+      } else {
+        uint64_t until = 0;
+        std::memcpy(&until, static_cast<const char*>(map) + 72, sizeof until);  // progress_page.hpp's offset
+        timespec ts{};
+        ::clock_gettime(CLOCK_MONOTONIC, &ts);
+        const int64_t now = static_cast<int64_t>(ts.tv_sec) * 1'000'000'000LL + ts.tv_nsec;
+        if (until == 0) {
+          std::cout << "membership_ms=none" << std::endl;
+        } else {
+          std::cout << "membership_ms=" << (static_cast<int64_t>(until) - now) / 1'000'000 << std::endl;
+        }
+      }
     } else if (cmd == "ignore-term") {
       ::signal(SIGTERM, SIG_IGN);
     } else if (cmd == "ready-file") {

@@ -3,11 +3,14 @@
 
 #include <filesystem>
 #include <fstream>
+#include <cstddef>
+#include <cstring>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <tuple>
 
+#include "ddprun/worker/progress_page.hpp"
 #include "tests/support/free_port.hpp"
 #include "tests/support/subprocess.hpp"
 #include "tests/support/temp_dir.hpp"
@@ -156,6 +159,46 @@ TEST(CheckpointTest, AFailedSaveKeepsThePreviousCheckpointAndSaysWhy) {
   EXPECT_NE(f.out.find("RESULT_ERROR cannot write checkpoint " + dir.str() + "/ckpt.pt: writing "), std::string::npos)
       << f.out;
   EXPECT_NE(f.out.find("File too large"), std::string::npos) << f.out;
+}
+
+// A progress page as ddprun makes it, with this node's place in the job confirmed until
+// `membership_until_ns` (CLOCK_MONOTONIC).
+std::string progress_page(const TempDir& dir, uint64_t membership_until_ns) {
+  const std::string file = (dir.path / "progress").string();
+  std::string bytes(ddprun::worker::ProgressPage::kFileSize, '\0');
+  const uint64_t magic = ddprun::worker::ProgressPage::kMagic;
+  std::memcpy(bytes.data(), &magic, sizeof magic);
+  std::memcpy(bytes.data() + offsetof(ddprun::worker::ProgressPage, membership_until_ns), &membership_until_ns,
+              sizeof membership_until_ns);
+  std::ofstream(file, std::ios::binary) << bytes;
+  return file;
+}
+
+// Elastic jobs: a node whose ddprun stopped renewing its place (frozen, stopped, cut off) may have
+// been replaced by a group re-formed without it; its rank 0 must not publish over that group's
+// checkpoint. A confirmed place publishes as usual.
+TEST(CheckpointTest, ANodeWhosePlaceInTheJobLapsedPublishesNothing) {
+  TempDir dir, pages;
+  const std::string path = (dir.path / "ckpt.pt").string();
+  const std::map<std::string, std::string> alone{{"RANK", ""}, {"WORLD_SIZE", ""}, {"MASTER_ADDR", ""},
+                                                 {"MASTER_PORT", ""}};
+  auto with_page = [&](uint64_t until) {
+    auto env = alone;
+    env["DDPRUN_PROGRESS_FILE"] = progress_page(pages, until);
+    return env;
+  };
+  Subprocess lapsed({SDK_TEST_WORKER_BIN, "checkpoint-once", path}, with_page(1));
+  const Finished fl = lapsed.wait(120s);
+  EXPECT_EQ(fl.exit_code, 1) << fl.err;
+  EXPECT_NE(fl.err.find("not publishing checkpoint " + path + ": this node's place in the job lapsed"),
+            std::string::npos)
+      << fl.err;
+  EXPECT_TRUE(fs::is_empty(dir.path)) << "neither the checkpoint nor a temporary file";
+
+  Subprocess confirmed({SDK_TEST_WORKER_BIN, "checkpoint-once", path}, with_page(UINT64_MAX / 2));
+  const Finished fc = confirmed.wait(120s);
+  EXPECT_EQ(fc.exit_code, 0) << fc.err;
+  EXPECT_TRUE(fs::exists(path));
 }
 
 // The durable-replace order, as the kernel sees it: the temporary file is fsynced before it is

@@ -16,6 +16,8 @@
 #include <sstream>
 #include <stdexcept>
 
+#include "ddprun/worker/progress.hpp"
+
 namespace ddprun::worker {
 namespace {
 
@@ -62,6 +64,16 @@ void write_durably(const std::filesystem::path& target, const std::vector<char>&
     abandon("fsync of " + tmp, err);
   }
   if (::close(fd) != 0) abandon("closing " + tmp, errno);
+  // Last moment before publishing: a node whose ddprun has not renewed its place in the job (frozen,
+  // stopped, cut off) may have been replaced by a group re-formed without it, whose checkpoints
+  // this one must not overwrite.
+  if (const auto lapsed = membership_lapsed()) {
+    ::unlink(tmp.c_str());
+    throw std::runtime_error("not publishing checkpoint " + target.string() + ": this node's place in the job lapsed " +
+                             std::to_string(lapsed->count()) + " ms ago (its ddprun was frozen, stopped or cut off "
+                             "from the rendezvous), so the other nodes may have gone on without it; the previous "
+                             "checkpoint is kept");
+  }
   if (::rename(tmp.c_str(), target.c_str()) != 0) abandon("renaming " + tmp + " over it", errno);
   const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (dfd < 0) fail("opening its directory to fsync the rename", target, errno);

@@ -67,6 +67,15 @@ void step_completed() {
   }
 }
 
+std::optional<std::chrono::milliseconds> membership_lapsed() {
+  ProgressPage* p = page();
+  if (!p) return std::nullopt;
+  const uint64_t until = p->membership_until_ns.load(std::memory_order_acquire);
+  const uint64_t now = monotonic_ns();
+  if (until == 0 || now <= until) return std::nullopt;
+  return std::chrono::milliseconds((now - until) / 1'000'000ULL);
+}
+
 CollectiveWait::CollectiveWait() : outermost_(g_wait_depth.fetch_add(1, std::memory_order_acq_rel) == 0) {
   if (!outermost_) return;
   if (ProgressPage* p = page()) p->waiting_since_ns.store(monotonic_ns(), std::memory_order_relaxed);

@@ -9,12 +9,21 @@
 // Each call is one relaxed atomic add on a page of shared memory (see progress_page.hpp); without
 // ddprun (no DDPRUN_PROGRESS_FILE) they do nothing. Thread-safe.
 
+#include <chrono>
+#include <optional>
+
 namespace ddprun::worker {
 
 // This rank is making progress.
 void progress();
 // This rank completed a training step (also a beat).
 void step_completed();
+
+// How long ago this node's place in the job stopped being confirmed: ddprun renews it after each
+// heartbeat the rendezvous takes, in elastic jobs (whose other nodes re-form without a node they
+// stop hearing from). nullopt while it is confirmed, and always without ddprun or outside an
+// elastic job. A worker past it may be running beside a group that replaced it.
+std::optional<std::chrono::milliseconds> membership_lapsed();
 
 // While an object lives, this rank is blocked on other ranks (a collective, a barrier): the
 // watchdog does not count its CPU time as progress, so a wait that spins is still seen as one.

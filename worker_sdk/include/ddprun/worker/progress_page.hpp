@@ -15,6 +15,10 @@
 //   48      last_step_ns      CLOCK_MONOTONIC nanoseconds of the last completed step (exact rates)
 //   56      first_step_ns     ... of the first completed step
 //   64      first_step_wait_ns  wait_ns at the first completed step
+//   72      membership_until_ns  written by ddprun: CLOCK_MONOTONIC nanoseconds until which this
+//                                node's place in the job is confirmed (an elastic job, whose other
+//                                nodes go on without a node they stop hearing from); 0 = nothing
+//                                to confirm. The SDK's checkpoint writer publishes nothing past it.
 //
 // While waiting_since_ns is set the rank's CPU time is not taken for progress: a collective that
 // spins (as NCCL's and the SDK's busy-polling Gloo reducer do) burns CPU without doing work.
@@ -37,9 +41,10 @@ struct ProgressPage {
   std::atomic<uint64_t> last_step_ns;
   std::atomic<uint64_t> first_step_ns;
   std::atomic<uint64_t> first_step_wait_ns;
+  std::atomic<uint64_t> membership_until_ns;
 };
 
 static_assert(std::atomic<uint64_t>::is_always_lock_free, "the progress page needs lock-free 64-bit atomics");
-static_assert(sizeof(ProgressPage) == 72, "the progress page layout is fixed");
+static_assert(sizeof(ProgressPage) == 80, "the progress page layout is fixed");
 
 }  // namespace ddprun::worker
