@@ -67,8 +67,15 @@ std::vector<std::string> processes_mentioning(const std::string& tag) {
   for (const auto& e : std::filesystem::directory_iterator("/proc")) {
     const std::string name = e.path().filename().string();
     if (name.find_first_not_of("0123456789") != std::string::npos) continue;
-    std::ifstream in(e.path() / "cmdline");
-    std::string cmdline((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    // A process can exit between the listing and the read: libstdc++'s filebuf then throws
+    // ("error reading the file: No such process") whatever the stream's exception mask says.
+    std::string cmdline;
+    try {
+      std::ifstream in(e.path() / "cmdline");
+      cmdline.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+    } catch (const std::ios_base::failure&) {
+      continue;
+    }
     if (cmdline.find(tag) == std::string::npos) continue;
     for (char& ch : cmdline) ch = ch == '\0' ? ' ' : ch;
     found.push_back(name + ": " + cmdline);
