@@ -25,6 +25,7 @@ packages=(
   dpkg-dev file  # dpkg-shlibdeps (which runs file): the Depends of the .deb packages (CPack)
   lintian      # Debian's checker, run on the packages by the tests
   etcd-server etcd-client   # a real etcd v3 cluster for the etcd rendezvous tests (and etcdctl)
+  slurm-wlm munge           # a real Slurm (slurmctld, slurmd, srun, sbatch) for the sbatch recipe's test
 )
 
 sudo=""
