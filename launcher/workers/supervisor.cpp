@@ -61,7 +61,8 @@ struct Supervisor::Worker {
 };
 
 Supervisor::Supervisor(SupervisorSettings settings, OrphanGuard* guard)
-    : settings_(std::move(settings)), guard_(guard), sigchld_(io_, SIGCHLD), grace_timer_(io_), drain_timer_(io_), progress_timer_(io_) {
+    : settings_(std::move(settings)), guard_(guard), sigchld_(io_, SIGCHLD), grace_timer_(io_), drain_timer_(io_), progress_timer_(io_),
+      hold_timer_(io_) {
   arm_sigchld();
 }
 
@@ -96,8 +97,10 @@ void Supervisor::on_signal(int signo) {
   if (state_ == State::Running) {
     log::warn("ddprun") << "received " << signal_name(signo) << ": forwarding it to every worker, SIGKILL in "
                         << settings_.shutdown_grace.count() / 1000.0 << "s (Ctrl-C again to kill now)";
+    settle_held(/*stopped=*/true);
     begin_stop(signo, GroupOutcome::Signalled);
     result_.signal = signo;
+    maybe_finish();
   } else if (state_ == State::Stopping && signo == SIGINT && sigint_count_ >= 2) {
     log::warn("ddprun") << "second SIGINT: killing every worker now";
     kill_all(SIGKILL);
@@ -108,6 +111,9 @@ void Supervisor::on_signal(int signo) {
 void Supervisor::request_stop(const std::string& reason) {
   asio::post(io_, [this, reason] {
     if (state_ != State::Running) return;  // a request for a group that has already ended
+    // A worker of this node died first, of a stop signal: the hold decides (a stop signal of
+    // ddprun's own within it, or this node's failure), as it would without the request.
+    if (!held_.empty()) return;
     log::warn("ddprun") << "stopping the workers: " << reason;
     begin_stop(SIGTERM, GroupOutcome::StoppedByRequest);
   });
@@ -210,7 +216,10 @@ void Supervisor::on_worker_exit(Worker& w, int status) {
     (failed && !w.stopped_by_us ? log::warn("ddprun") : log::info("ddprun"))
         << "worker rank " << e.rank << " (pid " << e.pid << ") ended with " << describe_exit(e);
   }
-  if (failed && !w.stopped_by_us) {
+  if (failed && !w.stopped_by_us && state_ == State::Running &&
+      (!held_.empty() || (e.signal != 0 && is_stop_signal(e.signal)))) {
+    hold_failure(std::move(e));
+  } else if (failed && !w.stopped_by_us) {
     result_.failures.push_back(std::move(e));
     if (state_ == State::Running) {
       log::warn("ddprun") << "rank " << w.launch.rank << " failed: stopping the other workers";
@@ -238,6 +247,39 @@ void Supervisor::on_worker_exit(Worker& w, int status) {
   maybe_finish();
 }
 
+void Supervisor::hold_failure(WorkerExit e) {
+  if (held_.empty()) {
+    DDPRUN_LOG_DEBUG("ddprun") << "rank " << e.rank << " ended with " << describe_exit(e)
+                               << ", which ddprun did not send: waiting " << seconds_text(settings_.stop_signal_hold)
+                               << " for a stop signal of its own before calling it a failure";
+    hold_timer_.expires_after(settings_.stop_signal_hold);
+    hold_timer_.async_wait([this](const boost::system::error_code& ec) {
+      if (ec) return;
+      settle_held(/*stopped=*/false);
+      maybe_finish();
+    });
+  }
+  held_.push_back(std::move(e));
+}
+
+void Supervisor::settle_held(bool stopped) {
+  if (held_.empty()) return;
+  hold_timer_.cancel();
+  std::vector<WorkerExit> held = std::move(held_);
+  held_.clear();
+  if (stopped) {
+    // Ended by the signal that stops the job: stopped, like the ranks ddprun signals now.
+    for (const WorkerExit& e : held) result_.stopped_ranks.push_back(e.rank);
+  } else {
+    const int rank = held.front().rank;
+    for (WorkerExit& e : held) result_.failures.push_back(std::move(e));
+    if (state_ == State::Running) {
+      log::warn("ddprun") << "rank " << rank << " failed: stopping the other workers";
+      begin_stop(SIGTERM, GroupOutcome::Failed);
+    }
+  }
+}
+
 void Supervisor::read_pipe(Worker& w, bool err) {
   auto& pipe = err ? w.err_pipe : w.out_pipe;
   auto& buf = err ? w.err_buf : w.out_buf;
@@ -257,7 +299,7 @@ void Supervisor::read_pipe(Worker& w, bool err) {
 }
 
 void Supervisor::maybe_finish() {
-  if (finished_) return;
+  if (finished_ || !held_.empty()) return;
   for (auto& w : workers_) {
     if (!w->exited || w->out_open || w->err_open) return;
   }
@@ -265,6 +307,7 @@ void Supervisor::maybe_finish() {
   drain_timer_.cancel();
   grace_timer_.cancel();
   progress_timer_.cancel();
+  hold_timer_.cancel();
   // The tails are complete now: attach them to the failures.
   for (auto& f : result_.failures) {
     for (auto& w : workers_) {

@@ -64,6 +64,11 @@ struct SupervisorSettings {
   size_t stderr_tail_lines = 12;
   // While workers are being stopped: a line saying who is still running, at this steady rate.
   std::chrono::milliseconds progress_interval{std::chrono::seconds(10)};
+  // A worker that died of a stop signal ddprun did not send (SIGTERM, SIGINT, SIGHUP, SIGQUIT): the
+  // same signal may be on its way to ddprun, since Slurm's scancel, systemd's stop and a kill of a
+  // whole cgroup signal every process at once. The verdict waits this long for a stop signal of
+  // ddprun's own, which makes it the job being stopped rather than a worker failing.
+  std::chrono::milliseconds stop_signal_hold{std::chrono::seconds(1)};
 };
 
 class Supervisor {
@@ -101,6 +106,11 @@ class Supervisor {
   void on_signal(int signo);
   void reap();
   void on_worker_exit(Worker& w, int status);
+  // A failure is held while a stop signal may follow it (SupervisorSettings::stop_signal_hold);
+  // settle_held() turns what was held into failures (no signal came: the group is stopped) or
+  // stopped ranks (one did). Callers then call maybe_finish().
+  void hold_failure(WorkerExit e);
+  void settle_held(bool stopped);
   void read_pipe(Worker& w, bool err);
   void begin_stop(int signo, GroupOutcome outcome);
   void report_stop_progress();
@@ -118,6 +128,8 @@ class Supervisor {
   boost::asio::steady_timer grace_timer_;
   boost::asio::steady_timer drain_timer_;
   boost::asio::steady_timer progress_timer_;
+  boost::asio::steady_timer hold_timer_;
+  std::vector<WorkerExit> held_;  // failures waiting for the verdict, in order
   std::chrono::steady_clock::time_point stop_began_;
   int stop_signo_ = 0;
   bool killed_ = false;  // SIGKILL sent to the group

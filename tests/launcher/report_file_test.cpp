@@ -147,6 +147,51 @@ TEST(ReportFileTest, AStopSignalIsReportedWithTheStoppedWorkers) {
   for (const json& w : r["attempts"][0]["workers"]) EXPECT_EQ(w["state"], "stopped") << w.dump();
 }
 
+// Slurm's scancel, systemd's stop and a kill of a whole cgroup signal every process at once, so a
+// worker can die of the SIGTERM before ddprun receives its own. That is the job being stopped, not
+// a rank failing: the report says "signalled" and every worker "stopped".
+TEST(ReportFileTest, AStopSignalThatReachesAWorkerBeforeDdprunIsTheJobBeingStopped) {
+  TempDir dir;
+  const fs::path file = dir.path / "report.json";
+  Subprocess p(ddprun({"--nproc_per_node", "2", "--report_file", file.string(), TEST_WORKER_BIN, "ready-file",
+                       (dir.path / "ready.${local_rank}").string(), "sleep", "60"}));
+  pid_t worker = 0;
+  ASSERT_TRUE(wait_until([&] { return fs::exists(dir.path / "ready.0") && fs::exists(dir.path / "ready.1"); }, 30s));
+  ASSERT_TRUE(wait_until([&] { return (std::ifstream(dir.path / "ready.1") >> worker) && worker > 0; }, 10s));
+  ::kill(worker, SIGTERM);
+  // ddprun has reaped it (its /proc entry is gone) before its own SIGTERM arrives.
+  ASSERT_TRUE(wait_until([&] { return !fs::exists("/proc/" + std::to_string(worker)); }, 10s, 1ms));
+  p.signal(SIGTERM);
+  const Finished f = p.wait(60s);
+  ASSERT_EQ(f.exit_code, 128 + SIGTERM) << f.err;
+  const json r = read_report(file);
+  ASSERT_TRUE(r.is_object()) << f.err;
+  EXPECT_EQ(r["outcome"], "signalled") << f.err;
+  EXPECT_TRUE(r["root_cause"].is_null()) << r.dump(2);
+  for (const json& w : r["attempts"][0]["workers"]) EXPECT_EQ(w["state"], "stopped") << w.dump();
+  EXPECT_EQ(f.err.find("FAILED"), std::string::npos) << "no failure report for a stopped job:\n" << f.err;
+}
+
+// The same worker death with no signal for ddprun is a failure of that rank, as before.
+TEST(ReportFileTest, AWorkerKilledBySigtermAloneIsAFailureOfThatRank) {
+  TempDir dir;
+  const fs::path file = dir.path / "report.json";
+  Subprocess p(ddprun({"--nproc_per_node", "2", "--report_file", file.string(), TEST_WORKER_BIN, "ready-file",
+                       (dir.path / "ready.${local_rank}").string(), "sleep", "60"}));
+  pid_t worker = 0;
+  ASSERT_TRUE(wait_until([&] { return fs::exists(dir.path / "ready.0") && fs::exists(dir.path / "ready.1"); }, 30s));
+  ASSERT_TRUE(wait_until([&] { return (std::ifstream(dir.path / "ready.1") >> worker) && worker > 0; }, 10s));
+  ::kill(worker, SIGTERM);
+  const Finished f = p.wait(60s);
+  ASSERT_EQ(f.exit_code, 128 + SIGTERM) << f.err;
+  const json r = read_report(file);
+  ASSERT_TRUE(r.is_object()) << f.err;
+  EXPECT_EQ(r["outcome"], "failed") << f.err;
+  EXPECT_EQ(r["root_cause"]["rank"], 1) << r.dump(2);
+  EXPECT_EQ(r["root_cause"]["signal"], SIGTERM) << r.dump(2);
+  EXPECT_EQ(r["attempts"][0]["workers"][0]["state"], "stopped") << r.dump(2);
+}
+
 TEST(ReportFileTest, EachNodeOfATwoNodeJobReportsTheOtherNodesRootCause) {
   TempDir dir;
   const int port = free_port();
