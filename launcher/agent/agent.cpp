@@ -221,6 +221,24 @@ int Agent::finish(int round, const World& world, const RoundEnd& end, const Grou
   return exit_code;
 }
 
+void Agent::announce_next_round(Decision::Kind kind, const RoundEnd& end, const World& world) {
+  if (kind == Decision::Kind::Restart) {
+    ++restarts_;
+    log::warn("ddprun") << end.detail << "; restarting the worker group"
+                        << (multi_node_ ? "s of all " + std::to_string(world.group_world_size) + " nodes" : "")
+                        << " (restart " << restarts_ << " of " << o_.max_restarts << ")";
+  } else if (lost_here(end, world)) {
+    // Cut off or frozen for longer than the keep-alive window, and back: the others went on to a
+    // new round, and this node joins it rather than leave the job.
+    log::warn("ddprun") << "the other nodes counted this node as lost (" << end.detail
+                        << "); it is back, and joins the job's next round (not counted as a restart)";
+  } else {
+    log::warn("ddprun") << end.detail << "; re-rendezvous"
+                        << (end.kind == RoundEnd::Kind::NodeLost ? " without it" : " to admit it")
+                        << " (not counted as a restart)";
+  }
+}
+
 int Agent::run() {
   enum class State { Rendezvous, Running, Ending } state = State::Rendezvous;
   int round = 0;
@@ -280,27 +298,8 @@ int Agent::run() {
         }
         const Decision d = decide(end, RestartState{restarts_, o_.max_restarts, backend_->elastic(), stop_.signo(),
                                                     result.signal});
-        switch (d.kind) {
-          case Decision::Kind::Finish: return finish(round, world, end, result, d.exit_code);
-          case Decision::Kind::Restart:
-            ++restarts_;
-            log::warn("ddprun") << end.detail << "; restarting the worker group"
-                                << (multi_node_ ? "s of all " + std::to_string(world.group_world_size) + " nodes" : "")
-                                << " (restart " << restarts_ << " of " << o_.max_restarts << ")";
-            break;
-          case Decision::Kind::Rerendezvous:
-            if (lost_here(end, world)) {
-              // Cut off or frozen for longer than the keep-alive window, and back: the others went
-              // on to a new round, and this node joins it rather than leave the job.
-              log::warn("ddprun") << "the other nodes counted this node as lost (" << end.detail
-                                  << "); it is back, and joins the job's next round (not counted as a restart)";
-              break;
-            }
-            log::warn("ddprun") << end.detail << "; re-rendezvous"
-                                << (end.kind == RoundEnd::Kind::NodeLost ? " without it" : " to admit it")
-                                << " (not counted as a restart)";
-            break;
-        }
+        if (d.kind == Decision::Kind::Finish) return finish(round, world, end, result, d.exit_code);
+        announce_next_round(d.kind, end, world);
         ++round;
         state = State::Rendezvous;
         break;

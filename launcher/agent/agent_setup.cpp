@@ -194,10 +194,10 @@ void Agent::confirm_membership() {
 std::unique_ptr<RendezvousBackend> Agent::make_backend() {
   // The address other nodes (and the workers) use for this node: --local_addr; else node 0 of a
   // static job is --master_addr, and any other node is known by its host name.
-  const bool static_node_zero = o_.rdzv_backend == "static" && o_.node_rank == 0;
+  const bool static_node_zero = o_.rdzv_backend == RdzvBackend::Static && o_.node_rank == 0;
   advertise_addr_ = !o_.local_addr.empty() ? o_.local_addr : (!multi_node_ || static_node_zero ? o_.master_addr : host_);
   if (!multi_node_) return std::make_unique<LocalRendezvous>(advertise_addr_);
-  if (o_.rdzv_backend == "etcd") {
+  if (o_.rdzv_backend == RdzvBackend::Etcd) {
     EtcdRendezvousOptions eo;
     eo.run_id = o_.run_id;
     eo.min_nodes = o_.min_nodes;
@@ -220,7 +220,7 @@ std::unique_ptr<RendezvousBackend> Agent::make_backend() {
   }
   StoreRendezvousOptions ro;
   ro.run_id = o_.run_id;
-  ro.dynamic = o_.rdzv_backend == "c10d";
+  ro.dynamic = o_.rdzv_backend == RdzvBackend::C10d;
   ro.min_nodes = o_.min_nodes;
   ro.nnodes = o_.max_nodes;
   ro.node_rank = ro.dynamic && !o_.node_rank_given ? -1 : o_.node_rank;

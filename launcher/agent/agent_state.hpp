@@ -79,6 +79,8 @@ class Agent {
   GroupResult running(const World& world);
   RoundEnd agree_on_end(int round, const GroupResult& result);
   int finish(int round, const World& world, const RoundEnd& end, const GroupResult& result, int exit_code);
+  // A restart or a re-rendezvous decided: counts a restart, and says why the next round comes.
+  void announce_next_round(Decision::Kind kind, const RoundEnd& end, const World& world);
   void print_rates();
   void show_hang_report(const World& world, const RoundEnd& end);
 

@@ -143,66 +143,67 @@ void JobReport::finish(const RoundEnd* end, int exit_code, const std::string& ou
   message_ = !message.empty() ? message : end ? end->detail : "";
 }
 
+json JobReport::attempt_json(const Attempt& a) const {
+  json workers = json::array();
+  for (const WorkerExit& w : a.workers) {
+    const bool failed = w.signal != 0 || w.exit_code != 0;
+    const std::string state = a.stopped_ranks.count(w.rank) ? "stopped" : failed ? "failed" : "succeeded";
+    workers.push_back(worker_json(w, state));
+  }
+  json j = {{"round", a.round},
+            {"restart", a.restart},
+            {"outcome", a.outcome.empty() ? json(nullptr) : json(a.outcome)},
+            {"message", a.detail},
+            {"rendezvous_began_at", time_or_null(a.rendezvous_began)},
+            {"started_at", time_or_null(a.started)},
+            {"ended_at", time_or_null(a.ended)},
+            {"rendezvous_s", a.world ? json(seconds_between(a.rendezvous_began, a.started)) : json(nullptr)},
+            {"run_s", a.world && a.ended.time_since_epoch().count() ? json(seconds_between(a.started, a.ended))
+                                                                    : json(nullptr)},
+            {"workers", std::move(workers)}};
+  const World* w = a.world ? &*a.world : nullptr;
+  j["node_rank"] = w ? json(w->group_rank) : json(nullptr);
+  j["nnodes"] = w ? json(w->group_world_size) : json(nullptr);
+  j["world_size"] = w ? json(w->world_size) : json(nullptr);
+  j["ranks"] = w ? json{w->rank_offset, w->rank_offset + o_.nproc_per_node - 1} : json(nullptr);
+  j["master_addr"] = w ? json(w->master_addr) : json(nullptr);
+  j["master_port"] = w ? json(w->master_port) : json(nullptr);
+  return j;
+}
+
+json JobReport::root_cause_json(json& others) const {
+  others = json::array();
+  if (!end_ || end_->kind != RoundEnd::Kind::Failure) return nullptr;
+  json root_cause = nullptr;
+  if (end_->root_cause) root_cause = failure_json(*end_->root_cause);
+  for (const WorkerExit& f : failures_) {
+    if (!end_->root_cause || f.rank != end_->root_cause->rank) others.push_back(failure_json(f));
+  }
+  if (root_cause.is_object() && end_->root_node >= 0 && root_cause["node_rank"].is_null()) {
+    root_cause["node_rank"] = end_->root_node;
+  }
+  return root_cause;
+}
+
+json JobReport::hang_json() const {
+  if (!end_ || end_->kind != RoundEnd::Kind::Hang) return nullptr;
+  return {{"diagnosed_by_node", end_->root_node >= 0 ? json(end_->root_node) : json(nullptr)},
+          {"summary", end_->detail},
+          {"report", end_->report.empty() ? json(nullptr) : json(end_->report)},
+          {"report_file", hang_report_file_.empty() ? json(nullptr) : json(hang_report_file_)}};
+}
+
 json JobReport::to_json() const {
   json attempts = json::array();
-  for (const Attempt& a : attempts_) {
-    json workers = json::array();
-    for (const WorkerExit& w : a.workers) {
-      const bool failed = w.signal != 0 || w.exit_code != 0;
-      const std::string state = a.stopped_ranks.count(w.rank) ? "stopped" : failed ? "failed" : "succeeded";
-      workers.push_back(worker_json(w, state));
-    }
-    json j = {{"round", a.round},
-              {"restart", a.restart},
-              {"outcome", a.outcome.empty() ? json(nullptr) : json(a.outcome)},
-              {"message", a.detail},
-              {"rendezvous_began_at", time_or_null(a.rendezvous_began)},
-              {"started_at", time_or_null(a.started)},
-              {"ended_at", time_or_null(a.ended)},
-              {"rendezvous_s", a.world ? json(seconds_between(a.rendezvous_began, a.started)) : json(nullptr)},
-              {"run_s", a.world && a.ended.time_since_epoch().count() ? json(seconds_between(a.started, a.ended))
-                                                                      : json(nullptr)},
-              {"workers", std::move(workers)}};
-    if (a.world) {
-      j["node_rank"] = a.world->group_rank;
-      j["nnodes"] = a.world->group_world_size;
-      j["world_size"] = a.world->world_size;
-      j["ranks"] = {a.world->rank_offset, a.world->rank_offset + o_.nproc_per_node - 1};
-      j["master_addr"] = a.world->master_addr;
-      j["master_port"] = a.world->master_port;
-    } else {
-      j["node_rank"] = nullptr;
-      j["nnodes"] = nullptr;
-      j["world_size"] = nullptr;
-      j["ranks"] = nullptr;
-      j["master_addr"] = nullptr;
-      j["master_port"] = nullptr;
-    }
-    attempts.push_back(std::move(j));
-  }
+  for (const Attempt& a : attempts_) attempts.push_back(attempt_json(a));
   // The node's place in the job: as of the last round it ran in.
   const World* last = nullptr;
   for (auto it = attempts_.rbegin(); it != attempts_.rend() && !last; ++it) {
     if (it->world) last = &*it->world;
   }
-  json root_cause = nullptr;
-  json failures = json::array();
-  if (end_ && end_->kind == RoundEnd::Kind::Failure) {
-    if (end_->root_cause) root_cause = failure_json(*end_->root_cause);
-    for (const WorkerExit& f : failures_) {
-      if (!end_->root_cause || f.rank != end_->root_cause->rank) failures.push_back(failure_json(f));
-    }
-    if (root_cause.is_object() && end_->root_node >= 0 && root_cause["node_rank"].is_null()) {
-      root_cause["node_rank"] = end_->root_node;
-    }
-  }
-  json hang = nullptr;
-  if (end_ && end_->kind == RoundEnd::Kind::Hang) {
-    hang = {{"diagnosed_by_node", end_->root_node >= 0 ? json(end_->root_node) : json(nullptr)},
-            {"summary", end_->detail},
-            {"report", end_->report.empty() ? json(nullptr) : json(end_->report)},
-            {"report_file", hang_report_file_.empty() ? json(nullptr) : json(hang_report_file_)}};
-  }
+  json failures;
+  json root_cause = root_cause_json(failures);
+  json hang = hang_json();
   int restarts = 0;
   for (const Attempt& a : attempts_) restarts = std::max(restarts, a.restart);
   json args = o_.program_args;
@@ -224,7 +225,7 @@ json JobReport::to_json() const {
             {"max", o_.max_nodes},
             {"count", last ? json(last->group_world_size) : json(nullptr)},
             {"this_node_rank", last ? json(last->group_rank) : json(nullptr)},
-            {"rdzv_backend", o_.rdzv_backend},
+            {"rdzv_backend", rdzv_backend_name(o_.rdzv_backend)},
             {"multi_node", multi_node_}}},
           {"nproc_per_node", o_.nproc_per_node},
           {"world_size", last ? json(last->world_size) : json(nullptr)},

@@ -68,6 +68,10 @@ class JobReport {
     std::vector<WorkerExit> workers;  // this node's, in rank order
     std::set<int> stopped_ranks;
   };
+  nlohmann::json attempt_json(const Attempt& a) const;
+  // The failed job's root cause; the other failures of this node go to `others`.
+  nlohmann::json root_cause_json(nlohmann::json& others) const;
+  nlohmann::json hang_json() const;
 
   const LaunchOptions& o_;
   std::string host_;

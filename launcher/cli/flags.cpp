@@ -4,10 +4,8 @@
 #include <csignal>
 #include <cstring>
 #include <sstream>
-#include <string_view>
 
 #include "common/errors.hpp"
-#include "launcher/cli/options.hpp"
 
 namespace ddprun::launcher {
 namespace {
@@ -81,52 +79,7 @@ constexpr FlagDef kFlagTable[] = {
     {"--start_method", nullptr, "start_method", true, "spawn", "accepted for torchrun compatibility; ignored"},
 };
 
-constexpr RdzvConfKey kRdzvConfKeys[] = {
-    {"join_timeout", "timeout", false, "seconds a rendezvous may take before the node gives up (600)"},
-    {"last_call_timeout", "", false, "seconds an elastic rendezvous waits for more nodes once it has --nnodes MIN (30)"},
-    {"keep_alive_interval", "", false, "seconds between a node's keep-alives (5)"},
-    {"keep_alive_max_attempt", "", false, "missed keep-alives after which a node is lost (3)"},
-    {"heartbeat_timeout", "", false,
-     "seconds without keep-alives after which a node is lost: sets keep_alive_max_attempt to fit"},
-    {"read_timeout", "", false, "seconds one request to the rendezvous store may take (60)"},
-    {"store_reconnect_timeout", "", false,
-     "seconds a node keeps reconnecting to a ddprun-rendezvous daemon that keeps its state (--state-file) "
-     "after losing it, e.g. while it is restarted, before the job fails (30; 0: fail at once)"},
-    {"is_host", "", false,
-     "with c10d: whether this node hosts the store at --rdzv_endpoint (default: when the endpoint is one of "
-     "this host's addresses); false makes it a client of another node's store or a daemon"},
-    {"close_timeout", "", false, "accepted (torchrun's wait for a closing round): ddprun's rounds close at once"},
-    {"store_type", "", false, "accepted when 'tcp' (torchrun's default): the rendezvous store is ddprun's TCP store"},
-    {"use_libuv", "", false,
-     "accepted (torchrun's choice of its store's event loop): the rendezvous store is ddprun's own"},
-    {"rank", "", false, "the node's rank, as --node_rank"},
-    {"token_file", "", false, "the rendezvous store's secret or this job's token (also DDPRUN_TOKEN_FILE)"},
-    {"key_prefix", "etcd_prefix", true, "etcd: the prefix of the job's keys (/ddprun/)"},
-    {"lease_ttl", "", true, "etcd: seconds of the agents' leases (10)"},
-    {"etcd_user", "", true, "etcd: user name (needs etcd_password_file)"},
-    {"etcd_password_file", "", true, "etcd: file holding the password"},
-    {"etcd_ca_file", "cacert,ca_cert", true, "etcd: CA certificate (PEM)"},
-    {"etcd_cert_file", "cert,ssl_cert", true, "etcd: client certificate (PEM)"},
-    {"etcd_key_file", "key,ssl_cert_key", true, "etcd: client key (PEM)"},
-    {"protocol", "", true, "etcd: http or https for endpoints given without a scheme"},
-};
-
 }  // namespace
-
-std::span<const RdzvConfKey> rdzv_conf_keys() { return kRdzvConfKeys; }
-
-const RdzvConfKey* find_rdzv_conf_key(const std::string& spelled) {
-  for (const RdzvConfKey& k : kRdzvConfKeys) {
-    if (spelled == k.name) return &k;
-    std::string_view aliases = k.aliases;
-    while (!aliases.empty()) {
-      const auto comma = aliases.find(',');
-      if (aliases.substr(0, comma) == spelled) return &k;
-      aliases = comma == std::string_view::npos ? std::string_view() : aliases.substr(comma + 1);
-    }
-  }
-  return nullptr;
-}
 
 std::span<const FlagDef> flag_table() { return kFlagTable; }
 
@@ -138,7 +91,6 @@ const FlagDef* find_flag(const std::string& spelled) {
   }
   return nullptr;
 }
-
 
 std::string usage_text() {
   std::ostringstream out;
@@ -158,7 +110,7 @@ std::string usage_text() {
   }
   out << "  -h, --help\n      show this help\n  --version\n      print the version\n\n"
          "--rdzv_conf keys (KEY=VALUE,...):\n";
-  for (const RdzvConfKey& k : kRdzvConfKeys) {
+  for (const RdzvConfKey& k : rdzv_conf_keys()) {
     out << "  " << k.name;
     if (*k.aliases != '\0') out << " (also " << k.aliases << ")";
     out << "\n      " << k.meaning << "\n";

@@ -7,6 +7,8 @@
 
 namespace ddprun::launcher {
 
+struct LaunchOptions;
+
 struct FlagDef {
   const char* name;   // canonical spelling, with underscores
   const char* alias;  // short form or other name, or nullptr
@@ -24,6 +26,8 @@ struct RdzvConfKey {
   const char* aliases;  // other spellings (torchrun's), comma-separated, or ""
   bool etcd_only;       // meaningful with --rdzv_backend etcd alone
   const char* meaning;  // for --help and the README
+  // What the value does to the options; `where` ("--rdzv_conf KEY") names it in errors.
+  void (*apply)(const std::string& where, const std::string& value, LaunchOptions& o);
 };
 
 // Every --rdzv_conf key, in --help order.

@@ -180,8 +180,9 @@ void resolve_layout(const Given& g, const HostFacts& host, LaunchOptions& o) {
   if (g.has("local_addr")) o.local_addr = trim(g["local_addr"]);
 }
 
-// 3c. How the workers run, restart, log and get signals.
-void resolve_workers(const Given& g, const EnvLookup& env, LaunchOptions& o) {
+// 3c. How the workers run, restart, log and get signals: supervision, where their output and the
+// reports go, how the program is started, and the signals.
+void resolve_supervision(const Given& g, const EnvLookup& env, LaunchOptions& o) {
   if (g.has("max_restarts")) {
     o.max_restarts = static_cast<int>(
         parse_int(g.flag("max_restarts"), trim(g["max_restarts"]), 0, 1 << 20, "a whole number >= 0"));
@@ -213,6 +214,9 @@ void resolve_workers(const Given& g, const EnvLookup& env, LaunchOptions& o) {
   }
   // Accepted for compatibility (worker exits are seen at once); a malformed value is still an error.
   if (g.has("monitor_interval")) parse_seconds(g.flag("monitor_interval"), trim(g["monitor_interval"]), false);
+}
+
+void resolve_output(const Given& g, const EnvLookup& env, LaunchOptions& o) {
   if (g.has("role")) {
     o.role = trim(g["role"]);
     if (o.role.empty()) bad(g.flag("role"), "a non-empty role name", g["role"]);
@@ -240,6 +244,11 @@ void resolve_workers(const Given& g, const EnvLookup& env, LaunchOptions& o) {
     }
     o.local_ranks_filter = std::move(ranks);
   }
+  if (g.has("log_line_prefix_template")) o.log_line_prefix = g["log_line_prefix_template"];
+  else if (auto v = env("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"); v) o.log_line_prefix = *v;
+}
+
+void resolve_invocation(const Given& g, LaunchOptions& o) {
   o.no_python = g.has("no_python");
   o.module = g.has("module");
   if (g.has("local_rank_arg")) {
@@ -257,6 +266,10 @@ void resolve_workers(const Given& g, const EnvLookup& env, LaunchOptions& o) {
     throw ConfigError("--local_rank_arg and --use_env contradict each other: --use_env is torch.distributed.launch's "
                       "way of saying 'no --local_rank argument'; keep one");
   }
+  o.virtual_local_rank = g.has("virtual_local_rank");
+}
+
+void resolve_signals(const Given& g, const EnvLookup& env, LaunchOptions& o) {
   const std::string signals = g.has("signals_to_handle") ? g["signals_to_handle"] : "SIGTERM,SIGINT,SIGHUP,SIGQUIT";
   for (const std::string& s : split(signals, ',')) {
     if (s.empty()) continue;
@@ -273,9 +286,13 @@ void resolve_workers(const Given& g, const EnvLookup& env, LaunchOptions& o) {
   } else if (auto v = env("TORCH_ELASTIC_SHUTDOWN_TIMEOUT"); v && !v->empty()) {
     o.shutdown_timeout = parse_seconds("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", trim(*v), true);
   }
-  o.virtual_local_rank = g.has("virtual_local_rank");
-  if (g.has("log_line_prefix_template")) o.log_line_prefix = g["log_line_prefix_template"];
-  else if (auto v = env("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"); v) o.log_line_prefix = *v;
+}
+
+void resolve_workers(const Given& g, const EnvLookup& env, LaunchOptions& o) {
+  resolve_supervision(g, env, o);
+  resolve_output(g, env, o);
+  resolve_invocation(g, o);
+  resolve_signals(g, env, o);
 }
 
 // 3d. Combinations that cannot work, refused before anything starts.
@@ -287,16 +304,16 @@ void validate(LaunchOptions& o) {
   if (o.standalone && o.max_nodes > 1) {
     throw ConfigError("--standalone runs a single-node job, but --nnodes is " + std::to_string(o.max_nodes));
   }
-  if (o.standalone) o.rdzv_backend = "static";  // one node, automatic port: the single-node path
-  if (o.min_nodes != o.max_nodes && o.rdzv_backend != "c10d" && o.rdzv_backend != "etcd") {
+  if (o.standalone) o.rdzv_backend = RdzvBackend::Static;  // one node, automatic port: the single-node path
+  if (o.min_nodes != o.max_nodes && o.rdzv_backend == RdzvBackend::Static) {
     throw ConfigError("--nnodes " + std::to_string(o.min_nodes) + ":" + std::to_string(o.max_nodes) +
                       ": node ranges need --rdzv_backend c10d with --rdzv_endpoint HOST:PORT (or etcd)");
   }
-  if (o.rdzv_backend == "etcd" && o.etcd.endpoints.empty()) {
+  if (o.rdzv_backend == RdzvBackend::Etcd && o.etcd.endpoints.empty()) {
     throw ConfigError("--rdzv_backend etcd needs --rdzv_endpoint HOST:PORT[,HOST:PORT...]: the etcd cluster's client "
                       "URLs (http:// or https:// optional)");
   }
-  if (o.rdzv_backend == "c10d" && o.rdzv_endpoint_host.empty()) {
+  if (o.rdzv_backend == RdzvBackend::C10d && o.rdzv_endpoint_host.empty()) {
     throw ConfigError("--rdzv_backend c10d needs --rdzv_endpoint HOST[:PORT]: the store every node joins (a "
                       "ddprun-rendezvous daemon, or the ddprun on that host serves it)");
   }

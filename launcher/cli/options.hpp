@@ -31,6 +31,18 @@ struct StreamSelection {
 
 enum class LocalRankArg { None, Underscore, Dash };
 
+// --rdzv_backend: fixed node ranks (static), nodes that join a store without ranks (c10d), or the
+// same through an etcd v3 cluster (etcd).
+enum class RdzvBackend { Static, C10d, Etcd };
+inline const char* rdzv_backend_name(RdzvBackend b) {
+  switch (b) {
+    case RdzvBackend::C10d: return "c10d";
+    case RdzvBackend::Etcd: return "etcd";
+    case RdzvBackend::Static: break;
+  }
+  return "static";
+}
+
 struct LaunchOptions {
   std::string nproc_spec = "1";  // as given: a number, auto, cpu or gpu
   int nproc_per_node = 1;        // resolved
@@ -41,7 +53,7 @@ struct LaunchOptions {
   std::string master_addr = "127.0.0.1";
   std::optional<uint16_t> master_port;  // unset: the kernel picks a free port
   bool standalone = false;
-  std::string rdzv_backend = "static";
+  RdzvBackend rdzv_backend = RdzvBackend::Static;
   std::string rdzv_endpoint;        // as given
   std::string rdzv_endpoint_host;   // parsed; empty = node 0 hosts the rendezvous store
   uint16_t rdzv_endpoint_port = 29400;
@@ -50,6 +62,8 @@ struct LaunchOptions {
   std::chrono::milliseconds join_timeout{std::chrono::seconds(600)};  // rdzv_conf join_timeout
   std::chrono::milliseconds keep_alive_interval{std::chrono::seconds(5)};  // rdzv_conf keep_alive_interval
   int keep_alive_max_attempt = 3;                                          // rdzv_conf keep_alive_max_attempt
+  // rdzv_conf heartbeat_timeout: sets keep_alive_max_attempt once every key is read (it needs the interval).
+  std::optional<std::chrono::milliseconds> heartbeat_timeout;
   std::chrono::milliseconds last_call_timeout{std::chrono::seconds(30)};   // rdzv_conf last_call_timeout
   std::chrono::milliseconds rdzv_read_timeout{std::chrono::seconds(60)};   // rdzv_conf read_timeout
   std::chrono::milliseconds store_reconnect_timeout{std::chrono::seconds(30)};  // rdzv_conf store_reconnect_timeout
@@ -103,7 +117,7 @@ struct LaunchOptions {
 };
 
 // Whether the job may span several nodes: the agents then rendezvous and watch each other.
-inline bool is_multi_node(const LaunchOptions& o) { return o.max_nodes > 1 || o.rdzv_backend != "static"; }
+inline bool is_multi_node(const LaunchOptions& o) { return o.max_nodes > 1 || o.rdzv_backend != RdzvBackend::Static; }
 
 using EnvLookup = std::function<std::optional<std::string>(const std::string&)>;
 

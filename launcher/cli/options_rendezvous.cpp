@@ -1,60 +1,224 @@
-// parse_options, step 3b: how the nodes find each other (options.cpp has the other steps).
+// parse_options, step 3b: how the nodes find each other (options.cpp has the other steps), and the
+// table of --rdzv_conf keys: each key's spellings, meaning and what its value does, in one place.
 #include <algorithm>
+#include <string_view>
 
 #include "launcher/rendezvous/etcd/etcd_endpoint.hpp"
 #include "launcher/cli/flags.hpp"
 #include "launcher/cli/options_parse.hpp"
 #include "rendezvous/core/job_keys.hpp"
 
-namespace ddprun::launcher::options_detail {
+namespace ddprun::launcher {
+namespace {
 
-void resolve_rendezvous(const Given& g, const EnvLookup& env, LaunchOptions& o) {
-  if (g.has("rdzv_backend")) {
-    o.rdzv_backend = trim(g["rdzv_backend"]);
-    if (o.rdzv_backend == "etcd-v2") {
-      throw ConfigError(g.flag("rdzv_backend") + " etcd-v2: that is torchrun's backend for etcd's v2 API, which etcd "
-                        "3.4 disables and 3.6 removed; ddprun speaks etcd's v3 API: use --rdzv_backend etcd");
-    }
-    if (o.rdzv_backend != "static" && o.rdzv_backend != "c10d" && o.rdzv_backend != "etcd") {
-      throw ConfigError(g.flag("rdzv_backend") + ": expected 'static' (fixed --node_rank per node), 'c10d' "
-                        "(nodes join --rdzv_endpoint without ranks, --nnodes MIN:MAX) or 'etcd' (the same through "
-                        "an etcd v3 cluster), got '" + o.rdzv_backend + "'");
+using options_detail::bad;
+using options_detail::lower;
+using options_detail::parse_bool;
+using options_detail::parse_int;
+using options_detail::parse_seconds;
+// Every --rdzv_conf key torchrun 2.x accepts, and ddprun's own, in --help order.
+constexpr RdzvConfKey kRdzvConfKeys[] = {
+    {"join_timeout", "timeout", false, "seconds a rendezvous may take before the node gives up (600)",
+     [](const std::string& where, const std::string& v, LaunchOptions& o) {
+       o.join_timeout = parse_seconds(where, v, false);
+     }},
+    {"last_call_timeout", "", false, "seconds an elastic rendezvous waits for more nodes once it has --nnodes MIN (30)",
+     [](const std::string& where, const std::string& v, LaunchOptions& o) {
+       o.last_call_timeout = parse_seconds(where, v, false);
+     }},
+    {"keep_alive_interval", "", false, "seconds between a node's keep-alives (5)",
+     [](const std::string& where, const std::string& v, LaunchOptions& o) {
+       o.keep_alive_interval = parse_seconds(where, v, false);
+     }},
+    {"keep_alive_max_attempt", "", false, "missed keep-alives after which a node is lost (3)",
+     [](const std::string& where, const std::string& v, LaunchOptions& o) {
+       o.keep_alive_max_attempt = static_cast<int>(parse_int(where, v, 1, 1000, "a count >= 1"));
+     }},
+    {"heartbeat_timeout", "", false,
+     "seconds without keep-alives after which a node is lost: sets keep_alive_max_attempt to fit",
+     [](const std::string& where, const std::string& v, LaunchOptions& o) {
+       o.heartbeat_timeout = parse_seconds(where, v, false);
+     }},
+    {"read_timeout", "", false, "seconds one request to the rendezvous store may take (60)",
+     [](const std::string& where, const std::string& v, LaunchOptions& o) {
+       o.rdzv_read_timeout = parse_seconds(where, v, false);
+     }},
+    {"store_reconnect_timeout", "", false,
+     "seconds a node keeps reconnecting to a ddprun-rendezvous daemon that keeps its state (--state-file) "
+     "after losing it, e.g. while it is restarted, before the job fails (30; 0: fail at once)",
+     [](const std::string& where, const std::string& v, LaunchOptions& o) {
+       o.store_reconnect_timeout = parse_seconds(where, v, true);
+     }},
+    {"is_host", "", false,
+     "with c10d: whether this node hosts the store at --rdzv_endpoint (default: when the endpoint is one of "
+     "this host's addresses); false makes it a client of another node's store or a daemon",
+     [](const std::string& where, const std::string& v, LaunchOptions& o) { o.rdzv_is_host = parse_bool(where, v); }},
+    {"close_timeout", "", false, "accepted (torchrun's wait for a closing round): ddprun's rounds close at once",
+     [](const std::string& where, const std::string& v, LaunchOptions&) { parse_seconds(where, v, false); }},
+    {"store_type", "", false, "accepted when 'tcp' (torchrun's default): the rendezvous store is ddprun's TCP store",
+     [](const std::string& where, const std::string& v, LaunchOptions&) {
+       if (lower(v) != "tcp") {
+         bad(where, "'tcp' (ddprun's rendezvous store is its TCPStore; torchrun's store_type=file has no "
+                    "counterpart)", v);
+       }
+     }},
+    {"use_libuv", "", false,
+     "accepted (torchrun's choice of its store's event loop): the rendezvous store is ddprun's own",
+     [](const std::string& where, const std::string& v, LaunchOptions&) { parse_bool(where, v); }},
+    {"rank", "", false, "the node's rank, as --node_rank",
+     [](const std::string& where, const std::string& v, LaunchOptions& o) {
+       const int rank = static_cast<int>(parse_int(where, v, 0, o.max_nodes - 1, "a node rank"));
+       if (o.node_rank_given && rank != o.node_rank) {
+         throw ConfigError(where + " is " + v + " but --node_rank is " + std::to_string(o.node_rank) + ": keep one");
+       }
+       o.node_rank = rank;
+       o.node_rank_given = true;
+     }},
+    {"token_file", "", false, "the rendezvous store's secret or this job's token (also DDPRUN_TOKEN_FILE)",
+     [](const std::string& where, const std::string& v, LaunchOptions& o) {
+       if (v.empty()) bad(where, "the path of a file holding the secret", v);
+       o.token_file = v;
+     }},
+    {"key_prefix", "etcd_prefix", true, "etcd: the prefix of the job's keys (/ddprun/)",
+     [](const std::string& where, const std::string& v, LaunchOptions& o) {
+       if (v.empty()) bad(where, "a key prefix such as /ddprun/", v);
+       o.etcd.prefix = v.back() == '/' ? v : v + "/";
+     }},
+    {"lease_ttl", "", true, "etcd: seconds of the agents' leases (10)",
+     [](const std::string& where, const std::string& v, LaunchOptions& o) {
+       o.etcd.lease_ttl = std::chrono::seconds(parse_int(where, v, 2, 3600, "whole seconds from 2 to 3600"));
+     }},
+    {"etcd_user", "", true, "etcd: user name (needs etcd_password_file)",
+     [](const std::string&, const std::string& v, LaunchOptions& o) { o.etcd.user = v; }},
+    {"etcd_password_file", "", true, "etcd: file holding the password",
+     [](const std::string&, const std::string& v, LaunchOptions& o) { o.etcd.password_file = v; }},
+    {"etcd_ca_file", "cacert,ca_cert", true, "etcd: CA certificate (PEM)",
+     [](const std::string&, const std::string& v, LaunchOptions& o) { o.etcd.ca_file = v; }},
+    {"etcd_cert_file", "cert,ssl_cert", true, "etcd: client certificate (PEM)",
+     [](const std::string&, const std::string& v, LaunchOptions& o) { o.etcd.cert_file = v; }},
+    {"etcd_key_file", "key,ssl_cert_key", true, "etcd: client key (PEM)",
+     [](const std::string&, const std::string& v, LaunchOptions& o) { o.etcd.key_file = v; }},
+    {"protocol", "", true, "etcd: http or https for endpoints given without a scheme",
+     [](const std::string& where, const std::string& v, LaunchOptions& o) {
+       if (v != "http" && v != "https") bad(where, "http or https", v);
+       // torchrun's etcd backends: the scheme of endpoints given without one.
+       for (std::string& e : o.etcd.endpoints) {
+         if (e.find("://") == std::string::npos) e = v + "://" + e;
+       }
+     }},
+};
+
+}  // namespace
+
+std::span<const RdzvConfKey> rdzv_conf_keys() { return kRdzvConfKeys; }
+
+const RdzvConfKey* find_rdzv_conf_key(const std::string& spelled) {
+  for (const RdzvConfKey& k : kRdzvConfKeys) {
+    if (spelled == k.name) return &k;
+    std::string_view aliases = k.aliases;
+    while (!aliases.empty()) {
+      const auto comma = aliases.find(',');
+      if (aliases.substr(0, comma) == spelled) return &k;
+      aliases = comma == std::string_view::npos ? std::string_view() : aliases.substr(comma + 1);
     }
   }
-  if (o.rdzv_backend == "etcd" && g.has("rdzv_endpoint") && !trim(g["rdzv_endpoint"]).empty()) {
-    // host:port[,host:port...], each optionally http:// or https://
-    o.rdzv_endpoint = trim(g["rdzv_endpoint"]);
-    for (const std::string& e : split(o.rdzv_endpoint, ',')) {
-      if (e.empty()) continue;
-      try {
-        etcd::parse_endpoint(e);
-      } catch (const ConfigError& err) {
-        throw ConfigError(g.flag("rdzv_endpoint") + ": " + err.what());
-      }
-      o.etcd.endpoints.push_back(e);
+  return nullptr;
+}
+
+namespace options_detail {
+namespace {
+
+RdzvBackend parse_backend(const Given& g) {
+  const std::string v = trim(g["rdzv_backend"]);
+  if (v == "static") return RdzvBackend::Static;
+  if (v == "c10d") return RdzvBackend::C10d;
+  if (v == "etcd") return RdzvBackend::Etcd;
+  if (v == "etcd-v2") {
+    throw ConfigError(g.flag("rdzv_backend") + " etcd-v2: that is torchrun's backend for etcd's v2 API, which etcd "
+                      "3.4 disables and 3.6 removed; ddprun speaks etcd's v3 API: use --rdzv_backend etcd");
+  }
+  throw ConfigError(g.flag("rdzv_backend") + ": expected 'static' (fixed --node_rank per node), 'c10d' "
+                    "(nodes join --rdzv_endpoint without ranks, --nnodes MIN:MAX) or 'etcd' (the same through "
+                    "an etcd v3 cluster), got '" + v + "'");
+}
+
+// --rdzv_backend etcd: host:port[,host:port...], each optionally http:// or https://
+void parse_etcd_endpoints(const Given& g, LaunchOptions& o) {
+  for (const std::string& e : split(o.rdzv_endpoint, ',')) {
+    if (e.empty()) continue;
+    try {
+      etcd::parse_endpoint(e);
+    } catch (const ConfigError& err) {
+      throw ConfigError(g.flag("rdzv_endpoint") + ": " + err.what());
     }
-  } else if (g.has("rdzv_endpoint") && !trim(g["rdzv_endpoint"]).empty()) {
-    // host, host:port, [v6], [v6]:port
-    o.rdzv_endpoint = trim(g["rdzv_endpoint"]);
-    const std::string expected = "host[:port] or [ipv6]:port";
-    std::string host = o.rdzv_endpoint, port;
-    if (host.front() == '[') {
-      const auto close = host.find(']');
-      if (close == std::string::npos) bad(g.flag("rdzv_endpoint"), expected, o.rdzv_endpoint);
-      if (close + 1 < host.size()) {
-        if (host[close + 1] != ':') bad(g.flag("rdzv_endpoint"), expected, o.rdzv_endpoint);
-        port = host.substr(close + 2);
-      }
-      host = host.substr(1, close - 1);
-    } else if (std::count(host.begin(), host.end(), ':') == 1) {
-      port = host.substr(host.find(':') + 1);
-      host = host.substr(0, host.find(':'));
+    o.etcd.endpoints.push_back(e);
+  }
+}
+
+// The store's address: host, host:port, [v6], [v6]:port
+void parse_store_endpoint(const Given& g, LaunchOptions& o) {
+  const std::string expected = "host[:port] or [ipv6]:port";
+  std::string host = o.rdzv_endpoint, port;
+  if (host.front() == '[') {
+    const auto close = host.find(']');
+    if (close == std::string::npos) bad(g.flag("rdzv_endpoint"), expected, o.rdzv_endpoint);
+    if (close + 1 < host.size()) {
+      if (host[close + 1] != ':') bad(g.flag("rdzv_endpoint"), expected, o.rdzv_endpoint);
+      port = host.substr(close + 2);
     }
-    if (host.empty()) bad(g.flag("rdzv_endpoint"), expected, o.rdzv_endpoint);
-    o.rdzv_endpoint_host = host;
-    if (!port.empty()) {
-      o.rdzv_endpoint_port = static_cast<uint16_t>(
-          parse_int(g.flag("rdzv_endpoint"), port, 1, 65535, "host[:port] with a port from 1 to 65535"));
+    host = host.substr(1, close - 1);
+  } else if (std::count(host.begin(), host.end(), ':') == 1) {
+    port = host.substr(host.find(':') + 1);
+    host = host.substr(0, host.find(':'));
+  }
+  if (host.empty()) bad(g.flag("rdzv_endpoint"), expected, o.rdzv_endpoint);
+  o.rdzv_endpoint_host = host;
+  if (!port.empty()) {
+    o.rdzv_endpoint_port = static_cast<uint16_t>(
+        parse_int(g.flag("rdzv_endpoint"), port, 1, 65535, "host[:port] with a port from 1 to 65535"));
+  }
+}
+
+// --rdzv_conf KEY=VALUE,...: each key through its entry of the table.
+void apply_rdzv_conf(const Given& g, LaunchOptions& o) {
+  for (const std::string& kv : split(g["rdzv_conf"], ',')) {
+    const auto eq = kv.find('=');
+    if (eq == std::string::npos || eq == 0) bad(g.flag("rdzv_conf"), "key=value pairs separated by commas", kv);
+    o.rdzv_conf[trim(kv.substr(0, eq))] = trim(kv.substr(eq + 1));
+  }
+  for (const auto& [k, v] : o.rdzv_conf) {
+    const RdzvConfKey* key = find_rdzv_conf_key(k);
+    if (key == nullptr) {
+      std::string known;
+      for (const RdzvConfKey& c : rdzv_conf_keys()) known += (known.empty() ? "" : ", ") + std::string(c.name);
+      throw ConfigError(g.flag("rdzv_conf") + ": unknown key '" + k + "' (known: " + known + ")");
+    }
+    if (key->etcd_only && o.rdzv_backend != RdzvBackend::Etcd) {
+      throw ConfigError(g.flag("rdzv_conf") + " " + k + ": an etcd setting, but the rendezvous backend is '" +
+                        rdzv_backend_name(o.rdzv_backend) + "' (add --rdzv_backend etcd, or drop " + k + ")");
+    }
+    key->apply(g.flag("rdzv_conf") + " " + k, v, o);
+  }
+  if (o.heartbeat_timeout) {
+    // A node is lost after keep_alive_max_attempt missed keep-alives: as many as fit in the timeout.
+    const auto n = (o.heartbeat_timeout->count() + o.keep_alive_interval.count() - 1) / o.keep_alive_interval.count();
+    o.keep_alive_max_attempt = static_cast<int>(std::clamp<long long>(n, 1, 1000));
+  }
+  if (!o.etcd.user.empty() && o.etcd.password_file.empty()) {
+    throw ConfigError(g.flag("rdzv_conf") + ": etcd_user needs etcd_password_file=PATH (a file only you can read)");
+  }
+}
+
+}  // namespace
+
+void resolve_rendezvous(const Given& g, const EnvLookup& env, LaunchOptions& o) {
+  if (g.has("rdzv_backend")) o.rdzv_backend = parse_backend(g);
+  if (g.has("rdzv_endpoint") && !trim(g["rdzv_endpoint"]).empty()) {
+    o.rdzv_endpoint = trim(g["rdzv_endpoint"]);
+    if (o.rdzv_backend == RdzvBackend::Etcd) {
+      parse_etcd_endpoints(g, o);
+    } else {
+      parse_store_endpoint(g, o);
     }
   }
   if (g.has("rdzv_id")) {
@@ -65,92 +229,8 @@ void resolve_rendezvous(const Given& g, const EnvLookup& env, LaunchOptions& o) 
     }
   }
   if (auto v = env("DDPRUN_TOKEN_FILE"); v && !v->empty()) o.token_file = *v;  // rdzv_conf token_file wins
-  if (!g.has("rdzv_conf") || trim(g["rdzv_conf"]).empty()) return;
-  for (const std::string& kv : split(g["rdzv_conf"], ',')) {
-    const auto eq = kv.find('=');
-    if (eq == std::string::npos || eq == 0) bad(g.flag("rdzv_conf"), "key=value pairs separated by commas", kv);
-    o.rdzv_conf[trim(kv.substr(0, eq))] = trim(kv.substr(eq + 1));
-  }
-  std::optional<std::chrono::milliseconds> heartbeat_timeout;
-  for (const auto& [k, v] : o.rdzv_conf) {
-    const RdzvConfKey* key = find_rdzv_conf_key(k);
-    if (key == nullptr) {
-      std::string known;
-      for (const RdzvConfKey& c : rdzv_conf_keys()) known += (known.empty() ? "" : ", ") + std::string(c.name);
-      throw ConfigError(g.flag("rdzv_conf") + ": unknown key '" + k + "' (known: " + known + ")");
-    }
-    if (key->etcd_only && o.rdzv_backend != "etcd") {
-      throw ConfigError(g.flag("rdzv_conf") + " " + k + ": an etcd setting, but the rendezvous backend is '" +
-                        o.rdzv_backend + "' (add --rdzv_backend etcd, or drop " + k + ")");
-    }
-    const std::string where = g.flag("rdzv_conf") + " " + k;
-    const std::string_view name = key->name;
-    if (name == "join_timeout") {
-      o.join_timeout = parse_seconds(where, v, false);
-    } else if (name == "keep_alive_interval") {
-      o.keep_alive_interval = parse_seconds(where, v, false);
-    } else if (name == "keep_alive_max_attempt") {
-      o.keep_alive_max_attempt = static_cast<int>(parse_int(where, v, 1, 1000, "a count >= 1"));
-    } else if (name == "heartbeat_timeout") {
-      heartbeat_timeout = parse_seconds(where, v, false);
-    } else if (name == "last_call_timeout") {
-      o.last_call_timeout = parse_seconds(where, v, false);
-    } else if (name == "close_timeout") {
-      parse_seconds(where, v, false);  // rounds close at once; validated only
-    } else if (name == "read_timeout") {
-      o.rdzv_read_timeout = parse_seconds(where, v, false);
-    } else if (name == "store_reconnect_timeout") {
-      o.store_reconnect_timeout = parse_seconds(where, v, true);
-    } else if (name == "is_host") {
-      o.rdzv_is_host = parse_bool(where, v);
-    } else if (name == "store_type") {
-      if (lower(v) != "tcp") {
-        bad(where, "'tcp' (ddprun's rendezvous store is its TCPStore; torchrun's store_type=file has no "
-                   "counterpart)", v);
-      }
-    } else if (name == "use_libuv") {
-      parse_bool(where, v);  // the store is ddprun's own: no libuv to choose; validated only
-    } else if (name == "rank") {
-      const int rank = static_cast<int>(parse_int(where, v, 0, o.max_nodes - 1, "a node rank"));
-      if (o.node_rank_given && rank != o.node_rank) {
-        throw ConfigError(where + " is " + v + " but --node_rank is " + std::to_string(o.node_rank) + ": keep one");
-      }
-      o.node_rank = rank;
-      o.node_rank_given = true;
-    } else if (name == "token_file") {
-      if (v.empty()) bad(where, "the path of a file holding the secret", v);
-      o.token_file = v;
-    } else if (name == "key_prefix") {
-      if (v.empty()) bad(where, "a key prefix such as /ddprun/", v);
-      o.etcd.prefix = v.back() == '/' ? v : v + "/";
-    } else if (name == "lease_ttl") {
-      o.etcd.lease_ttl = std::chrono::seconds(parse_int(where, v, 2, 3600, "whole seconds from 2 to 3600"));
-    } else if (name == "etcd_user") {
-      o.etcd.user = v;
-    } else if (name == "etcd_password_file") {
-      o.etcd.password_file = v;
-    } else if (name == "etcd_ca_file") {
-      o.etcd.ca_file = v;
-    } else if (name == "etcd_cert_file") {
-      o.etcd.cert_file = v;
-    } else if (name == "etcd_key_file") {
-      o.etcd.key_file = v;
-    } else if (name == "protocol") {
-      if (v != "http" && v != "https") bad(where, "http or https", v);
-      // torchrun's etcd backends: the scheme of endpoints given without one.
-      for (std::string& e : o.etcd.endpoints) {
-        if (e.find("://") == std::string::npos) e = v + "://" + e;
-      }
-    }
-  }
-  if (heartbeat_timeout) {
-    // A node is lost after keep_alive_max_attempt missed keep-alives: as many as fit in the timeout.
-    const auto n = (heartbeat_timeout->count() + o.keep_alive_interval.count() - 1) / o.keep_alive_interval.count();
-    o.keep_alive_max_attempt = static_cast<int>(std::clamp<long long>(n, 1, 1000));
-  }
-  if (!o.etcd.user.empty() && o.etcd.password_file.empty()) {
-    throw ConfigError(g.flag("rdzv_conf") + ": etcd_user needs etcd_password_file=PATH (a file only you can read)");
-  }
+  if (g.has("rdzv_conf") && !trim(g["rdzv_conf"]).empty()) apply_rdzv_conf(g, o);
 }
 
-}  // namespace ddprun::launcher::options_detail
+}  // namespace options_detail
+}  // namespace ddprun::launcher

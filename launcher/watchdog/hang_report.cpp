@@ -277,52 +277,48 @@ std::string rank_location(const RankState& r) {
   return r.wchan.empty() ? r.state : r.state + " in " + r.wchan;
 }
 
-HangFindings analyze_hang(const HangDiagnosis& d) {
-  HangFindings out;
-  std::vector<const RankState*> ranks;
-  const StoreView* store = nullptr;
-  for (const NodeDiagnosis& n : d.nodes) {
-    for (const RankState& r : n.ranks) {
-      if (!r.exited) ranks.push_back(&r);
-    }
-    if (n.store) store = &*n.store;
-  }
-  std::sort(ranks.begin(), ranks.end(), [](auto* a, auto* b) { return a->rank < b->rank; });
-  std::set<int> behind;
+namespace {
+
+using Ranks = std::vector<const RankState*>;
+
+// Who waits in the store for which keys, and who never connected to it. Returns the ranks that wait.
+std::set<int> store_findings(const Ranks& ranks, const StoreView& store, HangFindings& out, std::set<int>& behind) {
   std::map<std::string, int> rank_of_endpoint;
   for (const RankState* r : ranks) {
     for (const std::string& ep : r->store_endpoints) rank_of_endpoint[procfs::normalize_endpoint(ep)] = r->rank;
   }
   std::set<int> in_store;
-  if (store) {
-    for (const StoreWait& w : store->waits) {
-      std::string keys;
-      for (size_t i = 0; i < w.keys.size() && i < 3; ++i) keys += (i ? ", '" : "'") + w.keys[i] + "'";
-      if (w.keys.size() > 3) keys += " and " + std::to_string(w.keys.size() - 3) + " more";
-      auto it = rank_of_endpoint.find(procfs::normalize_endpoint(w.peer));
-      if (it != rank_of_endpoint.end()) {
-        in_store.insert(it->second);
-        out.facts.push_back("rank " + std::to_string(it->second) + " waits in the store for key " + keys + " (for " +
-                            seconds(w.seconds) + ")");
-      } else {
-        out.facts.push_back("a client at " + w.peer + " waits in the store for key " + keys + " (for " +
-                            seconds(w.seconds) + ")");
-      }
-    }
-    const bool any_connected = std::any_of(ranks.begin(), ranks.end(), [](auto* r) { return !r->store_endpoints.empty(); });
-    if (any_connected) {
-      std::vector<int> never;
-      for (const RankState* r : ranks) {
-        if (r->store_endpoints.empty()) never.push_back(r->rank);
-      }
-      if (!never.empty()) {
-        out.facts.push_back(rank_list(never) + (never.size() == 1 ? " has" : " have") +
-                            " no connection to the worker store: never reached init_process_group (or closed it)");
-        behind.insert(never.begin(), never.end());
-      }
+  for (const StoreWait& w : store.waits) {
+    std::string keys;
+    for (size_t i = 0; i < w.keys.size() && i < 3; ++i) keys += (i ? ", '" : "'") + w.keys[i] + "'";
+    if (w.keys.size() > 3) keys += " and " + std::to_string(w.keys.size() - 3) + " more";
+    auto it = rank_of_endpoint.find(procfs::normalize_endpoint(w.peer));
+    if (it != rank_of_endpoint.end()) {
+      in_store.insert(it->second);
+      out.facts.push_back("rank " + std::to_string(it->second) + " waits in the store for key " + keys + " (for " +
+                          seconds(w.seconds) + ")");
+    } else {
+      out.facts.push_back("a client at " + w.peer + " waits in the store for key " + keys + " (for " +
+                          seconds(w.seconds) + ")");
     }
   }
-  // Training steps, where the ranks report them (progress pages, else heartbeat counters).
+  const bool any_connected = std::any_of(ranks.begin(), ranks.end(), [](auto* r) { return !r->store_endpoints.empty(); });
+  if (!any_connected) return in_store;
+  std::vector<int> never;
+  for (const RankState* r : ranks) {
+    if (r->store_endpoints.empty()) never.push_back(r->rank);
+  }
+  if (!never.empty()) {
+    out.facts.push_back(rank_list(never) + (never.size() == 1 ? " has" : " have") +
+                        " no connection to the worker store: never reached init_process_group (or closed it)");
+    behind.insert(never.begin(), never.end());
+  }
+  return in_store;
+}
+
+// Training steps, where the ranks report them (progress pages, else heartbeat counters): the ranks
+// at the fewest are behind.
+void step_findings(const Ranks& ranks, const StoreView* store, HangFindings& out, std::set<int>& behind) {
   std::map<int, uint64_t> steps;
   for (const RankState* r : ranks) {
     if (r->reports_progress) steps[r->rank] = r->steps;
@@ -333,25 +329,26 @@ HangFindings analyze_hang(const HangDiagnosis& d) {
     for (const auto& [rank, count] : store->heartbeats) steps[rank] = static_cast<uint64_t>(std::max<int64_t>(count, 0));
     unit = "heartbeat";
   }
-  if (steps.size() >= 2) {
-    uint64_t most = 0, least = UINT64_MAX;
-    for (const auto& [rank, n] : steps) {
-      most = std::max(most, n);
-      least = std::min(least, n);
-    }
-    if (least < most) {
-      std::vector<int> slow;
-      for (const auto& [rank, n] : steps) {
-        if (n == least) slow.push_back(rank);
-      }
-      out.facts.push_back(rank_list(slow) + (slow.size() == 1 ? " is" : " are") + " at " + unit + " " +
-                          std::to_string(least) + ", others at " + unit + " " + std::to_string(most));
-      behind.insert(slow.begin(), slow.end());
-    }
+  if (steps.size() < 2) return;
+  uint64_t most = 0, least = UINT64_MAX;
+  for (const auto& [rank, n] : steps) {
+    most = std::max(most, n);
+    least = std::min(least, n);
   }
-  // A rank stuck destroying its Gloo process group: the destructor joins the group's worker thread
-  // while holding the GIL, and that thread, freeing a tensor whose Python object it now owns,
-  // waits for the GIL (PyTorch 2.6; a temporary given to a collective).
+  if (least == most) return;
+  std::vector<int> slow;
+  for (const auto& [rank, n] : steps) {
+    if (n == least) slow.push_back(rank);
+  }
+  out.facts.push_back(rank_list(slow) + (slow.size() == 1 ? " is" : " are") + " at " + unit + " " +
+                      std::to_string(least) + ", others at " + unit + " " + std::to_string(most));
+  behind.insert(slow.begin(), slow.end());
+}
+
+// A rank stuck destroying its Gloo process group: the destructor joins the group's worker thread
+// while holding the GIL, and that thread, freeing a tensor whose Python object it now owns, waits
+// for the GIL (PyTorch 2.6; a temporary given to a collective).
+std::vector<int> destroy_findings(const Ranks& ranks, HangFindings& out) {
   std::vector<int> destroying;
   for (const RankState* r : ranks) {
     if (r->native_stack.find("ProcessGroupGloo::~ProcessGroupGloo") != std::string::npos &&
@@ -366,6 +363,26 @@ HangFindings analyze_hang(const HangDiagnosis& d) {
                         "tensor was given to a collective: keep such tensors in a variable until the group is "
                         "destroyed)");
   }
+  return destroying;
+}
+
+}  // namespace
+
+HangFindings analyze_hang(const HangDiagnosis& d) {
+  HangFindings out;
+  Ranks ranks;
+  const StoreView* store = nullptr;
+  for (const NodeDiagnosis& n : d.nodes) {
+    for (const RankState& r : n.ranks) {
+      if (!r.exited) ranks.push_back(&r);
+    }
+    if (n.store) store = &*n.store;
+  }
+  std::sort(ranks.begin(), ranks.end(), [](auto* a, auto* b) { return a->rank < b->rank; });
+  std::set<int> behind;
+  const std::set<int> in_store = store ? store_findings(ranks, *store, out, behind) : std::set<int>();
+  step_findings(ranks, store, out, behind);
+  const std::vector<int> destroying = destroy_findings(ranks, out);
   // Who waits (in the store or a collective) and who does not.
   std::vector<int> waiting, elsewhere;
   for (const RankState* r : ranks) {

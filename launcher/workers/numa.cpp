@@ -237,96 +237,119 @@ std::optional<std::vector<int>> visible_gpus(const Topology& t, const std::optio
   return out;
 }
 
+namespace {
+
+using CpusByNode = std::map<int, std::vector<CpuInfo>>;
+
+// A rank's NUMA node, and its place among the ranks (or GPUs) sharing that node.
+struct NodeShare {
+  int node = 0;
+  int position = 0;
+  int peers = 0;
+};
+
+std::vector<NodeShare> share_nodes(const Topology& t, const CpusByNode& by_node, int nproc,
+                                   const std::vector<int>& gpus, bool gpu_workers) {
+  std::vector<NodeShare> share(nproc);
+  if (!gpu_workers) {
+    // CPU workers: the NUMA nodes split evenly, in rank order.
+    std::vector<int> nodes;
+    for (const auto& [n, cpus] : by_node) nodes.push_back(n);
+    std::map<int, int> seen;
+    for (int r = 0; r < nproc; ++r) {
+      share[r].node = nodes[static_cast<size_t>(r) * nodes.size() / static_cast<size_t>(nproc)];
+      share[r].position = seen[share[r].node]++;
+    }
+    for (int r = 0; r < nproc; ++r) share[r].peers = seen[share[r].node];
+    return share;
+  }
+  for (int r = 0; r < nproc; ++r) {
+    const GpuInfo& g = t.gpus.at(gpus[r]);
+    share[r].node = g.numa_node;
+    if (!by_node.count(g.numa_node)) {
+      std::set<int> all;
+      for (const CpuInfo& c : t.cpus) all.insert(c.id);
+      throw ConfigError("--numa_binding: GPU " + std::to_string(r) + " (" + g.pci_address + ") is on NUMA node " +
+                        std::to_string(g.numa_node) + ", where ddprun may use no CPU (it may use " +
+                        format_cpu_list(all) + ")");
+    }
+    // Peers: every visible GPU on the node, in CUDA order (as torchrun divides them).
+    for (size_t k = 0; k < gpus.size(); ++k) {
+      if (t.gpus.at(gpus[k]).numa_node != g.numa_node) continue;
+      if (static_cast<int>(k) == r) share[r].position = share[r].peers;
+      ++share[r].peers;
+    }
+  }
+  return share;
+}
+
+// exclusive: the rank's even share of its node's physical cores (whole cores, with their threads).
+std::set<int> exclusive_cpus(const std::vector<CpuInfo>& mine, const NodeShare& s, bool gpu_workers) {
+  std::map<int, std::set<int>> cores;  // by the core's lowest CPU
+  for (const CpuInfo& c : mine) cores[c.core].insert(c.id);
+  const int per = static_cast<int>(cores.size()) / s.peers;
+  const int extra = static_cast<int>(cores.size()) % s.peers;
+  if (per < 1) {
+    throw ConfigError("--numa_binding exclusive: NUMA node " + std::to_string(s.node) + " has " +
+                      std::to_string(cores.size()) + " physical core(s) ddprun may use for " +
+                      std::to_string(s.peers) + (gpu_workers ? " GPUs" : " ranks") +
+                      ": each needs a core of its own; use --numa_binding node, or fewer workers");
+  }
+  const int start = s.position * per + std::min(s.position, extra);
+  const int end = start + per + (s.position < extra ? 1 : 0);
+  std::set<int> out;
+  int k = 0;
+  for (const auto& [core, cpus] : cores) {
+    if (k >= start && k < end) out.insert(cpus.begin(), cpus.end());
+    ++k;
+  }
+  return out;
+}
+
+// core-complex: one group of cores sharing the last-level cache, the largest first, round robin.
+std::set<int> core_complex_cpus(const std::vector<CpuInfo>& mine, const NodeShare& s) {
+  std::map<int, std::set<int>> caches;
+  for (const CpuInfo& c : mine) caches[c.cache].insert(c.id);
+  std::vector<std::pair<int, std::set<int>>> ordered(caches.begin(), caches.end());
+  std::stable_sort(ordered.begin(), ordered.end(),
+                   [](const auto& a, const auto& b) { return a.second.size() > b.second.size(); });
+  return ordered[static_cast<size_t>(s.position) % ordered.size()].second;
+}
+
+std::set<int> cpus_for(const Topology& t, NumaBinding mode, const std::vector<CpuInfo>& mine, const NodeShare& s,
+                       bool gpu_workers) {
+  std::set<int> out;
+  switch (mode) {
+    case NumaBinding::Off: break;
+    case NumaBinding::Node:
+      for (const CpuInfo& c : mine) out.insert(c.id);
+      break;
+    case NumaBinding::Socket:
+      for (const CpuInfo& c : t.cpus) {
+        if (c.package == mine.front().package) out.insert(c.id);
+      }
+      break;
+    case NumaBinding::Exclusive: return exclusive_cpus(mine, s, gpu_workers);
+    case NumaBinding::CoreComplex: return core_complex_cpus(mine, s);
+  }
+  return out;
+}
+
+}  // namespace
+
 std::vector<RankPlacement> place_ranks(const Topology& t, NumaBinding mode, int nproc, const std::vector<int>& gpus) {
   std::vector<RankPlacement> out;
   if (mode == NumaBinding::Off || nproc <= 0) return out;
   if (t.cpus.empty()) throw ConfigError("--numa_binding: no CPU to bind to");
-  std::map<int, std::vector<CpuInfo>> by_node;
+  CpusByNode by_node;
   for (const CpuInfo& c : t.cpus) by_node[c.numa_node].push_back(c);
   const bool gpu_workers = !gpus.empty() && static_cast<int>(gpus.size()) >= nproc;
-
-  // Each rank's NUMA node, and its place among the ranks (or GPUs) sharing that node.
-  std::vector<int> node(nproc), position(nproc), peers(nproc);
-  std::vector<int> nodes;
-  for (const auto& [n, cpus] : by_node) nodes.push_back(n);
-  for (int r = 0; r < nproc; ++r) {
-    if (gpu_workers) {
-      const GpuInfo& g = t.gpus.at(gpus[r]);
-      node[r] = g.numa_node;
-      if (!by_node.count(node[r])) {
-        throw ConfigError("--numa_binding: GPU " + std::to_string(r) + " (" + g.pci_address + ") is on NUMA node " +
-                          std::to_string(node[r]) + ", where ddprun may use no CPU (it may use " +
-                          [&] {
-                            std::set<int> all;
-                            for (const CpuInfo& c : t.cpus) all.insert(c.id);
-                            return format_cpu_list(all);
-                          }() +
-                          ")");
-      }
-      // Peers: every visible GPU on the node, in CUDA order (as torchrun divides them).
-      for (size_t k = 0; k < gpus.size(); ++k) {
-        if (t.gpus.at(gpus[k]).numa_node != node[r]) continue;
-        if (static_cast<int>(k) == r) position[r] = peers[r];
-        ++peers[r];
-      }
-    } else {
-      node[r] = nodes[static_cast<size_t>(r) * nodes.size() / static_cast<size_t>(nproc)];
-    }
-  }
-  if (!gpu_workers) {
-    std::map<int, int> seen;
-    for (int r = 0; r < nproc; ++r) position[r] = seen[node[r]]++;
-    for (int r = 0; r < nproc; ++r) peers[r] = seen[node[r]];
-  }
-
+  const std::vector<NodeShare> share = share_nodes(t, by_node, nproc, gpus, gpu_workers);
   for (int r = 0; r < nproc; ++r) {
     RankPlacement p;
-    p.numa_node = node[r];
+    p.numa_node = share[r].node;
     if (gpu_workers) p.near = "GPU " + std::to_string(r) + " (" + t.gpus.at(gpus[r]).pci_address + ")";
-    const std::vector<CpuInfo>& mine = by_node.at(node[r]);
-    switch (mode) {
-      case NumaBinding::Off: break;
-      case NumaBinding::Node:
-        for (const CpuInfo& c : mine) p.cpus.insert(c.id);
-        break;
-      case NumaBinding::Socket: {
-        const int package = mine.front().package;
-        for (const CpuInfo& c : t.cpus) {
-          if (c.package == package) p.cpus.insert(c.id);
-        }
-        break;
-      }
-      case NumaBinding::Exclusive: {
-        std::map<int, std::set<int>> cores;  // by the core's lowest CPU
-        for (const CpuInfo& c : mine) cores[c.core].insert(c.id);
-        const int per = static_cast<int>(cores.size()) / peers[r];
-        const int extra = static_cast<int>(cores.size()) % peers[r];
-        if (per < 1) {
-          throw ConfigError("--numa_binding exclusive: NUMA node " + std::to_string(node[r]) + " has " +
-                            std::to_string(cores.size()) + " physical core(s) ddprun may use for " +
-                            std::to_string(peers[r]) + (gpu_workers ? " GPUs" : " ranks") +
-                            ": each needs a core of its own; use --numa_binding node, or fewer workers");
-        }
-        const int start = position[r] * per + std::min(position[r], extra);
-        const int end = start + per + (position[r] < extra ? 1 : 0);
-        int k = 0;
-        for (const auto& [core, cpus] : cores) {
-          if (k >= start && k < end) p.cpus.insert(cpus.begin(), cpus.end());
-          ++k;
-        }
-        break;
-      }
-      case NumaBinding::CoreComplex: {
-        std::map<int, std::set<int>> caches;
-        for (const CpuInfo& c : mine) caches[c.cache].insert(c.id);
-        std::vector<std::pair<int, std::set<int>>> ordered(caches.begin(), caches.end());
-        // The largest complexes first, then by CPU id.
-        std::stable_sort(ordered.begin(), ordered.end(),
-                         [](const auto& a, const auto& b) { return a.second.size() > b.second.size(); });
-        p.cpus = ordered[static_cast<size_t>(position[r]) % ordered.size()].second;
-        break;
-      }
-    }
+    p.cpus = cpus_for(t, mode, by_node.at(share[r].node), share[r], gpu_workers);
     out.push_back(std::move(p));
   }
   // Each rank's share of physical cores: those of its CPU set over the ranks given the same set.

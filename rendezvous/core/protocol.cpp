@@ -156,6 +156,9 @@ void RequestDecoder::reset() {
   if (values_.capacity() > 1024) std::vector<Span>().swap(values_);
 }
 
+// One function of ~110 lines: the resumable walk over the command's field layout, whose helpers
+// (have, field, count) share the input, the position and the first error; this is the fuzz target's
+// path (tests/fuzz), kept in one piece so each early return leaves the decoder resumable.
 DecodeResult RequestDecoder::decode(Dialect dialect, std::string_view in, const Limits& limits, Request& out) {
   DecodeResult result;  // Incomplete until proven otherwise
   auto fail = [&](const std::string& message) {

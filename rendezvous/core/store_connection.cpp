@@ -218,6 +218,12 @@ void StoreConnection::apply(const Request& req) {
     store_.cancel_wait(*this);
   }
   check_reply_size(req);
+  execute(req);
+}
+
+// One case per command of the wire protocol (shared/docs TCPSTORE_PROTOCOL.md), in one switch so
+// that the compiler checks every Op is handled; each case is a call into the store and its reply.
+void StoreConnection::execute(const Request& req) {
   switch (req.op) {
     case Op::Validate:
       if (req.number != kValidateMagic) {

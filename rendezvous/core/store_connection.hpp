@@ -85,7 +85,9 @@ class StoreConnection final : public Waiter {
                       const SharedBytes& new_value) override;
 
  private:
+  // The gate (handshake, access, a stale WAIT, the reply's size), then execute.
   void apply(const Request& req);
+  void execute(const Request& req);
   // `keys` without jobs::kStoreInfoKey when the store describes itself (that key is always there).
   std::span<const std::string_view> stored_keys(const std::vector<std::string_view>& keys);
   // The handshake, and the gate every other request passes first.

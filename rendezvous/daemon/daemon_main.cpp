@@ -12,6 +12,8 @@
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/address.hpp>
 #include <boost/asio/signal_set.hpp>
+#include <algorithm>
+#include <chrono>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
@@ -47,7 +49,7 @@ constexpr const char* kUsage = R"(Usage: ddprun-rendezvous [OPTIONS]
 Serves a PyTorch-compatible TCPStore (1.13 and 2.x clients on one port) for ddprun agents: many jobs
 at once, each rerun of a job id in a namespace of its own, finished jobs forgotten.
 
-Options:
+Options (dashes and underscores in their names are interchangeable):
   --host ADDR            address to listen on (default 127.0.0.1; "::" for IPv6 and IPv4). Any other
                          than loopback needs --token-file (or --insecure)
   --port N               port to listen on; 0 lets the kernel pick one (default 29400)
@@ -222,123 +224,154 @@ void write_port_file(const std::string& path, uint16_t port) {
   if (std::rename(tmp.c_str(), path.c_str()) != 0) throw ConfigError("cannot rename " + tmp + " to " + path);
 }
 
-int serve_main(int argc, char** argv) {
+// A number of seconds up to `max` (zero only where allowed), as milliseconds; `range` for the error.
+std::chrono::milliseconds parse_seconds(const std::string& flag, const std::string& text, bool allow_zero, double max,
+                                        const char* range) {
+  const auto secs = to_double(text);
+  if (!secs || *secs < 0 || (*secs == 0 && !allow_zero) || *secs > max) {
+    usage_error(flag + " expects a number of seconds " + range + ", got '" + text + "'");
+  }
+  return std::chrono::milliseconds(static_cast<int64_t>(*secs * 1000));
+}
+
+struct ServeConfig {
   rdzv::ServerOptions options;
-  options.host = "127.0.0.1";
-  // A daemon serves many jobs: each gets a share, so that one cannot fill the store for the others.
-  options.store_limits.max_job_keys = 131072;
-  options.store_limits.max_job_bytes = uint64_t{256} << 20;
-  options.port = 29400;
-  options.job_ttl = std::chrono::hours(1);
-  options.describe_self = true;  // agents ride out a partition or a restart (rdzv::ClientOptions)
   std::string port_file;
   std::optional<std::string> token_file;
   std::optional<uint16_t> metrics_port;
   bool insecure = false;
-  bool help = false, version = false;
+  bool help = false;
+  bool version = false;
+};
+
+// The daemon's defaults: a daemon serves many jobs, each with a share, so that one cannot fill the
+// store for the others; agents ride out a partition or a restart (describe_self).
+ServeConfig serve_defaults() {
+  ServeConfig c;
+  c.options.host = "127.0.0.1";
+  c.options.port = 29400;
+  c.options.store_limits.max_job_keys = 131072;
+  c.options.store_limits.max_job_bytes = uint64_t{256} << 20;
+  c.options.job_ttl = std::chrono::hours(1);
+  c.options.describe_self = true;
+  return c;
+}
+
+// One flag of the server's command line; false when `arg` is none of them.
+template <typename Next>
+bool apply_serve_flag(const std::string& arg, Next&& next, ServeConfig& c) {
+  rdzv::ServerOptions& o = c.options;
+  auto is = [&](const char* dashed) {
+    std::string underscored = dashed;
+    std::replace(underscored.begin() + 2, underscored.end(), '-', '_');
+    return arg == dashed || arg == underscored;
+  };
+  if (is("--host")) o.host = next();
+  else if (is("--port")) o.port = static_cast<uint16_t>(parse_number(arg, next(), 65535));
+  else if (is("--port-file")) c.port_file = next();
+  else if (is("--token-file")) c.token_file = next();
+  else if (is("--insecure")) c.insecure = true;
+  else if (is("--max-key-bytes")) o.limits.max_key_bytes = parse_number(arg, next(), uint64_t{1} << 30);
+  else if (is("--max-value-bytes")) {
+    o.limits.max_value_bytes = parse_number(arg, next(), uint64_t{1} << 32);
+    o.limits.max_request_bytes = std::max(o.limits.max_request_bytes, o.limits.max_value_bytes * 2);
+  } else if (is("--max-keys")) o.limits.max_keys_per_request = parse_number(arg, next(), uint64_t{1} << 24);
+  else if (is("--max-reply-bytes")) o.limits.max_reply_bytes = parse_number(arg, next(), uint64_t{1} << 40);
+  else if (is("--max-total-keys")) o.store_limits.max_total_keys = parse_number(arg, next(), uint64_t{1} << 40);
+  else if (is("--max-store-bytes")) o.store_limits.max_store_bytes = parse_number(arg, next(), uint64_t{1} << 50);
+  else if (is("--job-max-keys")) o.store_limits.max_job_keys = parse_number(arg, next(), uint64_t{1} << 40);
+  else if (is("--job-max-bytes")) o.store_limits.max_job_bytes = parse_number(arg, next(), uint64_t{1} << 50);
+  else if (is("--metrics-port")) c.metrics_port = static_cast<uint16_t>(parse_number(arg, next(), 65535));
+  else if (is("--handshake-timeout")) o.handshake_timeout = parse_seconds(arg, next(), false, 3600, "in (0, 3600]");
+  else if (is("--max-pending-handshakes")) {
+    o.max_pending_handshakes = parse_number(arg, next(), uint64_t{1} << 20);
+    if (o.max_pending_handshakes == 0) usage_error("--max-pending-handshakes expects a number >= 1, got 0");
+  } else if (is("--job-ttl")) o.job_ttl = parse_seconds(arg, next(), true, 1e7, ">= 0");
+  else if (is("--state-file")) {
+    o.state_file = next();
+    if (o.state_file.empty()) usage_error("--state-file expects a path, got ''");
+  } else if (is("--log-level")) {
+    log::Level level;
+    const std::string v = next();
+    if (!log::parse_level(v, level)) usage_error("--log-level expects debug, info, warn or error, got '" + v + "'");
+    log::set_level(level);
+  } else {
+    return false;
+  }
+  return true;
+}
+
+ServeConfig parse_serve_flags(int argc, char** argv) {
+  ServeConfig c = serve_defaults();
   for_each_flag(argc, argv, 1, [&](const std::string& arg, auto next) {
-    if (arg == "-h" || arg == "--help") help = true;
-    else if (arg == "--version") version = true;
-    else if (arg == "--host") options.host = next();
-    else if (arg == "--port") options.port = static_cast<uint16_t>(parse_number(arg, next(), 65535));
-    else if (arg == "--port-file" || arg == "--port_file") port_file = next();
-    else if (arg == "--token-file" || arg == "--token_file") token_file = next();
-    else if (arg == "--insecure") insecure = true;
-    else if (arg == "--max-key-bytes") options.limits.max_key_bytes = parse_number(arg, next(), uint64_t{1} << 30);
-    else if (arg == "--max-value-bytes") {
-      options.limits.max_value_bytes = parse_number(arg, next(), uint64_t{1} << 32);
-      options.limits.max_request_bytes = std::max(options.limits.max_request_bytes, options.limits.max_value_bytes * 2);
-    } else if (arg == "--max-keys") {
-      options.limits.max_keys_per_request = parse_number(arg, next(), uint64_t{1} << 24);
-    } else if (arg == "--max-reply-bytes") {
-      options.limits.max_reply_bytes = parse_number(arg, next(), uint64_t{1} << 40);
-    } else if (arg == "--max-total-keys") {
-      options.store_limits.max_total_keys = parse_number(arg, next(), uint64_t{1} << 40);
-    } else if (arg == "--max-store-bytes") {
-      options.store_limits.max_store_bytes = parse_number(arg, next(), uint64_t{1} << 50);
-    } else if (arg == "--job-max-keys" || arg == "--job_max_keys") {
-      options.store_limits.max_job_keys = parse_number(arg, next(), uint64_t{1} << 40);
-    } else if (arg == "--job-max-bytes" || arg == "--job_max_bytes") {
-      options.store_limits.max_job_bytes = parse_number(arg, next(), uint64_t{1} << 50);
-    } else if (arg == "--metrics-port" || arg == "--metrics_port") {
-      metrics_port = static_cast<uint16_t>(parse_number(arg, next(), 65535));
-    } else if (arg == "--handshake-timeout" || arg == "--handshake_timeout") {
-      const std::string v = next();
-      const auto secs = to_double(v);
-      if (!secs || *secs <= 0 || *secs > 3600) {
-        usage_error("--handshake-timeout expects a number of seconds in (0, 3600], got '" + v + "'");
-      }
-      options.handshake_timeout = std::chrono::milliseconds(static_cast<int64_t>(*secs * 1000));
-    } else if (arg == "--max-pending-handshakes" || arg == "--max_pending_handshakes") {
-      options.max_pending_handshakes = parse_number(arg, next(), uint64_t{1} << 20);
-      if (options.max_pending_handshakes == 0) usage_error("--max-pending-handshakes expects a number >= 1, got 0");
-    } else if (arg == "--job-ttl" || arg == "--job_ttl") {
-      const std::string v = next();
-      const auto secs = to_double(v);
-      if (!secs || *secs < 0 || *secs > 1e7) usage_error("--job-ttl expects a number of seconds >= 0, got '" + v + "'");
-      options.job_ttl = std::chrono::milliseconds(static_cast<int64_t>(*secs * 1000));
-    } else if (arg == "--state-file" || arg == "--state_file") {
-      options.state_file = next();
-      if (options.state_file.empty()) usage_error("--state-file expects a path, got ''");
-    } else if (arg == "--log-level") {
-      log::Level level;
-      const std::string v = next();
-      if (!log::parse_level(v, level)) usage_error("--log-level expects debug, info, warn or error, got '" + v + "'");
-      log::set_level(level);
-    } else {
-      usage_error("unknown option '" + arg + "'");
-    }
+    if (arg == "-h" || arg == "--help") c.help = true;
+    else if (arg == "--version") c.version = true;
+    else if (!apply_serve_flag(arg, next, c)) usage_error("unknown option '" + arg + "'");
   });
-  if (help) {
+  return c;
+}
+
+// The secret from --token-file, or protected mode (as Redis has it): no secret, no network.
+void load_secret(ServeConfig& c) {
+  if (c.token_file) {
+    const rdzv::Token t = rdzv::read_token_file(*c.token_file);
+    if (t.run_id) throw ConfigError(*c.token_file + " holds a job token; the daemon needs the cluster secret itself");
+    c.options.secret = rdzv::store_secret(t);
+  } else if (!loopback_host(c.options.host) && !c.insecure) {
+    throw ConfigError("refusing to listen on " + c.options.host + " without a secret: anyone who can reach port " +
+                      std::to_string(c.options.port) + " could read, rewrite and end every job. Give the daemon a "
+                      "secret with --token-file PATH (e.g. head -c 32 /dev/urandom | base64 > PATH; chmod 600 "
+                      "PATH), or pass --insecure to accept the risk");
+  }
+}
+
+// Serves until SIGINT or SIGTERM; throws what stops it from starting.
+void serve(const ServeConfig& c) {
+  raise_open_file_limit();
+  boost::asio::io_context io(1);
+  rdzv::Server server(io, c.options);
+  if (!c.port_file.empty()) write_port_file(c.port_file, server.port());
+  std::cout << "listening on " << rdzv::format_endpoint(server.endpoint()) << std::endl;
+  if (c.options.secret) log::info("rendezvous") << "protected: clients must prove the secret in " << *c.token_file;
+  else if (c.insecure) log::warn("rendezvous") << "--insecure: anyone who can reach this port can read and end every job";
+  std::unique_ptr<rdzv::MetricsServer> metrics;
+  if (c.metrics_port) {
+    metrics = std::make_unique<rdzv::MetricsServer>(io, server.endpoint().address().to_string(), *c.metrics_port,
+                                                     [&server] { return rdzv::render_metrics(server); });
+    std::cout << "metrics on " << server.endpoint().address().to_string() << ":" << metrics->port() << std::endl;
+  }
+  boost::asio::signal_set signals(io, SIGINT, SIGTERM);
+  signals.async_wait([&](const boost::system::error_code& ec, int signo) {
+    if (ec) return;
+    log::info("rendezvous") << "received " << (signo == SIGINT ? "SIGINT" : "SIGTERM") << ", shutting down";
+    server.stop();
+    if (metrics) metrics->stop();
+    io.stop();
+  });
+  std::signal(SIGPIPE, SIG_IGN);
+  server.start();
+  if (metrics) metrics->start();
+  io.run();
+}
+
+int serve_main(int argc, char** argv) {
+  ServeConfig c = parse_serve_flags(argc, argv);
+  if (c.help) {
     std::cout << kUsage;
     return 0;
   }
-  if (version) {
+  if (c.version) {
     std::cout << "ddprun-rendezvous " << DDPRUN_VERSION << "\n";
     return 0;
   }
   try {
-    if (token_file) {
-      const rdzv::Token t = rdzv::read_token_file(*token_file);
-      if (t.run_id) throw ConfigError(*token_file + " holds a job token; the daemon needs the cluster secret itself");
-      options.secret = rdzv::store_secret(t);
-    } else if (!loopback_host(options.host) && !insecure) {
-      // Protected mode, as Redis has it: no secret, no network.
-      throw ConfigError("refusing to listen on " + options.host + " without a secret: anyone who can reach port " +
-                        std::to_string(options.port) + " could read, rewrite and end every job. Give the daemon a "
-                        "secret with --token-file PATH (e.g. head -c 32 /dev/urandom | base64 > PATH; chmod 600 "
-                        "PATH), or pass --insecure to accept the risk");
-    }
+    load_secret(c);
   } catch (const ConfigError& e) {
     std::cerr << "ddprun-rendezvous: " << e.what() << "\n";
     return 2;
   }
   try {
-    raise_open_file_limit();
-    boost::asio::io_context io(1);
-    rdzv::Server server(io, options);
-    if (!port_file.empty()) write_port_file(port_file, server.port());
-    std::cout << "listening on " << rdzv::format_endpoint(server.endpoint()) << std::endl;
-    if (options.secret) log::info("rendezvous") << "protected: clients must prove the secret in " << *token_file;
-    else if (insecure) log::warn("rendezvous") << "--insecure: anyone who can reach this port can read and end every job";
-    std::unique_ptr<rdzv::MetricsServer> metrics;
-    if (metrics_port) {
-      metrics = std::make_unique<rdzv::MetricsServer>(io, server.endpoint().address().to_string(), *metrics_port,
-                                                       [&server] { return rdzv::render_metrics(server); });
-      std::cout << "metrics on " << server.endpoint().address().to_string() << ":" << metrics->port() << std::endl;
-    }
-    boost::asio::signal_set signals(io, SIGINT, SIGTERM);
-    signals.async_wait([&](const boost::system::error_code& ec, int signo) {
-      if (ec) return;
-      log::info("rendezvous") << "received " << (signo == SIGINT ? "SIGINT" : "SIGTERM") << ", shutting down";
-      server.stop();
-      if (metrics) metrics->stop();
-      io.stop();
-    });
-    std::signal(SIGPIPE, SIG_IGN);
-    server.start();
-    if (metrics) metrics->start();
-    io.run();
+    serve(c);
     return 0;
   } catch (const std::exception& e) {
     log::error("rendezvous") << e.what();

@@ -211,7 +211,7 @@ TEST(OptionsTest, EtcdTakesSeveralEndpointsRangesAndItsOwnSettings) {
                   "--nnodes", "2:4", "--rdzv_conf",
                   "key_prefix=/team-a,lease_ttl=4,etcd_user=alice,etcd_password_file=/p,etcd_ca_file=/ca.crt",
                   "train"});
-  EXPECT_EQ(o.rdzv_backend, "etcd");
+  EXPECT_EQ(o.rdzv_backend, RdzvBackend::Etcd);
   EXPECT_EQ(o.etcd.endpoints, (std::vector<std::string>{"10.0.0.1:2379", "https://10.0.0.2:2379", "10.0.0.3"}));
   EXPECT_EQ(o.min_nodes, 2);
   EXPECT_EQ(o.max_nodes, 4);

@@ -17,6 +17,7 @@
 #include "rendezvous/core/protocol.hpp"
 #include "tests/support/daemon.hpp"
 #include "tests/support/raw_socket.hpp"
+#include "tests/support/subprocess.hpp"
 
 namespace ddprun::test {
 namespace {
@@ -353,6 +354,50 @@ TEST(StoreServiceTest, MetricsEndpointPassesPromtoolAndCountsWhatHappened) {
 
   EXPECT_EQ(http_get(metrics_port, "/nope").rfind("HTTP/1.1 404", 0), 0u);
   expect_serving(d);
+}
+
+// The daemon's command line: a malformed value exits 2 with a message naming the flag as written
+// and what it expects; nothing is served.
+TEST(StoreServiceTest, AMalformedFlagExitsTwoNamingItAndWhatItExpects) {
+  struct Case {
+    std::vector<std::string> args;
+    std::string says;
+  };
+  const std::vector<Case> cases = {
+      {{"--port", "70000"}, "--port expects a whole number from 0 to 65535, got '70000'"},
+      {{"--job-ttl", "-1"}, "--job-ttl expects a number of seconds >= 0, got '-1'"},
+      {{"--handshake_timeout=0"}, "--handshake_timeout expects a number of seconds in (0, 3600], got '0'"},
+      {{"--max-pending-handshakes", "0"}, "--max-pending-handshakes expects a number >= 1, got 0"},
+      {{"--state-file="}, "--state-file expects a path, got ''"},
+      {{"--max-keys"}, "--max-keys needs a value"},
+      {{"--bogus"}, "unknown option '--bogus'"},
+  };
+  for (const Case& c : cases) {
+    std::vector<std::string> argv{DAEMON_BIN, "--port", "0"};
+    argv.insert(argv.end(), c.args.begin(), c.args.end());
+    Subprocess p(argv);
+    const Finished f = p.wait(30s);
+    EXPECT_EQ(f.exit_code, 2) << c.args.front() << ": " << f.err;
+    EXPECT_NE(f.err.find(c.says), std::string::npos) << "expected '" << c.says << "' in: " << f.err;
+    EXPECT_EQ(f.out.find("listening on"), std::string::npos) << f.out;
+  }
+}
+
+// Dashes and underscores spell the same flag (as ddprun's own flags): --max_key_bytes is
+// --max-key-bytes.
+TEST(StoreServiceTest, UnderscoresSpellTheSameFlags) {
+  Daemon d(DAEMON_BIN, DaemonOptions{.args = {"--max_key_bytes", "64", "--job_ttl=5"}});
+  expect_serving(d);
+  rdzv::Client c(client_options(d.port()));
+  // SET has no reply: the refusal (the connection closed) shows at the next request.
+  EXPECT_THROW(
+      {
+        c.set(std::string(65, 'k'), "v");
+        c.ping();
+      },
+      std::exception)
+      << "a 65-byte key is over --max_key_bytes 64";
+  EXPECT_EQ(d.log_count("over the limit"), 1u) << d.log();
 }
 
 }  // namespace
