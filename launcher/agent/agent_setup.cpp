@@ -5,6 +5,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <iomanip>
 #include <random>
 
 #include "common/errors.hpp"
@@ -137,7 +138,55 @@ Agent::Agent(const LaunchOptions& o, JobReport& report)
   }
   for (int s : o.signals_to_handle) signals_text_ += (signals_text_.empty() ? "" : ",") + signal_name(s);
   if (o.virtual_local_rank) gpus_ = visible_gpu_ids(base_env_, o.nproc_per_node);
+  start_zygote();
   signals_ = std::make_unique<SignalWatcher>(o.signals_to_handle, [this](int s) { on_signal(s); });
+}
+
+void Agent::start_zygote() {
+  if (o_.preload.empty()) return;
+  const std::vector<std::string> command = worker_command(o_, base_env_);
+  if (command.size() < 2 || command[1] != "-u") {
+    log::info("ddprun") << "--preload applies to Python programs (PROGRAM.py, -m MODULE): " << o_.program
+                        << " is started as it is";
+    return;
+  }
+  Environment env = base_env_;
+  if (!python_hook_dir_.empty()) {
+    auto pp = env.find("PYTHONPATH");
+    env["PYTHONPATH"] = python_hook_dir_ + (pp != env.end() && !pp->second.empty() ? ":" + pp->second : "");
+  }
+  try {
+    zygote_ = std::make_unique<Zygote>(command[0], o_.preload, to_envp(env), (run_dir_.path / "zygote.sock").string(),
+                                       &guard_);
+  } catch (const Error& e) {
+    log::warn("ddprun") << "--preload: " << e.what() << "; workers start the normal way";
+    return;
+  }
+  supervisor_.set_spawner([this](const SpawnRequest& r) { return spawn_worker(r); });
+}
+
+SpawnedProcess Agent::spawn_worker(const SpawnRequest& request) {
+  if (zygote_ && !zygote_->ready(std::chrono::minutes(5))) {
+    log::warn("ddprun") << "--preload: " << zygote_->why() << "; workers start the normal way";
+    zygote_.reset();
+  }
+  if (zygote_) {
+    if (!zygote_announced_) {
+      std::string modules;
+      for (const std::string& m : o_.preload) modules += (modules.empty() ? "" : ",") + m;
+      log::info("ddprun") << "--preload: " << modules << " imported once in " << std::fixed << std::setprecision(2)
+                          << zygote_->import_seconds() << " s (zygote pid " << zygote_->pid()
+                          << "); workers are forked from it";
+      zygote_announced_ = true;
+    }
+    try {
+      return zygote_->spawn(request);
+    } catch (const ProcessError& e) {
+      log::warn("ddprun") << "--preload: " << e.what() << "; workers start the normal way from now on";
+      zygote_.reset();
+    }
+  }
+  return spawn_process(request);
 }
 
 void Agent::plan_numa_binding() {

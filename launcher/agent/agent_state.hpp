@@ -22,6 +22,7 @@
 #include "launcher/workers/supervisor.hpp"
 #include "launcher/watchdog/watchdog.hpp"
 #include "launcher/workers/worker_env.hpp"
+#include "launcher/workers/zygote.hpp"
 #include "rendezvous/core/auth.hpp"
 #include "rendezvous/server/server.hpp"
 
@@ -66,6 +67,10 @@ class Agent {
   void arm_fence(std::chrono::milliseconds lost_after);
   std::optional<rdzv::Token> read_token() const;
   void plan_numa_binding();
+  // --preload: the zygote starts importing now (overlapping the rendezvous); spawn_worker forks
+  // workers from it, or starts them the normal way when it cannot serve (said once).
+  void start_zygote();
+  SpawnedProcess spawn_worker(const SpawnRequest& request);
   uint16_t host_worker_store();
   fs::path attempt_directory(const World& world) const;
   std::vector<WorkerLaunch> make_launches(const World& world, const fs::path& attempt_dir, const Watchdog& watchdog);
@@ -118,6 +123,8 @@ class Agent {
   bool watching_ = false;
   std::mutex seen_mutex_;
   std::optional<RoundEnd> seen_end_;  // the round's end as the watcher saw it
+  std::unique_ptr<Zygote> zygote_;     // --preload; last: gone before the run directory
+  bool zygote_announced_ = false;
 };
 
 }  // namespace ddprun::launcher::agent_detail

@@ -55,6 +55,9 @@ constexpr FlagDef kFlagTable[] = {
      "show only these local ranks on the console, e.g. '0' or '0,3' (log files keep everything)"},
     {"--no_python", nullptr, "no_python", false, "off", "run the program directly even if it ends in .py"},
     {"--module", "-m", "module", false, "off", "run the program as a Python module (python -m)"},
+    {"--preload", nullptr, "preload", true, "(none; DDPRUN_PRELOAD)",
+     "Python modules (comma-separated, e.g. torch) one interpreter per node imports once; each Python worker is "
+     "then forked from it instead of started anew, and restarts fork again without importing"},
     {"--local_rank_arg", nullptr, "local_rank_arg", false, "off",
      "pass --local_rank=N as the program's first argument, as torch.distributed.launch 1.x did (scripts that read "
      "--local_rank from argv run unchanged); --local_rank_arg=dash passes --local-rank=N, as 2.x does",

@@ -3,6 +3,7 @@
 #include <sched.h>
 
 #include <algorithm>
+#include <cctype>
 #include <csignal>
 #include <cstdlib>
 #include <cstring>
@@ -248,7 +249,23 @@ void resolve_output(const Given& g, const EnvLookup& env, LaunchOptions& o) {
   else if (auto v = env("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"); v) o.log_line_prefix = *v;
 }
 
-void resolve_invocation(const Given& g, LaunchOptions& o) {
+// --preload's modules: dotted Python names, each checked, so a typo is an error before any import.
+std::vector<std::string> parse_preload(const std::string& where, const std::string& text) {
+  std::vector<std::string> out;
+  for (const std::string& m : split(text, ',')) {
+    if (m.empty()) continue;
+    bool ok = !std::isdigit(static_cast<unsigned char>(m.front())) && m.front() != '.' && m.back() != '.' &&
+              m.find("..") == std::string::npos;
+    for (char c : m) ok = ok && (std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '.');
+    if (!ok) bad(where, "Python module names separated by commas, such as torch,numpy", m);
+    out.push_back(m);
+  }
+  return out;
+}
+
+void resolve_invocation(const Given& g, const EnvLookup& env, LaunchOptions& o) {
+  if (g.has("preload")) o.preload = parse_preload(g.flag("preload"), g["preload"]);
+  else if (auto v = env("DDPRUN_PRELOAD"); v && !trim(*v).empty()) o.preload = parse_preload("DDPRUN_PRELOAD", *v);
   o.no_python = g.has("no_python");
   o.module = g.has("module");
   if (g.has("local_rank_arg")) {
@@ -291,7 +308,7 @@ void resolve_signals(const Given& g, const EnvLookup& env, LaunchOptions& o) {
 void resolve_workers(const Given& g, const EnvLookup& env, LaunchOptions& o) {
   resolve_supervision(g, env, o);
   resolve_output(g, env, o);
-  resolve_invocation(g, o);
+  resolve_invocation(g, env, o);
   resolve_signals(g, env, o);
 }
 

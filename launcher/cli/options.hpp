@@ -99,6 +99,8 @@ struct LaunchOptions {
   std::optional<std::set<int>> local_ranks_filter;
   bool no_python = false;
   bool module = false;
+  // --preload / DDPRUN_PRELOAD: modules a per-node zygote imports once (Python programs only).
+  std::vector<std::string> preload;
   // --local_rank=N (Underscore, torch.distributed.launch 1.x) or --local-rank=N (Dash, 2.x) before
   // the program's own arguments.
   LocalRankArg local_rank_arg = LocalRankArg::None;

@@ -366,7 +366,7 @@ GroupResult Supervisor::run(const std::vector<WorkerLaunch>& launches,
       w->out = std::make_unique<LineWriter>(l.prefix, log_sinks(l, l.stdout_file, c.out, l.stdout_to_console), 0);
       w->err = std::make_unique<LineWriter>(l.prefix, log_sinks(l, l.stderr_file, c.err, l.stderr_to_console),
                                             settings_.stderr_tail_lines);
-      p = spawn_process(l.request);
+      p = spawner_ ? spawner_(l.request) : spawn_process(l.request);
     } catch (const std::exception& e) {
       // Out of descriptors (pipe2), processes (fork), a program that cannot be executed: a failure
       // of this rank like any other, so the ones already started are stopped and reaped.

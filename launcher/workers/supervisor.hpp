@@ -82,6 +82,10 @@ class Supervisor {
   GroupResult run(const std::vector<WorkerLaunch>& workers,
                   const std::function<void(const std::vector<pid_t>&)>& on_started = {});
 
+  // How workers are started: spawn_process unless set (--preload forks them from a zygote).
+  using Spawner = std::function<SpawnedProcess(const SpawnRequest&)>;
+  void set_spawner(Spawner spawner) { spawner_ = std::move(spawner); }
+
   // Thread-safe. Whether a group runs and is not being stopped.
   bool group_running() const { return running_.load(std::memory_order_acquire); }
 
@@ -123,6 +127,7 @@ class Supervisor {
 
   SupervisorSettings settings_;
   OrphanGuard* guard_;
+  Spawner spawner_;
   boost::asio::io_context io_{1};
   boost::asio::signal_set sigchld_;
   boost::asio::steady_timer grace_timer_;

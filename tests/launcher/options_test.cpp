@@ -137,6 +137,21 @@ TEST(OptionsTest, BadValuesNameTheFlagAndTheAcceptedValues) {
   EXPECT_NE(error_of({"--shutdown_timeout", "-1", "t"}).find("seconds >= 0"), std::string::npos);
 }
 
+TEST(OptionsTest, PreloadTakesModuleNamesFromTheFlagOrTheEnvironment) {
+  EXPECT_EQ(parse({"--preload", "torch, numpy,torch.distributed", "t.py"}).preload,
+            (std::vector<std::string>{"torch", "numpy", "torch.distributed"}));
+  EXPECT_EQ(parse({"t.py"}, {{"DDPRUN_PRELOAD", "torch"}}).preload, (std::vector<std::string>{"torch"}));
+  EXPECT_EQ(parse({"--preload", "numpy", "t.py"}, {{"DDPRUN_PRELOAD", "torch"}}).preload,
+            (std::vector<std::string>{"numpy"}))
+      << "the flag wins";
+  EXPECT_TRUE(parse({"t.py"}).preload.empty());
+  EXPECT_EQ(error_of({"--preload", "torch;rm", "t.py"}),
+            "--preload: expected Python module names separated by commas, such as torch,numpy, got 'torch;rm'");
+  EXPECT_NE(error_of({"t.py"}, {{"DDPRUN_PRELOAD", "1torch"}}).find("DDPRUN_PRELOAD: expected Python module names"),
+            std::string::npos);
+  EXPECT_NE(error_of({"--preload", "torch..nn", "t.py"}).find("got 'torch..nn'"), std::string::npos);
+}
+
 TEST(OptionsTest, RedirectsPerLocalRankAndRankFilter) {
   auto o = parse({"--redirects", "0:1,2:3", "--local_ranks_filter", "0,2", "t"});
   EXPECT_EQ(o.redirects.for_rank(0), 1);

@@ -44,6 +44,12 @@ def _ddprun_hook_agent_store():
     if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True" or os.environ.get("DDPRUN_TORCH_HOOK", "1") == "0":
         return
     target = "torch.distributed.rendezvous"
+    if target in sys.modules:  # imported already (a worker forked from ddprun's zygote)
+        try:
+            _ddprun_wrap_tcpstore(sys.modules[target])
+        except Exception:
+            pass
+        return
 
     class _DdprunFinder:
         @staticmethod
@@ -82,6 +88,13 @@ def _ddprun_chain():
         return
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
+
+
+def _ddprun_worker_start():
+    # Called by ddprun's zygote (--preload) in each worker it forks, once the worker's environment
+    # is in place: what this hook does at an interpreter's start, for that worker.
+    _ddprun_arm_stacks()
+    _ddprun_hook_agent_store()
 
 
 _ddprun_arm_stacks()
