@@ -1,17 +1,169 @@
 #include "launcher/rendezvous/node_rendezvous.hpp"
 
+#include "common/errors.hpp"
+#include "common/log.hpp"
 #include "launcher/rendezvous/rendezvous_values.hpp"
 
 namespace ddprun::launcher {
 
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+// How long one wait of the agent's thread lasts before it looks at a stop request again.
+constexpr std::chrono::milliseconds kSlice{250};
+
+// What a node that left without an end of its round records as the job's outcome.
+constexpr const char* kLeftWithoutEnd = "signal:left";
+
+}  // namespace
+
 NodeRendezvous::~NodeRendezvous() { stop_watcher(); }
+
+RoundEnd NodeRendezvous::decide(int round, const rdzv::jobs::Outcome& proposal) {
+  // The first proposal wins; everyone reads the same decision back.
+  return parse_round_end(create_or_get(round_keys(round).end(), rdzv::jobs::encode_outcome(proposal)));
+}
 
 RoundEnd NodeRendezvous::report_failure(int round, const WorkerExit& root_cause) {
   return decide(round, failure_outcome(root_cause, node_rank()));
 }
 
 RoundEnd NodeRendezvous::report_signal(int round, int signo) {
-  return decide(round, signal_outcome(signo, node_rank(), host_));
+  return decide(round, signal_outcome(signo, node_rank(), settings_.host));
+}
+
+void NodeRendezvous::ask_to_admit_this_node(int round, int running) {
+  log::info("ddprun") << "job '" << settings_.run_id << "' is running with " << running
+                      << " node(s): asking it to re-rendezvous to admit this node";
+  rdzv::jobs::Outcome membership;
+  membership.kind = rdzv::jobs::Outcome::Kind::Membership;
+  membership.detail = "node " + settings_.host + " wants to join";
+  decide(round, membership);
+}
+
+RoundEnd NodeRendezvous::store_lost(const std::string& why) const {
+  RoundEnd lost;
+  lost.kind = RoundEnd::Kind::StoreLost;
+  lost.detail = "lost " + store_name() + ": " + why;
+  return lost;
+}
+
+int NodeRendezvous::round_nodes() const {
+  const int known = place().group_world_size;
+  return known > 0 ? known : settings_.max_nodes;
+}
+
+void NodeRendezvous::watch(int round, std::function<void(const RoundEnd&)> on_end) {
+  stop_watcher();
+  std::shared_ptr<RoundWatch> w;
+  try {
+    w = watch_round(round);
+  } catch (const std::exception& e) {
+    on_end(store_lost(e.what()));
+    return;
+  }
+  stop_watching_ = false;
+  watcher_ = std::thread([this, round, w, on_end = std::move(on_end)] {
+    try {
+      for (;;) {
+        if (stop_watching_) return;
+        const RoundWatch::Event ev = w->next();
+        if (ev.end) {
+          on_end(parse_round_end(*ev.end));
+          return;
+        }
+        if (ev.lost_node < 0) continue;
+        rdzv::jobs::Outcome gone;
+        gone.kind = rdzv::jobs::Outcome::Kind::NodeLost;
+        gone.node = ev.lost_node;
+        gone.detail = "node " + std::to_string(ev.lost_node) + " (" + host_of(ev.lost_node) + ") " + ev.lost_why +
+                      " (its ddprun was killed or its host is unreachable)";
+        on_end(parse_round_end(w->create_or_get(round_keys(round).end(), rdzv::jobs::encode_outcome(gone))));
+        return;
+      }
+    } catch (const std::exception& e) {
+      on_end(store_lost(e.what()));
+    }
+  });
+}
+
+RoundEnd NodeRendezvous::report_success(int round, const StopSignal& stop) {
+  // Counted in before the count is read: whichever node finishes last sees every node finished.
+  if (tally(round, Tally::Finished, true) >= round_nodes()) return decide(round, rdzv::jobs::Outcome{});
+  return wait_end(round, stop);
+}
+
+RoundEnd NodeRendezvous::wait_end(int round, const StopSignal& stop) {
+  try {
+    const auto wait = wait_for_key(round_keys(round).end());
+    const auto start = Clock::now();
+    auto next_report = start + settings_.progress_interval;
+    for (;;) {
+      if (auto end = wait->next(kSlice)) return parse_round_end(*end);
+      // Stopped while the other nodes still run: decide the round (unless it just ended otherwise).
+      if (stop.requested()) return report_signal(round, stop.signo());
+      if (const auto now = Clock::now(); now >= next_report) {
+        log::info("ddprun") << "waiting for the other nodes to finish: " << tally(round, Tally::Finished, false)
+                            << " of " << round_nodes() << " finished, "
+                            << std::chrono::duration_cast<std::chrono::seconds>(now - start).count() << " s";
+        next_report = now + settings_.progress_interval;
+      }
+    }
+  } catch (const StopRequested&) {
+    throw;
+  } catch (const Error& e) {
+    return store_lost(e.what());
+  }
+}
+
+std::optional<RoundEnd> NodeRendezvous::wait_joining(int round, const StopSignal& stop, const JoinPoll& poll,
+                                                     const std::function<std::string()>& progress,
+                                                     const std::function<std::string()>& missing) {
+  const auto start = Clock::now();
+  const auto deadline = start + settings_.join_timeout;
+  auto next_report = start + settings_.progress_interval;
+  for (;;) {
+    const JoinState state = poll(kSlice);
+    if (state.end) return parse_round_end(*state.end);
+    if (state.ready) return std::nullopt;
+    if (stop.requested()) {
+      // Leave cleanly: the others learn of it at once, not at the join timeout.
+      report_signal(round, stop.signo());
+      leave(round, std::chrono::seconds(5), stop);
+      throw StopRequested(stop.signo());
+    }
+    const auto now = Clock::now();
+    if (now >= deadline) {
+      throw TimeoutError("rendezvous (round " + std::to_string(round) + ") timed out after " +
+                         seconds_text(settings_.join_timeout) + ": " + missing() +
+                         " (set the wait with --rdzv_conf join_timeout=SECONDS)");
+    }
+    if (now >= next_report) {
+      // A steady, low rate (every 10 s by default) while nodes are missing.
+      log::info("ddprun") << "rendezvous of job '" << settings_.run_id << "' (round " << round << "): " << progress()
+                          << ", " << std::chrono::duration_cast<std::chrono::seconds>(now - start).count() << " s of "
+                          << seconds_text(settings_.join_timeout);
+      next_report = now + settings_.progress_interval;
+    }
+  }
+}
+
+void NodeRendezvous::leave(int round, std::chrono::milliseconds timeout, const StopSignal& stop) {
+  stop_watcher();
+  stop_background();
+  try {
+    // The first node to leave records how the job ended: a later run of this job id sees it and
+    // starts a new generation instead of joining this one.
+    create_or_get(ended_key(), read(round_keys(round).end()).value_or(kLeftWithoutEnd));
+    // A round that never completed: the nodes that joined it are the ones that will leave.
+    int nodes = place().group_world_size;
+    if (nodes <= 0) nodes = static_cast<int>(std::min<int64_t>(joined_nodes(round), settings_.max_nodes));
+    if (tally(round, Tally::Left, true) >= nodes) forget_generation();
+    linger(nodes, timeout, stop);
+  } catch (const std::exception& e) {
+    log::warn("ddprun") << "leaving the rendezvous (" << store_name() << "): " << e.what();
+  }
 }
 
 std::unique_ptr<ProgressChannel> NodeRendezvous::progress_channel(int round) {
@@ -32,12 +184,6 @@ NodeRendezvous::Place NodeRendezvous::place() const {
 std::string NodeRendezvous::host_of(int g) const {
   std::lock_guard lock(place_mutex_);
   return g >= 0 && static_cast<size_t>(g) < place_.hosts.size() ? place_.hosts[static_cast<size_t>(g)] : "?";
-}
-
-void NodeRendezvous::start_watcher(std::function<void()> body) {
-  stop_watcher();
-  stop_watching_ = false;
-  watcher_ = std::thread(std::move(body));
 }
 
 void NodeRendezvous::stop_watcher() {

@@ -1,13 +1,26 @@
 #pragma once
-// What the multi-node backends (store, etcd) share, written once: this node's place in the
-// current round (set by a join, read from the watcher and watchdog threads), the watcher thread,
-// the outcome reports (a proposal for the round's end: the first one written wins) and the
-// watchdog's channel. A backend supplies how a proposal is decided and how a channel is opened.
+// The round protocol of the multi-node backends (store, etcd), written once over a small
+// key-value interface that each backend implements on its own store:
+//   - read a key; create a key unless it exists (the first write wins, everyone reads it back);
+//   - tallies: the round's finished nodes and the generation's nodes that have left;
+//   - wait for a key (the store's WAIT, etcd's watch), in slices so that a stop is acted on;
+//   - liveness: the watcher's view of a round reports its end or a node whose liveness lapsed
+//     (the store: a heartbeat counter that stopped; etcd: a member key gone with its lease).
+// On that, this class decides a round's end (report_failure, report_signal, report_success, the
+// watcher's lost node), waits for it (wait_end), waits out a join, and leaves (the first node out
+// records the job's outcome, the last one lets the generation go). It also keeps this node's place
+// in the current round (set by a join, read from the watcher and watchdog threads).
+//
+// How a node joins differs with the store's abilities (static node ranks claimed by COMPARE_SET
+// and dynamic arrivals counted by ADD on a TCPStore; member keys on a lease on etcd): each backend
+// writes join() itself, on wait_joining().
 
 #include <atomic>
+#include <chrono>
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -21,11 +34,45 @@ class NodeRendezvous : public RendezvousBackend {
  public:
   ~NodeRendezvous() override;
 
+  void watch(int round, std::function<void(const RoundEnd&)> on_end) final;
   void unwatch() final { stop_watcher(); }
   RoundEnd report_failure(int round, const WorkerExit& root_cause) final;
   RoundEnd report_signal(int round, int signo) final;
+  RoundEnd report_success(int round, const StopSignal& stop) final;
+  RoundEnd wait_end(int round, const StopSignal& stop) final;
+  void leave(int round, std::chrono::milliseconds timeout, const StopSignal& stop) final;
   int node_rank() const final { return place().group_rank; }
   std::unique_ptr<ProgressChannel> progress_channel(int round) final;
+
+  // ---- Types of the key-value interface below --------------------------------------------------
+  enum class Tally { Finished, Left };
+  // A wait for one key: next() waits up to `slice` and returns the key's value once it is set.
+  class KeyWait {
+   public:
+    virtual ~KeyWait() = default;
+    virtual std::optional<std::string> next(std::chrono::milliseconds slice) = 0;
+  };
+  // The watcher thread's view of a round, on a connection of its own.
+  class RoundWatch {
+   public:
+    virtual ~RoundWatch() = default;
+    struct Event {
+      std::optional<std::string> end;  // the round's end, as written
+      int lost_node = -1;              // a node whose liveness lapsed (group rank)
+      std::string lost_why;            // how: "sent no heartbeat for 15 s"
+    };
+    // Waits up to about a second for news; an empty Event if none.
+    virtual Event next() = 0;
+    // create_or_get on the watch's connection (the agent's may be blocked in a long wait).
+    virtual std::string create_or_get(const std::string& key, const std::string& value) = 0;
+  };
+  // What a join waits on, one slice at a time: ready when the round's keys this node needs are
+  // there, the round's end (as written) if it was decided first.
+  struct JoinState {
+    bool ready = false;
+    std::optional<std::string> end;
+  };
+  using JoinPoll = std::function<JoinState(std::chrono::milliseconds slice)>;
 
  protected:
   // This node's place in the current round.
@@ -36,28 +83,79 @@ class NodeRendezvous : public RendezvousBackend {
     std::vector<std::string> hosts;   // every node's host, in group-rank order
   };
 
-  // `host`: this node's host name, for the reports.
-  explicit NodeRendezvous(std::string host) : host_(std::move(host)) {}
+  // `host`: this node's host name, for the reports; `run_id`: the job id; `max_nodes`: --nnodes
+  // (MAX); `progress_interval`: how often a waiting node says so; `join_timeout`: how long a join
+  // waits for the round to form.
+  struct Settings {
+    std::string host;
+    std::string run_id;
+    int max_nodes = 1;
+    std::chrono::milliseconds progress_interval{std::chrono::seconds(10)};
+    std::chrono::milliseconds join_timeout{std::chrono::seconds(600)};
+  };
+  explicit NodeRendezvous(Settings settings) : settings_(std::move(settings)) {}
 
-  // Proposes `proposal` as round `round`'s end; returns the end decided (the first proposal wins).
-  virtual RoundEnd decide(int round, const rdzv::jobs::Outcome& proposal) = 0;
+  // ---- The key-value interface the protocol is written over (one backend each) ----------------
+  // Every call may throw ConnectionError (the store unreachable) or TimeoutError.
+  virtual rdzv::jobs::RoundKeys round_keys(int round) const = 0;
+  // The key of the generation's final outcome (written by the first node to leave).
+  virtual std::string ended_key() const = 0;
+  // The value of `key`, if it is set.
+  virtual std::optional<std::string> read(const std::string& key) = 0;
+  // Sets `key` to `value` unless it is set; returns the value it holds (the first write wins).
+  virtual std::string create_or_get(const std::string& key, const std::string& value) = 0;
+  // Nodes counted in a round's finished set or the generation's leavers: counts this node in
+  // first when `count_me`; returns how many there are.
+  virtual int64_t tally(int round, Tally what, bool count_me) = 0;
+  // A wait for `key` (the store's WAIT, an etcd watch).
+  virtual std::unique_ptr<KeyWait> wait_for_key(const std::string& key) = 0;
+  // The watcher's view of `round`: its end, or a node whose liveness lapsed.
+  virtual std::unique_ptr<RoundWatch> watch_round(int round) = 0;
+  // How many nodes joined `round` (leaving a round that never completed).
+  virtual int64_t joined_nodes(int round) = 0;
+  // Every node has left: the generation is over for the store (the daemon forgets it, etcd's keys go).
+  virtual void forget_generation() = 0;
+  // After leaving: a node that hosts the store the others still read waits (up to `timeout`) for
+  // the other `nodes` - 1 to leave too.
+  virtual void linger(int nodes, std::chrono::milliseconds timeout, const StopSignal& stop) {
+    (void)nodes, (void)timeout, (void)stop;
+  }
+  // Background work that ends when the node leaves (the store backend's heartbeat).
+  virtual void stop_background() {}
+  // What a lost store is called in messages: "the rendezvous store", "etcd".
+  virtual std::string store_name() const = 0;
   // The watchdog's channel for node `node` of `nodes` in `round`, on a connection of its own.
   virtual std::unique_ptr<ProgressChannel> open_progress_channel(int round, int node, int nodes) = 0;
 
+  // ---- The protocol's shared steps, for the backends' joins -------------------------------------
+  // Proposes `proposal` as round `round`'s end; returns the end decided (the first proposal wins).
+  RoundEnd decide(int round, const rdzv::jobs::Outcome& proposal);
+  // This node came too late for `round`, which runs with `running` nodes: asks them to
+  // re-rendezvous (a Membership end) so that the next round admits it.
+  void ask_to_admit_this_node(int round, int running);
+  // Waits until `poll` is ready or the join timeout: nullopt when ready, the round's end if it came
+  // first. A stop request marks the round ended, leaves and throws StopRequested; the timeout
+  // throws TimeoutError with `missing()` (who has not joined). `progress()` is logged every
+  // progress interval.
+  std::optional<RoundEnd> wait_joining(int round, const StopSignal& stop, const JoinPoll& poll,
+                                       const std::function<std::string()>& progress,
+                                       const std::function<std::string()>& missing);
+  // A round ended by the loss of the store itself.
+  RoundEnd store_lost(const std::string& why) const;
+
+  const Settings& settings() const { return settings_; }
   void set_place(Place p);
   Place place() const;  // a copy: safe on any thread
   // Group rank `g`'s host in the current round; "?" when unknown.
   std::string host_of(int g) const;
-
-  // Runs `body` on the watcher thread (stopping the one before). `body` returns when
-  // watch_stopped() turns true; stop_watcher() sets it and joins the thread. A backend's destructor
-  // calls stop_watcher() before its own members go.
-  void start_watcher(std::function<void()> body);
-  bool watch_stopped() const { return stop_watching_; }
+  // A backend's destructor calls stop_watcher() before its own members go.
   void stop_watcher();
 
  private:
-  std::string host_;
+  // Nodes in the current round (--nnodes MAX before one completed).
+  int round_nodes() const;
+
+  Settings settings_;
   mutable std::mutex place_mutex_;
   Place place_;
   std::thread watcher_;

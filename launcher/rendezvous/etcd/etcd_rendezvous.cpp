@@ -37,7 +37,8 @@ constexpr std::chrono::seconds kForgetJobAfter{24 * 3600};
 }  // namespace
 
 EtcdRendezvous::EtcdRendezvous(EtcdRendezvousOptions options, const StopSignal& stop)
-    : NodeRendezvous(options.host), options_(std::move(options)) {
+    : NodeRendezvous({options.host, options.run_id, options.nnodes, options.progress_interval, options.join_timeout}),
+      options_(std::move(options)) {
   client_ = std::make_unique<etcd::Client>(options_.etcd);
   std::mt19937 rng(std::random_device{}());
   agent_id_ = options_.host + ":" + std::to_string(::getpid()) + ":" + std::to_string(rng() % 100000);
@@ -169,144 +170,143 @@ int EtcdRendezvous::first_round(const StopSignal&) {
   return round && *round >= 0 ? static_cast<int>(*round) : 0;
 }
 
-std::optional<RoundEnd> EtcdRendezvous::read_end(int round) {
-  const etcd::RangeResult r = client_->get(rk(round).end(), soon());
+std::optional<std::string> EtcdRendezvous::read(const std::string& key) {
+  const etcd::RangeResult r = client_->get(key, soon());
   if (r.kvs.empty()) return std::nullopt;
-  return parse_round_end(r.kvs[0].value);
+  return r.kvs[0].value;
 }
 
-RoundEnd EtcdRendezvous::decide(int round, const rdzv::jobs::Outcome& proposal) {
-  // The first proposal wins; everyone reads the same decision back.
-  return parse_round_end(client_->create_or_get(rk(round).end(), rdzv::jobs::encode_outcome(proposal), 0, soon()));
+std::string EtcdRendezvous::create_or_get(const std::string& key, const std::string& value) {
+  return client_->create_or_get(key, value, 0, soon());
 }
 
-void EtcdRendezvous::watch(int round, std::function<void(const RoundEnd&)> on_end) {
-  start_watcher([this, round, on_end = std::move(on_end)] {
-    auto lost = [](const std::string& why) {
-      RoundEnd e;
-      e.kind = RoundEnd::Kind::StoreLost;
-      e.detail = why;
-      return e;
-    };
-    try {
-      const std::string prefix = rk(round).prefix();
-      const etcd::RangeResult now = client_->get_prefix(prefix, soon(), true);
+int64_t EtcdRendezvous::tally(int round, Tally what, bool count_me) {
+  // A key per node under the set's prefix; the put comes before the count.
+  const std::string set = what == Tally::Finished ? rk(round).finished_all() : gen_prefix() + "left/";
+  if (count_me) client_->put(set + agent_id_, "1", 0, soon());
+  return static_cast<int64_t>(client_->get_prefix(set, soon(), /*keys_only=*/true).kvs.size());
+}
+
+int64_t EtcdRendezvous::joined_nodes(int round) {
+  return static_cast<int64_t>(client_->get_prefix(rk(round).members(), soon(), /*keys_only=*/true).kvs.size());
+}
+
+void EtcdRendezvous::forget_generation() {
+  // The next run of this job id is the next generation; this one's keys go. The counter itself
+  // goes a day later (a lease of its own), as the daemon forgets job ids: a run after that starts
+  // again at generation 1, in a namespace nothing is left in.
+  const std::string counter = job_key("gen");
+  const int64_t counter_lease = client_->lease_grant(kForgetJobAfter, soon());
+  client_->txn({etcd::Compare::value_is(counter, std::to_string(generation_))},
+               {etcd::Op::put(counter, std::to_string(generation_ + 1), counter_lease)}, {}, soon());
+  client_->erase(gen_prefix(), etcd::prefix_end(gen_prefix()), soon());
+}
+
+void EtcdRendezvous::check_lease() const {
+  if (lease_lost_) {
+    throw ConnectionError("this node's etcd lease could not be renewed for " + std::to_string(options_.lease_ttl.count()) +
+                          " s: it may have expired, and the other nodes then count this node as lost");
+  }
+}
+
+namespace {
+
+// How long a watch may go without any answer from etcd (not even its progress notices).
+std::chrono::milliseconds watch_patience(std::chrono::seconds lease_ttl) {
+  return std::max<std::chrono::milliseconds>(lease_ttl, std::chrono::seconds(5));
+}
+
+class EtcdKeyWait final : public NodeRendezvous::KeyWait {
+ public:
+  EtcdKeyWait(etcd::Client& client, std::string key, etcd::Client::Deadline first, std::chrono::seconds lease_ttl)
+      : client_(client), key_(std::move(key)), lease_ttl_(lease_ttl) {
+    const etcd::RangeResult now = client_.get(key_, first);
+    if (!now.kvs.empty()) {
+      value_ = now.kvs[0].value;
+    } else {
+      watch_ = std::make_unique<etcd::Watch>(client_, key_, "", now.revision + 1);
+    }
+  }
+
+  std::optional<std::string> next(std::chrono::milliseconds slice) override {
+    if (value_) return value_;
+    for (const etcd::WatchEvent& ev : watch_->next(slice, Clock::now() + watch_patience(lease_ttl_))) {
+      if (ev.type == etcd::WatchEvent::Type::Put) value_ = ev.kv.value;
+    }
+    return value_;
+  }
+
+ private:
+  etcd::Client& client_;
+  std::string key_;
+  std::chrono::seconds lease_ttl_;
+  std::optional<std::string> value_;
+  std::unique_ptr<etcd::Watch> watch_;
+};
+
+}  // namespace
+
+std::unique_ptr<NodeRendezvous::KeyWait> EtcdRendezvous::wait_for_key(const std::string& key) {
+  return std::make_unique<EtcdKeyWait>(*client_, key, soon(), options_.lease_ttl);
+}
+
+class EtcdRendezvous::Watch final : public NodeRendezvous::RoundWatch {
+ public:
+  Watch(EtcdRendezvous& r, int round) : r_(r), rk_(r.rk(round)) {}
+
+  Event next() override {
+    Event ev;
+    if (!watch_) {
+      // Started on the watcher's thread: the round's keys as of one revision, then a watch from
+      // the next one (a watch whose member goes away resumes on another from where it was).
+      const etcd::RangeResult now = r_.client_->get_prefix(rk_.prefix(), r_.soon(), true);
       std::vector<std::string> present;
       for (const etcd::KeyValue& kv : now.kvs) {
-        if (kv.key == rk(round).end()) {
-          on_end(parse_round_end(client_->get(kv.key, soon()).kvs.at(0).value));
-          return;
+        if (kv.key == rk_.end()) {
+          ev.end = r_.client_->get(kv.key, r_.soon()).kvs.at(0).value;
+          return ev;
         }
         present.push_back(kv.key);
       }
-      etcd::Watch w(*client_, prefix, etcd::prefix_end(prefix), now.revision + 1, std::move(present));
-      const std::string member_prefix = rk(round).members();
-      for (;;) {
-        if (watch_stopped()) return;
-        if (lease_lost_) {
-          on_end(lost("this node's etcd lease could not be renewed for " + std::to_string(options_.lease_ttl.count()) +
-                      " s: it may have expired, and the other nodes then count this node as lost"));
-          return;
-        }
-        const auto give_up = Clock::now() + std::max<std::chrono::milliseconds>(options_.lease_ttl, std::chrono::seconds(5));
-        for (const etcd::WatchEvent& ev : w.next(std::chrono::milliseconds(500), give_up)) {
-          if (ev.kv.key == rk(round).end() && ev.type == etcd::WatchEvent::Type::Put) {
-            on_end(parse_round_end(ev.kv.value));
-            return;
-          }
-          if (ev.type != etcd::WatchEvent::Type::Delete || ev.kv.key.rfind(member_prefix, 0) != 0) continue;
-          // A member's lease expired: that node is gone.
-          const std::string agent = ev.kv.key.substr(member_prefix.size());
-          const Place p = place();
-          int node = -1;
-          std::string host;
-          for (size_t i = 0; i < p.agents.size(); ++i) {
-            if (p.agents[i] == agent) {
-              node = static_cast<int>(i);
-              host = i < p.hosts.size() ? p.hosts[i] : "?";
-            }
-          }
-          if (node < 0 || agent == agent_id_) continue;
-          rdzv::jobs::Outcome gone;
-          gone.kind = rdzv::jobs::Outcome::Kind::NodeLost;
-          gone.node = node;
-          gone.detail = "node " + std::to_string(node) + " (" + host + ") lost its etcd lease (" +
-                        std::to_string(options_.lease_ttl.count()) +
-                        " s without a renewal: its ddprun was killed or its host is unreachable)";
-          on_end(decide(round, gone));
-          return;
+      watch_ = std::make_unique<etcd::Watch>(*r_.client_, rk_.prefix(), etcd::prefix_end(rk_.prefix()),
+                                             now.revision + 1, std::move(present));
+    }
+    r_.check_lease();
+    const std::string member_prefix = rk_.members();
+    for (const etcd::WatchEvent& e :
+         watch_->next(std::chrono::milliseconds(500), Clock::now() + watch_patience(r_.options_.lease_ttl))) {
+      if (e.kv.key == rk_.end() && e.type == etcd::WatchEvent::Type::Put) {
+        ev.end = e.kv.value;
+        return ev;
+      }
+      if (e.type != etcd::WatchEvent::Type::Delete || e.kv.key.rfind(member_prefix, 0) != 0) continue;
+      // A member's lease expired: that node is gone.
+      const std::string agent = e.kv.key.substr(member_prefix.size());
+      const Place p = r_.place();
+      for (size_t i = 0; i < p.agents.size(); ++i) {
+        if (p.agents[i] == agent && agent != r_.agent_id_) {
+          ev.lost_node = static_cast<int>(i);
+          ev.lost_why = "lost its etcd lease (" + std::to_string(r_.options_.lease_ttl.count()) +
+                        " s without a renewal)";
+          return ev;
         }
       }
-    } catch (const std::exception& e) {
-      on_end(lost(std::string("lost etcd: ") + e.what()));
     }
-  });
-}
-
-RoundEnd EtcdRendezvous::report_success(int round, const StopSignal& stop) {
-  client_->put(rk(round).finished_by(agent_id_), "1", 0, soon());
-  const etcd::RangeResult done = client_->get_prefix(rk(round).finished_all(), soon(), true);
-  const int n = place().group_world_size;
-  // The put comes before the count: whichever node finishes last sees every node finished.
-  if (static_cast<int>(done.kvs.size()) >= n) return decide(round, rdzv::jobs::Outcome{});
-  return wait_end(round, stop);
-}
-
-RoundEnd EtcdRendezvous::wait_end(int round, const StopSignal& stop) {
-  try {
-    const etcd::RangeResult now = client_->get(rk(round).end(), soon());
-    if (!now.kvs.empty()) return parse_round_end(now.kvs[0].value);
-    etcd::Watch w(*client_, rk(round).end(), "", now.revision + 1);
-    const auto start = Clock::now();
-    auto next_report = start + options_.progress_interval;
-    for (;;) {
-      const auto give_up = Clock::now() + std::max<std::chrono::milliseconds>(options_.lease_ttl, std::chrono::seconds(5));
-      for (const etcd::WatchEvent& ev : w.next(std::chrono::milliseconds(250), give_up)) {
-        if (ev.type == etcd::WatchEvent::Type::Put) return parse_round_end(ev.kv.value);
-      }
-      // Stopped while the other nodes still run: decide the round (unless it just ended otherwise).
-      if (stop.requested()) return report_signal(round, stop.signo());
-      if (const auto t = Clock::now(); t >= next_report) {
-        const int n = place().group_world_size;
-        const size_t finished = client_->get_prefix(rk(round).finished_all(), soon(), true).kvs.size();
-        log::info("ddprun") << "waiting for the other nodes to finish: " << finished << " of " << n << " finished, "
-                            << std::chrono::duration_cast<std::chrono::seconds>(t - start).count() << " s";
-        next_report = t + options_.progress_interval;
-      }
-    }
-  } catch (const std::exception& e) {
-    RoundEnd lost;
-    lost.kind = RoundEnd::Kind::StoreLost;
-    lost.detail = std::string("lost etcd: ") + e.what();
-    return lost;
+    return ev;
   }
-}
 
-void EtcdRendezvous::leave(int round, std::chrono::milliseconds, const StopSignal&) {
-  stop_watcher();
-  try {
-    // The first node to leave records how the job ended: a later run of this job id sees it and
-    // starts a new generation; the last one deletes the generation's keys.
-    const etcd::RangeResult end = client_->get(rk(round).end(), soon());
-    const std::string outcome = end.kvs.empty() ? std::string("signal:left") : end.kvs[0].value;
-    client_->create_or_get(gen_prefix() + "ended", outcome, 0, soon());
-    client_->put(gen_prefix() + "left/" + agent_id_, "1", 0, soon());
-    int n = place().group_world_size;
-    if (n == 0) n = static_cast<int>(client_->get_prefix(rk(round).members(), soon(), true).kvs.size());
-    const int left = static_cast<int>(client_->get_prefix(gen_prefix() + "left/", soon(), true).kvs.size());
-    if (left >= n) {
-      // The next run of this job id is the next generation; this one's keys go. The counter itself
-      // goes a day later (a lease of its own), as the daemon forgets job ids: a run after that
-      // starts again at generation 1, in a namespace nothing is left in.
-      const std::string counter = job_key("gen");
-      const int64_t counter_lease = client_->lease_grant(kForgetJobAfter, soon());
-      client_->txn({etcd::Compare::value_is(counter, std::to_string(generation_))},
-                   {etcd::Op::put(counter, std::to_string(generation_ + 1), counter_lease)}, {}, soon());
-      client_->erase(gen_prefix(), etcd::prefix_end(gen_prefix()), soon());
-    }
-  } catch (const std::exception& e) {
-    log::warn("ddprun") << "leaving the etcd rendezvous: " << e.what();
+  std::string create_or_get(const std::string& key, const std::string& value) override {
+    return r_.create_or_get(key, value);  // the client serves several threads
   }
+
+ private:
+  EtcdRendezvous& r_;
+  rdzv::jobs::RoundKeys rk_;
+  std::unique_ptr<etcd::Watch> watch_;
+};
+
+std::unique_ptr<NodeRendezvous::RoundWatch> EtcdRendezvous::watch_round(int round) {
+  return std::make_unique<Watch>(*this, round);
 }
 
 }  // namespace ddprun::launcher

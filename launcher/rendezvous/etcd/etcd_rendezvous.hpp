@@ -72,10 +72,6 @@ class EtcdRendezvous final : public NodeRendezvous {
   int first_round(const StopSignal& stop) override;
   std::variant<World, RoundEnd> join(int round, int nproc, const WorkerStoreHost& host_worker_store,
                                      const StopSignal& stop) override;
-  void watch(int round, std::function<void(const RoundEnd&)> on_end) override;
-  RoundEnd report_success(int round, const StopSignal& stop) override;
-  RoundEnd wait_end(int round, const StopSignal& stop) override;
-  void leave(int round, std::chrono::milliseconds timeout, const StopSignal& stop) override;
   bool elastic() const override { return options_.min_nodes < options_.nnodes; }
 
   int64_t generation() const { return generation_; }
@@ -90,15 +86,31 @@ class EtcdRendezvous final : public NodeRendezvous {
 
   int64_t choose_generation(const StopSignal& stop);
   void keep_lease_alive();
-  // The round's end if decided.
-  std::optional<RoundEnd> read_end(int round);
-  RoundEnd decide(int round, const rdzv::jobs::Outcome& proposal) override;
+  // The round protocol's key-value interface (node_rendezvous.hpp) on etcd.
+  rdzv::jobs::RoundKeys round_keys(int round) const override { return rk(round); }
+  std::string ended_key() const override { return gen_prefix() + "ended"; }
+  std::optional<std::string> read(const std::string& key) override;  // a range of one key
+  // A transaction: put if the key's create revision is 0, else read it.
+  std::string create_or_get(const std::string& key, const std::string& value) override;
+  // A key per agent under the set's prefix (finished/<agent>, left/<agent>), counted by a
+  // keys-only range read.
+  int64_t tally(int round, Tally what, bool count_me) override;
+  std::unique_ptr<KeyWait> wait_for_key(const std::string& key) override;  // a watch from the read's revision
+  // One watch of the round's prefix: `end` put, or a member key deleted by lease expiry.
+  std::unique_ptr<RoundWatch> watch_round(int round) override;
+  int64_t joined_nodes(int round) override;  // member keys in the round
+  // The generation counter moves on (a day's lease on it) and the generation's keys are deleted.
+  void forget_generation() override;
+  std::string store_name() const override { return "etcd"; }
   std::unique_ptr<ProgressChannel> open_progress_channel(int round, int node, int nodes) override;
+  class Watch;  // the watcher's view of a round: its end, or a member key gone with its lease
+  // Throws ConnectionError once this node's lease could not be renewed for its TTL.
+  void check_lease() const;
   // Closes `round` with the members there now (the first close wins).
   void close_round(int round, std::vector<Joiner> members);
   std::vector<Joiner> members_of(const std::vector<etcd::KeyValue>& kvs, const std::string& prefix) const;
-  // Waits (watching the round) until `done` says the round's keys are ready; returns the round's
-  // end if it was decided first. `on_change` runs on every change (and once at first).
+  // Waits (watching the round, NodeRendezvous::wait_joining) until `ready` says the round's keys
+  // are there; returns the round's end if it was decided first. `progress` says who is missing.
   std::optional<RoundEnd> wait_round(int round, const StopSignal& stop,
                                      const std::function<bool(const std::vector<etcd::KeyValue>&)>& ready,
                                      const std::function<std::string(const std::vector<etcd::KeyValue>&)>& progress);

@@ -46,9 +46,6 @@ std::optional<RoundEnd> EtcdRendezvous::wait_round(
     const std::function<std::string(const std::vector<etcd::KeyValue>&)>& progress) {
   const std::string prefix = rk(round).prefix();
   const std::string end_key = rk(round).end();
-  const auto start = Clock::now();
-  const auto deadline = start + options_.join_timeout;
-  auto next_report = start + options_.progress_interval;
   // The round's keys as of one revision, then kept current by a watch from the next one.
   const etcd::RangeResult snapshot = client_->get_prefix(prefix, soon());
   std::map<std::string, etcd::KeyValue> state;
@@ -58,36 +55,29 @@ std::optional<RoundEnd> EtcdRendezvous::wait_round(
     present.push_back(kv.key);
   }
   etcd::Watch w(*client_, prefix, etcd::prefix_end(prefix), snapshot.revision + 1, std::move(present));
-  for (;;) {
-    std::vector<etcd::KeyValue> kvs;
-    for (const auto& [k, kv] : state) kvs.push_back(kv);
-    if (auto e = state.find(end_key); e != state.end()) return parse_round_end(e->second.value);
-    if (ready(kvs)) return std::nullopt;
-    if (stop.requested()) {
-      // Leave cleanly: the others learn of it at once, not at the join timeout.
-      report_signal(round, stop.signo());
-      leave(round, std::chrono::seconds(5), stop);
-      throw StopRequested(stop.signo());
+  auto kvs = [&] {
+    std::vector<etcd::KeyValue> out;
+    for (const auto& [k, kv] : state) out.push_back(kv);
+    return out;
+  };
+  auto poll = [&](std::chrono::milliseconds slice) {
+    JoinState s;
+    if (auto e = state.find(end_key); e != state.end()) {
+      s.end = e->second.value;
+    } else if (ready(kvs())) {
+      s.ready = true;
+    } else {
+      if (lease_lost_) throw ConnectionError("this node's etcd lease expired during the rendezvous (etcd unreachable)");
+      const auto give_up = Clock::now() + std::max<std::chrono::milliseconds>(options_.lease_ttl, std::chrono::seconds(5));
+      for (auto& ev : w.next(slice, give_up)) {
+        if (ev.type == etcd::WatchEvent::Type::Delete) state.erase(ev.kv.key);
+        else state[ev.kv.key] = std::move(ev.kv);
+      }
     }
-    if (lease_lost_) throw ConnectionError("this node's etcd lease expired during the rendezvous (etcd unreachable)");
-    const auto now = Clock::now();
-    if (now >= deadline) {
-      throw TimeoutError("rendezvous (round " + std::to_string(round) + ") timed out after " +
-                         seconds_text(options_.join_timeout) + ": " + progress(kvs) +
-                         " (set the wait with --rdzv_conf join_timeout=SECONDS)");
-    }
-    if (now >= next_report) {
-      log::info("ddprun") << "rendezvous of job '" << options_.run_id << "' (round " << round << "): " << progress(kvs)
-                          << ", " << std::chrono::duration_cast<std::chrono::seconds>(now - start).count() << " s of "
-                          << seconds_text(options_.join_timeout);
-      next_report = now + options_.progress_interval;
-    }
-    const auto give_up = now + std::max<std::chrono::milliseconds>(options_.lease_ttl, std::chrono::seconds(5));
-    for (auto& ev : w.next(std::chrono::milliseconds(250), give_up)) {
-      if (ev.type == etcd::WatchEvent::Type::Delete) state.erase(ev.kv.key);
-      else state[ev.kv.key] = std::move(ev.kv);
-    }
-  }
+    return s;
+  };
+  auto missing = [&] { return progress(kvs()); };
+  return wait_joining(round, stop, poll, missing, missing);
 }
 
 std::variant<World, RoundEnd> EtcdRendezvous::join(int round, int nproc, const WorkerStoreHost& host_worker_store,
@@ -142,12 +132,7 @@ std::variant<World, RoundEnd> EtcdRendezvous::join(int round, int nproc, const W
                           "--rdzv_id, or start it when the other run has ended");
       }
       // Too late for this round: ask the running nodes to re-rendezvous, and join the next round.
-      log::info("ddprun") << "job '" << options_.run_id << "' is running with " << closed.size()
-                          << " node(s): asking it to re-rendezvous to admit this node";
-      rdzv::jobs::Outcome membership;
-      membership.kind = rdzv::jobs::Outcome::Kind::Membership;
-      membership.detail = "node " + options_.host + " wants to join";
-      decide(round, membership);
+      ask_to_admit_this_node(round, static_cast<int>(closed.size()));
       ++round;
       continue;
     }

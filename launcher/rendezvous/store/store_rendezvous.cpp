@@ -26,7 +26,8 @@ bool endpoint_is_local(const std::string& endpoint, const StoreRendezvousOptions
 }  // namespace
 
 StoreRendezvous::StoreRendezvous(StoreRendezvousOptions options, const StopSignal& stop)
-    : NodeRendezvous(options.host), options_(std::move(options)) {
+    : NodeRendezvous({options.host, options.run_id, options.nnodes, options.progress_interval, options.join_timeout}),
+      options_(std::move(options)) {
   const bool external = !options_.endpoint_host.empty();
   std::mt19937 rng(std::random_device{}());
   // Unique per agent process, so that a dead earlier run's heartbeat is never mistaken for ours.
@@ -211,125 +212,112 @@ int StoreRendezvous::first_round(const StopSignal&) {
   return static_cast<int>(read_number(k, client_->get(k)));
 }
 
-RoundEnd StoreRendezvous::parse_end(const std::string& value) const { return parse_round_end(value); }
-
-RoundEnd StoreRendezvous::decide(int round, const rdzv::jobs::Outcome& proposal) {
-  // The first proposal wins; everyone reads the same decision back.
-  return parse_end(client_->compare_set(rk(round).end(), "", rdzv::jobs::encode_outcome(proposal)));
+std::optional<std::string> StoreRendezvous::read(const std::string& key) {
+  if (!client_->check({key})) return std::nullopt;
+  return client_->get(key);
 }
 
-void StoreRendezvous::watch(int round, std::function<void(const RoundEnd&)> on_end) {
-  stop_watcher();
-  auto store_lost = [](const std::exception& e) {
-    RoundEnd lost;
-    lost.kind = RoundEnd::Kind::StoreLost;
-    lost.detail = std::string("lost the rendezvous store: ") + e.what();
-    return lost;
+std::string StoreRendezvous::create_or_get(const std::string& key, const std::string& value) {
+  return client_->compare_set(key, "", value);
+}
+
+int64_t StoreRendezvous::tally(int round, Tally what, bool count_me) {
+  // Counters: ADD of 0 reads one.
+  return client_->add(what == Tally::Finished ? rk(round).finished() : keys_.exited(), count_me ? 1 : 0);
+}
+
+int64_t StoreRendezvous::joined_nodes(int round) { return client_->add(rk(round).joined(), 0); }
+
+void StoreRendezvous::forget_generation() { client_->set(keys_.done(), "1"); }
+
+namespace {
+
+class StoreKeyWait final : public NodeRendezvous::KeyWait {
+ public:
+  StoreKeyWait(rdzv::Client& client, std::string key) : client_(client), key_(std::move(key)) {}
+
+  std::optional<std::string> next(std::chrono::milliseconds slice) override {
+    if (!client_.connected() && !client_.rides_out_outages()) {
+      throw ConnectionError("the connection to the rendezvous store was lost");
+    }
+    if (!client_.wait_for({key_}, slice)) return std::nullopt;
+    return client_.get(key_);
+  }
+
+ private:
+  rdzv::Client& client_;
+  std::string key_;
+};
+
+}  // namespace
+
+std::unique_ptr<NodeRendezvous::KeyWait> StoreRendezvous::wait_for_key(const std::string& key) {
+  return std::make_unique<StoreKeyWait>(*client_, key);
+}
+
+NodeRendezvous::JoinPoll StoreRendezvous::keys_set(int round, std::vector<std::string> keys) {
+  return [this, round, keys = std::move(keys)](std::chrono::milliseconds slice) {
+    JoinState s;
+    s.ready = client_->wait_for(keys, slice);
+    if (!s.ready) s.end = read(rk(round).end());
+    return s;
   };
-  std::shared_ptr<rdzv::Client> c;
-  try {
-    c = side_connection();
-  } catch (const std::exception& e) {
-    on_end(store_lost(e));
-    return;
-  }
-  start_watcher([this, round, c, store_lost, on_end = std::move(on_end)] {
+}
+
+class StoreRendezvous::Watch final : public NodeRendezvous::RoundWatch {
+ public:
+  Watch(StoreRendezvous& r, std::shared_ptr<rdzv::Client> c, int round)
+      : r_(r), c_(std::move(c)), end_key_(r.rk(round).end()), seen_{-1, std::chrono::steady_clock::now(), c_->reconnects()} {}
+
+  Event next() override {
+    Event ev;
+    // WAIT has no server timeout; it is re-armed every period so that a store that went silent
+    // (its host gone) is noticed, and each node checks the next node's heartbeat between waits.
+    const auto period =
+        std::min<std::chrono::milliseconds>(std::chrono::seconds(1), r_.options_.keep_alive_interval);
     try {
-      // WAIT has no server timeout; the client re-arms it every period so that a store that went
-      // silent (its host gone) is noticed, and each node checks the next node's heartbeat.
-      const auto period = std::min<std::chrono::milliseconds>(std::chrono::seconds(1), options_.keep_alive_interval);
-      HeartbeatSeen seen{-1, std::chrono::steady_clock::now(), c->reconnects()};
-      for (;;) {
-        try {
-          c->wait({rk(round).end()}, period);
-          break;
-        } catch (const TimeoutError&) {
-          if (watch_stopped()) return;
-        }
-        if (auto lost = find_lost_node(*c, seen)) {
-          const std::string host = host_of(*lost);
-          const auto limit = options_.keep_alive_interval * options_.keep_alive_max_attempt;
-          // On this thread's own connection: the main client may be blocked in a long WAIT.
-          rdzv::jobs::Outcome gone;
-          gone.kind = rdzv::jobs::Outcome::Kind::NodeLost;
-          gone.node = *lost;
-          gone.detail = "node " + std::to_string(*lost) + " (" + host + ") sent no heartbeat for " + seconds_text(limit) +
-                        " (its ddprun was killed or its host is unreachable)";
-          c->compare_set(rk(round).end(), "", rdzv::jobs::encode_outcome(gone));
-        }
-      }
-      on_end(parse_end(c->get(rk(round).end())));
-    } catch (const std::exception& e) {
-      on_end(store_lost(e));
+      c_->wait({end_key_}, period);
+      ev.end = c_->get(end_key_);
+      return ev;
+    } catch (const TimeoutError&) {
     }
-  });
-}
-
-RoundEnd StoreRendezvous::report_success(int round, const StopSignal& stop) {
-  const int known = place().group_world_size;
-  const int n = known > 0 ? known : options_.nnodes;
-  if (client_->add(rk(round).finished(), 1) == n) return decide(round, rdzv::jobs::Outcome{});
-  return wait_end(round, stop);
-}
-
-RoundEnd StoreRendezvous::wait_end(int round, const StopSignal& stop) {
-  const auto start = std::chrono::steady_clock::now();
-  auto next_report = start + options_.progress_interval;
-  for (;;) {
-    try {
-      if (!client_->connected() && !client_->rides_out_outages()) {
-        throw ConnectionError("the connection to the rendezvous store was lost");
-      }
-      if (client_->wait_for({rk(round).end()}, std::chrono::milliseconds(250))) {
-        return parse_end(client_->get(rk(round).end()));
-      }
-      // Stopped while the other nodes still run: decide the round (unless it just ended otherwise).
-      if (stop.requested()) return report_signal(round, stop.signo());
-      if (const auto now = std::chrono::steady_clock::now(); now >= next_report) {
-        const int known = place().group_world_size;
-        const int n = known > 0 ? known : options_.nnodes;
-        log::info("ddprun") << "waiting for the other nodes to finish: " << client_->add(rk(round).finished(), 0)
-                            << " of " << n << " finished, "
-                            << std::chrono::duration_cast<std::chrono::seconds>(now - start).count() << " s";
-        next_report = now + options_.progress_interval;
-      }
-    } catch (const ConnectionError& e) {
-      RoundEnd lost;
-      lost.kind = RoundEnd::Kind::StoreLost;
-      lost.detail = std::string("lost the rendezvous store: ") + e.what();
-      return lost;
+    if (auto lost = r_.find_lost_node(*c_, seen_)) {
+      ev.lost_node = *lost;
+      ev.lost_why = "sent no heartbeat for " +
+                    seconds_text(r_.options_.keep_alive_interval * r_.options_.keep_alive_max_attempt);
     }
+    return ev;
   }
+
+  std::string create_or_get(const std::string& key, const std::string& value) override {
+    return c_->compare_set(key, "", value);
+  }
+
+ private:
+  StoreRendezvous& r_;
+  std::shared_ptr<rdzv::Client> c_;
+  std::string end_key_;
+  HeartbeatSeen seen_;
+};
+
+std::unique_ptr<NodeRendezvous::RoundWatch> StoreRendezvous::watch_round(int round) {
+  // A connection of its own, made here: a store that is already gone is reported at once.
+  return std::make_unique<Watch>(*this, side_connection(), round);
 }
 
-void StoreRendezvous::leave(int round, std::chrono::milliseconds timeout, const StopSignal& stop) {
-  stop_watcher();
-  stop_heartbeat();
-  int n = static_cast<int>(place().agents.size());
-  try {
-    // A round that never completed: the nodes that joined it are the ones that will leave.
-    if (n == 0) n = static_cast<int>(std::min<int64_t>(client_->add(rk(round).joined(), 0), options_.nnodes));
-    // The first node to leave records how the job ended: a later run of this job id sees it and
-    // starts a new generation instead of joining this one.
-    const std::string end_key = rk(round).end();
-    const std::string outcome = client_->check({end_key}) ? client_->get(end_key) : std::string("signal:left");
-    client_->compare_set(keys_.ended(), "", outcome);
-    if (client_->add(keys_.exited(), 1) == n) client_->set(keys_.done(), "1");
-    if (!server_) return;
-    // The store host stays until everyone has read the outcome (or the timeout: a node that is
-    // gone never leaves; after a stop signal, a few seconds are enough for the others to see it).
-    const auto deadline = std::chrono::steady_clock::now() +
-                          (stop.requested() ? std::min<std::chrono::milliseconds>(timeout, std::chrono::seconds(5))
-                                            : timeout);
-    while (!client_->wait_for({keys_.done()}, std::chrono::milliseconds(250))) {
-      if (std::chrono::steady_clock::now() >= deadline) {
-        log::warn("ddprun") << "end-of-job barrier: " << client_->add(keys_.exited(), 0) << " of " << n
-                            << " node(s) have left; not waiting for the others any longer";
-        return;
-      }
+void StoreRendezvous::linger(int nodes, std::chrono::milliseconds timeout, const StopSignal& stop) {
+  if (!server_) return;
+  // The store host stays until everyone has read the outcome (or the timeout: a node that is
+  // gone never leaves; after a stop signal, a few seconds are enough for the others to see it).
+  const auto deadline = std::chrono::steady_clock::now() +
+                        (stop.requested() ? std::min<std::chrono::milliseconds>(timeout, std::chrono::seconds(5))
+                                          : timeout);
+  while (!client_->wait_for({keys_.done()}, std::chrono::milliseconds(250))) {
+    if (std::chrono::steady_clock::now() >= deadline) {
+      log::warn("ddprun") << "end-of-job barrier: " << client_->add(keys_.exited(), 0) << " of " << nodes
+                          << " node(s) have left; not waiting for the others any longer";
+      return;
     }
-  } catch (const std::exception& e) {
-    log::warn("ddprun") << "end-of-job barrier: " << e.what();
   }
 }
 

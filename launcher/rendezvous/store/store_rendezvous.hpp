@@ -90,10 +90,6 @@ class StoreRendezvous final : public NodeRendezvous {
   int first_round(const StopSignal& stop) override;
   std::variant<World, RoundEnd> join(int round, int nproc, const WorkerStoreHost& host_worker_store,
                                      const StopSignal& stop) override;
-  void watch(int round, std::function<void(const RoundEnd&)> on_end) override;
-  RoundEnd report_success(int round, const StopSignal& stop) override;
-  RoundEnd wait_end(int round, const StopSignal& stop) override;
-  void leave(int round, std::chrono::milliseconds timeout, const StopSignal& stop) override;
   void quiesce() override { stop_heartbeat_ = true; }
   bool elastic() const override { return options_.dynamic; }
 
@@ -122,15 +118,28 @@ class StoreRendezvous final : public NodeRendezvous {
   // Dynamic: closes round `round` with the members that have joined (the first close wins) and,
   // if this call closed it, writes every member's assignment.
   void close_dynamic(int round);
-  // Waits for `keys` in slices until the join timeout; returns the round's end if it was decided
-  // meanwhile, nullopt when the keys are there. Throws StopRequested (after marking the round
-  // ended) or TimeoutError (from `on_timeout`). `progress` describes who is missing.
-  std::optional<RoundEnd> wait_joining(int round, const std::vector<std::string>& keys, const StopSignal& stop,
-                                       const std::function<std::string()>& progress,
-                                       const std::function<void()>& on_timeout);
-  RoundEnd decide(int round, const rdzv::jobs::Outcome& proposal) override;
+  // The join's poll (NodeRendezvous::wait_joining): ready when every key of `keys` is set.
+  JoinPoll keys_set(int round, std::vector<std::string> keys);
+
+  // The round protocol's key-value interface (node_rendezvous.hpp) on a TCPStore.
+  rdzv::jobs::RoundKeys round_keys(int round) const override { return rk(round); }
+  std::string ended_key() const override { return keys_.ended(); }
+  std::optional<std::string> read(const std::string& key) override;  // CHECK, then GET
+  // COMPARE_SET with an empty expected value: the store sets it only if absent.
+  std::string create_or_get(const std::string& key, const std::string& value) override;
+  int64_t tally(int round, Tally what, bool count_me) override;  // a counter: ADD 1 (or ADD 0 to read)
+  // WAIT in slices; a connection that is lost and cannot ride out outages is the store lost.
+  std::unique_ptr<KeyWait> wait_for_key(const std::string& key) override;
+  // WAIT on `end` every period and, between waits, the next node's heartbeat counter.
+  std::unique_ptr<RoundWatch> watch_round(int round) override;
+  int64_t joined_nodes(int round) override;  // the arrivals counter
+  void forget_generation() override;  // `done`: the daemon's janitor forgets the generation
+  // The node that hosts the store waits for `done` (the others must read the outcome from it).
+  void linger(int nodes, std::chrono::milliseconds timeout, const StopSignal& stop) override;
+  void stop_background() override { stop_heartbeat(); }
+  std::string store_name() const override { return "the rendezvous store"; }
   std::unique_ptr<ProgressChannel> open_progress_channel(int round, int node, int nodes) override;
-  RoundEnd parse_end(const std::string& value) const;
+
   void start_heartbeat();
   void stop_heartbeat();
   // A second connection to the rendezvous store for the watcher or heartbeat thread.
@@ -143,6 +152,7 @@ class StoreRendezvous final : public NodeRendezvous {
     uint64_t reconnects = 0;
   };
   std::optional<int> find_lost_node(rdzv::Client& c, HeartbeatSeen& seen);
+  class Watch;  // the watcher's view of a round: its end, or the next node's heartbeat stopping
 
   StoreRendezvousOptions options_;
   std::unique_ptr<rdzv::ServerThread> server_;  // the node that hosts the rendezvous store

@@ -20,34 +20,6 @@ std::variant<World, RoundEnd> StoreRendezvous::join(int round, int nproc, const 
                           : join_static(round, nproc, host_worker_store, stop);
 }
 
-std::optional<RoundEnd> StoreRendezvous::wait_joining(int round, const std::vector<std::string>& keys,
-                                                      const StopSignal& stop,
-                                                      const std::function<std::string()>& progress,
-                                                      const std::function<void()>& on_timeout) {
-  const auto start = std::chrono::steady_clock::now();
-  const auto deadline = start + options_.join_timeout;
-  auto next_report = start + options_.progress_interval;
-  for (;;) {
-    if (client_->wait_for(keys, std::chrono::milliseconds(250))) return std::nullopt;
-    if (client_->check({rk(round).end()})) return parse_end(client_->get(rk(round).end()));
-    if (stop.requested()) {
-      // Leave cleanly: the others learn of it at their next check, not at the join timeout.
-      report_signal(round, stop.signo());
-      leave(round, std::chrono::seconds(5), stop);
-      throw StopRequested(stop.signo());
-    }
-    const auto now = std::chrono::steady_clock::now();
-    if (now >= deadline) on_timeout();
-    if (now >= next_report) {
-      // A steady, low rate (every 10 s by default) while nodes are missing.
-      log::info("ddprun") << "rendezvous of job '" << options_.run_id << "' (round " << round << "): " << progress()
-                          << ", " << std::chrono::duration_cast<std::chrono::seconds>(now - start).count() << " s of "
-                          << seconds_text(options_.join_timeout);
-      next_report = now + options_.progress_interval;
-    }
-  }
-}
-
 std::variant<World, RoundEnd> StoreRendezvous::join_static(int round, int nproc, const WorkerStoreHost& host_worker_store,
                                                            const StopSignal& stop) {
   const int n = options_.nnodes;
@@ -103,14 +75,12 @@ std::variant<World, RoundEnd> StoreRendezvous::join_static(int round, int nproc,
     return std::to_string(joined) + " of " + std::to_string(n) + " nodes joined, waiting for node_rank " +
            missing_ranks().second;
   };
-  auto timed_out = [&]() {
-    const auto [joined, missing] = missing_ranks();
-    throw TimeoutError("rendezvous (round " + std::to_string(round) + ") timed out after " +
-                       seconds_text(options_.join_timeout) + ": " + std::to_string(joined) + " of " + std::to_string(n) +
-                       " nodes joined; missing node_rank " + missing +
-                       " (set the wait with --rdzv_conf join_timeout=SECONDS)");
+  auto missing = [&]() {
+    const auto [joined, ranks] = missing_ranks();
+    return std::to_string(joined) + " of " + std::to_string(n) + " nodes joined; missing node_rank " + ranks;
   };
-  if (auto ended = wait_joining(round, {rk(round).complete(), rk(round).worker_store()}, stop, progress, timed_out)) {
+  if (auto ended = wait_joining(round, stop, keys_set(round, {rk(round).complete(), rk(round).worker_store()}),
+                                progress, missing)) {
     return *ended;
   }
   // Two reads, whatever the job's size: this node's assignment and the worker store.
@@ -205,35 +175,28 @@ std::variant<World, RoundEnd> StoreRendezvous::join_dynamic(int round, int nproc
       return std::to_string(client_->add(rk(round).joined(), 0)) + " node(s) joined, " +
              std::to_string(options_.min_nodes) + " needed to start";
     };
-    auto timed_out = [&]() {
-      const int64_t joined = client_->add(rk(round).joined(), 0);
-      throw TimeoutError("rendezvous (round " + std::to_string(round) + ") timed out after " +
-                         seconds_text(options_.join_timeout) + ": " + std::to_string(joined) + " node(s) joined, " +
-                         std::to_string(options_.min_nodes) + " needed (--nnodes " + std::to_string(options_.min_nodes) +
-                         ":" + std::to_string(options_.nnodes) + ")");
+    auto missing = [&]() {
+      return std::to_string(client_->add(rk(round).joined(), 0)) + " node(s) joined, " +
+             std::to_string(options_.min_nodes) + " needed (--nnodes " + std::to_string(options_.min_nodes) + ":" +
+             std::to_string(options_.nnodes) + ")";
     };
-    if (auto ended = wait_joining(round, {rk(round).closed()}, stop, progress, timed_out)) return *ended;
+    if (auto ended = wait_joining(round, stop, keys_set(round, {rk(round).closed()}), progress, missing)) return *ended;
     const int64_t members = read_number(rk(round).closed(), client_->get(rk(round).closed()));
     if (idx > members) {
       // Too late for this round: ask the running nodes to re-rendezvous, and join the next round.
-      log::info("ddprun") << "job '" << options_.run_id << "' is running with " << members
-                          << " node(s): asking it to re-rendezvous to admit this node";
-      rdzv::jobs::Outcome membership;
-      membership.kind = rdzv::jobs::Outcome::Kind::Membership;
-      membership.detail = "node " + options_.host + " wants to join";
-      client_->compare_set(rk(round).end(), "", rdzv::jobs::encode_outcome(membership));
+      ask_to_admit_this_node(round, static_cast<int>(members));
       ++round;
       continue;
     }
     const std::string assign_key = rk(round).assign(std::to_string(idx));
-    if (auto ended = wait_joining(round, {assign_key}, stop, progress, timed_out)) return *ended;
+    if (auto ended = wait_joining(round, stop, keys_set(round, {assign_key}), progress, missing)) return *ended;
     const rdzv::jobs::Assignment assigned = read_assignment(assign_key, client_->get(assign_key));
     if (assigned.group_rank == 0) {
       const uint16_t port = host_worker_store();
       client_->set(rk(round).worker_store(), rdzv::jobs::encode(rdzv::jobs::WorkerStoreRecord{options_.advertise_addr, port}));
     }
     const std::string store_key = rk(round).worker_store();
-    if (auto ended = wait_joining(round, {store_key}, stop, progress, timed_out)) return *ended;
+    if (auto ended = wait_joining(round, stop, keys_set(round, {store_key}), progress, missing)) return *ended;
     return adopt(round, assigned, read_worker_store(store_key, client_->get(store_key)));
   }
 }
