@@ -5,6 +5,7 @@
 #include <cstring>
 #include <sstream>
 
+#include "common/command_line.hpp"
 #include "common/errors.hpp"
 
 namespace ddprun::launcher {
@@ -87,8 +88,7 @@ constexpr FlagDef kFlagTable[] = {
 std::span<const FlagDef> flag_table() { return kFlagTable; }
 
 const FlagDef* find_flag(const std::string& spelled) {
-  std::string norm = spelled;
-  if (norm.rfind("--", 0) == 0) std::replace(norm.begin() + 2, norm.end(), '-', '_');
+  const std::string norm = command_line::canonical(spelled);
   for (const FlagDef& f : kFlagTable) {
     if (norm == f.name || (f.alias && norm == f.alias)) return &f;
   }

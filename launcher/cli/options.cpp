@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <sstream>
 
+#include "common/command_line.hpp"
 #include "common/errors.hpp"
 #include "launcher/cli/flags.hpp"
 #include "launcher/cli/options_parse.hpp"
@@ -43,52 +44,25 @@ StreamSelection parse_streams(const std::string& flag, const std::string& text) 
 
 // 1. argv -> flags and the program; stops at the first argument that is not a flag (or "--").
 Given tokenize(const std::vector<std::string>& args) {
+  using command_line::FlagShape;
+  using command_line::Takes;
   Given g;
-  size_t i = 0;
-  for (; i < args.size(); ++i) {
-    const std::string& a = args[i];
-    if (a == "--") {
-      ++i;
-      break;
-    }
-    if (a == "-h" || a == "--help") {
-      g.help = true;
-      return g;
-    }
-    if (a == "--version") {
-      g.version = true;
-      return g;
-    }
-    if (a.empty() || a[0] != '-' || a == "-") break;  // the program
-    std::string name = a, value;
-    bool inline_value = false;
-    if (a.rfind("--", 0) == 0 && a.find('=') != std::string::npos) {
-      name = a.substr(0, a.find('='));
-      value = a.substr(a.find('=') + 1);
-      inline_value = true;
-    } else if (a.size() > 2 && a[1] != '-' && find_flag(a.substr(0, 2)) && find_flag(a.substr(0, 2))->takes_value) {
-      name = a.substr(0, 2);  // -r3
-      value = a.substr(2);
-      inline_value = true;
-    }
+  auto lookup = [](const std::string& name) -> std::optional<FlagShape> {
+    if (name == "-h" || name == "--help" || name == "--version") return FlagShape{};
     const FlagDef* f = find_flag(name);
-    if (!f) throw ConfigError("unknown option '" + name + "' (see ddprun --help for the list)");
-    if (f->takes_value) {
-      if (!inline_value) {
-        if (i + 1 >= args.size()) throw ConfigError(name + " needs a value (" + f->help + ")");
-        value = args[++i];
-      }
-    } else if (!inline_value) {
-      value = "1";
-    } else if (!f->optional_value) {
-      throw ConfigError(name + " takes no value, got '" + value + "'");
-    }
-    g.set(f->dest, value, name);
-  }
-  if (i < args.size()) {
-    g.program = args[i];
-    g.program_args.assign(args.begin() + static_cast<long>(i) + 1, args.end());
-  }
+    if (!f) return std::nullopt;
+    return FlagShape{f->takes_value ? Takes::Value : f->optional_value ? Takes::InlineValue : Takes::Nothing, f->help};
+  };
+  auto on_flag = [&](const std::string& name, const std::optional<std::string>& value) {
+    if (name == "-h" || name == "--help") g.help = true;
+    else if (name == "--version") g.version = true;
+    else g.set(find_flag(name)->dest, value.value_or("1"), name);
+    return !g.help && !g.version;
+  };
+  const size_t rest = command_line::walk(args, 0, lookup, on_flag, " (see ddprun --help for the list)");
+  if (g.help || g.version || rest >= args.size()) return g;
+  g.program = args[rest];
+  g.program_args.assign(args.begin() + static_cast<long>(rest) + 1, args.end());
   return g;
 }
 

@@ -27,6 +27,7 @@ struct StreamSelection {
     return it == per_rank.end() ? all : it->second;
   }
   bool any() const { return all != 0 || !per_rank.empty(); }
+  bool operator==(const StreamSelection&) const = default;
 };
 
 enum class LocalRankArg { None, Underscore, Dash };
@@ -78,6 +79,7 @@ struct LaunchOptions {
     std::string user;                          // etcd_user
     std::string password_file;                 // etcd_password_file
     std::string ca_file, cert_file, key_file;  // etcd_ca_file (cacert), etcd_cert_file (cert), etcd_key_file (key)
+    bool operator==(const Etcd&) const = default;
   } etcd;
   int max_restarts = 0;
   std::chrono::milliseconds hang_timeout{0};  // 0: hangs are not looked for
@@ -116,6 +118,8 @@ struct LaunchOptions {
 
   bool help = false;
   bool version = false;
+
+  bool operator==(const LaunchOptions&) const = default;
 };
 
 // Whether the job may span several nodes: the agents then rendezvous and watch each other.

@@ -221,6 +221,27 @@ TEST(OptionsTest, HelpListsEveryFlagWithItsDefault) {
   EXPECT_TRUE(parse({"--help"}).help);
 }
 
+// --help states each flag's default as text beside the flag; the parser's defaults are the
+// initializers of LaunchOptions. A flag given its stated default must change nothing.
+TEST(OptionsTest, TheDefaultsHelpStatesAreTheOnesTheParserUses) {
+  const LaunchOptions none = parse({"train.py"});
+  int checked = 0;
+  for (const FlagDef& f : flag_table()) {
+    const std::string text = f.default_text;
+    // A literal value, possibly with a note in parentheses ("0 (off)"); a default described in
+    // words is in parentheses ("(temporary directory)") or, for --master_port, a sentence.
+    const std::string literal = text.substr(0, text.find(" ("));
+    if (!f.takes_value || literal.empty() || literal[0] == '(' || std::string(f.name) == "--master_port") continue;
+    LaunchOptions given = parse({f.name, literal, "train.py"});
+    given.node_rank_given = none.node_rank_given;  // records that the flag was given, not a value
+    EXPECT_TRUE(given == none) << f.name << " " << literal << ": --help states a default the parser does not use";
+    ++checked;
+  }
+  EXPECT_GE(checked, 15);
+  // And the sentence for --master_port: one node picks a free port, several nodes use 29500.
+  EXPECT_FALSE(none.master_port.has_value());
+}
+
 TEST(OptionsTest, EtcdTakesSeveralEndpointsRangesAndItsOwnSettings) {
   auto o = parse({"--rdzv_backend", "etcd", "--rdzv_endpoint", "10.0.0.1:2379,https://10.0.0.2:2379, 10.0.0.3",
                   "--nnodes", "2:4", "--rdzv_conf",

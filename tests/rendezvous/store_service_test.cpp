@@ -367,7 +367,7 @@ TEST(StoreServiceTest, AMalformedFlagExitsTwoNamingItAndWhatItExpects) {
       {{"--port", "70000"}, "--port expects a whole number from 0 to 65535, got '70000'"},
       {{"--job-ttl", "-1"}, "--job-ttl expects a number of seconds >= 0, got '-1'"},
       {{"--handshake_timeout=0"}, "--handshake_timeout expects a number of seconds in (0, 3600], got '0'"},
-      {{"--max-pending-handshakes", "0"}, "--max-pending-handshakes expects a number >= 1, got 0"},
+      {{"--max-pending-handshakes", "0"}, "--max-pending-handshakes expects a number >= 1, got '0'"},
       {{"--state-file="}, "--state-file expects a path, got ''"},
       {{"--max-keys"}, "--max-keys needs a value"},
       {{"--bogus"}, "unknown option '--bogus'"},
@@ -386,7 +386,9 @@ TEST(StoreServiceTest, AMalformedFlagExitsTwoNamingItAndWhatItExpects) {
 // Dashes and underscores spell the same flag (as ddprun's own flags): --max_key_bytes is
 // --max-key-bytes.
 TEST(StoreServiceTest, UnderscoresSpellTheSameFlags) {
-  Daemon d(DAEMON_BIN, DaemonOptions{.args = {"--max_key_bytes", "64", "--job_ttl=5"}});
+  DaemonOptions options;
+  options.args = {"--max_key_bytes", "64", "--job_ttl=5"};
+  Daemon d(DAEMON_BIN, options);
   expect_serving(d);
   rdzv::Client c(client_options(d.port()));
   // SET has no reply: the refusal (the connection closed) shows at the next request.

@@ -1,0 +1,78 @@
+#include "common/command_line.hpp"
+
+#include <algorithm>
+#include <sstream>
+
+#include "common/errors.hpp"
+
+namespace ddprun::command_line {
+
+std::string canonical(std::string_view spelled) {
+  std::string name(spelled);
+  if (name.rfind("--", 0) == 0) std::replace(name.begin() + 2, name.end(), '-', '_');
+  return name;
+}
+
+size_t walk(const std::vector<std::string>& args, size_t first, const FlagLookup& lookup,
+            const std::function<bool(const std::string& name, const std::optional<std::string>& value)>& on_flag,
+            const std::string& unknown_hint) {
+  size_t i = first;
+  for (; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    if (a == "--") return i + 1;
+    if (a.empty() || a[0] != '-' || a == "-") break;
+    std::string name = a;
+    std::optional<std::string> value;
+    if (a.rfind("--", 0) == 0 && a.find('=') != std::string::npos) {
+      name = a.substr(0, a.find('='));
+      value = a.substr(a.find('=') + 1);
+    } else if (a.size() > 2 && a[1] != '-') {
+      // "-r3": a one-letter flag with its value attached.
+      if (const auto shape = lookup(a.substr(0, 2)); shape && shape->takes == Takes::Value) {
+        name = a.substr(0, 2);
+        value = a.substr(2);
+      }
+    }
+    const std::optional<FlagShape> shape = lookup(name);
+    if (!shape) throw ConfigError("unknown option '" + name + "'" + unknown_hint);
+    if (shape->takes == Takes::Value && !value) {
+      if (i + 1 >= args.size()) {
+        throw ConfigError(name + " needs a value" + (shape->what.empty() ? "" : " (" + shape->what + ")"));
+      }
+      value = args[++i];
+    } else if (shape->takes == Takes::Nothing && value) {
+      throw ConfigError(name + " takes no value, got '" + *value + "'");
+    }
+    if (!on_flag(name, value)) return i;
+  }
+  return i;
+}
+
+void print_option(std::ostream& out, const std::string& names, const std::string& help,
+                  const std::string& default_text, size_t width) {
+  constexpr size_t kColumn = 25;  // where the help starts
+  std::vector<std::string> words;
+  std::istringstream in(help);
+  for (std::string w; in >> w;) words.push_back(w);
+  if (!default_text.empty()) words.push_back("(default: " + default_text + ")");  // never broken
+  std::string line = "  " + names;
+  if (line.size() + 2 > kColumn) {
+    out << line << "\n";
+    line.clear();
+  }
+  line.resize(kColumn, ' ');
+  bool first_on_line = true;
+  for (const std::string& word : words) {
+    if (!first_on_line && line.size() + 1 + word.size() > width) {
+      out << line << "\n";
+      line.assign(kColumn, ' ');
+      first_on_line = true;
+    }
+    if (!first_on_line) line += ' ';
+    line += word;
+    first_on_line = false;
+  }
+  out << line << "\n";
+}
+
+}  // namespace ddprun::command_line

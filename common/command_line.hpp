@@ -1,0 +1,52 @@
+#pragma once
+// Command lines, the one way ddprun's programs read them (ddprun, ddprun-rendezvous and its
+// subcommands): how an argument list splits into flags and values, which spellings name one flag,
+// and how an option is shown in --help. What each flag means stays with its program's flag table.
+//
+// Accepted: "--name value", "--name=value", a one-letter flag with its value attached ("-r3"), a
+// switch alone ("--insecure"); dashes and underscores after the leading "--" are interchangeable.
+// The walk stops at "--" (taken) or at the first argument that is not a flag (a program and its
+// arguments, or a subcommand's operand).
+
+#include <functional>
+#include <optional>
+#include <ostream>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace ddprun::command_line {
+
+// What a flag takes.
+enum class Takes {
+  Nothing,      // a switch: "--insecure"
+  Value,        // "--port 29400", "--port=29400"
+  InlineValue,  // a switch that may also take a value inline: "--local_rank_arg", "--local_rank_arg=dash"
+};
+
+// What the walk needs to know of a flag: what it takes, and a line on what it is (for "needs a
+// value" errors). nullopt from the lookup: no such flag.
+struct FlagShape {
+  Takes takes = Takes::Nothing;
+  std::string what;
+};
+using FlagLookup = std::function<std::optional<FlagShape>(const std::string& name)>;
+
+// "--max-key-bytes" -> "--max_key_bytes": the spelling flag tables compare. Other text unchanged.
+std::string canonical(std::string_view spelled);
+
+// Walks args[first..] and calls on_flag(name as given, value) for each flag in order (value:
+// nullopt for a switch given alone); on_flag returns false to end the walk there (--help). Throws ConfigError for an unknown flag ("unknown option
+// 'NAME'" + unknown_hint), a missing value ("NAME needs a value (WHAT)") or a value given to a
+// switch ("NAME takes no value, got 'V'"). Returns the index of the first argument not taken
+// (args.size() when all were; the flag's own index when on_flag ended the walk).
+size_t walk(const std::vector<std::string>& args, size_t first, const FlagLookup& lookup,
+            const std::function<bool(const std::string& name, const std::optional<std::string>& value)>& on_flag,
+            const std::string& unknown_hint = "");
+
+// One option of a --help text: "  NAMES  HELP (default: DEFAULT)", the help wrapped to `width`
+// columns and indented under the names' column (or on the next line when the names are long).
+void print_option(std::ostream& out, const std::string& names, const std::string& help,
+                  const std::string& default_text = "", size_t width = 100);
+
+}  // namespace ddprun::command_line

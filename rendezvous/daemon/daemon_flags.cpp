@@ -1,0 +1,285 @@
+#include "rendezvous/daemon/daemon_flags.hpp"
+
+#include <cstdlib>
+#include <sstream>
+#include <string_view>
+
+#include "common/command_line.hpp"
+#include "common/errors.hpp"
+#include "common/log.hpp"
+#include "common/numbers.hpp"
+
+namespace ddprun::rdzv::daemon {
+
+namespace {
+
+using command_line::FlagShape;
+using command_line::Takes;
+
+[[noreturn]] void expected(const std::string& flag, const std::string& what, const std::string& got) {
+  throw ConfigError(flag + " expects " + what + ", got '" + got + "'");
+}
+
+uint64_t number(const std::string& flag, const std::string& text, uint64_t max) {
+  if (const auto v = to_uint(text); v && *v <= max) return *v;
+  expected(flag, "a whole number from 0 to " + std::to_string(max), text);
+}
+
+// A number of seconds up to `max` (zero only where allowed), as milliseconds.
+std::chrono::milliseconds seconds(const std::string& flag, const std::string& text, bool allow_zero, double max,
+                                  const char* range) {
+  const auto secs = to_double(text);
+  if (!secs || *secs < 0 || (*secs == 0 && !allow_zero) || *secs > max) {
+    expected(flag, std::string("a number of seconds ") + range, text);
+  }
+  return std::chrono::milliseconds(static_cast<int64_t>(*secs * 1000));
+}
+
+std::string seconds_shown(std::chrono::milliseconds ms) {
+  std::ostringstream out;
+  out << static_cast<double>(ms.count()) / 1000;
+  return out.str();
+}
+
+std::optional<std::string> token_file_from_env() {
+  const char* v = std::getenv("DDPRUN_TOKEN_FILE");
+  return v && *v ? std::optional<std::string>(v) : std::nullopt;
+}
+
+// One server flag. `shown` gives its default as --help prints it, from serve_defaults() (nullptr:
+// none to show; `note` says what there is instead).
+struct ServeFlag {
+  const char* name;   // dashed spelling
+  const char* value;  // the value's placeholder in --help; nullptr for a switch
+  const char* help;
+  std::string (*shown)(const ServeConfig& defaults);
+  void (*apply)(const std::string& flag, const std::string& value, ServeConfig& c);
+};
+
+constexpr ServeFlag kServeFlags[] = {
+    {"--host", "ADDR",
+     "address to listen on (\"::\" for IPv6 and IPv4); any other than loopback needs --token-file or --insecure",
+     [](const ServeConfig& d) { return d.options.host; },
+     [](const std::string&, const std::string& v, ServeConfig& c) { c.options.host = v; }},
+    {"--port", "N", "port to listen on; 0 lets the kernel pick one",
+     [](const ServeConfig& d) { return std::to_string(d.options.port); },
+     [](const std::string& f, const std::string& v, ServeConfig& c) {
+       c.options.port = static_cast<uint16_t>(number(f, v, 65535));
+     }},
+    {"--port-file", "PATH", "after binding, write the chosen port to PATH (for --port 0)", nullptr,
+     [](const std::string&, const std::string& v, ServeConfig& c) { c.port_file = v; }},
+    {"--token-file", "PATH",
+     "protect the store with the secret in PATH (mode 600, yours): every client proves it (HMAC-SHA256 challenge) "
+     "before any key operation, and is bound to one job's keys",
+     nullptr, [](const std::string&, const std::string& v, ServeConfig& c) { c.token_file = v; }},
+    {"--insecure", nullptr,
+     "listen on a non-loopback address without a secret (anyone who reaches the port can read, change and end "
+     "every job)",
+     nullptr, [](const std::string&, const std::string&, ServeConfig& c) { c.insecure = true; }},
+    {"--handshake-timeout", "SECONDS",
+     "with --token-file: close a connection that has not proved the secret SECONDS after it connected",
+     [](const ServeConfig& d) { return seconds_shown(d.options.handshake_timeout); },
+     [](const std::string& f, const std::string& v, ServeConfig& c) {
+       c.options.handshake_timeout = seconds(f, v, false, 3600, "in (0, 3600]");
+     }},
+    {"--max-pending-handshakes", "N",
+     "with --token-file: most connections not yet proven at once (at most a quarter of the descriptor limit), the "
+     "oldest closed to make room",
+     [](const ServeConfig& d) { return std::to_string(d.options.max_pending_handshakes); },
+     [](const std::string& f, const std::string& v, ServeConfig& c) {
+       c.options.max_pending_handshakes = number(f, v, uint64_t{1} << 20);
+       if (c.options.max_pending_handshakes == 0) expected(f, "a number >= 1", v);
+     }},
+    {"--max-key-bytes", "N", "longest key accepted",
+     [](const ServeConfig& d) { return std::to_string(d.options.limits.max_key_bytes); },
+     [](const std::string& f, const std::string& v, ServeConfig& c) {
+       c.options.limits.max_key_bytes = number(f, v, uint64_t{1} << 30);
+     }},
+    {"--max-value-bytes", "N", "largest value accepted",
+     [](const ServeConfig& d) { return std::to_string(d.options.limits.max_value_bytes); },
+     [](const std::string& f, const std::string& v, ServeConfig& c) {
+       Limits& l = c.options.limits;
+       l.max_value_bytes = number(f, v, uint64_t{1} << 32);
+       l.max_request_bytes = std::max(l.max_request_bytes, l.max_value_bytes * 2);
+     }},
+    {"--max-keys", "N", "most keys in one request",
+     [](const ServeConfig& d) { return std::to_string(d.options.limits.max_keys_per_request); },
+     [](const std::string& f, const std::string& v, ServeConfig& c) {
+       c.options.limits.max_keys_per_request = number(f, v, uint64_t{1} << 24);
+     }},
+    {"--max-reply-bytes", "N", "largest reply one request may produce",
+     [](const ServeConfig& d) { return std::to_string(d.options.limits.max_reply_bytes); },
+     [](const std::string& f, const std::string& v, ServeConfig& c) {
+       c.options.limits.max_reply_bytes = number(f, v, uint64_t{1} << 40);
+     }},
+    {"--max-total-keys", "N", "most keys (and queues) the store holds",
+     [](const ServeConfig& d) { return std::to_string(d.options.store_limits.max_total_keys); },
+     [](const std::string& f, const std::string& v, ServeConfig& c) {
+       c.options.store_limits.max_total_keys = number(f, v, uint64_t{1} << 40);
+     }},
+    {"--max-store-bytes", "N", "most bytes of keys and values the store holds",
+     [](const ServeConfig& d) { return std::to_string(d.options.store_limits.max_store_bytes); },
+     [](const std::string& f, const std::string& v, ServeConfig& c) {
+       c.options.store_limits.max_store_bytes = number(f, v, uint64_t{1} << 50);
+     }},
+    {"--job-max-keys", "N", "most keys one job (its keys under /ddprun/<run id>/) holds; 0 for no quota",
+     [](const ServeConfig& d) { return std::to_string(d.options.store_limits.max_job_keys); },
+     [](const std::string& f, const std::string& v, ServeConfig& c) {
+       c.options.store_limits.max_job_keys = number(f, v, uint64_t{1} << 40);
+     }},
+    {"--job-max-bytes", "N", "most bytes one job holds; 0 for no quota",
+     [](const ServeConfig& d) { return std::to_string(d.options.store_limits.max_job_bytes); },
+     [](const std::string& f, const std::string& v, ServeConfig& c) {
+       c.options.store_limits.max_job_bytes = number(f, v, uint64_t{1} << 50);
+     }},
+    {"--metrics-port", "N",
+     "serve Prometheus metrics at http://HOST:N/metrics, on the store's address (0 lets the kernel pick the port, "
+     "printed at start; off when not given)",
+     nullptr,
+     [](const std::string& f, const std::string& v, ServeConfig& c) {
+       c.metrics_port = static_cast<uint16_t>(number(f, v, 65535));
+     }},
+    {"--job-ttl", "SECONDS",
+     "forget a ddprun job at once when all its nodes have left, or after SECONDS without any change (its agents "
+     "were killed); 0 keeps every key",
+     [](const ServeConfig& d) { return seconds_shown(d.options.job_ttl); },
+     [](const std::string& f, const std::string& v, ServeConfig& c) {
+       c.options.job_ttl = seconds(f, v, true, 1e7, ">= 0");
+     }},
+    {"--state-file", "PATH",
+     "keep the store's contents in PATH across restarts: a daemon killed and started again on the same PATH (and "
+     "port) within the agents' reconnect window (--rdzv_conf store_reconnect_timeout, 30 s) ends no running job. "
+     "Each change is written before its reply; no fsync per write (the file outlives the daemon, not a crash of "
+     "its machine). Without it: memory only",
+     nullptr,
+     [](const std::string& f, const std::string& v, ServeConfig& c) {
+       if (v.empty()) expected(f, "a path", v);
+       c.options.state_file = v;
+     }},
+    {"--log-level", "LEVEL", "debug, info, warn or error; also DDPRUN_LOG_LEVEL",
+     [](const ServeConfig&) { return std::string("info"); },
+     [](const std::string& f, const std::string& v, ServeConfig&) {
+       log::Level level;
+       if (!log::parse_level(v, level)) expected(f, "debug, info, warn or error", v);
+       log::set_level(level);
+     }},
+};
+
+const ServeFlag* find_serve_flag(const std::string& spelled) {
+  const std::string name = command_line::canonical(spelled);
+  for (const ServeFlag& f : kServeFlags) {
+    if (command_line::canonical(f.name) == name) return &f;
+  }
+  return nullptr;
+}
+
+// A subcommand's flags: canonical name -> where its value goes.
+struct SubFlag {
+  const char* name;
+  const char* also;  // another spelling, or nullptr
+  std::string* into;
+};
+
+void parse_sub_flags(const std::string& sub, const std::vector<std::string>& args, const std::vector<SubFlag>& flags) {
+  auto find = [&](const std::string& spelled) -> const SubFlag* {
+    const std::string name = command_line::canonical(spelled);
+    for (const SubFlag& f : flags) {
+      if (command_line::canonical(f.name) == name || (f.also && command_line::canonical(f.also) == name)) return &f;
+    }
+    return nullptr;
+  };
+  const size_t rest = command_line::walk(
+      args, 0,
+      [&](const std::string& name) -> std::optional<FlagShape> {
+        if (!find(name)) return std::nullopt;
+        return FlagShape{Takes::Value, ""};
+      },
+      [&](const std::string& name, const std::optional<std::string>& value) {
+        *find(name)->into = value.value_or("");
+        return true;
+      },
+      " of " + sub);
+  if (rest < args.size()) throw ConfigError(sub + ": unexpected argument '" + args[rest] + "'");
+}
+
+}  // namespace
+
+ServeConfig serve_defaults() {
+  ServeConfig c;
+  c.options.host = "127.0.0.1";
+  c.options.port = 29400;
+  c.options.store_limits.max_job_keys = 131072;
+  c.options.store_limits.max_job_bytes = uint64_t{256} << 20;
+  c.options.job_ttl = std::chrono::hours(1);
+  c.options.describe_self = true;
+  return c;
+}
+
+ServeConfig parse_serve_flags(const std::vector<std::string>& args) {
+  ServeConfig c = serve_defaults();
+  auto lookup = [](const std::string& name) -> std::optional<FlagShape> {
+    if (name == "-h" || name == "--help" || name == "--version") return FlagShape{};
+    const ServeFlag* f = find_serve_flag(name);
+    if (!f) return std::nullopt;
+    return FlagShape{f->value ? Takes::Value : Takes::Nothing, f->help};
+  };
+  auto on_flag = [&](const std::string& name, const std::optional<std::string>& value) {
+    if (name == "-h" || name == "--help") c.help = true;
+    else if (name == "--version") c.version = true;
+    else find_serve_flag(name)->apply(name, value.value_or(""), c);
+    return !c.help && !c.version;
+  };
+  const size_t rest = command_line::walk(args, 0, lookup, on_flag);
+  if (!c.help && !c.version && rest < args.size()) {
+    throw ConfigError("unexpected argument '" + args[rest] + "' (the subcommands are status and token)");
+  }
+  return c;
+}
+
+StatusFlags parse_status_flags(const std::vector<std::string>& args) {
+  StatusFlags s;
+  std::string token_file;
+  parse_sub_flags("status", args, {{"--endpoint", nullptr, &s.endpoint}, {"--token-file", nullptr, &token_file}});
+  s.token_file = token_file.empty() ? token_file_from_env() : std::optional<std::string>(token_file);
+  if (s.endpoint.empty()) throw ConfigError("status needs --endpoint HOST:PORT");
+  return s;
+}
+
+TokenFlags parse_token_flags(const std::vector<std::string>& args) {
+  TokenFlags t;
+  std::string token_file;
+  parse_sub_flags("token", args,
+                  {{"--token-file", nullptr, &token_file}, {"--rdzv-id", "--run-id", &t.run_id}, {"--output", nullptr, &t.output}});
+  t.token_file = token_file.empty() ? token_file_from_env() : std::optional<std::string>(token_file);
+  if (!t.token_file) throw ConfigError("token needs --token-file PATH (the daemon's secret)");
+  return t;
+}
+
+std::string usage_text() {
+  std::ostringstream out;
+  out << "Usage: ddprun-rendezvous [OPTIONS]\n"
+         "       ddprun-rendezvous status --endpoint HOST:PORT [--token-file PATH]\n"
+         "       ddprun-rendezvous token --token-file PATH --rdzv_id ID [--output PATH]\n\n"
+         "Serves a PyTorch-compatible TCPStore (1.13 and 2.x clients on one port) for ddprun agents: many jobs\n"
+         "at once, each rerun of a job id in a namespace of its own, finished jobs forgotten.\n\n"
+         "Options (dashes and underscores in their names are interchangeable):\n";
+  const ServeConfig defaults = serve_defaults();
+  for (const ServeFlag& f : kServeFlags) {
+    const std::string names = f.value ? std::string(f.name) + " " + f.value : std::string(f.name);
+    command_line::print_option(out, names, f.help, f.shown ? f.shown(defaults) : "");
+  }
+  command_line::print_option(out, "-h, --help", "show this help");
+  command_line::print_option(out, "--version", "print the version");
+  out << "\n"
+         "The bound address is printed on stdout as \"listening on HOST:PORT\". SIGTERM or SIGINT stop it\n"
+         "cleanly.\n\n"
+         "status: prints, as JSON, the ddprun jobs whose nodes rendezvous through the store at HOST:PORT\n"
+         "(run id, generation, round, state, nodes with their hosts, addresses and heartbeats, worker store,\n"
+         "outcome). A protected store needs --token-file (or DDPRUN_TOKEN_FILE): the daemon's secret shows\n"
+         "every job, a job token that job alone.\n\n"
+         "token: writes the token of job ID, derived from the daemon's secret, to PATH (mode 600) or stdout.\n"
+         "Agents given only that token (--rdzv_conf token_file=PATH) can act for that job and no other.\n";
+  return out.str();
+}
+
+}  // namespace ddprun::rdzv::daemon
