@@ -16,6 +16,7 @@
 #include <optional>
 #include <stdexcept>
 
+#include "bucket_plan.hpp"
 #ifdef DDPRUN_WORKER_DIRECT_GLOO
 #include "gloo_reducer.hpp"
 #endif
@@ -107,6 +108,61 @@ struct GradientReducer::State {
 #endif
       std::vector<torch::Tensor> ts{b.flat};
       b.work = pg->allreduce(ts);
+    }
+  }
+
+  // One flat tensor per planned bucket; each parameter learns its bucket and offset.
+  void build_buckets(std::vector<std::vector<size_t>> layout) {
+    for (auto& indices : layout) {
+      Bucket b;
+      int64_t numel = 0;
+      for (size_t i : indices) {
+        params[i].bucket = buckets.size();
+        params[i].offset = numel;
+        numel += params[i].tensor.numel();
+      }
+      b.flat = torch::zeros({numel}, params[indices.front()].tensor.options().requires_grad(false));
+      b.params = std::move(indices);
+      buckets.push_back(std::move(b));
+    }
+  }
+
+#ifdef DDPRUN_WORKER_DIRECT_GLOO
+  // CPU float/double buckets of a Gloo job go through the direct reducer (see gloo_reducer.hpp).
+  // Every rank has the same buckets, so every rank makes the same choice.
+  void attach_direct_gloo(const Distributed& dist) {
+    auto direct = [](const torch::Tensor& t) {
+      return t.device().is_cpu() && (t.scalar_type() == torch::kFloat || t.scalar_type() == torch::kDouble);
+    };
+    if (std::none_of(buckets.begin(), buckets.end(), [&](const Bucket& b) { return direct(b.flat); })) return;
+    static std::atomic<int> instances{0};  // DDP objects are created in the same order on every rank
+    // Auto: spin only when this node's ranks with their intra-op threads fit its CPUs, so a
+    // spinning rank never takes a core from one that is still computing.
+    const int threads_on_node = dist.env().local_world_size * std::max(1, at::get_num_threads());
+    const bool spin = options.busy_poll == BusyPoll::On ||
+                      (options.busy_poll == BusyPoll::Auto && threads_on_node <= usable_cpus());
+    gloo = std::make_unique<GlooBucketReducer>(dist.store(), "ddprun/ddp/" + std::to_string(instances++) + "/",
+                                               dist.rank(), world_size, dist.timeout(), spin);
+    for (auto& b : buckets) {  // a bucket the reducer cannot take stays on the process group
+      if (!direct(b.flat)) continue;
+      const auto count = static_cast<size_t>(b.flat.numel());
+      b.gloo_id = b.flat.scalar_type() == torch::kFloat ? gloo->add(b.flat.data_ptr<float>(), count)
+                                                        : gloo->add(b.flat.data_ptr<double>(), count);
+    }
+  }
+#endif
+
+  // Hooks each parameter's AccumulateGrad node: it fires after the gradient is accumulated.
+  void hook_accumulators(const std::shared_ptr<State>& self) {
+    std::weak_ptr<State> weak = self;
+    for (size_t i = 0; i < params.size(); ++i) {
+      auto acc = torch::autograd::impl::grad_accumulator(params[i].tensor);
+      acc->add_post_hook(std::make_unique<torch::autograd::utils::LambdaPostHook>(
+          [weak, i](const torch::autograd::variable_list& outputs, const torch::autograd::variable_list&) {
+            if (auto st = weak.lock()) st->on_grad_ready(i);
+            return outputs;
+          }));
+      accumulators.push_back(std::move(acc));
     }
   }
 
@@ -205,78 +261,17 @@ GradientReducer::GradientReducer(std::vector<std::pair<std::string, torch::Tenso
   s.world_size = dist.world_size();
   s.options = options;
   for (auto& [name, t] : named_params) s.params.push_back({name, t});
-
-  // Buckets: reverse registration order, grouped by dtype and device, closed when full.
-  struct Open {
-    std::vector<size_t> params;
-    size_t bytes = 0;
-  };
-  std::map<std::pair<int, std::string>, Open> open;
-  std::vector<std::vector<size_t>> layout;
-  for (size_t k = s.params.size(); k-- > 0;) {
-    const auto& t = s.params[k].tensor;
-    auto& bucket = open[{static_cast<int>(t.scalar_type()), t.device().str()}];
-    bucket.params.push_back(k);
-    bucket.bytes += static_cast<size_t>(t.numel()) * t.element_size();
-    const size_t cap = layout.empty() ? options.first_bucket_cap_bytes : options.bucket_cap_bytes;
-    if (bucket.bytes >= cap) {
-      layout.push_back(std::move(bucket.params));
-      bucket = Open{};
-    }
+  std::vector<BucketParam> sizes;
+  for (const auto& p : s.params) {
+    sizes.push_back({static_cast<int>(p.tensor.scalar_type()), p.tensor.device().str(),
+                     static_cast<size_t>(p.tensor.numel()) * p.tensor.element_size()});
   }
-  for (auto& [key, bucket] : open) {
-    if (!bucket.params.empty()) layout.push_back(std::move(bucket.params));
-  }
-  for (auto& indices : layout) {
-    State::Bucket b;
-    int64_t numel = 0;
-    for (size_t i : indices) {
-      s.params[i].bucket = s.buckets.size();
-      s.params[i].offset = numel;
-      numel += s.params[i].tensor.numel();
-    }
-    const auto& first = s.params[indices.front()].tensor;
-    b.flat = torch::zeros({numel}, first.options().requires_grad(false));
-    b.params = std::move(indices);
-    s.buckets.push_back(std::move(b));
-  }
+  s.build_buckets(plan_buckets(sizes, options.first_bucket_cap_bytes, options.bucket_cap_bytes));
   s.reset_pass();
 #ifdef DDPRUN_WORKER_DIRECT_GLOO
-  // CPU float/double buckets of a Gloo job go through the direct reducer (see gloo_reducer.hpp).
-  // Every rank has the same buckets, so every rank makes the same choice.
-  auto direct = [](const torch::Tensor& t) {
-    return t.device().is_cpu() && (t.scalar_type() == torch::kFloat || t.scalar_type() == torch::kDouble);
-  };
-  if (options.direct_gloo && dist.backend() == "gloo" && s.world_size > 1 &&
-      std::any_of(s.buckets.begin(), s.buckets.end(), [&](const State::Bucket& b) { return direct(b.flat); })) {
-    static std::atomic<int> instances{0};  // DDP objects are created in the same order on every rank
-    // Auto: spin only when this node's ranks with their intra-op threads fit its CPUs, so a
-    // spinning rank never takes a core from one that is still computing.
-    const int threads_on_node = dist.env().local_world_size * std::max(1, at::get_num_threads());
-    const bool spin = options.busy_poll == BusyPoll::On ||
-                      (options.busy_poll == BusyPoll::Auto && threads_on_node <= usable_cpus());
-    s.gloo = std::make_unique<GlooBucketReducer>(dist.store(), "ddprun/ddp/" + std::to_string(instances++) + "/",
-                                                 dist.rank(), s.world_size, dist.timeout(), spin);
-    for (auto& b : s.buckets) {  // a bucket the reducer cannot take stays on the process group
-      if (!direct(b.flat)) continue;
-      const auto count = static_cast<size_t>(b.flat.numel());
-      b.gloo_id = b.flat.scalar_type() == torch::kFloat ? s.gloo->add(b.flat.data_ptr<float>(), count)
-                                                         : s.gloo->add(b.flat.data_ptr<double>(), count);
-    }
-  }
+  if (options.direct_gloo && dist.backend() == "gloo" && s.world_size > 1) s.attach_direct_gloo(dist);
 #endif
-
-  // Hook each parameter's AccumulateGrad node: it fires after the gradient is accumulated.
-  std::weak_ptr<State> weak = state_;
-  for (size_t i = 0; i < s.params.size(); ++i) {
-    auto acc = torch::autograd::impl::grad_accumulator(s.params[i].tensor);
-    acc->add_post_hook(std::make_unique<torch::autograd::utils::LambdaPostHook>(
-        [weak, i](const torch::autograd::variable_list& outputs, const torch::autograd::variable_list&) {
-          if (auto st = weak.lock()) st->on_grad_ready(i);
-          return outputs;
-        }));
-    s.accumulators.push_back(std::move(acc));
-  }
+  s.hook_accumulators(state_);
 }
 
 GradientReducer::~GradientReducer() = default;
