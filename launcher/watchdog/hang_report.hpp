@@ -83,9 +83,7 @@ struct HangFindings {
 };
 HangFindings analyze_hang(const HangDiagnosis& d);
 
-// Where a rank is, in a few words: "in torch.distributed all_reduce (hang.py:12)", "in the store",
-// "in c10d::Work::wait".
-std::string rank_location(const RankState& r);
+// Where a rank is: rank_location (hang_frames.hpp).
 
 // The report printed when a hang ends the job (and written to the run directory).
 std::string format_hang_report(const HangDiagnosis& d);

@@ -16,6 +16,7 @@
 #include <thread>
 
 #include "launcher/watchdog/file_timer.hpp"
+#include "launcher/watchdog/hang_frames.hpp"
 #include "launcher/watchdog/hang_report.hpp"
 #include "launcher/workers/process.hpp"
 #include "common/procfs.hpp"
