@@ -64,7 +64,8 @@ TEST(DaemonRestartTest, RunningJobsFinishAcrossAKillAndRestart) {
   const std::string ready0 = (dir.path / "ready0").string(), ready1 = (dir.path / "ready1").string();
   auto n0 = node(port, "survivor", ready0, "8");
   auto n1 = node(port, "survivor", ready1, "8");
-  ASSERT_TRUE(wait_until([&] { return std::filesystem::exists(ready0) && std::filesystem::exists(ready1); }, 60s))
+  // Each worker creates its file, then writes its pid: wait for the pids, not the files.
+  ASSERT_TRUE(wait_until([&] { return !read_file(ready0).empty() && !read_file(ready1).empty(); }, 60s))
       << "the workers did not start\n" << daemon->log();
   const std::string pid0 = read_file(ready0), pid1 = read_file(ready1);
   daemon->stop(SIGKILL);

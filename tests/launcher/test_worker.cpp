@@ -9,7 +9,7 @@
 //   test_worker store-barrier          add+wait barrier on the store at MASTER_ADDR:MASTER_PORT
 //   test_worker print N                print N numbered lines to stdout and stderr
 //   test_worker sleep SECONDS
-//   test_worker ready-file PATH        create PATH (after the commands before it)
+//   test_worker ready-file PATH        create PATH holding this pid, whole at once (after the commands before it)
 //   test_worker fds OUT_DIR            write this process's open descriptors to OUT_DIR/fds.<RANK>
 //   test_worker flood MB               print MB megabytes of 100-byte lines to stdout, fast
 //   test_worker ignore-term            ignore SIGTERM from now on
@@ -173,7 +173,10 @@ int main(int argc, char** argv) {
     } else if (cmd == "ignore-term") {
       ::signal(SIGTERM, SIG_IGN);
     } else if (cmd == "ready-file") {
-      std::ofstream(arg()) << ::getpid() << "\n";
+      // Written under another name and renamed: whoever sees the file sees the pid in it.
+      const std::string path = arg();
+      std::ofstream(path + ".tmp") << ::getpid() << "\n";
+      std::rename((path + ".tmp").c_str(), path.c_str());
     } else {
       std::cerr << "test_worker: unknown command " << cmd << "\n";
       return 100;

@@ -1,0 +1,149 @@
+// The Supervisor (launcher/workers/supervisor) on its own, in this process, with real child
+// processes (/bin/sh): what a group's end is, which worker is the root cause, who was stopped,
+// what a stop request or a stop signal does, and what a worker that cannot start does. Outcomes
+// and records are checked, never sentences.
+#include "launcher/workers/supervisor.hpp"
+
+#include <gtest/gtest.h>
+
+#include <csignal>
+#include <future>
+#include <thread>
+
+#include "tests/support/temp_dir.hpp"
+#include "tests/support/wait_until.hpp"
+
+namespace ddprun::launcher {
+namespace {
+
+using namespace std::chrono_literals;
+
+WorkerLaunch shell(int rank, const std::string& script) {
+  WorkerLaunch w;
+  w.rank = w.local_rank = rank;
+  w.request.argv = {"/bin/sh", "-c", script};
+  w.request.envp = {"PATH=/usr/bin:/bin"};
+  w.prefix = "[rank" + std::to_string(rank) + "]: ";
+  w.stdout_to_console = w.stderr_to_console = false;
+  return w;
+}
+
+SupervisorSettings settings() {
+  SupervisorSettings s;
+  s.shutdown_grace = 5s;
+  s.host = "host-a";
+  s.stop_signal_hold = 200ms;
+  return s;
+}
+
+bool has(const std::vector<int>& v, int x) { return std::find(v.begin(), v.end(), x) != v.end(); }
+
+TEST(SupervisorTest, AGroupWhoseWorkersAllExitZeroSucceeds) {
+  Supervisor s(settings(), nullptr);
+  std::vector<pid_t> pids;
+  const GroupResult r = s.run({shell(0, "exit 0"), shell(1, "exit 0")}, [&](const auto& p) { pids = p; });
+  EXPECT_EQ(r.outcome, GroupOutcome::Succeeded);
+  EXPECT_TRUE(r.failures.empty());
+  ASSERT_EQ(r.exits.size(), 2u);
+  ASSERT_EQ(pids.size(), 2u);
+  EXPECT_GT(pids[0], 0);
+  EXPECT_GT(pids[1], 0);
+  for (const WorkerExit& e : r.exits) EXPECT_EQ(e.exit_code, 0);
+}
+
+TEST(SupervisorTest, TheFirstFailureIsTheRootCauseAndTheOthersAreStopped) {
+  Supervisor s(settings(), nullptr);
+  const GroupResult r =
+      s.run({shell(0, "exec sleep 60"), shell(1, "echo 'bad shard 7' >&2; exit 3"), shell(2, "exec sleep 60")});
+  EXPECT_EQ(r.outcome, GroupOutcome::Failed);
+  ASSERT_FALSE(r.failures.empty());
+  const WorkerExit& root = r.failures.front();
+  EXPECT_EQ(root.rank, 1);
+  EXPECT_EQ(root.exit_code, 3);
+  EXPECT_EQ(root.signal, 0);
+  EXPECT_EQ(root.host, "host-a");
+  ASSERT_FALSE(root.stderr_tail.empty());
+  EXPECT_EQ(root.stderr_tail.back(), "bad shard 7");
+  EXPECT_TRUE(has(r.stopped_ranks, 0));
+  EXPECT_TRUE(has(r.stopped_ranks, 2));
+  EXPECT_FALSE(has(r.stopped_ranks, 1));
+}
+
+TEST(SupervisorTest, AWorkerKilledByASignalIsReportedWithThatSignal) {
+  Supervisor s(settings(), nullptr);
+  const GroupResult r = s.run({shell(0, "ulimit -c 0; kill -SEGV $$"), shell(1, "exec sleep 60")});
+  EXPECT_EQ(r.outcome, GroupOutcome::Failed);
+  ASSERT_FALSE(r.failures.empty());
+  EXPECT_EQ(r.failures.front().rank, 0);
+  EXPECT_EQ(r.failures.front().signal, SIGSEGV);
+  EXPECT_EQ(shell_exit_code(r.failures.front()), 128 + SIGSEGV);
+}
+
+TEST(SupervisorTest, AWorkerThatCannotStartFailsTheGroupAndIsNamed) {
+  Supervisor s(settings(), nullptr);
+  WorkerLaunch missing = shell(1, "");
+  missing.request.argv = {"/nonexistent/train_bin"};
+  std::vector<pid_t> pids;
+  const GroupResult r = s.run({shell(0, "exec sleep 60"), missing}, [&](const auto& p) { pids = p; });
+  EXPECT_EQ(r.outcome, GroupOutcome::Failed);
+  ASSERT_FALSE(r.failures.empty());
+  EXPECT_EQ(r.failures.front().rank, 1);
+  EXPECT_TRUE(has(r.stopped_ranks, 0));
+  ASSERT_EQ(pids.size(), 2u);
+  EXPECT_EQ(pids[1], -1);
+}
+
+TEST(SupervisorTest, ARequestToStopEndsTheGroupAsStoppedByRequest) {
+  Supervisor s(settings(), nullptr);
+  auto run = std::async(std::launch::async, [&] { return s.run({shell(0, "exec sleep 60"), shell(1, "exec sleep 60")}); });
+  ASSERT_TRUE(test::wait_until([&] { return s.group_running(); }, 10s));
+  s.request_stop("node 1 failed");
+  ASSERT_EQ(run.wait_for(10s), std::future_status::ready);
+  const GroupResult r = run.get();
+  EXPECT_EQ(r.outcome, GroupOutcome::StoppedByRequest);
+  EXPECT_TRUE(r.failures.empty());
+  EXPECT_TRUE(has(r.stopped_ranks, 0));
+  EXPECT_TRUE(has(r.stopped_ranks, 1));
+}
+
+TEST(SupervisorTest, AStopSignalStopsEveryWorkerAndIsRemembered) {
+  Supervisor s(settings(), nullptr);
+  auto run = std::async(std::launch::async, [&] { return s.run({shell(0, "exec sleep 60"), shell(1, "exec sleep 60")}); });
+  ASSERT_TRUE(test::wait_until([&] { return s.group_running(); }, 10s));
+  s.deliver_signal(SIGTERM);
+  ASSERT_EQ(run.wait_for(10s), std::future_status::ready);
+  const GroupResult r = run.get();
+  EXPECT_EQ(r.outcome, GroupOutcome::Signalled);
+  EXPECT_EQ(r.signal, SIGTERM);
+  EXPECT_TRUE(r.failures.empty());
+  EXPECT_TRUE(s.stop_signal_received());
+  // The job must not go on: a later run starts no worker.
+  std::vector<pid_t> pids;
+  const GroupResult again = s.run({shell(0, "exit 0")}, [&](const auto& p) { pids = p; });
+  EXPECT_EQ(again.outcome, GroupOutcome::Signalled);
+  for (pid_t p : pids) EXPECT_EQ(p, -1);
+}
+
+TEST(SupervisorTest, AWorkerThatIgnoresSigtermIsKilledAfterTheGrace) {
+  SupervisorSettings st = settings();
+  st.shutdown_grace = 300ms;
+  Supervisor s(st, nullptr);
+  // Rank 1 fails once rank 0 ignores SIGTERM (its sleeps inherit that).
+  test::TempDir dir;
+  const std::string ignoring = dir.str() + "/ignoring";
+  auto run = std::async(std::launch::async, [&] {
+    return s.run({shell(0, "trap '' TERM; touch " + ignoring + "; while :; do sleep 0.05; done"),
+                  shell(1, "while [ ! -e " + ignoring + " ]; do sleep 0.01; done; exit 4")});
+  });
+  ASSERT_EQ(run.wait_for(20s), std::future_status::ready);
+  const GroupResult r = run.get();
+  EXPECT_EQ(r.outcome, GroupOutcome::Failed);
+  EXPECT_EQ(r.failures.front().rank, 1);
+  EXPECT_TRUE(has(r.stopped_ranks, 0));
+  const auto rank0 = std::find_if(r.exits.begin(), r.exits.end(), [](const WorkerExit& e) { return e.rank == 0; });
+  ASSERT_NE(rank0, r.exits.end());
+  EXPECT_EQ(rank0->signal, SIGKILL);
+}
+
+}  // namespace
+}  // namespace ddprun::launcher
