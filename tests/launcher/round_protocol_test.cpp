@@ -244,6 +244,21 @@ TEST_P(RoundProtocolTest, ANodeThatVanishesIsLostToTheOthers) {
   a->unwatch();
 }
 
+// The same when node 1 is gone before node 0's watcher has read the round: its absence is the
+// news (etcd: its member key went with its lease before the watch began).
+TEST_P(RoundProtocolTest, ANodeGoneBeforeTheWatchBeginsIsLostToo) {
+  auto a = node(0), b = node(1);
+  join_both(*a, *b);
+  b.reset();
+  Watched seen_by_a;
+  a->watch(0, seen_by_a.sink());
+  ASSERT_TRUE(test::wait_until([&] { return seen_by_a.get().has_value(); }, 20s));
+  const RoundEnd end = *seen_by_a.get();
+  EXPECT_EQ(end.kind, RoundEnd::Kind::NodeLost);
+  EXPECT_EQ(end.root_node, 1);
+  a->unwatch();
+}
+
 TEST_P(RoundProtocolTest, AStopDuringTheJoinEndsTheRoundForTheNodesWaitingInIt) {
   // Three nodes needed, two there: node 0 is stopped while both wait for node 2.
   auto a = node(0, 3), b = node(1, 3);

@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <random>
 
 #include "common/errors.hpp"
@@ -268,6 +269,17 @@ class EtcdRendezvous::Watch final : public NodeRendezvous::RoundWatch {
         }
         present.push_back(kv.key);
       }
+      // A member whose key is gone already (its lease ended between the join and this read) is
+      // lost: no watch from now on would ever see it go.
+      const Place p = r_.place();
+      for (size_t i = 0; i < p.agents.size(); ++i) {
+        const std::string key = rk_.members() + p.agents[i];
+        if (p.agents[i] != r_.agent_id_ && std::find(present.begin(), present.end(), key) == present.end()) {
+          ev.lost_node = static_cast<int>(i);
+          ev.lost_why = lease_lost_why();
+          return ev;
+        }
+      }
       watch_ = std::make_unique<etcd::Watch>(*r_.client_, rk_.prefix(), etcd::prefix_end(rk_.prefix()),
                                              now.revision + 1, std::move(present));
     }
@@ -286,8 +298,7 @@ class EtcdRendezvous::Watch final : public NodeRendezvous::RoundWatch {
       for (size_t i = 0; i < p.agents.size(); ++i) {
         if (p.agents[i] == agent && agent != r_.agent_id_) {
           ev.lost_node = static_cast<int>(i);
-          ev.lost_why = "lost its etcd lease (" + std::to_string(r_.options_.lease_ttl.count()) +
-                        " s without a renewal)";
+          ev.lost_why = lease_lost_why();
           return ev;
         }
       }
@@ -300,6 +311,10 @@ class EtcdRendezvous::Watch final : public NodeRendezvous::RoundWatch {
   }
 
  private:
+  std::string lease_lost_why() const {
+    return "lost its etcd lease (" + std::to_string(r_.options_.lease_ttl.count()) + " s without a renewal)";
+  }
+
   EtcdRendezvous& r_;
   rdzv::jobs::RoundKeys rk_;
   std::unique_ptr<etcd::Watch> watch_;
