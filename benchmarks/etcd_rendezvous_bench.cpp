@@ -36,7 +36,7 @@ int64_t now_ns(Clock::time_point t0) {
 }
 
 // One round of n agents, each made by `make(k)`; seconds from the first start to the last rank.
-double run_round(int n, const std::function<std::unique_ptr<launcher::RendezvousBackend>(int)>& make) {
+double run_round(int n, const std::function<std::unique_ptr<launcher::rendezvous::RendezvousBackend>(int)>& make) {
   std::atomic<int64_t> first{INT64_MAX}, last{0};
   std::atomic<int> wrong{0};
   std::atomic<int64_t> rank_sum{0};
@@ -50,10 +50,10 @@ double run_round(int n, const std::function<std::unique_ptr<launcher::Rendezvous
       int64_t seen = first.load();
       while (start < seen && !first.compare_exchange_weak(seen, start)) {
       }
-      launcher::StopSignal stop;
-      std::unique_ptr<launcher::RendezvousBackend> r = make(k);
+      launcher::workers::StopSignal stop;
+      std::unique_ptr<launcher::rendezvous::RendezvousBackend> r = make(k);
       const auto result = r->join(r->first_round(stop), 1, [] { return uint16_t{1}; }, stop);
-      if (const auto* w = std::get_if<launcher::World>(&result)) {
+      if (const auto* w = std::get_if<launcher::rendezvous::World>(&result)) {
         if (w->world_size != n) ++wrong;
         rank_sum += w->rank_offset;
       } else {
@@ -114,7 +114,7 @@ int main(int argc, char** argv) {
       const std::string id = "bench-" + std::to_string(job);
       // Alternating, so that drifts in the machine's load hit both alike.
       store_s.push_back(run_round(n, [&](int k) {
-        launcher::StoreRendezvousOptions o;
+        launcher::rendezvous::store::StoreRendezvousOptions o;
         o.run_id = id;
         o.dynamic = true;
         o.min_nodes = o.nnodes = n;
@@ -124,11 +124,11 @@ int main(int argc, char** argv) {
         o.advertise_addr = "127.0.0.1";
         o.host = "agent" + std::to_string(k);
         o.join_timeout = std::chrono::seconds(120);
-        launcher::StopSignal stop;
-        return std::make_unique<launcher::StoreRendezvous>(o, stop);
+        launcher::workers::StopSignal stop;
+        return std::make_unique<launcher::rendezvous::store::StoreRendezvous>(o, stop);
       }));
       etcd_s.push_back(run_round(n, [&](int k) {
-        launcher::EtcdRendezvousOptions o;
+        launcher::rendezvous::etcd::EtcdRendezvousOptions o;
         o.run_id = id;
         o.min_nodes = o.nnodes = n;
         o.advertise_addr = "127.0.0.1";
@@ -136,8 +136,8 @@ int main(int argc, char** argv) {
         o.join_timeout = std::chrono::seconds(120);
         o.etcd.endpoints = {cluster.endpoint(k % members)};  // agents spread over the members
         for (int m = 1; m < members; ++m) o.etcd.endpoints.push_back(cluster.endpoint((k + m) % members));
-        launcher::StopSignal stop;
-        return std::make_unique<launcher::EtcdRendezvous>(o, stop);
+        launcher::workers::StopSignal stop;
+        return std::make_unique<launcher::rendezvous::etcd::EtcdRendezvous>(o, stop);
       }));
     }
     const double s = ddprun::bench::median(store_s), e = ddprun::bench::median(etcd_s);

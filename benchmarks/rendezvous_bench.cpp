@@ -54,7 +54,7 @@ Round run_round(bool dynamic, int n, bool secured, int repeat) {
   std::vector<std::thread> agents;
   for (int k = 0; k < n; ++k) {
     agents.emplace_back([&, k] {
-      launcher::StoreRendezvousOptions o;
+      launcher::rendezvous::store::StoreRendezvousOptions o;
       o.run_id = std::string(dynamic ? "bench-c10d-" : "bench-static-") + std::to_string(n) + "-" + std::to_string(repeat);
       o.dynamic = dynamic;
       o.min_nodes = n;
@@ -75,9 +75,9 @@ Round run_round(bool dynamic, int n, bool secured, int repeat) {
       int64_t seen = first_join_ns.load();
       while (start < seen && !first_join_ns.compare_exchange_weak(seen, start)) {
       }
-      launcher::StopSignal stop;
-      launcher::StoreRendezvous r(o, stop);
-      const auto w = std::get<launcher::World>(r.join(0, 1, [] { return uint16_t{1}; }, stop));
+      launcher::workers::StopSignal stop;
+      launcher::rendezvous::store::StoreRendezvous r(o, stop);
+      const auto w = std::get<launcher::rendezvous::World>(r.join(0, 1, [] { return uint16_t{1}; }, stop));
       // Static: rank = node rank. Dynamic: any permutation, checked by the sum below.
       if ((!dynamic && w.rank_offset != k) || w.world_size != n || w.rank_offset != w.group_rank) ++wrong;
       rank_sum += w.rank_offset;

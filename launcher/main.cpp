@@ -15,16 +15,16 @@ int main(int argc, char** argv) {
   using namespace ddprun;
   std::signal(SIGPIPE, SIG_IGN);
   std::vector<std::string> args(argv + 1, argv + argc);
-  launcher::LaunchOptions options;
+  launcher::cli::LaunchOptions options;
   try {
-    const auto env = launcher::process_env();
-    options = launcher::parse_options(args, env, launcher::detect_host(env));
+    const auto env = launcher::cli::process_env();
+    options = launcher::cli::parse_options(args, env, launcher::cli::detect_host(env));
   } catch (const ConfigError& e) {
     std::cerr << "ddprun: " << e.what() << "\n";
     return 2;
   }
   if (options.help) {
-    std::cout << launcher::usage_text();
+    std::cout << launcher::cli::usage_text();
     return 0;
   }
   if (options.version) {
@@ -32,7 +32,7 @@ int main(int argc, char** argv) {
     return 0;
   }
   try {
-    return launcher::run_agent(options);
+    return launcher::agent::run_agent(options);
   } catch (const ConfigError& e) {
     std::cerr << "ddprun: " << e.what() << "\n";
     return 2;

@@ -13,7 +13,23 @@
 #include "launcher/agent/agent_state.hpp"
 #include "launcher/workers/console.hpp"
 
-namespace ddprun::launcher {
+namespace ddprun::launcher::agent {
+
+using cli::LaunchOptions;
+using cli::is_multi_node;
+using rendezvous::ProgressChannel;
+using rendezvous::RoundEnd;
+using rendezvous::World;
+using watchdog::FinalRates;
+using watchdog::format_rates_table;
+using workers::ConsoleWriter;
+using workers::Consoles;
+using workers::GroupOutcome;
+using workers::GroupResult;
+using workers::WorkerExit;
+using workers::WorkerLaunch;
+using workers::consoles;
+using workers::format_failure_report;
 namespace agent_detail {
 
 bool Agent::lost_here(const RoundEnd& end, const World& world) const {
@@ -386,4 +402,4 @@ int run_agent(const LaunchOptions& o) {
   return code;
 }
 
-}  // namespace ddprun::launcher
+}  // namespace ddprun::launcher::agent

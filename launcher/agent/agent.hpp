@@ -20,9 +20,11 @@
 
 #include "launcher/cli/options.hpp"
 
-namespace ddprun::launcher {
+namespace ddprun::launcher::agent {
+
+using cli::LaunchOptions;
 
 // Runs the job described by `options`; returns ddprun's exit code (see README, exit codes).
 int run_agent(const LaunchOptions& options);
 
-}  // namespace ddprun::launcher
+}  // namespace ddprun::launcher::agent

@@ -18,7 +18,51 @@
 #include "launcher/watchdog/stacks.hpp"
 #include "launcher/rendezvous/store/store_rendezvous.hpp"
 
-namespace ddprun::launcher::agent_detail {
+namespace ddprun::launcher::agent::agent_detail {
+
+using cli::LaunchOptions;
+using cli::LocalRankArg;
+using cli::RdzvBackend;
+using cli::is_multi_node;
+using rendezvous::LocalRendezvous;
+using rendezvous::RendezvousBackend;
+using rendezvous::World;
+using rendezvous::etcd::EtcdRendezvous;
+using rendezvous::etcd::EtcdRendezvousOptions;
+using rendezvous::store::StoreRendezvous;
+using rendezvous::store::StoreRendezvousOptions;
+using watchdog::Watchdog;
+using watchdog::WatchdogSettings;
+using watchdog::WatchedRank;
+using watchdog::stack_signal;
+using workers::AttemptContext;
+using workers::Environment;
+using workers::NumaBinding;
+using workers::RankPlacement;
+using workers::SignalWatcher;
+using workers::SpawnRequest;
+using workers::SpawnedProcess;
+using workers::SupervisorSettings;
+using workers::Topology;
+using workers::WorkerLaunch;
+using workers::WorkerPlacement;
+using workers::Zygote;
+using workers::allowed_cpus;
+using workers::become_subreaper;
+using workers::current_environment;
+using workers::expand_prefix;
+using workers::format_cpu_list;
+using workers::is_stop_signal;
+using workers::numa_binding_name;
+using workers::place_ranks;
+using workers::read_topology;
+using workers::spawn_process;
+using workers::substitute_args;
+using workers::to_envp;
+using workers::visible_gpu_ids;
+using workers::visible_gpus;
+using workers::worker_environment;
+using workers::write_python_hook;
 
 std::string host_name() {
   char buf[256] = {};
@@ -433,4 +477,4 @@ std::vector<WorkerLaunch> Agent::make_launches(const World& world, const fs::pat
   return launches;
 }
 
-}  // namespace ddprun::launcher::agent_detail
+}  // namespace ddprun::launcher::agent::agent_detail

@@ -26,7 +26,24 @@
 #include "rendezvous/core/auth.hpp"
 #include "rendezvous/server/server.hpp"
 
-namespace ddprun::launcher::agent_detail {
+namespace ddprun::launcher::agent::agent_detail {
+
+using cli::LaunchOptions;
+using rendezvous::RendezvousBackend;
+using rendezvous::RoundEnd;
+using rendezvous::World;
+using watchdog::Watchdog;
+using workers::Environment;
+using workers::GroupResult;
+using workers::OrphanGuard;
+using workers::RankPlacement;
+using workers::SignalWatcher;
+using workers::SpawnRequest;
+using workers::SpawnedProcess;
+using workers::StopSignal;
+using workers::Supervisor;
+using workers::WorkerLaunch;
+using workers::Zygote;
 
 namespace fs = std::filesystem;
 
@@ -127,4 +144,4 @@ class Agent {
   bool zygote_announced_ = false;
 };
 
-}  // namespace ddprun::launcher::agent_detail
+}  // namespace ddprun::launcher::agent::agent_detail

@@ -16,7 +16,18 @@
 #define DDPRUN_VERSION "0.0.0"
 #endif
 
-namespace ddprun::launcher {
+namespace ddprun::launcher::agent {
+
+using cli::LaunchOptions;
+using cli::rdzv_backend_name;
+using rendezvous::RoundEnd;
+using rendezvous::World;
+using watchdog::FinalRates;
+using watchdog::RankRate;
+using watchdog::to_json;
+using workers::GroupResult;
+using workers::WorkerExit;
+using workers::read_error_file;
 
 using json = nlohmann::json;
 namespace fs = std::filesystem;
@@ -280,4 +291,4 @@ bool JobReport::write() const {
   return true;
 }
 
-}  // namespace ddprun::launcher
+}  // namespace ddprun::launcher::agent

@@ -21,7 +21,15 @@
 #include "launcher/watchdog/step_rates.hpp"
 #include "launcher/workers/supervisor.hpp"
 
-namespace ddprun::launcher {
+namespace ddprun::launcher::agent {
+
+using cli::LaunchOptions;
+using rendezvous::RoundEnd;
+using rendezvous::World;
+using watchdog::FinalRates;
+using watchdog::to_json;
+using workers::GroupResult;
+using workers::WorkerExit;
 
 inline constexpr const char* kReportSchema = "ddprun-report/1";
 
@@ -89,4 +97,4 @@ class JobReport {
   std::string run_directory_;
 };
 
-}  // namespace ddprun::launcher
+}  // namespace ddprun::launcher::agent

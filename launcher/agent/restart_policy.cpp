@@ -4,7 +4,10 @@
 
 #include "launcher/workers/worker_exit.hpp"
 
-namespace ddprun::launcher {
+namespace ddprun::launcher::agent {
+
+using rendezvous::RoundEnd;
+using workers::shell_exit_code;
 
 Decision decide(const RoundEnd& end, const RestartState& s) {
   const bool stopping = s.stop_signal != 0;
@@ -34,4 +37,4 @@ Decision decide(const RoundEnd& end, const RestartState& s) {
   return {Decision::Kind::Finish, 1};
 }
 
-}  // namespace ddprun::launcher
+}  // namespace ddprun::launcher::agent

@@ -5,7 +5,9 @@
 
 #include "launcher/rendezvous/rendezvous_backend.hpp"
 
-namespace ddprun::launcher {
+namespace ddprun::launcher::agent {
+
+using rendezvous::RoundEnd;
 
 // The exit code of a job that hung (--hang_timeout), as timeout(1) has it.
 inline constexpr int kHangExitCode = 124;
@@ -26,4 +28,4 @@ struct RestartState {
 
 Decision decide(const RoundEnd& end, const RestartState& s);
 
-}  // namespace ddprun::launcher
+}  // namespace ddprun::launcher::agent

@@ -8,7 +8,7 @@
 #include "common/command_line.hpp"
 #include "common/errors.hpp"
 
-namespace ddprun::launcher {
+namespace ddprun::launcher::cli {
 namespace {
 
 // Every flag ddprun accepts. Dashes and underscores are interchangeable after the leading "--".
@@ -156,4 +156,4 @@ int parse_signal(const std::string& text, const std::string& flag) {
   throw ConfigError(flag + ": expected signal names such as SIGTERM,SIGUSR1, got '" + text + "'");
 }
 
-}  // namespace ddprun::launcher
+}  // namespace ddprun::launcher::cli

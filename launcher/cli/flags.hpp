@@ -5,7 +5,7 @@
 #include <span>
 #include <string>
 
-namespace ddprun::launcher {
+namespace ddprun::launcher::cli {
 
 struct LaunchOptions;
 
@@ -41,4 +41,4 @@ std::span<const FlagDef> flag_table();
 // or nullptr.
 const FlagDef* find_flag(const std::string& spelled);
 
-}  // namespace ddprun::launcher
+}  // namespace ddprun::launcher::cli

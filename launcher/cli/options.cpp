@@ -16,7 +16,9 @@
 #include "launcher/cli/options_parse.hpp"
 #include "rendezvous/core/job_keys.hpp"
 
-namespace ddprun::launcher {
+namespace ddprun::launcher::cli {
+
+using workers::parse_numa_binding;
 namespace {
 
 using namespace options_detail;
@@ -390,4 +392,4 @@ HostFacts detect_host(const EnvLookup& env) {
   return h;
 }
 
-}  // namespace ddprun::launcher
+}  // namespace ddprun::launcher::cli

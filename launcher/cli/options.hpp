@@ -16,7 +16,9 @@
 
 #include "launcher/workers/numa.hpp"
 
-namespace ddprun::launcher {
+namespace ddprun::launcher::cli {
+
+using workers::NumaBinding;
 
 // -r/--redirects and -t/--tee: 0 none, 1 stdout, 2 stderr, 3 both; per local rank as "0:1,1:3".
 struct StreamSelection {
@@ -149,4 +151,4 @@ std::string first_slurm_host(const std::string& nodelist);
 EnvLookup process_env();
 HostFacts detect_host(const EnvLookup& env);
 
-}  // namespace ddprun::launcher
+}  // namespace ddprun::launcher::cli

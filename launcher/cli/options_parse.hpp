@@ -12,7 +12,7 @@
 #include "common/numbers.hpp"
 #include "launcher/cli/options.hpp"
 
-namespace ddprun::launcher::options_detail {
+namespace ddprun::launcher::cli::options_detail {
 
 inline std::string trim(const std::string& s) {
   const auto b = s.find_first_not_of(" \t");
@@ -85,4 +85,4 @@ struct Given {
 // 3b. How the nodes find each other (options_rendezvous.cpp).
 void resolve_rendezvous(const Given& g, const EnvLookup& env, LaunchOptions& o);
 
-}  // namespace ddprun::launcher::options_detail
+}  // namespace ddprun::launcher::cli::options_detail

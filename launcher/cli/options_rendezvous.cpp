@@ -8,7 +8,9 @@
 #include "launcher/cli/options_parse.hpp"
 #include "rendezvous/core/job_keys.hpp"
 
-namespace ddprun::launcher {
+namespace ddprun::launcher::cli {
+
+namespace etcd = rendezvous::etcd;
 namespace {
 
 using options_detail::bad;
@@ -233,4 +235,4 @@ void resolve_rendezvous(const Given& g, const EnvLookup& env, LaunchOptions& o) 
 }
 
 }  // namespace options_detail
-}  // namespace ddprun::launcher
+}  // namespace ddprun::launcher::cli

@@ -5,7 +5,11 @@
 #include "common/errors.hpp"
 #include "common/system.hpp"
 
-namespace ddprun::launcher {
+namespace ddprun::launcher::rendezvous {
+
+using workers::StopSignal;
+using workers::WorkerExit;
+using workers::describe_exit;
 
 std::variant<World, RoundEnd> LocalRendezvous::join(int round, int nproc, const WorkerStoreHost& host_worker_store,
                                                     const StopSignal& stop) {
@@ -38,4 +42,4 @@ RoundEnd LocalRendezvous::wait_end(int round, const StopSignal& stop) {
   return report_signal(round, stop.signo() ? stop.signo() : SIGTERM);
 }
 
-}  // namespace ddprun::launcher
+}  // namespace ddprun::launcher::rendezvous

@@ -7,7 +7,10 @@
 
 #include "launcher/rendezvous/rendezvous_backend.hpp"
 
-namespace ddprun::launcher {
+namespace ddprun::launcher::rendezvous {
+
+using workers::StopSignal;
+using workers::WorkerExit;
 
 class LocalRendezvous final : public RendezvousBackend {
  public:
@@ -32,4 +35,4 @@ class LocalRendezvous final : public RendezvousBackend {
   std::string master_addr_;
 };
 
-}  // namespace ddprun::launcher
+}  // namespace ddprun::launcher::rendezvous

@@ -7,7 +7,7 @@
 
 #include "launcher/rendezvous/rendezvous_values.hpp"  // now_ms
 
-namespace ddprun::launcher {
+namespace ddprun::launcher::rendezvous {
 
 rdzv::jobs::NodeRecord this_node(const std::string& host, const std::string& addr, int nproc, int nnodes) {
   rdzv::jobs::NodeRecord r;
@@ -77,4 +77,4 @@ World world_of(int round, const Membership& m, int g, const rdzv::jobs::WorkerSt
   return w;
 }
 
-}  // namespace ddprun::launcher
+}  // namespace ddprun::launcher::rendezvous

@@ -11,7 +11,7 @@
 #include "launcher/rendezvous/rendezvous_backend.hpp"
 #include "rendezvous/core/records.hpp"
 
-namespace ddprun::launcher {
+namespace ddprun::launcher::rendezvous {
 
 // A node that joined a round that is not closed yet.
 struct Joiner {
@@ -53,4 +53,4 @@ class Membership {
 // Group rank `g`'s world in a round of `m`, whose worker store is `store`.
 World world_of(int round, const Membership& m, int g, const rdzv::jobs::WorkerStoreRecord& store);
 
-}  // namespace ddprun::launcher
+}  // namespace ddprun::launcher::rendezvous

@@ -4,7 +4,10 @@
 #include "common/log.hpp"
 #include "launcher/rendezvous/rendezvous_values.hpp"
 
-namespace ddprun::launcher {
+namespace ddprun::launcher::rendezvous {
+
+using workers::StopSignal;
+using workers::WorkerExit;
 
 using Clock = std::chrono::steady_clock;
 
@@ -191,4 +194,4 @@ void NodeRendezvous::stop_watcher() {
   if (watcher_.joinable()) watcher_.join();
 }
 
-}  // namespace ddprun::launcher
+}  // namespace ddprun::launcher::rendezvous

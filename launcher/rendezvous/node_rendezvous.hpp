@@ -28,7 +28,10 @@
 #include "launcher/rendezvous/rendezvous_backend.hpp"
 #include "rendezvous/core/job_keys.hpp"
 
-namespace ddprun::launcher {
+namespace ddprun::launcher::rendezvous {
+
+using workers::StopSignal;
+using workers::WorkerExit;
 
 class NodeRendezvous : public RendezvousBackend {
  public:
@@ -162,4 +165,4 @@ class NodeRendezvous : public RendezvousBackend {
   std::atomic<bool> stop_watching_{false};
 };
 
-}  // namespace ddprun::launcher
+}  // namespace ddprun::launcher::rendezvous

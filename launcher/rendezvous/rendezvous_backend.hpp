@@ -25,7 +25,10 @@
 #include "launcher/workers/worker_exit.hpp"
 #include "launcher/workers/stop.hpp"
 
-namespace ddprun::launcher {
+namespace ddprun::launcher::rendezvous {
+
+using workers::StopSignal;
+using workers::WorkerExit;
 
 // What a round's rendezvous agreed on.
 struct World {
@@ -124,4 +127,4 @@ class RendezvousBackend {
   virtual std::unique_ptr<ProgressChannel> progress_channel(int round) = 0;
 };
 
-}  // namespace ddprun::launcher
+}  // namespace ddprun::launcher::rendezvous

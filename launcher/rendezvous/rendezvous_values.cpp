@@ -5,7 +5,11 @@
 #include "common/system.hpp"
 #include "rendezvous/core/job_keys.hpp"
 
-namespace ddprun::launcher {
+namespace ddprun::launcher::rendezvous {
+
+using workers::WorkerExit;
+using workers::describe_exit;
+using workers::read_error_file;
 
 using json = nlohmann::json;
 
@@ -127,4 +131,4 @@ RoundEnd parse_round_end(const std::string& value) {
   return e;
 }
 
-}  // namespace ddprun::launcher
+}  // namespace ddprun::launcher::rendezvous

@@ -19,7 +19,9 @@
 #include "rendezvous/core/json_fields.hpp"
 #include "rendezvous/core/records.hpp"
 
-namespace ddprun::launcher {
+namespace ddprun::launcher::rendezvous {
+
+using workers::WorkerExit;
 
 
 // The round's records (rendezvous/core/records.hpp) read from `key`, or a ProtocolError that
@@ -47,4 +49,4 @@ rdzv::jobs::Outcome hang_outcome(const std::string& summary, const std::string& 
 // Wall-clock milliseconds since the epoch (records and heartbeat times; never compared across hosts).
 int64_t now_ms();
 
-}  // namespace ddprun::launcher
+}  // namespace ddprun::launcher::rendezvous

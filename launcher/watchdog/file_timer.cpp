@@ -18,7 +18,7 @@
 #include "common/log.hpp"
 #include "common/system.hpp"
 
-namespace ddprun::launcher {
+namespace ddprun::launcher::watchdog {
 
 namespace {
 
@@ -160,4 +160,4 @@ void FileTimerServer::serve() {
   }
 }
 
-}  // namespace ddprun::launcher
+}  // namespace ddprun::launcher::watchdog

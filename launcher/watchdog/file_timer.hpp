@@ -22,7 +22,7 @@
 #include <thread>
 #include <utility>
 
-namespace ddprun::launcher {
+namespace ddprun::launcher::watchdog {
 
 struct TimerExpiry {
   pid_t pid = -1;
@@ -67,4 +67,4 @@ class FileTimerServer {
   uint64_t refused_logged_ = 0;
 };
 
-}  // namespace ddprun::launcher
+}  // namespace ddprun::launcher::watchdog

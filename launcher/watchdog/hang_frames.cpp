@@ -6,7 +6,7 @@
 #include <algorithm>
 #include <sstream>
 
-namespace ddprun::launcher {
+namespace ddprun::launcher::watchdog {
 
 std::vector<std::string> lines_of(const std::string& text) {
   std::vector<std::string> out;
@@ -153,4 +153,4 @@ std::string rank_location(const RankState& r) {
   return r.wchan.empty() ? r.state : r.state + " in " + r.wchan;
 }
 
-}  // namespace ddprun::launcher
+}  // namespace ddprun::launcher::watchdog

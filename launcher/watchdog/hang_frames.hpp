@@ -10,7 +10,7 @@
 
 #include "launcher/watchdog/hang_report.hpp"
 
-namespace ddprun::launcher {
+namespace ddprun::launcher::watchdog {
 
 // One line where the rank is: the collective it waits in and the program's call of it, else its
 // innermost Python frame, else its first native communication or non-waiting frame, else its
@@ -25,4 +25,4 @@ std::vector<std::string> native_main_functions(const std::string& stack, pid_t p
 // `text` split at newlines.
 std::vector<std::string> lines_of(const std::string& text);
 
-}  // namespace ddprun::launcher
+}  // namespace ddprun::launcher::watchdog

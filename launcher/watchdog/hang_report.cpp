@@ -11,7 +11,7 @@
 #include "launcher/watchdog/hang_frames.hpp"
 #include "launcher/watchdog/stacks.hpp"
 
-namespace ddprun::launcher {
+namespace ddprun::launcher::watchdog {
 
 namespace {
 
@@ -249,4 +249,4 @@ std::string format_hang_report(const HangDiagnosis& d) {
   return out.str();
 }
 
-}  // namespace ddprun::launcher
+}  // namespace ddprun::launcher::watchdog

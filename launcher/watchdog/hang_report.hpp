@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-namespace ddprun::launcher {
+namespace ddprun::launcher::watchdog {
 
 // One rank when the hang was diagnosed.
 struct RankState {
@@ -91,4 +91,4 @@ std::string format_hang_report(const HangDiagnosis& d);
 // One line for logs and the rendezvous outcome: "no rank made progress for 31 s; ranks behind: 1".
 std::string hang_summary(const HangDiagnosis& d);
 
-}  // namespace ddprun::launcher
+}  // namespace ddprun::launcher::watchdog

@@ -6,7 +6,7 @@
 #include "launcher/watchdog/hang_report.hpp"
 #include "rendezvous/core/json_fields.hpp"
 
-namespace ddprun::launcher {
+namespace ddprun::launcher::watchdog {
 
 using json = nlohmann::json;
 
@@ -96,4 +96,4 @@ NodeDiagnosis node_diagnosis_from_json(const json& j) {
   return d;
 }
 
-}  // namespace ddprun::launcher
+}  // namespace ddprun::launcher::watchdog

@@ -24,7 +24,14 @@
 #define P_PIDFD 3
 #endif
 
-namespace ddprun::launcher {
+namespace ddprun::launcher::watchdog {
+
+using workers::Environment;
+using workers::SpawnRequest;
+using workers::SpawnedProcess;
+using workers::current_environment;
+using workers::spawn_process;
+using workers::to_envp;
 namespace {
 
 constexpr size_t kMaxToolOutput = 512 * 1024;
@@ -217,4 +224,4 @@ bool write_stacks_file(const std::string& path, const std::string& heading, cons
   return true;
 }
 
-}  // namespace ddprun::launcher
+}  // namespace ddprun::launcher::watchdog

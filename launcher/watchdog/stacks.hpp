@@ -17,7 +17,7 @@
 #include <string>
 #include <vector>
 
-namespace ddprun::launcher {
+namespace ddprun::launcher::watchdog {
 
 // The signal that makes an armed Python worker write its tracebacks.
 int stack_signal();
@@ -43,4 +43,4 @@ bool write_stacks_file(const std::string& path, const std::string& heading, cons
 // The first `max_lines` lines of `text`, with a note of how many were left out.
 std::string first_lines(const std::string& text, size_t max_lines);
 
-}  // namespace ddprun::launcher
+}  // namespace ddprun::launcher::watchdog

@@ -6,7 +6,7 @@
 
 #include "rendezvous/core/json_fields.hpp"
 
-namespace ddprun::launcher {
+namespace ddprun::launcher::watchdog {
 
 using json = nlohmann::json;
 
@@ -151,4 +151,4 @@ std::string format_rates_table(std::vector<RankRate> rates, const std::set<int>&
   return out.str();
 }
 
-}  // namespace ddprun::launcher
+}  // namespace ddprun::launcher::watchdog

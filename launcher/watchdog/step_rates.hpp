@@ -18,7 +18,7 @@
 #include <string>
 #include <vector>
 
-namespace ddprun::launcher {
+namespace ddprun::launcher::watchdog {
 
 struct RankRate {
   int rank = 0;
@@ -88,4 +88,4 @@ struct FinalRates {
 // The end-of-run table: one line per rank; the ranks in `flagged` are marked.
 std::string format_rates_table(std::vector<RankRate> rates, const std::set<int>& flagged);
 
-}  // namespace ddprun::launcher
+}  // namespace ddprun::launcher::watchdog

@@ -12,7 +12,10 @@
 #include "common/procfs.hpp"
 #include "launcher/watchdog/watchdog_parts.hpp"
 
-namespace ddprun::launcher {
+namespace ddprun::launcher::watchdog {
+
+using rendezvous::ProgressChannel;
+using rendezvous::RoundEnd;
 
 using json = nlohmann::json;
 using watchdog_detail::Clock;
@@ -299,4 +302,4 @@ void Watchdog::run() {
   }
 }
 
-}  // namespace ddprun::launcher
+}  // namespace ddprun::launcher::watchdog

@@ -50,7 +50,10 @@ namespace ddprun::rdzv {
 class ServerThread;
 }
 
-namespace ddprun::launcher {
+namespace ddprun::launcher::watchdog {
+
+using rendezvous::ProgressChannel;
+using rendezvous::RoundEnd;
 
 struct WatchdogSettings {
   std::chrono::milliseconds hang_timeout{0};  // 0: hangs are not looked for
@@ -162,4 +165,4 @@ class Watchdog {
   void channel_failed(std::chrono::steady_clock::time_point now, const std::exception& e);
 };
 
-}  // namespace ddprun::launcher
+}  // namespace ddprun::launcher::watchdog

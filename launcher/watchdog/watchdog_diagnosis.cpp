@@ -10,7 +10,9 @@
 #include "launcher/watchdog/stacks.hpp"
 #include "launcher/watchdog/watchdog_parts.hpp"
 
-namespace ddprun::launcher {
+namespace ddprun::launcher::watchdog {
+
+using rendezvous::RoundEnd;
 
 using json = nlohmann::json;
 using watchdog_detail::Clock;
@@ -174,4 +176,4 @@ std::map<int, std::string> Watchdog::timer_notes() const {
   return timer_notes_;
 }
 
-}  // namespace ddprun::launcher
+}  // namespace ddprun::launcher::watchdog

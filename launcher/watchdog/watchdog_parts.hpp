@@ -21,7 +21,7 @@
 #include "launcher/watchdog/watchdog.hpp"
 #include "rendezvous/server/server.hpp"
 
-namespace ddprun::launcher::watchdog_detail {
+namespace ddprun::launcher::watchdog::watchdog_detail {
 
 using Clock = std::chrono::steady_clock;
 
@@ -38,9 +38,9 @@ inline std::optional<int> heartbeat_rank(std::string_view key) {
   return static_cast<int>(*rank);
 }
 
-}  // namespace ddprun::launcher::watchdog_detail
+}  // namespace ddprun::launcher::watchdog::watchdog_detail
 
-namespace ddprun::launcher {
+namespace ddprun::launcher::watchdog {
 
 // The worker store's changes, as the watchdog needs them (called on the store's thread).
 class Watchdog::StoreTap final : public rdzv::ChangeObserver {
@@ -75,4 +75,4 @@ struct Watchdog::Rank {
   }
 };
 
-}  // namespace ddprun::launcher
+}  // namespace ddprun::launcher::watchdog

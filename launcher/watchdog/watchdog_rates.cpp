@@ -6,7 +6,9 @@
 #include "launcher/rendezvous/rendezvous_values.hpp"  // now_ms
 #include "launcher/watchdog/watchdog_parts.hpp"
 
-namespace ddprun::launcher {
+namespace ddprun::launcher::watchdog {
+
+using rendezvous::now_ms;
 
 using json = nlohmann::json;
 using watchdog_detail::Clock;
@@ -77,4 +79,4 @@ FinalRates Watchdog::final_rates() {
   return out;
 }
 
-}  // namespace ddprun::launcher
+}  // namespace ddprun::launcher::watchdog

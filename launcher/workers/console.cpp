@@ -6,7 +6,7 @@
 
 #include <cerrno>
 
-namespace ddprun::launcher {
+namespace ddprun::launcher::workers {
 namespace {
 
 // Sent to a writer thread that is blocked in write(2) when ddprun is done: the handler does
@@ -119,4 +119,4 @@ void ConsoleWriter::run() {
   idle_.notify_all();
 }
 
-}  // namespace ddprun::launcher
+}  // namespace ddprun::launcher::workers

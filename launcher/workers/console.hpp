@@ -21,7 +21,7 @@
 #include <string_view>
 #include <thread>
 
-namespace ddprun::launcher {
+namespace ddprun::launcher::workers {
 
 class ConsoleWriter {
  public:
@@ -68,4 +68,4 @@ struct Consoles {
 };
 Consoles& consoles();
 
-}  // namespace ddprun::launcher
+}  // namespace ddprun::launcher::workers

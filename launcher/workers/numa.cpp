@@ -11,7 +11,7 @@
 
 #include "common/errors.hpp"
 
-namespace ddprun::launcher {
+namespace ddprun::launcher::workers {
 namespace {
 
 namespace fs = std::filesystem;
@@ -364,4 +364,4 @@ std::vector<RankPlacement> place_ranks(const Topology& t, NumaBinding mode, int 
   return out;
 }
 
-}  // namespace ddprun::launcher
+}  // namespace ddprun::launcher::workers

@@ -19,7 +19,7 @@
 #include <string_view>
 #include <vector>
 
-namespace ddprun::launcher {
+namespace ddprun::launcher::workers {
 
 enum class NumaBinding { Off, Node, Socket, Exclusive, CoreComplex };
 
@@ -76,4 +76,4 @@ struct RankPlacement {
 // met (fewer physical cores on a node than ranks for exclusive).
 std::vector<RankPlacement> place_ranks(const Topology& t, NumaBinding mode, int nproc, const std::vector<int>& gpus);
 
-}  // namespace ddprun::launcher
+}  // namespace ddprun::launcher::workers

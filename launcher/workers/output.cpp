@@ -8,7 +8,7 @@
 #include "common/log.hpp"
 #include "common/system.hpp"
 
-namespace ddprun::launcher {
+namespace ddprun::launcher::workers {
 
 std::string expand_prefix(std::string tmpl, int rank, int local_rank, const std::string& role,
                           const std::string& host) {
@@ -98,4 +98,4 @@ void LineWriter::finish() {
   write_console(batch);
 }
 
-}  // namespace ddprun::launcher
+}  // namespace ddprun::launcher::workers

@@ -10,7 +10,7 @@
 
 #include "launcher/workers/console.hpp"
 
-namespace ddprun::launcher {
+namespace ddprun::launcher::workers {
 
 class LineWriter {
  public:
@@ -54,4 +54,4 @@ class LineWriter {
 std::string expand_prefix(std::string tmpl, int rank, int local_rank, const std::string& role,
                           const std::string& host);
 
-}  // namespace ddprun::launcher
+}  // namespace ddprun::launcher::workers

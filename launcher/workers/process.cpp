@@ -25,7 +25,7 @@
 #include "common/errors.hpp"
 #include "common/system.hpp"
 
-namespace ddprun::launcher {
+namespace ddprun::launcher::workers {
 namespace {
 
 void pipe_cloexec(int fds[2], const std::string& program) {
@@ -280,4 +280,4 @@ std::optional<std::chrono::milliseconds> OrphanGuard::take_fenced() {
   return std::chrono::milliseconds(w);
 }
 
-}  // namespace ddprun::launcher
+}  // namespace ddprun::launcher::workers

@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-namespace ddprun::launcher {
+namespace ddprun::launcher::workers {
 
 struct SpawnRequest {
   std::vector<std::string> argv;  // argv[0] is looked up in PATH when it has no '/'
@@ -71,4 +71,4 @@ class OrphanGuard {
   Shared* shared_ = nullptr;  // a page shared with the guard process
 };
 
-}  // namespace ddprun::launcher
+}  // namespace ddprun::launcher::workers

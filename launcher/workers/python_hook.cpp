@@ -10,7 +10,7 @@
 #include "common/errors.hpp"
 #include "common/system.hpp"
 
-namespace ddprun::launcher {
+namespace ddprun::launcher::workers {
 
 void write_python_hook(const std::string& dir) {
   const std::string path = dir + "/sitecustomize.py";
@@ -26,4 +26,4 @@ void write_python_hook(const std::string& dir) {
   if (::close(fd) != 0) throw ProcessError("cannot write " + path + ": " + std::strerror(errno));
 }
 
-}  // namespace ddprun::launcher
+}  // namespace ddprun::launcher::workers

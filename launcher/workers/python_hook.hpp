@@ -18,7 +18,7 @@
 
 #include <string>
 
-namespace ddprun::launcher {
+namespace ddprun::launcher::workers {
 
 // Writes DIR/sitecustomize.py. Throws ProcessError if it cannot be written.
 void write_python_hook(const std::string& dir);
@@ -26,4 +26,4 @@ void write_python_hook(const std::string& dir);
 // The text of python_hook/sitecustomize.py, built in (python_hook_source.cpp, made by CMake).
 const char* python_hook_source();
 
-}  // namespace ddprun::launcher
+}  // namespace ddprun::launcher::workers

@@ -7,7 +7,7 @@
 
 #include "common/system.hpp"
 
-namespace ddprun::launcher {
+namespace ddprun::launcher::workers {
 
 namespace {
 
@@ -94,4 +94,4 @@ std::string format_failure_report(const std::string& program, const std::vector<
   return out.str();
 }
 
-}  // namespace ddprun::launcher
+}  // namespace ddprun::launcher::workers

@@ -9,11 +9,11 @@
 
 #include "launcher/workers/worker_exit.hpp"
 
-namespace ddprun::launcher {
+namespace ddprun::launcher::workers {
 
 // `failures` in the order they happened (the first is the root cause); `stopped` are the ranks
 // ddprun stopped afterwards.
 std::string format_failure_report(const std::string& program, const std::vector<WorkerExit>& failures,
                                   const std::vector<int>& stopped_ranks);
 
-}  // namespace ddprun::launcher
+}  // namespace ddprun::launcher::workers

@@ -4,7 +4,7 @@
 
 #include "common/log.hpp"
 
-namespace ddprun::launcher {
+namespace ddprun::launcher::workers {
 
 bool is_stop_signal(int signo) { return signo == SIGINT || signo == SIGTERM || signo == SIGHUP || signo == SIGQUIT; }
 
@@ -39,4 +39,4 @@ void SignalWatcher::arm() {
   });
 }
 
-}  // namespace ddprun::launcher
+}  // namespace ddprun::launcher::workers

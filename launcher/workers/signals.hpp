@@ -15,7 +15,7 @@
 #include <thread>
 #include <vector>
 
-namespace ddprun::launcher {
+namespace ddprun::launcher::workers {
 
 class SignalWatcher {
  public:
@@ -37,4 +37,4 @@ class SignalWatcher {
 // SIGINT, SIGTERM, SIGHUP and SIGQUIT stop the job; other handled signals are only forwarded.
 bool is_stop_signal(int signo);
 
-}  // namespace ddprun::launcher
+}  // namespace ddprun::launcher::workers

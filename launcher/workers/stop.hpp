@@ -8,7 +8,7 @@
 #include <mutex>
 #include <stop_token>
 
-namespace ddprun::launcher {
+namespace ddprun::launcher::workers {
 
 class StopSignal {
  public:
@@ -38,4 +38,4 @@ class StopSignal {
   mutable std::condition_variable_any wake_;
 };
 
-}  // namespace ddprun::launcher
+}  // namespace ddprun::launcher::workers

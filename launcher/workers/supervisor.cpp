@@ -17,7 +17,7 @@
 #include "launcher/workers/console.hpp"
 #include "launcher/workers/signals.hpp"
 
-namespace ddprun::launcher {
+namespace ddprun::launcher::workers {
 
 namespace asio = boost::asio;
 
@@ -404,4 +404,4 @@ GroupResult Supervisor::run(const std::vector<WorkerLaunch>& launches,
   return r;
 }
 
-}  // namespace ddprun::launcher
+}  // namespace ddprun::launcher::workers

@@ -27,7 +27,7 @@
 #include "launcher/workers/process.hpp"
 #include "launcher/workers/report.hpp"
 
-namespace ddprun::launcher {
+namespace ddprun::launcher::workers {
 
 // One worker to start.
 struct WorkerLaunch {
@@ -147,4 +147,4 @@ class Supervisor {
   bool finished_ = false;
 };
 
-}  // namespace ddprun::launcher
+}  // namespace ddprun::launcher::workers

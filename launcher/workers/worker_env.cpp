@@ -4,7 +4,7 @@
 
 extern char** environ;
 
-namespace ddprun::launcher {
+namespace ddprun::launcher::workers {
 
 Environment worker_environment(const Environment& base, const WorkerPlacement& where, const AttemptContext& attempt,
                                const std::string& error_file) {
@@ -87,4 +87,4 @@ std::vector<std::string> to_envp(const Environment& env) {
   return out;
 }
 
-}  // namespace ddprun::launcher
+}  // namespace ddprun::launcher::workers

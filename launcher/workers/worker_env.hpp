@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-namespace ddprun::launcher {
+namespace ddprun::launcher::workers {
 
 using Environment = std::map<std::string, std::string>;
 
@@ -50,4 +50,4 @@ Environment current_environment();
 // KEY=VALUE strings for execve.
 std::vector<std::string> to_envp(const Environment& env);
 
-}  // namespace ddprun::launcher
+}  // namespace ddprun::launcher::workers

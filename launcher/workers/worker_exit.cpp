@@ -6,7 +6,7 @@
 
 #include "common/system.hpp"
 
-namespace ddprun::launcher {
+namespace ddprun::launcher::workers {
 
 int shell_exit_code(const WorkerExit& e) { return e.signal != 0 ? 128 + e.signal : e.exit_code; }
 
@@ -40,4 +40,4 @@ std::optional<std::string> read_error_file(const std::string& path) {
   return out;
 }
 
-}  // namespace ddprun::launcher
+}  // namespace ddprun::launcher::workers

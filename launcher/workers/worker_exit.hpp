@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-namespace ddprun::launcher {
+namespace ddprun::launcher::workers {
 
 struct WorkerExit {
   int rank = 0;
@@ -38,4 +38,4 @@ std::string describe_exit(const WorkerExit& e);
 // or {"message": "..."}); nullopt if absent or unreadable.
 std::optional<std::string> read_error_file(const std::string& path);
 
-}  // namespace ddprun::launcher
+}  // namespace ddprun::launcher::workers

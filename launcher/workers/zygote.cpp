@@ -16,7 +16,7 @@
 #include "common/log.hpp"
 #include "common/system.hpp"
 
-namespace ddprun::launcher {
+namespace ddprun::launcher::workers {
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -279,4 +279,4 @@ SpawnedProcess Zygote::spawn(const SpawnRequest& req) {
   return p;
 }
 
-}  // namespace ddprun::launcher
+}  // namespace ddprun::launcher::workers

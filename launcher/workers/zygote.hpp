@@ -21,7 +21,7 @@
 
 #include "launcher/workers/process.hpp"
 
-namespace ddprun::launcher {
+namespace ddprun::launcher::workers {
 
 class Zygote {
  public:
@@ -68,4 +68,4 @@ class Zygote {
 // The text of python_zygote/zygote.py, built in (zygote_source.cpp, made by CMake).
 const char* zygote_source();
 
-}  // namespace ddprun::launcher
+}  // namespace ddprun::launcher::workers

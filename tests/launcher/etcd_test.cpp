@@ -27,7 +27,7 @@ namespace ddprun::test {
 namespace {
 
 using namespace std::chrono_literals;
-namespace etcd = launcher::etcd;
+namespace etcd = launcher::rendezvous::etcd;
 
 #define REQUIRE_ETCD() \
   if (!have_etcd()) GTEST_FAIL() << "etcd-server and etcd-client are not installed: run scripts/install_deps.sh"

@@ -15,6 +15,9 @@
 #include "tests/support/temp_dir.hpp"
 
 namespace ddprun::launcher {
+
+using watchdog::FileTimerServer;
+using watchdog::TimerExpiry;
 namespace {
 
 using namespace std::chrono_literals;

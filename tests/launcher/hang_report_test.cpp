@@ -8,6 +8,18 @@
 #include "launcher/watchdog/hang_report.hpp"
 
 namespace ddprun::launcher {
+
+using watchdog::HangDiagnosis;
+using watchdog::HangFindings;
+using watchdog::NodeDiagnosis;
+using watchdog::RankState;
+using watchdog::StoreView;
+using watchdog::analyze_hang;
+using watchdog::format_hang_report;
+using watchdog::hang_summary;
+using watchdog::node_diagnosis_from_json;
+using watchdog::rank_location;
+using watchdog::to_json;
 namespace {
 
 using namespace std::chrono_literals;

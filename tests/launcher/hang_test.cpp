@@ -219,7 +219,9 @@ TEST(HangTest, ATwoNodeHangEndsBothNodesWithOneReportOfEveryRank) {
     EXPECT_EQ(r["exit_code"], 124);
     ASSERT_TRUE(r["hang"].is_object()) << r.dump(2);
     const int by = r["hang"]["diagnosed_by_node"].get<int>();
-    if (diagnosed_by) EXPECT_EQ(by, *diagnosed_by);
+    if (diagnosed_by) {
+      EXPECT_EQ(by, *diagnosed_by);
+    }
     diagnosed_by = by;
     if (by == n) {
       const std::string text = r["hang"]["report"].get<std::string>();

@@ -11,6 +11,15 @@
 #include "tests/support/temp_dir.hpp"
 
 namespace ddprun::launcher {
+
+using agent::JobReport;
+using agent::expand_report_path;
+using cli::LaunchOptions;
+using rendezvous::RoundEnd;
+using rendezvous::World;
+using workers::GroupOutcome;
+using workers::GroupResult;
+using workers::WorkerExit;
 namespace {
 
 using json = nlohmann::json;

@@ -4,6 +4,12 @@
 #include <gtest/gtest.h>
 
 namespace ddprun::launcher {
+
+using rendezvous::Joiner;
+using rendezvous::Membership;
+using rendezvous::World;
+using rendezvous::order_by_group_rank;
+using rendezvous::world_of;
 namespace {
 
 Joiner joiner(const std::string& agent, int64_t arrival, int hint = -1, bool store_host = false, int nproc = 2) {

@@ -17,7 +17,7 @@ namespace {
 
 namespace fs = std::filesystem;
 using namespace std::chrono_literals;
-using launcher::format_cpu_list;
+using launcher::workers::format_cpu_list;
 
 std::string read_file(const fs::path& p) {
   std::ifstream in(p);
@@ -49,12 +49,12 @@ Seen seen(const TempDir& dir, int rank) {
 }
 
 TEST(NumaBindingTest, ExclusiveGivesEachWorkerItsOwnCoresAndItsShareOfThreads) {
-  const auto allowed = launcher::allowed_cpus();
-  const launcher::Topology t = launcher::read_topology("/", allowed);
+  const auto allowed = launcher::workers::allowed_cpus();
+  const launcher::workers::Topology t = launcher::workers::read_topology("/", allowed);
   std::set<int> cores;
   for (const auto& c : t.cpus) cores.insert(c.core);
   if (cores.size() < 2) GTEST_SKIP() << "needs two physical cores; this machine gives ddprun " << cores.size();
-  const auto expected = launcher::place_ranks(t, launcher::NumaBinding::Exclusive, 2, {});
+  const auto expected = launcher::workers::place_ranks(t, launcher::workers::NumaBinding::Exclusive, 2, {});
   TempDir dir;
   std::vector<std::string> argv{DDPRUN_BIN, "--nproc_per_node", "2", "--numa_binding", "exclusive"};
   for (auto& a : placement_worker(dir)) argv.push_back(a);
@@ -67,7 +67,7 @@ TEST(NumaBindingTest, ExclusiveGivesEachWorkerItsOwnCoresAndItsShareOfThreads) {
     EXPECT_EQ(s.cpus, format_cpu_list(expected[r].cpus)) << "rank " << r;
     EXPECT_EQ(s.omp, std::to_string(expected[r].threads)) << "rank " << r;
     EXPECT_EQ(s.policy, "prefer:" + std::to_string(expected[r].numa_node)) << "rank " << r;
-    for (int c : launcher::parse_cpu_list(s.cpus).value_or(std::set<int>{})) {
+    for (int c : launcher::workers::parse_cpu_list(s.cpus).value_or(std::set<int>{})) {
       EXPECT_TRUE(both.insert(c).second) << "CPU " << c << " given to both ranks";
     }
   }
@@ -77,8 +77,8 @@ TEST(NumaBindingTest, ExclusiveGivesEachWorkerItsOwnCoresAndItsShareOfThreads) {
 }
 
 TEST(NumaBindingTest, NodeSharesTheNodeAndKeepsTheUsersOmpNumThreads) {
-  const launcher::Topology t = launcher::read_topology("/", launcher::allowed_cpus());
-  const auto expected = launcher::place_ranks(t, launcher::NumaBinding::Node, 2, {});
+  const launcher::workers::Topology t = launcher::workers::read_topology("/", launcher::workers::allowed_cpus());
+  const auto expected = launcher::workers::place_ranks(t, launcher::workers::NumaBinding::Node, 2, {});
   TempDir dir;
   std::vector<std::string> argv{DDPRUN_BIN, "--nproc_per_node", "2", "--numa-binding", "node"};  // torchrun's spelling
   for (auto& a : placement_worker(dir)) argv.push_back(a);
@@ -100,7 +100,7 @@ TEST(NumaBindingTest, WithoutTheFlagWorkersKeepDdprunsAffinityAndDefaultPolicy) 
   const Finished f = p.wait(60s);
   ASSERT_EQ(f.exit_code, 0) << f.err;
   const Seen s = seen(dir, 0);
-  EXPECT_EQ(s.cpus, format_cpu_list(launcher::allowed_cpus()));
+  EXPECT_EQ(s.cpus, format_cpu_list(launcher::workers::allowed_cpus()));
   EXPECT_EQ(s.policy, "default");
 }
 
@@ -112,7 +112,7 @@ TEST(NumaBindingTest, AnUnknownModeIsRefusedWithTheAcceptedOnes) {
 }
 
 TEST(NumaBindingTest, MoreExclusiveRanksThanCoresIsRefusedBeforeAnyWorkerRuns) {
-  const launcher::Topology t = launcher::read_topology("/", launcher::allowed_cpus());
+  const launcher::workers::Topology t = launcher::workers::read_topology("/", launcher::workers::allowed_cpus());
   std::set<int> cores;
   for (const auto& c : t.cpus) cores.insert(c.core);
   TempDir dir;

@@ -13,6 +13,16 @@
 #include "tests/support/temp_dir.hpp"
 
 namespace ddprun::launcher {
+
+using workers::CpuInfo;
+using workers::NumaBinding;
+using workers::Topology;
+using workers::format_cpu_list;
+using workers::parse_cpu_list;
+using workers::parse_numa_binding;
+using workers::place_ranks;
+using workers::read_topology;
+using workers::visible_gpus;
 namespace {
 
 namespace fs = std::filesystem;

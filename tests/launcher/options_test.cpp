@@ -10,6 +10,18 @@
 #include "launcher/cli/flags.hpp"
 
 namespace ddprun::launcher {
+
+using cli::FlagDef;
+using cli::HostFacts;
+using cli::LaunchOptions;
+using cli::LocalRankArg;
+using cli::RdzvBackend;
+using cli::RdzvConfKey;
+using cli::first_slurm_host;
+using cli::flag_table;
+using cli::parse_options;
+using cli::rdzv_conf_keys;
+using cli::usage_text;
 namespace {
 
 LaunchOptions parse(std::vector<std::string> args, std::map<std::string, std::string> env = {},

@@ -8,6 +8,12 @@
 #include "launcher/workers/worker_exit.hpp"
 
 namespace ddprun::launcher {
+
+using agent::Decision;
+using agent::decide;
+using agent::kHangExitCode;
+using rendezvous::RoundEnd;
+using workers::WorkerExit;
 namespace {
 
 RoundEnd end_of(RoundEnd::Kind kind) {

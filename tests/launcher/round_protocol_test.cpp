@@ -25,6 +25,14 @@
 #endif
 
 namespace ddprun::launcher {
+
+using rendezvous::RendezvousBackend;
+using rendezvous::RoundEnd;
+using rendezvous::World;
+using rendezvous::store::StoreRendezvous;
+using rendezvous::store::StoreRendezvousOptions;
+using workers::StopSignal;
+using workers::WorkerExit;
 namespace {
 
 using namespace std::chrono_literals;
@@ -83,6 +91,10 @@ class StoreBackend final : public Backend {
 };
 
 #ifdef ROUND_PROTOCOL_ON_ETCD
+using rendezvous::etcd::EtcdRendezvous;
+using rendezvous::etcd::EtcdRendezvousOptions;
+namespace etcd = rendezvous::etcd;
+
 class EtcdBackend final : public Backend {
  public:
   EtcdBackend() {

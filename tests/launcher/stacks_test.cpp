@@ -15,6 +15,18 @@
 #include "tests/support/temp_dir.hpp"
 
 namespace ddprun::launcher {
+
+using watchdog::RankStacks;
+using watchdog::capture_stacks;
+using watchdog::first_lines;
+using watchdog::stack_signal;
+using workers::Environment;
+using workers::SpawnRequest;
+using workers::SpawnedProcess;
+using workers::current_environment;
+using workers::spawn_process;
+using workers::to_envp;
+using workers::write_python_hook;
 namespace {
 
 using namespace std::chrono_literals;

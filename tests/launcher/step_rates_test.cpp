@@ -6,6 +6,14 @@
 #include "rendezvous/daemon/job_summary.hpp"
 
 namespace ddprun::launcher {
+
+using watchdog::RankRate;
+using watchdog::RateTracker;
+using watchdog::StragglerWatch;
+using watchdog::format_rates_table;
+using watchdog::rank_rate_from_json;
+using watchdog::slower_than_median;
+using watchdog::to_json;
 namespace {
 
 using namespace std::chrono_literals;

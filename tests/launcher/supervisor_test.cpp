@@ -14,6 +14,14 @@
 #include "tests/support/wait_until.hpp"
 
 namespace ddprun::launcher {
+
+using workers::GroupOutcome;
+using workers::GroupResult;
+using workers::Supervisor;
+using workers::SupervisorSettings;
+using workers::WorkerExit;
+using workers::WorkerLaunch;
+using workers::shell_exit_code;
 namespace {
 
 using namespace std::chrono_literals;

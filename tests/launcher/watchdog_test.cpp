@@ -23,6 +23,14 @@
 #include "tests/support/wait_until.hpp"
 
 namespace ddprun::launcher {
+
+using rendezvous::RoundEnd;
+using watchdog::Watchdog;
+using watchdog::WatchdogSettings;
+using watchdog::WatchedRank;
+using workers::SpawnRequest;
+using workers::SpawnedProcess;
+using workers::spawn_process;
 namespace {
 
 using namespace std::chrono_literals;

@@ -12,6 +12,19 @@
 #include "launcher/workers/report.hpp"
 
 namespace ddprun::launcher {
+
+using workers::AttemptContext;
+using workers::ConsoleWriter;
+using workers::Environment;
+using workers::LineWriter;
+using workers::WorkerExit;
+using workers::WorkerPlacement;
+using workers::expand_prefix;
+using workers::format_failure_report;
+using workers::shell_exit_code;
+using workers::substitute_args;
+using workers::visible_gpu_ids;
+using workers::worker_environment;
 namespace {
 
 TEST(WorkerEnvTest, SetsTorchrunContract) {

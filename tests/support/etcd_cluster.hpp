@@ -100,16 +100,16 @@ class EtcdCluster {
     return out;
   }
   bool wait_healthy(std::chrono::seconds timeout) const {
-    launcher::etcd::Options o;
+    launcher::rendezvous::etcd::Options o;
     for (size_t i = 0; i < pids_.size(); ++i) {
       if (pids_[i] > 0) o.endpoints.push_back(endpoint(static_cast<int>(i)));
     }
     if (tls_) o.ca_file = tls_->ca;
-    launcher::etcd::Client c(o);
+    launcher::rendezvous::etcd::Client c(o);
     const auto deadline = std::chrono::steady_clock::now() + timeout;
     while (std::chrono::steady_clock::now() < deadline) {
       try {
-        c.put("/health-check", "1", 0, launcher::etcd::Client::after(std::chrono::seconds(2)));
+        c.put("/health-check", "1", 0, launcher::rendezvous::etcd::Client::after(std::chrono::seconds(2)));
         return true;
       } catch (const std::exception& e) {
         if (std::string(e.what()).find("authentication") != std::string::npos ||

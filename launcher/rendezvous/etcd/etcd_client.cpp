@@ -1,7 +1,7 @@
 // etcd's v3 gateway, one request at a time, failing over across members (etcd_client.hpp).
 #include "launcher/rendezvous/etcd/etcd_wire.hpp"
 
-namespace ddprun::launcher::etcd {
+namespace ddprun::launcher::rendezvous::etcd {
 
 Client::Client(Options options) : options_(std::move(options)) {
   if (options_.endpoints.empty()) throw ConfigError("no etcd endpoint: give --rdzv_endpoint host:port[,host:port...]");
@@ -205,4 +205,4 @@ void Client::lease_revoke(int64_t id, Deadline deadline) {
   }
 }
 
-}  // namespace ddprun::launcher::etcd
+}  // namespace ddprun::launcher::rendezvous::etcd

@@ -29,7 +29,7 @@
 #include "common/errors.hpp"
 #include "launcher/rendezvous/etcd/etcd_endpoint.hpp"
 
-namespace ddprun::launcher::etcd {
+namespace ddprun::launcher::rendezvous::etcd {
 
 // An error etcd answered with (a gRPC status code and message), other than unavailability.
 class EtcdError : public Error {
@@ -207,4 +207,4 @@ class Watch {
   std::set<std::string> present_;  // keys in the range as of next_revision_ - 1
 };
 
-}  // namespace ddprun::launcher::etcd
+}  // namespace ddprun::launcher::rendezvous::etcd

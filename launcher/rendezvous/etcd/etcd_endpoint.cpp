@@ -3,7 +3,7 @@
 #include "common/errors.hpp"
 #include "common/numbers.hpp"
 
-namespace ddprun::launcher::etcd {
+namespace ddprun::launcher::rendezvous::etcd {
 
 Endpoint parse_endpoint(const std::string& text) {
   Endpoint ep;
@@ -41,4 +41,4 @@ Endpoint parse_endpoint(const std::string& text) {
   return ep;
 }
 
-}  // namespace ddprun::launcher::etcd
+}  // namespace ddprun::launcher::rendezvous::etcd

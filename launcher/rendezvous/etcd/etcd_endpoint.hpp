@@ -4,7 +4,7 @@
 
 #include <string>
 
-namespace ddprun::launcher::etcd {
+namespace ddprun::launcher::rendezvous::etcd {
 
 struct Endpoint {
   bool tls = false;
@@ -15,4 +15,4 @@ struct Endpoint {
 // Parses one endpoint; throws ConfigError naming it.
 Endpoint parse_endpoint(const std::string& text);
 
-}  // namespace ddprun::launcher::etcd
+}  // namespace ddprun::launcher::rendezvous::etcd

@@ -10,7 +10,10 @@
 #include "common/numbers.hpp"
 #include "launcher/rendezvous/rendezvous_values.hpp"
 
-namespace ddprun::launcher {
+namespace ddprun::launcher::rendezvous::etcd {
+
+using rendezvous::NodeRendezvous;
+using workers::StopSignal;
 
 using json = nlohmann::json;
 using Clock = std::chrono::steady_clock;
@@ -324,4 +327,4 @@ std::unique_ptr<NodeRendezvous::RoundWatch> EtcdRendezvous::watch_round(int roun
   return std::make_unique<Watch>(*this, round);
 }
 
-}  // namespace ddprun::launcher
+}  // namespace ddprun::launcher::rendezvous::etcd

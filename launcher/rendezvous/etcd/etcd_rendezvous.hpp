@@ -45,7 +45,16 @@
 #include "launcher/rendezvous/rendezvous_backend.hpp"
 #include "rendezvous/core/job_keys.hpp"
 
-namespace ddprun::launcher {
+namespace ddprun::launcher::rendezvous::etcd {
+
+using rendezvous::Joiner;
+using rendezvous::Membership;
+using rendezvous::NodeRendezvous;
+using rendezvous::ProgressChannel;
+using rendezvous::RoundEnd;
+using rendezvous::WorkerStoreHost;
+using rendezvous::World;
+using workers::StopSignal;
 
 struct EtcdRendezvousOptions {
   std::string run_id = "none";
@@ -129,4 +138,4 @@ class EtcdRendezvous final : public NodeRendezvous {
   std::condition_variable keepalive_wake_;
 };
 
-}  // namespace ddprun::launcher
+}  // namespace ddprun::launcher::rendezvous::etcd

@@ -12,7 +12,22 @@
 #include "launcher/rendezvous/etcd/etcd_rendezvous.hpp"
 #include "launcher/rendezvous/rendezvous_values.hpp"
 
-namespace ddprun::launcher {
+namespace ddprun::launcher::rendezvous::etcd {
+
+using rendezvous::Joiner;
+using rendezvous::Membership;
+using rendezvous::ProgressChannel;
+using rendezvous::RoundEnd;
+using rendezvous::WorkerStoreHost;
+using rendezvous::World;
+using rendezvous::hang_outcome;
+using rendezvous::order_by_group_rank;
+using rendezvous::parse_round_end;
+using rendezvous::read_closed_round;
+using rendezvous::read_worker_store;
+using rendezvous::this_node;
+using rendezvous::world_of;
+using workers::StopSignal;
 
 using json = nlohmann::json;
 using Clock = std::chrono::steady_clock;
@@ -254,4 +269,4 @@ std::unique_ptr<ProgressChannel> EtcdRendezvous::open_progress_channel(int round
   return std::make_unique<EtcdProgressChannel>(options_.etcd, rk(round), node, nodes);
 }
 
-}  // namespace ddprun::launcher
+}  // namespace ddprun::launcher::rendezvous::etcd

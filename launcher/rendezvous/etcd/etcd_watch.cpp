@@ -4,7 +4,7 @@
 
 #include <thread>
 
-namespace ddprun::launcher::etcd {
+namespace ddprun::launcher::rendezvous::etcd {
 
 Watch::Watch(Client& client, std::string key, std::string range_end, int64_t start_revision,
              std::vector<std::string> present)
@@ -159,4 +159,4 @@ std::vector<WatchEvent> Watch::next(std::chrono::milliseconds timeout, Client::D
 }
 
 
-}  // namespace ddprun::launcher::etcd
+}  // namespace ddprun::launcher::rendezvous::etcd

@@ -3,7 +3,7 @@
 
 #include "common/numbers.hpp"
 
-namespace ddprun::launcher::etcd {
+namespace ddprun::launcher::rendezvous::etcd {
 
 std::string prefix_end(const std::string& prefix) {
   std::string end = prefix;
@@ -134,4 +134,4 @@ TlsContext::TlsContext(const Options& o) {
   ctx.set_verify_mode(asio::ssl::verify_peer);
 }
 
-}  // namespace ddprun::launcher::etcd
+}  // namespace ddprun::launcher::rendezvous::etcd

@@ -27,7 +27,7 @@
 #include "launcher/rendezvous/etcd/etcd_client.hpp"
 #include "rendezvous/core/json_fields.hpp"
 
-namespace ddprun::launcher::etcd {
+namespace ddprun::launcher::rendezvous::etcd {
 
 namespace asio = boost::asio;
 namespace beast = boost::beast;
@@ -239,4 +239,4 @@ class Connection {
   boost::system::error_code read_error_;
 };
 
-}  // namespace ddprun::launcher::etcd
+}  // namespace ddprun::launcher::rendezvous::etcd

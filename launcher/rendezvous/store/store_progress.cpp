@@ -10,7 +10,12 @@
 #include "launcher/rendezvous/rendezvous_values.hpp"
 #include "launcher/rendezvous/store/store_rendezvous.hpp"
 
-namespace ddprun::launcher {
+namespace ddprun::launcher::rendezvous::store {
+
+using rendezvous::ProgressChannel;
+using rendezvous::RoundEnd;
+using rendezvous::hang_outcome;
+using rendezvous::parse_round_end;
 
 using json = nlohmann::json;
 
@@ -108,4 +113,4 @@ std::unique_ptr<ProgressChannel> StoreRendezvous::open_progress_channel(int roun
   return std::make_unique<StoreProgressChannel>(side_connection(), keys_.round(round), node, nodes);
 }
 
-}  // namespace ddprun::launcher
+}  // namespace ddprun::launcher::rendezvous::store

@@ -11,7 +11,12 @@
 #include "common/log.hpp"
 #include "launcher/rendezvous/rendezvous_values.hpp"
 
-namespace ddprun::launcher {
+namespace ddprun::launcher::rendezvous::store {
+
+using rendezvous::NodeRendezvous;
+using rendezvous::now_ms;
+using rendezvous::read_number;
+using workers::StopSignal;
 
 using json = nlohmann::json;
 
@@ -321,4 +326,4 @@ void StoreRendezvous::linger(int nodes, std::chrono::milliseconds timeout, const
   }
 }
 
-}  // namespace ddprun::launcher
+}  // namespace ddprun::launcher::rendezvous::store

@@ -40,7 +40,15 @@
 #include "rendezvous/core/job_keys.hpp"
 #include "rendezvous/server/server.hpp"
 
-namespace ddprun::launcher {
+namespace ddprun::launcher::rendezvous::store {
+
+using rendezvous::Joiner;
+using rendezvous::NodeRendezvous;
+using rendezvous::ProgressChannel;
+using rendezvous::RoundEnd;
+using rendezvous::WorkerStoreHost;
+using rendezvous::World;
+using workers::StopSignal;
 
 struct StoreRendezvousOptions {
   // Called after each heartbeat (lease renewal) the rendezvous took: this node is still counted in.
@@ -163,4 +171,4 @@ class StoreRendezvous final : public NodeRendezvous {
   std::string agent_id_;  // heartbeat key: unique per agent process
 };
 
-}  // namespace ddprun::launcher
+}  // namespace ddprun::launcher::rendezvous::store

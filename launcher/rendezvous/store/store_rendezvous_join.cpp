@@ -10,7 +10,20 @@
 #include "launcher/rendezvous/rendezvous_values.hpp"
 #include "launcher/rendezvous/store/store_rendezvous.hpp"
 
-namespace ddprun::launcher {
+namespace ddprun::launcher::rendezvous::store {
+
+using rendezvous::Joiner;
+using rendezvous::Membership;
+using rendezvous::RoundEnd;
+using rendezvous::WorkerStoreHost;
+using rendezvous::World;
+using rendezvous::order_by_group_rank;
+using rendezvous::read_assignment;
+using rendezvous::read_node_record;
+using rendezvous::read_number;
+using rendezvous::read_worker_store;
+using rendezvous::this_node;
+using workers::StopSignal;
 
 
 std::variant<World, RoundEnd> StoreRendezvous::join(int round, int nproc, const WorkerStoreHost& host_worker_store,
@@ -217,4 +230,4 @@ void StoreRendezvous::close_dynamic(int round) {
   write_assignments(round, ordered, {});
 }
 
-}  // namespace ddprun::launcher
+}  // namespace ddprun::launcher::rendezvous::store
