@@ -10,7 +10,6 @@
 #include <csignal>
 #include <future>
 #include <memory>
-#include <mutex>
 #include <optional>
 
 #include "common/errors.hpp"
@@ -18,6 +17,7 @@
 #include "rendezvous/client/client.hpp"
 #include "rendezvous/core/job_keys.hpp"
 #include "rendezvous/server/server.hpp"
+#include "tests/support/latest.hpp"
 #include "tests/support/wait_until.hpp"
 #ifdef ROUND_PROTOCOL_ON_ETCD
 #include "launcher/rendezvous/etcd/etcd_rendezvous.hpp"
@@ -166,20 +166,7 @@ class RoundProtocolTest : public ::testing::TestWithParam<std::string> {
 };
 
 // Collects what a node's watcher reports.
-struct Watched {
-  std::mutex mutex;
-  std::optional<RoundEnd> end;
-  std::function<void(const RoundEnd&)> sink() {
-    return [this](const RoundEnd& e) {
-      std::lock_guard lock(mutex);
-      end = e;
-    };
-  }
-  std::optional<RoundEnd> get() {
-    std::lock_guard lock(mutex);
-    return end;
-  }
-};
+using Watched = test::Latest<RoundEnd>;
 
 TEST_P(RoundProtocolTest, BothNodesAgreeOnOneWorldWithContiguousRanks) {
   auto a = node(0), b = node(1);

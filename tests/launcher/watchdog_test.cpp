@@ -14,12 +14,12 @@
 #include <atomic>
 #include <filesystem>
 #include <future>
-#include <mutex>
 #include <optional>
 
 #include "ddprun/worker/progress_page.hpp"
 #include "launcher/workers/process.hpp"
 #include "tests/support/temp_dir.hpp"
+#include "tests/support/latest.hpp"
 #include "tests/support/wait_until.hpp"
 
 namespace ddprun::launcher {
@@ -75,20 +75,7 @@ struct Group {
 };
 
 // What on_hang reported, if anything.
-struct Hang {
-  std::mutex mutex;
-  std::optional<RoundEnd> end;
-  std::function<void(const RoundEnd&)> sink() {
-    return [this](const RoundEnd& e) {
-      std::lock_guard lock(mutex);
-      end = e;
-    };
-  }
-  std::optional<RoundEnd> get() {
-    std::lock_guard lock(mutex);
-    return end;
-  }
-};
+using Hang = test::Latest<RoundEnd>;
 
 TEST(WatchdogTest, RanksWithoutProgressForTheTimeoutAreAHangDiagnosedWithTheirStacks) {
   Group g(2, 2s);
