@@ -4,12 +4,12 @@
 
 #include "common/errors.hpp"
 #include "common/system.hpp"
+#include "launcher/rendezvous/rendezvous_values.hpp"
 
 namespace ddprun::launcher::rendezvous {
 
 using workers::StopSignal;
 using workers::WorkerExit;
-using workers::describe_exit;
 
 std::variant<World, RoundEnd> LocalRendezvous::join(int round, int nproc, const WorkerStoreHost& host_worker_store,
                                                     const StopSignal& stop) {
@@ -26,7 +26,7 @@ RoundEnd LocalRendezvous::report_failure(int, const WorkerExit& root_cause) {
   RoundEnd e;
   e.kind = RoundEnd::Kind::Failure;
   e.root_cause = root_cause;
-  e.detail = "rank " + std::to_string(root_cause.rank) + " failed with " + describe_exit(root_cause);
+  e.detail = failure_sentence(root_cause, -1);
   return e;
 }
 

@@ -13,6 +13,11 @@ using workers::read_error_file;
 
 using json = nlohmann::json;
 
+std::string failure_sentence(const WorkerExit& failure, int node) {
+  const std::string where = node < 0 ? "" : " on node " + std::to_string(node) + " (" + failure.host + ")";
+  return "rank " + std::to_string(failure.rank) + where + " failed with " + describe_exit(failure);
+}
+
 rdzv::jobs::Outcome failure_outcome(const WorkerExit& failure, int node) {
   rdzv::jobs::Outcome o;
   o.kind = rdzv::jobs::Outcome::Kind::Failure;
@@ -123,8 +128,7 @@ RoundEnd parse_round_end(const std::string& value) {
       e.kind = RoundEnd::Kind::Failure;
       if (!o.failure.empty()) {
         e.root_cause = exit_from_json(o.failure);
-        e.detail = "rank " + std::to_string(e.root_cause->rank) + " on node " + std::to_string(e.root_node) + " (" +
-                   e.root_cause->host + ") failed with " + describe_exit(*e.root_cause);
+        e.detail = failure_sentence(*e.root_cause, e.root_node);
       }
       break;
   }

@@ -42,6 +42,9 @@ RoundEnd parse_round_end(const std::string& value);
 // The outcomes a node reports for its round, whatever the backend: a worker's failure (the root
 // cause), and a stop signal received on `host` (node -1: a job of one node).
 rdzv::jobs::Outcome failure_outcome(const WorkerExit& failure, int node);
+// The one line that says which worker failed and how: "rank 3 failed with exit code 6" on one
+// node, "rank 3 on node 1 (host-b) failed with exit code 6" on several (`node` >= 0).
+std::string failure_sentence(const WorkerExit& failure, int node);
 rdzv::jobs::Outcome signal_outcome(int signo, int node, const std::string& host);
 // A hang diagnosed by `node`: `summary` is the one line, `report` the full report.
 rdzv::jobs::Outcome hang_outcome(const std::string& summary, const std::string& report, int node);

@@ -13,6 +13,7 @@
 #include "rendezvous/client/client.hpp"
 #include "tests/support/daemon.hpp"
 #include "tests/support/free_port.hpp"
+#include "tests/support/report.hpp"
 #include "tests/support/subprocess.hpp"
 #include "tests/support/temp_dir.hpp"
 #include "tests/support/wait_until.hpp"
@@ -72,30 +73,68 @@ TEST(MultiNodeTest, NodesWithDifferentNprocGetContiguousRanksAndOneWorkerStore) 
   }
 }
 
+// Each node's report: what a scheduler reads (see the README's ddprun-report/1).
+std::vector<std::string> report_to(const TempDir& dir, int rank) {
+  return {"--report_file", (dir.path / ("node" + std::to_string(rank) + ".json")).string()};
+}
+nlohmann::json report_of(const TempDir& dir, int rank) {
+  return read_report(dir.path / ("node" + std::to_string(rank) + ".json"));
+}
+
 TEST(MultiNodeTest, FailureOnOneNodeStopsEveryNodeWithOneRootCause) {
+  TempDir reports;
   const int port = free_port();
-  auto n0 = node(port, 0, 2, {"--shutdown_timeout", "10"}, {"exit-if-rank", "3", "6", "sleep", "60"});
-  auto n1 = node(port, 1, 2, {"--shutdown_timeout", "10"}, {"exit-if-rank", "3", "6", "sleep", "60"});
-  const Finished f0 = n0->wait(60s), f1 = n1->wait(60s);
-  for (const Finished* f : {&f0, &f1}) {
-    EXPECT_EQ(f->exit_code, 6) << f->err;
-    EXPECT_NE(f->err.find("Root cause (first failure):\n  rank       : 3 (local_rank 1)"), std::string::npos) << f->err;
-    EXPECT_NE(f->err.find("(node_rank 1)"), std::string::npos) << f->err;
-    EXPECT_NE(f->err.find("| rank 3 exiting with 6"), std::string::npos) << f->err;
+  std::vector<std::unique_ptr<Subprocess>> nodes;
+  for (int n = 0; n < 2; ++n) {
+    std::vector<std::string> flags = report_to(reports, n);
+    flags.insert(flags.end(), {"--shutdown_timeout", "10"});
+    nodes.push_back(node(port, n, 2, flags, {"exit-if-rank", "3", "6", "sleep", "60"}));
   }
-  EXPECT_NE(f0.err.find("Stopped by ddprun after the failure: ranks 0,1"), std::string::npos) << f0.err;
-  EXPECT_NE(f0.err.find("stopping the workers: rank 3 on node 1"), std::string::npos) << f0.err;
+  const Finished f0 = nodes[0]->wait(60s), f1 = nodes[1]->wait(60s);
+  for (int n = 0; n < 2; ++n) {
+    const Finished& f = n == 0 ? f0 : f1;
+    EXPECT_EQ(f.exit_code, 6) << f.err;
+    EXPECT_NE(f.err.find("Root cause (first failure)"), std::string::npos) << "no failure report on node " << n;
+    const auto r = report_of(reports, n);
+    ASSERT_TRUE(r.is_object()) << "node " << n << "\n" << f.err;
+    EXPECT_EQ(r["outcome"], "failed");
+    EXPECT_EQ(r["exit_code"], 6);
+    // One root cause, the same on both nodes: rank 3, on node 1.
+    const auto& root = r["root_cause"];
+    EXPECT_EQ(root["rank"], 3) << root.dump(2);
+    EXPECT_EQ(root["local_rank"], 1);
+    EXPECT_EQ(root["node_rank"], 1);
+    EXPECT_EQ(root["exit_code"], 6);
+    ASSERT_TRUE(root["stderr_tail"].is_array()) << root.dump(2);
+    EXPECT_NE(root["stderr_tail"].dump().find("rank 3 exiting with 6"), std::string::npos) << root.dump(2);
+  }
+  // Node 0's workers did not fail: ddprun stopped them.
+  const nlohmann::json workers0 = report_of(reports, 0)["attempts"][0]["workers"];
+  ASSERT_EQ(workers0.size(), 2u) << workers0.dump(2);
+  for (const auto& w : workers0) EXPECT_EQ(w["state"], "stopped") << w.dump(2);
 }
 
 TEST(MultiNodeTest, AllNodesRestartTogether) {
-  TempDir dir;
+  TempDir dir, reports;
   const int port = free_port();
-  auto n0 = node(port, 0, 1, {"--max_restarts", "2"}, {"exit-if-attempt-below", "1", "4", "store-barrier", "env", dir.str()});
-  auto n1 = node(port, 1, 1, {"--max_restarts", "2"}, {"exit-if-attempt-below", "1", "4", "store-barrier", "env", dir.str()});
-  const Finished f0 = n0->wait(60s), f1 = n1->wait(60s);
+  std::vector<std::unique_ptr<Subprocess>> nodes;
+  for (int n = 0; n < 2; ++n) {
+    std::vector<std::string> flags = report_to(reports, n);
+    flags.insert(flags.end(), {"--max_restarts", "2"});
+    nodes.push_back(node(port, n, 1, flags, {"exit-if-attempt-below", "1", "4", "store-barrier", "env", dir.str()}));
+  }
+  const Finished f0 = nodes[0]->wait(60s), f1 = nodes[1]->wait(60s);
   ASSERT_EQ(f0.exit_code, 0) << f0.err;
   ASSERT_EQ(f1.exit_code, 0) << f1.err;
-  EXPECT_NE(f0.err.find("restarting the worker groups of all 2 nodes (restart 1 of 2)"), std::string::npos) << f0.err;
+  for (int n = 0; n < 2; ++n) {
+    const auto r = report_of(reports, n);
+    ASSERT_TRUE(r.is_object()) << "node " << n;
+    EXPECT_EQ(r["outcome"], "succeeded");
+    EXPECT_EQ(r["restarts"], 1);
+    ASSERT_EQ(r["attempts"].size(), 2u) << r.dump(2);
+    EXPECT_EQ(r["attempts"][0]["outcome"], "failed");
+    EXPECT_EQ(r["attempts"][1]["restart"], 1);
+  }
   EXPECT_EQ(env_of(dir, 0).at("TORCHELASTIC_RESTART_COUNT"), "1");
   EXPECT_EQ(env_of(dir, 1).at("TORCHELASTIC_RESTART_COUNT"), "1");
 }
@@ -133,8 +172,9 @@ TEST(MultiNodeTest, DuplicateNodeRankIsRejected) {
 }
 
 TEST(MultiNodeTest, SignalOnOneNodeStopsTheJobEverywhere) {
+  TempDir reports;
   const int port = free_port();
-  auto n0 = node(port, 0, 1, {}, {"wait-signal"});
+  auto n0 = node(port, 0, 1, report_to(reports, 0), {"wait-signal"});
   auto n1 = node(port, 1, 1, {}, {"wait-signal"});
   ASSERT_TRUE(n0->wait_for_output("[rank0]: ready", 30s));
   ASSERT_TRUE(n1->wait_for_output("[rank1]: ready", 30s));
@@ -142,7 +182,10 @@ TEST(MultiNodeTest, SignalOnOneNodeStopsTheJobEverywhere) {
   const Finished f0 = n0->wait(30s), f1 = n1->wait(30s);
   EXPECT_EQ(f1.exit_code, 128 + SIGTERM) << f1.err;
   EXPECT_NE(f0.out.find("[rank0]: got SIGTERM"), std::string::npos) << f0.err;
-  EXPECT_NE(f0.err.find("job stopped by SIGTERM on node 1"), std::string::npos) << f0.err;
+  const auto r = report_of(reports, 0);
+  ASSERT_TRUE(r.is_object()) << f0.err;
+  EXPECT_EQ(r["outcome"], "signalled");
+  EXPECT_NE(r["message"].get<std::string>().find("SIGTERM on node 1"), std::string::npos) << r["message"];
 }
 
 TEST(MultiNodeTest, LosingNodeZeroStopsTheOtherNodes) {
@@ -163,8 +206,11 @@ TEST(MultiNodeTest, LosingNodeZeroStopsTheOtherNodes) {
 
 TEST(MultiNodeTest, NodeWhoseDdprunIsKilledIsDetectedByHeartbeat) {
   const int port = free_port();
+  TempDir reports;
   const std::vector<std::string> fast{"--rdzv_conf", "join_timeout=30,keep_alive_interval=0.2,keep_alive_max_attempt=3"};
-  auto n0 = node(port, 0, 1, fast, {"wait-signal"});
+  std::vector<std::string> flags0 = report_to(reports, 0);
+  flags0.insert(flags0.end(), fast.begin(), fast.end());
+  auto n0 = node(port, 0, 1, flags0, {"wait-signal"});
   auto n1 = node(port, 1, 1, fast, {"sleep", "120"});
   ASSERT_TRUE(n0->wait_for_output("[rank0]: ready", 30s));
   ASSERT_TRUE(n1->wait_for_output("started 1 worker", 30s));
@@ -172,8 +218,12 @@ TEST(MultiNodeTest, NodeWhoseDdprunIsKilledIsDetectedByHeartbeat) {
   const Finished f0 = n0->wait(30s);
   EXPECT_FALSE(f0.timed_out);
   EXPECT_EQ(f0.exit_code, 1) << f0.err;
-  EXPECT_NE(f0.err.find("node 1 ("), std::string::npos) << f0.err;
-  EXPECT_NE(f0.err.find(") sent no heartbeat for 600ms"), std::string::npos) << f0.err;
+  const auto r = report_of(reports, 0);
+  ASSERT_TRUE(r.is_object()) << f0.err;
+  EXPECT_EQ(r["outcome"], "node_lost");
+  const std::string message = r["message"].get<std::string>();
+  EXPECT_NE(message.find("node 1 ("), std::string::npos) << message;
+  EXPECT_NE(message.find(") sent no heartbeat for 600ms"), std::string::npos) << message;
   EXPECT_NE(f0.out.find("[rank0]: got SIGTERM"), std::string::npos) << f0.out;
 }
 

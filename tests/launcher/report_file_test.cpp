@@ -15,6 +15,7 @@
 #include <sstream>
 
 #include "tests/support/free_port.hpp"
+#include "tests/support/report.hpp"
 #include "tests/support/small_disk.hpp"
 #include "tests/support/subprocess.hpp"
 #include "tests/support/temp_dir.hpp"
@@ -32,13 +33,6 @@ std::vector<std::string> ddprun(std::vector<std::string> args) {
   return args;
 }
 
-json read_report(const fs::path& p) {
-  std::ifstream in(p);
-  if (!in) return nullptr;
-  std::stringstream s;
-  s << in.rdbuf();
-  return json::parse(s.str(), nullptr, /*allow_exceptions=*/false);
-}
 
 std::string host_name() {
   char buf[256] = {};
