@@ -9,6 +9,7 @@
 #include <regex>
 
 #include "tests/support/free_port.hpp"
+#include "tests/support/report.hpp"
 #include "tests/support/subprocess.hpp"
 
 namespace ddprun::test {
@@ -29,49 +30,47 @@ std::unique_ptr<Subprocess> agent(int port, const std::string& nnodes, int nproc
   return std::make_unique<Subprocess>(argv);
 }
 
-// The last "round R (restart K): node G of N, ranks A..B of W" line an agent logged.
-std::smatch last_round(const std::string& err, std::string& storage) {
-  static const std::regex line(R"(round (\d+) \(restart (\d+)\): node (\d+) of (\d+), ranks (\d+)\.\.(\d+) of (\d+))");
-  storage = err;
-  std::smatch last, m;
-  for (auto it = std::sregex_iterator(storage.begin(), storage.end(), line); it != std::sregex_iterator(); ++it) {
-    last = *it;
-  }
-  return last;
+// The last round node `n` took part in, from its report: round, restart, node_rank, nnodes,
+// ranks [first, last], world_size, outcome.
+nlohmann::json last_attempt(const Reports& reports, int n) {
+  const auto r = reports.of(n);
+  if (!r.is_object() || !r["attempts"].is_array() || r["attempts"].empty()) return nullptr;
+  return r["attempts"].back();
 }
 
 const std::string kFast = "join_timeout=30,last_call_timeout=0.5,keep_alive_interval=0.2,keep_alive_max_attempt=3";
 
 TEST(ElasticTest, NodesJoinWithoutRanksAndTheEndpointHostGetsRankZero) {
   const int port = free_port();
-  auto a = agent(port, "2", 2, "127.0.0.2", kFast, {"store-barrier"});
+  Reports reports;
+  auto a = agent(port, "2", 2, "127.0.0.2", kFast, {"store-barrier"}, reports.flags(0));
   ASSERT_TRUE(a->wait_for_output("hosting the rendezvous store", 10s)) << a->err();
-  auto b = agent(port, "2", 2, "127.0.0.3", kFast, {"store-barrier"});
+  auto b = agent(port, "2", 2, "127.0.0.3", kFast, {"store-barrier"}, reports.flags(1));
   const Finished fb = b->wait(60s), fa = a->wait(60s);
   ASSERT_EQ(fa.exit_code, 0) << fa.err;
   ASSERT_EQ(fb.exit_code, 0) << fb.err;
-  std::string sa, sb;
-  const auto ra = last_round(fa.err, sa), rb = last_round(fb.err, sb);
-  ASSERT_FALSE(ra.empty()) << fa.err;
-  ASSERT_FALSE(rb.empty()) << fb.err;
-  EXPECT_EQ(ra[3], "0") << "the agent hosting the endpoint's store is group rank 0";
-  EXPECT_EQ(ra[5], "0");
-  EXPECT_EQ(rb[3], "1");
-  EXPECT_EQ(rb[5], "2");
-  EXPECT_EQ(rb[7], "4");
+  const auto ra = last_attempt(reports, 0), rb = last_attempt(reports, 1);
+  ASSERT_TRUE(ra.is_object()) << fa.err;
+  ASSERT_TRUE(rb.is_object()) << fb.err;
+  EXPECT_EQ(ra["node_rank"], 0) << "the agent hosting the endpoint's store is group rank 0";
+  EXPECT_EQ(ra["ranks"], nlohmann::json::array({0, 1}));
+  EXPECT_EQ(rb["node_rank"], 1);
+  EXPECT_EQ(rb["ranks"], nlohmann::json::array({2, 3}));
+  EXPECT_EQ(rb["world_size"], 4);
+  EXPECT_EQ(rb["nnodes"], 2);
 }
 
 TEST(ElasticTest, NodeRankHintOrdersTheOtherNodes) {
   const int port = free_port();
+  Reports reports;
   auto host = agent(port, "3", 1, "127.0.0.2", kFast, {"sleep", "0"});
   ASSERT_TRUE(host->wait_for_output("hosting the rendezvous store", 10s));
-  auto late_hint0 = agent(port, "3", 1, "127.0.0.3", kFast, {"sleep", "0"}, {"--node_rank", "1"});
-  auto hint2 = agent(port, "3", 1, "127.0.0.4", kFast, {"sleep", "0"}, {"--node_rank", "2"});
+  auto late_hint0 = agent(port, "3", 1, "127.0.0.3", kFast, {"sleep", "0"}, reports.flags(1, {"--node_rank", "1"}));
+  auto hint2 = agent(port, "3", 1, "127.0.0.4", kFast, {"sleep", "0"}, reports.flags(2, {"--node_rank", "2"}));
   const Finished f1 = late_hint0->wait(60s), f2 = hint2->wait(60s), f0 = host->wait(60s);
   ASSERT_EQ(f0.exit_code, 0) << f0.err;
-  std::string s1, s2;
-  EXPECT_EQ(last_round(f1.err, s1)[3], "1") << f1.err;
-  EXPECT_EQ(last_round(f2.err, s2)[3], "2") << f2.err;
+  EXPECT_EQ(last_attempt(reports, 1)["node_rank"], 1) << f1.err;
+  EXPECT_EQ(last_attempt(reports, 2)["node_rank"], 2) << f2.err;
 }
 
 // The workers' progress pages carry this node's place in the job (renewed after each heartbeat), for
@@ -96,21 +95,23 @@ TEST(ElasticTest, TheWorkersSeeTheirNodesConfirmedPlaceInTheJob) {
 
 TEST(ElasticTest, MinNodesStartAfterTheLastCallWithoutWaitingForMax) {
   const int port = free_port();
-  auto a = agent(port, "1:3", 1, "127.0.0.2", kFast, {"store-barrier"});
+  Reports reports;
+  auto a = agent(port, "1:3", 1, "127.0.0.2", kFast, {"store-barrier"}, reports.flags(0));
   ASSERT_TRUE(a->wait_for_output("hosting the rendezvous store", 10s));
   auto b = agent(port, "1:3", 1, "127.0.0.3", kFast, {"store-barrier"});
   const Finished fa = a->wait(60s), fb = b->wait(60s);
   ASSERT_EQ(fa.exit_code, 0) << fa.err;
   ASSERT_EQ(fb.exit_code, 0) << fb.err;
-  std::string s;
-  const auto r = last_round(fa.err, s);
-  ASSERT_FALSE(r.empty()) << fa.err;
-  EXPECT_TRUE(r[4] == "1" || r[4] == "2") << "closed with the nodes present after the last call";
+  const auto r = last_attempt(reports, 0);
+  ASSERT_TRUE(r.is_object()) << fa.err;
+  EXPECT_TRUE(r["nnodes"] == 1 || r["nnodes"] == 2) << "closed with the nodes present after the last call, not 3: "
+                                                    << r.dump(2);
 }
 
 TEST(ElasticTest, SurvivorsReRendezvousWhenANodeIsKilled) {
   const int port = free_port();
-  auto a = agent(port, "2:3", 1, "127.0.0.2", kFast, {"sleep", "3"}, {"--max_restarts", "0"});
+  Reports reports;
+  auto a = agent(port, "2:3", 1, "127.0.0.2", kFast, {"sleep", "3"}, reports.flags(0, {"--max_restarts", "0"}));
   ASSERT_TRUE(a->wait_for_output("hosting the rendezvous store", 10s));
   auto b = agent(port, "2:3", 1, "127.0.0.3", kFast, {"sleep", "3"}, {"--max_restarts", "0"});
   auto c = agent(port, "2:3", 1, "127.0.0.4", kFast, {"sleep", "3"}, {"--max_restarts", "0"});
@@ -119,30 +120,40 @@ TEST(ElasticTest, SurvivorsReRendezvousWhenANodeIsKilled) {
   const Finished fa = a->wait(60s), fb = b->wait(60s);
   ASSERT_EQ(fa.exit_code, 0) << fa.err;
   ASSERT_EQ(fb.exit_code, 0) << fb.err;
-  EXPECT_NE(fa.err.find("re-rendezvous without it (not counted as a restart)"), std::string::npos) << fa.err;
-  std::string s;
-  const auto r = last_round(fa.err, s);
-  EXPECT_EQ(r[1], "1") << "a second round";
-  EXPECT_EQ(r[2], "0") << "membership changes do not use up --max_restarts";
-  EXPECT_EQ(r[4], "2") << "the two survivors";
+  const auto r = reports.of(0);
+  ASSERT_TRUE(r.is_object()) << fa.err;
+  EXPECT_EQ(r["outcome"], "succeeded");
+  EXPECT_EQ(r["restarts"], 0) << "membership changes do not use up --max_restarts";
+  ASSERT_EQ(r["attempts"].size(), 2u) << r.dump(2);
+  EXPECT_EQ(r["attempts"][0]["nnodes"], 3);
+  EXPECT_EQ(r["attempts"][0]["outcome"], "node_lost") << r.dump(2);
+  EXPECT_EQ(r["attempts"][1]["round"], 1) << "a second round";
+  EXPECT_EQ(r["attempts"][1]["restart"], 0);
+  EXPECT_EQ(r["attempts"][1]["nnodes"], 2) << "the two survivors";
 }
 
 TEST(ElasticTest, ALateNodeIsAdmittedIntoTheRunningJob) {
   const int port = free_port();
-  auto a = agent(port, "2:3", 1, "127.0.0.2", kFast, {"sleep", "2"});
+  Reports reports;
+  auto a = agent(port, "2:3", 1, "127.0.0.2", kFast, {"sleep", "2"}, reports.flags(0));
   ASSERT_TRUE(a->wait_for_output("hosting the rendezvous store", 10s));
   auto b = agent(port, "2:3", 1, "127.0.0.3", kFast, {"sleep", "2"});
   ASSERT_TRUE(a->wait_for_output("started 1 worker", 30s));
-  auto late = agent(port, "2:3", 1, "127.0.0.4", kFast, {"sleep", "2"});
+  auto late = agent(port, "2:3", 1, "127.0.0.4", kFast, {"sleep", "2"}, reports.flags(2));
   const Finished fl = late->wait(60s), fa = a->wait(60s), fb = b->wait(60s);
   ASSERT_EQ(fa.exit_code, 0) << fa.err;
   ASSERT_EQ(fb.exit_code, 0) << fb.err;
   ASSERT_EQ(fl.exit_code, 0) << fl.err;
-  EXPECT_NE(fa.err.find("re-rendezvous to admit it"), std::string::npos) << fa.err;
-  std::string s;
-  const auto r = last_round(fl.err, s);
-  EXPECT_EQ(r[4], "3") << fl.err;
-  EXPECT_EQ(r[2], "0");
+  const auto ra = reports.of(0);
+  ASSERT_TRUE(ra.is_object()) << fa.err;
+  ASSERT_GE(ra["attempts"].size(), 2u) << ra.dump(2);
+  EXPECT_EQ(ra["attempts"][0]["outcome"], "membership_change") << "the running round ended to admit it: "
+                                                                << ra.dump(2);
+  EXPECT_EQ(ra["restarts"], 0);
+  const auto rl = last_attempt(reports, 2);
+  ASSERT_TRUE(rl.is_object()) << fl.err;
+  EXPECT_EQ(rl["nnodes"], 3) << rl.dump(2);
+  EXPECT_EQ(rl["restart"], 0);
 }
 
 TEST(ElasticTest, C10dNeedsAnEndpoint) {

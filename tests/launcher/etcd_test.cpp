@@ -20,6 +20,7 @@
 
 #include "launcher/rendezvous/etcd/etcd_client.hpp"
 #include "tests/support/etcd_cluster.hpp"
+#include "tests/support/report.hpp"
 #include "tests/support/subprocess.hpp"
 #include "tests/support/temp_dir.hpp"
 
@@ -268,7 +269,8 @@ TEST(EtcdRendezvousTest, TwoJobsAtOnceAndAJobIdRunTwice) {
 TEST(EtcdRendezvousTest, ASigkilledNodeEndsAStaticJobWithAReportWhenItsLeaseExpires) {
   REQUIRE_ETCD();
   EtcdCluster cluster(1);
-  auto n0 = node(cluster.endpoints(), "kill-static", "2", 0, test_worker({"sleep", "60"}));
+  Reports reports;
+  auto n0 = node(cluster.endpoints(), "kill-static", "2", 0, test_worker({"sleep", "60"}), "", reports.flags(0));
   auto n1 = node(cluster.endpoints(), "kill-static", "2", 1, test_worker({"sleep", "60"}));
   ASSERT_TRUE(n1->wait_for_output("started 1 worker", 60s)) << n1->err();
   ASSERT_TRUE(n0->wait_for_output("started 1 worker", 60s)) << n0->err();
@@ -276,14 +278,18 @@ TEST(EtcdRendezvousTest, ASigkilledNodeEndsAStaticJobWithAReportWhenItsLeaseExpi
   const Finished f0 = n0->wait(60s);
   ASSERT_FALSE(f0.timed_out) << f0.err;
   EXPECT_EQ(f0.exit_code, 1) << f0.err;
-  EXPECT_NE(f0.err.find("lost its etcd lease"), std::string::npos) << f0.err;
+  const auto r = reports.of(0);
+  ASSERT_TRUE(r.is_object()) << f0.err;
+  EXPECT_EQ(r["outcome"], "node_lost");
+  EXPECT_NE(r["message"].get<std::string>().find("lost its etcd lease"), std::string::npos) << r["message"];
 }
 
 TEST(EtcdRendezvousTest, ASigkilledNodeOfAnElasticJobLeavesTheSurvivorsToGoOn) {
   REQUIRE_ETCD();
   EtcdCluster cluster(1);
   const std::vector<std::string> worker = test_worker({"sleep", "8"});
-  auto n0 = node(cluster.endpoints(), "kill-elastic", "1:2", 0, worker);
+  Reports reports;
+  auto n0 = node(cluster.endpoints(), "kill-elastic", "1:2", 0, worker, "", reports.flags(0));
   auto n1 = node(cluster.endpoints(), "kill-elastic", "1:2", 1, worker);
   ASSERT_TRUE(n1->wait_for_output("started 1 worker", 60s)) << n1->err();
   ASSERT_TRUE(n0->wait_for_output("started 1 worker", 60s)) << n0->err();
@@ -291,9 +297,17 @@ TEST(EtcdRendezvousTest, ASigkilledNodeOfAnElasticJobLeavesTheSurvivorsToGoOn) {
   const Finished f0 = n0->wait(90s);
   ASSERT_FALSE(f0.timed_out) << f0.err;
   EXPECT_EQ(f0.exit_code, 0) << f0.err;
-  EXPECT_NE(f0.err.find("lost its etcd lease"), std::string::npos) << f0.err;
-  EXPECT_NE(f0.err.find("re-rendezvous without it"), std::string::npos) << f0.err;
-  EXPECT_NE(f0.err.find("node 0 of 1"), std::string::npos) << f0.err;
+  // The first round ended with the lost node; the survivor went on alone, no restart used.
+  const auto r = reports.of(0);
+  ASSERT_TRUE(r.is_object()) << f0.err;
+  EXPECT_EQ(r["outcome"], "succeeded");
+  EXPECT_EQ(r["restarts"], 0);
+  ASSERT_EQ(r["attempts"].size(), 2u) << r.dump(2);
+  EXPECT_EQ(r["attempts"][0]["outcome"], "node_lost") << r.dump(2);
+  EXPECT_NE(r["attempts"][0]["message"].get<std::string>().find("lost its etcd lease"), std::string::npos)
+      << r.dump(2);
+  EXPECT_EQ(r["attempts"][1]["node_rank"], 0);
+  EXPECT_EQ(r["attempts"][1]["nnodes"], 1);
 }
 
 // The hang watchdog across nodes with etcd as the channel: progress, the hang and every node's

@@ -17,6 +17,7 @@
 #include <sstream>
 
 #include "tests/support/free_port.hpp"
+#include "tests/support/report.hpp"
 #include "tests/support/subprocess.hpp"
 #include "tests/support/temp_dir.hpp"
 
@@ -168,13 +169,21 @@ TEST(HangTest, HeartbeatsThroughTheStoreRevealAHangWhoseRanksSpin) {
 
 TEST(HangTest, AHungJobRestartsWhenMaxRestartsAllows) {
   if (!have_torch()) GTEST_SKIP() << TORCH_PYTHON << " is not here";
-  Subprocess p(command({"--nproc_per_node", "2", "--hang_timeout", "5", "--max_restarts", "1"}, {"first-attempt", "1"}),
+  Reports reports;
+  Subprocess p(command(reports.flags(0, {"--nproc_per_node", "2", "--hang_timeout", "5", "--max_restarts", "1"}),
+                       {"first-attempt", "1"}),
                python_env());
   const Finished f = p.wait(180s);
   ASSERT_FALSE(f.timed_out) << f.err;
   EXPECT_EQ(f.exit_code, 0) << f.err;
   EXPECT_EQ(count(f.err, "HUNG:"), 1u) << f.err;  // the first attempt's report, shown before the restart
-  EXPECT_NE(f.err.find("restarting the worker group (restart 1 of 1)"), std::string::npos) << f.err;
+  const auto r = reports.of(0);
+  ASSERT_TRUE(r.is_object()) << f.err;
+  EXPECT_EQ(r["outcome"], "succeeded");
+  EXPECT_EQ(r["restarts"], 1);
+  ASSERT_EQ(r["attempts"].size(), 2u) << r.dump(2);
+  EXPECT_EQ(r["attempts"][0]["outcome"], "hung") << r.dump(2);
+  EXPECT_EQ(r["attempts"][1]["restart"], 1);
   EXPECT_EQ(count(f.out, "done"), 2u) << f.out;
 }
 

@@ -8,6 +8,7 @@
 #include <sstream>
 #include <thread>
 
+#include "tests/support/report.hpp"
 #include "tests/support/subprocess.hpp"
 #include "tests/support/temp_dir.hpp"
 #include "tests/support/wait_until.hpp"
@@ -65,10 +66,16 @@ TEST(LauncherTest, FirstFailureStopsTheGroupAndSetsExitCode) {
 }
 
 TEST(LauncherTest, WorkerKilledBySignalGives128PlusSignal) {
-  Subprocess p(ddprun({"--nproc_per_node", "1", "/bin/sh", "-c", "kill -9 $$"}));
+  Reports reports;
+  Subprocess p(ddprun(reports.flags(0, {"--nproc_per_node", "1", "/bin/sh", "-c", "kill -9 $$"})));
   const Finished f = p.wait(30s);
   EXPECT_EQ(f.exit_code, 137) << f.err;
-  EXPECT_NE(f.err.find("signal 9 (SIGKILL)"), std::string::npos) << f.err;
+  const auto root = reports.of(0)["root_cause"];
+  ASSERT_TRUE(root.is_object()) << f.err;
+  EXPECT_EQ(root["rank"], 0);
+  EXPECT_EQ(root["signal"], SIGKILL) << root.dump(2);
+  EXPECT_EQ(root["signal_name"], "SIGKILL");
+  EXPECT_TRUE(root["exit_code"].is_null()) << "a signal ended it, not an exit";
 }
 
 TEST(LauncherTest, ErrorFileContentsAppearInTheReport) {
@@ -81,23 +88,41 @@ TEST(LauncherTest, ErrorFileContentsAppearInTheReport) {
 
 TEST(LauncherTest, RestartsWithIncrementedRestartCountAndFreshStore) {
   TempDir dir;
-  Subprocess p(ddprun({"--nproc_per_node", "2", "--max_restarts", "3", TEST_WORKER_BIN, "exit-if-attempt-below", "2",
-                       "5", "store-barrier", "env", dir.str()}));
+  Reports reports;
+  Subprocess p(ddprun(reports.flags(0, {"--nproc_per_node", "2", "--max_restarts", "3", TEST_WORKER_BIN,
+                                        "exit-if-attempt-below", "2", "5", "store-barrier", "env", dir.str()})));
   const Finished f = p.wait(60s);
   ASSERT_EQ(f.exit_code, 0) << f.err;
-  EXPECT_NE(f.err.find("restart 1 of 3"), std::string::npos);
-  EXPECT_NE(f.err.find("restart 2 of 3"), std::string::npos);
-  EXPECT_EQ(f.err.find("restart 3 of 3"), std::string::npos);
+  // Two failed attempts, each restarted, then one that succeeds: restarts 2 of the 3 allowed.
+  const auto r = reports.of(0);
+  ASSERT_TRUE(r.is_object()) << f.err;
+  EXPECT_EQ(r["outcome"], "succeeded");
+  EXPECT_EQ(r["restarts"], 2);
+  EXPECT_EQ(r["max_restarts"], 3);
+  ASSERT_EQ(r["attempts"].size(), 3u) << r.dump(2);
+  for (int a = 0; a < 3; ++a) {
+    EXPECT_EQ(r["attempts"][a]["restart"], a) << r.dump(2);
+    EXPECT_EQ(r["attempts"][a]["outcome"], a < 2 ? "failed" : "succeeded") << r.dump(2);
+  }
   auto env = read_env_file(dir.path / "env.1");
   EXPECT_EQ(env["TORCHELASTIC_RESTART_COUNT"], "2");
   EXPECT_EQ(env["TORCHELASTIC_MAX_RESTARTS"], "3");
 }
 
 TEST(LauncherTest, GivesUpAfterMaxRestarts) {
-  Subprocess p(ddprun({"--nproc_per_node", "1", "--max_restarts", "1", TEST_WORKER_BIN, "exit-if-rank", "0", "4"}));
+  Reports reports;
+  Subprocess p(
+      ddprun(reports.flags(0, {"--nproc_per_node", "1", "--max_restarts", "1", TEST_WORKER_BIN, "exit-if-rank", "0", "4"})));
   const Finished f = p.wait(30s);
   EXPECT_EQ(f.exit_code, 4);
-  EXPECT_NE(f.err.find("giving up after 1 restart(s)"), std::string::npos) << f.err;
+  const auto r = reports.of(0);
+  ASSERT_TRUE(r.is_object()) << f.err;
+  EXPECT_EQ(r["outcome"], "failed");
+  EXPECT_EQ(r["exit_code"], 4);
+  EXPECT_EQ(r["restarts"], 1);
+  ASSERT_EQ(r["attempts"].size(), 2u) << "the first attempt and its one restart, then no more: " << r.dump(2);
+  EXPECT_EQ(r["attempts"][1]["outcome"], "failed");
+  EXPECT_EQ(r["root_cause"]["exit_code"], 4);
 }
 
 TEST(LauncherTest, ForwardsUsr1WithoutStoppingAndTermStops) {

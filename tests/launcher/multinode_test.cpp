@@ -73,29 +73,20 @@ TEST(MultiNodeTest, NodesWithDifferentNprocGetContiguousRanksAndOneWorkerStore) 
   }
 }
 
-// Each node's report: what a scheduler reads (see the README's ddprun-report/1).
-std::vector<std::string> report_to(const TempDir& dir, int rank) {
-  return {"--report_file", (dir.path / ("node" + std::to_string(rank) + ".json")).string()};
-}
-nlohmann::json report_of(const TempDir& dir, int rank) {
-  return read_report(dir.path / ("node" + std::to_string(rank) + ".json"));
-}
-
 TEST(MultiNodeTest, FailureOnOneNodeStopsEveryNodeWithOneRootCause) {
-  TempDir reports;
+  Reports reports;
   const int port = free_port();
   std::vector<std::unique_ptr<Subprocess>> nodes;
   for (int n = 0; n < 2; ++n) {
-    std::vector<std::string> flags = report_to(reports, n);
-    flags.insert(flags.end(), {"--shutdown_timeout", "10"});
-    nodes.push_back(node(port, n, 2, flags, {"exit-if-rank", "3", "6", "sleep", "60"}));
+    nodes.push_back(node(port, n, 2, reports.flags(n, {"--shutdown_timeout", "10"}),
+                         {"exit-if-rank", "3", "6", "sleep", "60"}));
   }
   const Finished f0 = nodes[0]->wait(60s), f1 = nodes[1]->wait(60s);
   for (int n = 0; n < 2; ++n) {
     const Finished& f = n == 0 ? f0 : f1;
     EXPECT_EQ(f.exit_code, 6) << f.err;
     EXPECT_NE(f.err.find("Root cause (first failure)"), std::string::npos) << "no failure report on node " << n;
-    const auto r = report_of(reports, n);
+    const auto r = reports.of(n);
     ASSERT_TRUE(r.is_object()) << "node " << n << "\n" << f.err;
     EXPECT_EQ(r["outcome"], "failed");
     EXPECT_EQ(r["exit_code"], 6);
@@ -109,25 +100,24 @@ TEST(MultiNodeTest, FailureOnOneNodeStopsEveryNodeWithOneRootCause) {
     EXPECT_NE(root["stderr_tail"].dump().find("rank 3 exiting with 6"), std::string::npos) << root.dump(2);
   }
   // Node 0's workers did not fail: ddprun stopped them.
-  const nlohmann::json workers0 = report_of(reports, 0)["attempts"][0]["workers"];
+  const nlohmann::json workers0 = reports.of(0)["attempts"][0]["workers"];
   ASSERT_EQ(workers0.size(), 2u) << workers0.dump(2);
   for (const auto& w : workers0) EXPECT_EQ(w["state"], "stopped") << w.dump(2);
 }
 
 TEST(MultiNodeTest, AllNodesRestartTogether) {
-  TempDir dir, reports;
+  TempDir dir;
+  Reports reports;
   const int port = free_port();
   std::vector<std::unique_ptr<Subprocess>> nodes;
   for (int n = 0; n < 2; ++n) {
-    std::vector<std::string> flags = report_to(reports, n);
-    flags.insert(flags.end(), {"--max_restarts", "2"});
-    nodes.push_back(node(port, n, 1, flags, {"exit-if-attempt-below", "1", "4", "store-barrier", "env", dir.str()}));
+    nodes.push_back(node(port, n, 1, reports.flags(n, {"--max_restarts", "2"}), {"exit-if-attempt-below", "1", "4", "store-barrier", "env", dir.str()}));
   }
   const Finished f0 = nodes[0]->wait(60s), f1 = nodes[1]->wait(60s);
   ASSERT_EQ(f0.exit_code, 0) << f0.err;
   ASSERT_EQ(f1.exit_code, 0) << f1.err;
   for (int n = 0; n < 2; ++n) {
-    const auto r = report_of(reports, n);
+    const auto r = reports.of(n);
     ASSERT_TRUE(r.is_object()) << "node " << n;
     EXPECT_EQ(r["outcome"], "succeeded");
     EXPECT_EQ(r["restarts"], 1);
@@ -172,9 +162,9 @@ TEST(MultiNodeTest, DuplicateNodeRankIsRejected) {
 }
 
 TEST(MultiNodeTest, SignalOnOneNodeStopsTheJobEverywhere) {
-  TempDir reports;
+  Reports reports;
   const int port = free_port();
-  auto n0 = node(port, 0, 1, report_to(reports, 0), {"wait-signal"});
+  auto n0 = node(port, 0, 1, reports.flags(0), {"wait-signal"});
   auto n1 = node(port, 1, 1, {}, {"wait-signal"});
   ASSERT_TRUE(n0->wait_for_output("[rank0]: ready", 30s));
   ASSERT_TRUE(n1->wait_for_output("[rank1]: ready", 30s));
@@ -182,7 +172,7 @@ TEST(MultiNodeTest, SignalOnOneNodeStopsTheJobEverywhere) {
   const Finished f0 = n0->wait(30s), f1 = n1->wait(30s);
   EXPECT_EQ(f1.exit_code, 128 + SIGTERM) << f1.err;
   EXPECT_NE(f0.out.find("[rank0]: got SIGTERM"), std::string::npos) << f0.err;
-  const auto r = report_of(reports, 0);
+  const auto r = reports.of(0);
   ASSERT_TRUE(r.is_object()) << f0.err;
   EXPECT_EQ(r["outcome"], "signalled");
   EXPECT_NE(r["message"].get<std::string>().find("SIGTERM on node 1"), std::string::npos) << r["message"];
@@ -206,11 +196,9 @@ TEST(MultiNodeTest, LosingNodeZeroStopsTheOtherNodes) {
 
 TEST(MultiNodeTest, NodeWhoseDdprunIsKilledIsDetectedByHeartbeat) {
   const int port = free_port();
-  TempDir reports;
+  Reports reports;
   const std::vector<std::string> fast{"--rdzv_conf", "join_timeout=30,keep_alive_interval=0.2,keep_alive_max_attempt=3"};
-  std::vector<std::string> flags0 = report_to(reports, 0);
-  flags0.insert(flags0.end(), fast.begin(), fast.end());
-  auto n0 = node(port, 0, 1, flags0, {"wait-signal"});
+  auto n0 = node(port, 0, 1, reports.flags(0, fast), {"wait-signal"});
   auto n1 = node(port, 1, 1, fast, {"sleep", "120"});
   ASSERT_TRUE(n0->wait_for_output("[rank0]: ready", 30s));
   ASSERT_TRUE(n1->wait_for_output("started 1 worker", 30s));
@@ -218,7 +206,7 @@ TEST(MultiNodeTest, NodeWhoseDdprunIsKilledIsDetectedByHeartbeat) {
   const Finished f0 = n0->wait(30s);
   EXPECT_FALSE(f0.timed_out);
   EXPECT_EQ(f0.exit_code, 1) << f0.err;
-  const auto r = report_of(reports, 0);
+  const auto r = reports.of(0);
   ASSERT_TRUE(r.is_object()) << f0.err;
   EXPECT_EQ(r["outcome"], "node_lost");
   const std::string message = r["message"].get<std::string>();
