@@ -30,7 +30,7 @@ using workers::WorkerExit;
 using workers::WorkerLaunch;
 using workers::consoles;
 using workers::format_failure_report;
-namespace agent_detail {
+
 
 bool Agent::lost_here(const RoundEnd& end, const World& world) const {
   return multi_node_ && end.kind == RoundEnd::Kind::NodeLost && end.root_node == world.group_rank;
@@ -324,8 +324,6 @@ int Agent::run() {
   }
 }
 
-}  // namespace agent_detail
-
 namespace {
 
 // A report file that cannot be written is found out before any worker runs, not after the job.
@@ -372,11 +370,11 @@ int run_agent(const LaunchOptions& o) {
   log::set_sink(&log_to_console);
   int code = 1;
   const bool multi_node = is_multi_node(o);
-  JobReport report(o, agent_detail::host_name(), expand_report_path(o.report_file, agent_detail::host_name()),
+  JobReport report(o, host_name(), expand_report_path(o.report_file, host_name()),
                    multi_node);
   try {
     check_report_path(report.path());
-    agent_detail::Agent agent(o, report);
+    Agent agent(o, report);
     code = agent.run();
     report.write();
   } catch (const std::exception& e) {

@@ -18,7 +18,7 @@
 #include "launcher/watchdog/stacks.hpp"
 #include "launcher/rendezvous/store/store_rendezvous.hpp"
 
-namespace ddprun::launcher::agent::agent_detail {
+namespace ddprun::launcher::agent {
 
 using cli::LaunchOptions;
 using cli::LocalRankArg;
@@ -477,4 +477,4 @@ std::vector<WorkerLaunch> Agent::make_launches(const World& world, const fs::pat
   return launches;
 }
 
-}  // namespace ddprun::launcher::agent::agent_detail
+}  // namespace ddprun::launcher::agent

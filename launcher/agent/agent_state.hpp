@@ -1,7 +1,8 @@
 #pragma once
 // The agent's parts, shared by its two files: agent_setup.cpp (what a round needs: the backend, the
 // worker store, the run and attempt directories, the watchdog, the workers' launches) and
-// agent.cpp (the state machine). Internal to the launcher; see agent.hpp.
+// agent.cpp (the state machine). Internal to the launcher (run_agent in agent.hpp is the way in);
+// the unit tests drive Agent directly.
 
 #include <atomic>
 #include <filesystem>
@@ -26,7 +27,7 @@
 #include "rendezvous/core/auth.hpp"
 #include "rendezvous/server/server.hpp"
 
-namespace ddprun::launcher::agent::agent_detail {
+namespace ddprun::launcher::agent {
 
 using cli::LaunchOptions;
 using rendezvous::RendezvousBackend;
@@ -144,4 +145,4 @@ class Agent {
   bool zygote_announced_ = false;
 };
 
-}  // namespace ddprun::launcher::agent::agent_detail
+}  // namespace ddprun::launcher::agent
