@@ -54,6 +54,18 @@ bool enabled(Level level) { return static_cast<int>(level) >= current_level().lo
 
 void set_level(Level level) { current_level().store(static_cast<int>(level)); }
 
+Level current() { return static_cast<Level>(current_level().load(std::memory_order_relaxed)); }
+
+std::string_view level_word(Level level) {
+  switch (level) {
+    case Level::Debug: return "debug";
+    case Level::Info: return "info";
+    case Level::Warn: return "warn";
+    case Level::Error: return "error";
+  }
+  return "info";
+}
+
 bool parse_level(std::string_view text, Level& out) {
   if (text == "debug") out = Level::Debug;
   else if (text == "info") out = Level::Info;

@@ -18,8 +18,13 @@ bool enabled(Level level);
 // Overrides the level chosen by DDPRUN_LOG_LEVEL (used by tests and --quiet style flags).
 void set_level(Level level);
 
+// The level in effect: DDPRUN_LOG_LEVEL's (info without it), or set_level's.
+Level current();
+
 // Parses "debug", "info", "warn"/"warning", "error"; returns false for anything else.
 bool parse_level(std::string_view text, Level& out);
+// The word parse_level reads for `level`: "debug", "info", "warn", "error".
+std::string_view level_word(Level level);
 
 // Where finished lines go: by default a write(2) to stderr. A program whose stderr may block (the
 // launcher: a pipe nobody reads) installs a sink that queues instead. Set it before other threads log.

@@ -157,7 +157,7 @@ constexpr ServeFlag kServeFlags[] = {
        c.options.state_file = v;
      }},
     {"--log-level", "LEVEL", "debug, info, warn or error; also DDPRUN_LOG_LEVEL",
-     [](const ServeConfig&) { return std::string("info"); },
+     [](const ServeConfig&) { return std::string(log::level_word(log::current())); },
      [](const std::string& f, const std::string& v, ServeConfig&) {
        log::Level level;
        if (!log::parse_level(v, level)) expected(f, "debug, info, warn or error", v);

@@ -9,6 +9,7 @@
 #include <tuple>
 
 #include "common/errors.hpp"
+#include "common/log.hpp"
 
 namespace ddprun::rdzv::daemon {
 namespace {
@@ -40,6 +41,17 @@ TEST(DaemonFlagsTest, EachDefaultHelpShowsIsTheOneTheServerStartsWith) {
     ++checked;
   }
   EXPECT_GE(checked, 12);
+}
+
+// --log-level's default is the level in effect (DDPRUN_LOG_LEVEL's), and it is what --log-level sets.
+TEST(DaemonFlagsTest, TheLogLevelShownIsTheOneInEffect) {
+  const log::Level before = log::current();
+  log::set_level(log::Level::Warn);
+  EXPECT_NE(usage_text().find("(default: warn)"), std::string::npos) << usage_text();
+  parse_serve_flags({"--log-level", "debug"});
+  EXPECT_EQ(log::current(), log::Level::Debug);
+  EXPECT_NE(usage_text().find("(default: debug)"), std::string::npos);
+  log::set_level(before);
 }
 
 TEST(DaemonFlagsTest, DashesAndUnderscoresAndInlineValuesSpellOneFlag) {

@@ -213,12 +213,11 @@ void EtcdRendezvous::check_lease() const {
   }
 }
 
-namespace {
-
-// How long a watch may go without any answer from etcd (not even its progress notices).
 std::chrono::milliseconds watch_patience(std::chrono::seconds lease_ttl) {
   return std::max<std::chrono::milliseconds>(lease_ttl, std::chrono::seconds(5));
 }
+
+namespace {
 
 class EtcdKeyWait final : public NodeRendezvous::KeyWait {
  public:

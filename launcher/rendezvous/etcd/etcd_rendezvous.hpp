@@ -71,6 +71,10 @@ struct EtcdRendezvousOptions {
   std::chrono::seconds lease_ttl{10};
 };
 
+// How long a watch may go without any answer from etcd (not even its progress notices) before the
+// connection counts as lost: the lease's TTL, at least 5 s.
+std::chrono::milliseconds watch_patience(std::chrono::seconds lease_ttl);
+
 class EtcdRendezvous final : public NodeRendezvous {
  public:
   // Connects (trying every endpoint until the join timeout; StopRequested if `stop` comes first),

@@ -83,8 +83,7 @@ std::optional<RoundEnd> EtcdRendezvous::wait_round(
       s.ready = true;
     } else {
       if (lease_lost_) throw ConnectionError("this node's etcd lease expired during the rendezvous (etcd unreachable)");
-      const auto give_up = Clock::now() + std::max<std::chrono::milliseconds>(options_.lease_ttl, std::chrono::seconds(5));
-      for (auto& ev : w.next(slice, give_up)) {
+      for (auto& ev : w.next(slice, Clock::now() + watch_patience(options_.lease_ttl))) {
         if (ev.type == etcd::WatchEvent::Type::Delete) state.erase(ev.kv.key);
         else state[ev.kv.key] = std::move(ev.kv);
       }
