@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "common/procfs.hpp"
 #include "tests/support/ddprun_bin.hpp"
 #include "tests/support/free_port.hpp"
 #include "tests/support/subprocess.hpp"
@@ -39,11 +40,8 @@ pid_t read_pid(const std::string& file) {
 
 // Running (not gone, not a zombie waiting for its stopped parent).
 bool running(pid_t pid) {
-  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
-  std::string line;
-  if (!std::getline(stat, line)) return false;
-  const size_t close = line.rfind(')');
-  return close != std::string::npos && close + 2 < line.size() && line[close + 2] != 'Z' && line[close + 2] != 'X';
+  const auto stat = procfs::read_stat(pid);
+  return stat && stat->state != 'Z' && stat->state != 'X';
 }
 
 // Before: node 0 re-formed a one-node group while node 1's old worker kept running, two groups
