@@ -15,6 +15,7 @@
 
 #include "common/system.hpp"
 #include "launcher/agent/job_report.hpp"
+#include "tests/support/files.hpp"
 #include "tests/support/temp_dir.hpp"
 #include "tests/support/wait_until.hpp"
 
@@ -26,6 +27,7 @@ using cli::HostFacts;
 using cli::LaunchOptions;
 using cli::parse_options;
 using test::TempDir;
+using test::read_file;
 using test::wait_until;
 namespace {
 
@@ -58,13 +60,6 @@ Ran run(const std::vector<std::string>& args) {
 std::vector<std::string> sh(std::vector<std::string> flags, const std::string& script) {
   flags.insert(flags.end(), {"/bin/sh", "-c", script});
   return flags;
-}
-
-std::string read_file(const fs::path& p) {
-  std::ifstream in(p);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
 }
 
 std::vector<std::string> states(const json& attempt) {

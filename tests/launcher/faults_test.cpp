@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "rendezvous/client/client.hpp"
+#include "tests/support/files.hpp"
 #include "tests/support/ddprun_bin.hpp"
 #include "tests/support/daemon.hpp"
 #include "tests/support/free_port.hpp"
@@ -35,13 +36,6 @@ std::unique_ptr<Subprocess> node(int port, int rank, int nnodes, std::vector<std
   argv.push_back(TEST_WORKER_BIN);
   argv.insert(argv.end(), worker.begin(), worker.end());
   return std::make_unique<Subprocess>(argv);
-}
-
-std::string read_file(const fs::path& p) {
-  std::ifstream in(p);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
 }
 
 // --- 1. A stop signal in every state ----------------------------------------------------------

@@ -16,6 +16,7 @@
 #include <regex>
 #include <sstream>
 
+#include "tests/support/files.hpp"
 #include "tests/support/free_port.hpp"
 #include "tests/support/report.hpp"
 #include "tests/support/subprocess.hpp"
@@ -49,13 +50,6 @@ size_t count(const std::string& text, const std::string& what) {
   size_t n = 0;
   for (auto p = text.find(what); p != std::string::npos; p = text.find(what, p + 1)) ++n;
   return n;
-}
-
-std::string read_file(const fs::path& p) {
-  std::ifstream in(p);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
 }
 
 // Seconds from the worker's "hanging now <epoch>" to ddprun's "no rank made progress" log line.

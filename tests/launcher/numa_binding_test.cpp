@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "launcher/workers/numa.hpp"
+#include "tests/support/files.hpp"
 #include "tests/support/subprocess.hpp"
 #include "tests/support/temp_dir.hpp"
 
@@ -18,13 +19,6 @@ namespace {
 namespace fs = std::filesystem;
 using namespace std::chrono_literals;
 using launcher::workers::format_cpu_list;
-
-std::string read_file(const fs::path& p) {
-  std::ifstream in(p);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
 
 // Each worker writes its affinity, its memory policy and OMP_NUM_THREADS to DIR/placement.RANK.
 std::vector<std::string> placement_worker(const TempDir& dir) {

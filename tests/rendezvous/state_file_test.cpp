@@ -18,6 +18,7 @@
 #include "rendezvous/core/kv_store.hpp"
 #include "rendezvous/server/server.hpp"
 #include "rendezvous/server/state_journal.hpp"
+#include "tests/support/files.hpp"
 #include "tests/support/temp_dir.hpp"
 
 namespace ddprun::rdzv {
@@ -40,11 +41,6 @@ TEST(AddOnceTest, OnlyTheLatestTokensAreRemembered) {
   const int64_t now = store.add("c", 0);
   EXPECT_EQ(store.add_once("c", 1, "first"), now + 1);  // forgotten: a new ADD
   EXPECT_EQ(store.add_once("c", 1, "t" + std::to_string(KvStore::kOnceTokens - 1)), now);
-}
-
-std::string read_all(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), {});
 }
 
 TEST(StateJournalTest, WhatWasStoredComesBackInANewStore) {
@@ -122,7 +118,7 @@ TEST(StateJournalTest, AFileThatIsNoStateFileIsRefusedWithItsPath) {
     EXPECT_NE(std::string(e.what()).find(path), std::string::npos) << e.what();
     EXPECT_NE(std::string(e.what()).find("not a ddprun-rendezvous state file"), std::string::npos) << e.what();
   }
-  EXPECT_EQ(read_all(path), "my notes\n");  // left as it was
+  EXPECT_EQ(test::read_file(path), "my notes\n");  // left as it was
 }
 
 TEST(StateJournalTest, ChangesOutgrowingTheSnapshotAreNotKeptForever) {

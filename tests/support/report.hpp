@@ -4,23 +4,19 @@
 // console's sentences, which stay free to change.
 
 #include <filesystem>
-#include <fstream>
 #include <nlohmann/json.hpp>
-#include <sstream>
 #include <string>
 #include <vector>
 
+#include "tests/support/files.hpp"
 #include "tests/support/temp_dir.hpp"
 
 namespace ddprun::test {
 
 // Null when the file is missing, a discarded value when it is not JSON.
 inline nlohmann::json read_report(const std::filesystem::path& p) {
-  std::ifstream in(p);
-  if (!in) return nullptr;
-  std::stringstream s;
-  s << in.rdbuf();
-  return nlohmann::json::parse(s.str(), nullptr, /*allow_exceptions=*/false);
+  if (!std::filesystem::exists(p)) return nullptr;
+  return nlohmann::json::parse(read_file(p), nullptr, /*allow_exceptions=*/false);
 }
 
 // One report file per node of a test's job, in a directory removed at scope exit.
