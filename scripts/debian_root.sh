@@ -46,6 +46,32 @@ ready="$root_dir/.ddprun-root-ready"
 
 fail() { echo "debian_root: $*" >&2; exit 1; }
 
+# The mounts at or under the root, deepest first.
+mounts_under_root() {
+  findmnt -rn -o TARGET | awk -v r="$root_dir" '$0 == r || index($0, r "/") == 1' | sort -r
+}
+
+# A run that was killed (SIGKILL, the end of a session) leaves its mounts in place: the checkout
+# at /ddprun, the host's /dev and /sys. Under the lock no other run uses the root, so whatever is
+# mounted there is such a leftover: undone before this run mounts its own.
+unmount_leftovers() {
+  local m
+  while read -r m; do
+    [[ -n "$m" ]] || continue
+    umount -R "$m" 2>/dev/null || umount -l "$m" 2>/dev/null || true
+  done < <(mounts_under_root)
+}
+
+# Removes an old root. rm -rf would go through a leftover mount and delete the checkout or the
+# host's device nodes, so nothing is removed while one is left.
+clear_root() {
+  unmount_leftovers
+  if [[ -n "$(mounts_under_root)" ]]; then
+    fail "cannot unmount what is mounted in the old root ($(mounts_under_root | tr '\n' ' ')); unmount it, then try again"
+  fi
+  rm -rf --one-file-system "$root_dir"
+}
+
 make_root() {
   if ! command -v debootstrap >/dev/null 2>&1; then
     echo "debian_root: installing debootstrap"
@@ -53,7 +79,7 @@ make_root() {
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends debootstrap debian-archive-keyring \
       || fail "cannot install debootstrap (Debian's package); the $release root cannot be made"
   fi
-  rm -rf "$root_dir"
+  clear_root
   mkdir -p "$(dirname "$root_dir")"
   local log="$root_dir.debootstrap.log"
   echo "debian_root: making a Debian $release root in $root_dir (debootstrap, a few minutes; log: $log)"
@@ -68,6 +94,7 @@ lock="$root_dir.lock"
 mkdir -p "$(dirname "$root_dir")"
 exec 9>"$lock"
 flock 9
+unmount_leftovers
 if ((fresh)) || [[ ! -f "$ready" ]]; then make_root; fi
 
 mounts=()

@@ -26,6 +26,7 @@ packages=(
   lintian      # Debian's checker, run on the packages by the tests
   etcd-server etcd-client   # a real etcd v3 cluster for the etcd rendezvous tests (and etcdctl)
   slurm-wlm munge           # a real Slurm (slurmctld, slurmd, srun, sbatch) for the sbatch recipe's test
+  debootstrap               # scripts/debian_root.sh (a Debian 12 or 13 root) and its test
 )
 
 sudo=""
