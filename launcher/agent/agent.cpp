@@ -31,7 +31,6 @@ using workers::WorkerLaunch;
 using workers::consoles;
 using workers::format_failure_report;
 
-
 bool Agent::lost_here(const RoundEnd& end, const World& world) const {
   return multi_node_ && end.kind == RoundEnd::Kind::NodeLost && end.root_node == world.group_rank;
 }
@@ -370,8 +369,7 @@ int run_agent(const LaunchOptions& o) {
   log::set_sink(&log_to_console);
   int code = 1;
   const bool multi_node = is_multi_node(o);
-  JobReport report(o, host_name(), expand_report_path(o.report_file, host_name()),
-                   multi_node);
+  JobReport report(o, host_name(), expand_report_path(o.report_file, host_name()), multi_node);
   try {
     check_report_path(report.path());
     Agent agent(o, report);

@@ -9,8 +9,6 @@
 #include <signal.h>
 #include <unistd.h>
 
-#include <fstream>
-#include <sstream>
 #include <thread>
 
 #include "common/system.hpp"

@@ -10,11 +10,9 @@
 
 #include <ctime>
 #include <filesystem>
-#include <fstream>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <regex>
-#include <sstream>
 
 #include "tests/support/files.hpp"
 #include "tests/support/free_port.hpp"

@@ -12,7 +12,6 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
-#include <sstream>
 
 #include "tests/support/free_port.hpp"
 #include "tests/support/report.hpp"
