@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <ctime>
+#include <iterator>
 #include <string>
 
 #include "common/system.hpp"
@@ -31,15 +32,20 @@ std::atomic<int>& current_level() {
   return level;
 }
 
-const char* level_name(Level level) {
-  switch (level) {
-    case Level::Debug: return "DEBUG";
-    case Level::Info: return "INFO ";
-    case Level::Warn: return "WARN ";
-    case Level::Error: return "ERROR";
-  }
-  return "?????";
+// Each level's word (what DDPRUN_LOG_LEVEL and --log-level take) and its label in a log line, by
+// the enum's value.
+struct LevelNames {
+  std::string_view word;
+  const char* label;
+};
+constexpr LevelNames kLevelNames[] = {{"debug", "DEBUG"}, {"info", "INFO "}, {"warn", "WARN "}, {"error", "ERROR"}};
+
+const LevelNames& names_of(Level level) {
+  const auto i = static_cast<size_t>(level);
+  return i < std::size(kLevelNames) ? kLevelNames[i] : kLevelNames[static_cast<size_t>(Level::Info)];
 }
+
+const char* level_name(Level level) { return names_of(level).label; }
 
 std::atomic<Sink>& current_sink() {
   static std::atomic<Sink> sink{nullptr};
@@ -56,23 +62,17 @@ void set_level(Level level) { current_level().store(static_cast<int>(level)); }
 
 Level current() { return static_cast<Level>(current_level().load(std::memory_order_relaxed)); }
 
-std::string_view level_word(Level level) {
-  switch (level) {
-    case Level::Debug: return "debug";
-    case Level::Info: return "info";
-    case Level::Warn: return "warn";
-    case Level::Error: return "error";
-  }
-  return "info";
-}
+std::string_view level_word(Level level) { return names_of(level).word; }
 
 bool parse_level(std::string_view text, Level& out) {
-  if (text == "debug") out = Level::Debug;
-  else if (text == "info") out = Level::Info;
-  else if (text == "warn" || text == "warning") out = Level::Warn;
-  else if (text == "error") out = Level::Error;
-  else return false;
-  return true;
+  if (text == "warning") text = "warn";
+  for (size_t i = 0; i < std::size(kLevelNames); ++i) {
+    if (text == kLevelNames[i].word) {
+      out = static_cast<Level>(i);
+      return true;
+    }
+  }
+  return false;
 }
 
 Line::Line(Level level, std::string_view component) : level_(level) {
