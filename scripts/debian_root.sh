@@ -62,10 +62,9 @@ unmount_leftovers() {
   done < <(mounts_under_root)
 }
 
-# Removes an old root. rm -rf would go through a leftover mount and delete the checkout or the
-# host's device nodes, so nothing is removed while one is left.
+# Removes an old root (after unmount_leftovers). rm -rf would go through a mount and delete the
+# checkout or the host's device nodes, so nothing is removed while one is left.
 clear_root() {
-  unmount_leftovers
   if [[ -n "$(mounts_under_root)" ]]; then
     fail "cannot unmount what is mounted in the old root ($(mounts_under_root | tr '\n' ' ')); unmount it, then try again"
   fi
