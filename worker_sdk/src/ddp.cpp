@@ -1,29 +1,46 @@
+// Python DDP's logic (torch/nn/parallel/distributed.py of the LibTorch release this is built
+// against) over LibTorch's c10d::Reducer. Each step below names the Python it stands for.
 #include "ddprun/worker/ddp.hpp"
 
 #include <ATen/Parallel.h>
+#include <torch/csrc/autograd/custom_function.h>
 #include <torch/csrc/autograd/engine.h>
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/utils/lambda_post_hook.h>
 #include <torch/csrc/autograd/variable.h>
-#include <torch/csrc/utils/tensor_flatten.h>
+#include <torch/csrc/distributed/c10d/comm.hpp>
+#include <torch/csrc/distributed/c10d/debug.h>
+#include <torch/csrc/distributed/c10d/logger.hpp>
+#include <torch/csrc/distributed/c10d/reducer.hpp>
+#include <torch/version.h>
 
 #include <sched.h>
 
 #include <algorithm>
 #include <atomic>
-#include <map>
+#include <climits>
 #include <mutex>
-#include <optional>
+#include <set>
 #include <stdexcept>
+#include <unordered_map>
 
-#include "bucket_plan.hpp"
+#include "ddprun/worker/progress.hpp"
+#include "ddp_model.hpp"
 #ifdef DDPRUN_WORKER_DIRECT_GLOO
-#include "gloo_reducer.hpp"
+#include "ddp_comm_group.hpp"
 #endif
 
 namespace ddprun::worker::detail {
-#ifdef DDPRUN_WORKER_DIRECT_GLOO
 namespace {
+
+constexpr size_t kBroadcastBucketBytes = 250u << 20;  // Python DDP's broadcast_bucket_size
+constexpr size_t kDefaultBucketCap = 25u << 20;
+constexpr size_t kDefaultFirstBucketCap = 1u << 20;  // torch.distributed._DEFAULT_FIRST_BUCKET_BYTES
+
+// c10::Error's what() carries a C++ backtrace; users get the sentence, as Python shows it.
+[[noreturn]] void rethrow_clean(const c10::Error& e) {
+  throw std::runtime_error("DistributedDataParallel: " + std::string(e.what_without_backtrace()));
+}
 
 // CPUs this process may run on (its affinity mask), at least 1.
 int usable_cpus() {
@@ -33,271 +50,378 @@ int usable_cpus() {
   return std::max(1, CPU_COUNT(&set));
 }
 
-}  // namespace
-#endif
-
-void broadcast_coalesced(CommGroup& pg, const std::vector<torch::Tensor>& tensors) {
-  if (pg.getSize() == 1 || tensors.empty()) return;
-  // One collective per dtype/device group instead of one per tensor.
-  std::map<std::pair<int, std::string>, std::vector<torch::Tensor>> groups;
-  for (const auto& t : tensors) groups[{static_cast<int>(t.scalar_type()), t.device().str()}].push_back(t);
-  for (auto& [key, group] : groups) {
-    std::vector<torch::Tensor> flat{torch::utils::flatten_dense_tensors(group)};
-    {
-      CollectiveWait waiting;
-      pg.broadcast(flat)->wait();
-    }
-    auto pieces = torch::utils::unflatten_dense_tensors(flat[0], group);
-    for (size_t i = 0; i < group.size(); ++i) group[i].copy_(pieces[i]);
-  }
+struct SinkTarget;
+std::mutex sink_registry_mutex;
+std::unordered_map<int64_t, std::weak_ptr<SinkTarget>>& sink_registry() {
+  static std::unordered_map<int64_t, std::weak_ptr<SinkTarget>> registry;
+  return registry;
 }
 
-struct GradientReducer::State {
-  struct Param {
-    std::string name;
-    torch::Tensor tensor;
-    size_t bucket = 0;
-    int64_t offset = 0;  // in elements, within the bucket's flat tensor
-    bool ready = false;
-  };
-  struct Bucket {
-    std::vector<size_t> params;
-    torch::Tensor flat;
-    size_t pending = 0;
-    c10::intrusive_ptr<c10d::Work> work;  // when reduced through the process group
-    std::optional<size_t> gloo_id;        // when reduced through the direct Gloo reducer
-  };
+// What the output sink's backward needs of its DDP (Python's weakref to the module).
+struct SinkTarget {
+  std::weak_ptr<c10d::Reducer> reducer;
+  std::atomic<bool> static_graph{false};
+  std::atomic<bool> delay_all_reduce_enqueued{false};
+};
 
-  c10::intrusive_ptr<CommGroup> pg;
-  int world_size = 1;
-#ifdef DDPRUN_WORKER_DIRECT_GLOO
-  std::unique_ptr<GlooBucketReducer> gloo;
+// Python's _DDPSink: passes the forward's outputs through (cloned) so that its backward runs at the
+// start of every backward pass; with a static graph, the first one queues the reducer's delayed
+// all-reduce to run once all gradients are computed. Undefined gradients stay undefined.
+struct DdpSink : torch::autograd::Function<DdpSink> {
+  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, int64_t target,
+                                                bool enqueue_delay, at::TensorList inputs) {
+    ctx->set_materialize_grads(false);
+    ctx->saved_data["target"] = target;
+    ctx->saved_data["enqueue_delay"] = enqueue_delay;
+    torch::autograd::variable_list out;
+    out.reserve(inputs.size());
+    for (const auto& t : inputs) out.push_back(t.defined() ? t.clone() : t);
+    return out;
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    std::shared_ptr<SinkTarget> target;
+    {
+      std::lock_guard lock(sink_registry_mutex);
+      auto it = sink_registry().find(ctx->saved_data["target"].toInt());
+      if (it != sink_registry().end()) target = it->second.lock();
+    }
+    if (target && ctx->saved_data["enqueue_delay"].toBool()) {
+#if TORCH_VERSION_MAJOR >= 2
+      // 2.x: once, by the first backward after static_graph was set.
+      const bool enqueue = target->static_graph && !target->delay_all_reduce_enqueued.exchange(true);
+#else
+      // 1.13: every backward of the first iteration's forwards (the forward decided).
+      const bool enqueue = true;
 #endif
+      if (enqueue) {
+        std::weak_ptr<c10d::Reducer> weak = target->reducer;
+        torch::autograd::Engine::get_default_engine().queue_callback([weak] {
+          if (auto reducer = weak.lock()) reducer->delay_all_reduce();
+        });
+      }
+    }
+    torch::autograd::variable_list out{at::Tensor(), at::Tensor()};
+    out.insert(out.end(), grads.begin(), grads.end());
+    return out;
+  }
+};
+
+}  // namespace
+
+struct DdpCore::Impl : std::enable_shared_from_this<Impl> {
+  torch::nn::Module* module = nullptr;
   DdpOptions options;
-  std::vector<Param> params;
-  std::vector<Bucket> buckets;
-  std::vector<std::shared_ptr<torch::autograd::Node>> accumulators;  // keep the hooked nodes alive
-  std::mutex mutex;
-  bool sync = true;
-  bool in_backward = false;
-  size_t next_bucket = 0;
-  std::string error;
-
-  void reset_pass() {
-    for (auto& p : params) p.ready = false;
-    for (auto& b : buckets) {
-      b.pending = b.params.size();
-      b.work.reset();
-    }
-    next_bucket = 0;
-    in_backward = false;
-  }
-
-  // Starts every consecutive ready bucket: all ranks launch buckets in the same order, whatever
-  // order their hooks fire in. in_backward_pass=false: the caller waits right after (end of
-  // backward), so queued direct-Gloo buckets are left for it rather than the background thread.
-  void launch_ready(bool in_backward_pass = true) {
-    while (next_bucket < buckets.size() && buckets[next_bucket].pending == 0) {
-      Bucket& b = buckets[next_bucket++];
-      b.flat.div_(world_size);
+  std::set<std::string> ignored;
+  c10::intrusive_ptr<c10d::ProcessGroup> pg;  // what the reducer and the broadcasts run on
 #ifdef DDPRUN_WORKER_DIRECT_GLOO
-      if (b.gloo_id) {
-        gloo->launch(*b.gloo_id, in_backward_pass);
-        continue;
-      }
+  c10::intrusive_ptr<DdpCommGroup> comm;  // the direct path, when on
 #endif
-      std::vector<torch::Tensor> ts{b.flat};
-      b.work = pg->allreduce(ts);
-    }
+  std::shared_ptr<c10d::Reducer> reducer;
+  std::shared_ptr<c10d::Logger> logger;
+  std::shared_ptr<SinkTarget> sink = std::make_shared<SinkTarget>();
+  int64_t sink_id = 0;
+  std::vector<std::pair<std::shared_ptr<torch::autograd::Node>, uintptr_t>> hooks;
+  std::vector<std::string> parameter_names;  // the reducer's parameters, in its order
+
+  // Python DDP's state.
+  bool require_backward_grad_sync = true;
+  bool require_forward_param_sync = true;
+  bool static_graph = false;
+  int64_t num_iterations = 0;  // 1.13's count, read by the sink
+
+  // End of backward, for ddprun's progress signals and the direct path's drain.
+  std::mutex mutex;
+  bool expect_backward = false;
+  bool end_queued = false;
+
+  ~Impl() {
+    for (auto& [node, key] : hooks) node->del_post_hook(key);
+    std::lock_guard lock(sink_registry_mutex);
+    sink_registry().erase(sink_id);
   }
 
-  // One flat tensor per planned bucket; each parameter learns its bucket and offset.
-  void build_buckets(std::vector<std::vector<size_t>> layout) {
-    for (auto& indices : layout) {
-      Bucket b;
-      int64_t numel = 0;
-      for (size_t i : indices) {
-        params[i].bucket = buckets.size();
-        params[i].offset = numel;
-        numel += params[i].tensor.numel();
-      }
-      b.flat = torch::zeros({numel}, params[indices.front()].tensor.options().requires_grad(false));
-      b.params = std::move(indices);
-      buckets.push_back(std::move(b));
+  std::vector<NamedTensor> buffers() const {
+    std::vector<NamedTensor> out;
+    for (auto& b : unique_tensors(*module, true)) {
+      if (!ignored.count(b.name)) out.push_back(std::move(b));
     }
+    return out;
   }
 
+  // _sync_module_states / _sync_buffers: rank 0's values, one coalesced broadcast per bucket.
+  void broadcast_from_rank0(const std::vector<at::Tensor>& tensors) {
+    if (tensors.empty()) return;
+    torch::NoGradGuard no_grad;
+    CollectiveWait waiting;
+    c10d::broadcast_coalesced(pg, tensors, kBroadcastBucketBytes, 0);
+  }
+
+  bool will_sync_module_buffers() const {
+    return require_forward_param_sync && options.broadcast_buffers && !buffers().empty();
+  }
+
+  void sync_buffers() {
+    std::vector<at::Tensor> tensors;
+    for (auto& b : buffers()) tensors.push_back(b.tensor.detach());
+    broadcast_from_rank0(tensors);
+  }
+
+  // A gradient accumulator of this DDP's parameters ran: at the first of a reducing backward,
+  // queue the end-of-backward work. Registered before the reducer's hooks, so this callback comes
+  // before the reducer's finalize.
+  void on_gradient() {
+    std::lock_guard lock(mutex);
+    if (!expect_backward || end_queued) return;
+    end_queued = true;
+    std::weak_ptr<Impl> weak = weak_from_this();
+    torch::autograd::Engine::get_default_engine().queue_callback([weak] {
+      if (auto self = weak.lock()) self->end_of_backward();
+    });
+  }
+
+  void end_of_backward() {
+    {
+      std::lock_guard lock(mutex);
+      expect_backward = false;
+      end_queued = false;
+    }
 #ifdef DDPRUN_WORKER_DIRECT_GLOO
-  // CPU float/double buckets of a Gloo job go through the direct reducer (see gloo_reducer.hpp).
-  // Every rank has the same buckets, so every rank makes the same choice.
-  void attach_direct_gloo(const Distributed& dist) {
-    auto direct = [](const torch::Tensor& t) {
-      return t.device().is_cpu() && (t.scalar_type() == torch::kFloat || t.scalar_type() == torch::kDouble);
-    };
-    if (std::none_of(buckets.begin(), buckets.end(), [&](const Bucket& b) { return direct(b.flat); })) return;
+    if (comm) comm->drain();  // the rest of the buckets on this thread, instead of sleeping
+#endif
+    // After the reducer's own finalize (queued after this one): a training step is complete.
+    torch::autograd::Engine::get_default_engine().queue_callback([] { step_completed(); });
+  }
+
+  void hook_accumulators(const std::vector<at::Tensor>& params) {
+    std::weak_ptr<Impl> weak = weak_from_this();
+    for (const auto& p : params) {
+      auto acc = torch::autograd::impl::grad_accumulator(p);
+      const uintptr_t key = acc->add_post_hook(std::make_unique<torch::autograd::utils::LambdaPostHook>(
+          [weak](const torch::autograd::variable_list& outputs, const torch::autograd::variable_list&) {
+            if (auto self = weak.lock()) self->on_gradient();
+            return outputs;
+          }));
+      hooks.emplace_back(std::move(acc), key);
+    }
+  }
+
+  void construct(Distributed& dist);
+  size_t first_bucket_cap() const;
+};
+
+size_t DdpCore::Impl::first_bucket_cap() const {
+  if (options.first_bucket_cap_bytes) return *options.first_bucket_cap_bytes;
+#if TORCH_VERSION_MAJOR >= 2
+  // 2.x: bucket_cap_mb given -> the first bucket has the same cap.
+  return options.bucket_cap_bytes == kDefaultBucketCap ? kDefaultFirstBucketCap : options.bucket_cap_bytes;
+#else
+  return kDefaultFirstBucketCap;
+#endif
+}
+
+void DdpCore::Impl::construct(Distributed& dist) {
+  ignored.insert(options.params_and_buffers_to_ignore.begin(), options.params_and_buffers_to_ignore.end());
+
+  // _build_params_for_reducer: parameters that require a gradient, module by module, once each.
+  std::vector<at::Tensor> params;
+  std::vector<bool> expect_sparse;
+  for (auto& p : reducer_parameters(*module, ignored)) {
+    params.push_back(p.tensor);
+    expect_sparse.push_back(p.sparse_gradient);
+    parameter_names.push_back(p.name);
+  }
+  if (params.empty()) {
+    throw std::invalid_argument(
+        "DistributedDataParallel is not needed when a module doesn't have any parameter that requires a gradient.");
+  }
+  std::set<c10::DeviceType> device_types;
+  for (const auto& p : params) device_types.insert(p.device().type());
+  if (device_types.size() != 1) {
+    throw std::invalid_argument(
+        "DistributedDataParallel's input module must be on the same type of devices, but its parameters are on "
+        "several (move the whole module to one device type first)");
+  }
+
+  pg = dist.c10d_group();
+#ifdef DDPRUN_WORKER_DIRECT_GLOO
+  if (options.direct_gloo && dist.backend() == "gloo" && dist.world_size() > 1 &&
+      c10d::debug_level() != c10d::DebugLevel::Detail) {
     static std::atomic<int> instances{0};  // DDP objects are created in the same order on every rank
     // Auto: spin only when this node's ranks with their intra-op threads fit its CPUs, so a
     // spinning rank never takes a core from one that is still computing.
     const int threads_on_node = dist.env().local_world_size * std::max(1, at::get_num_threads());
     const bool spin = options.busy_poll == BusyPoll::On ||
                       (options.busy_poll == BusyPoll::Auto && threads_on_node <= usable_cpus());
-    gloo = std::make_unique<GlooBucketReducer>(dist.store(), "ddprun/ddp/" + std::to_string(instances++) + "/",
-                                               dist.rank(), world_size, dist.timeout(), spin);
-    for (auto& b : buckets) {  // a bucket the reducer cannot take stays on the process group
-      if (!direct(b.flat)) continue;
-      const auto count = static_cast<size_t>(b.flat.numel());
-      b.gloo_id = b.flat.scalar_type() == torch::kFloat ? gloo->add(b.flat.data_ptr<float>(), count)
-                                                        : gloo->add(b.flat.data_ptr<double>(), count);
-    }
+    CollectiveWait connecting;
+    comm = c10::make_intrusive<DdpCommGroup>(dist.process_group(), dist.store(),
+                                             "ddprun/ddp/" + std::to_string(instances++) + "/", dist.timeout(), spin);
+    pg = as_c10d_group(comm, dist.store(), dist.device());
   }
 #endif
 
-  // Hooks each parameter's AccumulateGrad node: it fires after the gradient is accumulated.
-  void hook_accumulators(const std::shared_ptr<State>& self) {
-    std::weak_ptr<State> weak = self;
-    for (size_t i = 0; i < params.size(); ++i) {
-      auto acc = torch::autograd::impl::grad_accumulator(params[i].tensor);
-      acc->add_post_hook(std::make_unique<torch::autograd::utils::LambdaPostHook>(
-          [weak, i](const torch::autograd::variable_list& outputs, const torch::autograd::variable_list&) {
-            if (auto st = weak.lock()) st->on_grad_ready(i);
-            return outputs;
-          }));
-      accumulators.push_back(std::move(acc));
+  if (options.init_sync) {
+    // _verify_param_shape_across_processes: every rank stops here, naming the first difference.
+    verify_same_parameters(pg, params, parameter_names);
+    // _sync_module_states: every parameter (requiring a gradient or not) and, on 1.x always and on
+    // 2.x with broadcast_buffers, every buffer.
+    std::vector<at::Tensor> states;
+    for (auto& p : unique_tensors(*module, false)) {
+      if (!ignored.count(p.name)) states.push_back(p.tensor.detach());
     }
-  }
-
-  void wait_launched() {
-#ifdef DDPRUN_WORKER_DIRECT_GLOO
-    if (gloo) gloo->wait_all();
+#if TORCH_VERSION_MAJOR >= 2
+    const bool with_buffers = options.broadcast_buffers;
+#else
+    const bool with_buffers = true;
 #endif
-    for (auto& b : buckets) {
-      if (b.work) b.work->wait();
+    if (with_buffers) {
+      for (auto& b : buffers()) states.push_back(b.tensor.detach());
     }
+    broadcast_from_rank0(states);
   }
 
-  void on_grad_ready(size_t index) {
-    std::lock_guard lock(mutex);
-    if (!in_backward) {
-      in_backward = true;
-      // Runs once the whole backward pass is done.
-      torch::autograd::Engine::get_default_engine().queue_callback([this] { finalize(); });
-    }
-    if (!sync || world_size == 1) return;  // one process: the local gradients are the result
-    Param& p = params[index];
-    if (p.ready) return;
-    p.ready = true;
-    Bucket& b = buckets[p.bucket];
-    auto slice = b.flat.narrow(0, p.offset, p.tensor.numel());
-    const auto& grad = p.tensor.grad();
-    if (grad.defined()) slice.copy_(grad.reshape(-1));
-    else slice.zero_();
-    if (--b.pending == 0) launch_ready();
+  // _build_debug_param_to_name_mapping: names in the reducer's errors with TORCH_DISTRIBUTED_DEBUG.
+  std::unordered_map<size_t, std::string> param_names;
+  if (c10d::debug_level() != c10d::DebugLevel::Off) {
+    for (size_t i = 0; i < parameter_names.size(); ++i) param_names[i] = parameter_names[i];
   }
 
-  void finalize() {
-    std::lock_guard lock(mutex);
-    if (!sync || world_size == 1) {
-      // Nothing to reduce: an accumulation step (no_sync) is a beat, a single process's a step.
-      in_backward = false;
-      if (world_size == 1 && sync) step_completed();
-      else progress();
-      return;
+  // _ddp_init_helper: one bucket for the first iteration unless unused parameters are searched
+  // for; the reducer rebuilds them in gradient order after it.
+  std::vector<size_t> limits;
+  if (options.static_graph || !options.find_unused_parameters) {
+    limits = {static_cast<size_t>(LLONG_MAX)};  // sys.maxsize
+  } else {
+    limits = {first_bucket_cap(), options.bucket_cap_bytes};
+  }
+  auto [bucket_indices, bucket_limits] = c10d::compute_bucket_assignment_by_size(params, limits, expect_sparse);
+  std::reverse(bucket_indices.begin(), bucket_indices.end());
+  std::reverse(bucket_limits.begin(), bucket_limits.end());
+
+  hook_accumulators(params);  // before the reducer's hooks: see on_gradient()
+  reducer = std::make_shared<c10d::Reducer>(params, std::move(bucket_indices), std::move(bucket_limits), pg,
+                                            expect_sparse, static_cast<int64_t>(options.bucket_cap_bytes),
+                                            options.find_unused_parameters, options.gradient_as_bucket_view,
+                                            std::move(param_names), static_cast<int64_t>(first_bucket_cap()));
+  logger = std::make_shared<c10d::Logger>(reducer);
+  reducer->set_logger(logger);
+  logger->set_construction_data_and_log(module->name(), {}, -1, options.broadcast_buffers,
+                                        /*has_sync_bn=*/false, options.static_graph);
+  sink->reducer = reducer;
+  {
+    static std::atomic<int64_t> next_sink_id{1};
+    sink_id = next_sink_id++;
+    std::lock_guard lock(sink_registry_mutex);
+    sink_registry()[sink_id] = sink;
+  }
+}
+
+DdpCore::DdpCore(torch::nn::Module& module, Distributed& dist, const DdpOptions& options)
+    : impl_(std::make_shared<Impl>()) {
+  impl_->module = &module;
+  impl_->options = options;
+  try {
+    impl_->construct(dist);
+    if (options.static_graph) set_static_graph();
+  } catch (const c10::Error& e) {
+    rethrow_clean(e);
+  }
+}
+
+DdpCore::~DdpCore() = default;
+
+void DdpCore::pre_forward() {
+  Impl& s = *impl_;
+  progress();
+  try {
+    const bool grad = at::GradMode::is_enabled();
+    if (grad && s.require_backward_grad_sync) {
+      s.logger->set_runtime_stats_and_log();
+      ++s.num_iterations;
+      s.reducer->prepare_for_forward();
     }
-    std::vector<size_t> unused_indices;
-    for (auto& b : buckets) {
-      for (size_t i : b.params) {
-        if (params[i].ready) continue;
-        if (!options.find_unused_parameters) {
-          unused_indices.push_back(i);
-          continue;
-        }
-        params[i].ready = true;
-        b.flat.narrow(0, params[i].offset, params[i].tensor.numel()).zero_();
-        --b.pending;
-      }
-    }
-    if (!unused_indices.empty()) {
-      std::sort(unused_indices.begin(), unused_indices.end());  // registration order
-      std::string unused;
-      for (size_t i : unused_indices) unused += (unused.empty() ? "" : ", ") + params[i].name;
-      // Finish the buckets that did launch so no collective is left half done on this rank.
+    // Raises here when the previous iteration's reduction did not finish (a parameter without a
+    // gradient and no find_unused_parameters), naming the parameters.
+    if (grad) s.reducer->rebuild_buckets();
+    if (s.will_sync_module_buffers()) s.sync_buffers();
+  } catch (const c10::Error& e) {
+    throw std::runtime_error("DistributedDataParallel: " +
+                             with_parameter_names(e.what_without_backtrace(), s.parameter_names));
+  }
+}
+
+bool DdpCore::post_forward(std::vector<at::Tensor>& outputs) {
+  Impl& s = *impl_;
+  try {
+    if (at::GradMode::is_enabled() && s.require_backward_grad_sync) {
+      s.require_forward_param_sync = true;
       {
-        CollectiveWait waiting;
-        wait_launched();
+        std::lock_guard lock(s.mutex);
+        s.expect_backward = true;
       }
-      reset_pass();
-      throw std::runtime_error(
-          "DistributedDataParallel: these parameters got no gradient in this step, so their gradients "
-          "cannot be reduced: " + unused +
-          ". Use them in the forward pass, set requires_grad(false) on them, or set "
-          "DdpOptions::find_unused_parameters = true");
-    }
-    launch_ready(false);
-    {
-      CollectiveWait waiting;
-      wait_launched();
-    }
-    for (auto& b : buckets) {
-      for (size_t i : b.params) {
-        Param& p = params[i];
-        auto averaged = b.flat.narrow(0, p.offset, p.tensor.numel()).view_as(p.tensor);
-        if (p.tensor.grad().defined()) {
-          p.tensor.mutable_grad().copy_(averaged);
-        } else {
-          p.tensor.mutable_grad() = averaged.clone();
-        }
+      if (s.options.find_unused_parameters && !s.static_graph) {
+        s.reducer->prepare_for_backward(outputs);
+      } else {
+        s.reducer->prepare_for_backward({});
       }
+    } else {
+      s.require_forward_param_sync = false;
     }
-    reset_pass();
-    step_completed();
+  } catch (const c10::Error& e) {
+    rethrow_clean(e);
   }
-};
 
-GradientReducer::GradientReducer(std::vector<std::pair<std::string, torch::Tensor>> named_params,
-                                 const Distributed& dist, const DdpOptions& options)
-    : state_(std::make_shared<State>()) {
-  State& s = *state_;
-  s.pg = dist.process_group();
-  s.world_size = dist.world_size();
-  s.options = options;
-  for (auto& [name, t] : named_params) s.params.push_back({name, t});
-  std::vector<BucketParam> sizes;
-  for (const auto& p : s.params) {
-    sizes.push_back({static_cast<int>(p.tensor.scalar_type()), p.tensor.device().str(),
-                     static_cast<size_t>(p.tensor.numel()) * p.tensor.element_size()});
-  }
-  s.build_buckets(plan_buckets(sizes, options.first_bucket_cap_bytes, options.bucket_cap_bytes));
-  s.reset_pass();
-#ifdef DDPRUN_WORKER_DIRECT_GLOO
-  if (options.direct_gloo && dist.backend() == "gloo" && s.world_size > 1) s.attach_direct_gloo(dist);
+#if TORCH_VERSION_MAJOR >= 2
+  const bool first_static = s.static_graph && !s.sink->delay_all_reduce_enqueued;
+#else
+  const bool first_static = s.static_graph && s.num_iterations == 1;
 #endif
-  s.hook_accumulators(state_);
+  if (!((s.options.find_unused_parameters && !s.static_graph) || first_static)) return false;
+  // Only outputs with a grad_fn are passed through, as Python keeps the others.
+  std::vector<size_t> through;
+  torch::autograd::variable_list inputs;
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    if (outputs[i].defined() && outputs[i].grad_fn()) {
+      through.push_back(i);
+      inputs.push_back(outputs[i]);
+    }
+  }
+  if (through.empty()) return false;
+  auto passed = DdpSink::apply(s.sink_id, s.static_graph, at::TensorList(inputs));
+  for (size_t k = 0; k < through.size(); ++k) outputs[through[k]] = passed[k];
+  return true;
 }
 
-GradientReducer::~GradientReducer() = default;
+bool DdpCore::require_backward_grad_sync() const { return impl_->require_backward_grad_sync; }
 
-void GradientReducer::set_sync(bool enabled) {
-  std::lock_guard lock(state_->mutex);
-  state_->sync = enabled;
+void DdpCore::set_require_backward_grad_sync(bool on) { impl_->require_backward_grad_sync = on; }
+
+void DdpCore::set_static_graph() {
+  Impl& s = *impl_;
+  if (s.static_graph) return;  // Python warns and does nothing
+  try {
+    s.static_graph = true;
+    s.sink->static_graph = true;
+    s.sink->delay_all_reduce_enqueued = false;
+    s.reducer->set_static_graph();
+    s.logger->set_static_graph();
+  } catch (const c10::Error& e) {
+    rethrow_clean(e);
+  }
 }
 
-bool GradientReducer::sync_enabled() const {
-  std::lock_guard lock(state_->mutex);
-  return state_->sync;
+c10::DDPLoggingData DdpCore::logging_data() const { return impl_->logger->get_ddp_logging_data(); }
+
+std::vector<std::vector<size_t>> DdpCore::bucket_layout() const {
+  return impl_->logger->get_per_bucket_variable_indices();
 }
 
-bool GradientReducer::direct_gloo() const {
+bool DdpCore::direct_gloo() const {
 #ifdef DDPRUN_WORKER_DIRECT_GLOO
-  return state_->gloo != nullptr;
+  return impl_->comm.defined();
 #else
   return false;
 #endif
-}
-
-std::vector<std::vector<size_t>> GradientReducer::bucket_layout() const {
-  std::vector<std::vector<size_t>> out;
-  for (const auto& b : state_->buckets) out.push_back(b.params);
-  return out;
 }
 
 }  // namespace ddprun::worker::detail

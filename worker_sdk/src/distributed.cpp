@@ -7,6 +7,8 @@
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroupWrapper.hpp>
+#include <torch/csrc/distributed/c10d/debug.h>
 #include <torch/cuda.h>
 #include <signal.h>
 #include <unistd.h>
@@ -66,6 +68,7 @@ Distributed Distributed::init(const WorkerEnv& env, const InitOptions& options) 
   struct sigaction current {};
   if (::sigaction(SIGPIPE, nullptr, &current) == 0 && current.sa_handler == SIG_DFL) ::signal(SIGPIPE, SIG_IGN);
   progress();  // tells ddprun's watchdog this rank reports its progress (see progress.hpp)
+  c10d::setDebugLevelFromEnvironment();  // TORCH_DISTRIBUTED_DEBUG, as importing torch.distributed does
   Distributed d;
   d.env_ = env;
   d.timeout_ = options.timeout;
@@ -116,7 +119,17 @@ Distributed Distributed::init(const WorkerEnv& env, const InitOptions& options) 
     d.pg_ = c10::make_intrusive<c10d::ProcessGroupNCCL>(pg_store, env.rank, env.world_size, opts);
 #endif
   }
+  if (c10d::debug_level() == c10d::DebugLevel::Detail) {
+    // As Python's _create_process_group_wrapper: a helper Gloo group checks each collective first.
+    auto helper_store = c10::make_intrusive<c10d::PrefixStore>("pg_wrapper:0",
+                                                              c10::make_intrusive<c10d::PrefixStore>("default_pg", store));
+    auto helper_opts = c10d::ProcessGroupGloo::Options::create(options.timeout);
+    helper_opts->devices.push_back(detail::make_gloo_device());
+    auto helper = c10::make_intrusive<c10d::ProcessGroupGloo>(helper_store, env.rank, env.world_size, helper_opts);
+    d.pg_ = c10::make_intrusive<c10d::ProcessGroupWrapper>(d.pg_, helper);
+  }
   d.pg_->setSequenceNumberForGroup();
+  d.c10d_group_ = as_c10d_group(d.pg_, pg_store, d.device_);
   if (env.launched) {
     store_based_barrier(*c10::make_intrusive<c10d::PrefixStore>("default_pg", store), env.world_size, options.timeout);
   }
@@ -124,15 +137,47 @@ Distributed Distributed::init(const WorkerEnv& env, const InitOptions& options) 
   return d;
 }
 
-void Distributed::barrier() {
+c10::intrusive_ptr<c10d::ProcessGroup> as_c10d_group(const c10::intrusive_ptr<CommGroup>& group,
+                                                     const c10::intrusive_ptr<c10d::Store>& store,
+                                                     torch::Device device) {
+#if TORCH_VERSION_MAJOR >= 2
+  auto pg = c10::make_intrusive<c10d::ProcessGroup>(store, group->getRank(), group->getSize());
+  const auto type = group->getBackendName() == "nccl" ? c10d::ProcessGroup::BackendType::NCCL
+                                                      : c10d::ProcessGroup::BackendType::GLOO;
+  pg->setBackend(c10::DeviceType::CPU, type, group);
+  if (device.is_cuda()) pg->setBackend(c10::DeviceType::CUDA, type, group);
+  pg->setDefaultBackend(type);
+  return pg;
+#else
+  (void)store;
+  (void)device;
+  return group;
+#endif
+}
+
+namespace {
+
+// Runs a collective and waits for it; LibTorch's errors (c10::Error, whose what() carries a C++
+// backtrace) become std::runtime_error with the sentence alone, as Python shows them.
+template <typename Start>
+void run_collective(const char* what, Start start) {
   CollectiveWait waiting;
-  pg_->barrier()->wait();
+  try {
+    start()->wait();
+  } catch (const c10::Error& e) {
+    throw std::runtime_error(std::string(what) + ": " + e.what_without_backtrace());
+  }
+}
+
+}  // namespace
+
+void Distributed::barrier() {
+  run_collective("barrier", [&] { return pg_->barrier(); });
 }
 
 void Distributed::all_reduce_sum(torch::Tensor& t) {
   std::vector<torch::Tensor> ts{t};
-  CollectiveWait waiting;
-  pg_->allreduce(ts)->wait();
+  run_collective("all_reduce", [&] { return pg_->allreduce(ts); });
 }
 
 double Distributed::sum(double value) {
@@ -148,8 +193,7 @@ double Distributed::max(double value) {
   std::vector<torch::Tensor> ts{t};
   c10d::AllreduceOptions opts;
   opts.reduceOp = c10d::ReduceOp::MAX;
-  CollectiveWait waiting;
-  pg_->allreduce(ts, opts)->wait();
+  run_collective("all_reduce", [&] { return pg_->allreduce(ts, opts); });
   return t.cpu().item<double>();
 }
 

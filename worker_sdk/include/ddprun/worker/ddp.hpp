@@ -1,157 +1,229 @@
 #pragma once
-// DistributedDataParallel for LibTorch modules.
+// DistributedDataParallel for LibTorch modules: PyTorch's torch.nn.parallel.DistributedDataParallel,
+// option for option, with the same results.
 //
-// At wrap time the parameters and buffers of rank 0 are broadcast to every rank. During backward,
-// gradients are gathered into buckets (default 25 MiB, the first 1 MiB, filled in reverse
-// registration order, so the last layers' gradients, which are ready first, go first); each
-// bucket's all-reduce starts as soon as its last gradient is accumulated, while backward keeps
-// running, and is averaged over the ranks. When backward ends the averaged gradients are in
-// param.grad(), ready for any optimizer.
+// Underneath is LibTorch's own c10d::Reducer, the engine Python DDP runs on (bucketing, the
+// autograd hooks that launch each bucket's all-reduce while backward still runs, unused-parameter
+// detection, the bucket rebuild after the first iteration, static graphs, gradients as bucket
+// views, DDP's logging data), driven as torch/nn/parallel/distributed.py of the LibTorch release
+// it is built against drives it (1.13 or 2.x; where the two releases differ, so does this). What
+// Python does in Python is done here in C++: the construction-time check of every rank's parameter
+// shapes, the broadcast of rank 0's parameters and buffers, the forward-time decisions (whether
+// this forward's backward reduces, whether buffers are broadcast first), the output sink of
+// find_unused_parameters and static_graph.
 //
-// Thread-safety: one training thread drives forward/backward; the autograd hooks and the end-of-
-// backward callback run on LibTorch's autograd threads and synchronise on an internal mutex.
+// On CPU with Gloo the buckets are summed by the SDK's direct Gloo ring (DdpOptions::direct_gloo):
+// several times lower latency than ProcessGroupGloo's queue, and the same summation order, so the
+// same bits.
+//
+// Thread-safety: one training thread drives forward/backward; the hooks run on LibTorch's autograd
+// threads.
 
+#include <c10/util/Logging.h>
 #include <torch/nn/module.h>
+#include <torch/nn/pimpl.h>
 #include <torch/types.h>
 
 #include <cstddef>
 #include <memory>
+#include <optional>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
 #include "ddprun/worker/distributed.hpp"
-#include "ddprun/worker/progress.hpp"
 
 namespace ddprun::worker {
 
 // How the training thread waits for the gradient all-reduces left at the end of backward (direct
-// Gloo reducer only; the background thread always sleeps in recv).
+// Gloo path only; the background thread always sleeps in recv).
 enum class BusyPoll {
   Auto,  // spin when LOCAL_WORLD_SIZE x intra-op threads fit the CPUs this process may run on
   On,    // spin on the sockets, as NCCL and MPI wait: saves a wake-up per message
   Off,   // sleep in recv
 };
 
+// Python DDP's constructor arguments, with its defaults.
 struct DdpOptions {
+  // bucket_cap_mb, in bytes.
   size_t bucket_cap_bytes = 25u << 20;
-  size_t first_bucket_cap_bytes = 1u << 20;
-  // Parameters that get no gradient in a step are reduced as zeros. When false, such a step throws
-  // an error naming them (the ranks would otherwise wait for each other forever).
+  // The first bucket's cap after the rebuild (Python: torch.distributed._DEFAULT_FIRST_BUCKET_BYTES,
+  // 1 MiB). Unset: as the release's Python DDP does: 1 MiB on 1.x; on 2.x 1 MiB with the default
+  // bucket_cap_bytes and bucket_cap_bytes otherwise (what Python 2.x does when bucket_cap_mb is given).
+  std::optional<size_t> first_bucket_cap_bytes;
+  // Walk the autograd graph from the forward's outputs after each forward and mark the parameters
+  // it does not reach as ready. A parameter unused on every rank keeps its gradient as it was
+  // (undefined stays undefined, so optimizers skip it); one unused on some ranks gets the average.
+  // Without it, a parameter that gets no gradient is an error at the next forward, naming it.
   bool find_unused_parameters = false;
-  // Broadcast rank 0's buffers (e.g. BatchNorm running statistics) before every forward.
+  // Broadcast rank 0's buffers (e.g. BatchNorm statistics) before each forward whose backward
+  // reduces gradients (and, on 2.x, at construction only when true).
   bool broadcast_buffers = true;
-  // With the Gloo backend, all-reduce CPU float/double buckets over a dedicated Gloo context in
-  // synchronous mode instead of the process group's asynchronous work queue: about 10x lower
-  // latency per bucket on a loaded host. Buckets launched during backward run on one background
-  // thread; those left at the end of backward run on the training thread. Costs one extra set of
-  // connections and twice the bucket memory in Gloo's scratch buffers. Needs a LibTorch that links
-  // the system libgloo (Debian's does); otherwise the process group is used.
+  // Gradients are views into the buckets from the second iteration on: no copy, and the
+  // gradients' memory once rather than twice. Zero them in place (set_to_none false) to keep it.
+  bool gradient_as_bucket_view = false;
+  // The set of used parameters and the order of their gradients never changes: the first
+  // iteration records it, later ones rely on it. Makes a module run twice per forward (or
+  // reentrant backward) work, and finds unused parameters without walking the graph.
+  bool static_graph = false;
+  // Check every rank's parameter shapes and broadcast rank 0's parameters and buffers at
+  // construction (PyTorch 2.7's init_sync).
+  bool init_sync = true;
+  // Fully qualified names ("fc1.weight", "bn.running_mean") of parameters and buffers DDP neither
+  // synchronises nor reduces (Python's _set_params_and_buffers_to_ignore_for_model).
+  std::vector<std::string> params_and_buffers_to_ignore;
+  // With the Gloo backend, sum CPU float/double buckets over the SDK's direct Gloo ring instead of
+  // the process group's queue (see the file comment). Costs one extra set of connections per DDP
+  // object. Off for TORCH_DISTRIBUTED_DEBUG=DETAIL, whose checked process group then does them.
   bool direct_gloo = true;
-  // With direct_gloo: whether the waiting training thread spins (see BusyPoll). Spinning ranks that
-  // outnumber the cores starve each other, hence Auto.
+  // With direct_gloo: whether the waiting training thread spins (see BusyPoll).
   BusyPoll busy_poll = BusyPoll::Auto;
 };
 
 namespace detail {
 
-// The non-template engine behind DistributedDataParallel: buckets, hooks, launches, finalize.
-class GradientReducer {
+// The non-template engine behind DistributedDataParallel: the reducer and Python DDP's forward
+// logic. Collective at construction.
+class DdpCore {
  public:
-  // Collective when world size > 1 and the direct Gloo reducer is used: every rank constructs
-  // its reducers in the same order.
-  GradientReducer(std::vector<std::pair<std::string, torch::Tensor>> named_params, const Distributed& dist,
-                  const DdpOptions& options);
-  ~GradientReducer();
-  GradientReducer(const GradientReducer&) = delete;
-  GradientReducer& operator=(const GradientReducer&) = delete;
+  DdpCore(torch::nn::Module& module, Distributed& dist, const DdpOptions& options);
+  ~DdpCore();
+  DdpCore(const DdpCore&) = delete;
+  DdpCore& operator=(const DdpCore&) = delete;
 
-  void set_sync(bool enabled);
-  bool sync_enabled() const;
-  // Bucket layout, for tests and diagnostics: parameter indices per bucket, in launch order.
+  // Before the module's forward: prepares the reducer, rebuilds buckets after the first
+  // iteration, broadcasts buffers when Python would.
+  void pre_forward();
+  // After it: prepares for backward (finding unused parameters from `outputs`) and, where Python
+  // passes the outputs through its sink, replaces them in place. True when they were replaced.
+  bool post_forward(std::vector<at::Tensor>& outputs);
+
+  bool require_backward_grad_sync() const;
+  void set_require_backward_grad_sync(bool on);
+  void set_static_graph();
+  c10::DDPLoggingData logging_data() const;
   std::vector<std::vector<size_t>> bucket_layout() const;
-  // Whether CPU buckets go through the direct Gloo reducer (DdpOptions::direct_gloo took effect).
   bool direct_gloo() const;
 
  private:
-  struct State;
-  std::shared_ptr<State> state_;
+  struct Impl;
+  std::shared_ptr<Impl> impl_;
 };
 
-// Broadcasts tensors from rank 0, coalesced into one flat tensor per dtype.
-void broadcast_coalesced(CommGroup& pg, const std::vector<torch::Tensor>& tensors);
+// The tensors of a forward's output, found as Python's _find_tensors finds them: a tensor, and the
+// tensors inside vectors, tuples and pairs of them. Other types hold none.
+template <typename T>
+struct OutputTensors {
+  static void collect(const T&, std::vector<at::Tensor>&) {}
+  static void replace(T&, const std::vector<at::Tensor>&, size_t&) {}
+};
+template <>
+struct OutputTensors<at::Tensor> {
+  static void collect(const at::Tensor& t, std::vector<at::Tensor>& out) { out.push_back(t); }
+  static void replace(at::Tensor& t, const std::vector<at::Tensor>& in, size_t& i) { t = in[i++]; }
+};
+template <typename E>
+struct OutputTensors<std::vector<E>> {
+  static void collect(const std::vector<E>& v, std::vector<at::Tensor>& out) {
+    for (const auto& e : v) OutputTensors<E>::collect(e, out);
+  }
+  static void replace(std::vector<E>& v, const std::vector<at::Tensor>& in, size_t& i) {
+    for (auto& e : v) OutputTensors<E>::replace(e, in, i);
+  }
+};
+template <typename... Ts>
+struct OutputTensors<std::tuple<Ts...>> {
+  static void collect(const std::tuple<Ts...>& t, std::vector<at::Tensor>& out) {
+    std::apply([&](const auto&... e) { (OutputTensors<std::decay_t<decltype(e)>>::collect(e, out), ...); }, t);
+  }
+  static void replace(std::tuple<Ts...>& t, const std::vector<at::Tensor>& in, size_t& i) {
+    std::apply([&](auto&... e) { (OutputTensors<std::decay_t<decltype(e)>>::replace(e, in, i), ...); }, t);
+  }
+};
+template <typename A, typename B>
+struct OutputTensors<std::pair<A, B>> {
+  static void collect(const std::pair<A, B>& p, std::vector<at::Tensor>& out) {
+    OutputTensors<A>::collect(p.first, out);
+    OutputTensors<B>::collect(p.second, out);
+  }
+  static void replace(std::pair<A, B>& p, const std::vector<at::Tensor>& in, size_t& i) {
+    OutputTensors<A>::replace(p.first, in, i);
+    OutputTensors<B>::replace(p.second, in, i);
+  }
+};
 
 }  // namespace detail
 
 template <typename ModuleType>
 class DistributedDataParallel {
  public:
+  // Collective: every rank constructs its DDP objects in the same order. Throws, on every rank,
+  // when the ranks' parameters differ in number, shape or stride.
   DistributedDataParallel(std::shared_ptr<ModuleType> module, Distributed& dist, DdpOptions options = {})
-      : module_(std::move(module)), pg_(dist.process_group()), options_(options) {
-    std::vector<torch::Tensor> state;
-    for (auto& p : module_->parameters()) state.push_back(p);
-    for (auto& b : module_->buffers()) state.push_back(b);
-    {
-      torch::NoGradGuard no_grad;
-      detail::broadcast_coalesced(*pg_, state);
-    }
-    std::vector<std::pair<std::string, torch::Tensor>> named;
-    for (auto& item : module_->named_parameters()) {
-      if (item.value().requires_grad()) named.emplace_back(item.key(), item.value());
-    }
-    reducer_ = std::make_unique<detail::GradientReducer>(std::move(named), dist, options_);
-  }
+      : module_(std::move(module)), core_(std::make_unique<detail::DdpCore>(*module_, dist, options)) {}
+  DistributedDataParallel(torch::nn::ModuleHolder<ModuleType> module, Distributed& dist, DdpOptions options = {})
+      : DistributedDataParallel(module.ptr(), dist, std::move(options)) {}
 
-  // Calls the module's forward, broadcasting buffers first when configured.
+  // The module's forward, with Python DDP's work before and after it.
   template <typename... Args>
   auto forward(Args&&... args) {
-    progress();
-    if (options_.broadcast_buffers && pg_->getSize() > 1) sync_buffers();
-    return module_->forward(std::forward<Args>(args)...);
+    core_->pre_forward();
+    auto output = module_->forward(std::forward<Args>(args)...);
+    std::vector<at::Tensor> tensors;
+    detail::OutputTensors<decltype(output)>::collect(output, tensors);
+    if (core_->post_forward(tensors)) {
+      size_t i = 0;
+      detail::OutputTensors<decltype(output)>::replace(output, tensors, i);
+    }
+    return output;
   }
   template <typename... Args>
   auto operator()(Args&&... args) {
     return forward(std::forward<Args>(args)...);
   }
 
-  void sync_buffers() {
-    auto buffers = module_->buffers();
-    if (buffers.empty()) return;
-    torch::NoGradGuard no_grad;
-    detail::broadcast_coalesced(*pg_, buffers);
-  }
-
-  // While the guard lives, backward only accumulates local gradients (gradient accumulation);
-  // the first backward after it reduces everything accumulated.
+  // While the guard lives, forwards prepare no gradient reduction: their backwards only
+  // accumulate local gradients, and the first backward of a forward run outside reduces the sum.
+  // As in Python, it is the forward that decides: a forward outside the guard whose backward runs
+  // inside it still reduces.
   class NoSync {
    public:
-    explicit NoSync(detail::GradientReducer& r) : r_(&r), previous_(r.sync_enabled()) { r.set_sync(false); }
-    ~NoSync() {
-      if (r_) r_->set_sync(previous_);
+    explicit NoSync(detail::DdpCore& core) : core_(&core), previous_(core.require_backward_grad_sync()) {
+      core.set_require_backward_grad_sync(false);
     }
-    NoSync(NoSync&& o) noexcept : r_(std::exchange(o.r_, nullptr)), previous_(o.previous_) {}
+    ~NoSync() {
+      if (core_) core_->set_require_backward_grad_sync(previous_);
+    }
+    NoSync(NoSync&& o) noexcept : core_(std::exchange(o.core_, nullptr)), previous_(o.previous_) {}
     NoSync(const NoSync&) = delete;
+    NoSync& operator=(const NoSync&) = delete;
+    NoSync& operator=(NoSync&&) = delete;
 
    private:
-    detail::GradientReducer* r_;
+    detail::DdpCore* core_;
     bool previous_;
   };
-  [[nodiscard]] NoSync no_sync() { return NoSync(*reducer_); }
+  [[nodiscard]] NoSync no_sync() { return NoSync(*core_); }
 
   ModuleType& module() { return *module_; }
   const std::shared_ptr<ModuleType>& module_ptr() const { return module_; }
   std::vector<torch::Tensor> parameters() const { return module_->parameters(); }
   void train(bool on = true) { module_->train(on); }
   void eval() { module_->eval(); }
-  std::vector<std::vector<size_t>> bucket_layout() const { return reducer_->bucket_layout(); }
-  // True when gradients are reduced over the direct Gloo context rather than the process group.
-  bool uses_direct_gloo() const { return reducer_->direct_gloo(); }
+
+  // Python's _set_static_graph(): before the first iteration (DdpOptions::static_graph does it).
+  void set_static_graph() { core_->set_static_graph(); }
+  // Python's _get_ddp_logging_data(): strs_map and ints_map with the same keys.
+  c10::DDPLoggingData logging_data() const { return core_->logging_data(); }
+  // The reducer's buckets, as parameter indices (DDP's parameter order), in reduction order.
+  std::vector<std::vector<size_t>> bucket_layout() const { return core_->bucket_layout(); }
+  // True when gradients are summed on the direct Gloo ring rather than the process group.
+  bool uses_direct_gloo() const { return core_->direct_gloo(); }
 
  private:
   std::shared_ptr<ModuleType> module_;
-  c10::intrusive_ptr<CommGroup> pg_;
-  DdpOptions options_;
-  std::unique_ptr<detail::GradientReducer> reducer_;
+  std::unique_ptr<detail::DdpCore> core_;
 };
 
 }  // namespace ddprun::worker

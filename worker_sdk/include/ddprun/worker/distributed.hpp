@@ -10,6 +10,11 @@
 //
 // Without any launcher variables it runs as a single process (world size 1) with no code change.
 //
+// TORCH_DISTRIBUTED_DEBUG is read as PyTorch reads it: INFO or DETAIL name parameters in DDP's
+// errors; DETAIL also wraps the process group in c10d::ProcessGroupWrapper, which checks every
+// collective against the other ranks' (operation, shapes, dtypes) first, so a mismatch is an error
+// naming both sides rather than a hang (its helper group's keys: "pg_wrapper:0", as Python's).
+//
 // init() sets SIGPIPE to ignored when it is at its default, as the Python interpreter does, so a
 // rank whose peer has gone gets an error from the collective instead of being killed by the signal.
 
@@ -62,6 +67,9 @@ class Distributed {
   torch::Device device() const { return device_; }
   const std::string& backend() const { return backend_; }
   const c10::intrusive_ptr<CommGroup>& process_group() const { return pg_; }
+  // The same group as a c10d::ProcessGroup, as c10d::Reducer and the c10d helpers take it (on 2.x
+  // the ProcessGroup that dispatches to process_group(); on 1.x the same object).
+  const c10::intrusive_ptr<c10d::ProcessGroup>& c10d_group() const { return c10d_group_; }
   const c10::intrusive_ptr<c10d::Store>& store() const { return store_; }
   // Store and collective timeout (InitOptions::timeout).
   std::chrono::milliseconds timeout() const { return timeout_; }
@@ -93,6 +101,13 @@ class Distributed {
   std::chrono::milliseconds timeout_{std::chrono::minutes(30)};
   c10::intrusive_ptr<c10d::Store> store_;
   c10::intrusive_ptr<CommGroup> pg_;
+  c10::intrusive_ptr<c10d::ProcessGroup> c10d_group_;
 };
+
+// `group` as a c10d::ProcessGroup: the object itself on 1.x; on 2.x a ProcessGroup that dispatches
+// its collectives to `group` for CPU tensors (and CUDA ones when `device` is CUDA).
+c10::intrusive_ptr<c10d::ProcessGroup> as_c10d_group(const c10::intrusive_ptr<CommGroup>& group,
+                                                     const c10::intrusive_ptr<c10d::Store>& store,
+                                                     torch::Device device);
 
 }  // namespace ddprun::worker

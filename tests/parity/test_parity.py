@@ -1,0 +1,90 @@
+"""The worker SDK's DistributedDataParallel against Python DDP, case by case (parity.py's CASES).
+
+Each case runs once in Python DDP (Debian's torch: 1.13 on Debian 12, 2.6 on Debian 13) and in the
+SDK under ddprun, from the same initial weights and data; every rank's parameters, gradients
+(defined or not), buffers, DDP logging data and gradient views must be equal, bit for bit: the SDK
+sums gradients in ProcessGroupGloo's order and runs LibTorch's own c10d::Reducer, so the same
+inputs give the same bits at any number of ranks. Cases that must fail fail on both sides, and on
+every rank of the SDK with the expected error.
+
+usage: /usr/bin/python3 test_parity.py PATH/TO/ddprun PATH/TO/parity_worker [unittest arguments]
+"""
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import unittest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import parity  # noqa: E402
+
+DDPRUN = WORKER = None
+# The SDK's two ways of summing gradients: its direct Gloo ring and ProcessGroupGloo.
+BOTH_REDUCERS = {"plain_sgd_3", "plain_sgd_4", "plain_adam_3", "large_bucket_3", "unused_on_some_ranks",
+                 "gradient_as_bucket_view", "eval_uneven", "static_graph_module_twice"}
+
+
+def launch(world, program, env_extra, timeout=240):
+    env = dict(os.environ, OMP_NUM_THREADS="1", **env_extra)
+    return subprocess.run([DDPRUN, "--nproc_per_node", str(world), *program], env=env, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def errors(out_dir, world):
+    found = {}
+    for rank in range(world):
+        path = os.path.join(out_dir, f"rank{rank}.json")
+        if os.path.exists(path):
+            with open(path) as f:
+                found[rank] = json.load(f).get("error")
+    return found
+
+
+class ParityWithPythonDdp(unittest.TestCase):
+    def run_case(self, name):
+        c = parity.CASES[name]
+        world = c["world"]
+        work = tempfile.mkdtemp(prefix=f"parity-{name}-")
+        self.addCleanup(shutil.rmtree, work, ignore_errors=True)
+        parity.prepare(name, work)
+        py = launch(world, [sys.executable, os.path.join(HERE, "parity.py"), "worker", work,
+                            os.path.join(work, "python")], c["env"])
+        reducers = ["direct", "process-group"] if name in BOTH_REDUCERS else ["direct"]
+        for reducer in reducers:
+            with self.subTest(reducer=reducer):
+                out = os.path.join(work, "sdk-" + reducer)
+                sdk = launch(world, [WORKER, work, out, reducer], c["env"])
+                if c["expect_error"]:
+                    self.assertNotEqual(py.returncode, 0, "Python DDP did not fail")
+                    self.assertNotEqual(sdk.returncode, 0, "the SDK did not fail")
+                    py_errors = errors(os.path.join(work, "python"), world)
+                    self.assertTrue(any(c["expect_error"] in (e or "") for e in py_errors.values()), py_errors)
+                    sdk_errors = errors(out, world)
+                    for rank in range(world):
+                        self.assertIn(c["expect_error"], sdk_errors.get(rank) or "",
+                                      f"rank {rank} of the SDK: {sdk_errors}\n{sdk.stderr[-3000:]}")
+                    continue
+                self.assertEqual(py.returncode, 0, "Python DDP failed:\n" + py.stderr[-4000:])
+                self.assertEqual(sdk.returncode, 0, "the SDK failed:\n" + sdk.stderr[-4000:])
+                problems = parity.compare(os.path.join(work, "python"), out, world)
+                self.assertEqual(problems, [], "\n".join(problems[:40]))
+
+
+def _add_case(name):
+    def test(self):
+        self.run_case(name)
+    test.__doc__ = f"parity case {name}"
+    setattr(ParityWithPythonDdp, "test_" + name, test)
+
+
+for _name in parity.CASES:
+    _add_case(_name)
+
+
+if __name__ == "__main__":
+    DDPRUN = os.path.abspath(sys.argv.pop(1))
+    WORKER = os.path.abspath(sys.argv.pop(1))
+    unittest.main(verbosity=2)
