@@ -2,58 +2,10 @@
 // linear learning-rate scaling rule: --lr is the rate for a global batch of 256, and the rate used
 // is lr x (batch_size x WORLD_SIZE) / 256, e.g. 256 at 0.1 on one worker, 512 at 0.2 on two.
 //   ddprun --nproc_per_node 2 resnet18 --batch-size 256 --max-steps 20
+#include "common/resnet18.hpp"
 #include "common/trainer.hpp"
 
 using namespace ddprun::examples;
-
-struct BasicBlockImpl : torch::nn::Module {
-  BasicBlockImpl(int64_t in, int64_t out, int64_t stride)
-      // In declaration order, the order they are registered in (and their parameters listed).
-      : conv1(register_module("conv1", torch::nn::Conv2d(torch::nn::Conv2dOptions(in, out, 3).stride(stride).padding(1).bias(false)))),
-        conv2(register_module("conv2", torch::nn::Conv2d(torch::nn::Conv2dOptions(out, out, 3).padding(1).bias(false)))),
-        bn1(register_module("bn1", torch::nn::BatchNorm2d(out))),
-        bn2(register_module("bn2", torch::nn::BatchNorm2d(out))) {
-    if (stride != 1 || in != out) {
-      shortcut = register_module("shortcut", torch::nn::Sequential(
-          torch::nn::Conv2d(torch::nn::Conv2dOptions(in, out, 1).stride(stride).bias(false)), torch::nn::BatchNorm2d(out)));
-    }
-  }
-  torch::Tensor forward(torch::Tensor x) {
-    auto y = bn2(conv2(torch::relu(bn1(conv1(x)))));
-    return torch::relu(y + (shortcut ? shortcut->forward(x) : x));
-  }
-  torch::nn::Conv2d conv1, conv2;
-  torch::nn::BatchNorm2d bn1, bn2;
-  torch::nn::Sequential shortcut{nullptr};
-};
-TORCH_MODULE(BasicBlock);
-
-struct ResNet18Impl : torch::nn::Module {
-  ResNet18Impl()
-      : stem(register_module("stem", torch::nn::Conv2d(torch::nn::Conv2dOptions(1, 64, 3).padding(1).bias(false)))),
-        bn(register_module("bn", torch::nn::BatchNorm2d(64))),
-        fc(register_module("fc", torch::nn::Linear(512, 10))) {
-    int64_t in = 64;
-    const int64_t widths[] = {64, 128, 256, 512};
-    for (int stage = 0; stage < 4; ++stage) {
-      torch::nn::Sequential seq;
-      for (int b = 0; b < 2; ++b) {
-        seq->push_back(BasicBlock(in, widths[stage], b == 0 && stage > 0 ? 2 : 1));
-        in = widths[stage];
-      }
-      layers.push_back(register_module("layer" + std::to_string(stage + 1), seq));
-    }
-  }
-  torch::Tensor forward(torch::Tensor x) {
-    x = torch::relu(bn(stem(x)));
-    for (auto& layer : layers) x = layer->forward(x);
-    return fc(torch::adaptive_avg_pool2d(x, {1, 1}).flatten(1));
-  }
-  torch::nn::Conv2d stem;
-  torch::nn::BatchNorm2d bn;
-  torch::nn::Linear fc;
-  std::vector<torch::nn::Sequential> layers;
-};
 
 int main(int argc, char** argv) {
   ExampleFlags defaults;
