@@ -33,8 +33,9 @@ class RingWork final : public c10d::Work {
 bool ring_can_take(const std::vector<at::Tensor>& tensors, const c10d::AllreduceOptions& opts) {
   if (tensors.size() != 1 || opts.reduceOp != c10d::ReduceOp::SUM) return false;
   const at::Tensor& t = tensors[0];
+  const auto type = t.scalar_type();
   return t.device().is_cpu() && t.layout() == c10::kStrided && t.is_contiguous() && t.numel() > 0 &&
-         (t.scalar_type() == at::kFloat || t.scalar_type() == at::kDouble);
+         (type == at::kFloat || type == at::kDouble || type == at::kInt || type == at::kLong);
 }
 
 }  // namespace
@@ -78,10 +79,13 @@ void DdpCommGroup::run_next(std::unique_lock<std::mutex>& lock, bool on_waiting_
     try {
       ring_->set_spinning(on_waiting_thread && busy_poll_);
       at::Tensor& t = job.tensor;
-      if (t.scalar_type() == at::kFloat) {
-        ring_->allreduce_sum(t.data_ptr<float>(), static_cast<size_t>(t.numel()));
-      } else {
-        ring_->allreduce_sum(t.data_ptr<double>(), static_cast<size_t>(t.numel()));
+      const auto count = static_cast<size_t>(t.numel());
+      switch (t.scalar_type()) {
+        case at::kFloat: ring_->allreduce_sum(t.data_ptr<float>(), count); break;
+        case at::kDouble: ring_->allreduce_sum(t.data_ptr<double>(), count); break;
+        case at::kInt: ring_->allreduce_sum(t.data_ptr<int32_t>(), count); break;
+        case at::kLong: ring_->allreduce_sum(t.data_ptr<int64_t>(), count); break;
+        default: throw std::logic_error("the ring takes float, double, int and long tensors only");
       }
     } catch (const std::exception& e) {
       error = std::make_exception_ptr(std::runtime_error(

@@ -106,6 +106,10 @@ void GlooRing::allreduce_sum(float* data, size_t count) { run(data, count); }
 
 void GlooRing::allreduce_sum(double* data, size_t count) { run(data, count); }
 
+void GlooRing::allreduce_sum(int32_t* data, size_t count) { run(data, count); }
+
+void GlooRing::allreduce_sum(int64_t* data, size_t count) { run(data, count); }
+
 template <typename T>
 void GlooRing::run(T* data, size_t count) {
   const int n = context_->size;
@@ -172,5 +176,7 @@ void GlooRing::run(T* data, size_t count) {
 
 template void GlooRing::run<float>(float*, size_t);
 template void GlooRing::run<double>(double*, size_t);
+template void GlooRing::run<int32_t>(int32_t*, size_t);
+template void GlooRing::run<int64_t>(int64_t*, size_t);
 
 }  // namespace ddprun::worker::detail

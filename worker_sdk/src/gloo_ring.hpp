@@ -1,5 +1,5 @@
 #pragma once
-// In-place sum all-reduce of CPU float/double buffers over a dedicated Gloo context whose pairs
+// In-place sum all-reduce of CPU float/double (and integer) buffers over a dedicated Gloo context whose pairs
 // are in synchronous mode, with the summation order of ProcessGroupGloo's all-reduce: the results
 // are bit for bit those of Python DDP on the same inputs, at any number of ranks.
 //
@@ -60,6 +60,9 @@ class GlooRing {
   // unusable after that.
   void allreduce_sum(float* data, size_t count);
   void allreduce_sum(double* data, size_t count);
+  // Integers (DDP's map of locally used parameters): any order gives the same sum.
+  void allreduce_sum(int32_t* data, size_t count);
+  void allreduce_sum(int64_t* data, size_t count);
 
   // Whether this thread's reads spin (busy-poll) rather than sleep in recv.
   void set_spinning(bool spin);
