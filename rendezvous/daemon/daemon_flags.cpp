@@ -83,8 +83,8 @@ constexpr ServeFlag kServeFlags[] = {
        c.options.handshake_timeout = seconds(f, v, false, 3600, "in (0, 3600]");
      }},
     {"--max-pending-handshakes", "N",
-     "with --token-file: most connections not yet proven at once (at most a quarter of the descriptor limit), the "
-     "oldest closed to make room",
+     "with --token-file: most connections not yet proven at once (at most a quarter of the descriptor limit); at "
+     "that many, accepting waits, and a connection silent for 0.5 s is closed to make room",
      [](const ServeConfig& d) { return std::to_string(d.options.max_pending_handshakes); },
      [](const std::string& f, const std::string& v, ServeConfig& c) {
        c.options.max_pending_handshakes = number(f, v, uint64_t{1} << 20);

@@ -61,6 +61,7 @@ Server::Server(asio::io_context& io, ServerOptions options)
       options_(std::move(options)),
       epoll_(io),
       accept_retry_(io),
+      hold_timer_(io),
       janitor_timer_(io),
       housekeeping_timer_(io),
       refusals_(options_.refusal_log_window),
@@ -263,6 +264,7 @@ void Server::on_readable(Session& s) {
   if (budget == 0) return;
   const Session::ReadStatus st = s.read(scratch_, budget, received);
   counters_.bytes_received += received;
+  if (received > 0) s.handshake.heard = true;
   if (st == Session::ReadStatus::Closed) s.flags.peer_closed = true;
   if ((received > 0 || s.flags.peer_closed) && !s.flags.in_batch) {
     s.flags.in_batch = true;
@@ -411,6 +413,7 @@ void Server::stop() {
   stopped_ = true;
   boost::system::error_code ignored;
   accept_retry_.cancel();
+  hold_timer_.cancel();
   janitor_timer_.cancel();
   housekeeping_timer_.cancel();
   epoll_.cancel(ignored);

@@ -27,7 +27,8 @@
 // error instead of waiting forever), logged once per episode; no exception from one connection
 // ends the loop: that connection is closed with one log line. A protected store admits only the
 // handshake's frames before the secret is proved, gives the proof a deadline, caps connections that
-// have not proved it (the oldest makes room), and logs refusals once per address and window.
+// have not proved it (at the cap, accepting waits; only a silent one is closed to make room), and
+// logs refusals once per address and window.
 
 #include <utility>  // before Asio (Boost 1.74 quirk)
 
@@ -84,10 +85,15 @@ struct ServerOptions {
   std::optional<std::vector<std::string>> allowed_peers;
   // A protected store's connections that have not proved the secret: closed `handshake_timeout`
   // after they connected, and at most `max_pending_handshakes` at a time (fewer under a low
-  // descriptor limit: a quarter of it), the oldest making room for a newcomer, as it does when
-  // the server is out of descriptors. A client with the secret proves it in one round trip.
+  // descriptor limit: a quarter of it). At that many, the server stops accepting (newcomers wait
+  // in the kernel's backlog, which the listener asks to be as long as net.core.somaxconn allows)
+  // until one proves the secret or goes, or until the oldest that has not sent a byte in
+  // silent_handshake_grace (an honest client sends its hello at once) is closed to make room. So
+  // a burst of honest clients is admitted as fast as they prove the secret, and idle peers cannot
+  // hold the door. A client with the secret proves it in one round trip.
   std::chrono::milliseconds handshake_timeout{std::chrono::seconds(10)};
   size_t max_pending_handshakes = 256;
+  std::chrono::milliseconds silent_handshake_grace{500};
   // Refused connections are logged once per address and window, then counted (RefusalLog).
   std::chrono::seconds refusal_log_window{60};
   // Keep the store's contents in this file across restarts (StateJournal): loaded before the
@@ -180,8 +186,17 @@ class Server {
   // Protected stores: the connections that have not proved the secret yet.
   void add_pending_handshake(Session& s);
   void drop_pending_handshake(Session& s);
-  // Closes the connection that has waited longest to prove the secret; false if there is none.
-  bool evict_oldest_pending(const std::string& why);
+  // Closes the oldest connection that has not proved the secret and has not sent a byte for
+  // ServerOptions::silent_handshake_grace; false if there is none.
+  bool evict_silent_pending(const std::string& why);
+  // Whether a protected store may take one more connection that has not proved the secret now,
+  // making room (evict_silent_pending) if it can; holds accepting when it cannot.
+  bool room_for_handshake();
+  // Stops or resumes watching the listener: it is watched unless paused (out of descriptors) or
+  // held (the handshake cap is reached).
+  void watch_listener();
+  void hold_accepting();
+  void release_accepting();
   void arm_housekeeping();
   // --state-file: restores the store from the file and journals it from now on.
   void open_state();
@@ -194,6 +209,7 @@ class Server {
   int spare_fd_ = -1;  // given up to accept-and-close when out of descriptors
   boost::asio::posix::stream_descriptor epoll_;
   boost::asio::steady_timer accept_retry_;
+  boost::asio::steady_timer hold_timer_;  // re-checks a held accept for silent connections
   boost::asio::steady_timer janitor_timer_;
   boost::asio::steady_timer housekeeping_timer_;
   std::list<Session*> pending_handshakes_;  // oldest first
@@ -213,6 +229,7 @@ class Server {
   std::optional<std::set<std::string>> allowed_;
   std::set<std::string> refused_logged_;  // one line per refused address
   bool accept_paused_ = false;
+  bool accept_held_ = false;  // at the cap of connections that have not proved the secret
   bool out_of_fds_ = false;  // an episode is under way (logged once)
   uint64_t refused_in_episode_ = 0;
   ServerStats counters_;

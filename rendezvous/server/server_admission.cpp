@@ -1,6 +1,7 @@
 // Server's admission of connections: accepting them (a batch at a time), refusing newcomers when
 // out of descriptors, the allowed peers, and a protected store's connections that have not proved
-// the secret yet (their deadline, their cap, the oldest making room). See server.hpp.
+// the secret yet (their deadline; their cap, at which accepting waits, and silent ones make
+// room). See server.hpp.
 #include <netinet/in.h>
 #include <sys/epoll.h>
 #include <sys/socket.h>
@@ -49,11 +50,8 @@ void Server::arm_housekeeping() {
 }
 
 void Server::add_pending_handshake(Session& s) {
-  if (pending_handshakes_.size() >= pending_cap_) {
-    evict_oldest_pending("made room for a newer connection: " + std::to_string(pending_handshakes_.size()) +
-                         " connections have not proved the store's secret yet, the most allowed at once");
-  }
   s.handshake.pending = true;
+  s.handshake.heard = false;
   s.handshake.since = std::chrono::steady_clock::now();
   s.handshake.at = pending_handshakes_.insert(pending_handshakes_.end(), &s);
 }
@@ -62,16 +60,62 @@ void Server::drop_pending_handshake(Session& s) {
   if (!s.handshake.pending) return;
   pending_handshakes_.erase(s.handshake.at);
   s.handshake.pending = false;
+  // A place under the cap: the connections waiting in the backlog may come in.
+  if (accept_held_ && pending_handshakes_.size() < pending_cap_) release_accepting();
 }
 
-bool Server::evict_oldest_pending(const std::string& why) {
-  if (pending_handshakes_.empty()) return false;
-  close_session(*pending_handshakes_.front(), CloseReason::NoHandshake, why + "; closing the connection");
-  return true;
+bool Server::evict_silent_pending(const std::string& why) {
+  const auto now = std::chrono::steady_clock::now();
+  for (Session* s : pending_handshakes_) {
+    if (now - s->handshake.since < options_.silent_handshake_grace) return false;  // the rest are younger
+    if (s->handshake.heard) continue;  // in its handshake: never cut short to make room
+    close_session(*s, CloseReason::NoHandshake, why + "; closing the connection");
+    return true;
+  }
+  return false;
+}
+
+bool Server::room_for_handshake() {
+  if (!options_.secret || pending_handshakes_.size() < pending_cap_) return true;
+  if (evict_silent_pending("sent nothing for " + std::to_string(options_.silent_handshake_grace.count()) +
+                           " ms while " + std::to_string(pending_handshakes_.size()) +
+                           " connections had not proved the store's secret, the most allowed at once")) {
+    return true;
+  }
+  hold_accepting();
+  return false;
+}
+
+void Server::watch_listener() {
+  epoll_event ev{};
+  ev.events = accept_paused_ || accept_held_ ? 0 : EPOLLIN;
+  ev.data.ptr = nullptr;
+  ::epoll_ctl(epoll_.native_handle(), EPOLL_CTL_MOD, listen_fd_, &ev);
+}
+
+void Server::hold_accepting() {
+  if (accept_held_ || stopped_) return;
+  accept_held_ = true;
+  watch_listener();
+  // Nothing else wakes a held listener when every pending connection is silent: look again once
+  // the youngest could have become evictable.
+  hold_timer_.expires_after(options_.silent_handshake_grace);
+  hold_timer_.async_wait([this](const boost::system::error_code& ec) {
+    if (ec || stopped_ || !accept_held_) return;
+    release_accepting();
+  });
+}
+
+void Server::release_accepting() {
+  if (!accept_held_) return;
+  accept_held_ = false;
+  hold_timer_.cancel();
+  watch_listener();  // level-triggered: a non-empty backlog is reported at once
 }
 
 void Server::accept_pending() {
   for (int i = 0; i < kAcceptPerBatch && !accept_paused_; ++i) {
+    if (!room_for_handshake()) return;
     sockaddr_storage addr{};
     socklen_t len = sizeof addr;
     const int fd = ::accept4(listen_fd_, reinterpret_cast<sockaddr*>(&addr), &len, SOCK_NONBLOCK | SOCK_CLOEXEC);
@@ -79,9 +123,9 @@ void Server::accept_pending() {
       if (errno == EINTR || errno == ECONNABORTED || errno == EPROTO) continue;
       if (errno == EAGAIN || errno == EWOULDBLOCK) return;
       if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
-        // A connection that has not proved the secret makes room; without one, the newcomer is
-        // refused. accept(2) fails this way whether or not a connection is waiting.
-        if (evict_oldest_pending("made room for a newer connection: out of file descriptors")) continue;
+        // A silent connection that has not proved the secret makes room; without one, the
+        // newcomer is refused. accept(2) fails this way whether or not a connection is waiting.
+        if (evict_silent_pending("made room for a newer connection: out of file descriptors")) continue;
         if (!refuse_one()) return;
         continue;
       }
@@ -162,18 +206,13 @@ void Server::pause_accepting() {
   // listener for a moment rather than spin on it.
   if (accept_paused_) return;
   accept_paused_ = true;
-  epoll_event ev{};
-  ev.data.ptr = nullptr;
-  ::epoll_ctl(epoll_.native_handle(), EPOLL_CTL_MOD, listen_fd_, &ev);
+  watch_listener();
   accept_retry_.expires_after(std::chrono::milliseconds(100));
   accept_retry_.async_wait([this](const boost::system::error_code& ec) {
     if (ec || stopped_) return;
     accept_paused_ = false;
     if (spare_fd_ < 0) spare_fd_ = open_spare();
-    epoll_event ev{};
-    ev.events = EPOLLIN;
-    ev.data.ptr = nullptr;
-    ::epoll_ctl(epoll_.native_handle(), EPOLL_CTL_MOD, listen_fd_, &ev);
+    watch_listener();
   });
 }
 

@@ -56,10 +56,12 @@ class Session {
     bool closing = false;    // closed; destroyed at the end of the batch
     uint32_t registered = 0;  // epoll events registered
   } flags;
-  // A protected store's connection that has not proved the secret yet: when it connected, and
-  // where it sits in the server's list of them (oldest first).
+  // A protected store's connection that has not proved the secret yet: when it connected, whether
+  // it has sent a byte since (an honest client sends its hello at once), and where it sits in the
+  // server's list of them (oldest first).
   struct PendingHandshake {
     bool pending = false;
+    bool heard = false;
     std::chrono::steady_clock::time_point since;
     std::list<Session*>::iterator at;
   } handshake;

@@ -5,8 +5,12 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <fstream>
+#include <latch>
 #include <memory>
+#include <mutex>
+#include <thread>
 #include <string>
 #include <vector>
 
@@ -141,6 +145,59 @@ TEST(HandshakeTest, IdleUnauthenticatedConnectionsCannotLockOutAClientWithTheSec
   for (int i = 0; i < 400; ++i) idle.push_back(std::make_unique<RawSocket>(d.port()));
   expect_serving(d.port());
   EXPECT_TRUE(d.alive());
+}
+
+// The daemon's count of connections it closed because they had not proved the secret (a
+// deadline passed, or room was made), from its /metrics; -1 if it cannot be read.
+long closed_without_handshake(const Daemon& d) {
+  const std::string marker = "metrics on http://127.0.0.1:";
+  const std::string log = d.log_with(marker);
+  const size_t at = log.find(marker);
+  if (at == std::string::npos) return -1;
+  RawSocket s(static_cast<uint16_t>(std::stoi(log.substr(at + marker.size()))));
+  std::string answer;
+  if (!s.send("GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n") || !s.read_until_eof(&answer, 10s)) return -1;
+  const std::string sample = "ddprun_store_connections_closed_total{reason=\"no_handshake\"} ";
+  const size_t value = answer.find(sample);
+  return value == std::string::npos ? -1 : std::stol(answer.substr(value + sample.size()));
+}
+
+// Before: at the cap of connections that had not proved the secret, the oldest was closed to make
+// room even in the middle of its handshake, so a burst of honest clients larger than the cap
+// (2048 agents started at once by a scheduler) kept closing each other's connections and none got
+// through. Now the server waits with accepting while the cap is reached.
+TEST(HandshakeTest, ABurstOfClientsWithTheSecretLargerThanTheCapIsAllAdmitted) {
+  ProtectedDaemon pd({"--max-pending-handshakes", "4", "--metrics-port", "0"});
+  Daemon& d = *pd.daemon;
+  constexpr int kClients = 400;
+  std::atomic<int> served{0};
+  std::mutex mutex;
+  std::string first_error;
+  std::latch go(kClients);
+  std::vector<std::thread> clients;
+  for (int i = 0; i < kClients; ++i) {
+    clients.emplace_back([&, i] {
+      go.arrive_and_wait();
+      try {
+        rdzv::ClientOptions o;
+        o.host = "127.0.0.1";
+        o.port = d.port();
+        o.connect_timeout = 60s;
+        o.timeout = 60s;
+        o.credentials = rdzv::Credentials{"*", kSecret};
+        rdzv::Client c(o);
+        c.set("burst/" + std::to_string(i), "x");
+        ++served;
+      } catch (const std::exception& e) {
+        std::lock_guard lock(mutex);
+        if (first_error.empty()) first_error = e.what();
+      }
+    });
+  }
+  for (auto& t : clients) t.join();
+  EXPECT_EQ(served.load(), kClients) << first_error << "\n" << d.log().substr(0, 4000);
+  EXPECT_EQ(closed_without_handshake(d), 0) << "honest clients' connections were closed to make room\n"
+                                            << d.log().substr(0, 4000);
 }
 
 // Before: one WARN line per refused connection, without limit.
