@@ -15,6 +15,11 @@ namespace {
 
 // How long one wait of the agent's thread lasts before it looks at a stop request again.
 constexpr std::chrono::milliseconds kSlice{250};
+// A join's waits: every slice that ends without an answer costs the store three requests (WAIT,
+// CANCEL_WAIT, and a look at the round's end), and a join of thousands of nodes lasts seconds, so
+// they start at half a second and double up to a second. A stop is still acted on within a second.
+constexpr std::chrono::milliseconds kFirstJoinSlice{500};
+constexpr std::chrono::milliseconds kMaxJoinSlice{1000};
 
 // What a node that left without an end of its round records as the job's outcome.
 constexpr const char* kLeftWithoutEnd = "signal:left";
@@ -126,8 +131,10 @@ std::optional<RoundEnd> NodeRendezvous::wait_joining(int round, const StopSignal
   const auto start = Clock::now();
   const auto deadline = start + settings_.join_timeout;
   auto next_report = start + settings_.progress_interval;
+  auto slice = kFirstJoinSlice;
   for (;;) {
-    const JoinState state = poll(kSlice);
+    const JoinState state = poll(slice);
+    slice = std::min(slice * 2, kMaxJoinSlice);
     if (state.end) return parse_round_end(*state.end);
     if (state.ready) return std::nullopt;
     if (stop.requested()) {

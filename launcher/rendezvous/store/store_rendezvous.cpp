@@ -140,8 +140,16 @@ StoreRendezvous::~StoreRendezvous() {
   stop_heartbeat();
 }
 
+void StoreRendezvous::request_heartbeat_stop() {
+  {
+    std::lock_guard lock(heartbeat_mutex_);
+    stop_heartbeat_ = true;
+  }
+  heartbeat_cv_.notify_all();
+}
+
 void StoreRendezvous::stop_heartbeat() {
-  stop_heartbeat_ = true;
+  request_heartbeat_stop();
   if (heartbeat_.joinable()) heartbeat_.join();
 }
 
@@ -178,11 +186,10 @@ void StoreRendezvous::start_heartbeat() {
         c->add(k, 1);  // what liveness is judged by (a counter: clocks need not agree)
         if (options_.alive) options_.alive();
         c->set(k + "/time", std::to_string(now_ms()));  // for `ddprun-rendezvous status` only
-        // sleep override: the heartbeat period, in slices so that shutdown is prompt
-        for (auto slept = std::chrono::milliseconds(0); slept < options_.keep_alive_interval && !stop_heartbeat_;
-             slept += std::chrono::milliseconds(50)) {
-          std::this_thread::sleep_for(std::min(std::chrono::milliseconds(50), options_.keep_alive_interval));
-        }
+        // The period, ended at once by a stop. (It slept in 50 ms slices before: 20 wake-ups a
+        // second per agent, which thousands of agents on one host turn into a scheduler storm.)
+        std::unique_lock lock(heartbeat_mutex_);
+        heartbeat_cv_.wait_for(lock, options_.keep_alive_interval, [this] { return stop_heartbeat_.load(); });
       }
     } catch (const std::exception& e) {
       // Once the job is ending the failure is no news (the store is gone, or going with it).

@@ -24,6 +24,8 @@
 // connections.
 
 #include <atomic>
+#include <condition_variable>
+#include <mutex>
 #include <chrono>
 #include <functional>
 #include <memory>
@@ -98,7 +100,7 @@ class StoreRendezvous final : public NodeRendezvous {
   int first_round(const StopSignal& stop) override;
   std::variant<World, RoundEnd> join(int round, int nproc, const WorkerStoreHost& host_worker_store,
                                      const StopSignal& stop) override;
-  void quiesce() override { stop_heartbeat_ = true; }
+  void quiesce() override { request_heartbeat_stop(); }
   bool elastic() const override { return options_.dynamic; }
 
   const StoreRendezvousOptions& options() const { return options_; }
@@ -165,8 +167,12 @@ class StoreRendezvous final : public NodeRendezvous {
   StoreRendezvousOptions options_;
   std::unique_ptr<rdzv::ServerThread> server_;  // the node that hosts the rendezvous store
   std::unique_ptr<rdzv::Client> client_;
+  // Tells the heartbeat thread to end (wakes it from its period's wait); does not wait for it.
+  void request_heartbeat_stop();
   std::thread heartbeat_;
   std::atomic<bool> stop_heartbeat_{false};
+  std::mutex heartbeat_mutex_;
+  std::condition_variable heartbeat_cv_;  // the period's wait: a stop ends it at once
   rdzv::jobs::JobKeys keys_{"none", 1};
   std::string agent_id_;  // heartbeat key: unique per agent process
 };

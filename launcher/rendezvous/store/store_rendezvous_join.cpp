@@ -160,12 +160,14 @@ void StoreRendezvous::assign(int round) {
 std::variant<World, RoundEnd> StoreRendezvous::join_dynamic(int round, int nproc, const WorkerStoreHost& host_worker_store,
                                                             const StopSignal& stop) {
   for (;;) {
-    client_->set(keys_.current_round(), std::to_string(round));
     rdzv::jobs::NodeRecord me = this_node(options_.host, options_.advertise_addr, nproc, options_.nnodes);
     me.agent = agent_id_;
     me.hint = options_.node_rank;
     me.store_host = server_ != nullptr;
     const int64_t idx = client_->add(rk(round).joined(), 1);
+    // The round's first arrival says which round is current, for agents that start later
+    // (first_round); one request for the round rather than one per node.
+    if (idx == 1) client_->set(keys_.current_round(), std::to_string(round));
     client_->set(rk(round).member(std::to_string(idx)), rdzv::jobs::encode(me));
     start_heartbeat();
     log::info("ddprun") << "joined round " << round << " of job '" << options_.run_id << "' (generation "
