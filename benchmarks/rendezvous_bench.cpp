@@ -4,13 +4,19 @@
 // agent (connect handshake included), counted by the server. Both backends: static (each agent
 // knows its node rank) and dynamic (c10d: agents join without ranks, the round closes at N); each
 // against an open store and a protected one (every connection proves the secret with the HMAC
-// handshake), side by side, with the ratio: what the handshake costs.
-//   rendezvous_bench [N,N,...] [REPEATS]   (default 16,128,1024 and 3; the median is reported)
+// handshake), side by side, with the ratio: what the handshake costs. Agents reach the store
+// through 64 loopback addresses (127.0.0.1-64). An agent that fails is
+// counted and its error shown once, never the end of the run.
+//   rendezvous_bench [N,N,...] [REPEATS] [--backend static|c10d|both] [--store open|protected|both] [--by-op]
+//   (--by-op: the requests per agent of each configuration's last round, by operation, on stderr)
+//   (default 16,256,1024,4096, 3 repeats (the median is reported), both backends, both stores)
 #include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <latch>
+#include <mutex>
+#include <string>
 #include <sstream>
 #include <thread>
 #include <vector>
@@ -30,6 +36,9 @@ struct Round {
   double cpu_seconds = 0;  // of this process (agents and store), for the whole round
   double requests_per_agent = 0;
   int wrong = 0;
+  std::string by_op;        // requests per agent, by operation
+  int failed = 0;            // agents whose join threw
+  std::string first_error;  // what the first of them said
 };
 
 double process_cpu() { return static_cast<double>(ddprun::process_cpu_time().count()) / 1e6; }
@@ -46,10 +55,20 @@ Round run_round(bool dynamic, int n, bool secured, int repeat) {
   }
   rdzv::ServerThread daemon(so);
   std::atomic<int64_t> first_join_ns{INT64_MAX}, last_done_ns{0};
-  std::atomic<int> wrong{0};
+  std::atomic<int> wrong{0}, failed{0};
+  std::mutex error_mutex;
+  std::string first_error;
   std::atomic<int64_t> rank_sum{0};
   std::latch go(n + 1);
   const uint64_t before = daemon.stats().requests;
+  auto per_op = [&] {
+    std::vector<uint64_t> v(rdzv::kOpCount);
+    daemon.with_server([&](rdzv::Server& server) {
+      for (size_t op = 0; op < rdzv::kOpCount; ++op) v[op] = server.store().requests(static_cast<rdzv::Op>(op));
+    });
+    return v;
+  };
+  const std::vector<uint64_t> ops_before = per_op();
   const auto t0 = Clock::now();
   std::vector<std::thread> agents;
   for (int k = 0; k < n; ++k) {
@@ -60,7 +79,10 @@ Round run_round(bool dynamic, int n, bool secured, int repeat) {
       o.min_nodes = n;
       o.nnodes = n;
       o.node_rank = dynamic ? -1 : k;
-      o.endpoint_host = "127.0.0.1";
+      // The store listens on every address: agents reach it through 64 loopback addresses, as
+      // agents on many hosts would not share one address's ephemeral ports (the kernel's search
+      // for a free one among thousands of connections to one address is not the store's cost).
+      o.endpoint_host = "127.0.0." + std::to_string(1 + k % 64);
       o.endpoint_port = daemon.port();
       o.advertise_addr = "127.0.0.1";
       o.host = "agent" + std::to_string(k);
@@ -75,12 +97,20 @@ Round run_round(bool dynamic, int n, bool secured, int repeat) {
       int64_t seen = first_join_ns.load();
       while (start < seen && !first_join_ns.compare_exchange_weak(seen, start)) {
       }
-      launcher::workers::StopSignal stop;
-      launcher::rendezvous::store::StoreRendezvous r(o, stop);
-      const auto w = std::get<launcher::rendezvous::World>(r.join(0, 1, [] { return uint16_t{1}; }, stop));
-      // Static: rank = node rank. Dynamic: any permutation, checked by the sum below.
-      if ((!dynamic && w.rank_offset != k) || w.world_size != n || w.rank_offset != w.group_rank) ++wrong;
-      rank_sum += w.rank_offset;
+      try {
+        launcher::workers::StopSignal stop;
+        launcher::rendezvous::store::StoreRendezvous r(o, stop);
+        const auto w = std::get<launcher::rendezvous::World>(r.join(0, 1, [] { return uint16_t{1}; }, stop));
+        // Static: rank = node rank. Dynamic: any permutation, checked by the sum below.
+        if ((!dynamic && w.rank_offset != k) || w.world_size != n || w.rank_offset != w.group_rank) ++wrong;
+        rank_sum += w.rank_offset;
+      } catch (const std::exception& e) {
+        if (failed++ == 0) {
+          std::lock_guard lock(error_mutex);
+          first_error = e.what();
+        }
+        return;
+      }
       const auto done = std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count();
       int64_t last = last_done_ns.load();
       while (done > last && !last_done_ns.compare_exchange_weak(last, done)) {
@@ -92,8 +122,19 @@ Round run_round(bool dynamic, int n, bool secured, int repeat) {
   Round r;
   r.seconds = static_cast<double>(last_done_ns - first_join_ns) / 1e9;
   r.requests_per_agent = static_cast<double>(daemon.stats().requests - before) / n;
-  if (rank_sum != int64_t{n} * (n - 1) / 2) ++wrong;  // every rank exactly once
+  const std::vector<uint64_t> ops_after = per_op();
+  for (size_t op = 0; op < rdzv::kOpCount; ++op) {
+    if (ops_after[op] == ops_before[op]) continue;
+    char item[64];
+    std::snprintf(item, sizeof item, "%s%s %.2f", r.by_op.empty() ? "" : ", ",
+                  std::string(rdzv::op_name(static_cast<rdzv::Op>(op))).c_str(),
+                  static_cast<double>(ops_after[op] - ops_before[op]) / n);
+    r.by_op += item;
+  }
+  if (failed == 0 && rank_sum != int64_t{n} * (n - 1) / 2) ++wrong;  // every rank exactly once
   r.wrong = wrong;
+  r.failed = failed;
+  r.first_error = first_error;
   r.cpu_seconds = process_cpu() - cpu0;
   return r;
 }
@@ -103,37 +144,67 @@ Round run_round(bool dynamic, int n, bool secured, int repeat) {
 int main(int argc, char** argv) {
   raise_open_file_limit();
   log::set_level(log::Level::Warn);
-  std::vector<int> counts{16, 128, 1024};
+  std::vector<int> counts{16, 256, 1024, 4096};
   int repeats = 3;
-  if (argc > 1) {
-    counts = ddprun::bench::parse_list(argv[1]);
+  std::vector<bool> backends{false, true};  // dynamic?
+  std::vector<bool> stores{false, true};    // protected?
+  int positional = 0;
+  bool by_op = false;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    const std::string v = i + 1 < argc ? argv[i + 1] : "";
+    if (a == "--by-op") {
+      by_op = true;
+    } else if (a == "--backend") {
+      backends = v == "static" ? std::vector<bool>{false} : v == "c10d" ? std::vector<bool>{true} : backends;
+      ++i;
+    } else if (a == "--store") {
+      stores = v == "open" ? std::vector<bool>{false} : v == "protected" ? std::vector<bool>{true} : stores;
+      ++i;
+    } else if (positional++ == 0) {
+      counts = ddprun::bench::parse_list(a);
+    } else {
+      repeats = std::max(1, std::stoi(a));
+    }
   }
-  if (argc > 2) repeats = std::max(1, std::stoi(argv[2]));
   std::printf("| backend | agents | store | first join -> all ranked (s), median of %d | CPU s (agents + store) "
-              "| store requests per agent | wrong ranks |\n|---|---:|---|---:|---:|---:|---:|\n",
+              "| store requests per agent | wrong ranks | failed agents |\n|---|---:|---|---:|---:|---:|---:|---:|\n",
               repeats);
-  for (const bool dynamic : {false, true}) {
+  for (const bool dynamic : backends) {
     for (const int n : counts) {
       double median[2] = {0, 0}, cpu[2] = {0, 0};
       // Open and protected rounds alternate, so that drifts in the machine's load hit both alike.
       std::vector<double> times[2], cpus[2];
       Round last[2];
+      int failed[2] = {0, 0};
       for (int rep = 0; rep < repeats; ++rep) {
-        for (int secured = 0; secured < 2; ++secured) {
-          last[secured] = run_round(dynamic, n, secured != 0, rep);
+        for (const bool secured : stores) {
+          last[secured] = run_round(dynamic, n, secured, rep);
           times[secured].push_back(last[secured].seconds);
           cpus[secured].push_back(last[secured].cpu_seconds);
+          failed[secured] += last[secured].failed;
+          if (last[secured].failed > 0) {
+            std::fprintf(stderr, "%s, %d agents, %s store, repeat %d: %d agents failed; the first: %s\n",
+                         dynamic ? "c10d" : "static", n, secured ? "protected" : "open", rep, last[secured].failed,
+                         last[secured].first_error.c_str());
+          }
         }
       }
-      for (int secured = 0; secured < 2; ++secured) {
+      for (const bool secured : stores) {
+        if (by_op) {
+          std::fprintf(stderr, "%s, %d agents, %s store: requests per agent: %s\n", dynamic ? "c10d" : "static", n,
+                       secured ? "protected" : "open", last[secured].by_op.c_str());
+        }
         median[secured] = ddprun::bench::median(times[secured]);
         cpu[secured] = ddprun::bench::median(cpus[secured]);
-        std::printf("| %s | %d | %s | %.3f | %.3f | %.1f | %d |\n", dynamic ? "c10d (dynamic)" : "static", n,
+        std::printf("| %s | %d | %s | %.3f | %.3f | %.1f | %d | %d |\n", dynamic ? "c10d (dynamic)" : "static", n,
                     secured ? "protected (HMAC handshake)" : "open", median[secured], cpu[secured],
-                    last[secured].requests_per_agent, last[secured].wrong);
+                    last[secured].requests_per_agent, last[secured].wrong, failed[secured]);
       }
-      std::printf("| %s | %d | ratio protected/open | %.2fx | %.2fx | | |\n", dynamic ? "c10d (dynamic)" : "static",
-                  n, median[1] / median[0], cpu[1] / cpu[0]);
+      if (stores.size() == 2) {
+        std::printf("| %s | %d | ratio protected/open | %.2fx | %.2fx | | | |\n", dynamic ? "c10d (dynamic)" : "static",
+                    n, median[1] / median[0], cpu[1] / cpu[0]);
+      }
       std::fflush(stdout);
     }
   }
