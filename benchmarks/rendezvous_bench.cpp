@@ -85,6 +85,9 @@ Round run_round(bool dynamic, int n, bool secured, int repeat) {
       o.endpoint_host = "127.0.0." + std::to_string(1 + k % 64);
       o.endpoint_port = daemon.port();
       o.advertise_addr = "127.0.0.1";
+      // The benchmark's store is the daemon: no agent tries to host one (on a cluster only the
+      // agents on the endpoint's host would; here all 4096 share it).
+      o.is_host = false;
       o.host = "agent" + std::to_string(k);
       o.join_timeout = std::chrono::seconds(120);
       if (secured) {
