@@ -3,6 +3,8 @@
 //   sdk_test_worker ddp-equivalence STEPS [direct|process-group]
 //   sdk_test_worker no-sync
 //   sdk_test_worker unused-parameter find|report
+//   sdk_test_worker custom-hook             (a communication hook of the user's, with its own state)
+//   sdk_test_worker powersgd                (PowerSGD at full rank is the average; at rank 1 it is not)
 //   sdk_test_worker peer-exits               (the last rank leaves after 2 steps)
 //   sdk_test_worker sampler-grid              (no launcher needed: JSON lines for the Python test)
 //   sdk_test_worker checkpoint DIR
@@ -190,6 +192,129 @@ int no_sync() {
   ref_opt.step();
   dist.print("RESULT local_grads_differed=", spread > 0 ? 1 : 0);
   dist.print("RESULT max_abs_diff_vs_single=", all_max(dist, max_abs_diff(ddp.parameters(), reference->parameters())));
+  return 0;
+}
+
+// A hook that sums each bucket over the ranks without averaging, counting the buckets it sees in
+// a state of its own: the gradients must be world x those of DDP without a hook.
+int custom_hook() {
+  auto dist = Distributed::init();
+  const int world = dist.world_size(), per_rank = 3;
+  Net a = rank_seeded_net(dist.rank());
+  DistributedDataParallel<NetImpl> plain(a.ptr(), dist, small_buckets());
+  Net b = reference_copy(a);
+  DistributedDataParallel<NetImpl> hooked(b.ptr(), dist, small_buckets());
+  struct SumState {
+    c10::intrusive_ptr<c10d::ProcessGroup> group;
+    std::vector<size_t> indices;
+    int last_buckets = 0;
+  };
+  auto state = std::make_shared<SumState>();
+  state->group = hooked.process_group();
+  hooked.register_comm_hook(
+      state,
+      [](std::shared_ptr<SumState>& s, c10d::GradBucket& bucket) {
+        s->indices.push_back(bucket.getIndex());
+        if (bucket.isLast()) ++s->last_buckets;
+        std::vector<at::Tensor> tensors{bucket.getBufferRef()};
+        return s->group->allreduce(tensors)->getFuture();  // its value is [tensor]
+      },
+      "sum_hook");
+  std::string second;
+  try {
+    hooked.register_comm_hook(comm_hooks::Builtin::allreduce);
+  } catch (const std::exception& e) {
+    second = e.what();
+  }
+  const int steps = 2;
+  for (int step = 0; step < steps; ++step) {
+    auto [x, y] = global_batch(step, world, per_rank);
+    auto xr = x.narrow(0, dist.rank() * per_rank, per_rank), yr = y.narrow(0, dist.rank() * per_rank, per_rank);
+    for (auto& p : plain.parameters()) p.mutable_grad() = torch::Tensor();
+    for (auto& p : hooked.parameters()) p.mutable_grad() = torch::Tensor();
+    torch::nn::functional::cross_entropy(plain(xr), yr).backward();
+    torch::nn::functional::cross_entropy(hooked(xr), yr).backward();
+  }
+  std::vector<torch::Tensor> expected, got;
+  for (auto& p : plain.parameters()) expected.push_back(p.grad() * world);
+  for (auto& p : hooked.parameters()) got.push_back(p.grad());
+  const auto buckets = hooked.bucket_layout().size();
+  // Step 1 runs one bucket; step 2 the rebuilt ones, indexed 0..n-1.
+  bool indices_ok = state->indices.size() == 1 + buckets && state->indices[0] == 0;
+  for (size_t i = 0; indices_ok && i < buckets; ++i) indices_ok = state->indices[1 + i] == i;
+  dist.print("RESULT hook_calls=", state->indices.size(), " buckets=", buckets, " indices_ok=", indices_ok ? 1 : 0,
+             " last_buckets=", state->last_buckets,
+             " comm_hook=", hooked.logging_data().strs_map["comm_hook"]);
+  dist.print("RESULT sum_vs_world_times_mean=", all_max(dist, max_abs_diff(got, expected)));
+  dist.print("RESULT second_hook_error=", second.find("can only be called once") != std::string::npos ? 1 : 0);
+  return 0;
+}
+
+// PowerSGD's factors at full rank span every gradient: after the vanilla iterations, both hooks
+// must give DDP's average (up to the rounding of the orthogonalisation); at rank 1 they must not.
+int powersgd() {
+  auto dist = Distributed::init();
+  const int world = dist.world_size(), per_rank = 3, steps = 4;
+  Net base = rank_seeded_net(dist.rank());
+  int64_t total = 0;
+  for (auto& p : base->parameters()) total += p.numel();
+  const auto side = static_cast<int64_t>(std::ceil(std::sqrt(static_cast<double>(total))));
+  // Everything in one bucket, so that the batched hook's square holds all of it.
+  DdpOptions one_bucket;
+  one_bucket.bucket_cap_bytes = 64u << 20;
+  one_bucket.first_bucket_cap_bytes = 64u << 20;
+  struct Run {
+    std::string name;
+    bool batched;
+    int64_t rank;
+  };
+  const std::vector<Run> runs{{"layerwise_full", false, 1 << 20}, {"batched_full", true, side},
+                              {"layerwise_rank1", false, 1}, {"batched_rank1", true, 1}};
+  Net plain_net = reference_copy(base);
+  DistributedDataParallel<NetImpl> plain(plain_net.ptr(), dist, one_bucket);
+  std::vector<Net> nets;
+  std::vector<std::unique_ptr<DistributedDataParallel<NetImpl>>> ddps;
+  std::vector<comm_hooks::PowerSGDStatePtr> states;
+  for (const Run& r : runs) {
+    nets.push_back(reference_copy(base));
+    ddps.push_back(std::make_unique<DistributedDataParallel<NetImpl>>(nets.back().ptr(), dist, one_bucket));
+    // min_compression_rate 0: every matrix is compressed, vectors included.
+    states.push_back(std::make_shared<comm_hooks::PowerSGDState>(ddps.back()->process_group(), r.rank, 2, 0.0));
+    ddps.back()->register_comm_hook(states.back(),
+                                    r.batched ? comm_hooks::batched_powerSGD_hook : comm_hooks::powerSGD_hook,
+                                    r.batched ? "batched_powerSGD_hook" : "powerSGD_hook");
+  }
+  for (int step = 0; step < steps; ++step) {
+    auto [x, y] = global_batch(step, world, per_rank);
+    auto xr = x.narrow(0, dist.rank() * per_rank, per_rank), yr = y.narrow(0, dist.rank() * per_rank, per_rank);
+    for (auto& p : plain.parameters()) p.mutable_grad() = torch::Tensor();
+    torch::nn::functional::cross_entropy(plain(xr), yr).backward();
+    for (auto& d : ddps) {
+      for (auto& p : d->parameters()) p.mutable_grad() = torch::Tensor();
+      torch::nn::functional::cross_entropy((*d)(xr), yr).backward();
+    }
+  }
+  std::vector<torch::Tensor> expected;
+  double scale = 0;
+  for (auto& p : plain.parameters()) {
+    expected.push_back(p.grad());
+    scale = std::max(scale, p.grad().abs().max().item<double>());
+  }
+  for (size_t i = 0; i < runs.size(); ++i) {
+    std::vector<torch::Tensor> got;
+    for (auto& p : ddps[i]->parameters()) got.push_back(p.grad());
+    const auto stats = states[i]->compression_stats();
+    dist.print("RESULT ", runs[i].name, "_rel=", all_max(dist, max_abs_diff(got, expected)) / scale, " ",
+               runs[i].name, "_iter=", states[i]->iter, " ", runs[i].name, "_rate=", stats.rate, " ", runs[i].name,
+               "_hook=", ddps[i]->logging_data().strs_map["comm_hook"]);
+  }
+  std::string refused;
+  try {
+    comm_hooks::PowerSGDState bad(plain.process_group(), 1, 1);
+  } catch (const std::invalid_argument& e) {
+    refused = e.what();
+  }
+  dist.print("RESULT start_iter_1_refused=", refused.find("start_powerSGD_iter > 1") != std::string::npos ? 1 : 0);
   return 0;
 }
 
@@ -420,6 +545,8 @@ int main(int argc, char** argv) {
     if (mode == "ddp-equivalence") return ddp_equivalence(std::stoi(argv[2]), argc > 3 ? argv[3] : "direct");
     if (mode == "no-sync") return no_sync();
     if (mode == "unused-parameter") return unused_parameter(argv[2]);
+    if (mode == "custom-hook") return custom_hook();
+    if (mode == "powersgd") return powersgd();
     if (mode == "sampler-grid") return sampler_grid();
     if (mode == "peer-exits") return peer_exits();
     if (mode == "checkpoint") return checkpoint(argv[2]);

@@ -112,6 +112,47 @@ TEST(DdpTest, UnusedParameterIsReportedByNameOrLeftUntouched) {
   EXPECT_DOUBLE_EQ(std::stod(r["used_grad"]), 3.0);
 }
 
+// A user's hook with its own state: called once per bucket with the bucket's index, on the local
+// sums (not divided: a hook that only sums gives world x DDP's average), named in the logging
+// data; a second hook is refused, as in Python.
+TEST(DdpTest, ACommunicationHookReceivesEveryBucketUndivided) {
+  for (int world : {2, 3}) {
+    const Finished f = run_under_ddprun(world, {"custom-hook"});
+    ASSERT_EQ(f.exit_code, 0) << f.err;
+    auto r = results(f.out);
+    ASSERT_GE(std::stoi(r["buckets"]), 3) << f.out;
+    EXPECT_EQ(std::stoi(r["hook_calls"]), 1 + std::stoi(r["buckets"])) << f.out;
+    EXPECT_EQ(r["indices_ok"], "1") << f.out;
+    EXPECT_EQ(r["last_buckets"], "2") << f.out;
+    EXPECT_EQ(r["comm_hook"], "sum_hook");
+    EXPECT_LE(std::stod(r["sum_vs_world_times_mean"]), 1e-6) << f.out;
+    EXPECT_EQ(r["second_hook_error"], "1") << f.out;
+  }
+}
+
+// PowerSGD, layer by layer and batched: after its vanilla iterations it compresses (the
+// compression statistics say how much); at full rank its low-rank factors rebuild DDP's average,
+// at rank 1 they do not; error feedback or warm start with start_powerSGD_iter 1 is refused.
+TEST(DdpTest, PowerSgdAtFullRankIsTheAverageAndAtRankOneIsNot) {
+  for (int world : {2, 3}) {
+    const Finished f = run_under_ddprun(world, {"powersgd"});
+    ASSERT_EQ(f.exit_code, 0) << f.err;
+    auto r = results(f.out);
+    for (const std::string run : {"layerwise_full", "batched_full", "layerwise_rank1", "batched_rank1"}) {
+      EXPECT_EQ(r[run + "_iter"], "4") << run;
+      EXPECT_GT(std::stod(r[run + "_rate"]), 0.0) << run;
+    }
+    EXPECT_EQ(r["layerwise_full_hook"], "powerSGD_hook");
+    EXPECT_EQ(r["batched_full_hook"], "batched_powerSGD_hook");
+    EXPECT_LE(std::stod(r["layerwise_full_rel"]), 1e-4) << f.out;
+    EXPECT_LE(std::stod(r["batched_full_rel"]), 1e-4) << f.out;
+    EXPECT_GT(std::stod(r["layerwise_rank1_rel"]), 1e-2) << f.out;
+    EXPECT_GT(std::stod(r["batched_rank1_rel"]), 1e-2) << f.out;
+    EXPECT_GT(std::stod(r["layerwise_rank1_rate"]), 1.5) << f.out;
+    EXPECT_EQ(r["start_iter_1_refused"], "1") << f.out;
+  }
+}
+
 TEST(CheckpointTest, RoundTripWithAndWithoutModulePrefix) {
   TempDir dir;
   const Finished f = run_under_ddprun(2, {"checkpoint", dir.path.string()});

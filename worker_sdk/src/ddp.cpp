@@ -18,6 +18,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <functional>
 #include <climits>
 #include <mutex>
 #include <set>
@@ -105,6 +106,27 @@ struct DdpSink : torch::autograd::Function<DdpSink> {
     out.insert(out.end(), grads.begin(), grads.end());
     return out;
   }
+};
+
+// A C++ function as the reducer's communication hook (Python's PythonCommHook for a callable).
+class FunctionCommHook final : public c10d::CommHookInterface {
+ public:
+  explicit FunctionCommHook(std::function<comm_hooks::TensorFuture(c10d::GradBucket&)> hook)
+      : hook_(std::move(hook)) {}
+  c10::intrusive_ptr<c10::ivalue::Future> runHook(c10d::GradBucket& bucket) override {
+    auto future = hook_(bucket);
+    if (!future) throw std::runtime_error("DistributedDataParallel: the communication hook returned no future");
+    return future;
+  }
+  at::Tensor parseHookResult(const c10::IValue& result) override {
+    if (result.isTensor()) return result.toTensor();
+    if (result.isTensorList() && !result.toTensorVector().empty()) return result.toTensorVector()[0];
+    throw std::runtime_error("DistributedDataParallel: a communication hook's future must hold a Tensor or a list "
+                             "of Tensors (the reduced bucket), not " + result.tagKind());
+  }
+
+ private:
+  std::function<comm_hooks::TensorFuture(c10d::GradBucket&)> hook_;
 };
 
 }  // namespace
@@ -422,6 +444,20 @@ bool DdpCore::direct_gloo() const {
 #else
   return false;
 #endif
+}
+
+c10::intrusive_ptr<c10d::ProcessGroup> DdpCore::process_group() const { return impl_->pg; }
+
+void DdpCore::register_comm_hook(std::function<comm_hooks::TensorFuture(c10d::GradBucket&)> hook,
+                                 const std::string& name) {
+  if (!hook) throw std::invalid_argument("DistributedDataParallel::register_comm_hook: the hook is empty");
+  Impl& s = *impl_;
+  try {
+    s.reducer->register_comm_hook(std::make_unique<FunctionCommHook>(std::move(hook)));
+    s.logger->set_comm_hook(name);
+  } catch (const c10::Error& e) {
+    rethrow_clean(e);
+  }
 }
 
 }  // namespace ddprun::worker::detail

@@ -35,7 +35,8 @@ bool ring_can_take(const std::vector<at::Tensor>& tensors, const c10d::Allreduce
   const at::Tensor& t = tensors[0];
   const auto type = t.scalar_type();
   return t.device().is_cpu() && t.layout() == c10::kStrided && t.is_contiguous() && t.numel() > 0 &&
-         (type == at::kFloat || type == at::kDouble || type == at::kInt || type == at::kLong);
+         (type == at::kFloat || type == at::kDouble || type == at::kHalf || type == at::kBFloat16 ||
+          type == at::kInt || type == at::kLong);
 }
 
 }  // namespace
@@ -83,9 +84,11 @@ void DdpCommGroup::run_next(std::unique_lock<std::mutex>& lock, bool on_waiting_
       switch (t.scalar_type()) {
         case at::kFloat: ring_->allreduce_sum(t.data_ptr<float>(), count); break;
         case at::kDouble: ring_->allreduce_sum(t.data_ptr<double>(), count); break;
+        case at::kHalf: ring_->allreduce_sum(t.data_ptr<c10::Half>(), count); break;
+        case at::kBFloat16: ring_->allreduce_sum(t.data_ptr<c10::BFloat16>(), count); break;
         case at::kInt: ring_->allreduce_sum(t.data_ptr<int32_t>(), count); break;
         case at::kLong: ring_->allreduce_sum(t.data_ptr<int64_t>(), count); break;
-        default: throw std::logic_error("the ring takes float, double, int and long tensors only");
+        default: throw std::logic_error("the ring takes float, double, half, bfloat16, int and long tensors only");
       }
     } catch (const std::exception& e) {
       error = std::make_exception_ptr(std::runtime_error(

@@ -2,8 +2,9 @@
 // The process group a DistributedDataParallel reduces its gradients on when the direct Gloo path is
 // on: the job's process group for every collective, except the sum all-reduce of one contiguous
 // CPU float or double tensor (a gradient bucket), which runs on a GlooRing (gloo_ring.hpp) with
-// ProcessGroupGloo's summation order, so that results stay Python DDP's to the bit, and of one
-// int or long tensor (find_unused_parameters' map of used parameters: exact in any order).
+// ProcessGroupGloo's summation order, so that results stay Python DDP's to the bit, of one half
+// or bfloat16 tensor (the compression hooks' buckets, in the same order), and of one int or long
+// tensor (find_unused_parameters' map of used parameters: exact in any order).
 //
 // c10d::Reducer launches its buckets through allreduce() from the autograd hooks while backward
 // still runs. The all-reduces run in launch order on one background thread, which sleeps in recv

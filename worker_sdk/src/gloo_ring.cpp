@@ -106,6 +106,10 @@ void GlooRing::allreduce_sum(float* data, size_t count) { run(data, count); }
 
 void GlooRing::allreduce_sum(double* data, size_t count) { run(data, count); }
 
+void GlooRing::allreduce_sum(c10::Half* data, size_t count) { run(data, count); }
+
+void GlooRing::allreduce_sum(c10::BFloat16* data, size_t count) { run(data, count); }
+
 void GlooRing::allreduce_sum(int32_t* data, size_t count) { run(data, count); }
 
 void GlooRing::allreduce_sum(int64_t* data, size_t count) { run(data, count); }
@@ -176,6 +180,8 @@ void GlooRing::run(T* data, size_t count) {
 
 template void GlooRing::run<float>(float*, size_t);
 template void GlooRing::run<double>(double*, size_t);
+template void GlooRing::run<c10::Half>(c10::Half*, size_t);
+template void GlooRing::run<c10::BFloat16>(c10::BFloat16*, size_t);
 template void GlooRing::run<int32_t>(int32_t*, size_t);
 template void GlooRing::run<int64_t>(int64_t*, size_t);
 

@@ -1,5 +1,5 @@
 #pragma once
-// In-place sum all-reduce of CPU float/double (and integer) buffers over a dedicated Gloo context whose pairs
+// In-place sum all-reduce of CPU float/double (and half, bfloat16 and integer) buffers over a dedicated Gloo context whose pairs
 // are in synchronous mode, with the summation order of ProcessGroupGloo's all-reduce: the results
 // are bit for bit those of Python DDP on the same inputs, at any number of ranks.
 //
@@ -28,6 +28,8 @@
 //
 // Thread-safety: one thread at a time runs allreduce_sum (the caller serialises, see DdpCommGroup).
 
+#include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
 #include <chrono>
@@ -60,6 +62,10 @@ class GlooRing {
   // unusable after that.
   void allreduce_sum(float* data, size_t count);
   void allreduce_sum(double* data, size_t count);
+  // Half precision (the fp16 and bf16 compression hooks): each addition rounds to the type, as
+  // gloo's and c10's additions of these types do (in float, then to nearest even).
+  void allreduce_sum(c10::Half* data, size_t count);
+  void allreduce_sum(c10::BFloat16* data, size_t count);
   // Integers (DDP's map of locally used parameters): any order gives the same sum.
   void allreduce_sum(int32_t* data, size_t count);
   void allreduce_sum(int64_t* data, size_t count);

@@ -1,6 +1,7 @@
 #pragma once
 // The ddprun worker SDK: everything a data-parallel C++ training program needs.
 #include "ddprun/worker/checkpoint.hpp"
+#include "ddprun/worker/comm_hooks.hpp"
 #include "ddprun/worker/ddp.hpp"
 #include "ddprun/worker/distributed.hpp"
 #include "ddprun/worker/env.hpp"

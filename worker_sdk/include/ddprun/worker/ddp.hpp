@@ -20,11 +20,13 @@
 // threads.
 
 #include <c10/util/Logging.h>
+#include <torch/csrc/distributed/c10d/comm.hpp>
 #include <torch/nn/module.h>
 #include <torch/nn/pimpl.h>
 #include <torch/types.h>
 
 #include <cstddef>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -32,6 +34,7 @@
 #include <utility>
 #include <vector>
 
+#include "ddprun/worker/comm_hooks.hpp"
 #include "ddprun/worker/distributed.hpp"
 
 namespace ddprun::worker {
@@ -105,6 +108,10 @@ class DdpCore {
   c10::DDPLoggingData logging_data() const;
   std::vector<std::vector<size_t>> bucket_layout() const;
   bool direct_gloo() const;
+  // What the reducer and DDP's broadcasts run on (the direct Gloo path when it is on).
+  c10::intrusive_ptr<c10d::ProcessGroup> process_group() const;
+  // Python's register_comm_hook: `name` is what DDP's logging data reports as comm_hook.
+  void register_comm_hook(std::function<comm_hooks::TensorFuture(c10d::GradBucket&)> hook, const std::string& name);
 
  private:
   struct Impl;
@@ -211,6 +218,29 @@ class DistributedDataParallel {
   std::vector<torch::Tensor> parameters() const { return module_->parameters(); }
   void train(bool on = true) { module_->train(on); }
   void eval() { module_->eval(); }
+
+  // Python's register_comm_hook(state, hook): from the next backward on, each bucket's gradients,
+  // summed over nothing yet and not divided by the world size, go to hook(state, bucket), whose
+  // future's tensor (Tensor or [Tensor]) becomes the bucket's gradients once complete. The hook
+  // runs on an autograd thread while backward still runs, and must launch the same collectives
+  // in the same order on every rank. `state` is kept (by value: share it with a shared_ptr) for
+  // as long as this object; `name` is DDP's logging data's comm_hook. Once per object (a second
+  // hook is an error, as in Python). See comm_hooks.hpp for the built-in hooks.
+  template <typename State, typename Hook>
+  void register_comm_hook(State state, Hook hook, const std::string& name = "comm_hook") {
+    core_->register_comm_hook(
+        [state = std::move(state), hook = std::move(hook)](c10d::GradBucket& bucket) mutable {
+          return hook(state, bucket);
+        },
+        name);
+  }
+  // One of the built-in hooks of default_hooks.py, on this DDP's process group (for allreduce,
+  // fp16 and bf16: on CPU with Gloo, the direct ring), named as Python names them.
+  void register_comm_hook(comm_hooks::Builtin hook) {
+    register_comm_hook(process_group(), comm_hooks::function_of(hook), comm_hooks::name_of(hook));
+  }
+  // The process group DDP's gradients are reduced on: the state to give the built-in hooks.
+  c10::intrusive_ptr<c10d::ProcessGroup> process_group() const { return core_->process_group(); }
 
   // Python's _set_static_graph(): before the first iteration (DdpOptions::static_graph does it).
   void set_static_graph() { core_->set_static_graph(); }
