@@ -51,11 +51,16 @@ BATCH = 8
 #   expect_error what every rank of the SDK must fail with (a substring), and some rank of Python
 #                (Python's shape check raises on the ranks that differ from rank 0 only), or None
 #   env        extra environment of both sides' workers
+#   hook       a communication hook of default_hooks.py ("allreduce", "fp16", "bf16"), of
+#              powerSGD_hook.py ("powersgd") or None
+#   powersgd   PowerSGDState's arguments for "powersgd" (the process group aside)
+#   min_torch  the oldest PyTorch major release whose Python DDP can run the case (1.13's Gloo has
+#              no bfloat16 sum); the test skips it on older ones
 SMALL_BUCKETS = {"bucket_cap_mb": 8192 / (1 << 20), "first_bucket_bytes": 4096}
 
 
 def case(world=2, steps=6, optimizer="sgd", schedule="train", model=None, ddp=None, set_to_none=True,
-         rank_buffers=False, expect_error=None, env=None):
+         rank_buffers=False, expect_error=None, env=None, hook=None, min_torch=1, powersgd=None):
     m = {"hidden": HIDDEN, "bn": True, "extra": "none", "tied": False, "twice": False, "mismatch": False}
     m.update(model or {})
     d = {"find_unused_parameters": False, "broadcast_buffers": True, "gradient_as_bucket_view": False,
@@ -63,7 +68,7 @@ def case(world=2, steps=6, optimizer="sgd", schedule="train", model=None, ddp=No
     d.update(ddp or {})
     return {"world": world, "steps": steps, "optimizer": optimizer, "schedule": schedule, "model": m, "ddp": d,
             "set_to_none": set_to_none, "rank_buffers": rank_buffers, "expect_error": expect_error,
-            "env": env or {}}
+            "env": env or {}, "hook": hook, "min_torch": min_torch, "powersgd": powersgd}
 
 
 CASES = {
@@ -97,6 +102,26 @@ CASES = {
     "gradient_as_bucket_view": case(world=3, ddp={"gradient_as_bucket_view": True}, set_to_none=False),
     "gradient_as_bucket_view_adam": case(optimizer="adam", ddp={"gradient_as_bucket_view": True},
                                          set_to_none=False),
+    # Communication hooks: gradients not divided before the hook, the hook's average and, with
+    # compression, sums in float16/bfloat16 (in the ring's order, the bits of Gloo's).
+    "hook_allreduce_3": case(world=3, hook="allreduce"),
+    "hook_fp16_2": case(hook="fp16"),
+    "hook_fp16_3": case(world=3, hook="fp16"),
+    "hook_bf16_3": case(world=3, hook="bf16", min_torch=2),
+    "hook_fp16_bucket_view": case(hook="fp16", ddp={"gradient_as_bucket_view": True}, set_to_none=False),
+    # PowerSGD: vanilla all-reduce for 2 iterations, then low-rank factors with error feedback and
+    # warm start; rank 1 and 2 orthogonalise by Gram-Schmidt, rank 4 by QR (and leaves the output
+    # layer uncompressed: not worth it at min_compression_rate 2).
+    "powersgd_rank1": case(steps=12, hook="powersgd", powersgd={"matrix_approximation_rank": 1,
+                                                                "start_powerSGD_iter": 2}),
+    "powersgd_rank2_3": case(world=3, steps=12, hook="powersgd",
+                             powersgd={"matrix_approximation_rank": 2, "start_powerSGD_iter": 2, "random_seed": 7}),
+    "powersgd_rank4_adam": case(steps=12, optimizer="adam", hook="powersgd",
+                                powersgd={"matrix_approximation_rank": 4, "start_powerSGD_iter": 3}),
+    "powersgd_cold": case(steps=10, hook="powersgd", powersgd={
+        "matrix_approximation_rank": 2, "start_powerSGD_iter": 2, "warm_start": False, "use_error_feedback": False}),
+    "powersgd_buckets": case(steps=12, ddp=SMALL_BUCKETS, hook="powersgd",
+                             powersgd={"matrix_approximation_rank": 1, "start_powerSGD_iter": 2}),
     "shape_mismatch": case(model={"mismatch": True},
                            expect_error="appears not to match sizes of the same param in process 0"),
     "detail_mismatch": case(schedule="detail_mismatch", env={"TORCH_DISTRIBUTED_DEBUG": "DETAIL"},
@@ -108,7 +133,7 @@ CASES = {
 LOGGING_KEYS = ["world_size", "rank", "bucket_cap_bytes", "find_unused_parameters", "gradient_as_bucket_view",
                 "broadcast_buffers", "static_graph", "num_parameter_tensors", "total_parameter_size_bytes",
                 "bucket_sizes", "rebuilt_bucket_sizes", "has_rebuilt_buckets", "unused_parameter_size",
-                "dtypes", "backend_name", "is_multi_device_module", "iteration"]
+                "dtypes", "backend_name", "is_multi_device_module", "iteration", "comm_hook"]
 
 
 def micro_batches(c):
@@ -155,6 +180,52 @@ def read_tensors(prefix):
         values = struct.unpack_from(f"<{n}f", raw, 4 * e["offset"])
         out[e["name"]] = torch.tensor(values, dtype=torch.float32).reshape(e["shape"])
     return doc, out
+
+
+# --- communication hooks ---------------------------------------------------------------------------
+
+def bf16_compress_hook_gloo(process_group, bucket):
+    """bf16_compress_hook under a name that DDP's CUDA-only check for it does not stop: PyTorch 2.x's
+    Gloo sums bfloat16 on CPU, so Python can be the reference there."""
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+    return default_hooks.bf16_compress_hook(process_group, bucket)
+
+
+class _BlockingAllReduce:
+    """torch.distributed for powerSGD_hook.py, but all_reduce returns once the sum is done, with a
+    completed future. Python's hook chains its three all-reduces in future callbacks that wait on
+    collectives of their own; on CPU those callbacks run on ProcessGroupGloo's two worker threads,
+    and the hook hangs (one bucket, 2 ranks) or pairs different collectives on different ranks
+    (3 ranks: Gloo's 'op.preamble.length <= op.nbytes'). With completed futures every callback runs
+    at once on the hook's thread: Python's own hook code, state and arithmetic, in the order the
+    SDK's hook runs them (one after another on the thread that calls it)."""
+
+    def __getattr__(self, name):
+        return getattr(dist, name)
+
+    @staticmethod
+    def all_reduce(tensor, group=None, async_op=False):
+        dist.all_reduce(tensor, group=group, async_op=True).wait()
+        done = torch.futures.Future()
+        done.set_result([tensor])
+
+        class Work:
+            def get_future(self):
+                return done
+
+            def wait(self):
+                return True
+        return Work()
+
+
+def comm_hook(c):
+    """(state, hook) of the case's communication hook."""
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
+    if c["hook"] == "powersgd":
+        powerSGD_hook.dist = _BlockingAllReduce()
+        return powerSGD_hook.PowerSGDState(process_group=None, **c["powersgd"]), powerSGD_hook.powerSGD_hook
+    return None, {"allreduce": default_hooks.allreduce_hook, "fp16": default_hooks.fp16_compress_hook,
+                  "bf16": bf16_compress_hook_gloo}[c["hook"]]
 
 
 # --- the model ------------------------------------------------------------------------------------
@@ -269,6 +340,8 @@ def train(c, directory, rank):
         model, broadcast_buffers=o["broadcast_buffers"], **caps,
         find_unused_parameters=o["find_unused_parameters"], gradient_as_bucket_view=o["gradient_as_bucket_view"],
         static_graph=o["static_graph"])
+    if c["hook"]:
+        ddp.register_comm_hook(*comm_hook(c))
     if c["optimizer"] == "sgd":
         opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, weight_decay=1e-4)
     else:

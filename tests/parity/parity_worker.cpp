@@ -234,6 +234,20 @@ Result train(const json& c, const std::string& dir, int rank, const std::string&
   // torch.distributed._DEFAULT_FIRST_BUCKET_BYTES: read by 1.x always, by 2.x only without bucket_cap_mb.
   if (TORCH_VERSION_MAJOR < 2 || o.at("bucket_cap_mb").is_null()) options.first_bucket_cap_bytes = first;
   DistributedDataParallel<NetImpl> ddp(net, dist, options);
+  if (c.at("hook") == "powersgd") {
+    const json& a = c.at("powersgd");
+    auto state = std::make_shared<comm_hooks::PowerSGDState>(
+        ddp.process_group(), a.value("matrix_approximation_rank", int64_t{1}),
+        a.value("start_powerSGD_iter", int64_t{1000}), a.value("min_compression_rate", 2.0),
+        a.value("use_error_feedback", true), a.value("warm_start", true), a.value("orthogonalization_epsilon", 0.0),
+        a.value("random_seed", uint32_t{0}), a.value("batch_tensors_with_same_shape", false));
+    ddp.register_comm_hook(state, comm_hooks::powerSGD_hook, "powerSGD_hook");
+  } else if (c.at("hook") == "bf16") {
+    // parity.py's name for bf16_compress_hook (Python's own refuses to run without CUDA).
+    ddp.register_comm_hook(ddp.process_group(), comm_hooks::bf16_compress_hook, "bf16_compress_hook_gloo");
+  } else if (!c.at("hook").is_null()) {
+    ddp.register_comm_hook(comm_hooks::parse_builtin(c.at("hook")));
+  }
 
   // Each parameter once, as Python's parameters() gives them (LibTorch's lists a tied one twice,
   // and an optimizer would step it twice).
