@@ -20,7 +20,11 @@ ExampleFlags parse_example_flags(int argc, char** argv, const std::string& name,
         << "  --max-steps N       stop each epoch after N steps (default: whole epoch)\n"
         << "  --train-limit N     use the first N training samples (default: all)\n"
         << "  --test-limit N      use the first N test samples (default: all)\n"
-        << "  --seed N            shuffling and initialisation seed (default " << d.seed << ")\n";
+        << "  --seed N            shuffling and initialisation seed (default " << d.seed << ")\n"
+        << "  --comm-hook H       DDP communication hook: allreduce, fp16, bf16 or powersgd:RANK (default:\n"
+        << "                      none, DDP's own average); fp16 and bf16 send gradients in 16 bits,\n"
+        << "                      powersgd:RANK low-rank factors of rank RANK (1-64) with error feedback\n"
+        << "                      after " << kPowerSgdStartIter << " plain iterations\n";
   };
   auto fail = [&](const std::string& msg) {
     std::cerr << name << ": " << msg << "\n";
@@ -60,6 +64,21 @@ ExampleFlags parse_example_flags(int argc, char** argv, const std::string& name,
     else if (flag == "--train-limit") f.train_limit = static_cast<int64_t>(number(0));
     else if (flag == "--test-limit") f.test_limit = static_cast<int64_t>(number(0));
     else if (flag == "--seed") f.seed = static_cast<uint64_t>(number(0));
+    else if (flag == "--comm-hook") {
+      // The spellings of the SDK's comm_hooks::parse_builtin, and powersgd:RANK.
+      if (value.rfind("powersgd:", 0) == 0) {
+        const std::string rank = value.substr(9);
+        char* end = nullptr;
+        const long r = rank.empty() ? 0 : std::strtol(rank.c_str(), &end, 10);
+        if (rank.empty() || *end != '\0' || r < 1 || r > 64) {
+          fail("--comm-hook: powersgd:RANK takes a rank from 1 to 64, got '" + value + "'");
+        }
+        f.powersgd_rank = r;
+      } else if (value != "allreduce" && value != "fp16" && value != "bf16") {
+        fail("--comm-hook: expected allreduce, fp16, bf16 or powersgd:RANK, got '" + value + "'");
+      }
+      f.comm_hook = value;
+    }
     else fail("unknown flag " + flag);
   }
   return f;

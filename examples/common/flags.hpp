@@ -6,6 +6,9 @@
 
 namespace ddprun::examples {
 
+// --comm-hook powersgd:RANK compresses from this iteration on (plain all-reduce before).
+inline constexpr int64_t kPowerSgdStartIter = 10;
+
 struct ExampleFlags {
   int epochs = 3;
   int batch_size = 64;     // per rank: the global batch is batch_size x WORLD_SIZE
@@ -16,6 +19,8 @@ struct ExampleFlags {
   int64_t train_limit = 0; // use at most this many training samples (0 = all)
   int64_t test_limit = 0;
   uint64_t seed = 0;
+  std::string comm_hook;   // "" = none; allreduce, fp16, bf16 or powersgd:RANK (the SDK's DDP communication hooks)
+  int64_t powersgd_rank = 0;  // RANK of powersgd:RANK (0 otherwise)
 };
 
 // Parses argv over `defaults`; prints usage and exits on --help or a bad flag.

@@ -41,6 +41,13 @@ int train_classifier(const std::string& name, const ExampleFlags& flags, std::sh
   const auto device = dist.device();
   model->to(device);
   worker::DistributedDataParallel<Impl> ddp(model, dist);
+  if (flags.powersgd_rank > 0) {
+    ddp.register_comm_hook(std::make_shared<worker::comm_hooks::PowerSGDState>(ddp.process_group(),
+                                                                                flags.powersgd_rank, kPowerSgdStartIter),
+                           worker::comm_hooks::powerSGD_hook, "powerSGD_hook");
+  } else if (!flags.comm_hook.empty()) {
+    ddp.register_comm_hook(worker::comm_hooks::parse_builtin(flags.comm_hook));
+  }
   torch::optim::SGD opt(ddp.parameters(), torch::optim::SGDOptions(flags.lr).momentum(0.9));
   const std::string ckpt = flags.checkpoint_dir.empty() ? "" : flags.checkpoint_dir + "/checkpoint.pt";
   int start_epoch = 0;
@@ -113,9 +120,10 @@ int train_classifier(const std::string& name, const ExampleFlags& flags, std::sh
   std::snprintf(json, sizeof json,
                 "{\"example\": \"%s\", \"world_size\": %d, \"epochs\": %d, \"batch_size_per_rank\": %d, "
                 "\"first_loss\": %.5f, \"final_loss\": %.5f, \"test_accuracy\": %.4f, \"samples_per_s\": %.1f, "
-                "\"seconds\": %.2f}",
+                "\"seconds\": %.2f, \"comm_hook\": \"%s\"}",
                 name.c_str(), dist.world_size(), flags.epochs, flags.batch_size, first_loss, final_loss, accuracy,
-                total_seconds > 0 ? total_samples / total_seconds : 0.0, total_seconds);
+                total_seconds > 0 ? total_samples / total_seconds : 0.0, total_seconds,
+                flags.comm_hook.empty() ? "none" : flags.comm_hook.c_str());
   dist.print("test accuracy: ", accuracy);
   dist.print(json);
   return 0;

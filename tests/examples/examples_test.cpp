@@ -64,6 +64,27 @@ INSTANTIATE_TEST_SUITE_P(
                     {"--epochs", "2", "--batch-size", "8", "--max-steps", "3", "--train-limit", "48", "--test-limit", "32"}}),
     [](const auto& info) { return info.param.name; });
 
+// --comm-hook: the LeNet example trains through each compression hook, and says which it ran.
+TEST(ExampleCommHookTest, LeNetTrainsThroughTheCompressionHooks) {
+  for (const std::string hook : {"fp16", "bf16", "powersgd:2"}) {
+    const Finished f = run_example("fashion_mnist_lenet", {"--epochs", "2", "--train-limit", "2000", "--test-limit",
+                                                           "500", "--comm-hook", hook});
+    ASSERT_EQ(f.exit_code, 0) << f.err;
+    const auto j = final_json(f.out);
+    ASSERT_FALSE(j.is_null()) << f.out;
+    EXPECT_EQ(j["comm_hook"], hook);
+    EXPECT_LT(j["final_loss"].get<double>(), j["first_loss"].get<double>()) << f.out;
+  }
+  const Finished bad = run_example("fashion_mnist_lenet", {"--comm-hook", "fp8"});
+  EXPECT_EQ(bad.exit_code, 2);
+  EXPECT_NE(bad.err.find("--comm-hook: expected allreduce, fp16, bf16 or powersgd:RANK, got 'fp8'"), std::string::npos)
+      << bad.err;
+  const Finished bad_rank = run_example("fashion_mnist_lenet", {"--comm-hook", "powersgd:0"});
+  EXPECT_EQ(bad_rank.exit_code, 2);
+  EXPECT_NE(bad_rank.err.find("powersgd:RANK takes a rank from 1 to 64, got 'powersgd:0'"), std::string::npos)
+      << bad_rank.err;
+}
+
 TEST(ExampleCheckpointTest, ResumesFromTheCheckpointOfAnEarlierRun) {
   char tmpl[] = "/tmp/ddprun_examples_XXXXXX";
   const fs::path dir = ::mkdtemp(tmpl);
