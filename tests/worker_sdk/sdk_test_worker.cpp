@@ -5,6 +5,7 @@
 //   sdk_test_worker unused-parameter find|report
 //   sdk_test_worker custom-hook             (a communication hook of the user's, with its own state)
 //   sdk_test_worker powersgd                (PowerSGD at full rank is the average; at rank 1 it is not)
+//   sdk_test_worker sync-batch-norm         (SyncBatchNorm against BatchNorm over the whole batch)
 //   sdk_test_worker peer-exits               (the last rank leaves after 2 steps)
 //   sdk_test_worker sampler-grid              (no launcher needed: JSON lines for the Python test)
 //   sdk_test_worker checkpoint DIR
@@ -318,6 +319,92 @@ int powersgd() {
   return 0;
 }
 
+// SyncBatchNorm on uneven batches (rank r holds batch_of(r) samples, rank 2 none) against
+// BatchNorm on one process over the concatenated batch, for 1d, 2d and 3d inputs over two
+// training steps: outputs, input gradients, the ranks' summed weight and bias gradients, the
+// running statistics; then evaluation. Without a group it normalises the rank's batch alone.
+int sync_batch_norm() {
+  auto dist = Distributed::init();
+  const int world = dist.world_size(), rank = dist.rank();
+  auto batch_of = [](int r) -> int64_t { return r == 2 ? 0 : 5 - 3 * (r % 2); };
+  int64_t total = 0, offset = 0;
+  for (int r = 0; r < world; ++r) {
+    if (r < rank) offset += batch_of(r);
+    total += batch_of(r);
+  }
+  const int64_t channels = 3;
+  double worst = 0, unsynced = 0;
+  for (int dims : {2, 4, 5}) {
+    torch::manual_seed(11 + dims);
+    std::vector<int64_t> shape{total, channels};
+    for (int d = 2; d < dims; ++d) shape.push_back(3 + d);
+    torch::nn::BatchNorm2d plain(torch::nn::BatchNormOptions(channels).momentum(0.3));  // any rank of input
+    SyncBatchNorm sync(torch::nn::BatchNormOptions(channels).momentum(0.3), dist.c10d_group());
+    SyncBatchNorm alone(torch::nn::BatchNormOptions(channels).momentum(0.3));
+    {
+      torch::NoGradGuard no_grad;
+      const auto w = torch::rand({channels}) + 0.5, b = torch::randn({channels});
+      for (auto* m : {&plain->weight, &sync->weight, &alone->weight}) m->copy_(w);
+      for (auto* m : {&plain->bias, &sync->bias, &alone->bias}) m->copy_(b);
+    }
+    auto compare = [&](const torch::Tensor& got, const torch::Tensor& want) {
+      if (got.numel() == 0 && want.numel() == 0) return;
+      const double scale = std::max(want.abs().max().item<double>(), 1e-12);
+      worst = std::max(worst, (got - want).abs().max().item<double>() / scale);
+    };
+    for (int step = 0; step < 2; ++step) {
+      const auto x = torch::randn(shape) * (1 + step) + step, g = torch::randn(shape);
+      for (auto& p : plain->parameters()) p.mutable_grad() = torch::Tensor();
+      for (auto& p : sync->parameters()) p.mutable_grad() = torch::Tensor();
+      auto x_all = x.clone().requires_grad_(true);
+      auto out_all = torch::batch_norm(x_all, plain->weight, plain->bias, plain->running_mean, plain->running_var,
+                                       true, 0.3, 1e-5, false);
+      (out_all * g).sum().backward();
+      auto x_mine = x.narrow(0, offset, batch_of(rank)).clone().requires_grad_(true);
+      auto out = sync(x_mine);
+      (out * g.narrow(0, offset, batch_of(rank))).sum().backward();
+      compare(out, out_all.narrow(0, offset, batch_of(rank)));
+      compare(x_mine.grad(), x_all.grad().narrow(0, offset, batch_of(rank)));
+      std::vector<torch::Tensor> sums{sync->weight.grad().clone(), sync->bias.grad().clone()};
+      for (auto& t : sums) {
+        std::vector<torch::Tensor> one{t};
+        dist.c10d_group()->allreduce(one)->wait();
+      }
+      compare(sums[0], plain->weight.grad());
+      compare(sums[1], plain->bias.grad());
+      compare(sync->running_mean, plain->running_mean);
+      compare(sync->running_var, plain->running_var);
+      if (batch_of(rank) > 1 && dims == 4) {
+        auto local = alone(x.narrow(0, offset, batch_of(rank)));
+        unsynced = std::max(unsynced, (local - out).abs().max().item<double>());
+      }
+    }
+    if (sync->num_batches_tracked.item<int64_t>() != 2) worst = 1e9;
+    sync->eval();
+    const auto x = torch::randn(shape);
+    torch::Tensor want;
+    {
+      torch::NoGradGuard no_grad;
+      want = torch::batch_norm(x, plain->weight, plain->bias, plain->running_mean, plain->running_var, false, 0.3,
+                               1e-5, false);
+    }
+    compare(sync(x), want);
+  }
+  dist.print("RESULT sync_vs_whole_batch=", all_max(dist, worst));
+  dist.print("RESULT alone_vs_sync=", all_max(dist, unsynced));
+  std::string refused;
+  try {
+    SyncBatchNorm sync(channels);
+    sync->set_process_group(dist.c10d_group());
+    sync(torch::randn({1, channels, 2}));
+  } catch (const std::exception& e) {
+    refused = e.what();
+  }
+  // Each rank holds 2 values of a channel here: only a world of one lacks them.
+  dist.print("RESULT tiny_batch_ok=", refused.empty() ? 1 : 0);
+  return 0;
+}
+
 int unused_parameter(const std::string& how) {
   auto dist = Distributed::init();
   WithUnused model;
@@ -547,6 +634,7 @@ int main(int argc, char** argv) {
     if (mode == "unused-parameter") return unused_parameter(argv[2]);
     if (mode == "custom-hook") return custom_hook();
     if (mode == "powersgd") return powersgd();
+    if (mode == "sync-batch-norm") return sync_batch_norm();
     if (mode == "sampler-grid") return sampler_grid();
     if (mode == "peer-exits") return peer_exits();
     if (mode == "checkpoint") return checkpoint(argv[2]);

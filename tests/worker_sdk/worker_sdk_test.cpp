@@ -153,6 +153,20 @@ TEST(DdpTest, PowerSgdAtFullRankIsTheAverageAndAtRankOneIsNot) {
   }
 }
 
+// SyncBatchNorm over 2 and 3 ranks with uneven batches (one rank empty at 3) is BatchNorm over
+// the concatenated batch: outputs, input gradients, summed parameter gradients, running
+// statistics, evaluation; alone on a rank it is not.
+TEST(DdpTest, SyncBatchNormIsBatchNormOverEveryRanksBatch) {
+  for (int world : {2, 3}) {
+    const Finished f = run_under_ddprun(world, {"sync-batch-norm"});
+    ASSERT_EQ(f.exit_code, 0) << f.err;
+    auto r = results(f.out);
+    EXPECT_LE(std::stod(r["sync_vs_whole_batch"]), 1e-5) << f.out;
+    EXPECT_GT(std::stod(r["alone_vs_sync"]), 1e-2) << f.out;
+    EXPECT_EQ(r["tiny_batch_ok"], "1") << f.out;
+  }
+}
+
 TEST(CheckpointTest, RoundTripWithAndWithoutModulePrefix) {
   TempDir dir;
   const Finished f = run_under_ddprun(2, {"checkpoint", dir.path.string()});

@@ -7,3 +7,4 @@
 #include "ddprun/worker/env.hpp"
 #include "ddprun/worker/progress.hpp"
 #include "ddprun/worker/sampler.hpp"
+#include "ddprun/worker/sync_batch_norm.hpp"
