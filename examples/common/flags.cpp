@@ -24,7 +24,8 @@ ExampleFlags parse_example_flags(int argc, char** argv, const std::string& name,
         << "  --comm-hook H       DDP communication hook: allreduce, fp16, bf16 or powersgd:RANK (default:\n"
         << "                      none, DDP's own average); fp16 and bf16 send gradients in 16 bits,\n"
         << "                      powersgd:RANK low-rank factors of rank RANK (1-64) with error feedback\n"
-        << "                      after " << kPowerSgdStartIter << " plain iterations\n";
+        << "                      after " << kPowerSgdStartIter << " plain iterations\n"
+        << "  --sync-bn           batch norm statistics over every rank's batch (models with batch norm)\n";
   };
   auto fail = [&](const std::string& msg) {
     std::cerr << name << ": " << msg << "\n";
@@ -39,6 +40,10 @@ ExampleFlags parse_example_flags(int argc, char** argv, const std::string& name,
     }
     if (flag == "--resume") {
       f.resume = true;
+      continue;
+    }
+    if (flag == "--sync-bn") {
+      f.sync_bn = true;
       continue;
     }
     const auto eq = flag.find('=');

@@ -1,15 +1,18 @@
 #pragma once
 // ResNet-18 for 1x28x28 images (3x3 stem, stride 1, no max-pool), shared by the resnet18 example
-// and the DDP benchmark (benchmarks/ddp_bench.py has the same network in Python).
+// and the DDP benchmark (benchmarks/ddp_bench.py has the same network in Python). Its batch norms
+// are the SDK's SyncBatchNorm: BatchNorm2d exactly until given a process group
+// (ddprun::worker::set_sync_batch_norm_group, the examples' --sync-bn), the same state dict keys.
 
 #include <torch/nn/module.h>
-#include <torch/nn/modules/batchnorm.h>
 #include <torch/nn/modules/container/sequential.h>
 #include <torch/nn/modules/conv.h>
 #include <torch/nn/modules/linear.h>
 
 #include <string>
 #include <vector>
+
+#include "ddprun/worker/sync_batch_norm.hpp"
 
 namespace ddprun::examples {
 
@@ -18,11 +21,11 @@ struct BasicBlockImpl : torch::nn::Module {
       // In declaration order, the order they are registered in (and their parameters listed).
       : conv1(register_module("conv1", torch::nn::Conv2d(torch::nn::Conv2dOptions(in, out, 3).stride(stride).padding(1).bias(false)))),
         conv2(register_module("conv2", torch::nn::Conv2d(torch::nn::Conv2dOptions(out, out, 3).padding(1).bias(false)))),
-        bn1(register_module("bn1", torch::nn::BatchNorm2d(out))),
-        bn2(register_module("bn2", torch::nn::BatchNorm2d(out))) {
+        bn1(register_module("bn1", ddprun::worker::SyncBatchNorm(out))),
+        bn2(register_module("bn2", ddprun::worker::SyncBatchNorm(out))) {
     if (stride != 1 || in != out) {
       shortcut = register_module("shortcut", torch::nn::Sequential(
-          torch::nn::Conv2d(torch::nn::Conv2dOptions(in, out, 1).stride(stride).bias(false)), torch::nn::BatchNorm2d(out)));
+          torch::nn::Conv2d(torch::nn::Conv2dOptions(in, out, 1).stride(stride).bias(false)), ddprun::worker::SyncBatchNorm(out)));
     }
   }
   torch::Tensor forward(torch::Tensor x) {
@@ -30,7 +33,7 @@ struct BasicBlockImpl : torch::nn::Module {
     return torch::relu(y + (shortcut ? shortcut->forward(x) : x));
   }
   torch::nn::Conv2d conv1, conv2;
-  torch::nn::BatchNorm2d bn1, bn2;
+  ddprun::worker::SyncBatchNorm bn1, bn2;
   torch::nn::Sequential shortcut{nullptr};
 };
 TORCH_MODULE(BasicBlock);
@@ -38,7 +41,7 @@ TORCH_MODULE(BasicBlock);
 struct ResNet18Impl : torch::nn::Module {
   ResNet18Impl()
       : stem(register_module("stem", torch::nn::Conv2d(torch::nn::Conv2dOptions(1, 64, 3).padding(1).bias(false)))),
-        bn(register_module("bn", torch::nn::BatchNorm2d(64))),
+        bn(register_module("bn", ddprun::worker::SyncBatchNorm(64))),
         fc(register_module("fc", torch::nn::Linear(512, 10))) {
     int64_t in = 64;
     const int64_t widths[] = {64, 128, 256, 512};
@@ -57,7 +60,7 @@ struct ResNet18Impl : torch::nn::Module {
     return fc(torch::adaptive_avg_pool2d(x, {1, 1}).flatten(1));
   }
   torch::nn::Conv2d stem;
-  torch::nn::BatchNorm2d bn;
+  ddprun::worker::SyncBatchNorm bn;
   torch::nn::Linear fc;
   std::vector<torch::nn::Sequential> layers;
 };

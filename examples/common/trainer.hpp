@@ -40,6 +40,10 @@ int train_classifier(const std::string& name, const ExampleFlags& flags, std::sh
   auto dist = worker::Distributed::init();
   const auto device = dist.device();
   model->to(device);
+  if (flags.sync_bn && worker::set_sync_batch_norm_group(*model, dist.c10d_group()) == 0) {
+    std::fprintf(stderr, "%s: --sync-bn: this model has no batch norm (SyncBatchNorm) to synchronise\n", name.c_str());
+    return 2;
+  }
   worker::DistributedDataParallel<Impl> ddp(model, dist);
   if (flags.powersgd_rank > 0) {
     ddp.register_comm_hook(std::make_shared<worker::comm_hooks::PowerSGDState>(ddp.process_group(),
@@ -120,10 +124,10 @@ int train_classifier(const std::string& name, const ExampleFlags& flags, std::sh
   std::snprintf(json, sizeof json,
                 "{\"example\": \"%s\", \"world_size\": %d, \"epochs\": %d, \"batch_size_per_rank\": %d, "
                 "\"first_loss\": %.5f, \"final_loss\": %.5f, \"test_accuracy\": %.4f, \"samples_per_s\": %.1f, "
-                "\"seconds\": %.2f, \"comm_hook\": \"%s\"}",
+                "\"seconds\": %.2f, \"comm_hook\": \"%s\", \"sync_bn\": %s}",
                 name.c_str(), dist.world_size(), flags.epochs, flags.batch_size, first_loss, final_loss, accuracy,
                 total_seconds > 0 ? total_samples / total_seconds : 0.0, total_seconds,
-                flags.comm_hook.empty() ? "none" : flags.comm_hook.c_str());
+                flags.comm_hook.empty() ? "none" : flags.comm_hook.c_str(), flags.sync_bn ? "true" : "false");
   dist.print("test accuracy: ", accuracy);
   dist.print(json);
   return 0;

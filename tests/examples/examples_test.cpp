@@ -85,6 +85,20 @@ TEST(ExampleCommHookTest, LeNetTrainsThroughTheCompressionHooks) {
       << bad_rank.err;
 }
 
+// --sync-bn: ResNet-18's batch norms share their statistics over the ranks; a model without
+// batch norm says so and exits 2.
+TEST(ExampleSyncBnTest, ResNetTrainsWithSyncBatchNormAndLeNetRefusesIt) {
+  const Finished f = run_example("resnet18", {"--sync-bn", "--epochs", "1", "--batch-size", "8", "--max-steps", "3",
+                                              "--train-limit", "48", "--test-limit", "32"});
+  ASSERT_EQ(f.exit_code, 0) << f.err;
+  const auto j = final_json(f.out);
+  ASSERT_FALSE(j.is_null()) << f.out;
+  EXPECT_EQ(j["sync_bn"], true);
+  const Finished lenet = run_example("fashion_mnist_lenet", {"--sync-bn", "--max-steps", "1"});
+  EXPECT_EQ(lenet.exit_code, 2);
+  EXPECT_NE(lenet.err.find("--sync-bn: this model has no batch norm"), std::string::npos) << lenet.err;
+}
+
 TEST(ExampleCheckpointTest, ResumesFromTheCheckpointOfAnEarlierRun) {
   char tmpl[] = "/tmp/ddprun_examples_XXXXXX";
   const fs::path dir = ::mkdtemp(tmpl);
