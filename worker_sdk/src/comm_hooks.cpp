@@ -410,6 +410,34 @@ TensorFuture batched_powerSGD_hook(const PowerSGDStatePtr& state_ptr, c10d::Grad
   return completed(result);
 }
 
+PostLocalSGDState::PostLocalSGDState(ProcessGroupPtr group, ProcessGroupPtr sub, int64_t start_iter,
+                                     bool post_local_allreduce)
+    : process_group(std::move(group)),
+      subgroup(std::move(sub)),
+      start_localSGD_iter(start_iter),
+      post_local_gradient_allreduce(post_local_allreduce) {
+  if (!process_group) throw std::invalid_argument("PostLocalSGDState: process_group is null");
+  if (!subgroup) {
+    throw std::invalid_argument(
+        "PostLocalSGDState: subgroup is null: make one with Distributed::new_subgroups() (one per node by default)");
+  }
+}
+
+void PostLocalSGDState::maybe_increase_iter(const c10d::GradBucket& bucket) {
+  if (bucket.isLast()) ++iter;
+}
+
+TensorFuture post_localSGD_hook(const PostLocalSGDStatePtr& state_ptr, c10d::GradBucket& bucket) {
+  PostLocalSGDState& state = *state_ptr;
+  if (state.iter < state.start_localSGD_iter) {
+    state.maybe_increase_iter(bucket);
+    return allreduce_hook(state.process_group, bucket);
+  }
+  // Python stops counting here: the iteration count stays at start_localSGD_iter.
+  if (!state.post_local_gradient_allreduce) return completed(bucket.getBufferRef());
+  return allreduce_hook(state.subgroup, bucket);
+}
+
 GroupHook function_of(Builtin hook) {
   switch (hook) {
     case Builtin::allreduce: return &allreduce_hook;

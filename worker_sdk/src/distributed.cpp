@@ -57,6 +57,21 @@ void store_based_barrier(c10d::Store& store, int world_size, std::chrono::millis
   }
 }
 
+// A Gloo or NCCL group of `size` ranks meeting through `store`.
+c10::intrusive_ptr<CommGroup> make_group(const std::string& backend, const c10::intrusive_ptr<c10d::Store>& store,
+                                         int rank, int size, std::chrono::milliseconds timeout) {
+#ifdef DDPRUN_WORKER_NCCL
+  if (backend == "nccl") {
+    auto opts = c10d::ProcessGroupNCCL::Options::create();
+    opts->timeout = timeout;
+    return c10::make_intrusive<c10d::ProcessGroupNCCL>(store, rank, size, opts);
+  }
+#endif
+  auto opts = c10d::ProcessGroupGloo::Options::create(timeout);
+  opts->devices.push_back(detail::make_gloo_device());
+  return c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, size, opts);
+}
+
 }  // namespace
 
 Distributed Distributed::init(const InitOptions& options) { return init(WorkerEnv::from_environment(), options); }
@@ -107,18 +122,8 @@ Distributed Distributed::init(const WorkerEnv& env, const InitOptions& options) 
   auto pg_store = c10::make_intrusive<c10d::PrefixStore>("0", c10::make_intrusive<c10d::PrefixStore>("default_pg", store));
   CollectiveWait joining;  // from here on this rank waits for the others
 
-  if (backend == "gloo") {
-    auto opts = c10d::ProcessGroupGloo::Options::create(options.timeout);
-    opts->devices.push_back(detail::make_gloo_device());
-    d.pg_ = c10::make_intrusive<c10d::ProcessGroupGloo>(pg_store, env.rank, env.world_size, opts);
-  } else {
-#ifdef DDPRUN_WORKER_NCCL
-    d.device_ = torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(env.local_rank));
-    auto opts = c10d::ProcessGroupNCCL::Options::create();
-    opts->timeout = options.timeout;
-    d.pg_ = c10::make_intrusive<c10d::ProcessGroupNCCL>(pg_store, env.rank, env.world_size, opts);
-#endif
-  }
+  if (backend == "nccl") d.device_ = torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(env.local_rank));
+  d.pg_ = make_group(backend, pg_store, env.rank, env.world_size, options.timeout);
   if (c10d::debug_level() == c10d::DebugLevel::Detail) {
     // As Python's _create_process_group_wrapper: a helper Gloo group checks each collective first.
     auto helper_store = c10::make_intrusive<c10d::PrefixStore>("pg_wrapper:0",
@@ -153,6 +158,24 @@ c10::intrusive_ptr<c10d::ProcessGroup> as_c10d_group(const c10::intrusive_ptr<Co
   (void)device;
   return group;
 #endif
+}
+
+c10::intrusive_ptr<c10d::ProcessGroup> Distributed::new_subgroups(int group_size) {
+  if (group_size <= 0) group_size = env_.local_world_size;
+  if (group_size > world_size() || world_size() % group_size != 0) {
+    throw std::invalid_argument("new_subgroups: the world size (" + std::to_string(world_size()) +
+                                ") must be a multiple of group_size (" + std::to_string(group_size) + ")");
+  }
+  // Every rank calls this the same number of times, as Python's new_group: the call's number keeps
+  // the groups of different calls apart in the store.
+  const int call = ++subgroup_calls_;
+  const int index = rank() / group_size;
+  auto store = c10::make_intrusive<c10d::PrefixStore>(
+      "subgroups_" + std::to_string(call) + "/" + std::to_string(index), store_);
+  CollectiveWait joining;
+  auto group = make_group(backend_, store, rank() % group_size, group_size, timeout_);
+  group->setSequenceNumberForGroup();
+  return as_c10d_group(group, store, device_);
 }
 
 namespace {

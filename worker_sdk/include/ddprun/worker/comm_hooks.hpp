@@ -94,6 +94,28 @@ TensorFuture powerSGD_hook(const PowerSGDStatePtr& state, c10d::GradBucket& buck
 // batched_powerSGD_hook: the whole bucket as one square matrix (zero-padded). Faster, coarser.
 TensorFuture batched_powerSGD_hook(const PowerSGDStatePtr& state, c10d::GradBucket& bucket);
 
+// Post-local SGD (post_localSGD_hook.py, with PeriodicModelAverager of model_averaging.hpp):
+// gradients are averaged over `process_group` (allreduce_hook) for the first start_localSGD_iter
+// iterations, then over `subgroup` only (e.g. the node's ranks: Distributed::new_subgroups()), or
+// not at all without post_local_gradient_allreduce; the averager brings the models together.
+struct PostLocalSGDState {
+  // Throws std::invalid_argument without a process group or subgroup (Python makes one from the
+  // CUDA devices when it is None; make it with Distributed::new_subgroups()).
+  PostLocalSGDState(ProcessGroupPtr process_group, ProcessGroupPtr subgroup, int64_t start_localSGD_iter,
+                    bool post_local_gradient_allreduce = true);
+
+  ProcessGroupPtr process_group;
+  ProcessGroupPtr subgroup;
+  int64_t start_localSGD_iter;
+  bool post_local_gradient_allreduce;
+  int64_t iter = 0;
+
+  void maybe_increase_iter(const c10d::GradBucket& bucket);
+};
+using PostLocalSGDStatePtr = std::shared_ptr<PostLocalSGDState>;
+
+TensorFuture post_localSGD_hook(const PostLocalSGDStatePtr& state, c10d::GradBucket& bucket);
+
 enum class Builtin { allreduce, fp16_compress, bf16_compress };
 
 using GroupHook = TensorFuture (*)(const ProcessGroupPtr&, c10d::GradBucket&);

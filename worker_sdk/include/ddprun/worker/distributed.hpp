@@ -74,6 +74,12 @@ class Distributed {
   // Store and collective timeout (InitOptions::timeout).
   std::chrono::milliseconds timeout() const { return timeout_; }
 
+  // Python's new_subgroups(group_size): the world cut into groups of group_size consecutive ranks
+  // (default: LOCAL_WORLD_SIZE, one group per node); returns this rank's group. Every rank must
+  // call it, the same number of times. Throws std::invalid_argument if the world size is not a
+  // multiple of group_size.
+  c10::intrusive_ptr<c10d::ProcessGroup> new_subgroups(int group_size = 0);
+
   void barrier();
   // In-place sum / average over all ranks.
   void all_reduce_sum(torch::Tensor& t);
@@ -102,6 +108,7 @@ class Distributed {
   c10::intrusive_ptr<c10d::Store> store_;
   c10::intrusive_ptr<CommGroup> pg_;
   c10::intrusive_ptr<c10d::ProcessGroup> c10d_group_;
+  int subgroup_calls_ = 0;
 };
 
 // `group` as a c10d::ProcessGroup: the object itself on 1.x; on 2.x a ProcessGroup that dispatches
