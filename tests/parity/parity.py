@@ -54,13 +54,16 @@ BATCH = 8
 #   hook       a communication hook of default_hooks.py ("allreduce", "fp16", "bf16"), of
 #              powerSGD_hook.py ("powersgd") or None
 #   powersgd   PowerSGDState's arguments for "powersgd" (the process group aside)
+#   local_sgd  for "post_localsgd" (post_localSGD_hook.py and a PeriodicModelAverager after each
+#              optimizer step): start_localSGD_iter, subgroup_size, period, warmup_steps
 #   min_torch  the oldest PyTorch major release whose Python DDP can run the case (1.13's Gloo has
 #              no bfloat16 sum); the test skips it on older ones
 SMALL_BUCKETS = {"bucket_cap_mb": 8192 / (1 << 20), "first_bucket_bytes": 4096}
 
 
 def case(world=2, steps=6, optimizer="sgd", schedule="train", model=None, ddp=None, set_to_none=True,
-         rank_buffers=False, expect_error=None, env=None, hook=None, min_torch=1, powersgd=None):
+         rank_buffers=False, expect_error=None, env=None, hook=None, min_torch=1, powersgd=None,
+         local_sgd=None):
     m = {"hidden": HIDDEN, "bn": True, "extra": "none", "tied": False, "twice": False, "mismatch": False}
     m.update(model or {})
     d = {"find_unused_parameters": False, "broadcast_buffers": True, "gradient_as_bucket_view": False,
@@ -68,7 +71,8 @@ def case(world=2, steps=6, optimizer="sgd", schedule="train", model=None, ddp=No
     d.update(ddp or {})
     return {"world": world, "steps": steps, "optimizer": optimizer, "schedule": schedule, "model": m, "ddp": d,
             "set_to_none": set_to_none, "rank_buffers": rank_buffers, "expect_error": expect_error,
-            "env": env or {}, "hook": hook, "min_torch": min_torch, "powersgd": powersgd}
+            "env": env or {}, "hook": hook, "min_torch": min_torch, "powersgd": powersgd,
+            "local_sgd": local_sgd}
 
 
 CASES = {
@@ -120,6 +124,12 @@ CASES = {
                                 powersgd={"matrix_approximation_rank": 4, "start_powerSGD_iter": 3}),
     "powersgd_cold": case(steps=10, hook="powersgd", powersgd={
         "matrix_approximation_rank": 2, "start_powerSGD_iter": 2, "warm_start": False, "use_error_feedback": False}),
+    # Post-local SGD: the world's average for 3 iterations, then each pair of ranks' own, the four
+    # models averaged every 2 steps from step 3 on.
+    "post_localsgd_4": case(world=4, steps=10, hook="post_localsgd", local_sgd={
+        "start_localSGD_iter": 3, "subgroup_size": 2, "period": 2, "warmup_steps": 3}),
+    "post_localsgd_adam_4": case(world=4, steps=8, optimizer="adam", hook="post_localsgd", local_sgd={
+        "start_localSGD_iter": 2, "subgroup_size": 2, "period": 3, "warmup_steps": 2}),
     "powersgd_buckets": case(steps=12, ddp=SMALL_BUCKETS, hook="powersgd",
                              powersgd={"matrix_approximation_rank": 1, "start_powerSGD_iter": 2}),
     "shape_mismatch": case(model={"mismatch": True},
@@ -220,7 +230,19 @@ class _BlockingAllReduce:
 
 def comm_hook(c):
     """(state, hook) of the case's communication hook."""
-    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, post_localSGD_hook, powerSGD_hook
+    if c["hook"] == "post_localsgd":
+        a = c["local_sgd"]
+        # dist.new_subgroups(group_size) without its CUDA-only check (1.13 refuses on CPU).
+        size, subgroup = a["subgroup_size"], None
+        for first in range(0, dist.get_world_size(), size):
+            ranks = list(range(first, first + size))
+            group = dist.new_group(ranks=ranks)
+            if dist.get_rank() in ranks:
+                subgroup = group
+        return (post_localSGD_hook.PostLocalSGDState(process_group=None, subgroup=subgroup,
+                                                     start_localSGD_iter=a["start_localSGD_iter"]),
+                post_localSGD_hook.post_localSGD_hook)
     if c["hook"] == "powersgd":
         powerSGD_hook.dist = _BlockingAllReduce()
         return powerSGD_hook.PowerSGDState(process_group=None, **c["powersgd"]), powerSGD_hook.powerSGD_hook
@@ -346,6 +368,11 @@ def train(c, directory, rank):
         opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, weight_decay=1e-4)
     else:
         opt = torch.optim.Adam(model.parameters(), lr=1e-3, weight_decay=1e-2)
+    averager = None
+    if c["hook"] == "post_localsgd":
+        from torch.distributed.algorithms.model_averaging.averagers import PeriodicModelAverager
+        averager = PeriodicModelAverager(period=c["local_sgd"]["period"],
+                                         warmup_steps=c["local_sgd"]["warmup_steps"])
     _, data = read_tensors(os.path.join(directory, "data"))
     xs, ys = data["x"], data["y"].to(torch.long)
     batch = iter(range(xs.shape[0]))
@@ -388,6 +415,8 @@ def train(c, directory, rank):
                 dist.barrier()
                 ddp.train()
         opt.step()
+        if averager:
+            averager.average_parameters(model.parameters())
     logging = ddp._get_ddp_logging_data()
     facts = {"logging": {k: logging.get(k) for k in LOGGING_KEYS}, "grad_views": grads_are_views(model)}
     tensors = []

@@ -234,6 +234,7 @@ Result train(const json& c, const std::string& dir, int rank, const std::string&
   // torch.distributed._DEFAULT_FIRST_BUCKET_BYTES: read by 1.x always, by 2.x only without bucket_cap_mb.
   if (TORCH_VERSION_MAJOR < 2 || o.at("bucket_cap_mb").is_null()) options.first_bucket_cap_bytes = first;
   DistributedDataParallel<NetImpl> ddp(net, dist, options);
+  std::optional<PeriodicModelAverager> averager;
   if (c.at("hook") == "powersgd") {
     const json& a = c.at("powersgd");
     auto state = std::make_shared<comm_hooks::PowerSGDState>(
@@ -242,6 +243,12 @@ Result train(const json& c, const std::string& dir, int rank, const std::string&
         a.value("use_error_feedback", true), a.value("warm_start", true), a.value("orthogonalization_epsilon", 0.0),
         a.value("random_seed", uint32_t{0}), a.value("batch_tensors_with_same_shape", false));
     ddp.register_comm_hook(state, comm_hooks::powerSGD_hook, "powerSGD_hook");
+  } else if (c.at("hook") == "post_localsgd") {
+    const json& a = c.at("local_sgd");
+    auto state = std::make_shared<comm_hooks::PostLocalSGDState>(
+        ddp.process_group(), dist.new_subgroups(a.at("subgroup_size")), a.at("start_localSGD_iter"));
+    ddp.register_comm_hook(state, comm_hooks::post_localSGD_hook, "post_localSGD_hook");
+    averager.emplace(a.at("period"), a.at("warmup_steps"), dist.c10d_group());
   } else if (c.at("hook") == "bf16") {
     // parity.py's name for bf16_compress_hook (Python's own refuses to run without CUDA).
     ddp.register_comm_hook(ddp.process_group(), comm_hooks::bf16_compress_hook, "bf16_compress_hook_gloo");
@@ -316,6 +323,7 @@ Result train(const json& c, const std::string& dir, int rank, const std::string&
       throw std::invalid_argument("unknown schedule " + schedule);
     }
     opt->step();
+    if (averager) averager->average_parameters(params);
   }
 
   Result result;
