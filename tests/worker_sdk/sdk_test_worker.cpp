@@ -6,6 +6,7 @@
 //   sdk_test_worker custom-hook             (a communication hook of the user's, with its own state)
 //   sdk_test_worker powersgd                (PowerSGD at full rank is the average; at rank 1 it is not)
 //   sdk_test_worker sync-batch-norm         (SyncBatchNorm against BatchNorm over the whole batch)
+//   sdk_test_worker zero train|resume DIR   (ZeroRedundancyOptimizer; a checkpoint made in train resumes)
 //   sdk_test_worker peer-exits               (the last rank leaves after 2 steps)
 //   sdk_test_worker sampler-grid              (no launcher needed: JSON lines for the Python test)
 //   sdk_test_worker checkpoint DIR
@@ -405,6 +406,147 @@ int sync_batch_norm() {
   return 0;
 }
 
+// ZeroRedundancyOptimizer. `train`: against DDP with a local optimizer over every parameter (SGD
+// with momentum, Adam), bit for bit, with about 1/N of the optimizer state per rank; then a
+// consolidated checkpoint of the Adam run after 4 steps (DIR/zero.pt, DIR/model.pt), and what
+// one process training on the whole batch reaches after 6 steps with its Adam state kept
+// (DIR/expected.pt) and reset after 4 (DIR/reset.pt). `resume` (any world size): 2 more steps from
+// the checkpoint, compared with both.
+namespace zero_test {
+torch::nn::Sequential mlp() {
+  torch::manual_seed(3);
+  torch::nn::Sequential m;
+  for (int i = 0; i < 8; ++i) {  // 8 equal layers: 1/N of them on each of 2 or 4 ranks
+    m->push_back(torch::nn::Linear(24, 24));
+    m->push_back(torch::nn::Functional(torch::relu));
+  }
+  m->push_back(torch::nn::Linear(24, 5));
+  return m;
+}
+std::pair<torch::Tensor, torch::Tensor> batch(int step) {
+  torch::manual_seed(100 + step);
+  return {torch::randn({12, 24}), torch::randint(0, 5, {12}, torch::kLong)};
+}
+std::vector<torch::Tensor> snapshot(const std::vector<torch::Tensor>& params) {
+  std::vector<torch::Tensor> out;
+  for (const auto& p : params) out.push_back(p.detach().clone());
+  return out;
+}
+double relative(const std::vector<torch::Tensor>& a, const std::vector<torch::Tensor>& b) {
+  double diff = 0, scale = 1e-30;
+  for (size_t i = 0; i < a.size(); ++i) {
+    diff = std::max(diff, (a[i] - b[i]).abs().max().item<double>());
+    scale = std::max(scale, b[i].abs().max().item<double>());
+  }
+  return diff / scale;
+}
+// One step on this rank's rows of the step's batch (all 12 rows without DDP).
+template <typename Forward, typename Opt>
+void step(Forward model, Opt& opt, int step, int rank, int world) {
+  auto [x, y] = batch(step);
+  const int64_t rows = 12 / world;
+  opt.zero_grad();
+  torch::nn::functional::cross_entropy(model(x.narrow(0, rank * rows, rows)),
+                                       y.narrow(0, rank * rows, rows))
+      .backward();
+  opt.step();
+}
+}  // namespace zero_test
+
+int zero(const std::string& phase, const std::string& dir) {
+  using namespace zero_test;
+  auto dist = Distributed::init();
+  const int world = dist.world_size(), rank = dist.rank();
+  if (12 % world != 0) throw std::invalid_argument("zero: the world size must divide 12");
+  const auto group = dist.c10d_group();
+  const auto sgd = torch::optim::SGDOptions(0.05).momentum(0.9).weight_decay(1e-4);
+  const auto adam = torch::optim::AdamOptions(1e-2).weight_decay(1e-3);
+  if (phase == "train") {
+    double worst = 0, state_share = 0;
+    int64_t params_owned = 0;
+    auto compare = [&](auto make_zero, auto make_full) {
+      auto a = mlp(), b = mlp();
+      DistributedDataParallel<torch::nn::SequentialImpl> za(a.ptr(), dist), fb(b.ptr(), dist);
+      auto zero_opt = make_zero(za.parameters());
+      auto full_opt = make_full(fb.parameters());
+      for (int s = 0; s < 4; ++s) {
+        step([&](const torch::Tensor& x) { return za(x); }, *zero_opt, s, rank, world);
+        step([&](const torch::Tensor& x) { return fb(x); }, *full_opt, s, rank, world);
+      }
+      worst = std::max(worst, max_abs_diff(za.parameters(), fb.parameters()));
+      int64_t full_bytes = 0;
+      for (const auto& [key, state] : full_opt->state()) {
+        torch::serialize::OutputArchive archive;
+        state->serialize(archive);
+        std::ostringstream out;
+        archive.save_to(out);
+        full_bytes += static_cast<int64_t>(out.str().size());
+      }
+      state_share = std::max(state_share, static_cast<double>(zero_opt->local_state_bytes()) / full_bytes);
+      params_owned = static_cast<int64_t>(zero_opt->shards()[static_cast<size_t>(rank)].size());
+      return std::make_pair(std::move(zero_opt), a);
+    };
+    compare([&](std::vector<torch::Tensor> p) { return std::make_unique<ZeroRedundancyOptimizer<torch::optim::SGD>>(p, sgd, group); },
+            [&](std::vector<torch::Tensor> p) { return std::make_unique<torch::optim::SGD>(p, sgd); });
+    auto [zero_adam, model] =
+        compare([&](std::vector<torch::Tensor> p) { return std::make_unique<ZeroRedundancyOptimizer<torch::optim::Adam>>(p, adam, group); },
+                [&](std::vector<torch::Tensor> p) { return std::make_unique<torch::optim::Adam>(p, adam); });
+    zero_adam->consolidate_state_dict(0);
+    if (rank == 0) {
+      zero_adam->save(dir + "/zero.pt");
+      torch::save(snapshot(model->parameters()), dir + "/model.pt");
+      // One process over the whole batch: 6 steps with one Adam, and 4 + 2 with a fresh one.
+      auto whole = mlp();
+      torch::optim::Adam opt(whole->parameters(), adam);
+      auto on = [](torch::nn::Sequential& m) { return [m](const torch::Tensor& x) mutable { return m->forward(x); }; };
+      for (int s = 0; s < 4; ++s) step(on(whole), opt, s, 0, 1);
+      auto reset = mlp();
+      {
+        torch::NoGradGuard no_grad;
+        for (size_t i = 0; i < reset->parameters().size(); ++i) reset->parameters()[i].copy_(whole->parameters()[i]);
+      }
+      torch::optim::Adam fresh(reset->parameters(), adam);
+      for (int s = 4; s < 6; ++s) {
+        step(on(whole), opt, s, 0, 1);
+        step(on(reset), fresh, s, 0, 1);
+      }
+      torch::save(snapshot(whole->parameters()), dir + "/expected.pt");
+      torch::save(snapshot(reset->parameters()), dir + "/reset.pt");
+    }
+    dist.print("RESULT zero_vs_local_optimizer=", all_max(dist, worst));
+    dist.print("RESULT state_share=", all_max(dist, state_share), " params_owned_min=", -all_max(dist, -params_owned));
+    dist.barrier();
+    return 0;
+  }
+  auto model = mlp();
+  std::vector<torch::Tensor> saved;
+  torch::load(saved, dir + "/model.pt");
+  {
+    torch::NoGradGuard no_grad;
+    for (size_t i = 0; i < saved.size(); ++i) model->parameters()[i].copy_(saved[i]);
+  }
+  DistributedDataParallel<torch::nn::SequentialImpl> ddp(model.ptr(), dist);
+  ZeroRedundancyOptimizer<torch::optim::Adam> opt(ddp.parameters(), adam, group);
+  opt.load(dir + "/zero.pt");
+  for (int s = 4; s < 6; ++s) step([&](const torch::Tensor& x) { return ddp(x); }, opt, s, rank, world);
+  std::vector<torch::Tensor> expected, reset;
+  torch::load(expected, dir + "/expected.pt");
+  torch::load(reset, dir + "/reset.pt");
+  const auto now = snapshot(ddp.parameters());
+  dist.print("RESULT resumed_vs_expected=", all_max(dist, relative(now, expected)),
+             " resumed_vs_reset=", -all_max(dist, -relative(now, reset)));
+  std::string refused;
+  try {
+    auto other = torch::nn::Sequential(torch::nn::Linear(3, 3));
+    ZeroRedundancyOptimizer<torch::optim::Adam> wrong(other->parameters(), adam, group);
+    wrong.load(dir + "/zero.pt");
+  } catch (const std::invalid_argument& e) {
+    refused = e.what();
+  }
+  dist.print("RESULT wrong_model_refused=", refused.find("holds the state of") != std::string::npos ? 1 : 0);
+  return 0;
+}
+
 int unused_parameter(const std::string& how) {
   auto dist = Distributed::init();
   WithUnused model;
@@ -635,6 +777,7 @@ int main(int argc, char** argv) {
     if (mode == "custom-hook") return custom_hook();
     if (mode == "powersgd") return powersgd();
     if (mode == "sync-batch-norm") return sync_batch_norm();
+    if (mode == "zero") return zero(argv[2], argv[3]);
     if (mode == "sampler-grid") return sampler_grid();
     if (mode == "peer-exits") return peer_exits();
     if (mode == "checkpoint") return checkpoint(argv[2]);

@@ -167,6 +167,26 @@ TEST(DdpTest, SyncBatchNormIsBatchNormOverEveryRanksBatch) {
   }
 }
 
+// ZeroRedundancyOptimizer with SGD and Adam gives the parameters of DDP with a local optimizer,
+// bit for bit, holding about 1/N of the optimizer state per rank; its checkpoint, made at 4 ranks,
+// resumes at 2 where one process over the whole batch would be (a fresh Adam state would not be);
+// a checkpoint of another model is refused.
+TEST(DdpTest, ZeroShardsTheOptimizerStateAndItsCheckpointMovesFrom4RanksTo2) {
+  TempDir dir;
+  const Finished train = run_under_ddprun(4, {"zero", "train", dir.path.string()});
+  ASSERT_EQ(train.exit_code, 0) << train.err;
+  auto r = results(train.out);
+  EXPECT_EQ(std::stod(r["zero_vs_local_optimizer"]), 0.0) << train.out;
+  EXPECT_LE(std::stod(r["state_share"]), 0.25 + 0.05) << train.out;
+  EXPECT_GE(std::stoi(r["params_owned_min"]), 1) << train.out;
+  const Finished resume = run_under_ddprun(2, {"zero", "resume", dir.path.string()});
+  ASSERT_EQ(resume.exit_code, 0) << resume.err;
+  auto s = results(resume.out);
+  EXPECT_LE(std::stod(s["resumed_vs_expected"]), 1e-5) << resume.out;
+  EXPECT_GT(std::stod(s["resumed_vs_reset"]), 1e-3) << resume.out;
+  EXPECT_EQ(s["wrong_model_refused"], "1") << resume.out;
+}
+
 TEST(CheckpointTest, RoundTripWithAndWithoutModulePrefix) {
   TempDir dir;
   const Finished f = run_under_ddprun(2, {"checkpoint", dir.path.string()});

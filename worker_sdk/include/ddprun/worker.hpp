@@ -9,3 +9,4 @@
 #include "ddprun/worker/progress.hpp"
 #include "ddprun/worker/sampler.hpp"
 #include "ddprun/worker/sync_batch_norm.hpp"
+#include "ddprun/worker/zero.hpp"
