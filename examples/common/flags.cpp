@@ -25,7 +25,8 @@ ExampleFlags parse_example_flags(int argc, char** argv, const std::string& name,
         << "                      none, DDP's own average); fp16 and bf16 send gradients in 16 bits,\n"
         << "                      powersgd:RANK low-rank factors of rank RANK (1-64) with error feedback\n"
         << "                      after " << kPowerSgdStartIter << " plain iterations\n"
-        << "  --sync-bn           batch norm statistics over every rank's batch (models with batch norm)\n";
+        << "  --sync-bn           batch norm statistics over every rank's batch (models with batch norm)\n"
+        << "  --zero              shard the optimizer's state over the ranks (ZeroRedundancyOptimizer)\n";
   };
   auto fail = [&](const std::string& msg) {
     std::cerr << name << ": " << msg << "\n";
@@ -42,8 +43,8 @@ ExampleFlags parse_example_flags(int argc, char** argv, const std::string& name,
       f.resume = true;
       continue;
     }
-    if (flag == "--sync-bn") {
-      f.sync_bn = true;
+    if (flag == "--sync-bn" || flag == "--zero") {
+      (flag == "--zero" ? f.zero : f.sync_bn) = true;
       continue;
     }
     const auto eq = flag.find('=');

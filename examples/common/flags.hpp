@@ -22,6 +22,7 @@ struct ExampleFlags {
   std::string comm_hook;   // "" = none; allreduce, fp16, bf16 or powersgd:RANK (the SDK's DDP communication hooks)
   int64_t powersgd_rank = 0;  // RANK of powersgd:RANK (0 otherwise)
   bool sync_bn = false;       // batch statistics over every rank (the model's SyncBatchNorm modules)
+  bool zero = false;          // the optimizer's state sharded over the ranks (ZeroRedundancyOptimizer)
 };
 
 // Parses argv over `defaults`; prints usage and exits on --help or a bad flag.

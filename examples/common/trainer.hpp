@@ -8,6 +8,7 @@
 #include <torch/torch.h>
 
 #include <chrono>
+#include <filesystem>
 #include <cstdio>
 #include <string>
 
@@ -52,12 +53,18 @@ int train_classifier(const std::string& name, const ExampleFlags& flags, std::sh
   } else if (!flags.comm_hook.empty()) {
     ddp.register_comm_hook(worker::comm_hooks::parse_builtin(flags.comm_hook));
   }
-  torch::optim::SGD opt(ddp.parameters(), torch::optim::SGDOptions(flags.lr).momentum(0.9));
+  // With --zero each rank's SGD holds its shard's momentum; `opt` then steps nothing.
+  const auto sgd = torch::optim::SGDOptions(flags.lr).momentum(0.9);
+  std::unique_ptr<worker::ZeroRedundancyOptimizer<torch::optim::SGD>> zero;
+  if (flags.zero) zero = std::make_unique<worker::ZeroRedundancyOptimizer<torch::optim::SGD>>(ddp.parameters(), sgd, dist.c10d_group());
+  torch::optim::SGD opt(flags.zero ? std::vector<torch::Tensor>{} : ddp.parameters(), sgd);
   const std::string ckpt = flags.checkpoint_dir.empty() ? "" : flags.checkpoint_dir + "/checkpoint.pt";
+  const std::string zero_ckpt = ckpt + ".zero";  // the consolidated sharded state, beside it
   int start_epoch = 0;
   if (!ckpt.empty() && (flags.resume || dist.env().restart_count > 0)) {
     if (auto done = worker::load_checkpoint(ckpt, *model, &opt)) {
       start_epoch = static_cast<int>(*done) + 1;
+      if (zero && std::filesystem::exists(zero_ckpt)) zero->load(zero_ckpt);
       dist.print("resumed from ", ckpt, " after epoch ", *done + 1);
     }
   }
@@ -82,11 +89,11 @@ int train_classifier(const std::string& name, const ExampleFlags& flags, std::sh
       if (flags.max_steps > 0 && step >= flags.max_steps) break;
       const auto idx = indices.narrow(0, at, std::min<int64_t>(flags.batch_size, n - at));
       const auto x = rows(train.inputs, idx, device), y = rows(train.labels, idx, device);
-      opt.zero_grad();
+      zero ? zero->zero_grad(false) : opt.zero_grad();
       const auto out = forward_batch<Impl>(ddp, x, rows(train.lengths, idx, device));
       const auto loss = loss_fn(out, y);
       loss.backward();
-      opt.step();
+      zero ? zero->step() : static_cast<void>(opt.step());
       loss_sum += loss.template item<double>() * static_cast<double>(y.size(0));
       correct += out.argmax(1).eq(y).sum().template item<double>();
       seen += static_cast<double>(y.size(0));
@@ -104,7 +111,13 @@ int train_classifier(const std::string& name, const ExampleFlags& flags, std::sh
     std::snprintf(line, sizeof line, "epoch %d/%d: loss %.4f, train accuracy %.4f, %.1fs, %.0f samples/s", epoch + 1,
                   flags.epochs, epoch_loss, train_acc, slowest, global_seen / slowest);
     dist.print(line);
-    if (!ckpt.empty()) worker::save_checkpoint(ckpt, *model, &opt, epoch, dist);
+    if (!ckpt.empty()) {
+      if (zero) {
+        zero->consolidate_state_dict(0);
+        if (dist.rank() == 0) zero->save(zero_ckpt);
+      }
+      worker::save_checkpoint(ckpt, *model, &opt, epoch, dist);
+    }
   }
 
   // Test accuracy: each rank scores a contiguous shard; the counts are summed.
@@ -124,10 +137,11 @@ int train_classifier(const std::string& name, const ExampleFlags& flags, std::sh
   std::snprintf(json, sizeof json,
                 "{\"example\": \"%s\", \"world_size\": %d, \"epochs\": %d, \"batch_size_per_rank\": %d, "
                 "\"first_loss\": %.5f, \"final_loss\": %.5f, \"test_accuracy\": %.4f, \"samples_per_s\": %.1f, "
-                "\"seconds\": %.2f, \"comm_hook\": \"%s\", \"sync_bn\": %s}",
+                "\"seconds\": %.2f, \"comm_hook\": \"%s\", \"sync_bn\": %s, \"zero\": %s}",
                 name.c_str(), dist.world_size(), flags.epochs, flags.batch_size, first_loss, final_loss, accuracy,
                 total_seconds > 0 ? total_samples / total_seconds : 0.0, total_seconds,
-                flags.comm_hook.empty() ? "none" : flags.comm_hook.c_str(), flags.sync_bn ? "true" : "false");
+                flags.comm_hook.empty() ? "none" : flags.comm_hook.c_str(), flags.sync_bn ? "true" : "false",
+                flags.zero ? "true" : "false");
   dist.print("test accuracy: ", accuracy);
   dist.print(json);
   return 0;

@@ -23,6 +23,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <filesystem>
 #include <memory>
 #include <numeric>
 #include <sstream>
@@ -35,31 +36,19 @@ namespace ddprun::worker {
 
 template <typename Optim>
 struct zero_traits;
-template <>
-struct zero_traits<torch::optim::SGD> {
-  using Options = torch::optim::SGDOptions;
-  using State = torch::optim::SGDParamState;
-};
-template <>
-struct zero_traits<torch::optim::Adam> {
-  using Options = torch::optim::AdamOptions;
-  using State = torch::optim::AdamParamState;
-};
-template <>
-struct zero_traits<torch::optim::AdamW> {
-  using Options = torch::optim::AdamWOptions;
-  using State = torch::optim::AdamWParamState;
-};
-template <>
-struct zero_traits<torch::optim::RMSprop> {
-  using Options = torch::optim::RMSpropOptions;
-  using State = torch::optim::RMSpropParamState;
-};
-template <>
-struct zero_traits<torch::optim::Adagrad> {
-  using Options = torch::optim::AdagradOptions;
-  using State = torch::optim::AdagradParamState;
-};
+// LibTorch names each optimizer's options NameOptions and its per-parameter state NameParamState.
+#define DDPRUN_ZERO_TRAITS(NAME)                          \
+  template <>                                             \
+  struct zero_traits<torch::optim::NAME> {                \
+    using Options = torch::optim::NAME##Options;          \
+    using State = torch::optim::NAME##ParamState;         \
+  };
+DDPRUN_ZERO_TRAITS(SGD)
+DDPRUN_ZERO_TRAITS(Adam)
+DDPRUN_ZERO_TRAITS(AdamW)
+DDPRUN_ZERO_TRAITS(RMSprop)
+DDPRUN_ZERO_TRAITS(Adagrad)
+#undef DDPRUN_ZERO_TRAITS
 
 // Python's partition: for each parameter (by its number of elements), the rank that owns it.
 inline std::vector<int> zero_partition(const std::vector<int64_t>& numels, int world_size) {
@@ -167,7 +156,8 @@ class ZeroRedundancyOptimizer {
     }
   }
 
-  // On the rank consolidate_state_dict gathered on: the whole state to `path`.
+  // On the rank consolidate_state_dict gathered on: the whole state to `path` (written beside it,
+  // then renamed into place: a crash leaves the previous file whole).
   void save(const std::string& path) const {
     if (consolidated_.empty()) {
       throw std::logic_error("ZeroRedundancyOptimizer::save: call consolidate_state_dict(to) first, on every rank, "
@@ -183,7 +173,9 @@ class ZeroRedundancyOptimizer {
                                      {static_cast<int64_t>(consolidated_[rank].size())}, torch::kUInt8)
                         .clone());
     }
-    archive.save_to(path);
+    const std::string partial = path + ".partial";
+    archive.save_to(partial);
+    std::filesystem::rename(partial, path);
   }
 
   // On every rank, at any world size: installs the saved state of the parameters this rank owns.
