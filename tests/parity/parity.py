@@ -341,8 +341,16 @@ def run_worker(directory, out_dir):
             json.dump({"tensors": [], "error": f"{type(e).__name__}: {e}"}, f)
         open(prefix + ".bin", "wb").close()
         return 1
+    ddp = facts.pop("ddp")  # alive until the process ends
     write_tensors(prefix, facts.pop("tensors"), **facts)
-    return 0
+    # Leave without destroying DDP's reducer: PyTorch 1.13's ~ProcessGroupGloo, run from the
+    # reducer's destructor on the main thread, joins its worker threads while holding the GIL, and
+    # a worker thread freeing a communication hook's tensor waits for the GIL (a hang at exit,
+    # about one run in five of hook_allreduce_3).
+    assert ddp is not None
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def train(c, directory, rank):
@@ -427,7 +435,7 @@ def train(c, directory, rank):
         tensors.append(("buffer/" + name, b))
     dist.barrier()
     dist.destroy_process_group()
-    return {"tensors": tensors, **facts}
+    return {"tensors": tensors, **facts, "ddp": ddp}
 
 
 # --- comparison -----------------------------------------------------------------------------------
