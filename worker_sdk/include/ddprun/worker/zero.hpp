@@ -92,19 +92,56 @@ class ZeroRedundancyOptimizer {
     local_ = std::make_unique<Optim>(mine, options);
   }
 
-  // Steps this rank's shard, then brings every rank's shard to every rank.
+  // Steps this rank's shard, then brings every rank's shard to every rank: one broadcast per rank
+  // of its shard flattened (as Python's parameters_as_bucket_view does), not one per parameter;
+  // parameters of different dtypes or devices go in a broadcast of their own.
   void step() {
     local_->step();
-    std::vector<c10::intrusive_ptr<c10d::Work>> works;
+    struct Flat {
+      int root;
+      std::vector<size_t> members;
+      at::Tensor buffer;
+    };
+    std::vector<Flat> flats;
     for (int rank = 0; rank < group_->getSize(); ++rank) {
       for (size_t i : shards_[static_cast<size_t>(rank)]) {
-        std::vector<at::Tensor> tensor{params_[i].detach()};
-        c10d::BroadcastOptions options;
-        options.rootRank = rank;
-        works.push_back(group_->broadcast(tensor, options));
+        auto it = std::find_if(flats.begin(), flats.end(), [&](const Flat& f) {
+          const auto& first = params_[f.members.front()];
+          return f.root == rank && first.scalar_type() == params_[i].scalar_type() &&
+                 first.device() == params_[i].device();
+        });
+        if (it == flats.end()) it = flats.insert(flats.end(), Flat{rank, {}, {}});
+        it->members.push_back(i);
       }
     }
+    const int me = group_->getRank();
+    std::vector<c10::intrusive_ptr<c10d::Work>> works;
+    for (Flat& f : flats) {
+      if (f.root == me) {
+        std::vector<at::Tensor> parts;
+        for (size_t i : f.members) parts.push_back(params_[i].detach().reshape(-1));
+        f.buffer = at::cat(parts);
+      } else {
+        int64_t n = 0;
+        for (size_t i : f.members) n += params_[i].numel();
+        f.buffer = at::empty({n}, params_[f.members.front()].options().requires_grad(false));
+      }
+      std::vector<at::Tensor> tensor{f.buffer};
+      c10d::BroadcastOptions options;
+      options.rootRank = f.root;
+      works.push_back(group_->broadcast(tensor, options));
+    }
     for (auto& w : works) w->wait();
+    torch::NoGradGuard no_grad;
+    for (const Flat& f : flats) {
+      if (f.root == me) continue;
+      int64_t offset = 0;
+      for (size_t i : f.members) {
+        const int64_t n = params_[i].numel();
+        params_[i].detach().copy_(f.buffer.narrow(0, offset, n).view_as(params_[i]));
+        offset += n;
+      }
+    }
   }
 
   // Every parameter's gradient, not only the shard's (Python's zero_grad covers all of them).
