@@ -11,8 +11,8 @@ epochs=${2:-3}
 steps=${3:-20}
 export OMP_NUM_THREADS=1
 ddprun="$build/launcher/ddprun"
-json() { grep -o '{"example".*}' | tail -1; }
-field() { sed -n "s/.*\"$1\": \([0-9.]*\).*/\1/p"; }
+# shellcheck source=benchmarks/example_json.sh
+source "$(dirname "$0")/example_json.sh"
 run() { "$ddprun" --nproc_per_node 2 "$@" 2>/dev/null | json; }
 echo "| example | flags | samples/s | vs plain | final loss | test accuracy |"
 echo "|---|---|---:|---:|---:|---:|"

@@ -9,8 +9,8 @@ epochs=${2:-1}
 steps=${3:-3}
 export OMP_NUM_THREADS=1
 ddprun="$build/launcher/ddprun"
-json() { grep -o '{"example".*}' | tail -1; }
-field() { sed -n "s/.*\"$1\": \([0-9.]*\).*/\1/p"; }
+# shellcheck source=benchmarks/example_json.sh
+source "$(dirname "$0")/example_json.sh"
 row() {
   local out=$1 label=$2
   printf '| %s | %s | %.0f | %.1f | %.4f |\n' "$label" "$(echo "$out" | field world_size)" \

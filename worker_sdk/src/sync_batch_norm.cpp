@@ -41,14 +41,14 @@ struct SyncBatchNormFunction : torch::autograd::Function<SyncBatchNormFunction> 
     input = input.contiguous();
     const int64_t channels = input.size(1);
     const int world = group->getSize();
-    // This rank's mean, biased variance and count per channel, in double for the combination.
+    // This rank's mean, biased variance and count per channel (computed in the input's type, as
+    // batch_norm_stats does; combined in double).
     const auto stats_options = input.options().dtype(torch::kDouble);
     torch::Tensor local = torch::zeros({2 * channels + 1}, stats_options);
     if (input.numel() > 0) {
-      const auto dims = reduced_dims(input);
-      const torch::Tensor x = input.to(torch::kDouble);
-      local.narrow(0, 0, channels).copy_(x.mean(dims));
-      local.narrow(0, channels, channels).copy_(x.var(dims, /*unbiased=*/false));
+      const auto [var, mean] = at::var_mean(input, reduced_dims(input), /*unbiased=*/false);
+      local.narrow(0, 0, channels).copy_(mean);
+      local.narrow(0, channels, channels).copy_(var);
       local[2 * channels] = static_cast<double>(input.numel() / channels);
     }
     std::vector<torch::Tensor> inputs{local};

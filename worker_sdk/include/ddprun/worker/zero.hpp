@@ -90,55 +90,49 @@ class ZeroRedundancyOptimizer {
     for (size_t i : shards_[static_cast<size_t>(group_->getRank())]) mine.push_back(params_[i]);
     // A rank may own nothing (more ranks than parameters): its optimizer steps no parameter.
     local_ = std::make_unique<Optim>(mine, options);
+    // step()'s broadcasts: each rank's shard, parameters of another dtype or device apart.
+    for (int rank = 0; rank < group_->getSize(); ++rank) {
+      for (size_t i : shards_[static_cast<size_t>(rank)]) {
+        auto it = std::find_if(broadcasts_.begin(), broadcasts_.end(), [&](const Broadcast& b) {
+          const auto& first = params_[b.members.front()];
+          return b.root == rank && first.scalar_type() == params_[i].scalar_type() &&
+                 first.device() == params_[i].device();
+        });
+        if (it == broadcasts_.end()) it = broadcasts_.insert(broadcasts_.end(), Broadcast{rank, {}, 0});
+        it->members.push_back(i);
+        it->numel += params_[i].numel();
+      }
+    }
   }
 
   // Steps this rank's shard, then brings every rank's shard to every rank: one broadcast per rank
-  // of its shard flattened (as Python's parameters_as_bucket_view does), not one per parameter;
-  // parameters of different dtypes or devices go in a broadcast of their own.
+  // of its shard flattened (as Python's parameters_as_bucket_view does), not one per parameter.
   void step() {
     local_->step();
-    struct Flat {
-      int root;
-      std::vector<size_t> members;
-      at::Tensor buffer;
-    };
-    std::vector<Flat> flats;
-    for (int rank = 0; rank < group_->getSize(); ++rank) {
-      for (size_t i : shards_[static_cast<size_t>(rank)]) {
-        auto it = std::find_if(flats.begin(), flats.end(), [&](const Flat& f) {
-          const auto& first = params_[f.members.front()];
-          return f.root == rank && first.scalar_type() == params_[i].scalar_type() &&
-                 first.device() == params_[i].device();
-        });
-        if (it == flats.end()) it = flats.insert(flats.end(), Flat{rank, {}, {}});
-        it->members.push_back(i);
-      }
-    }
     const int me = group_->getRank();
+    std::vector<at::Tensor> buffers;
     std::vector<c10::intrusive_ptr<c10d::Work>> works;
-    for (Flat& f : flats) {
-      if (f.root == me) {
+    for (const Broadcast& b : broadcasts_) {
+      if (b.root == me) {
         std::vector<at::Tensor> parts;
-        for (size_t i : f.members) parts.push_back(params_[i].detach().reshape(-1));
-        f.buffer = at::cat(parts);
+        for (size_t i : b.members) parts.push_back(params_[i].detach().reshape(-1));
+        buffers.push_back(at::cat(parts));
       } else {
-        int64_t n = 0;
-        for (size_t i : f.members) n += params_[i].numel();
-        f.buffer = at::empty({n}, params_[f.members.front()].options().requires_grad(false));
+        buffers.push_back(at::empty({b.numel}, params_[b.members.front()].options().requires_grad(false)));
       }
-      std::vector<at::Tensor> tensor{f.buffer};
+      std::vector<at::Tensor> tensor{buffers.back()};
       c10d::BroadcastOptions options;
-      options.rootRank = f.root;
+      options.rootRank = b.root;
       works.push_back(group_->broadcast(tensor, options));
     }
     for (auto& w : works) w->wait();
     torch::NoGradGuard no_grad;
-    for (const Flat& f : flats) {
-      if (f.root == me) continue;
+    for (size_t k = 0; k < broadcasts_.size(); ++k) {
+      if (broadcasts_[k].root == me) continue;
       int64_t offset = 0;
-      for (size_t i : f.members) {
+      for (size_t i : broadcasts_[k].members) {
         const int64_t n = params_[i].numel();
-        params_[i].detach().copy_(f.buffer.narrow(0, offset, n).view_as(params_[i]));
+        params_[i].detach().copy_(buffers[k].narrow(0, offset, n).view_as(params_[i]));
         offset += n;
       }
     }
@@ -284,6 +278,12 @@ class ZeroRedundancyOptimizer {
   c10::intrusive_ptr<c10d::ProcessGroup> group_;
   std::vector<int> owner_;
   std::vector<std::vector<size_t>> shards_;
+  struct Broadcast {
+    int root;
+    std::vector<size_t> members;  // parameter indices, in shard order
+    int64_t numel;
+  };
+  std::vector<Broadcast> broadcasts_;
   std::unique_ptr<Optim> local_;
   std::vector<std::string> consolidated_;
 };
