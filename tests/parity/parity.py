@@ -40,12 +40,15 @@ BATCH = 8
 #              static_graph, bucket_cap_mb: None for DDP's default, first_bucket_bytes: the value of
 #              torch.distributed._DEFAULT_FIRST_BUCKET_BYTES, which 2.x reads only when
 #              bucket_cap_mb is None)
-#   optimizer  "sgd" (momentum 0.9, weight decay 1e-4) or "adam" (weight decay 1e-2)
+#   optimizer  "sgd" (momentum 0.9, weight decay 1e-4), "adam" (weight decay 1e-2) or "zero_sgd" (the SGD in a
+#              ZeroRedundancyOptimizer: each rank steps its shard, then broadcasts it)
 #   schedule   train: forward, backward, step; accum: two micro-batches under no_sync, then one
 #              outside; split_out: the forward outside no_sync, its backward inside;
 #              split_in: the forward inside, its backward outside; eval_uneven: train, then an
 #              evaluation under no_grad with rank r running r + 1 batches, a barrier, train again;
-#              detail_mismatch: rank 1 all-reduces a tensor of another size (an error, not a hang)
+#              detail_mismatch: rank 1 all-reduces a tensor of another size (an error, not a hang);
+#              join: train, rank r running steps + join.extra * r iterations inside Join([ddp] or
+#              [ddp, optimizer] with ZeRO)
 #   set_to_none  optimizer.zero_grad(set_to_none=...)
 #   rank_buffers every rank starts with its own BatchNorm statistics (running_mean + rank)
 #   expect_error what every rank of the SDK must fail with (a substring), and some rank of Python
@@ -56,6 +59,8 @@ BATCH = 8
 #   powersgd   PowerSGDState's arguments for "powersgd" (the process group aside)
 #   local_sgd  for "post_localsgd" (post_localSGD_hook.py and a PeriodicModelAverager after each
 #              optimizer step): start_localSGD_iter, subgroup_size, period, warmup_steps
+#   join       for "join": extra (iterations rank r runs beyond steps: extra * r), divide_by_initial_world_size,
+#              throw (throw_on_early_termination)
 #   min_torch  the oldest PyTorch major release whose Python DDP can run the case (1.13's Gloo has
 #              no bfloat16 sum); the test skips it on older ones
 SMALL_BUCKETS = {"bucket_cap_mb": 8192 / (1 << 20), "first_bucket_bytes": 4096}
@@ -63,7 +68,7 @@ SMALL_BUCKETS = {"bucket_cap_mb": 8192 / (1 << 20), "first_bucket_bytes": 4096}
 
 def case(world=2, steps=6, optimizer="sgd", schedule="train", model=None, ddp=None, set_to_none=True,
          rank_buffers=False, expect_error=None, env=None, hook=None, min_torch=1, powersgd=None,
-         local_sgd=None):
+         local_sgd=None, join=None):
     m = {"hidden": HIDDEN, "bn": True, "extra": "none", "tied": False, "twice": False, "mismatch": False}
     m.update(model or {})
     d = {"find_unused_parameters": False, "broadcast_buffers": True, "gradient_as_bucket_view": False,
@@ -72,7 +77,8 @@ def case(world=2, steps=6, optimizer="sgd", schedule="train", model=None, ddp=No
     return {"world": world, "steps": steps, "optimizer": optimizer, "schedule": schedule, "model": m, "ddp": d,
             "set_to_none": set_to_none, "rank_buffers": rank_buffers, "expect_error": expect_error,
             "env": env or {}, "hook": hook, "min_torch": min_torch, "powersgd": powersgd,
-            "local_sgd": local_sgd}
+            "local_sgd": local_sgd,
+            "join": {"extra": 1, "divide_by_initial_world_size": True, "throw": False, **(join or {})}}
 
 
 CASES = {
@@ -132,6 +138,21 @@ CASES = {
         "start_localSGD_iter": 2, "subgroup_size": 2, "period": 3, "warmup_steps": 2}),
     "powersgd_buckets": case(steps=12, ddp=SMALL_BUCKETS, hook="powersgd",
                              powersgd={"matrix_approximation_rank": 1, "start_powerSGD_iter": 2}),
+    # ZeRO: every parameter as a local SGD over all of them gives (its state sharded 3 ways).
+    "zero_sgd_3": case(world=3, optimizer="zero_sgd"),
+    # Uneven inputs: ranks with 10 and 11 batches, gradients divided by the world size or by the
+    # ranks still training; the joined ranks shadow the buffer broadcasts (from the largest rank
+    # still training), the buckets, the map of used parameters, a hook's collectives and ZeRO's
+    # steps; at the end every rank takes the model of the last to join.
+    "join_2": case(schedule="join", steps=10),
+    "join_effective_2": case(schedule="join", steps=10, join={"divide_by_initial_world_size": False}),
+    "join_effective_3": case(world=3, schedule="join", steps=5, join={"extra": 2, "divide_by_initial_world_size": False}),
+    "join_unused_3": case(world=3, schedule="join", steps=5, model={"extra": "rank0"},
+                          ddp={"find_unused_parameters": True}),
+    "join_hook_fp16_3": case(world=3, schedule="join", steps=5, hook="fp16",
+                             join={"divide_by_initial_world_size": False}),
+    "join_zero_3": case(world=3, schedule="join", steps=5, optimizer="zero_sgd"),
+    "join_throw_3": case(world=3, schedule="join", steps=5, join={"throw": True}, expect_error="exhausted"),
     "shape_mismatch": case(model={"mismatch": True},
                            expect_error="appears not to match sizes of the same param in process 0"),
     "detail_mismatch": case(schedule="detail_mismatch", env={"TORCH_DISTRIBUTED_DEBUG": "DETAIL"},
@@ -143,7 +164,7 @@ CASES = {
 LOGGING_KEYS = ["world_size", "rank", "bucket_cap_bytes", "find_unused_parameters", "gradient_as_bucket_view",
                 "broadcast_buffers", "static_graph", "num_parameter_tensors", "total_parameter_size_bytes",
                 "bucket_sizes", "rebuilt_bucket_sizes", "has_rebuilt_buckets", "unused_parameter_size",
-                "dtypes", "backend_name", "is_multi_device_module", "iteration", "comm_hook"]
+                "dtypes", "backend_name", "is_multi_device_module", "iteration", "comm_hook", "join_uneven_inputs"]
 
 
 def micro_batches(c):
@@ -152,6 +173,8 @@ def micro_batches(c):
 
 def batches_needed(c):
     extra = c["world"] if c["schedule"] == "eval_uneven" else 0
+    if c["schedule"] == "join":
+        extra = c["join"]["extra"] * (c["world"] - 1)
     return c["steps"] * micro_batches(c) + extra + 1
 
 
@@ -374,6 +397,10 @@ def train(c, directory, rank):
         ddp.register_comm_hook(*comm_hook(c))
     if c["optimizer"] == "sgd":
         opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, weight_decay=1e-4)
+    elif c["optimizer"] == "zero_sgd":
+        from torch.distributed.optim import ZeroRedundancyOptimizer
+        opt = ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.SGD, lr=0.05, momentum=0.9,
+                                      weight_decay=1e-4)
     else:
         opt = torch.optim.Adam(model.parameters(), lr=1e-3, weight_decay=1e-2)
     averager = None
@@ -393,38 +420,46 @@ def train(c, directory, rank):
         t = torch.ones(3 + rank)
         dist.all_reduce(t)
         raise RuntimeError("the all-reduce of tensors of different sizes did not fail")
-    for step in range(c["steps"]):
-        opt.zero_grad(set_to_none=c["set_to_none"])
-        if schedule == "train":
-            loss_of(next(batch)).backward()
-        elif schedule == "accum":
-            with ddp.no_sync():
+    steps, block = c["steps"], contextlib.nullcontext()
+    if schedule == "join":
+        from torch.distributed.algorithms.join import Join
+        j = c["join"]
+        steps += j["extra"] * rank
+        block = Join([ddp, opt] if c["optimizer"] == "zero_sgd" else [ddp], throw_on_early_termination=j["throw"],
+                     divide_by_initial_world_size=j["divide_by_initial_world_size"])
+    with block:
+        for step in range(steps):
+            opt.zero_grad(set_to_none=c["set_to_none"])
+            if schedule in ("train", "join"):
                 loss_of(next(batch)).backward()
+            elif schedule == "accum":
+                with ddp.no_sync():
+                    loss_of(next(batch)).backward()
+                    loss_of(next(batch)).backward()
                 loss_of(next(batch)).backward()
-            loss_of(next(batch)).backward()
-        elif schedule == "split_out":
-            loss = loss_of(next(batch))
-            with ddp.no_sync():
-                loss.backward()
-        elif schedule == "split_in":
-            with ddp.no_sync():
+            elif schedule == "split_out":
                 loss = loss_of(next(batch))
-            loss.backward()
-        elif schedule == "eval_uneven":
-            loss_of(next(batch)).backward()
-            if step == 0:
-                ddp.eval()
-                with torch.no_grad():
-                    first = next(batch)
-                    for _ in range(c["world"]):
-                        next(batch)
-                    for k in range(rank + 1):
-                        ddp(xs[first + k, rank])
-                dist.barrier()
-                ddp.train()
-        opt.step()
-        if averager:
-            averager.average_parameters(model.parameters())
+                with ddp.no_sync():
+                    loss.backward()
+            elif schedule == "split_in":
+                with ddp.no_sync():
+                    loss = loss_of(next(batch))
+                loss.backward()
+            elif schedule == "eval_uneven":
+                loss_of(next(batch)).backward()
+                if step == 0:
+                    ddp.eval()
+                    with torch.no_grad():
+                        first = next(batch)
+                        for _ in range(c["world"]):
+                            next(batch)
+                        for k in range(rank + 1):
+                            ddp(xs[first + k, rank])
+                    dist.barrier()
+                    ddp.train()
+            opt.step()
+            if averager:
+                averager.average_parameters(model.parameters())
     logging = ddp._get_ddp_logging_data()
     facts = {"logging": {k: logging.get(k) for k in LOGGING_KEYS}, "grad_views": grads_are_views(model)}
     tensors = []

@@ -261,8 +261,12 @@ Result train(const json& c, const std::string& dir, int rank, const std::string&
   std::vector<torch::Tensor> params;
   for (const auto& [name, p] : unique(net->named_parameters())) params.push_back(p);
   std::unique_ptr<torch::optim::Optimizer> opt;
+  std::unique_ptr<ZeroRedundancyOptimizer<torch::optim::SGD>> zero;
+  const auto sgd_options = torch::optim::SGDOptions(0.05).momentum(0.9).weight_decay(1e-4);
   if (c.at("optimizer") == "sgd") {
-    opt = std::make_unique<torch::optim::SGD>(params, torch::optim::SGDOptions(0.05).momentum(0.9).weight_decay(1e-4));
+    opt = std::make_unique<torch::optim::SGD>(params, sgd_options);
+  } else if (c.at("optimizer") == "zero_sgd") {
+    zero = std::make_unique<ZeroRedundancyOptimizer<torch::optim::SGD>>(params, sgd_options, dist.c10d_group());
   } else {
 #if TORCH_VERSION_MAJOR >= 2
     opt = std::make_unique<PythonAdam>(params, 1e-3, 1e-2);
@@ -284,9 +288,11 @@ Result train(const json& c, const std::string& dir, int rank, const std::string&
     throw std::runtime_error("the all-reduce of tensors of different sizes did not fail");
   }
   const bool set_to_none = c.at("set_to_none");
-  for (int step = 0; step < c.at("steps").get<int>(); ++step) {
+  const json& j = c.at("join");
+  const int steps = c.at("steps").get<int>() + (schedule == "join" ? j.at("extra").get<int>() * rank : 0);
+  auto one_step = [&](int step) {
     zero_grad(params, set_to_none);
-    if (schedule == "train") {
+    if (schedule == "train" || schedule == "join") {
       loss_of(next++).backward();
     } else if (schedule == "accum") {
       {
@@ -322,8 +328,27 @@ Result train(const json& c, const std::string& dir, int rank, const std::string&
     } else {
       throw std::invalid_argument("unknown schedule " + schedule);
     }
-    opt->step();
+    if (zero) {
+      zero->step();
+    } else {
+      opt->step();
+    }
     if (averager) averager->average_parameters(params);
+  };
+  auto loop = [&] {
+    for (int step = 0; step < steps; ++step) one_step(step);
+  };
+  if (schedule == "join") {
+    JoinOptions options;
+    options.throw_on_early_termination = j.at("throw");
+    options.divide_by_initial_world_size = j.at("divide_by_initial_world_size");
+    if (zero) {
+      Join({ddp, *zero}, options).run(loop);  // Python: with Join([ddp, zero], ...)
+    } else {
+      ddp.join(loop, options);  // Python: with ddp.join(...)
+    }
+  } else {
+    loop();
   }
 
   Result result;

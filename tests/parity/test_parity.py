@@ -25,7 +25,7 @@ DDPRUN = WORKER = None
 # The SDK's two ways of summing gradients: its direct Gloo ring and ProcessGroupGloo.
 BOTH_REDUCERS = {"plain_sgd_3", "plain_sgd_4", "plain_adam_3", "large_bucket_3", "unused_on_some_ranks",
                  "gradient_as_bucket_view", "eval_uneven", "static_graph_module_twice", "hook_fp16_3",
-                 "hook_bf16_3"}
+                 "hook_bf16_3", "join_effective_3", "join_zero_3"}
 
 
 def torch_version():

@@ -151,6 +151,7 @@ struct DdpCore::Impl : std::enable_shared_from_this<Impl> {
   bool require_forward_param_sync = true;
   bool static_graph = false;
   int64_t num_iterations = 0;  // 1.13's count, read by the sink
+  bool divide_by_initial_world_size = true;  // set by a join hook
 
   // End of backward, for ddprun's progress signals and the direct path's drain.
   std::mutex mutex;
@@ -171,22 +172,65 @@ struct DdpCore::Impl : std::enable_shared_from_this<Impl> {
     return out;
   }
 
-  // _sync_module_states / _sync_buffers: rank 0's values, one coalesced broadcast per bucket.
-  void broadcast_from_rank0(const std::vector<at::Tensor>& tensors) {
+  // _sync_params_and_buffers / _sync_module_buffers: rank src's values, one coalesced broadcast per
+  // bucket.
+  void broadcast_from(const std::vector<at::Tensor>& tensors, int src) {
     if (tensors.empty()) return;
     torch::NoGradGuard no_grad;
     CollectiveWait waiting;
-    c10d::broadcast_coalesced(pg, tensors, kBroadcastBucketBytes, 0);
+    c10d::broadcast_coalesced(pg, tensors, kBroadcastBucketBytes, src);
+  }
+
+  // _sync_module_states' tensors: every parameter (requiring a gradient or not), then, with
+  // `with_buffers`, every buffer; DDP's ignored names left out.
+  std::vector<at::Tensor> module_states(bool with_buffers) const {
+    std::vector<at::Tensor> states;
+    for (auto& p : unique_tensors(*module, false)) {
+      if (!ignored.count(p.name)) states.push_back(p.tensor.detach());
+    }
+    if (with_buffers) {
+      for (auto& b : buffers()) states.push_back(b.tensor.detach());
+    }
+    return states;
   }
 
   bool will_sync_module_buffers() const {
     return require_forward_param_sync && options.broadcast_buffers && !buffers().empty();
   }
 
-  void sync_buffers() {
+  void sync_module_buffers(int src) {
     std::vector<at::Tensor> tensors;
     for (auto& b : buffers()) tensors.push_back(b.tensor.detach());
-    broadcast_from_rank0(tensors);
+    broadcast_from(tensors, src);
+  }
+
+  torch::Device device() const { return reducer_parameters(*module, ignored).front().tensor.device(); }
+
+  // _find_common_rank: the largest rank among those whose `candidate` is true.
+  int find_common_rank(bool candidate) {
+    auto t = torch::full({1}, candidate ? int64_t{pg->getRank()} : int64_t{-1},
+                         torch::TensorOptions().dtype(torch::kLong).device(device()));
+    std::vector<at::Tensor> tensors{t};
+    c10d::AllreduceOptions max;
+    max.reduceOp = c10d::ReduceOp::MAX;
+    {
+      CollectiveWait waiting;
+      pg->allreduce(tensors, max)->wait();
+    }
+    const auto rank = t.item<int64_t>();
+    if (rank < 0) {
+      throw std::logic_error("DistributedDataParallel: no rank is a candidate for the authoritative copy (a bug)");
+    }
+    return static_cast<int>(rank);
+  }
+
+  // _check_global_requires_backward_grad_sync: all-reduces whether this iteration's backward
+  // reduces (1 from the ranks that train and will, 0 from joined ranks).
+  c10::intrusive_ptr<c10d::Work> global_requires_backward_grad_sync(bool is_joined_rank) {
+    auto t = torch::full({1}, !is_joined_rank && require_backward_grad_sync ? 1.0 : 0.0,
+                         torch::TensorOptions().device(device()));
+    std::vector<at::Tensor> tensors{t};
+    return pg->allreduce(tensors);
   }
 
   // A gradient accumulator of this DDP's parameters ran: at the first of a reducing backward,
@@ -230,6 +274,14 @@ struct DdpCore::Impl : std::enable_shared_from_this<Impl> {
 
   void construct(Distributed& dist);
   size_t first_bucket_cap() const;
+  // Whether _sync_module_states broadcasts the buffers: on 1.x always, on 2.x with broadcast_buffers.
+  bool states_with_buffers() const {
+#if TORCH_VERSION_MAJOR >= 2
+    return options.broadcast_buffers;
+#else
+    return true;
+#endif
+  }
 };
 
 size_t DdpCore::Impl::first_bucket_cap() const {
@@ -287,19 +339,7 @@ void DdpCore::Impl::construct(Distributed& dist) {
     verify_same_parameters(pg, params, parameter_names);
     // _sync_module_states: every parameter (requiring a gradient or not) and, on 1.x always and on
     // 2.x with broadcast_buffers, every buffer.
-    std::vector<at::Tensor> states;
-    for (auto& p : unique_tensors(*module, false)) {
-      if (!ignored.count(p.name)) states.push_back(p.tensor.detach());
-    }
-#if TORCH_VERSION_MAJOR >= 2
-    const bool with_buffers = options.broadcast_buffers;
-#else
-    const bool with_buffers = true;
-#endif
-    if (with_buffers) {
-      for (auto& b : buffers()) states.push_back(b.tensor.detach());
-    }
-    broadcast_from_rank0(states);
+    broadcast_from(module_states(states_with_buffers()), 0);
   }
 
   // _build_debug_param_to_name_mapping: names in the reducer's errors with TORCH_DISTRIBUTED_DEBUG.
@@ -352,7 +392,7 @@ DdpCore::DdpCore(torch::nn::Module& module, Distributed& dist, const DdpOptions&
 
 DdpCore::~DdpCore() = default;
 
-void DdpCore::pre_forward() {
+void DdpCore::pre_forward(Joinable& self) {
   Impl& s = *impl_;
   progress();
   try {
@@ -362,10 +402,19 @@ void DdpCore::pre_forward() {
       ++s.num_iterations;
       s.reducer->prepare_for_forward();
     }
+    // In a Join: tells the joined ranks this one still trains (and how many do, for the divide
+    // factor); throws here when another rank ran out and the Join throws on early termination.
+    if (auto work = Join::notify_join_context(self)) {
+      s.reducer->set_forward_pass_work_handle(work, s.divide_by_initial_world_size);
+    }
     // Raises here when the previous iteration's reduction did not finish (a parameter without a
     // gradient and no find_unused_parameters), naming the parameters.
     if (grad) s.reducer->rebuild_buckets();
-    if (s.will_sync_module_buffers()) s.sync_buffers();
+    const bool joining = self.join_config().enable;
+    // In a Join, rank 0 may have joined with stale buffers: the largest rank still training's.
+    if (s.will_sync_module_buffers()) s.sync_module_buffers(joining ? s.find_common_rank(true) : 0);
+    // The joined ranks learn whether this iteration's backward reduces (not waited for here).
+    if (joining) s.global_requires_backward_grad_sync(false);
   } catch (const c10::Error& e) {
     throw std::runtime_error("DistributedDataParallel: " +
                              with_parameter_names(e.what_without_backtrace(), s.parameter_names));
@@ -459,5 +508,82 @@ void DdpCore::register_comm_hook(std::function<comm_hooks::TensorFuture(c10d::Gr
     rethrow_clean(e);
   }
 }
+
+namespace {
+
+// Python's _DDPJoinHook: a joined rank's shadow of one DDP iteration, and the final model sync.
+class DdpJoinHook final : public JoinHook {
+ public:
+  DdpJoinHook(std::shared_ptr<DdpCore::Impl> ddp, bool divide_by_initial_world_size) : ddp_(std::move(ddp)) {
+    ddp_->logger->set_uneven_input_join();
+    ddp_->divide_by_initial_world_size = divide_by_initial_world_size;
+  }
+
+  void main_hook() override {
+    DdpCore::Impl& s = *ddp_;
+    try {
+      s.reducer->rebuild_buckets();  // once per training, as the others' forward does
+      // The others' buffer broadcast, from the largest rank still training.
+      if (s.will_sync_module_buffers()) s.sync_module_buffers(s.find_common_rank(false));
+      bool sync_backward = false;
+      {
+        auto t = torch::zeros({1}, torch::TensorOptions().device(s.device()));
+        std::vector<at::Tensor> tensors{t};
+        CollectiveWait waiting;
+        s.pg->allreduce(tensors)->wait();
+        sync_backward = t.item<double>() != 0;
+      }
+      // No gradient sync this iteration means no buffer broadcast in the next one.
+      s.require_forward_param_sync = sync_backward;
+      if (!sync_backward) return;
+      // One all-reduce of zeros per bucket, in the reducer's order, through the communication hook
+      // if one is registered (the divide factor then counts the ranks still training, or not).
+      std::vector<c10::intrusive_ptr<c10::ivalue::Future>> futures;
+      for (auto& bucket : s.reducer->get_grad_buckets(/*return_zero_tensors=*/true)) {
+        futures.push_back(s.reducer->run_comm_hook(bucket));
+      }
+      {
+        CollectiveWait waiting;
+#ifdef DDPRUN_WORKER_DIRECT_GLOO
+        if (s.comm) s.comm->drain();
+#endif
+        for (auto& f : futures) {
+          f->wait();
+          if (f->hasError()) std::rethrow_exception(f->exception_ptr());
+        }
+      }
+      if (s.options.find_unused_parameters) {  // the others' map of used parameters
+        std::vector<at::Tensor> tensors{s.reducer->get_local_used_map_on_device()};
+        CollectiveWait waiting;
+        s.pg->allreduce(tensors)->wait();
+      }
+      s.reducer->push_rebuilt_params_for_all_indices();
+    } catch (const c10::Error& e) {
+      rethrow_clean(e);
+    }
+  }
+
+  // _sync_final_model: every rank takes the model of the largest of the last ranks to join.
+  void post_hook(bool is_last_joiner) override {
+    DdpCore::Impl& s = *ddp_;
+    try {
+      const int src = s.find_common_rank(is_last_joiner);
+      s.broadcast_from(s.module_states(s.states_with_buffers()), src);
+    } catch (const c10::Error& e) {
+      rethrow_clean(e);
+    }
+  }
+
+ private:
+  std::shared_ptr<DdpCore::Impl> ddp_;
+};
+
+}  // namespace
+
+std::unique_ptr<JoinHook> DdpCore::join_hook(const JoinOptions& options) {
+  return std::make_unique<DdpJoinHook>(impl_, options.divide_by_initial_world_size);
+}
+
+torch::Device DdpCore::device() const { return impl_->device(); }
 
 }  // namespace ddprun::worker::detail

@@ -36,6 +36,7 @@
 
 #include "ddprun/worker/comm_hooks.hpp"
 #include "ddprun/worker/distributed.hpp"
+#include "ddprun/worker/join.hpp"
 
 namespace ddprun::worker {
 
@@ -95,9 +96,9 @@ class DdpCore {
   DdpCore(const DdpCore&) = delete;
   DdpCore& operator=(const DdpCore&) = delete;
 
-  // Before the module's forward: prepares the reducer, rebuilds buckets after the first
-  // iteration, broadcasts buffers when Python would.
-  void pre_forward();
+  // Before the module's forward: prepares the reducer, notifies a Join `self` is in, rebuilds
+  // buckets after the first iteration, broadcasts buffers when Python would.
+  void pre_forward(Joinable& self);
   // After it: prepares for backward (finding unused parameters from `outputs`) and, where Python
   // passes the outputs through its sink, replaces them in place. True when they were replaced.
   bool post_forward(std::vector<at::Tensor>& outputs);
@@ -112,9 +113,13 @@ class DdpCore {
   c10::intrusive_ptr<c10d::ProcessGroup> process_group() const;
   // Python's register_comm_hook: `name` is what DDP's logging data reports as comm_hook.
   void register_comm_hook(std::function<comm_hooks::TensorFuture(c10d::GradBucket&)> hook, const std::string& name);
+  // Python's join_hook(divide_by_initial_world_size=...), join_device.
+  std::unique_ptr<JoinHook> join_hook(const JoinOptions& options);
+  torch::Device device() const;
+
+  struct Impl;  // defined in ddp.cpp
 
  private:
-  struct Impl;
   std::shared_ptr<Impl> impl_;
 };
 
@@ -163,7 +168,7 @@ struct OutputTensors<std::pair<A, B>> {
 }  // namespace detail
 
 template <typename ModuleType>
-class DistributedDataParallel {
+class DistributedDataParallel : public Joinable {
  public:
   // Collective: every rank constructs its DDP objects in the same order. Throws, on every rank,
   // when the ranks' parameters differ in number, shape or stride.
@@ -175,7 +180,7 @@ class DistributedDataParallel {
   // The module's forward, with Python DDP's work before and after it.
   template <typename... Args>
   auto forward(Args&&... args) {
-    core_->pre_forward();
+    core_->pre_forward(*this);
     auto output = module_->forward(std::forward<Args>(args)...);
     std::vector<at::Tensor> tensors;
     detail::OutputTensors<decltype(output)>::collect(output, tensors);
@@ -241,6 +246,19 @@ class DistributedDataParallel {
   }
   // The process group DDP's gradients are reduced on: the state to give the built-in hooks.
   c10::intrusive_ptr<c10d::ProcessGroup> process_group() const { return core_->process_group(); }
+
+  // Python's `with ddp.join(divide_by_initial_world_size, enable, throw_on_early_termination):
+  // body`: runs body (the training loop over this rank's batches), then shadows the other ranks'
+  // iterations until every rank has run out of batches, then takes the model of the last rank to
+  // finish (see join.hpp). Collective.
+  template <typename Body>
+  void join(Body&& body, JoinOptions options = {}) {
+    Join(std::vector<std::reference_wrapper<Joinable>>{*this}, options).run(std::forward<Body>(body));
+  }
+  // Joinable: the hook a Join runs once this rank has joined (Python's join_hook(**kwargs)).
+  std::unique_ptr<JoinHook> join_hook(const JoinOptions& options) override { return core_->join_hook(options); }
+  torch::Device join_device() const override { return core_->device(); }
+  c10::intrusive_ptr<c10d::ProcessGroup> join_process_group() const override { return core_->process_group(); }
 
   // Python's _set_static_graph(): before the first iteration (DdpOptions::static_graph does it).
   void set_static_graph() { core_->set_static_graph(); }

@@ -13,6 +13,10 @@
 // save()s it by the parameters' global indices; load() on any number of ranks installs the state
 // of the parameters each rank owns then, so a checkpoint made at 4 ranks resumes at 2.
 //
+// Joinable (join.hpp): in a Join, a rank that has run out of inputs keeps stepping (its own shard,
+// from the gradients it has) and broadcasting while the others train, as Python's ZeRO join hook
+// does.
+//
 // Optim is one of torch::optim::SGD, Adam, AdamW, RMSprop and Adagrad (zero_traits below).
 
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
@@ -31,6 +35,8 @@
 #include <string>
 #include <utility>
 #include <vector>
+
+#include "ddprun/worker/join.hpp"
 
 namespace ddprun::worker {
 
@@ -66,7 +72,7 @@ inline std::vector<int> zero_partition(const std::vector<int64_t>& numels, int w
 }
 
 template <typename Optim>
-class ZeroRedundancyOptimizer {
+class ZeroRedundancyOptimizer : public Joinable {
  public:
   using Options = typename zero_traits<Optim>::Options;
   using State = typename zero_traits<Optim>::State;
@@ -105,9 +111,22 @@ class ZeroRedundancyOptimizer {
     }
   }
 
+  // Joinable: once joined, a rank steps on each iteration of the others (Python's _ZeROJoinHook).
+  std::unique_ptr<JoinHook> join_hook(const JoinOptions&) override {
+    struct Hook final : JoinHook {
+      explicit Hook(ZeroRedundancyOptimizer& z) : zero(z) {}
+      void main_hook() override { zero.step(); }
+      ZeroRedundancyOptimizer& zero;
+    };
+    return std::make_unique<Hook>(*this);
+  }
+  torch::Device join_device() const override { return params_.front().device(); }
+  c10::intrusive_ptr<c10d::ProcessGroup> join_process_group() const override { return group_; }
+
   // Steps this rank's shard, then brings every rank's shard to every rank: one broadcast per rank
   // of its shard flattened (as Python's parameters_as_bucket_view does), not one per parameter.
   void step() {
+    Join::notify_join_context(*this);
     local_->step();
     const int me = group_->getRank();
     std::vector<at::Tensor> buffers;
