@@ -59,15 +59,30 @@ std::vector<std::string> resolve_all(const std::vector<std::string>& names);
 
 // Where attempt directories go: LOG_DIR/RUN_ID_XXXX, or a temporary directory removed at exit
 // when nothing was asked to be kept. Private (0700), as is everything ddprun creates in it.
+//
+// A temporary directory outlives a ddprun that cannot run its destructor (SIGKILL: the OOM killer,
+// `scancel -9`). So ddprun holds an flock on `.lock` inside it for as long as it runs, and marks it
+// `.temporary` once the lock is held; each new ddprun removes the marked directories of this user
+// in the same temporary directory whose lock it can take (their owner is gone). keep() removes the
+// marker: what was worth keeping is never swept.
 struct RunDirectory {
   fs::path path;
   bool temporary = false;
 
   explicit RunDirectory(const LaunchOptions& o);
   ~RunDirectory();
+  RunDirectory(const RunDirectory&) = delete;
+  RunDirectory& operator=(const RunDirectory&) = delete;
   // Something worth keeping was written (stacks of a hang): the directory stays after the job.
   void keep();
+
+ private:
+  int lock_fd_ = -1;
 };
+
+// Removes the temporary run directories (ddprun_*) in `parent` that belong to this user, are
+// marked temporary and whose lock nobody holds; returns how many.
+int sweep_abandoned_run_directories(const fs::path& parent);
 
 // One node's agent: the state machine of agent.hpp and what it keeps between rounds.
 class Agent {

@@ -184,6 +184,42 @@ TEST(LauncherTest, SigkillOfDdprunLeavesNoWorkerOrGrandchild) {
       << "workers or grandchildren outlived ddprun";
 }
 
+std::vector<fs::path> run_directories(const fs::path& parent) {
+  std::vector<fs::path> out;
+  for (const auto& e : fs::directory_iterator(parent)) {
+    if (e.path().filename().string().rfind("ddprun_", 0) == 0) out.push_back(e.path());
+  }
+  return out;
+}
+
+TEST(LauncherTest, TheNextDdprunRemovesTheRunDirectoryOfASigkilledOneButNotALiveOnes) {
+  TempDir tmp;
+  const std::map<std::string, std::string> env{{"TMPDIR", tmp.str()}};
+  // Two jobs under the same TMPDIR: one is killed, the other goes on.
+  Subprocess killed(ddprun({"--nproc_per_node", "1", TEST_WORKER_BIN, "sleep", "120"}), env);
+  ASSERT_TRUE(wait_until([&] { return run_directories(tmp.path).size() == 1; }, 30s));
+  const fs::path killed_dir = run_directories(tmp.path).front();
+  Subprocess alive(ddprun({"--nproc_per_node", "1", TEST_WORKER_BIN, "sleep", "120"}), env);
+  ASSERT_TRUE(wait_until([&] { return run_directories(tmp.path).size() == 2; }, 30s));
+  killed.signal(SIGKILL);
+  killed.wait(10s);
+  ASSERT_TRUE(fs::exists(killed_dir)) << "a SIGKILLed ddprun cannot remove its own run directory";
+
+  Subprocess next(ddprun({"--nproc_per_node", "1", TEST_WORKER_BIN, "exit-if-rank", "5", "0"}), env);
+  const Finished f = next.wait(60s);
+  ASSERT_EQ(f.exit_code, 0) << f.err;
+  EXPECT_FALSE(fs::exists(killed_dir)) << f.err;
+  EXPECT_NE(f.err.find("removed 1 run directory"), std::string::npos) << f.err;
+  const auto left = run_directories(tmp.path);
+  ASSERT_EQ(left.size(), 1u) << "the live job's directory must stay";
+  EXPECT_NE(left.front(), killed_dir);
+
+  alive.signal(SIGTERM);
+  alive.wait(30s);
+  EXPECT_TRUE(wait_until([&] { return run_directories(tmp.path).empty(); }, 10s))
+      << "a ddprun that ends normally removes its own";
+}
+
 TEST(LauncherTest, GrandchildrenDieWithTheirWorker) {
   TempDir dir;
   Subprocess p(ddprun({"--nproc_per_node", "1", TEST_WORKER_BIN, "grandchild", dir.str()}));
