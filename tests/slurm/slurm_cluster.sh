@@ -48,6 +48,7 @@ ns_of() { echo "ddprun_slurm_${1}_$id"; }
 daemons=()
 
 cleanup() {
+  local status=$?
   set +e
   if [[ -n "${SLURM_CONF:-}" ]] && ((${#daemons[@]} > 0)); then
     on ctl scancel --full --signal KILL --partition debug >/dev/null 2>&1
@@ -61,9 +62,20 @@ cleanup() {
   done
   for p in "${daemons[@]}"; do kill -KILL "$p" 2>/dev/null; done
   pkill -KILL -f "sleep 3600.$id" 2>/dev/null
+  # Every daemon was one of `daemons` (start_on starts them under their own pid): any process
+  # still holding this cluster's configuration escaped, which fails the test (and is killed).
+  local left
+  left=$(pgrep -a -f "$work/slurm.conf")
+  if [[ -n "$left" ]]; then
+    echo "FAIL: Slurm daemons outlived the test:"
+    echo "$left"
+    pkill -KILL -f "$work/slurm.conf"
+    status=1
+  fi
   for h in "${hosts[@]}"; do ip netns del "$(ns_of "$h")" 2>/dev/null; done
   ip netns del "$sw" 2>/dev/null
   if [[ "${keep:-0}" == 1 ]]; then echo "(logs kept in $work)"; else rm -rf "$work"; fi
+  exit "$status"
 }
 trap cleanup EXIT
 
@@ -75,6 +87,18 @@ on() {
   shift
   nsenter --net="/run/netns/$(ns_of "$h")" unshare --uts --mount -- \
     bash -c 'hostname "$0" && mount --bind "$1" /etc/hosts && shift && exec "$@"' "$h" "$work/hosts" "$@"
+}
+
+# Starts a daemon on host H in the background, output to OUT, and records its pid: nsenter, unshare
+# and bash each exec the next, so $! is the daemon itself (a function run with & would leave $! the
+# pid of a subshell, and killing that would leave the daemon running).
+start_on() {
+  local h=$1 out=$2
+  shift 2
+  nsenter --net="/run/netns/$(ns_of "$h")" unshare --uts --mount -- \
+    bash -c 'hostname "$0" && mount --bind "$1" /etc/hosts && shift && exec "$@"' "$h" "$work/hosts" "$@" \
+    >"$out" 2>&1 &
+  daemons+=($!)
 }
 
 if ! ip netns add "$sw" 2>/dev/null; then
@@ -110,6 +134,19 @@ for _ in $(seq 100); do
 done
 munge --socket="$work/munge.socket" -n | unmunge --socket="$work/munge.socket" >/dev/null ||
   { echo "FAIL: munged did not start"; cat "$work/munged.log"; exit 1; }
+
+# slurmd initialises a cgroup plugin even with proctrack/linuxproc and task/none. Without a cgroup
+# file system (a container without /sys/fs/cgroup) Slurm 23.11 and later run with
+# CgroupPlugin=disabled (cgroup.conf beside slurm.conf); older ones cannot start slurmd there.
+if ! mountpoint -q /sys/fs/cgroup; then
+  version=$(slurmctld -V | awk '{print $2}')
+  IFS=. read -r major minor _ <<<"$version"
+  if ((major > 23 || (major == 23 && minor >= 11))); then
+    echo "CgroupPlugin=disabled" >"$work/cgroup.conf"
+  else
+    skip "/sys/fs/cgroup is not mounted here and slurmd $version cannot start without it (Slurm 23.11 and later can)"
+  fi
+fi
 
 cpus=$(nproc)
 mkdir -p "$work/state" "$work/jobs"
@@ -147,11 +184,9 @@ PartitionName=debug Nodes=n1,n2 Default=YES MaxTime=INFINITE State=UP
 EOF
 export SLURM_CONF=$work/slurm.conf
 
-on ctl slurmctld -D -i -f "$SLURM_CONF" >"$work/slurmctld.out" 2>&1 &
-daemons+=($!)
+start_on ctl "$work/slurmctld.out" slurmctld -D -i -f "$SLURM_CONF"
 for n in n1 n2; do
-  on "$n" slurmd -D -N "$n" -f "$SLURM_CONF" >"$work/slurmd-$n.out" 2>&1 &
-  daemons+=($!)
+  start_on "$n" "$work/slurmd-$n.out" slurmd -D -N "$n" -f "$SLURM_CONF"
 done
 
 dump_logs() {
