@@ -23,6 +23,10 @@ int main(int argc, char** argv) {
     std::cerr << "ddprun: " << e.what() << "\n";
     return 2;
   }
+  for (const std::string& key : options.ignored_rdzv_conf) {
+    log::warn("ddprun") << "ignoring --rdzv_conf key '" << key
+                        << "': ddprun does not know it (torchrun ignores such keys too; see --help for the known ones)";
+  }
   if (options.help) {
     std::cout << launcher::cli::usage_text();
     return 0;

@@ -112,7 +112,7 @@ std::string usage_text() {
     out << "\n";
   }
   out << "  -h, --help\n      show this help\n  --version\n      print the version\n\n"
-         "--rdzv_conf keys (KEY=VALUE,...):\n";
+         "--rdzv_conf keys (KEY=VALUE,...; a near miss of one is an error, other keys are ignored with a warning):\n";
   for (const RdzvConfKey& k : rdzv_conf_keys()) {
     out << "  " << k.name;
     if (*k.aliases != '\0') out << " (also " << k.aliases << ")";

@@ -34,6 +34,8 @@ struct RdzvConfKey {
 std::span<const RdzvConfKey> rdzv_conf_keys();
 // The key `spelled` names (canonical or alias), or nullptr.
 const RdzvConfKey* find_rdzv_conf_key(const std::string& spelled);
+// The known key (name or alias) one or two edits from `spelled` (a typo), or "" when none is.
+std::string nearest_rdzv_conf_key(const std::string& spelled);
 
 // Every flag ddprun accepts, in --help order.
 std::span<const FlagDef> flag_table();

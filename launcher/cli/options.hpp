@@ -62,6 +62,9 @@ struct LaunchOptions {
   uint16_t rdzv_endpoint_port = 29400;
   std::string run_id = "none";
   std::map<std::string, std::string> rdzv_conf;
+  // rdzv_conf keys ddprun does not know and that are no near-miss of one it does: ignored with a
+  // warning, as torchrun ignores them (Kubeflow passes whatever the user wrote in PET_RDZV_CONF).
+  std::vector<std::string> ignored_rdzv_conf;
   std::chrono::milliseconds join_timeout{std::chrono::seconds(600)};  // rdzv_conf join_timeout
   std::chrono::milliseconds keep_alive_interval{std::chrono::seconds(5)};  // rdzv_conf keep_alive_interval
   int keep_alive_max_attempt = 3;                                          // rdzv_conf keep_alive_max_attempt

@@ -127,6 +127,49 @@ const RdzvConfKey* find_rdzv_conf_key(const std::string& spelled) {
   return nullptr;
 }
 
+namespace {
+
+// Optimal string alignment distance (Levenshtein with adjacent transpositions: "jion" is 1 from "join").
+size_t edit_distance(std::string_view a, std::string_view b) {
+  std::vector<std::vector<size_t>> d(a.size() + 1, std::vector<size_t>(b.size() + 1));
+  for (size_t i = 0; i <= a.size(); ++i) d[i][0] = i;
+  for (size_t j = 0; j <= b.size(); ++j) d[0][j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    for (size_t j = 1; j <= b.size(); ++j) {
+      const size_t cost = a[i - 1] == b[j - 1] ? 0 : 1;
+      d[i][j] = std::min({d[i - 1][j] + 1, d[i][j - 1] + 1, d[i - 1][j - 1] + cost});
+      if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1]) d[i][j] = std::min(d[i][j], d[i - 2][j - 2] + 1);
+    }
+  }
+  return d[a.size()][b.size()];
+}
+
+}  // namespace
+
+std::string nearest_rdzv_conf_key(const std::string& spelled) {
+  // Up to 2 edits for names of 6 characters or more, 1 below ("rank" vs "rnak"), never 0.
+  const size_t limit = spelled.size() >= 6 ? 2 : 1;
+  std::string best;
+  size_t best_distance = limit + 1;
+  auto consider = [&](std::string_view name) {
+    const size_t d = edit_distance(spelled, name);
+    if (d > 0 && d < best_distance) {
+      best_distance = d;
+      best = std::string(name);
+    }
+  };
+  for (const RdzvConfKey& k : kRdzvConfKeys) {
+    consider(k.name);
+    std::string_view aliases = k.aliases;
+    while (!aliases.empty()) {
+      const auto comma = aliases.find(',');
+      consider(aliases.substr(0, comma));
+      aliases = comma == std::string_view::npos ? std::string_view() : aliases.substr(comma + 1);
+    }
+  }
+  return best;
+}
+
 namespace options_detail {
 namespace {
 
@@ -191,9 +234,16 @@ void apply_rdzv_conf(const Given& g, LaunchOptions& o) {
   for (const auto& [k, v] : o.rdzv_conf) {
     const RdzvConfKey* key = find_rdzv_conf_key(k);
     if (key == nullptr) {
+      // A near miss of a known key is a typo (an error); anything else torchrun ignores too.
+      const std::string near = nearest_rdzv_conf_key(k);
+      if (near.empty()) {
+        o.ignored_rdzv_conf.push_back(k);
+        continue;
+      }
       std::string known;
       for (const RdzvConfKey& c : rdzv_conf_keys()) known += (known.empty() ? "" : ", ") + std::string(c.name);
-      throw ConfigError(g.flag("rdzv_conf") + ": unknown key '" + k + "' (known: " + known + ")");
+      throw ConfigError(g.flag("rdzv_conf") + ": unknown key '" + k + "': did you mean '" + near + "'? (known: " +
+                        known + ")");
     }
     if (key->etcd_only && o.rdzv_backend != RdzvBackend::Etcd) {
       throw ConfigError(g.flag("rdzv_conf") + " " + k + ": an etcd setting, but the rendezvous backend is '" +

@@ -306,9 +306,16 @@ TEST(OptionsTest, RdzvConfTakesEveryKeyTorchrunAccepts) {
   // what cannot be honoured says so
   EXPECT_NE(error_of({"--rdzv_conf", "store_type=file", "train"}).find("'tcp'"), std::string::npos);
   EXPECT_NE(error_of({"--rdzv_conf", "is_host=maybe", "train"}).find("a boolean"), std::string::npos);
+  // a typo of a known key is an error that names it; any other key is ignored, as torchrun does
+  // (Kubeflow passes PET_RDZV_CONF through as the user wrote it)
   const std::string unknown = error_of({"--rdzv_conf", "jion_timeout=5", "train"});
-  EXPECT_NE(unknown.find("unknown key 'jion_timeout'"), std::string::npos) << unknown;
+  EXPECT_NE(unknown.find("unknown key 'jion_timeout': did you mean 'join_timeout'?"), std::string::npos) << unknown;
   EXPECT_NE(unknown.find("heartbeat_timeout"), std::string::npos) << unknown;
+  EXPECT_NE(error_of({"--rdzv_conf", "heartbeat_timout=5", "train"}).find("'heartbeat_timeout'"), std::string::npos);
+  EXPECT_NE(error_of({"--rdzv_conf", "rnak=1", "train"}).find("did you mean 'rank'"), std::string::npos);
+  auto ignored = parse({"--rdzv_conf", "join_timeout=90,kubeflow_extra=1,timeout_seconds_x=3", "train"});
+  EXPECT_EQ(ignored.join_timeout, std::chrono::seconds(90));
+  EXPECT_EQ(ignored.ignored_rdzv_conf, (std::vector<std::string>{"kubeflow_extra", "timeout_seconds_x"}));
   // --help lists every key
   const std::string help = usage_text();
   for (const RdzvConfKey& k : rdzv_conf_keys()) EXPECT_NE(help.find(k.name), std::string::npos) << k.name;
