@@ -1,11 +1,17 @@
 #include "common/system.hpp"
 
+#include <arpa/inet.h>
+#include <ifaddrs.h>
+#include <netdb.h>
+#include <netinet/in.h>
 #include <sys/resource.h>
+#include <sys/socket.h>
 #include <string.h>  // sigabbrev_np
 #include <unistd.h>
 
 #include <cstdio>
 #include <ctime>
+#include <set>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -73,6 +79,53 @@ bool write_all(int fd, std::string_view data) {
     data.remove_prefix(static_cast<size_t>(n));
   }
   return true;
+}
+
+namespace {
+
+std::string numeric_address(const sockaddr* sa) {
+  char text[INET6_ADDRSTRLEN] = {};
+  if (sa->sa_family == AF_INET) {
+    ::inet_ntop(AF_INET, &reinterpret_cast<const sockaddr_in*>(sa)->sin_addr, text, sizeof text);
+  } else if (sa->sa_family == AF_INET6) {
+    ::inet_ntop(AF_INET6, &reinterpret_cast<const sockaddr_in6*>(sa)->sin6_addr, text, sizeof text);
+  }
+  return text;
+}
+
+}  // namespace
+
+bool names_this_machine(const std::string& host) {
+  if (host.empty()) return false;
+  if (host == "localhost" || host.rfind("127.", 0) == 0 || host == "::1") return true;
+  char name[256] = {};
+  if (::gethostname(name, sizeof name - 1) == 0 && host == name) return true;
+  addrinfo hints{};
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_CANONNAME;
+  addrinfo* self = nullptr;
+  if (name[0] != '\0' && ::getaddrinfo(name, nullptr, &hints, &self) == 0) {
+    const bool canonical = self->ai_canonname != nullptr && host == self->ai_canonname;
+    ::freeaddrinfo(self);
+    if (canonical) return true;
+  }
+  std::set<std::string> local;
+  ifaddrs* interfaces = nullptr;
+  if (::getifaddrs(&interfaces) != 0) return false;
+  for (const ifaddrs* i = interfaces; i != nullptr; i = i->ifa_next) {
+    if (i->ifa_addr != nullptr) local.insert(numeric_address(i->ifa_addr));
+  }
+  ::freeifaddrs(interfaces);
+  addrinfo* found = nullptr;
+  hints.ai_flags = 0;
+  if (::getaddrinfo(host.c_str(), nullptr, &hints, &found) != 0) return false;
+  bool match = false;
+  for (const addrinfo* a = found; a != nullptr && !match; a = a->ai_next) {
+    const std::string text = numeric_address(a->ai_addr);
+    match = text.rfind("127.", 0) == 0 || text == "::1" || local.count(text) != 0;
+  }
+  ::freeaddrinfo(found);
+  return match;
 }
 
 }  // namespace ddprun

@@ -46,4 +46,11 @@ auto retry_eintr(Call call) {
 // (errno says why; ENOSPC when a write wrote nothing). Async-signal-safe: fit for a forked child.
 bool write_all(int fd, std::string_view data);
 
+// Whether `host` (a name or an address) is this machine, as torchrun's _matches_machine_hostname
+// decides a c10d agent's is_host: "localhost" and loopback addresses; this host's name and its
+// canonical (DNS) name; or a name whose addresses include one of this machine's interfaces'. A
+// name that does not resolve (yet: a Kubernetes pod's DNS record comes when the pod is ready) is
+// not this machine.
+bool names_this_machine(const std::string& host);
+
 }  // namespace ddprun

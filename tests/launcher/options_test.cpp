@@ -1,5 +1,10 @@
 #include "launcher/cli/options.hpp"
 
+#include <arpa/inet.h>
+#include <ifaddrs.h>
+#include <netinet/in.h>
+#include <unistd.h>
+
 #include <gtest/gtest.h>
 
 #include <csignal>
@@ -319,6 +324,27 @@ TEST(OptionsTest, RdzvConfTakesEveryKeyTorchrunAccepts) {
   // --help lists every key
   const std::string help = usage_text();
   for (const RdzvConfKey& k : rdzv_conf_keys()) EXPECT_NE(help.find(k.name), std::string::npos) << k.name;
+}
+
+// c10d's is_host: the endpoint names this machine by its host name or by any interface's address
+// (a Kubernetes pod named in the endpoint, a node reached on a second network).
+TEST(OptionsTest, AnEndpointNamesThisMachineByHostNameOrAnyInterfaceAddress) {
+  char name[256] = {};
+  ASSERT_EQ(::gethostname(name, sizeof name - 1), 0);
+  EXPECT_TRUE(names_this_machine(name)) << name;
+  EXPECT_TRUE(names_this_machine("localhost"));
+  EXPECT_TRUE(names_this_machine("127.0.0.1"));
+  ifaddrs* interfaces = nullptr;
+  ASSERT_EQ(::getifaddrs(&interfaces), 0);
+  for (const ifaddrs* i = interfaces; i != nullptr; i = i->ifa_next) {
+    if (i->ifa_addr == nullptr || i->ifa_addr->sa_family != AF_INET) continue;
+    char text[INET_ADDRSTRLEN] = {};
+    ::inet_ntop(AF_INET, &reinterpret_cast<const sockaddr_in*>(i->ifa_addr)->sin_addr, text, sizeof text);
+    EXPECT_TRUE(names_this_machine(text)) << text << " of interface " << i->ifa_name;
+  }
+  ::freeifaddrs(interfaces);
+  EXPECT_FALSE(names_this_machine("192.0.2.77"));  // TEST-NET-1: nobody's
+  EXPECT_FALSE(names_this_machine(""));
 }
 
 TEST(OptionsTest, EtcdMistakesAreNamed) {

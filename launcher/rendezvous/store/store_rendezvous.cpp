@@ -9,6 +9,7 @@
 
 #include "common/errors.hpp"
 #include "common/log.hpp"
+#include "common/system.hpp"
 #include "launcher/rendezvous/rendezvous_values.hpp"
 
 namespace ddprun::launcher::rendezvous::store {
@@ -24,8 +25,8 @@ namespace {
 
 // Dynamic mode: is the rendezvous endpoint this machine? (torchrun's is_host.)
 bool endpoint_is_local(const std::string& endpoint, const StoreRendezvousOptions& o) {
-  return endpoint == "localhost" || endpoint.rfind("127.", 0) == 0 || endpoint == "::1" || endpoint == o.host ||
-         (!o.advertise_addr.empty() && endpoint == o.advertise_addr);
+  return endpoint == o.host || (!o.advertise_addr.empty() && endpoint == o.advertise_addr) ||
+         names_this_machine(endpoint);
 }
 
 }  // namespace
