@@ -161,7 +161,7 @@ void RunDirectory::keep() {
 
 std::vector<std::string> worker_command(const LaunchOptions& o, const Environment& env) {
   std::vector<std::string> argv;
-  const bool python_file = o.program.size() > 3 && o.program.substr(o.program.size() - 3) == ".py";
+  const bool python_file = o.run_path || (o.program.size() > 3 && o.program.substr(o.program.size() - 3) == ".py");
   if (o.module || (python_file && !o.no_python)) {
     auto it = env.find("PYTHON_EXEC");
     argv.push_back(it != env.end() && !it->second.empty() ? it->second : "python3");

@@ -14,7 +14,8 @@ namespace {
 // Every flag ddprun accepts. Dashes and underscores are interchangeable after the leading "--".
 constexpr FlagDef kFlagTable[] = {
     {"--nproc_per_node", nullptr, "nproc_per_node", true, "1",
-     "workers on this node: a number, 'cpu' (one per CPU), 'gpu' (one per visible GPU) or 'auto' (GPUs if any, else CPUs)"},
+     "workers on this node: a number, 'cpu' (one per CPU), 'gpu' or 'cuda' (one per visible NVIDIA GPU), 'xpu' (one per "
+     "visible Intel GPU) or 'auto' (GPUs if any, else CPUs)"},
     {"--nnodes", nullptr, "nnodes", true, "1", "number of nodes, N or MIN:MAX (ranges with --rdzv_backend c10d or etcd)"},
     {"--node_rank", nullptr, "node_rank", true, "0", "rank of this node, 0..nnodes-1 (static rendezvous)"},
     {"--master_addr", nullptr, "master_addr", true, "127.0.0.1",
@@ -56,6 +57,8 @@ constexpr FlagDef kFlagTable[] = {
      "show only these local ranks on the console, e.g. '0' or '0,3' (log files keep everything)"},
     {"--no_python", nullptr, "no_python", false, "off", "run the program directly even if it ends in .py"},
     {"--module", "-m", "module", false, "off", "run the program as a Python module (python -m)"},
+    {"--run_path", nullptr, "run_path", false, "off",
+     "run the program as a Python script whatever its name (torchrun's runpy.run_path; before --no_python)"},
     {"--preload", nullptr, "preload", true, "(none; DDPRUN_PRELOAD)",
      "Python modules (comma-separated, e.g. torch) one interpreter per node imports once; each Python worker is "
      "then forked from it instead of started anew, and restarts fork again without importing"},
@@ -81,6 +84,10 @@ constexpr FlagDef kFlagTable[] = {
      "prefix of each console line; ${rank}, ${local_rank}, ${role_name}, ${hostname} (or ${host}) are "
      "replaced"},
     {"--start_method", nullptr, "start_method", true, "spawn", "accepted for torchrun compatibility; ignored"},
+    {"--event_log_handler", nullptr, "event_log_handler", true, "null",
+     "torchrun's event handler: null or console (ddprun's events are its log lines and --report_file either way)"},
+    {"--logs_specs", nullptr, "logs_specs", true, "default",
+     "torchrun's log layout plug-in: only 'default', the layout --log_dir describes, which ddprun writes"},
 };
 
 }  // namespace

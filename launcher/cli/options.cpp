@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <sstream>
 
 #include "common/command_line.hpp"
@@ -110,7 +111,13 @@ void resolve_layout(const Given& g, const HostFacts& host, LaunchOptions& o) {
     o.nproc_spec = v;
     if (v == "cpu") {
       o.nproc_per_node = host.cpu_count;
-    } else if (v == "gpu") {
+    } else if (v == "xpu") {
+      if (host.xpu_count == 0) {
+        throw ConfigError(g.flag("nproc_per_node") + " xpu: no Intel GPU is visible (no render node of an Intel GPU "
+                          "under /sys/class/drm, or ZE_AFFINITY_MASK lists none)");
+      }
+      o.nproc_per_node = host.xpu_count;
+    } else if (v == "gpu" || v == "cuda") {
       if (host.gpu_count == 0) {
         throw ConfigError(g.flag("nproc_per_node") + " gpu: no GPU is visible (check CUDA_VISIBLE_DEVICES and "
                           "/dev/nvidia*); use a number or 'cpu'");
@@ -120,7 +127,7 @@ void resolve_layout(const Given& g, const HostFacts& host, LaunchOptions& o) {
       o.nproc_per_node = host.gpu_count > 0 ? host.gpu_count : host.cpu_count;
     } else {
       o.nproc_per_node = static_cast<int>(
-          parse_int(g.flag("nproc_per_node"), v, 1, 1 << 16, "a positive number, 'auto', 'cpu' or 'gpu'"));
+          parse_int(g.flag("nproc_per_node"), v, 1, 1 << 16, "a positive number, 'auto', 'cpu', 'gpu', 'cuda' or 'xpu'"));
     }
   }
   if (g.has("nnodes")) {
@@ -244,6 +251,18 @@ void resolve_invocation(const Given& g, const EnvLookup& env, LaunchOptions& o) 
   else if (auto v = env("DDPRUN_PRELOAD"); v && !trim(*v).empty()) o.preload = parse_preload("DDPRUN_PRELOAD", *v);
   o.no_python = g.has("no_python");
   o.module = g.has("module");
+  o.run_path = g.has("run_path");
+  if (g.has("event_log_handler")) {
+    const std::string v = trim(g["event_log_handler"]);
+    if (v != "null" && v != "console") {
+      bad(g.flag("event_log_handler"), "'null' or 'console' (ddprun has no registry of Python event handlers: its "
+          "events are its log lines on stderr and the --report_file JSON document)", v);
+    }
+  }
+  if (g.has("logs_specs") && trim(g["logs_specs"]) != "default") {
+    bad(g.flag("logs_specs"), "'default' (ddprun cannot load Python entry points; it writes torchrun's default layout: "
+        "set where with --log_dir and what with --redirects and --tee)", g["logs_specs"]);
+  }
   if (g.has("local_rank_arg")) {
     const std::string v = trim(g["local_rank_arg"]);
     if (v == "1" || v == "underscore") {
@@ -290,6 +309,10 @@ void resolve_workers(const Given& g, const EnvLookup& env, LaunchOptions& o) {
 
 // 3d. Combinations that cannot work, refused before anything starts.
 void validate(LaunchOptions& o) {
+  if (o.run_path && o.module) {
+    throw ConfigError("--run_path and -m/--module cannot be combined: --run_path runs a script file, -m a module");
+  }
+  if (o.run_path) o.no_python = false;  // as torchrun: --run-path takes precedence over --no-python
   if (o.no_python && o.module) {
     throw ConfigError("--no_python and -m/--module cannot be combined: -m runs a Python module, --no_python runs "
                       "the program directly");
@@ -389,7 +412,27 @@ HostFacts detect_host(const EnvLookup& env) {
     const std::string n = e.path().filename().string();
     if (n.rfind("nvidia", 0) == 0 && n.size() > 6 && std::all_of(n.begin() + 6, n.end(), ::isdigit)) ++h.gpu_count;
   }
+  h.xpu_count = count_intel_gpus(env, "/sys/class/drm");
   return h;
+}
+
+int count_intel_gpus(const EnvLookup& env, const std::string& drm_root) {
+  // ZE_AFFINITY_MASK: the devices Level Zero shows ("0,1", "0.0,0.1" for tiles), as CUDA_VISIBLE_DEVICES.
+  if (auto mask = env("ZE_AFFINITY_MASK"); mask && !trim(*mask).empty()) {
+    int n = 0;
+    for (const std::string& d : split(*mask, ',')) n += trim(d).empty() ? 0 : 1;
+    return n;
+  }
+  int n = 0;
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(drm_root, ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.rfind("renderD", 0) != 0) continue;
+    std::ifstream vendor(e.path() / "device" / "vendor");
+    std::string id;
+    if (vendor >> id && id == "0x8086") ++n;  // Intel
+  }
+  return n;
 }
 
 }  // namespace ddprun::launcher::cli

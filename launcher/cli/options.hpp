@@ -106,6 +106,7 @@ struct LaunchOptions {
   std::optional<std::set<int>> local_ranks_filter;
   bool no_python = false;
   bool module = false;
+  bool run_path = false;  // the program is a Python script, whatever its name
   // --preload / DDPRUN_PRELOAD: modules a per-node zygote imports once (Python programs only).
   std::vector<std::string> preload;
   // --local_rank=N (Underscore, torch.distributed.launch 1.x) or --local-rank=N (Dash, 2.x) before
@@ -136,6 +137,7 @@ using EnvLookup = std::function<std::optional<std::string>(const std::string&)>;
 struct HostFacts {
   int cpu_count = 1;
   int gpu_count = 0;  // visible GPUs (CUDA_VISIBLE_DEVICES honoured)
+  int xpu_count = 0;  // visible Intel GPUs (ZE_AFFINITY_MASK honoured)
 };
 
 // Parses argv (without argv[0]). Throws ConfigError.
@@ -153,5 +155,8 @@ std::string first_slurm_host(const std::string& nodelist);
 // The env lookup of the real process.
 EnvLookup process_env();
 HostFacts detect_host(const EnvLookup& env);
+// Intel GPUs: ZE_AFFINITY_MASK's entries when set, else the render nodes under `drm_root`
+// (/sys/class/drm) whose device's vendor is Intel's (0x8086).
+int count_intel_gpus(const EnvLookup& env, const std::string& drm_root);
 
 }  // namespace ddprun::launcher::cli

@@ -286,7 +286,7 @@ TEST(LauncherTest, BadFlagsFailBeforeAnythingStarts) {
   Subprocess p(ddprun({"--nproc_per_node", "two", TEST_WORKER_BIN, "env", dir.str()}));
   const Finished f = p.wait(10s);
   EXPECT_EQ(f.exit_code, 2);
-  EXPECT_EQ(f.err, "ddprun: --nproc_per_node: expected a positive number, 'auto', 'cpu' or 'gpu', got 'two'\n");
+  EXPECT_EQ(f.err, "ddprun: --nproc_per_node: expected a positive number, 'auto', 'cpu', 'gpu', 'cuda' or 'xpu', got 'two'\n");
   EXPECT_TRUE(fs::is_empty(dir.path));
   // A program that cannot be run is its rank's failure: the report says why, the code is 127.
   Subprocess missing(ddprun({"/nonexistent/train"}));

@@ -8,11 +8,14 @@
 #include <gtest/gtest.h>
 
 #include <csignal>
+#include <filesystem>
+#include <fstream>
 
 #include "common/errors.hpp"
 #include "common/numbers.hpp"
 #include "common/system.hpp"
 #include "launcher/cli/flags.hpp"
+#include "tests/support/temp_dir.hpp"
 
 namespace ddprun::launcher {
 
@@ -138,9 +141,9 @@ TEST(OptionsTest, NprocPerNodeKeywords) {
 
 TEST(OptionsTest, BadValuesNameTheFlagAndTheAcceptedValues) {
   EXPECT_EQ(error_of({"--nproc_per_node", "x", "t"}),
-            "--nproc_per_node: expected a positive number, 'auto', 'cpu' or 'gpu', got 'x'");
+            "--nproc_per_node: expected a positive number, 'auto', 'cpu', 'gpu', 'cuda' or 'xpu', got 'x'");
   EXPECT_EQ(error_of({"--nproc_per_node", "0", "t"}),
-            "--nproc_per_node: expected a positive number, 'auto', 'cpu' or 'gpu', got '0'");
+            "--nproc_per_node: expected a positive number, 'auto', 'cpu', 'gpu', 'cuda' or 'xpu', got '0'");
   EXPECT_NE(error_of({"--master_port", "70000", "t"}).find("--master_port: expected a port from 0 to 65535"),
             std::string::npos);
   EXPECT_NE(error_of({"--redirects", "7", "t"}).find("--redirects: expected 0 (none)"), std::string::npos);
@@ -345,6 +348,47 @@ TEST(OptionsTest, AnEndpointNamesThisMachineByHostNameOrAnyInterfaceAddress) {
   ::freeifaddrs(interfaces);
   EXPECT_FALSE(names_this_machine("192.0.2.77"));  // TEST-NET-1: nobody's
   EXPECT_FALSE(names_this_machine(""));
+}
+
+// torchrun's newest flags: each with its meaning in ddprun, or an error that says what ddprun does.
+TEST(OptionsTest, TheNewestTorchrunFlagsAreAcceptedWithTheirMeaning) {
+  auto r = parse({"--run-path", "--no-python", "/abs/train_script", "--lr", "1"});
+  EXPECT_TRUE(r.run_path);
+  EXPECT_FALSE(r.no_python) << "--run-path takes precedence over --no-python, as in torchrun";
+  EXPECT_NE(error_of({"--run_path", "-m", "pkg.train"}).find("cannot be combined"), std::string::npos);
+  EXPECT_TRUE(parse({"train"}, {{"PET_RUN_PATH", "1"}}).run_path);
+
+  EXPECT_EQ(error_of({"--event-log-handler", "null", "train"}), "");
+  EXPECT_EQ(error_of({"--event_log_handler=console", "train"}), "");
+  EXPECT_NE(error_of({"--event-log-handler", "scuba", "train"}).find("--report_file"), std::string::npos);
+  EXPECT_EQ(error_of({"--logs-specs", "default", "train"}), "");
+  EXPECT_NE(error_of({"--logs-specs", "my_specs", "train"}).find("--log_dir"), std::string::npos);
+
+  HostFacts intel{8, 0};
+  intel.xpu_count = 2;
+  EXPECT_EQ(parse({"--nproc-per-node", "xpu", "train"}, {}, intel).nproc_per_node, 2);
+  EXPECT_NE(error_of({"--nproc-per-node", "xpu", "train"}).find("no Intel GPU"), std::string::npos);
+  EXPECT_EQ(parse({"--nproc-per-node", "cuda", "train"}, {}, HostFacts{8, 4}).nproc_per_node, 4);
+}
+
+// Intel GPUs as Linux shows them: render nodes whose device's vendor is 0x8086, or ZE_AFFINITY_MASK.
+TEST(OptionsTest, IntelGpusAreCountedFromTheirRenderNodesOrZeAffinityMask) {
+  test::TempDir drm;
+  auto node = [&](const std::string& name, const std::string& vendor) {
+    std::filesystem::create_directories(drm.path / name / "device");
+    std::ofstream(drm.path / name / "device" / "vendor") << vendor << "\n";
+  };
+  node("renderD128", "0x8086");  // Intel
+  node("renderD129", "0x10de");  // NVIDIA
+  node("renderD130", "0x8086");
+  node("card0", "0x8086");       // the same GPU's display node: not counted twice
+  auto no_env = [](const std::string&) -> std::optional<std::string> { return std::nullopt; };
+  EXPECT_EQ(cli::count_intel_gpus(no_env, drm.str()), 2);
+  auto masked = [](const std::string& k) -> std::optional<std::string> {
+    return k == "ZE_AFFINITY_MASK" ? std::optional<std::string>("0.0,0.1,1") : std::nullopt;
+  };
+  EXPECT_EQ(cli::count_intel_gpus(masked, drm.str()), 3);
+  EXPECT_EQ(cli::count_intel_gpus(no_env, (drm.path / "absent").string()), 0);
 }
 
 TEST(OptionsTest, EtcdMistakesAreNamed) {
