@@ -305,6 +305,23 @@ TEST(LauncherTest, LocalRankMacroIsSubstitutedInArguments) {
   EXPECT_NE(f.out.find("[rank0]: dev=cuda:0"), std::string::npos);
 }
 
+// torchrun's --run-path: a Python script without the .py suffix runs as __main__, its arguments
+// after it, and wins over --no-python.
+TEST(LauncherTest, RunPathRunsAScriptOfAnyNameAsPython) {
+  TempDir dir;
+  const std::string script = (dir.path / "train_entry").string();
+  std::ofstream(script) << "import os, sys\n"
+                           "if __name__ == '__main__':\n"
+                           "    print(f'main argv={sys.argv[1:]} rank={os.environ[\"RANK\"]}')\n";
+  Subprocess p(ddprun({"--nproc_per_node", "2", "--run-path", "--no-python", script, "--lr", "0.1"}));
+  const Finished f = p.wait(60s);
+  ASSERT_EQ(f.exit_code, 0) << f.err;
+  for (int r = 0; r < 2; ++r) {
+    const std::string rank = std::to_string(r);
+    EXPECT_NE(f.out.find("[rank" + rank + "]: main argv=['--lr', '0.1'] rank=" + rank), std::string::npos) << f.out;
+  }
+}
+
 // A script written for torch.distributed.launch: it reads --local_rank from argv (required).
 TEST(LauncherTest, LocalRankArgRunsATorchDistributedLaunchScriptUnchanged) {
   TempDir dir;
