@@ -1,5 +1,6 @@
 #include "rendezvous/daemon/daemon_flags.hpp"
 
+#include <algorithm>
 #include <cstdlib>
 #include <sstream>
 #include <string_view>
@@ -122,12 +123,15 @@ constexpr ServeFlag kServeFlags[] = {
      [](const std::string& f, const std::string& v, ServeConfig& c) {
        c.options.store_limits.max_store_bytes = number(f, v, uint64_t{1} << 50);
      }},
-    {"--job-max-keys", "N", "most keys one job (its keys under /ddprun/<run id>/) holds; 0 for no quota",
+    {"--job-max-keys", "N",
+     "most keys one job (its keys under /ddprun/<run id>/) holds; 0 for no quota. Not given: a quarter of "
+     "--max-total-keys, at most 131072, so one job never fills the store",
      [](const ServeConfig& d) { return std::to_string(d.options.store_limits.max_job_keys); },
      [](const std::string& f, const std::string& v, ServeConfig& c) {
        c.options.store_limits.max_job_keys = number(f, v, uint64_t{1} << 40);
      }},
-    {"--job-max-bytes", "N", "most bytes one job holds; 0 for no quota",
+    {"--job-max-bytes", "N",
+     "most bytes one job holds; 0 for no quota. Not given: a quarter of --max-store-bytes, at most 256 MiB",
      [](const ServeConfig& d) { return std::to_string(d.options.store_limits.max_job_bytes); },
      [](const std::string& f, const std::string& v, ServeConfig& c) {
        c.options.store_limits.max_job_bytes = number(f, v, uint64_t{1} << 50);
@@ -204,12 +208,15 @@ void parse_sub_flags(const std::string& sub, const std::vector<std::string>& arg
 
 }  // namespace
 
+constexpr uint64_t kDefaultJobKeys = 131072;
+constexpr uint64_t kDefaultJobBytes = uint64_t{256} << 20;
+
 ServeConfig serve_defaults() {
   ServeConfig c;
   c.options.host = "127.0.0.1";
   c.options.port = 29400;
-  c.options.store_limits.max_job_keys = 131072;
-  c.options.store_limits.max_job_bytes = uint64_t{256} << 20;
+  c.options.store_limits.max_job_keys = kDefaultJobKeys;
+  c.options.store_limits.max_job_bytes = kDefaultJobBytes;
   c.options.job_ttl = std::chrono::hours(1);
   c.options.describe_self = true;
   return c;
@@ -223,13 +230,28 @@ ServeConfig parse_serve_flags(const std::vector<std::string>& args) {
     if (!f) return std::nullopt;
     return FlagShape{f->value ? Takes::Value : Takes::Nothing, f->help};
   };
+  bool job_keys_given = false, job_bytes_given = false;
   auto on_flag = [&](const std::string& name, const std::optional<std::string>& value) {
-    if (name == "-h" || name == "--help") c.help = true;
-    else if (name == "--version") c.version = true;
-    else find_serve_flag(name)->apply(name, value.value_or(""), c);
+    if (name == "-h" || name == "--help") {
+      c.help = true;
+    } else if (name == "--version") {
+      c.version = true;
+    } else {
+      const ServeFlag* f = find_serve_flag(name);
+      job_keys_given |= std::string_view(f->name) == "--job-max-keys";
+      job_bytes_given |= std::string_view(f->name) == "--job-max-bytes";
+      f->apply(name, value.value_or(""), c);
+    }
     return !c.help && !c.version;
   };
   const size_t rest = command_line::walk(args, 0, lookup, on_flag);
+  // Per-job quotas not given: a share of the store-wide limits, so that smaller limits still leave
+  // room for several jobs (a quota above the store's would let one job's token fill it).
+  StoreLimits& limits = c.options.store_limits;
+  if (!job_keys_given) limits.max_job_keys = std::max<uint64_t>(1, std::min(kDefaultJobKeys, limits.max_total_keys / 4));
+  if (!job_bytes_given) {
+    limits.max_job_bytes = std::max<uint64_t>(1, std::min(kDefaultJobBytes, limits.max_store_bytes / 4));
+  }
   if (!c.help && !c.version && rest < args.size()) {
     throw ConfigError("unexpected argument '" + args[rest] + "' (the subcommands are status and token)");
   }

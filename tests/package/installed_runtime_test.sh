@@ -45,6 +45,10 @@ chmod 600 "$work/token"
 source "$root/etc/default/ddprun-rendezvous"
 opts=${DDPRUN_RENDEZVOUS_OPTS//\/etc\/ddprun\/token/$work/token}
 opts=${opts//--port 29400/--port 0}
+[[ $opts == *"--state-file /var/lib/ddprun-rendezvous/state"* ]] || fail "the packaged options keep no state across restarts"
+grep -qx "StateDirectory=ddprun-rendezvous" "$root/usr/lib/systemd/system/ddprun-rendezvous.service" \
+  || fail "the unit has no StateDirectory for --state-file"
+opts=${opts//\/var\/lib\/ddprun-rendezvous/$work}
 grep -q "^ExecStart=/usr/bin/ddprun-rendezvous \$DDPRUN_RENDEZVOUS_OPTS$" "$root/usr/lib/systemd/system/ddprun-rendezvous.service" \
   || fail "the unit does not run the packaged binary with the config file's options"
 # shellcheck disable=SC2086

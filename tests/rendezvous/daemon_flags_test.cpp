@@ -54,6 +54,22 @@ TEST(DaemonFlagsTest, TheLogLevelShownIsTheOneInEffect) {
   log::set_level(before);
 }
 
+// Per-job quotas follow smaller store-wide limits unless given: --max-total-keys 5000 used to
+// leave a per-job quota of 131072 keys, so one job's token could fill the store and refuse the next.
+TEST(DaemonFlagsTest, PerJobQuotasDefaultToAShareOfTheStoreWideLimits) {
+  const StoreLimits plain = parse_serve_flags({}).options.store_limits;
+  EXPECT_EQ(plain.max_job_keys, 131072u);
+  EXPECT_EQ(plain.max_job_bytes, uint64_t{256} << 20);
+  const StoreLimits small = parse_serve_flags({"--max-total-keys", "5000", "--max-store-bytes", "1000000"})
+                                .options.store_limits;
+  EXPECT_EQ(small.max_job_keys, 1250u);
+  EXPECT_EQ(small.max_job_bytes, 250000u);
+  const StoreLimits given = parse_serve_flags({"--job-max-keys", "3000", "--max-total-keys", "5000",
+                                               "--job_max_bytes=0"}).options.store_limits;
+  EXPECT_EQ(given.max_job_keys, 3000u);
+  EXPECT_EQ(given.max_job_bytes, 0u);  // 0: no quota, as asked
+}
+
 TEST(DaemonFlagsTest, DashesAndUnderscoresAndInlineValuesSpellOneFlag) {
   const ServeConfig a = parse_serve_flags({"--max-key-bytes", "64", "--job_ttl=5", "--handshake-timeout=2.5"});
   EXPECT_EQ(a.options.limits.max_key_bytes, 64u);
