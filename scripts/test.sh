@@ -7,4 +7,10 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 # Explicitly on: scripts/run_main.sh configures the same build directory with the tests off.
 "$root/scripts/build.sh" -DDDPRUN_BUILD_TESTS=ON
 cd "${DDPRUN_BUILD_DIR:-$root/build}"
-ctest --output-on-failure --no-tests=error --timeout 600 -j "${DDPRUN_TEST_JOBS:-2}" "$@"
+since=$(date +%s)
+rc=0
+ctest --output-on-failure --no-tests=error --timeout 600 -j "${DDPRUN_TEST_JOBS:-2}" "$@" || rc=$?
+# Tests stop what they start, failing or not: a process of the build, or a service a test started,
+# still running now fails the run (and is killed).
+"$root/scripts/check_leftovers.sh" . "$since" || rc=1
+exit "$rc"

@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# After the suite: fails when a test left a process behind: one of the build's programs (ddprun,
+# the daemon, test workers, examples) or a service a test started for itself (etcd, Slurm, munge:
+# their command lines name the test's directory, /tmp/ddprun_test_* or /tmp/ddprun-slurm.*).
+# Only processes of this machine's root (not of a chroot) that started after SINCE (seconds since
+# the epoch) count; stragglers get GRACE seconds to finish their exit first. Lists what it finds,
+# then kills it, so one leak does not fail the next run too.
+#   scripts/check_leftovers.sh BUILD_DIR SINCE [GRACE]
+set -uo pipefail
+build=$(cd "${1:?usage: check_leftovers.sh BUILD_DIR SINCE [GRACE]}" && pwd)
+since=${2:?usage: check_leftovers.sh BUILD_DIR SINCE [GRACE]}
+grace=${3:-10}
+boot=$(awk '/^btime/ {print $2}' /proc/stat)
+hz=$(getconf CLK_TCK)
+my_root=$(readlink /proc/self/root)
+
+leftovers() {
+  local dir pid exe cmd start
+  for dir in /proc/[0-9]*; do
+    pid=${dir#/proc/}
+    [[ $pid == "$$" || $pid == "$BASHPID" ]] && continue
+    [[ $(readlink "$dir/root" 2>/dev/null) == "$my_root" ]] || continue
+    # Field 22 of stat: the start time in clock ticks after boot (the name, field 2, may hold spaces).
+    start=$(sed 's/.*) //' "$dir/stat" 2>/dev/null | awk '{print $20}')
+    [[ -n $start ]] || continue
+    ((boot + start / hz >= since)) || continue
+    exe=$(readlink "$dir/exe" 2>/dev/null)
+    cmd=$(tr '\0' ' ' <"$dir/cmdline" 2>/dev/null)
+    if [[ $exe == "$build"/* || $cmd == *"$build/"* || $cmd == */tmp/ddprun_test_* || $cmd == */tmp/ddprun-slurm.* ]]; then
+      echo "$pid $cmd"
+    fi
+  done
+}
+
+found=""
+for _ in $(seq $((grace * 2))); do
+  found=$(leftovers)
+  [[ -z $found ]] && exit 0
+  sleep 0.5
+done
+echo "FAIL: the tests left these processes running:"
+echo "$found"
+while read -r pid _; do kill -KILL "$pid" 2>/dev/null; done <<<"$found"
+exit 1
