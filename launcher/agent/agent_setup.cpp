@@ -133,7 +133,8 @@ RunDirectory::RunDirectory(const LaunchOptions& o) {
                           << parent.string() << " left by ddprun processes that were killed";
     }
     path = parent / (kRunDirPrefix + o.run_id + "_" + random_suffix());
-    temporary = !o.redirects.any() && !o.tee.any();
+    temporary = !o.redirects.any() && !o.tee.any() && o.duplicate_stdout_filters.empty() &&
+                o.duplicate_stderr_filters.empty();
   }
   create_private_directory(path);
   if (!temporary) return;
@@ -229,7 +230,10 @@ Agent::Agent(const LaunchOptions& o, JobReport& report)
                         << " workers to avoid oversubscribing the CPUs; set it yourself to tune";
   }
   for (int s : o.signals_to_handle) signals_text_ += (signals_text_.empty() ? "" : ",") + signal_name(s);
-  if (o.virtual_local_rank) gpus_ = visible_gpu_ids(base_env_, o.nproc_per_node);
+  if (o.virtual_local_rank) {
+    if (o.gpu_vendor != cli::GpuVendor::None) gpu_variable_ = cli::gpu_visibility_variable(o.gpu_vendor);
+    gpus_ = visible_gpu_ids(base_env_, o.nproc_per_node, gpu_variable_);
+  }
   start_zygote();
   signals_ = std::make_unique<SignalWatcher>(o.signals_to_handle, [this](int s) { on_signal(s); });
 }
@@ -469,7 +473,26 @@ std::vector<WorkerLaunch> Agent::make_launches(const World& world, const fs::pat
   ctx.role = o_.role;
   ctx.signals_to_handle = signals_text_;
   ctx.one_gpu_each = gpus_;
+  ctx.gpu_variable = gpu_variable_;
   std::vector<WorkerLaunch> launches;
+  // One file per stream for every rank of the attempt, as torchrun writes them.
+  std::shared_ptr<FilteredCopy> stdout_filtered, stderr_filtered;
+  if (!o_.duplicate_stdout_filters.empty()) {
+    stdout_filtered = std::make_shared<FilteredCopy>(o_.duplicate_stdout_filters,
+                                                     (attempt_dir / "filtered_stdout.log").string());
+  }
+  if (!o_.duplicate_stderr_filters.empty()) {
+    stderr_filtered = std::make_shared<FilteredCopy>(o_.duplicate_stderr_filters,
+                                                     (attempt_dir / "filtered_stderr.log").string());
+  }
+  // --merge_lines: one merger per console stream for the group (it prints what waits when the
+  // group ends and the last launch holding it goes).
+  std::shared_ptr<LineMerger> stdout_merger, stderr_merger;
+  if (o_.merge_lines.count() > 0 && o_.nproc_per_node > 1) {
+    const workers::Consoles& c = workers::consoles();
+    if (c.out) stdout_merger = std::make_shared<LineMerger>(c.out, o_.merge_lines, o_.log_line_prefix, o_.role, host_);
+    if (c.err) stderr_merger = std::make_shared<LineMerger>(c.err, o_.merge_lines, o_.log_line_prefix, o_.role, host_);
+  }
   for (int lr = 0; lr < o_.nproc_per_node; ++lr) {
     WorkerPlacement where;
     where.local_rank = lr;
@@ -519,9 +542,15 @@ std::vector<WorkerLaunch> Agent::make_launches(const World& world, const fs::pat
     l.stderr_to_console = shown && (!(redirect & 2) || (tee & 2));
     if ((redirect | tee) & 1) l.stdout_file = (rank_dir / "stdout.log").string();
     if ((redirect | tee) & 2) l.stderr_file = (rank_dir / "stderr.log").string();
+    l.stdout_filtered = stdout_filtered;
+    l.stderr_filtered = stderr_filtered;
+    l.stdout_merger = stdout_merger;
+    l.stderr_merger = stderr_merger;
     launches.push_back(std::move(l));
   }
-  if (o_.redirects.any() || o_.tee.any()) log::info("ddprun") << "worker logs in " << attempt_dir.string();
+  if (o_.redirects.any() || o_.tee.any() || stdout_filtered || stderr_filtered) {
+    log::info("ddprun") << "worker logs in " << attempt_dir.string();
+  }
   return launches;
 }
 

@@ -35,6 +35,8 @@ using rendezvous::RoundEnd;
 using rendezvous::World;
 using watchdog::Watchdog;
 using workers::Environment;
+using workers::FilteredCopy;
+using workers::LineMerger;
 using workers::GroupResult;
 using workers::OrphanGuard;
 using workers::RankPlacement;
@@ -137,6 +139,7 @@ class Agent {
   std::string host_;
   std::string signals_text_;
   std::optional<std::vector<std::string>> gpus_;
+  std::string gpu_variable_ = "CUDA_VISIBLE_DEVICES";  // how a worker is told its GPU
   std::vector<RankPlacement> placements_;  // --numa_binding, by local rank
   bool omp_threads_per_rank_ = false;      // OMP_NUM_THREADS was not set: each rank gets its share
   RunDirectory run_dir_;

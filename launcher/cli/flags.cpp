@@ -14,8 +14,8 @@ namespace {
 // Every flag ddprun accepts. Dashes and underscores are interchangeable after the leading "--".
 constexpr FlagDef kFlagTable[] = {
     {"--nproc_per_node", nullptr, "nproc_per_node", true, "1",
-     "workers on this node: a number, 'cpu' (one per CPU), 'gpu' or 'cuda' (one per visible NVIDIA GPU), 'xpu' (one per "
-     "visible Intel GPU) or 'auto' (GPUs if any, else CPUs)"},
+     "workers on this node: a number, 'cpu' (one per CPU), 'gpu' or 'cuda' (one per visible NVIDIA GPU, or AMD GPU "
+     "under ROCm), 'xpu' (one per visible Intel GPU) or 'auto' (GPUs if any, else CPUs)"},
     {"--nnodes", nullptr, "nnodes", true, "1", "number of nodes, N or MIN:MAX (ranges with --rdzv_backend c10d or etcd)"},
     {"--node_rank", nullptr, "node_rank", true, "0", "rank of this node, 0..nnodes-1 (static rendezvous)"},
     {"--master_addr", nullptr, "master_addr", true, "127.0.0.1",
@@ -55,6 +55,16 @@ constexpr FlagDef kFlagTable[] = {
     {"--tee", "-t", "tee", true, "0", "like --redirects, but also to the console"},
     {"--local_ranks_filter", nullptr, "local_ranks_filter", true, "(all)",
      "show only these local ranks on the console, e.g. '0' or '0,3' (log files keep everything)"},
+    {"--duplicate_stdout_filters", nullptr, "duplicate_stdout_filters", true, "(none)",
+     "lines of the workers' stdout containing one of these comma-separated substrings (',,' for a comma) also go "
+     "to filtered_stdout.log in the attempt's log directory, prefixed as on the console"},
+    {"--duplicate_stderr_filters", nullptr, "duplicate_stderr_filters", true, "(none)",
+     "the same for stderr, into filtered_stderr.log"},
+    {"--merge_lines", nullptr, "merge_lines", false, "off",
+     "print a console line that several ranks write within 1 second once, prefixed with all of them "
+     "('[rank0-7]: ...'); --merge_lines=SECONDS sets the window (each rank's lines keep their order; log files "
+     "keep every line)",
+     true},
     {"--no_python", nullptr, "no_python", false, "off", "run the program directly even if it ends in .py"},
     {"--module", "-m", "module", false, "off", "run the program as a Python module (python -m)"},
     {"--run_path", nullptr, "run_path", false, "off",
@@ -75,7 +85,8 @@ constexpr FlagDef kFlagTable[] = {
     {"--shutdown_timeout", nullptr, "shutdown_timeout", true, "30",
      "seconds between SIGTERM and SIGKILL when stopping workers"},
     {"--virtual_local_rank", nullptr, "virtual_local_rank", false, "off",
-     "give each worker one GPU in CUDA_VISIBLE_DEVICES and LOCAL_RANK=0, so no rank touches another's GPU"},
+     "give each worker one GPU (CUDA_VISIBLE_DEVICES; HIP_VISIBLE_DEVICES on AMD, ZE_AFFINITY_MASK on Intel) and "
+     "LOCAL_RANK=0, so no rank touches another's GPU"},
     {"--numa_binding", nullptr, "numa_binding", true, "(off)",
      "bind each local rank's CPUs and memory: node (its NUMA node's CPUs), socket (its socket's), exclusive (its "
      "even share of the node's physical cores), core-complex (a group of cores sharing the last-level cache); the "

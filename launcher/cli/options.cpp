@@ -105,6 +105,14 @@ void apply_slurm(Given& g, const EnvLookup& env) {
 }
 
 // 3a. How many workers and nodes, and where node 0's store is.
+// PyTorch's "cuda" devices on this host and whose they are: NVIDIA's when any is there (or
+// CUDA_VISIBLE_DEVICES names some and no AMD GPU is), else AMD's.
+std::pair<int, GpuVendor> cuda_devices(const HostFacts& host) {
+  if (host.gpu_count > 0 && (host.nvidia_devices || host.amd_count == 0)) return {host.gpu_count, GpuVendor::Nvidia};
+  if (host.amd_count > 0) return {host.amd_count, GpuVendor::Amd};
+  return {0, GpuVendor::None};
+}
+
 void resolve_layout(const Given& g, const HostFacts& host, LaunchOptions& o) {
   if (g.has("nproc_per_node")) {
     const std::string v = trim(g["nproc_per_node"]);
@@ -117,18 +125,36 @@ void resolve_layout(const Given& g, const HostFacts& host, LaunchOptions& o) {
                           "under /sys/class/drm, or ZE_AFFINITY_MASK lists none)");
       }
       o.nproc_per_node = host.xpu_count;
+      o.gpu_vendor = GpuVendor::Intel;
     } else if (v == "gpu" || v == "cuda") {
-      if (host.gpu_count == 0) {
-        throw ConfigError(g.flag("nproc_per_node") + " gpu: no GPU is visible (check CUDA_VISIBLE_DEVICES and "
-                          "/dev/nvidia*); use a number or 'cpu'");
+      // PyTorch's "cuda" devices: NVIDIA's, or AMD's under ROCm.
+      const auto [count, vendor] = cuda_devices(host);
+      if (count == 0) {
+        throw ConfigError(g.flag("nproc_per_node") + " " + v + ": no GPU is visible (no /dev/nvidia* device or AMD "
+                          "GPU in the KFD topology, or CUDA_VISIBLE_DEVICES, HIP_VISIBLE_DEVICES or "
+                          "ROCR_VISIBLE_DEVICES lists none); use a number, 'cpu' or 'xpu'");
       }
-      o.nproc_per_node = host.gpu_count;
+      o.nproc_per_node = count;
+      o.gpu_vendor = vendor;
     } else if (v == "auto") {
-      o.nproc_per_node = host.gpu_count > 0 ? host.gpu_count : host.cpu_count;
+      const auto [count, vendor] = cuda_devices(host);
+      if (count > 0) {
+        o.nproc_per_node = count;
+        o.gpu_vendor = vendor;
+      } else if (host.xpu_count > 0) {
+        o.nproc_per_node = host.xpu_count;
+        o.gpu_vendor = GpuVendor::Intel;
+      } else {
+        o.nproc_per_node = host.cpu_count;
+      }
     } else {
       o.nproc_per_node = static_cast<int>(
           parse_int(g.flag("nproc_per_node"), v, 1, 1 << 16, "a positive number, 'auto', 'cpu', 'gpu', 'cuda' or 'xpu'"));
     }
+  }
+  if (o.gpu_vendor == GpuVendor::None) {  // a number of workers: the GPUs this host has, if any
+    const auto [count, vendor] = cuda_devices(host);
+    o.gpu_vendor = count > 0 ? vendor : host.xpu_count > 0 ? GpuVendor::Intel : GpuVendor::None;
   }
   if (g.has("nnodes")) {
     const std::string v = trim(g["nnodes"]);
@@ -200,6 +226,26 @@ void resolve_supervision(const Given& g, const EnvLookup& env, LaunchOptions& o)
   if (g.has("monitor_interval")) parse_seconds(g.flag("monitor_interval"), trim(g["monitor_interval"]), false);
 }
 
+// "a,b,,c" -> {"a", "b,c"}: torchrun's filter lists, where ",," is a comma inside a filter. Empty
+// filters (which every line contains) are dropped.
+std::vector<std::string> split_filters(const std::string& text) {
+  std::vector<std::string> out;
+  std::string current;
+  for (size_t i = 0; i < text.size(); ++i) {
+    if (text[i] != ',') {
+      current.push_back(text[i]);
+    } else if (i + 1 < text.size() && text[i + 1] == ',') {
+      current.push_back(',');
+      ++i;
+    } else {
+      if (!current.empty()) out.push_back(current);
+      current.clear();
+    }
+  }
+  if (!current.empty()) out.push_back(current);
+  return out;
+}
+
 void resolve_output(const Given& g, const EnvLookup& env, LaunchOptions& o) {
   if (g.has("role")) {
     o.role = trim(g["role"]);
@@ -217,6 +263,20 @@ void resolve_output(const Given& g, const EnvLookup& env, LaunchOptions& o) {
   if (g.has("report_file")) {  // the flag wins over the environment
     o.report_file = trim(g["report_file"]);
     if (o.report_file.empty()) bad(g.flag("report_file"), "a file path", g["report_file"]);
+  }
+  for (const char* dest : {"duplicate_stdout_filters", "duplicate_stderr_filters"}) {
+    if (!g.has(dest)) continue;
+    auto& filters = std::string_view(dest) == "duplicate_stdout_filters" ? o.duplicate_stdout_filters
+                                                                         : o.duplicate_stderr_filters;
+    filters = split_filters(g[dest]);
+    if (filters.empty()) bad(g.flag(dest), "substrings separated by commas (',,' for a comma inside one)", g[dest]);
+  }
+  if (g.has("merge_lines")) {
+    o.merge_lines = parse_seconds(g.flag("merge_lines"), trim(g["merge_lines"]), true);
+    if (o.merge_lines > std::chrono::minutes(1)) {
+      bad(g.flag("merge_lines"), "a window of at most 60 seconds (the console waits that long for each line)",
+          g["merge_lines"]);
+    }
   }
   if (g.has("redirects")) o.redirects = parse_streams(g.flag("redirects"), g["redirects"]);
   if (g.has("tee")) o.tee = parse_streams(g.flag("tee"), g["tee"]);
@@ -400,20 +460,58 @@ HostFacts detect_host(const EnvLookup& env) {
   cpu_set_t set;
   CPU_ZERO(&set);
   h.cpu_count = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 1;
-  if (auto cvd = env("CUDA_VISIBLE_DEVICES")) {
+  int nvidia = 0;
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator("/dev", ec)) {
+    const std::string n = e.path().filename().string();
+    if (n.rfind("nvidia", 0) == 0 && n.size() > 6 && std::all_of(n.begin() + 6, n.end(), ::isdigit)) ++nvidia;
+  }
+  h.nvidia_devices = nvidia > 0;
+  h.gpu_count = nvidia;
+  if (auto cvd = env("CUDA_VISIBLE_DEVICES")) {  // what CUDA (or HIP) shows, whatever the devices
+    h.gpu_count = 0;
     for (const std::string& d : split(*cvd, ',')) {
       if (d.empty() || d == "-1" || d == "NoDevFiles") break;
       ++h.gpu_count;
     }
-    return h;
-  }
-  std::error_code ec;
-  for (const auto& e : std::filesystem::directory_iterator("/dev", ec)) {
-    const std::string n = e.path().filename().string();
-    if (n.rfind("nvidia", 0) == 0 && n.size() > 6 && std::all_of(n.begin() + 6, n.end(), ::isdigit)) ++h.gpu_count;
   }
   h.xpu_count = count_intel_gpus(env, "/sys/class/drm");
+  h.amd_count = count_amd_gpus(env, "/sys/class/kfd/kfd/topology/nodes");
   return h;
+}
+
+int count_amd_gpus(const EnvLookup& env, const std::string& kfd_nodes) {
+  for (const char* var : {"HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES"}) {
+    if (auto v = env(var); v && !trim(*v).empty()) {
+      int n = 0;
+      for (const std::string& d : split(*v, ',')) n += trim(d).empty() ? 0 : 1;
+      return n;
+    }
+  }
+  int n = 0;
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(kfd_nodes, ec)) {
+    std::ifstream in(e.path() / "properties");
+    std::string key;
+    long long value = 0;
+    while (in >> key >> value) {
+      if (key == "simd_count") {
+        if (value > 0) ++n;
+        break;
+      }
+    }
+  }
+  return n;
+}
+
+const char* gpu_visibility_variable(GpuVendor vendor) {
+  switch (vendor) {
+    case GpuVendor::Nvidia: return "CUDA_VISIBLE_DEVICES";
+    case GpuVendor::Amd: return "HIP_VISIBLE_DEVICES";
+    case GpuVendor::Intel: return "ZE_AFFINITY_MASK";
+    case GpuVendor::None: break;
+  }
+  return "";
 }
 
 int count_intel_gpus(const EnvLookup& env, const std::string& drm_root) {

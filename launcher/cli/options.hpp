@@ -46,6 +46,12 @@ inline const char* rdzv_backend_name(RdzvBackend b) {
   return "static";
 }
 
+// Whose GPUs a job's workers use: their visibility variable (--virtual_local_rank) differs.
+enum class GpuVendor { None, Nvidia, Amd, Intel };
+// The variable that tells a worker of `vendor` which GPUs it sees: CUDA_VISIBLE_DEVICES,
+// HIP_VISIBLE_DEVICES, ZE_AFFINITY_MASK ("" for None).
+const char* gpu_visibility_variable(GpuVendor vendor);
+
 struct LaunchOptions {
   std::string nproc_spec = "1";  // as given: a number, auto, cpu or gpu
   int nproc_per_node = 1;        // resolved
@@ -104,9 +110,18 @@ struct LaunchOptions {
   StreamSelection redirects;
   StreamSelection tee;
   std::optional<std::set<int>> local_ranks_filter;
+  // Lines of the workers' stdout (stderr) containing one of these also go to
+  // filtered_stdout.log (filtered_stderr.log) in the attempt directory (torchrun's
+  // --duplicate-stdout-filters).
+  // --merge_lines: identical console lines of several ranks within this window printed once; 0: off.
+  std::chrono::milliseconds merge_lines{0};
+  std::vector<std::string> duplicate_stdout_filters;
+  std::vector<std::string> duplicate_stderr_filters;
   bool no_python = false;
   bool module = false;
   bool run_path = false;  // the program is a Python script, whatever its name
+  // The GPUs the workers use, for --virtual_local_rank: each vendor has its visibility variable.
+  GpuVendor gpu_vendor = GpuVendor::None;
   // --preload / DDPRUN_PRELOAD: modules a per-node zygote imports once (Python programs only).
   std::vector<std::string> preload;
   // --local_rank=N (Underscore, torch.distributed.launch 1.x) or --local-rank=N (Dash, 2.x) before
@@ -138,6 +153,8 @@ struct HostFacts {
   int cpu_count = 1;
   int gpu_count = 0;  // visible GPUs (CUDA_VISIBLE_DEVICES honoured)
   int xpu_count = 0;  // visible Intel GPUs (ZE_AFFINITY_MASK honoured)
+  int amd_count = 0;  // visible AMD GPUs (HIP_VISIBLE_DEVICES, ROCR_VISIBLE_DEVICES honoured)
+  bool nvidia_devices = false;  // /dev/nvidia* exist (CUDA_VISIBLE_DEVICES counts them)
 };
 
 // Parses argv (without argv[0]). Throws ConfigError.
@@ -158,5 +175,9 @@ HostFacts detect_host(const EnvLookup& env);
 // Intel GPUs: ZE_AFFINITY_MASK's entries when set, else the render nodes under `drm_root`
 // (/sys/class/drm) whose device's vendor is Intel's (0x8086).
 int count_intel_gpus(const EnvLookup& env, const std::string& drm_root);
+// AMD GPUs as ROCm counts them: HIP_VISIBLE_DEVICES's entries, else ROCR_VISIBLE_DEVICES's, else the
+// KFD topology's nodes under `kfd_nodes` (/sys/class/kfd/kfd/topology/nodes) with SIMD units (the
+// CPUs' nodes have none).
+int count_amd_gpus(const EnvLookup& env, const std::string& kfd_nodes);
 
 }  // namespace ddprun::launcher::cli

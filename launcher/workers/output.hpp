@@ -5,12 +5,33 @@
 // for the failure report. Not thread-safe.
 
 #include <deque>
+#include <memory>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "launcher/workers/console.hpp"
+#include "launcher/workers/merge.hpp"
 
 namespace ddprun::launcher::workers {
+
+// The lines of every rank's stream that contain one of `filters`, copied (prefixed) into one file
+// (torchrun's --duplicate-stdout-filters). Shared by the ranks' LineWriters of that stream, which
+// the supervisor's thread drives. A file that cannot be written is said once and then left alone.
+class FilteredCopy {
+ public:
+  FilteredCopy(std::vector<std::string> filters, std::string path);
+  ~FilteredCopy();
+  FilteredCopy(const FilteredCopy&) = delete;
+  FilteredCopy& operator=(const FilteredCopy&) = delete;
+  bool matches(std::string_view line) const;
+  void write(std::string_view lines);
+
+ private:
+  std::vector<std::string> filters_;
+  std::string path_;
+  int fd_ = -1;
+};
 
 class LineWriter {
  public:
@@ -22,6 +43,11 @@ class LineWriter {
     bool to_console = true;
     int file_fd = -1;
     std::string file_name;
+    std::shared_ptr<FilteredCopy> filtered;  // nullptr for none
+    // --merge_lines: console lines go to the merger (as this rank's) rather than to `console`.
+    std::shared_ptr<LineMerger> merger;
+    int rank = 0;
+    int local_rank = 0;
   };
   // When the file cannot take more (a full disk, say), it is closed, ddprun says so once, and the
   // lines go to the console from there on, also where they went to the file only.
@@ -37,7 +63,7 @@ class LineWriter {
 
  private:
   static constexpr size_t kMaxLine = 64 * 1024;  // longer runs without a newline are cut into lines
-  void emit_line(std::string_view line, std::string& batch);
+  void emit_line(std::string_view line, std::string& batch, std::string& filtered);
   void write_console(const std::string& batch);
 
   std::string prefix_;
@@ -45,6 +71,10 @@ class LineWriter {
   bool to_console_;
   int file_fd_;
   std::string file_name_;
+  std::shared_ptr<FilteredCopy> filtered_;
+  std::shared_ptr<LineMerger> merger_;
+  int rank_ = 0;
+  int local_rank_ = 0;
   size_t tail_lines_;
   std::string partial_;
   std::deque<std::string> tail_;
@@ -53,5 +83,8 @@ class LineWriter {
 // Expands ${rank}, ${local_rank}, ${role_name} and ${host} in a prefix template.
 std::string expand_prefix(std::string tmpl, int rank, int local_rank, const std::string& role,
                           const std::string& host);
+// The same with the ranks as text (merged lines: "0-3,6").
+std::string expand_prefix_text(std::string tmpl, const std::string& rank, const std::string& local_rank,
+                               const std::string& role, const std::string& host);
 
 }  // namespace ddprun::launcher::workers

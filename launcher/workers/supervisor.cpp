@@ -26,8 +26,13 @@ namespace {
 // The rank's log file for one stream, or -1 for none; a file that cannot be created (a full disk,
 // say) is a warning, and the stream goes to the console instead: its output is never lost.
 LineWriter::Sinks log_sinks(const WorkerLaunch& l, const std::string& path, ConsoleWriter* console,
-                            bool to_console) {
+                            bool to_console, std::shared_ptr<FilteredCopy> filtered,
+                            std::shared_ptr<LineMerger> merger) {
   LineWriter::Sinks s;
+  s.filtered = std::move(filtered);
+  s.merger = std::move(merger);
+  s.rank = l.rank;
+  s.local_rank = l.local_rank;
   s.console = console;
   s.to_console = to_console;
   s.file_name = "rank " + std::to_string(l.rank) + "'s log file " + path;
@@ -363,8 +368,11 @@ GroupResult Supervisor::run(const std::vector<WorkerLaunch>& launches,
     SpawnedProcess p;
     try {
       Consoles& c = consoles();
-      w->out = std::make_unique<LineWriter>(l.prefix, log_sinks(l, l.stdout_file, c.out, l.stdout_to_console), 0);
-      w->err = std::make_unique<LineWriter>(l.prefix, log_sinks(l, l.stderr_file, c.err, l.stderr_to_console),
+      w->out = std::make_unique<LineWriter>(l.prefix, log_sinks(l, l.stdout_file, c.out, l.stdout_to_console, l.stdout_filtered,
+                                                                l.stdout_merger),
+                                            0);
+      w->err = std::make_unique<LineWriter>(l.prefix, log_sinks(l, l.stderr_file, c.err, l.stderr_to_console, l.stderr_filtered,
+                                                                l.stderr_merger),
                                             settings_.stderr_tail_lines);
       p = spawner_ ? spawner_(l.request) : spawn_process(l.request);
     } catch (const std::exception& e) {
@@ -401,6 +409,11 @@ GroupResult Supervisor::run(const std::vector<WorkerLaunch>& launches,
   GroupResult r = std::move(result_);
   if (r.outcome == GroupOutcome::Succeeded && !r.failures.empty()) r.outcome = GroupOutcome::Failed;
   workers_.clear();
+  // Every stream has ended: what --merge_lines holds goes out now, before the report.
+  for (const WorkerLaunch& l : launches) {
+    if (l.stdout_merger) l.stdout_merger->flush();
+    if (l.stderr_merger) l.stderr_merger->flush();
+  }
   return r;
 }
 

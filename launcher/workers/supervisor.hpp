@@ -40,6 +40,12 @@ struct WorkerLaunch {
   std::string stdout_file;  // "" = none
   std::string stderr_file;
   std::string error_file;
+  // The copies of filtered lines (--duplicate_*_filters), shared by the group's ranks; null for none.
+  std::shared_ptr<FilteredCopy> stdout_filtered;
+  std::shared_ptr<FilteredCopy> stderr_filtered;
+  // --merge_lines: the node's mergers of console lines, shared by the group's ranks; null for none.
+  std::shared_ptr<LineMerger> stdout_merger;
+  std::shared_ptr<LineMerger> stderr_merger;
 };
 
 enum class GroupOutcome {

@@ -39,14 +39,14 @@ Environment worker_environment(const Environment& base, const WorkerPlacement& w
   env["NCCL_ASYNC_ERROR_HANDLING"] = inherited("NCCL_ASYNC_ERROR_HANDLING").value_or(async_errors);
   if (virtual_rank) {
     const auto& ids = *attempt.one_gpu_each;
-    env["CUDA_VISIBLE_DEVICES"] = ids.empty() ? "" : ids[static_cast<size_t>(where.local_rank) % ids.size()];
+    env[attempt.gpu_variable] = ids.empty() ? "" : ids[static_cast<size_t>(where.local_rank) % ids.size()];
   }
   return env;
 }
 
-std::vector<std::string> visible_gpu_ids(const Environment& base, int count) {
+std::vector<std::string> visible_gpu_ids(const Environment& base, int count, const std::string& variable) {
   std::vector<std::string> ids;
-  auto it = base.find("CUDA_VISIBLE_DEVICES");
+  auto it = base.find(variable);
   if (it != base.end()) {
     std::stringstream in(it->second);
     std::string id;

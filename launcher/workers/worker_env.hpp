@@ -30,16 +30,20 @@ struct AttemptContext {
   std::string run_id = "none";
   std::string role = "default";
   std::string signals_to_handle;  // "SIGTERM,SIGINT,..."
-  // Visible GPU ids, when each worker gets exactly one (--virtual_local_rank).
+  // Visible GPU ids, when each worker gets exactly one (--virtual_local_rank), and the variable
+  // that says so to the worker's runtime (HIP_VISIBLE_DEVICES on AMD, ZE_AFFINITY_MASK on Intel).
   std::optional<std::vector<std::string>> one_gpu_each;
+  std::string gpu_variable = "CUDA_VISIBLE_DEVICES";
 };
 
 // The worker's full environment. `error_file` is its TORCHELASTIC_ERROR_FILE.
 Environment worker_environment(const Environment& base, const WorkerPlacement& where, const AttemptContext& attempt,
                                const std::string& error_file);
 
-// GPU ids visible to the launcher: CUDA_VISIBLE_DEVICES's entries, else 0..count-1.
-std::vector<std::string> visible_gpu_ids(const Environment& base, int count);
+// GPU ids visible to the launcher: the entries of `variable` (CUDA_VISIBLE_DEVICES,
+// HIP_VISIBLE_DEVICES, ZE_AFFINITY_MASK), else 0..count-1.
+std::vector<std::string> visible_gpu_ids(const Environment& base, int count,
+                                         const std::string& variable = "CUDA_VISIBLE_DEVICES");
 
 // Replaces ${local_rank} in each argument, as torchrun does.
 std::vector<std::string> substitute_args(const std::vector<std::string>& args, int local_rank);

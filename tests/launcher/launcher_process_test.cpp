@@ -5,6 +5,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <set>
 #include <sstream>
 #include <thread>
 
@@ -303,6 +304,58 @@ TEST(LauncherTest, LocalRankMacroIsSubstitutedInArguments) {
   ASSERT_EQ(f.exit_code, 0);
   EXPECT_NE(f.out.find("[rank1]: dev=cuda:1"), std::string::npos);
   EXPECT_NE(f.out.find("[rank0]: dev=cuda:0"), std::string::npos);
+}
+
+// torchrun's --duplicate-stdout-filters / --duplicate-stderr-filters: the matching lines of every
+// rank, prefixed as on the console, also in filtered_std{out,err}.log of the attempt's directory;
+// the console and the rank logs unchanged.
+TEST(LauncherTest, DuplicateFiltersCopyMatchingLinesOfEveryRankIntoOneFile) {
+  TempDir logs;
+  Subprocess p(ddprun({"--nproc_per_node", "2", "--log_dir", logs.str(), "--run_id", "filters",
+                       "--duplicate-stdout-filters", "line 1,line 3", "--duplicate_stderr_filters", "err line 2",
+                       TEST_WORKER_BIN, "print", "4"}));
+  const Finished f = p.wait(60s);
+  ASSERT_EQ(f.exit_code, 0) << f.err;
+  std::vector<fs::path> attempts;
+  for (const auto& run : fs::directory_iterator(logs.path)) attempts.push_back(run.path() / "attempt_0");
+  ASSERT_EQ(attempts.size(), 1u);
+  auto lines_of = [](const fs::path& file) {
+    std::multiset<std::string> lines;
+    std::ifstream in(file);
+    for (std::string line; std::getline(in, line);) lines.insert(line);
+    return lines;
+  };
+  EXPECT_EQ(lines_of(attempts[0] / "filtered_stdout.log"),
+            (std::multiset<std::string>{"[rank0]: out line 1", "[rank0]: out line 3", "[rank1]: out line 1",
+                                        "[rank1]: out line 3"}));
+  EXPECT_EQ(lines_of(attempts[0] / "filtered_stderr.log"),
+            (std::multiset<std::string>{"[rank0]: err line 2", "[rank1]: err line 2"}));
+  for (int k = 0; k < 4; ++k) {  // the console keeps every line
+    EXPECT_NE(f.out.find("[rank1]: out line " + std::to_string(k) + "\n"), std::string::npos) << f.out;
+  }
+}
+
+// --merge_lines: the same line of every rank once, with the ranks; stderr too; the log files keep
+// every rank's own lines.
+TEST(LauncherTest, MergeLinesPrintsTheSameLineOfEveryRankOnce) {
+  TempDir logs;
+  Subprocess p(ddprun({"--nproc_per_node", "4", "--merge_lines=5", "--tee", "3", "--log_dir", logs.str(),
+                       TEST_WORKER_BIN, "print", "2"}));
+  const Finished f = p.wait(60s);
+  ASSERT_EQ(f.exit_code, 0) << f.err;
+  EXPECT_NE(f.out.find("[rank0-3]: out line 0\n[rank0-3]: out line 1\n"), std::string::npos) << f.out;
+  EXPECT_EQ(f.out.find("[rank1]: out line"), std::string::npos) << f.out;
+  EXPECT_NE(f.err.find("[rank0-3]: err line 0\n[rank0-3]: err line 1\n"), std::string::npos) << f.err;
+  int files = 0;
+  for (const auto& e : fs::recursive_directory_iterator(logs.path)) {
+    if (e.path().filename() != "stdout.log") continue;
+    std::ifstream in(e.path());
+    std::stringstream text;
+    text << in.rdbuf();
+    EXPECT_EQ(text.str(), "out line 0\nout line 1\n") << e.path();
+    ++files;
+  }
+  EXPECT_EQ(files, 4);
 }
 
 // torchrun's --run-path: a Python script without the .py suffix runs as __main__, its arguments

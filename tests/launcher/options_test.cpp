@@ -10,6 +10,7 @@
 #include <csignal>
 #include <filesystem>
 #include <fstream>
+#include <map>
 
 #include "common/errors.hpp"
 #include "common/numbers.hpp"
@@ -364,11 +365,60 @@ TEST(OptionsTest, TheNewestTorchrunFlagsAreAcceptedWithTheirMeaning) {
   EXPECT_EQ(error_of({"--logs-specs", "default", "train"}), "");
   EXPECT_NE(error_of({"--logs-specs", "my_specs", "train"}).find("--log_dir"), std::string::npos);
 
+  auto filtered = parse({"--duplicate-stdout-filters", "loss,,acc,step", "--duplicate_stderr_filters=NCCL WARN",
+                         "train"});
+  EXPECT_EQ(filtered.duplicate_stdout_filters, (std::vector<std::string>{"loss,acc", "step"}));
+  EXPECT_EQ(filtered.duplicate_stderr_filters, (std::vector<std::string>{"NCCL WARN"}));
+  EXPECT_NE(error_of({"--duplicate-stdout-filters", ",", "train"}).find("substrings"), std::string::npos);
+
   HostFacts intel{8, 0};
   intel.xpu_count = 2;
   EXPECT_EQ(parse({"--nproc-per-node", "xpu", "train"}, {}, intel).nproc_per_node, 2);
   EXPECT_NE(error_of({"--nproc-per-node", "xpu", "train"}).find("no Intel GPU"), std::string::npos);
   EXPECT_EQ(parse({"--nproc-per-node", "cuda", "train"}, {}, HostFacts{8, 4}).nproc_per_node, 4);
+}
+
+// AMD GPUs as ROCm shows them: KFD topology nodes with SIMD units (CPU nodes have none), or the
+// entries of HIP_VISIBLE_DEVICES, else ROCR_VISIBLE_DEVICES; 'gpu', 'cuda' and 'auto' count them on
+// a host without NVIDIA devices, and --virtual_local_rank then uses HIP_VISIBLE_DEVICES.
+TEST(OptionsTest, AmdGpusAreCountedFromTheKfdTopologyOrTheirVisibilityVariables) {
+  test::TempDir kfd;
+  auto node = [&](const std::string& name, int simds) {
+    std::filesystem::create_directories(kfd.path / name);
+    std::ofstream(kfd.path / name / "properties") << "cpu_cores_count " << (simds ? 0 : 16) << "\nsimd_count "
+                                                  << simds << "\nmem_banks_count 1\n";
+  };
+  node("0", 0);    // the CPU
+  node("1", 304);  // two MI300X-like GPUs
+  node("2", 304);
+  auto env_of = [](std::map<std::string, std::string> m) {
+    return [m](const std::string& k) -> std::optional<std::string> {
+      auto it = m.find(k);
+      return it == m.end() ? std::nullopt : std::optional<std::string>(it->second);
+    };
+  };
+  EXPECT_EQ(cli::count_amd_gpus(env_of({}), kfd.str()), 2);
+  EXPECT_EQ(cli::count_amd_gpus(env_of({{"ROCR_VISIBLE_DEVICES", "1"}}), kfd.str()), 1);
+  EXPECT_EQ(cli::count_amd_gpus(env_of({{"HIP_VISIBLE_DEVICES", "0,1,2"}, {"ROCR_VISIBLE_DEVICES", "1"}}), kfd.str()),
+            3);
+  EXPECT_EQ(cli::count_amd_gpus(env_of({}), (kfd.path / "absent").string()), 0);
+
+  HostFacts amd{64, 0};
+  amd.amd_count = 8;
+  for (const char* spec : {"gpu", "cuda", "auto"}) {
+    const LaunchOptions o = parse({"--nproc-per-node", spec, "--virtual-local-rank", "train"}, {}, amd);
+    EXPECT_EQ(o.nproc_per_node, 8) << spec;
+    EXPECT_EQ(o.gpu_vendor, cli::GpuVendor::Amd) << spec;
+  }
+  EXPECT_EQ(parse({"--nproc-per-node", "2", "train"}, {}, amd).gpu_vendor, cli::GpuVendor::Amd);
+  EXPECT_STREQ(cli::gpu_visibility_variable(cli::GpuVendor::Amd), "HIP_VISIBLE_DEVICES");
+  HostFacts nvidia{64, 4};
+  nvidia.nvidia_devices = true;
+  nvidia.amd_count = 2;  // both: PyTorch's cuda devices are NVIDIA's
+  EXPECT_EQ(parse({"--nproc-per-node", "gpu", "train"}, {}, nvidia).gpu_vendor, cli::GpuVendor::Nvidia);
+  EXPECT_EQ(parse({"--nproc-per-node", "gpu", "train"}, {}, nvidia).nproc_per_node, 4);
+  EXPECT_NE(error_of({"--nproc-per-node", "gpu", "train"}).find("no GPU is visible"), std::string::npos);
+  EXPECT_EQ(parse({"--nproc-per-node", "auto", "train"}).nproc_per_node, 8);  // no GPU: the CPUs
 }
 
 // Intel GPUs as Linux shows them: render nodes whose device's vendor is 0x8086, or ZE_AFFINITY_MASK.

@@ -62,6 +62,28 @@ TEST(WorkerEnvTest, VirtualLocalRankGivesOneGpuEach) {
   EXPECT_EQ(visible_gpu_ids({}, 2), (std::vector<std::string>{"0", "1"}));
 }
 
+// AMD (ROCm): one GPU each through HIP_VISIBLE_DEVICES, among those HIP_VISIBLE_DEVICES shows; Intel
+// through ZE_AFFINITY_MASK. CUDA_VISIBLE_DEVICES is left as it was.
+TEST(WorkerEnvTest, VirtualLocalRankUsesEachVendorsVisibilityVariable) {
+  const Environment amd = {{"HIP_VISIBLE_DEVICES", "1,2"}, {"ROCR_VISIBLE_DEVICES", "4,5,6"}};
+  AttemptContext ctx;
+  ctx.gpu_variable = "HIP_VISIBLE_DEVICES";
+  ctx.one_gpu_each = visible_gpu_ids(amd, 2, ctx.gpu_variable);
+  WorkerPlacement where;
+  where.local_rank = 1;
+  Environment env = worker_environment(amd, where, ctx, "");
+  EXPECT_EQ(env.at("HIP_VISIBLE_DEVICES"), "2");
+  EXPECT_EQ(env.at("ROCR_VISIBLE_DEVICES"), "4,5,6");
+  EXPECT_EQ(env.count("CUDA_VISIBLE_DEVICES"), 0u);
+  EXPECT_EQ(env.at("LOCAL_RANK"), "0");
+
+  ctx.gpu_variable = "ZE_AFFINITY_MASK";
+  ctx.one_gpu_each = visible_gpu_ids({}, 4, ctx.gpu_variable);
+  where.local_rank = 3;
+  env = worker_environment({}, where, ctx, "");
+  EXPECT_EQ(env.at("ZE_AFFINITY_MASK"), "3");
+}
+
 TEST(WorkerEnvTest, SubstitutesLocalRankMacro) {
   EXPECT_EQ(substitute_args({"--dev=cuda:${local_rank}", "${local_rank}${local_rank}", "x"}, 3),
             (std::vector<std::string>{"--dev=cuda:3", "33", "x"}));
@@ -83,7 +105,12 @@ TEST(LineWriterTest, AFileThatCannotTakeMoreHandsItsLinesToTheConsole) {
   ASSERT_GE(full, 0) << std::strerror(errno);
   {
     ConsoleWriter console(fds[1]);
-    LineWriter w("[r0]: ", {&console, /*to_console=*/false, full, "rank 0's log file /dev/full"}, 0);
+    LineWriter::Sinks sinks;
+    sinks.console = &console;
+    sinks.to_console = false;
+    sinks.file_fd = full;
+    sinks.file_name = "rank 0's log file /dev/full";
+    LineWriter w("[r0]: ", sinks, 0);
     w.feed("one\ntw");
     w.feed("o\n");
     w.finish();
@@ -119,6 +146,49 @@ TEST(LineWriterTest, PrefixesWholeLinesAndKeepsTail) {
   ::close(fds[0]);
   EXPECT_EQ(std::string(buf, static_cast<size_t>(n)),
             "[trainer7/3]: first line\n[trainer7/3]: second\n[trainer7/3]: third\n");
+}
+
+// --merge_lines: what several ranks wrote once, with their ranks as ranges; each rank's order kept.
+TEST(LineMergerTest, IdenticalLinesOfSeveralRanksArePrintedOnceInEachRanksOrder) {
+  int fds[2];
+  ASSERT_EQ(::pipe(fds), 0);
+  {
+    ConsoleWriter console(fds[1]);
+    {
+      // A window no test reaches: everything is printed by the merger's end, in order.
+      auto merger = std::make_shared<workers::LineMerger>(&console, std::chrono::minutes(1), "[rank${rank}]: ",
+                                                          "default", "h");
+      LineWriter::Sinks sinks;
+      sinks.console = &console;
+      sinks.merger = merger;
+      std::vector<std::unique_ptr<LineWriter>> ranks;
+      for (int r = 0; r < 4; ++r) {
+        sinks.rank = r;
+        sinks.local_rank = r;
+        ranks.push_back(std::make_unique<LineWriter>("[rank" + std::to_string(r) + "]: ", sinks, 0));
+      }
+      ranks[0]->feed("epoch 1\nloss 1.5\n");
+      ranks[1]->feed("A\n");  // rank 1 says A first: its next lines cannot join rank 0's, printed before A
+      ranks[1]->feed("epoch 1\nloss 1.5\n");
+      ranks[3]->feed("epoch 1\nloss 1.5\n");
+      ranks[2]->feed("only me\n");
+      for (int r = 0; r < 3; ++r) ranks[static_cast<size_t>(r)]->feed("done\n");
+      ranks[3]->feed("do");
+      ranks[3]->feed("ne");
+      ranks[3]->finish();
+      merger->flush();
+    }
+    EXPECT_TRUE(console.drain(std::chrono::seconds(10)));
+  }
+  ::close(fds[1]);
+  std::string out;
+  char buf[512];
+  for (ssize_t n; (n = ::read(fds[0], buf, sizeof buf)) > 0;) out.append(buf, static_cast<size_t>(n));
+  ::close(fds[0]);
+  EXPECT_EQ(out,
+            "[rank0,3]: epoch 1\n[rank0,3]: loss 1.5\n[rank1]: A\n[rank1]: epoch 1\n[rank1]: loss 1.5\n"
+            "[rank2]: only me\n[rank0-3]: done\n");
+  EXPECT_EQ(workers::rank_ranges({0, 1, 2, 5, 7, 8}), "0-2,5,7-8");
 }
 
 TEST(ReportTest, NamesRootCauseWithSignalErrorFileAndTail) {
