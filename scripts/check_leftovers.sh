@@ -12,14 +12,16 @@ since=${2:?usage: check_leftovers.sh BUILD_DIR SINCE [GRACE]}
 grace=${3:-10}
 boot=$(awk '/^btime/ {print $2}' /proc/stat)
 hz=$(getconf CLK_TCK)
-my_root=$(readlink /proc/self/root)
+# The root directory's device and inode: a chroot's processes (or this script's, inside one) are
+# told apart from the host's whatever path their root has.
+my_root=$(stat -L -c %d:%i /proc/self/root)
 
 leftovers() {
   local dir pid exe cmd start
   for dir in /proc/[0-9]*; do
     pid=${dir#/proc/}
     [[ $pid == "$$" || $pid == "$BASHPID" ]] && continue
-    [[ $(readlink "$dir/root" 2>/dev/null) == "$my_root" ]] || continue
+    [[ $(stat -L -c %d:%i "$dir/root" 2>/dev/null) == "$my_root" ]] || continue
     # Field 22 of stat: the start time in clock ticks after boot (the name, field 2, may hold spaces).
     start=$(sed 's/.*) //' "$dir/stat" 2>/dev/null | awk '{print $20}')
     [[ -n $start ]] || continue
