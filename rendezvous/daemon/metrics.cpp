@@ -4,15 +4,9 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
-#include <boost/asio/ip/address.hpp>
-#include <boost/asio/steady_timer.hpp>
-#include <boost/beast/core/flat_buffer.hpp>
-#include <boost/beast/core/tcp_stream.hpp>
-#include <boost/beast/http.hpp>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
-#include <list>
 #include <map>
 #include <sstream>
 
@@ -25,9 +19,6 @@
 namespace ddprun::rdzv {
 
 namespace asio = boost::asio;
-namespace beast = boost::beast;
-namespace http = beast::http;
-using asio::ip::tcp;
 
 namespace {
 
@@ -157,164 +148,29 @@ std::string render_metrics(const Server& server) {
   return e.str();
 }
 
-namespace {
-
-// Connections served at once. A scraper sends its request at once and reads the answer at once:
-// a connection that does neither within these times is closed, and when all the places are taken
-// the one that has waited longest for its request makes room, so slow clients cannot block
-// scraping.
-constexpr size_t kMaxConnections = 64;
-constexpr auto kRequestTime = std::chrono::seconds(3);
-constexpr auto kResponseTime = std::chrono::seconds(10);
-
-}  // namespace
-
-class MetricsSession;
-
-// The connections being served, oldest first (shared with them: a session's last handler may run
-// after the server is gone).
-struct MetricsServer::Sessions {
-  std::list<MetricsSession*> list;
-  size_t live = 0;  // not yet made to make room
-};
-
-// One HTTP exchange: read a request (bounded in size and time), answer it, close.
-class MetricsSession : public std::enable_shared_from_this<MetricsSession> {
- public:
-  MetricsSession(tcp::socket socket, std::function<std::string()>& render,
-                 std::shared_ptr<MetricsServer::Sessions> all)
-      : stream_(std::move(socket)), render_(render), all_(std::move(all)) {
-    at_ = all_->list.insert(all_->list.end(), this);
-    ++all_->live;
-  }
-  ~MetricsSession() {
-    if (reading_) --all_->live;
-    all_->list.erase(at_);
-  }
-
-  void start() {
-    parser_.header_limit(8 * 1024);
-    parser_.body_limit(0);
-    stream_.expires_after(kRequestTime);
-    http::async_read(stream_, buffer_, parser_, [self = shared_from_this()](beast::error_code ec, size_t) {
-      if (!ec && self->reading_) self->respond();
-    });
-  }
-
-  bool reading() const { return reading_; }
-  // Closes a connection whose request has not arrived yet, to make room for a newer one.
-  void make_room() {
-    if (!reading_) return;
-    reading_ = false;
-    --all_->live;
-    stream_.close();
-  }
-
- private:
-  void respond() {
-    reading_ = false;
-    --all_->live;
-    const auto& req = parser_.get();
-    auto& res = response_;
-    res.version(req.version());
-    res.keep_alive(false);
-    res.set(http::field::server, "ddprun-rendezvous");
-    if (req.method() != http::verb::get && req.method() != http::verb::head) {
-      res.result(http::status::method_not_allowed);
-      res.set(http::field::allow, "GET, HEAD");
-      res.body() = "only GET\n";
-    } else if (req.target() == "/metrics" || req.target().starts_with("/metrics?")) {
-      res.result(http::status::ok);
-      res.set(http::field::content_type, "text/plain; version=0.0.4; charset=utf-8");
-      res.body() = render_();
-    } else if (req.target() == "/") {
-      res.result(http::status::ok);
-      res.set(http::field::content_type, "text/plain; charset=utf-8");
-      res.body() = "ddprun-rendezvous: metrics at /metrics\n";
-    } else {
-      res.result(http::status::not_found);
-      res.set(http::field::content_type, "text/plain; charset=utf-8");
-      res.body() = "not found: try /metrics\n";
-    }
-    if (req.method() == http::verb::head) {
-      res.content_length(res.body().size());
-      res.body().clear();
-    }
-    res.prepare_payload();
-    stream_.expires_after(kResponseTime);
-    http::async_write(stream_, res, [self = shared_from_this()](beast::error_code, size_t) {
-      beast::error_code ignored;
-      self->stream_.socket().shutdown(tcp::socket::shutdown_send, ignored);
-    });
-  }
-
-  beast::tcp_stream stream_;
-  beast::flat_buffer buffer_{8 * 1024};
-  http::request_parser<http::empty_body> parser_;
-  http::response<http::string_body> response_;
-  std::function<std::string()>& render_;
-  std::shared_ptr<MetricsServer::Sessions> all_;
-  std::list<MetricsSession*>::iterator at_;
-  bool reading_ = true;
-};
-
-namespace {
-
-void set_cloexec(int fd) { ::fcntl(fd, F_SETFD, ::fcntl(fd, F_GETFD) | FD_CLOEXEC); }
-
-}  // namespace
-
 MetricsServer::MetricsServer(asio::io_context& io, const std::string& host, uint16_t port,
                              std::function<std::string()> render)
-    : io_(io), acceptor_(io), render_(std::move(render)), sessions_(std::make_shared<Sessions>()) {
-  boost::system::error_code ec;
-  const auto addr = asio::ip::make_address(host, ec);
-  if (ec) throw ConnectionError("cannot serve metrics on '" + host + "': not a numeric address");
-  const tcp::endpoint ep(addr, port);
-  acceptor_.open(ep.protocol(), ec);
-  if (!ec) set_cloexec(acceptor_.native_handle());
-  if (!ec) acceptor_.set_option(tcp::acceptor::reuse_address(true), ec);
-  if (!ec) acceptor_.bind(ep, ec);
-  if (!ec) acceptor_.listen(asio::socket_base::max_listen_connections, ec);
-  if (ec) throw ConnectionError("cannot serve metrics on " + format_endpoint(ep) + ": " + ec.message());
-  port_ = acceptor_.local_endpoint().port();
-}
+    : http_(io, host, port, "ddprun-rendezvous", [render = std::move(render)](std::string_view target) {
+        HttpReply reply;
+        if (target == "/metrics" || target.substr(0, 9) == "/metrics?") {
+          reply.content_type = "text/plain; version=0.0.4; charset=utf-8";
+          reply.body = render();
+        } else if (target == "/") {
+          reply.body = "ddprun-rendezvous: metrics at /metrics\n";
+        } else {
+          reply.status = 404;
+          reply.body = "not found: try /metrics\n";
+        }
+        return reply;
+      }) {}
 
-MetricsServer::~MetricsServer() { stop(); }
+MetricsServer::~MetricsServer() = default;
 
 void MetricsServer::start() {
-  log::info("store") << "metrics on http://" << format_endpoint(acceptor_.local_endpoint()) << "/metrics";
-  accept();
+  log::info("store") << "metrics on http://" << format_endpoint(http_.local_endpoint()) << "/metrics";
+  http_.start();
 }
 
-void MetricsServer::stop() {
-  boost::system::error_code ignored;
-  acceptor_.close(ignored);
-}
-
-void MetricsServer::accept() {
-  acceptor_.async_accept([this](boost::system::error_code ec, tcp::socket socket) {
-    if (ec == asio::error::operation_aborted || !acceptor_.is_open()) return;
-    if (!ec) {
-      set_cloexec(socket.native_handle());
-      if (sessions_->live >= kMaxConnections) {
-        for (MetricsSession* s : sessions_->list) {
-          if (s->reading()) {
-            s->make_room();
-            break;
-          }
-        }
-      }
-      std::make_shared<MetricsSession>(std::move(socket), render_, sessions_)->start();
-      accept();
-      return;
-    }
-    // Out of descriptors or the like: try again shortly rather than spin.
-    auto timer = std::make_shared<asio::steady_timer>(io_, std::chrono::milliseconds(100));
-    timer->async_wait([this, timer](boost::system::error_code wec) {
-      if (!wec && acceptor_.is_open()) accept();
-    });
-  });
-}
+void MetricsServer::stop() { http_.stop(); }
 
 }  // namespace ddprun::rdzv

@@ -16,6 +16,7 @@
 #include <memory>
 #include <string>
 
+#include "rendezvous/server/http_server.hpp"
 #include "rendezvous/server/server.hpp"
 
 namespace ddprun::rdzv {
@@ -23,27 +24,20 @@ namespace ddprun::rdzv {
 // The exposition text for `server` (call on its thread).
 std::string render_metrics(const Server& server);
 
-// Serves GET /metrics (and a short index at /) over HTTP/1.1 with Boost.Beast. Each connection
-// gets one response and is closed; a request must arrive within 10 s and its header fit in 8 KiB,
-// so a client that stalls or floods costs nothing lasting. Not thread-safe: the io_context's thread.
+// Serves GET /metrics (and a short index at /) over HTTP/1.1 (HttpServer: one response per
+// connection, bounded in size, time and number). Not thread-safe: the io_context's thread.
 class MetricsServer {
  public:
-  struct Sessions;
   // Binds `host`:`port` (0: the kernel picks; read port()); throws ConnectionError.
   MetricsServer(boost::asio::io_context& io, const std::string& host, uint16_t port,
                 std::function<std::string()> render);
   ~MetricsServer();
   void start();
   void stop();
-  uint16_t port() const { return port_; }
+  uint16_t port() const { return http_.port(); }
 
  private:
-  void accept();
-  boost::asio::io_context& io_;
-  boost::asio::ip::tcp::acceptor acceptor_;
-  std::function<std::string()> render_;
-  uint16_t port_ = 0;
-  std::shared_ptr<Sessions> sessions_;  // connections being served (bounded)
+  HttpServer http_;
 };
 
 }  // namespace ddprun::rdzv
