@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cctype>
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
@@ -19,7 +20,18 @@ namespace {
 Level level_from_env() {
   const char* text = std::getenv("DDPRUN_LOG_LEVEL");
   Level level = Level::Info;
-  if (text != nullptr && *text != '\0' && !parse_level(text, level)) {
+  if (text == nullptr || *text == '\0') {
+    // torchrun's LOGLEVEL (Python's level names: DEBUG, INFO, WARNING, ERROR, CRITICAL), when
+    // DDPRUN_LOG_LEVEL is not set; a value that is no level is left to whoever else reads it.
+    if (const char* py = std::getenv("LOGLEVEL"); py != nullptr) {
+      std::string lower(py);
+      for (char& c : lower) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+      if (lower == "critical" || lower == "fatal") lower = "error";
+      parse_level(lower, level);
+    }
+    return level;
+  }
+  if (!parse_level(text, level)) {
     std::string msg = "ddprun: ignoring DDPRUN_LOG_LEVEL='" + std::string(text) +
                       "' (expected debug, info, warn or error)\n";
     [[maybe_unused]] auto n = ::write(STDERR_FILENO, msg.data(), msg.size());

@@ -78,6 +78,7 @@ void Agent::on_hang(const RoundEnd& end) {
     if (seen_end_) return;
     seen_end_ = end;
   }
+  health(HealthEndpoint::Phase::Hung, end.detail);
   supervisor_.request_stop("the job hung: " + end.detail);
 }
 
@@ -103,6 +104,8 @@ GroupResult Agent::running(const World& world) {
   // The worker store's changes are progress signals; it lives on the node of group rank 0.
   rdzv::ServerThread* store = !multi_node_ || world.group_rank == 0 ? worker_store_.get() : nullptr;
   GroupResult result = supervisor_.run(launches, [&](const std::vector<pid_t>& pids) {
+    health(HealthEndpoint::Phase::Running, std::to_string(pids.size()) + " workers, round " +
+                                               std::to_string(world.round) + " (restart " + std::to_string(restarts_) + ")");
     watchdog_->start(pids, store, std::move(channel), [this](const RoundEnd& end) { on_hang(end); },
                      [this] {
                        std::lock_guard lock(seen_mutex_);
@@ -276,6 +279,7 @@ int Agent::run() {
       case State::Rendezvous: {
         std::variant<World, RoundEnd> joined;
         report_.rendezvous_began(round, restarts_);
+        health(HealthEndpoint::Phase::Rendezvous, "round " + std::to_string(round));
         try {
           joined = rendezvous(round);
         } catch (const StopRequested& s) {
@@ -313,7 +317,11 @@ int Agent::run() {
         }
         const Decision d = decide(end, RestartState{restarts_, o_.max_restarts, backend_->elastic(), stop_.signo(),
                                                     result.signal});
-        if (d.kind == Decision::Kind::Finish) return finish(round, world, end, result, d.exit_code);
+        if (d.kind == Decision::Kind::Finish) {
+          if (end.kind != RoundEnd::Kind::Hang) health(HealthEndpoint::Phase::Ending, "exit code " + std::to_string(d.exit_code));
+          return finish(round, world, end, result, d.exit_code);
+        }
+        health(HealthEndpoint::Phase::Restarting, end.detail.empty() ? "round " + std::to_string(round + 1) : end.detail);
         announce_next_round(d.kind, end, world);
         ++round;
         state = State::Rendezvous;

@@ -207,6 +207,15 @@ Agent::Agent(const LaunchOptions& o, JobReport& report)
       file_timer_(o.file_timer),
       capture_stacks_(o.hang_timeout.count() > 0 || file_timer_) {
   become_subreaper();
+  if (o.health_check_port) {
+    try {
+      health_ = std::make_unique<HealthEndpoint>(*o.health_check_port);
+    } catch (const ConnectionError& e) {
+      throw ConfigError("TORCHELASTIC_HEALTH_CHECK_PORT=" + std::to_string(*o.health_check_port) +
+                        ": cannot serve the health endpoint: " + e.what() + " (choose a free port)");
+    }
+    log::info("ddprun") << "health endpoint on port " << health_->port() << " (TORCHELASTIC_HEALTH_CHECK_PORT)";
+  }
   if (file_timer_) {
     // As torchrun: the user's TORCHELASTIC_TIMER_FILE, else one of ddprun's (private) own.
     timer_file_ = !o.timer_file.empty() ? o.timer_file : (run_dir_.path / "torchelastic_timer").string();

@@ -13,6 +13,7 @@
 #include <variant>
 #include <vector>
 
+#include "launcher/agent/health.hpp"
 #include "launcher/agent/job_report.hpp"
 #include "launcher/agent/restart_policy.hpp"
 #include "launcher/cli/options.hpp"
@@ -154,6 +155,10 @@ class Agent {
   std::string timer_file_;
   std::string python_hook_dir_;
   std::unique_ptr<Watchdog> watchdog_;  // the current round's
+  std::unique_ptr<HealthEndpoint> health_;  // TORCHELASTIC_HEALTH_CHECK_PORT
+  void health(HealthEndpoint::Phase phase, std::string detail) {
+    if (health_) health_->set(phase, std::move(detail));
+  }
   fs::path attempt_dir_;
   int restarts_ = 0;
   bool watching_ = false;

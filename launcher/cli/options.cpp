@@ -193,6 +193,10 @@ void resolve_layout(const Given& g, const HostFacts& host, LaunchOptions& o) {
 // 3c. How the workers run, restart, log and get signals: supervision, where their output and the
 // reports go, how the program is started, and the signals.
 void resolve_supervision(const Given& g, const EnvLookup& env, LaunchOptions& o) {
+  if (auto v = env("TORCHELASTIC_HEALTH_CHECK_PORT"); v && !trim(*v).empty()) {
+    o.health_check_port = static_cast<uint16_t>(
+        parse_int("TORCHELASTIC_HEALTH_CHECK_PORT", trim(*v), 0, 65535, "a port from 1 to 65535 (0: any free port)"));
+  }
   if (g.has("max_restarts")) {
     o.max_restarts = static_cast<int>(
         parse_int(g.flag("max_restarts"), trim(g["max_restarts"]), 0, 1 << 20, "a whole number >= 0"));

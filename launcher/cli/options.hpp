@@ -113,6 +113,8 @@ struct LaunchOptions {
   // Lines of the workers' stdout (stderr) containing one of these also go to
   // filtered_stdout.log (filtered_stderr.log) in the attempt directory (torchrun's
   // --duplicate-stdout-filters).
+  // TORCHELASTIC_HEALTH_CHECK_PORT: the agent's health endpoint for liveness probes (agent/health.hpp).
+  std::optional<uint16_t> health_check_port;
   // --merge_lines: identical console lines of several ranks within this window printed once; 0: off.
   std::chrono::milliseconds merge_lines{0};
   std::vector<std::string> duplicate_stdout_filters;

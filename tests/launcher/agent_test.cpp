@@ -12,8 +12,10 @@
 #include <thread>
 
 #include "common/system.hpp"
+#include "launcher/agent/health.hpp"
 #include "launcher/agent/job_report.hpp"
 #include "tests/support/files.hpp"
+#include "tests/support/raw_socket.hpp"
 #include "tests/support/temp_dir.hpp"
 #include "tests/support/wait_until.hpp"
 
@@ -161,6 +163,41 @@ TEST(AgentTest, AHangWithNoRestartLeftEndsWithTheHangExitCodeAndItsDiagnosis) {
   EXPECT_EQ(r.report["outcome"], "hung");
   ASSERT_TRUE(r.report["hang"].is_object()) << r.report.dump(2);
   EXPECT_FALSE(r.report["hang"]["summary"].get<std::string>().empty()) << r.report["hang"].dump(2);
+}
+
+
+// TORCHELASTIC_HEALTH_CHECK_PORT: 200 while the job joins, runs and restarts; 503 with the reason
+// once it hangs or ends; HEAD and any path answer the same, other methods are refused.
+std::string http(uint16_t port, const std::string& request) {
+  test::RawSocket s(port);
+  EXPECT_TRUE(s.send(request));
+  std::string reply;
+  EXPECT_TRUE(s.read_until_eof(&reply));
+  return reply;
+}
+
+TEST(HealthEndpointTest, AnswersOkUntilAHangOrTheEndThen503WithTheReason) {
+  agent::HealthEndpoint health(0);
+  const std::string get = "GET /healthz HTTP/1.1\r\nHost: probe\r\n\r\n";
+  std::string r = http(health.port(), get);
+  EXPECT_EQ(r.rfind("HTTP/1.1 200 OK\r\n", 0), 0u) << r;
+  EXPECT_NE(r.find("ok: rendezvous, starting"), std::string::npos) << r;
+  health.set(agent::HealthEndpoint::Phase::Running, "8 workers, round 0 (restart 0)");
+  r = http(health.port(), get);
+  EXPECT_NE(r.find("ok: running 8 workers, round 0 (restart 0), for 0 s"), std::string::npos) << r;
+  health.set(agent::HealthEndpoint::Phase::Hung, "no rank made progress for 300 s; behind: rank 3");
+  health.set(agent::HealthEndpoint::Phase::Running, "8 workers");  // a hang stands until the round ends
+  r = http(health.port(), get);
+  EXPECT_EQ(r.rfind("HTTP/1.1 503 Service Unavailable\r\n", 0), 0u) << r;
+  EXPECT_NE(r.find("hung: no rank made progress for 300 s; behind: rank 3"), std::string::npos) << r;
+  health.set(agent::HealthEndpoint::Phase::Restarting, "round 1");
+  EXPECT_EQ(http(health.port(), get).rfind("HTTP/1.1 200", 0), 0u);
+  health.set(agent::HealthEndpoint::Phase::Ending, "exit code 1");
+  r = http(health.port(), "HEAD / HTTP/1.1\r\nHost: probe\r\n\r\n");
+  EXPECT_EQ(r.rfind("HTTP/1.1 503", 0), 0u) << r;
+  EXPECT_EQ(r.find("ending:"), std::string::npos) << "HEAD has no body: " << r;
+  r = http(health.port(), "POST / HTTP/1.1\r\nHost: probe\r\nContent-Length: 0\r\n\r\n");
+  EXPECT_EQ(r.rfind("HTTP/1.1 405", 0), 0u) << r;
 }
 
 }  // namespace

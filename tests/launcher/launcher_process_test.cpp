@@ -1,14 +1,22 @@
 // The ddprun binary driving real worker processes (tests/launcher/test_worker.cpp).
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <gtest/gtest.h>
 
+#include <cerrno>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <set>
 #include <sstream>
 #include <thread>
 
+#include "tests/support/free_port.hpp"
+#include "tests/support/raw_socket.hpp"
 #include "tests/support/report.hpp"
 #include "tests/support/subprocess.hpp"
 #include "tests/support/temp_dir.hpp"
@@ -356,6 +364,79 @@ TEST(LauncherTest, MergeLinesPrintsTheSameLineOfEveryRankOnce) {
     ++files;
   }
   EXPECT_EQ(files, 4);
+}
+
+// torchrun's LOGLEVEL sets ddprun's log level (Python's names) when DDPRUN_LOG_LEVEL does not.
+TEST(LauncherTest, TorchrunsLoglevelSetsTheLogLevelUnlessDdprunLogLevelDoes) {
+  auto run = [](std::map<std::string, std::string> env) {
+    Subprocess p(ddprun({"--nproc_per_node", "1", TEST_WORKER_BIN, "print", "0"}), env);
+    return p.wait(30s).err;
+  };
+  EXPECT_NE(run({{"LOGLEVEL", "DEBUG"}, {"DDPRUN_LOG_LEVEL", ""}}).find(" DEBUG "), std::string::npos);
+  const std::string warning = run({{"LOGLEVEL", "WARNING"}, {"DDPRUN_LOG_LEVEL", ""}});
+  EXPECT_EQ(warning.find(" INFO "), std::string::npos) << warning;
+  EXPECT_NE(run({{"LOGLEVEL", "WARNING"}, {"DDPRUN_LOG_LEVEL", "info"}}).find(" INFO "), std::string::npos);
+}
+
+// A port held by a listener of the test's own, for as long as it lives.
+class TakenPort {
+ public:
+  TakenPort() {
+    fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    socklen_t len = sizeof addr;
+    if (fd_ < 0 || ::bind(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 || ::listen(fd_, 1) != 0 ||
+        ::getsockname(fd_, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+      throw std::runtime_error(std::string("cannot hold a port: ") + std::strerror(errno));
+    }
+    port_ = ntohs(addr.sin_port);
+  }
+  ~TakenPort() { ::close(fd_); }
+  TakenPort(const TakenPort&) = delete;
+  TakenPort& operator=(const TakenPort&) = delete;
+  uint16_t port() const { return port_; }
+
+ private:
+  int fd_ = -1;
+  uint16_t port_ = 0;
+};
+
+// TORCHELASTIC_HEALTH_CHECK_PORT: a liveness probe's GET answers 200 while the workers run; a port
+// that cannot be served is an error before anything starts.
+TEST(LauncherTest, HealthCheckPortAnswersWhileTheWorkersRun) {
+  const int port = free_port();
+  Subprocess p(ddprun({"--nproc_per_node", "2", TEST_WORKER_BIN, "sleep", "60"}),
+               {{"TORCHELASTIC_HEALTH_CHECK_PORT", std::to_string(port)}});
+  std::string reply;
+  EXPECT_TRUE(wait_until(
+      [&] {
+        try {
+          RawSocket s(static_cast<uint16_t>(port));
+          s.send("GET / HTTP/1.1\r\nHost: kubelet\r\n\r\n");
+          reply.clear();
+          s.read_until_eof(&reply);
+        } catch (const std::exception&) {
+          return false;
+        }
+        return reply.find("ok: running 2 workers") != std::string::npos;
+      },
+      30s))
+      << reply;
+  EXPECT_EQ(reply.rfind("HTTP/1.1 200 OK", 0), 0u) << reply;
+  p.signal(SIGTERM);
+  p.wait(30s);
+
+  // The port is taken (by a listener of this test): ddprun says so and starts nothing.
+  TakenPort taken;
+  Subprocess q(ddprun({"--nproc_per_node", "1", TEST_WORKER_BIN, "sleep", "60"}),
+               {{"TORCHELASTIC_HEALTH_CHECK_PORT", std::to_string(taken.port())}});
+  const Finished f = q.wait(30s);
+  EXPECT_EQ(f.exit_code, 2) << f.err;
+  EXPECT_NE(f.err.find("TORCHELASTIC_HEALTH_CHECK_PORT=" + std::to_string(taken.port()) +
+                       ": cannot serve the health endpoint"),
+            std::string::npos)
+      << f.err;
 }
 
 // torchrun's --run-path: a Python script without the .py suffix runs as __main__, its arguments
