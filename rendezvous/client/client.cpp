@@ -223,9 +223,10 @@ void Client::connect_locked(std::optional<Clock::time_point> until, bool refused
     if (sleep.count() > 0) std::this_thread::sleep_for(sleep);
     backoff = std::min(backoff * 2, options_.max_backoff);
   }
-  throw TimeoutError("connect to store " + endpoint() + " timed out after " +
-                     seconds_text(std::chrono::duration_cast<std::chrono::milliseconds>(deadline - start)) +
-                     " (" + std::to_string(attempts) + " attempts): " + last_error);
+  throw ConnectTimeout("connect to store " + endpoint() + " timed out after " +
+                           seconds_text(std::chrono::duration_cast<std::chrono::milliseconds>(deadline - start)) +
+                           " (" + std::to_string(attempts) + " attempts): " + last_error,
+                       last_error);
 }
 
 void Client::prove_locked(const std::string& client_nonce, Clock::time_point deadline) {

@@ -18,10 +18,22 @@
 #include <utility>
 #include <vector>
 
+#include "common/errors.hpp"
 #include "rendezvous/core/auth.hpp"
 #include "rendezvous/core/protocol.hpp"
 
 namespace ddprun::rdzv {
+
+// Connecting gave up at its deadline; cause() is what the last attempt met (a name that does not
+// resolve, a refused connection, a failed handshake), for callers that retry and report it.
+class ConnectTimeout : public TimeoutError {
+ public:
+  ConnectTimeout(const std::string& message, std::string cause) : TimeoutError(message), cause_(std::move(cause)) {}
+  const std::string& cause() const { return cause_; }
+
+ private:
+  std::string cause_;
+};
 
 struct ClientOptions {
   std::string host = "127.0.0.1";

@@ -378,6 +378,33 @@ TEST(LauncherTest, TorchrunsLoglevelSetsTheLogLevelUnlessDdprunLogLevelDoes) {
   EXPECT_NE(run({{"LOGLEVEL", "WARNING"}, {"DDPRUN_LOG_LEVEL", "info"}}).find(" INFO "), std::string::npos);
 }
 
+// Kubernetes: a pod's DNS name resolves only once the pod is ready. An endpoint given by such a
+// name is looked up again, with progress lines, until it resolves (within the join timeout). Here
+// the node runs in network and mount namespaces of its own, with an /etc/hosts that names the
+// endpoint only after a while.
+TEST(LauncherTest, AnEndpointWhoseNameResolvesLateIsWaitedFor) {
+  TempDir dir;
+  const fs::path hosts = dir.path / "hosts";
+  std::ofstream(hosts) << "127.0.0.1 localhost\n";
+  const std::string script = "mount --bind " + hosts.string() + " /etc/hosts && ip link set lo up && exec " +
+                             std::string(DDPRUN_BIN) +
+                             " --nnodes 1 --rdzv_backend c10d --rdzv_endpoint job-master-0:29411"
+                             " --rdzv_conf join_timeout=60,is_host=true " TEST_WORKER_BIN " print 1";
+  Subprocess p({"/usr/bin/unshare", "-m", "-n", "/bin/bash", "-c", script}, {{"DDPRUN_PROGRESS_INTERVAL", "1"}});
+  if (!p.wait_for_output("still waiting for the rendezvous store at job-master-0:29411", 30s)) {
+    const Finished f = p.wait(30s);
+    if (f.err.find("unshare") != std::string::npos || f.err.find("mount") != std::string::npos) {
+      GTEST_SKIP() << "cannot make namespaces here (needs root): " << f.err;
+    }
+    FAIL() << "no progress line while the name does not resolve:\n" << f.err;
+  }
+  std::ofstream(hosts, std::ios::app) << "127.0.0.1 job-master-0\n";  // the pod is ready
+  const Finished f = p.wait(60s);
+  EXPECT_EQ(f.exit_code, 0) << f.err;
+  EXPECT_NE(f.err.find("cannot resolve host"), std::string::npos) << f.err;
+  EXPECT_NE(f.out.find("[rank0]: out line 0"), std::string::npos) << f.out;
+}
+
 // A port held by a listener of the test's own, for as long as it lives.
 class TakenPort {
  public:

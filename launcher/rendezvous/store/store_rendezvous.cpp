@@ -76,8 +76,11 @@ StoreRendezvous::StoreRendezvous(StoreRendezvousOptions options, const StopSigna
   co.refusal_note_key = rdzv::jobs::JobKeys::refusal_note(options_.run_id);
   co.outage_tolerance = options_.store_reconnect_timeout;
   // Connect in slices of a second, so that a stop signal is acted on while the store is not up yet.
-  const auto deadline = std::chrono::steady_clock::now() + options_.join_timeout;
-  log::info("ddprun") << "connecting to the rendezvous store at " << co.host << ":" << co.port;
+  const auto started = std::chrono::steady_clock::now();
+  const auto deadline = started + options_.join_timeout;
+  const std::string where = co.host + ":" + std::to_string(co.port);
+  log::info("ddprun") << "connecting to the rendezvous store at " << where;
+  auto said = started;
   for (;;) {
     co.connect_timeout = std::clamp<std::chrono::milliseconds>(
         std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now()),
@@ -85,13 +88,28 @@ StoreRendezvous::StoreRendezvous(StoreRendezvousOptions options, const StopSigna
     try {
       client_ = std::make_unique<rdzv::Client>(co);
       break;
-    } catch (const TimeoutError& e) {
+    } catch (const rdzv::ConnectTimeout& e) {
       if (stop.requested()) throw StopRequested(stop.signo());
-      if (std::chrono::steady_clock::now() < deadline) continue;
-      throw TimeoutError("this node could not reach the rendezvous store within the join timeout (" +
-                         seconds_text(options_.join_timeout) + "): " + std::string(e.what()) +
-                         (external ? ". Is ddprun-rendezvous (or the endpoint's ddprun) running at --rdzv_endpoint?"
-                                   : ". Is ddprun running on node 0 with the same --master_addr/--master_port?"));
+      // A name that does not resolve yet (a Kubernetes pod's, until the pod is ready), a store not
+      // up yet: tried again until the join timeout, with a line now and then.
+      const bool unresolved = e.cause().rfind("cannot resolve host", 0) == 0;
+      const auto now = std::chrono::steady_clock::now();
+      if (now < deadline) {
+        if (now - said >= options_.progress_interval) {
+          said = now;
+          log::info("ddprun") << "still waiting for the rendezvous store at " << where << ", "
+                              << std::chrono::duration_cast<std::chrono::seconds>(now - started).count() << "s of "
+                              << seconds_text(options_.join_timeout) << ": " << e.cause()
+                              << (unresolved ? " (the name is looked up again until the join timeout)" : "");
+        }
+        continue;
+      }
+      throw TimeoutError("this node could not reach the rendezvous store at " + where + " within the join timeout (" +
+                         seconds_text(options_.join_timeout) + "): " + e.cause() +
+                         (unresolved ? ". The name never resolved: check it, or give the pods more time "
+                                       "(--rdzv_conf join_timeout)"
+                          : external ? ". Is ddprun-rendezvous (or the endpoint's ddprun) running at --rdzv_endpoint?"
+                                     : ". Is ddprun running on node 0 with the same --master_addr/--master_port?"));
     }
   }
   keys_ = rdzv::jobs::JobKeys(options_.run_id, choose_generation());
