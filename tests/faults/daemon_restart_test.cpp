@@ -88,7 +88,8 @@ TEST(DaemonRestartTest, ANodeWaitingToJoinJoinsAfterARestart) {
   auto daemon = start_daemon(state);
   const uint16_t port = daemon->port();
   auto n0 = node(port, "joiner", (dir.path / "ready0").string(), "0");
-  std::this_thread::sleep_for(1500ms);  // sleep override: node 0 reaches its wait for node 1
+  // Node 0 has joined round 0 and waits for node 1.
+  ASSERT_TRUE(n0->wait_for_output("joined round 0 of job 'joiner'", 30s));
   daemon->stop(SIGKILL);
   std::this_thread::sleep_for(kDowntime);  // sleep override: the daemon's downtime
   daemon = start_daemon(state, port);

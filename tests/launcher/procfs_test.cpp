@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "common/procfs.hpp"
+#include "tests/support/wait_until.hpp"
 
 namespace ddprun::launcher {
 namespace {
@@ -49,12 +50,18 @@ TEST(ProcfsTest, TheTreeItsCpuTimeAndItsConnectionsAreReadFromRealProcesses) {
   }
   char c;
   ASSERT_EQ(::read(ready[0], &c, 1), 1);
-  std::this_thread::sleep_for(50ms);  // sleep override: the grandchild's fork has returned, give /proc a moment
-  const auto tree = procfs::process_tree(child);
-  EXPECT_EQ(tree.size(), 2u);
+  // The grandchild exists once its fork has returned in the child, which wrote `ready` after it.
+  std::vector<pid_t> tree;
+  EXPECT_TRUE(test::wait_until(
+      [&] {
+        tree = procfs::process_tree(child);
+        return tree.size() == 2u;
+      },
+      10s))
+      << tree.size();
   const uint64_t before = procfs::tree_cpu_ticks(tree);
-  std::this_thread::sleep_for(300ms);  // sleep override: the child burns CPU meanwhile
-  EXPECT_GT(procfs::tree_cpu_ticks(tree), before);
+  // The child burns CPU: its tree's ticks grow.
+  EXPECT_TRUE(test::wait_until([&] { return procfs::tree_cpu_ticks(tree) > before; }, 10s));
   const auto st = procfs::read_stat(child);
   ASSERT_TRUE(st);
   EXPECT_EQ(st->pgid, child);

@@ -20,6 +20,7 @@
 #include "rendezvous/server/state_journal.hpp"
 #include "tests/support/files.hpp"
 #include "tests/support/temp_dir.hpp"
+#include "tests/support/wait_until.hpp"
 
 namespace ddprun::rdzv {
 namespace {
@@ -208,7 +209,8 @@ TEST(DurableServerTest, AWaitPendingAcrossTheRestartEndsWhenTheKeyArrives) {
   const uint16_t port = first->port();
   Client waiter(client_options(port, 10s));
   auto waited = std::async(std::launch::async, [&] { waiter.wait({"late"}, 20s); });
-  std::this_thread::sleep_for(200ms);  // sleep override: let the WAIT reach the first store
+  // The WAIT has reached the first store: it holds a client that waits.
+  ASSERT_TRUE(test::wait_until([&] { return first->stats().waiting_clients == 1; }, 10s));
   first.reset();
   ServerThread second(durable_options(state, port));
   Client setter(client_options(port, 0ms));
