@@ -1,5 +1,5 @@
 #pragma once
-// Inside parse_options (options.cpp, options_rendezvous.cpp): what the command line and the
+// Inside parse_options (options.cpp, options_rendezvous.cpp, host_facts.cpp): what the command line and the
 // environment gave, and the checks every flag's value goes through. Not for use elsewhere.
 
 #include <chrono>

@@ -2,22 +2,10 @@
 
 #include <algorithm>
 
+#include "launcher/workers/numa.hpp"
 #include "launcher/workers/output.hpp"
 
 namespace ddprun::launcher::workers {
-
-std::string rank_ranges(const std::set<int>& ranks) {
-  std::string out;
-  for (auto it = ranks.begin(); it != ranks.end();) {
-    const int first = *it;
-    int last = first;
-    for (++it; it != ranks.end() && *it == last + 1; ++it) last = *it;
-    if (!out.empty()) out += ',';
-    out += std::to_string(first);
-    if (last != first) out += '-' + std::to_string(last);
-  }
-  return out;
-}
 
 LineMerger::LineMerger(ConsoleWriter* console, std::chrono::milliseconds window, std::string prefix_template,
                        std::string role, std::string host)
@@ -75,7 +63,8 @@ void LineMerger::emit(bool all, std::chrono::steady_clock::time_point now) {
   std::string batch;
   while (!waiting_.empty() && (all || waiting_.front().first + window_ <= now)) {
     const Entry& e = waiting_.front();
-    batch += expand_prefix_text(template_, rank_ranges(e.ranks), rank_ranges(e.local_ranks), role_, host_);
+    // Ranks as the kernel writes CPU lists: "0-3,6".
+    batch += expand_prefix_text(template_, format_cpu_list(e.ranks), format_cpu_list(e.local_ranks), role_, host_);
     batch += e.text;
     batch += '\n';
     waiting_.pop_front();

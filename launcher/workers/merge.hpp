@@ -62,7 +62,4 @@ class LineMerger {
   std::thread thread_;
 };
 
-// "0-3,6": a set of ranks as ranges.
-std::string rank_ranges(const std::set<int>& ranks);
-
 }  // namespace ddprun::launcher::workers

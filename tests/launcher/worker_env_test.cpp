@@ -8,6 +8,7 @@
 
 #include <gtest/gtest.h>
 
+#include "launcher/workers/numa.hpp"
 #include "launcher/workers/output.hpp"
 #include "launcher/workers/report.hpp"
 
@@ -188,7 +189,7 @@ TEST(LineMergerTest, IdenticalLinesOfSeveralRanksArePrintedOnceInEachRanksOrder)
   EXPECT_EQ(out,
             "[rank0,3]: epoch 1\n[rank0,3]: loss 1.5\n[rank1]: A\n[rank1]: epoch 1\n[rank1]: loss 1.5\n"
             "[rank2]: only me\n[rank0-3]: done\n");
-  EXPECT_EQ(workers::rank_ranges({0, 1, 2, 5, 7, 8}), "0-2,5,7-8");
+  EXPECT_EQ(workers::format_cpu_list({0, 1, 2, 5, 7, 8}), "0-2,5,7-8");
 }
 
 TEST(ReportTest, NamesRootCauseWithSignalErrorFileAndTail) {

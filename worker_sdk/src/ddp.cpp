@@ -4,44 +4,24 @@
 
 #include <ATen/Parallel.h>
 #include <torch/csrc/autograd/custom_function.h>
-#include <torch/csrc/autograd/engine.h>
-#include <torch/csrc/autograd/function.h>
-#include <torch/csrc/autograd/utils/lambda_post_hook.h>
 #include <torch/csrc/autograd/variable.h>
-#include <torch/csrc/distributed/c10d/comm.hpp>
 #include <torch/csrc/distributed/c10d/debug.h>
-#include <torch/csrc/distributed/c10d/logger.hpp>
-#include <torch/csrc/distributed/c10d/reducer.hpp>
-#include <torch/version.h>
 
 #include <sched.h>
 
 #include <algorithm>
-#include <atomic>
-#include <functional>
 #include <climits>
-#include <mutex>
-#include <set>
+#include <functional>
 #include <stdexcept>
 #include <unordered_map>
 
-#include "ddprun/worker/progress.hpp"
-#include "ddp_model.hpp"
-#ifdef DDPRUN_WORKER_DIRECT_GLOO
-#include "ddp_comm_group.hpp"
-#endif
+#include "ddp_impl.hpp"
 
 namespace ddprun::worker::detail {
 namespace {
 
-constexpr size_t kBroadcastBucketBytes = 250u << 20;  // Python DDP's broadcast_bucket_size
 constexpr size_t kDefaultBucketCap = 25u << 20;
 constexpr size_t kDefaultFirstBucketCap = 1u << 20;  // torch.distributed._DEFAULT_FIRST_BUCKET_BYTES
-
-// c10::Error's what() carries a C++ backtrace; users get the sentence, as Python shows it.
-[[noreturn]] void rethrow_clean(const c10::Error& e) {
-  throw std::runtime_error("DistributedDataParallel: " + std::string(e.what_without_backtrace()));
-}
 
 // CPUs this process may run on (its affinity mask), at least 1.
 int usable_cpus() {
@@ -51,19 +31,11 @@ int usable_cpus() {
   return std::max(1, CPU_COUNT(&set));
 }
 
-struct SinkTarget;
 std::mutex sink_registry_mutex;
 std::unordered_map<int64_t, std::weak_ptr<SinkTarget>>& sink_registry() {
   static std::unordered_map<int64_t, std::weak_ptr<SinkTarget>> registry;
   return registry;
 }
-
-// What the output sink's backward needs of its DDP (Python's weakref to the module).
-struct SinkTarget {
-  std::weak_ptr<c10d::Reducer> reducer;
-  std::atomic<bool> static_graph{false};
-  std::atomic<bool> delay_all_reduce_enqueued{false};
-};
 
 // Python's _DDPSink: passes the forward's outputs through (cloned) so that its backward runs at the
 // start of every backward pass; with a static graph, the first one queues the reducer's delayed
@@ -131,158 +103,15 @@ class FunctionCommHook final : public c10d::CommHookInterface {
 
 }  // namespace
 
-struct DdpCore::Impl : std::enable_shared_from_this<Impl> {
-  torch::nn::Module* module = nullptr;
-  DdpOptions options;
-  std::set<std::string> ignored;
-  c10::intrusive_ptr<c10d::ProcessGroup> pg;  // what the reducer and the broadcasts run on
-#ifdef DDPRUN_WORKER_DIRECT_GLOO
-  c10::intrusive_ptr<DdpCommGroup> comm;  // the direct path, when on
-#endif
-  std::shared_ptr<c10d::Reducer> reducer;
-  std::shared_ptr<c10d::Logger> logger;
-  std::shared_ptr<SinkTarget> sink = std::make_shared<SinkTarget>();
-  int64_t sink_id = 0;
-  std::vector<std::pair<std::shared_ptr<torch::autograd::Node>, uintptr_t>> hooks;
-  std::vector<std::string> parameter_names;  // the reducer's parameters, in its order
+[[noreturn]] void rethrow_clean(const c10::Error& e) {
+  throw std::runtime_error("DistributedDataParallel: " + std::string(e.what_without_backtrace()));
+}
 
-  // Python DDP's state.
-  bool require_backward_grad_sync = true;
-  bool require_forward_param_sync = true;
-  bool static_graph = false;
-  int64_t num_iterations = 0;  // 1.13's count, read by the sink
-  bool divide_by_initial_world_size = true;  // set by a join hook
-
-  // End of backward, for ddprun's progress signals and the direct path's drain.
-  std::mutex mutex;
-  bool expect_backward = false;
-  bool end_queued = false;
-
-  ~Impl() {
-    for (auto& [node, key] : hooks) node->del_post_hook(key);
-    std::lock_guard lock(sink_registry_mutex);
-    sink_registry().erase(sink_id);
-  }
-
-  std::vector<NamedTensor> buffers() const {
-    std::vector<NamedTensor> out;
-    for (auto& b : unique_tensors(*module, true)) {
-      if (!ignored.count(b.name)) out.push_back(std::move(b));
-    }
-    return out;
-  }
-
-  // _sync_params_and_buffers / _sync_module_buffers: rank src's values, one coalesced broadcast per
-  // bucket.
-  void broadcast_from(const std::vector<at::Tensor>& tensors, int src) {
-    if (tensors.empty()) return;
-    torch::NoGradGuard no_grad;
-    CollectiveWait waiting;
-    c10d::broadcast_coalesced(pg, tensors, kBroadcastBucketBytes, src);
-  }
-
-  // _sync_module_states' tensors: every parameter (requiring a gradient or not), then, with
-  // `with_buffers`, every buffer; DDP's ignored names left out.
-  std::vector<at::Tensor> module_states(bool with_buffers) const {
-    std::vector<at::Tensor> states;
-    for (auto& p : unique_tensors(*module, false)) {
-      if (!ignored.count(p.name)) states.push_back(p.tensor.detach());
-    }
-    if (with_buffers) {
-      for (auto& b : buffers()) states.push_back(b.tensor.detach());
-    }
-    return states;
-  }
-
-  bool will_sync_module_buffers() const {
-    return require_forward_param_sync && options.broadcast_buffers && !buffers().empty();
-  }
-
-  void sync_module_buffers(int src) {
-    std::vector<at::Tensor> tensors;
-    for (auto& b : buffers()) tensors.push_back(b.tensor.detach());
-    broadcast_from(tensors, src);
-  }
-
-  torch::Device device() const { return reducer_parameters(*module, ignored).front().tensor.device(); }
-
-  // _find_common_rank: the largest rank among those whose `candidate` is true.
-  int find_common_rank(bool candidate) {
-    auto t = torch::full({1}, candidate ? int64_t{pg->getRank()} : int64_t{-1},
-                         torch::TensorOptions().dtype(torch::kLong).device(device()));
-    std::vector<at::Tensor> tensors{t};
-    c10d::AllreduceOptions max;
-    max.reduceOp = c10d::ReduceOp::MAX;
-    {
-      CollectiveWait waiting;
-      pg->allreduce(tensors, max)->wait();
-    }
-    const auto rank = t.item<int64_t>();
-    if (rank < 0) {
-      throw std::logic_error("DistributedDataParallel: no rank is a candidate for the authoritative copy (a bug)");
-    }
-    return static_cast<int>(rank);
-  }
-
-  // _check_global_requires_backward_grad_sync: all-reduces whether this iteration's backward
-  // reduces (1 from the ranks that train and will, 0 from joined ranks).
-  c10::intrusive_ptr<c10d::Work> global_requires_backward_grad_sync(bool is_joined_rank) {
-    auto t = torch::full({1}, !is_joined_rank && require_backward_grad_sync ? 1.0 : 0.0,
-                         torch::TensorOptions().device(device()));
-    std::vector<at::Tensor> tensors{t};
-    return pg->allreduce(tensors);
-  }
-
-  // A gradient accumulator of this DDP's parameters ran: at the first of a reducing backward,
-  // queue the end-of-backward work. Registered before the reducer's hooks, so this callback comes
-  // before the reducer's finalize.
-  void on_gradient() {
-    std::lock_guard lock(mutex);
-    if (!expect_backward || end_queued) return;
-    end_queued = true;
-    std::weak_ptr<Impl> weak = weak_from_this();
-    torch::autograd::Engine::get_default_engine().queue_callback([weak] {
-      if (auto self = weak.lock()) self->end_of_backward();
-    });
-  }
-
-  void end_of_backward() {
-    {
-      std::lock_guard lock(mutex);
-      expect_backward = false;
-      end_queued = false;
-    }
-#ifdef DDPRUN_WORKER_DIRECT_GLOO
-    if (comm) comm->drain();  // the rest of the buckets on this thread, instead of sleeping
-#endif
-    // After the reducer's own finalize (queued after this one): a training step is complete.
-    torch::autograd::Engine::get_default_engine().queue_callback([] { step_completed(); });
-  }
-
-  void hook_accumulators(const std::vector<at::Tensor>& params) {
-    std::weak_ptr<Impl> weak = weak_from_this();
-    for (const auto& p : params) {
-      auto acc = torch::autograd::impl::grad_accumulator(p);
-      const uintptr_t key = acc->add_post_hook(std::make_unique<torch::autograd::utils::LambdaPostHook>(
-          [weak](const torch::autograd::variable_list& outputs, const torch::autograd::variable_list&) {
-            if (auto self = weak.lock()) self->on_gradient();
-            return outputs;
-          }));
-      hooks.emplace_back(std::move(acc), key);
-    }
-  }
-
-  void construct(Distributed& dist);
-  size_t first_bucket_cap() const;
-  // Whether _sync_module_states broadcasts the buffers: on 1.x always, on 2.x with broadcast_buffers.
-  bool states_with_buffers() const {
-#if TORCH_VERSION_MAJOR >= 2
-    return options.broadcast_buffers;
-#else
-    return true;
-#endif
-  }
-};
+DdpCore::Impl::~Impl() {
+  for (auto& [node, key] : hooks) node->del_post_hook(key);
+  std::lock_guard lock(sink_registry_mutex);
+  sink_registry().erase(sink_id);
+}
 
 size_t DdpCore::Impl::first_bucket_cap() const {
   if (options.first_bucket_cap_bytes) return *options.first_bucket_cap_bytes;
@@ -316,6 +145,7 @@ void DdpCore::Impl::construct(Distributed& dist) {
         "DistributedDataParallel's input module must be on the same type of devices, but its parameters are on "
         "several (move the whole module to one device type first)");
   }
+  param_device = params.front().device();
 
   pg = dist.c10d_group();
 #ifdef DDPRUN_WORKER_DIRECT_GLOO
@@ -508,82 +338,5 @@ void DdpCore::register_comm_hook(std::function<comm_hooks::TensorFuture(c10d::Gr
     rethrow_clean(e);
   }
 }
-
-namespace {
-
-// Python's _DDPJoinHook: a joined rank's shadow of one DDP iteration, and the final model sync.
-class DdpJoinHook final : public JoinHook {
- public:
-  DdpJoinHook(std::shared_ptr<DdpCore::Impl> ddp, bool divide_by_initial_world_size) : ddp_(std::move(ddp)) {
-    ddp_->logger->set_uneven_input_join();
-    ddp_->divide_by_initial_world_size = divide_by_initial_world_size;
-  }
-
-  void main_hook() override {
-    DdpCore::Impl& s = *ddp_;
-    try {
-      s.reducer->rebuild_buckets();  // once per training, as the others' forward does
-      // The others' buffer broadcast, from the largest rank still training.
-      if (s.will_sync_module_buffers()) s.sync_module_buffers(s.find_common_rank(false));
-      bool sync_backward = false;
-      {
-        auto t = torch::zeros({1}, torch::TensorOptions().device(s.device()));
-        std::vector<at::Tensor> tensors{t};
-        CollectiveWait waiting;
-        s.pg->allreduce(tensors)->wait();
-        sync_backward = t.item<double>() != 0;
-      }
-      // No gradient sync this iteration means no buffer broadcast in the next one.
-      s.require_forward_param_sync = sync_backward;
-      if (!sync_backward) return;
-      // One all-reduce of zeros per bucket, in the reducer's order, through the communication hook
-      // if one is registered (the divide factor then counts the ranks still training, or not).
-      std::vector<c10::intrusive_ptr<c10::ivalue::Future>> futures;
-      for (auto& bucket : s.reducer->get_grad_buckets(/*return_zero_tensors=*/true)) {
-        futures.push_back(s.reducer->run_comm_hook(bucket));
-      }
-      {
-        CollectiveWait waiting;
-#ifdef DDPRUN_WORKER_DIRECT_GLOO
-        if (s.comm) s.comm->drain();
-#endif
-        for (auto& f : futures) {
-          f->wait();
-          if (f->hasError()) std::rethrow_exception(f->exception_ptr());
-        }
-      }
-      if (s.options.find_unused_parameters) {  // the others' map of used parameters
-        std::vector<at::Tensor> tensors{s.reducer->get_local_used_map_on_device()};
-        CollectiveWait waiting;
-        s.pg->allreduce(tensors)->wait();
-      }
-      s.reducer->push_rebuilt_params_for_all_indices();
-    } catch (const c10::Error& e) {
-      rethrow_clean(e);
-    }
-  }
-
-  // _sync_final_model: every rank takes the model of the largest of the last ranks to join.
-  void post_hook(bool is_last_joiner) override {
-    DdpCore::Impl& s = *ddp_;
-    try {
-      const int src = s.find_common_rank(is_last_joiner);
-      s.broadcast_from(s.module_states(s.states_with_buffers()), src);
-    } catch (const c10::Error& e) {
-      rethrow_clean(e);
-    }
-  }
-
- private:
-  std::shared_ptr<DdpCore::Impl> ddp_;
-};
-
-}  // namespace
-
-std::unique_ptr<JoinHook> DdpCore::join_hook(const JoinOptions& options) {
-  return std::make_unique<DdpJoinHook>(impl_, options.divide_by_initial_world_size);
-}
-
-torch::Device DdpCore::device() const { return impl_->device(); }
 
 }  // namespace ddprun::worker::detail
