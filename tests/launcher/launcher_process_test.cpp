@@ -1,4 +1,5 @@
-// The ddprun binary driving real worker processes (tests/launcher/test_worker.cpp).
+// The ddprun binary driving real worker processes (tests/launcher/test_worker.cpp); DDPRUN_TEST_DDPRUN_BIN
+// runs them against another build.
 #include <signal.h>
 
 #include <gtest/gtest.h>
@@ -8,6 +9,7 @@
 #include <sstream>
 #include <thread>
 
+#include "tests/support/ddprun_bin.hpp"
 #include "tests/support/report.hpp"
 #include "tests/support/subprocess.hpp"
 #include "tests/support/temp_dir.hpp"
@@ -20,7 +22,7 @@ namespace fs = std::filesystem;
 using namespace std::chrono_literals;
 
 std::vector<std::string> ddprun(std::vector<std::string> args) {
-  args.insert(args.begin(), DDPRUN_BIN);
+  args.insert(args.begin(), ddprun_bin());
   return args;
 }
 
