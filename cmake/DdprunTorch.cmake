@@ -21,16 +21,31 @@ else()
   message(STATUS "ddprun: LibTorch not found: worker SDK, examples and Torch tests are skipped")
 endif()
 
+# Gloo's headers, which ProcessGroupGloo.hpp includes: Debian's libtorch-dev depends on libgloo-dev
+# (/usr/include/gloo); PyTorch's wheels link Gloo into libtorch_cpu but ship none of its headers.
+# Without them the SDK offers the NCCL backend only and says so when asked for Gloo. Point
+# DDPRUN_GLOO_INCLUDE_DIR at a directory holding gloo/algorithm.h to build the Gloo backend against a
+# wheel (headers of a Gloo close to the wheel's own: ProcessGroupGloo's Store must override the same
+# virtual functions).
+set(DDPRUN_HAVE_GLOO_HEADERS OFF)
+if(DDPRUN_HAVE_TORCH)
+  find_path(DDPRUN_GLOO_INCLUDE_DIR gloo/algorithm.h HINTS ${TORCH_INCLUDE_DIRS})
+  if(DDPRUN_GLOO_INCLUDE_DIR)
+    set(DDPRUN_HAVE_GLOO_HEADERS ON)
+  endif()
+  message(STATUS "ddprun: Gloo headers for the Gloo backend: ${DDPRUN_HAVE_GLOO_HEADERS} (${DDPRUN_GLOO_INCLUDE_DIR})")
+endif()
+
 # Direct Gloo for DDP's CPU gradient buckets (worker_sdk/src/gloo_reducer.hpp) needs Gloo's headers
 # and the very libgloo that LibTorch links dynamically (Debian's libtorch does; wheels that link
 # Gloo statically do not, and then DDP uses the process group).
 set(DDPRUN_HAVE_DIRECT_GLOO OFF)
 option(DDPRUN_WORKER_DIRECT_GLOO "Use a direct Gloo context for DDP's CPU gradient buckets when possible" ON)
 if(DDPRUN_HAVE_TORCH AND DDPRUN_WORKER_DIRECT_GLOO)
-  find_path(DDPRUN_GLOO_INCLUDE_DIR gloo/allreduce_halving_doubling.h)
   find_library(DDPRUN_GLOO_LIBRARY gloo)
   find_library(DDPRUN_TORCH_CPU_LIBRARY torch_cpu HINTS "${TORCH_INSTALL_PREFIX}/lib")
-  if(DDPRUN_GLOO_INCLUDE_DIR AND DDPRUN_GLOO_LIBRARY AND DDPRUN_TORCH_CPU_LIBRARY AND CMAKE_OBJDUMP)
+  if(DDPRUN_HAVE_GLOO_HEADERS AND EXISTS "${DDPRUN_GLOO_INCLUDE_DIR}/gloo/allreduce_halving_doubling.h"
+     AND DDPRUN_GLOO_LIBRARY AND DDPRUN_TORCH_CPU_LIBRARY AND CMAKE_OBJDUMP)
     execute_process(COMMAND ${CMAKE_OBJDUMP} -p ${DDPRUN_TORCH_CPU_LIBRARY} OUTPUT_VARIABLE _ddprun_torch_dynamic
                     ERROR_QUIET)
     if(_ddprun_torch_dynamic MATCHES "NEEDED +libgloo")

@@ -7,12 +7,11 @@
 #include <torch/csrc/autograd/variable.h>
 #include <torch/csrc/distributed/c10d/debug.h>
 
-#include <sched.h>
-
 #include <algorithm>
 #include <climits>
 #include <functional>
 #include <stdexcept>
+#include <type_traits>
 #include <unordered_map>
 
 #include "ddp_impl.hpp"
@@ -23,12 +22,34 @@ namespace {
 constexpr size_t kDefaultBucketCap = 25u << 20;
 constexpr size_t kDefaultFirstBucketCap = 1u << 20;  // torch.distributed._DEFAULT_FIRST_BUCKET_BYTES
 
-// CPUs this process may run on (its affinity mask), at least 1.
-int usable_cpus() {
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  if (sched_getaffinity(0, sizeof set, &set) != 0) return 1;
-  return std::max(1, CPU_COUNT(&set));
+// c10d::Reducer's constructor as each LibTorch has it. Up to 2.6 the first iteration's per-bucket
+// size limits come third; later releases drop them and add two flags Python DDP passes as false
+// unless asked (skip_all_reduce_unused_params, use_python_reducer) and the rebuild's cap list. Told apart by the signature, not by a version
+// number, so a LibTorch between the two builds either way. R is a template parameter so that only
+// the branch this LibTorch has is compiled.
+template <typename R = c10d::Reducer>
+std::shared_ptr<R> make_reducer(std::vector<at::Tensor> params, std::vector<std::vector<size_t>> bucket_indices,
+                                std::vector<size_t> bucket_limits, c10::intrusive_ptr<c10d::ProcessGroup> pg,
+                                std::vector<bool> expect_sparse, int64_t bucket_cap, bool find_unused,
+                                bool gradient_as_bucket_view, std::unordered_map<size_t, std::string> param_names,
+                                int64_t first_bucket_cap) {
+  if constexpr (std::is_constructible_v<R, std::vector<at::Tensor>, std::vector<std::vector<size_t>>,
+                                        std::vector<size_t>, c10::intrusive_ptr<c10d::ProcessGroup>,
+                                        std::vector<bool>, int64_t, bool, bool,
+                                        std::unordered_map<size_t, std::string>, int64_t>) {
+    return std::make_shared<R>(std::move(params), std::move(bucket_indices), std::move(bucket_limits),
+                               std::move(pg), std::move(expect_sparse), bucket_cap, find_unused,
+                               gradient_as_bucket_view, std::move(param_names), first_bucket_cap);
+  } else {
+    // The last argument lists per-bucket caps for the rebuild after the first iteration
+    // (bucket_cap_mb_list); empty, as Python passes it by default, rebuilds by first_bucket_cap and
+    // bucket_cap. The first iteration's limits are implied by bucket_indices.
+    (void)bucket_limits;
+    return std::make_shared<R>(std::move(params), std::move(bucket_indices), std::move(pg), std::move(expect_sparse),
+                               bucket_cap, find_unused, gradient_as_bucket_view, std::move(param_names),
+                               first_bucket_cap, /*skip_all_reduce_unused_params=*/false,
+                               /*use_python_reducer=*/false, /*bucket_bytes_cap_list=*/std::vector<int64_t>{});
+  }
 }
 
 std::mutex sink_registry_mutex;
@@ -191,10 +212,10 @@ void DdpCore::Impl::construct(Distributed& dist) {
   std::reverse(bucket_limits.begin(), bucket_limits.end());
 
   hook_accumulators(params);  // before the reducer's hooks: see on_gradient()
-  reducer = std::make_shared<c10d::Reducer>(params, std::move(bucket_indices), std::move(bucket_limits), pg,
-                                            expect_sparse, static_cast<int64_t>(options.bucket_cap_bytes),
-                                            options.find_unused_parameters, options.gradient_as_bucket_view,
-                                            std::move(param_names), static_cast<int64_t>(first_bucket_cap()));
+  reducer = make_reducer(params, std::move(bucket_indices), std::move(bucket_limits), pg, expect_sparse,
+                         static_cast<int64_t>(options.bucket_cap_bytes), options.find_unused_parameters,
+                         options.gradient_as_bucket_view, std::move(param_names),
+                         static_cast<int64_t>(first_bucket_cap()));
   logger = std::make_shared<c10d::Logger>(reducer);
   reducer->set_logger(logger);
   logger->set_construction_data_and_log(module->name(), {}, -1, options.broadcast_buffers,

@@ -2,6 +2,8 @@
 
 #include <torch/nn/modules/embedding.h>
 
+#include <sched.h>
+
 #include <algorithm>
 #include <sstream>
 #include <stdexcept>

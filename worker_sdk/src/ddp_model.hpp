@@ -49,4 +49,7 @@ void verify_same_parameters(const c10::intrusive_ptr<c10d::ProcessGroup>& pg, co
 // to such a message (`names` in the reducer's order), whatever the debug level.
 std::string with_parameter_names(std::string message, const std::vector<std::string>& names);
 
+// CPUs this process may run on (its affinity mask), at least 1.
+int usable_cpus();
+
 }  // namespace ddprun::worker::detail

@@ -6,7 +6,6 @@
 
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
-#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupWrapper.hpp>
 #include <torch/csrc/distributed/c10d/debug.h>
 #include <torch/cuda.h>
@@ -14,15 +13,23 @@
 #include <unistd.h>
 
 #include <cstdlib>
+#include <iostream>
 #include <stdexcept>
 #include <thread>
 
 #ifdef DDPRUN_WORKER_NCCL
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 #endif
+// Gloo's own headers: Debian's libtorch-dev has them (libgloo-dev); PyTorch's wheels link Gloo in
+// but ship none of them, and an SDK built from a wheel without -DDDPRUN_GLOO_INCLUDE_DIR offers NCCL
+// only (see cmake/DdprunTorch.cmake).
+#ifdef DDPRUN_WORKER_GLOO
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#endif
 
 namespace ddprun::worker {
 
+#ifdef DDPRUN_WORKER_GLOO
 std::shared_ptr<gloo::transport::Device> detail::make_gloo_device() {
   if (const char* ifname = std::getenv("GLOO_SOCKET_IFNAME"); ifname && *ifname) {
     return c10d::ProcessGroupGloo::createDeviceForInterface(ifname);
@@ -35,6 +42,7 @@ std::shared_ptr<gloo::transport::Device> detail::make_gloo_device() {
     return c10d::ProcessGroupGloo::createDefaultDevice();
   }
 }
+#endif
 
 namespace {
 
@@ -57,6 +65,13 @@ void store_based_barrier(c10d::Store& store, int world_size, std::chrono::millis
   }
 }
 
+#ifndef DDPRUN_WORKER_GLOO
+constexpr const char* kNoGloo =
+    "backend 'gloo' is not in this build of the ddprun worker SDK: it was built without Gloo's headers (PyTorch's "
+    "wheels ship none); use backend 'nccl' or 'auto' on GPUs, or rebuild with -DDDPRUN_GLOO_INCLUDE_DIR=DIR naming "
+    "a directory that holds gloo/algorithm.h (Debian's libgloo-dev installs it in /usr/include)";
+#endif
+
 // A Gloo or NCCL group of `size` ranks meeting through `store`.
 c10::intrusive_ptr<CommGroup> make_group(const std::string& backend, const c10::intrusive_ptr<c10d::Store>& store,
                                          int rank, int size, std::chrono::milliseconds timeout) {
@@ -67,9 +82,13 @@ c10::intrusive_ptr<CommGroup> make_group(const std::string& backend, const c10::
     return c10::make_intrusive<c10d::ProcessGroupNCCL>(store, rank, size, opts);
   }
 #endif
+#ifdef DDPRUN_WORKER_GLOO
   auto opts = c10d::ProcessGroupGloo::Options::create(timeout);
   opts->devices.push_back(detail::make_gloo_device());
   return c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, size, opts);
+#else
+  throw std::invalid_argument(kNoGloo);
+#endif
 }
 
 }  // namespace
@@ -100,6 +119,9 @@ Distributed Distributed::init(const WorkerEnv& env, const InitOptions& options) 
     backend = "gloo";
   }
 #endif
+#ifndef DDPRUN_WORKER_GLOO
+  if (backend == "gloo") throw std::invalid_argument(kNoGloo);
+#endif
   d.backend_ = backend;
 
   c10::intrusive_ptr<c10d::Store> store;
@@ -124,7 +146,23 @@ Distributed Distributed::init(const WorkerEnv& env, const InitOptions& options) 
 
   if (backend == "nccl") d.device_ = torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(env.local_rank));
   d.pg_ = make_group(backend, pg_store, env.rank, env.world_size, options.timeout);
+#ifdef DDPRUN_WORKER_NCCL
+  if (auto nccl = c10::dynamic_intrusive_pointer_cast<c10d::ProcessGroupNCCL>(d.pg_)) {
+    d.nccl_shutdown_ = std::shared_ptr<void>(nullptr, [nccl](void*) {
+      if (nccl.use_count() != 1) return;  // a DDP or a copy still uses it
+      try {
+        nccl->shutdown();
+      } catch (const std::exception& e) {
+        std::cerr << "ddprun worker: shutting the NCCL group down: " << e.what() << "\n";
+      }
+    });
+  }
+#endif
   if (c10d::debug_level() == c10d::DebugLevel::Detail) {
+#ifndef DDPRUN_WORKER_GLOO
+    throw std::invalid_argument(std::string("TORCH_DISTRIBUTED_DEBUG=DETAIL checks each collective with a Gloo "
+                                            "group first, as Python does: ") + kNoGloo);
+#else
     // As Python's _create_process_group_wrapper: a helper Gloo group checks each collective first.
     auto helper_store = c10::make_intrusive<c10d::PrefixStore>("pg_wrapper:0",
                                                               c10::make_intrusive<c10d::PrefixStore>("default_pg", store));
@@ -132,6 +170,7 @@ Distributed Distributed::init(const WorkerEnv& env, const InitOptions& options) 
     helper_opts->devices.push_back(detail::make_gloo_device());
     auto helper = c10::make_intrusive<c10d::ProcessGroupGloo>(helper_store, env.rank, env.world_size, helper_opts);
     d.pg_ = c10::make_intrusive<c10d::ProcessGroupWrapper>(d.pg_, helper);
+#endif
   }
   d.pg_->setSequenceNumberForGroup();
   d.c10d_group_ = as_c10d_group(d.pg_, pg_store, d.device_);
@@ -150,7 +189,11 @@ c10::intrusive_ptr<c10d::ProcessGroup> as_c10d_group(const c10::intrusive_ptr<Co
   const auto type = group->getBackendName() == "nccl" ? c10d::ProcessGroup::BackendType::NCCL
                                                       : c10d::ProcessGroup::BackendType::GLOO;
   pg->setBackend(c10::DeviceType::CPU, type, group);
-  if (device.is_cuda()) pg->setBackend(c10::DeviceType::CUDA, type, group);
+  // As init_process_group's backend map: "gloo" serves CPU and CUDA tensors (Gloo copies CUDA
+  // tensors through the host), "nccl" CUDA tensors.
+  if (device.is_cuda() || type == c10d::ProcessGroup::BackendType::GLOO) {
+    pg->setBackend(c10::DeviceType::CUDA, type, group);
+  }
   pg->setDefaultBackend(type);
   return pg;
 #else

@@ -28,6 +28,7 @@
 
 #include <chrono>
 #include <iostream>
+#include <memory>
 #include <sstream>
 #include <string>
 
@@ -101,6 +102,10 @@ class Distributed {
   }
 
  private:
+  // Declared first, so destroyed last: shuts an NCCL group down once the last copy of this object
+  // goes and nothing else (a DDP still alive) holds the group, as destroy_process_group() does in
+  // Python (PyTorch >= 2.4 warns at exit about a group left running).
+  std::shared_ptr<void> nccl_shutdown_;
   WorkerEnv env_;
   torch::Device device_{torch::kCPU};
   std::string backend_;
