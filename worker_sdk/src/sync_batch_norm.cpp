@@ -1,7 +1,8 @@
 // SyncBatchNorm's statistics over the ranks (see sync_batch_norm.hpp). The steps are those of
-// torch/nn/modules/_functions.py's SyncBatchNorm function, with ATen's generic operations where
-// Python calls the CUDA-only batch_norm_stats, batch_norm_gather_stats_with_counts,
-// batch_norm_elemt, batch_norm_backward_reduce and batch_norm_backward_elemt.
+// torch/nn/modules/_functions.py's SyncBatchNorm function: on CUDA tensors with the same kernels
+// (batch_norm_stats, batch_norm_gather_stats_with_counts, batch_norm_elemt, batch_norm_backward_reduce,
+// batch_norm_backward_elemt), on the CPU, where Python refuses to run and those kernels do not exist,
+// with ATen's generic operations.
 #include "ddprun/worker/sync_batch_norm.hpp"
 
 #include <torch/autograd.h>
@@ -131,6 +132,86 @@ struct SyncBatchNormFunction : torch::autograd::Function<SyncBatchNormFunction> 
   }
 };
 
+// On CUDA tensors: torch/nn/modules/_functions.py's SyncBatchNorm step for step, with the same
+// CUDA kernels (batch_norm_stats, batch_norm_gather_stats_with_counts, batch_norm_elemt,
+// batch_norm_backward_reduce, batch_norm_backward_elemt), so a CUDA model gets Python's bits.
+struct SyncBatchNormCudaFunction : torch::autograd::Function<SyncBatchNormCudaFunction> {
+  static torch::Tensor forward(AutogradContext* ctx, torch::Tensor input, torch::Tensor weight, const torch::Tensor& bias,
+                               const torch::Tensor& running_mean, const torch::Tensor& running_var, double eps,
+                               double momentum, const ProcessGroupPtr& group) {
+    if (!input.is_contiguous(at::MemoryFormat::ChannelsLast) && !input.is_contiguous(at::MemoryFormat::ChannelsLast3d)) {
+      input = input.contiguous();
+    }
+    if (weight.defined()) weight = weight.contiguous();
+    const int64_t channels = input.size(1);
+    const int world = group->getSize();
+    torch::Tensor combined;
+    if (input.numel() > 0) {
+      const auto [mean, invstd] = at::batch_norm_stats(input, eps);
+      const auto count = torch::full({1}, static_cast<double>(input.numel() / input.size(1)), mean.options());
+      combined = torch::cat({mean, invstd, count}, 0);
+    } else {
+      // An empty input still takes part in the gather; its zero count filters it out below.
+      combined = torch::zeros({2 * channels + 1}, input.options());
+    }
+    std::vector<torch::Tensor> inputs{combined};
+    std::vector<std::vector<torch::Tensor>> outputs(1);
+    for (int r = 0; r < world; ++r) outputs[0].push_back(torch::empty_like(combined));
+    group->allgather(outputs, inputs)->wait();
+    const torch::Tensor all = torch::stack(outputs[0], 0);  // [world, 2C + 1]
+    auto parts = torch::split(all, channels, 1);
+    torch::Tensor mean_all = parts[0], invstd_all = parts[1], count_all = parts[2];
+    const torch::Tensor mask = count_all.squeeze(-1) >= 1;  // ranks with values only
+    count_all = count_all.index({mask});
+    mean_all = mean_all.index({mask});
+    invstd_all = invstd_all.index({mask});
+    torch::Tensor counts = count_all.view(-1);
+    if (running_mean.defined() && counts.scalar_type() != running_mean.scalar_type()) {
+      counts = counts.to(running_mean.scalar_type());
+    }
+    const auto [mean, invstd] = at::batch_norm_gather_stats_with_counts(input, mean_all, invstd_all, running_mean,
+                                                                          running_var, momentum, eps, counts);
+    ctx->save_for_backward({input, weight, mean, invstd, count_all.to(torch::kInt32)});
+    ctx->saved_data["group"] = c10::IValue(group);
+    if (input.numel() == 0) return torch::empty_like(input);
+    return at::batch_norm_elemt(input, weight, bias, mean, invstd, eps);
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
+    torch::Tensor grad_out = grad_outputs[0];
+    if (!grad_out.is_contiguous(at::MemoryFormat::ChannelsLast) &&
+        !grad_out.is_contiguous(at::MemoryFormat::ChannelsLast3d)) {
+      grad_out = grad_out.contiguous();
+    }
+    const auto saved = ctx->get_saved_variables();
+    const torch::Tensor &input = saved[0], &mean = saved[2], &invstd = saved[3], &count = saved[4];
+    torch::Tensor weight = saved[1];
+    const auto group = ctx->saved_data["group"].toCustomClass<c10d::ProcessGroup>();
+    torch::Tensor grad_input, grad_weight, grad_bias;
+    if (input.numel() > 0) {
+      auto [sum_dy, sum_dy_xmu, gw, gb] =
+          at::batch_norm_backward_reduce(grad_out, input, mean, invstd, weight, ctx->needs_input_grad(0),
+                                         ctx->needs_input_grad(1), ctx->needs_input_grad(2));
+      if (ctx->needs_input_grad(0)) {
+        const int64_t channels = sum_dy.size(0);
+        std::vector<torch::Tensor> combined{torch::cat({sum_dy, sum_dy_xmu}, 0)};
+        group->allreduce(combined)->wait();
+        auto sums = torch::split(combined[0], channels);
+        if (weight.defined() && weight.scalar_type() != mean.scalar_type()) weight = weight.to(mean.scalar_type());
+        grad_input = at::batch_norm_backward_elemt(grad_out, input, mean, invstd, weight, sums[0], sums[1], count);
+      }
+      if (weight.defined() && ctx->needs_input_grad(1)) grad_weight = gw;
+      if (weight.defined() && ctx->needs_input_grad(2)) grad_bias = gb;
+    } else if (ctx->needs_input_grad(0)) {
+      // No values here, but the peers wait for this rank's part of the sum.
+      std::vector<torch::Tensor> combined{torch::zeros({2 * input.size(1)}, input.options())};
+      group->allreduce(combined)->wait();
+    }
+    return {grad_input, grad_weight, grad_bias, torch::Tensor(), torch::Tensor(),
+            torch::Tensor(), torch::Tensor(), torch::Tensor()};
+  }
+};
+
 }  // namespace
 
 SyncBatchNormImpl::SyncBatchNormImpl(const torch::nn::BatchNormOptions& options_, ProcessGroupPtr process_group)
@@ -209,6 +290,9 @@ torch::Tensor SyncBatchNormImpl::forward(const torch::Tensor& input) {
   // In training the running statistics are updated only when tracked (None otherwise, as in Python).
   const torch::Tensor rm = options.track_running_stats() ? running_mean : torch::Tensor();
   const torch::Tensor rv = options.track_running_stats() ? running_var : torch::Tensor();
+  if (input.is_cuda()) {
+    return SyncBatchNormCudaFunction::apply(input, weight, bias, rm, rv, options.eps(), factor, process_group_);
+  }
   return SyncBatchNormFunction::apply(input, weight, bias, rm, rv, options.eps(), factor, process_group_);
 }
 
