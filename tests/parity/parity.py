@@ -63,13 +63,21 @@ BATCH = 8
 #              throw (throw_on_early_termination)
 #   min_torch  the oldest PyTorch major release whose Python DDP can run the case (1.13's Gloo has
 #              no bfloat16 sum); the test skips it on older ones
+#   needs_cuda the case runs on CUDA only (Python's SyncBatchNorm refuses CPU tensors); skipped unless
+#              DDPRUN_PARITY_DEVICE=cuda
+# The model's sync_bn makes its BatchNorm a SyncBatchNorm (Python: convert_sync_batchnorm).
+#
+# Where the cases run: DDPRUN_PARITY_DEVICE (cpu, the default, or cuda: rank r on GPU r modulo the
+# GPUs there are, model and data moved there before DDP wraps it, device_ids=[that GPU]) and
+# DDPRUN_PARITY_BACKEND (gloo, the default, or nccl), read by both sides.
 SMALL_BUCKETS = {"bucket_cap_mb": 8192 / (1 << 20), "first_bucket_bytes": 4096}
 
 
 def case(world=2, steps=6, optimizer="sgd", schedule="train", model=None, ddp=None, set_to_none=True,
          rank_buffers=False, expect_error=None, env=None, hook=None, min_torch=1, powersgd=None,
-         local_sgd=None, join=None):
-    m = {"hidden": HIDDEN, "bn": True, "extra": "none", "tied": False, "twice": False, "mismatch": False}
+         local_sgd=None, join=None, needs_cuda=False):
+    m = {"hidden": HIDDEN, "bn": True, "extra": "none", "tied": False, "twice": False, "mismatch": False,
+         "sync_bn": False}
     m.update(model or {})
     d = {"find_unused_parameters": False, "broadcast_buffers": True, "gradient_as_bucket_view": False,
          "static_graph": False, **SMALL_BUCKETS}
@@ -77,11 +85,12 @@ def case(world=2, steps=6, optimizer="sgd", schedule="train", model=None, ddp=No
     return {"world": world, "steps": steps, "optimizer": optimizer, "schedule": schedule, "model": m, "ddp": d,
             "set_to_none": set_to_none, "rank_buffers": rank_buffers, "expect_error": expect_error,
             "env": env or {}, "hook": hook, "min_torch": min_torch, "powersgd": powersgd,
-            "local_sgd": local_sgd,
+            "local_sgd": local_sgd, "needs_cuda": needs_cuda,
             "join": {"extra": 1, "divide_by_initial_world_size": True, "throw": False, **(join or {})}}
 
 
 CASES = {
+    "plain_sgd_1": case(world=1),  # one rank: DDP still buckets and all-reduces (NCCL on one GPU)
     "plain_sgd_2": case(world=2),
     "plain_sgd_3": case(world=3),
     "plain_sgd_4": case(world=4),
@@ -153,6 +162,9 @@ CASES = {
                              join={"divide_by_initial_world_size": False}),
     "join_zero_3": case(world=3, schedule="join", steps=5, optimizer="zero_sgd"),
     "join_throw_3": case(world=3, schedule="join", steps=5, join={"throw": True}, expect_error="exhausted"),
+    # SyncBatchNorm inside DDP, statistics over every rank's batch (CUDA kernels on both sides).
+    "sync_bn_2": case(world=2, model={"sync_bn": True}, needs_cuda=True),
+    "sync_bn_3": case(world=3, model={"sync_bn": True}, optimizer="adam", needs_cuda=True),
     "shape_mismatch": case(model={"mismatch": True},
                            expect_error="appears not to match sizes of the same param in process 0"),
     "detail_mismatch": case(schedule="detail_mismatch", env={"TORCH_DISTRIBUTED_DEBUG": "DETAIL"},
@@ -348,6 +360,16 @@ def grads_are_views(model):
     return out
 
 
+def placement():
+    """(device, backend) of this rank, from DDPRUN_PARITY_DEVICE and DDPRUN_PARITY_BACKEND."""
+    backend = os.environ.get("DDPRUN_PARITY_BACKEND", "gloo")
+    if os.environ.get("DDPRUN_PARITY_DEVICE", "cpu") == "cuda":
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
+        torch.cuda.set_device(device)
+        return device, backend
+    return torch.device("cpu"), backend
+
+
 def run_worker(directory, out_dir):
     with open(os.path.join(directory, "case.json")) as f:
         c = json.load(f)
@@ -356,8 +378,9 @@ def run_worker(directory, out_dir):
     prefix = os.path.join(out_dir, f"rank{rank}")
     torch.set_num_threads(1)
     try:
-        dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
-        facts = train(c, directory, rank)
+        device, backend = placement()
+        dist.init_process_group(backend, timeout=datetime.timedelta(seconds=60))
+        facts = train(c, directory, rank, device)
     except Exception as e:  # every rank says what stopped it
         traceback.print_exc()
         with open(prefix + ".json", "w") as f:
@@ -376,7 +399,7 @@ def run_worker(directory, out_dir):
     os._exit(0)
 
 
-def train(c, directory, rank):
+def train(c, directory, rank, device):
     m, o = c["model"], c["ddp"]
     model = Net(m, rank)
     if not (m["mismatch"]):
@@ -387,12 +410,15 @@ def train(c, directory, rank):
     if c["rank_buffers"]:
         with torch.no_grad():
             model.bn.running_mean.add_(rank)
+    if m["sync_bn"]:
+        model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
+    model.to(device)
     dist._DEFAULT_FIRST_BUCKET_BYTES = o["first_bucket_bytes"]
     caps = {} if o["bucket_cap_mb"] is None else {"bucket_cap_mb": o["bucket_cap_mb"]}
     ddp = nn.parallel.DistributedDataParallel(
         model, broadcast_buffers=o["broadcast_buffers"], **caps,
         find_unused_parameters=o["find_unused_parameters"], gradient_as_bucket_view=o["gradient_as_bucket_view"],
-        static_graph=o["static_graph"])
+        static_graph=o["static_graph"], device_ids=[device.index] if device.type == "cuda" else None)
     if c["hook"]:
         ddp.register_comm_hook(*comm_hook(c))
     if c["optimizer"] == "sgd":
@@ -402,14 +428,16 @@ def train(c, directory, rank):
         opt = ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.SGD, lr=0.05, momentum=0.9,
                                       weight_decay=1e-4)
     else:
-        opt = torch.optim.Adam(model.parameters(), lr=1e-3, weight_decay=1e-2)
+        # foreach=False: the per-tensor loop the SDK's side mirrors; on CUDA Python defaults to the
+        # multi-tensor kernels, which round differently (an optimizer difference, not DDP's).
+        opt = torch.optim.Adam(model.parameters(), lr=1e-3, weight_decay=1e-2, foreach=False)
     averager = None
     if c["hook"] == "post_localsgd":
         from torch.distributed.algorithms.model_averaging.averagers import PeriodicModelAverager
         averager = PeriodicModelAverager(period=c["local_sgd"]["period"],
                                          warmup_steps=c["local_sgd"]["warmup_steps"])
     _, data = read_tensors(os.path.join(directory, "data"))
-    xs, ys = data["x"], data["y"].to(torch.long)
+    xs, ys = data["x"].to(device), data["y"].to(torch.long).to(device)
     batch = iter(range(xs.shape[0]))
 
     def loss_of(i):
@@ -417,7 +445,7 @@ def train(c, directory, rank):
 
     schedule = c["schedule"]
     if schedule == "detail_mismatch":
-        t = torch.ones(3 + rank)
+        t = torch.ones(3 + rank, device=device)
         dist.all_reduce(t)
         raise RuntimeError("the all-reduce of tensors of different sizes did not fail")
     steps, block = c["steps"], contextlib.nullcontext()

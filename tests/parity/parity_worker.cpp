@@ -86,7 +86,11 @@ struct NetImpl : torch::nn::Module {
   NetImpl(const json& m, int rank) : m_(m) {
     const int hidden = m.at("hidden").get<int>() + (m.at("mismatch").get<bool>() && rank == 1 ? 1 : 0);
     fc1 = register_module("fc1", torch::nn::Linear(kIn, hidden));
-    if (m.at("bn").get<bool>()) bn = register_module("bn", torch::nn::BatchNorm1d(hidden));
+    if (m.at("bn").get<bool>() && m.at("sync_bn").get<bool>()) {
+      sync_bn = register_module("bn", SyncBatchNorm(hidden));
+    } else if (m.at("bn").get<bool>()) {
+      bn = register_module("bn", torch::nn::BatchNorm1d(hidden));
+    }
     fc2 = register_module("fc2", torch::nn::Linear(hidden, hidden));
     if (m.at("tied").get<bool>()) fc4 = register_module("fc4", TiedLinear(fc2->weight, hidden));
     fc3 = register_module("fc3", torch::nn::Linear(hidden, kClasses));
@@ -96,6 +100,7 @@ struct NetImpl : torch::nn::Module {
   torch::Tensor forward(const torch::Tensor& x) {
     auto h = torch::relu(fc1(x));
     if (bn) h = bn(h);
+    if (sync_bn) h = sync_bn(h);
     h = torch::relu(fc2(h));
     if (m_.at("twice").get<bool>()) h = torch::relu(fc2(h));
     if (fc4) h = torch::relu(fc4(h));
@@ -107,6 +112,7 @@ struct NetImpl : torch::nn::Module {
   bool use_extra = false;
   torch::nn::Linear fc1{nullptr}, fc2{nullptr}, fc3{nullptr}, extra{nullptr};
   torch::nn::BatchNorm1d bn{nullptr};
+  SyncBatchNorm sync_bn{nullptr};  // "bn" when the case's model has sync_bn
   TiedLinear fc4{nullptr};
 };
 TORCH_MODULE(Net);
@@ -205,10 +211,23 @@ struct Result {
   std::vector<std::pair<std::string, torch::Tensor>> tensors;
 };
 
+// Where this rank runs: parity.py's placement() (DDPRUN_PARITY_DEVICE, DDPRUN_PARITY_BACKEND).
+std::string env_or(const char* name, const std::string& fallback) {
+  const char* value = std::getenv(name);
+  return value && *value ? value : fallback;
+}
+
+torch::Device placement_device() {
+  if (env_or("DDPRUN_PARITY_DEVICE", "cpu") != "cuda") return torch::kCPU;
+  const auto local_rank = std::stoi(env_or("LOCAL_RANK", "0"));
+  return {torch::kCUDA, static_cast<c10::DeviceIndex>(local_rank % static_cast<int>(torch::cuda::device_count()))};
+}
+
 Result train(const json& c, const std::string& dir, int rank, const std::string& reducer) {
   const json& m = c.at("model");
   const json& o = c.at("ddp");
-  auto dist = Distributed::init(InitOptions{"gloo", std::chrono::seconds(60)});
+  const torch::Device device = placement_device();
+  auto dist = Distributed::init(InitOptions{env_or("DDPRUN_PARITY_BACKEND", "gloo"), std::chrono::seconds(60)});
   Net net(m, rank);
   if (!m.at("mismatch").get<bool>()) {
     auto init = read_tensors(dir + "/init");
@@ -220,6 +239,8 @@ Result train(const json& c, const std::string& dir, int rank, const std::string&
     torch::NoGradGuard no_grad;
     net->bn->running_mean.add_(rank);
   }
+  set_sync_batch_norm_group(*net, dist.c10d_group());
+  net->to(device);
 
   DdpOptions options;
   options.broadcast_buffers = o.at("broadcast_buffers");
@@ -276,14 +297,14 @@ Result train(const json& c, const std::string& dir, int rank, const std::string&
 #endif
   }
   auto data = read_tensors(dir + "/data");
-  auto xs = data.at("x");
-  auto ys = data.at("y").to(torch::kLong);
+  auto xs = data.at("x").to(device);
+  auto ys = data.at("y").to(torch::kLong).to(device);
   int64_t next = 0;
   auto loss_of = [&](int64_t i) { return torch::nn::functional::cross_entropy(ddp(xs[i][rank]), ys[i][rank]); };
 
   const std::string schedule = c.at("schedule");
   if (schedule == "detail_mismatch") {
-    auto t = torch::ones({3 + rank});
+    auto t = torch::ones({3 + rank}, device);
     dist.all_reduce_sum(t);
     throw std::runtime_error("the all-reduce of tensors of different sizes did not fail");
   }
