@@ -13,8 +13,8 @@ int main(int argc, char** argv) {
   const auto flags = parse_example_flags(argc, argv, "fashion_mnist_lenet", "LeNet-5 on Fashion-MNIST.", defaults);
   try {
     torch::manual_seed(static_cast<uint64_t>(flags.seed));
-    auto train = load_fashion_mnist("train", flags.train_limit);
-    auto test = load_fashion_mnist("test", flags.test_limit);
+    auto train = load_fashion_mnist("train", flags.train_limit, flags.data_dir);
+    auto test = load_fashion_mnist("test", flags.test_limit, flags.data_dir);
     return train_classifier("fashion_mnist_lenet", flags, std::make_shared<LeNetImpl>(), train, test,
                             Loss::CrossEntropy);
   } catch (const std::exception& e) {

@@ -23,8 +23,8 @@ int main(int argc, char** argv) {
       parse_example_flags(argc, argv, "mlp", "A 784-512-10 MLP (log-softmax + NLL) on Fashion-MNIST.", defaults);
   try {
     torch::manual_seed(static_cast<uint64_t>(flags.seed));
-    auto train = load_fashion_mnist("train", flags.train_limit);
-    auto test = load_fashion_mnist("test", flags.test_limit);
+    auto train = load_fashion_mnist("train", flags.train_limit, flags.data_dir);
+    auto test = load_fashion_mnist("test", flags.test_limit, flags.data_dir);
     return train_classifier("mlp", flags, std::make_shared<MlpImpl>(), train, test, Loss::NllOfLogSoftmax);
   } catch (const std::exception& e) {
     std::cerr << "mlp: " << e.what() << "\n";

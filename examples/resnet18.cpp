@@ -25,8 +25,8 @@ int main(int argc, char** argv) {
                   flags.batch_size, world);
     }
     torch::manual_seed(static_cast<uint64_t>(flags.seed));
-    auto train = load_fashion_mnist("train", flags.train_limit);
-    auto test = load_fashion_mnist("test", flags.test_limit);
+    auto train = load_fashion_mnist("train", flags.train_limit, flags.data_dir);
+    auto test = load_fashion_mnist("test", flags.test_limit, flags.data_dir);
     return train_classifier("resnet18", flags, std::make_shared<ResNet18Impl>(), train, test, Loss::CrossEntropy);
   } catch (const std::exception& e) {
     std::cerr << "resnet18: " << e.what() << "\n";

@@ -16,6 +16,7 @@ ExampleFlags parse_example_flags(int argc, char** argv, const std::string& name,
         << ")\n"
         << "  --lr X              learning rate (default " << d.lr << ")\n"
         << "  --checkpoint-dir D  rank 0 saves D/checkpoint.pt after every epoch\n"
+        << "  --data-dir D        Fashion-MNIST's .gz files (default " << d.data_dir << ")\n"
         << "  --resume            continue from D/checkpoint.pt (automatic after a ddprun restart)\n"
         << "  --max-steps N       stop each epoch after N steps (default: whole epoch)\n"
         << "  --train-limit N     use the first N training samples (default: all)\n"
@@ -66,6 +67,7 @@ ExampleFlags parse_example_flags(int argc, char** argv, const std::string& name,
     else if (flag == "--batch-size") f.batch_size = static_cast<int>(number(1));
     else if (flag == "--lr") f.lr = number(0);
     else if (flag == "--checkpoint-dir") f.checkpoint_dir = value;
+    else if (flag == "--data-dir") f.data_dir = value;
     else if (flag == "--max-steps") f.max_steps = static_cast<int64_t>(number(0));
     else if (flag == "--train-limit") f.train_limit = static_cast<int64_t>(number(0));
     else if (flag == "--test-limit") f.test_limit = static_cast<int64_t>(number(0));

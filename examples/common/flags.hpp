@@ -14,6 +14,7 @@ struct ExampleFlags {
   int batch_size = 64;     // per rank: the global batch is batch_size x WORLD_SIZE
   double lr = 0.05;
   std::string checkpoint_dir;  // "" = no checkpoints
+  std::string data_dir = "/usr/share/datasets/fashion-mnist";  // Fashion-MNIST's four .gz files
   bool resume = false;     // load checkpoint_dir/checkpoint.pt if it exists (also after a restart)
   int64_t max_steps = 0;   // per epoch, 0 = the whole epoch
   int64_t train_limit = 0; // use at most this many training samples (0 = all)
