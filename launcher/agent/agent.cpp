@@ -179,6 +179,17 @@ RoundEnd Agent::agree_on_end(int round, const GroupResult& result) {
       // Fenced workers did not fail: this node fell out of the job. What the others decide (this
       // node lost, or the store gone) is the outcome.
       if (fenced_) return backend_->wait_end(round, stop_);
+      if (multi_node_ && workers::lost_a_peer(result.failures.front())) {
+        // The rank lost its connection to a peer, which is what a killed or cut-off node looks like
+        // from here before its keep-alives have lapsed. Give the watchers that window to name the
+        // lost node (or another node to report the failure that started it), so that the report
+        // blames the cause and an elastic job goes on without counting a restart.
+        const auto window = o_.keep_alive_interval * o_.keep_alive_max_attempt + std::chrono::seconds(1);
+        log::info("ddprun") << "rank " << result.failures.front().rank
+                            << " lost its connection to a peer: waiting up to " << seconds_text(window)
+                            << " for the keep-alives to tell whether a node was lost";
+        if (auto end = backend_->wait_end_for(round, window, stop_)) return *end;
+      }
       return backend_->report_failure(round, result.failures.front());
     case GroupOutcome::Signalled: return backend_->report_signal(round, result.signal);
     case GroupOutcome::StoppedByRequest: {
@@ -211,8 +222,12 @@ int Agent::finish(int round, const World& world, const RoundEnd& end, const Grou
       log::error("ddprun") << end.detail;
       return exit_code;  // nothing to leave: the store is gone
     case RoundEnd::Kind::NodeLost:
-      log::error("ddprun") << "job stopped: " << (lost_here(end, world) ? "this node was counted as lost: " : "")
-                           << end.detail;
+      if (lost_here(end, world) && stop_.requested()) {
+        log::warn("ddprun") << end.detail << (backend_->elastic() ? "; the other nodes go on without it" : "");
+      } else {
+        log::error("ddprun") << "job stopped: " << (lost_here(end, world) ? "this node was counted as lost: " : "")
+                             << end.detail;
+      }
       break;
     case RoundEnd::Kind::Membership:
       log::warn("ddprun") << "stopped during a re-rendezvous (" << end.detail << ")";

@@ -23,7 +23,8 @@ Decision decide(const RoundEnd& end, const RestartState& s) {
       // Elastic: the survivors go on without it if at least MIN of them rendezvous again. Static
       // membership cannot go on without that node.
       if (s.elastic && !stopping) return {Decision::Kind::Rerendezvous, 0};
-      return {Decision::Kind::Finish, 1};
+      // A node stopped by a signal leaves (an elastic job goes on without it) with 128 + N.
+      return {Decision::Kind::Finish, stopping ? 128 + s.stop_signal : 1};
     case RoundEnd::Kind::Membership:
       if (stopping) return {Decision::Kind::Finish, 128 + s.stop_signal};
       return {Decision::Kind::Rerendezvous, 0};

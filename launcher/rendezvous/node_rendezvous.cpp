@@ -1,7 +1,10 @@
 #include "launcher/rendezvous/node_rendezvous.hpp"
 
+#include <algorithm>
+
 #include "common/errors.hpp"
 #include "common/log.hpp"
+#include "common/system.hpp"
 #include "launcher/rendezvous/rendezvous_values.hpp"
 
 namespace ddprun::launcher::rendezvous {
@@ -38,7 +41,23 @@ RoundEnd NodeRendezvous::report_failure(int round, const WorkerExit& root_cause)
 }
 
 RoundEnd NodeRendezvous::report_signal(int round, int signo) {
-  return decide(round, signal_outcome(signo, node_rank(), settings_.host));
+  // A node stopped in a job that may shrink (--nnodes MIN:MAX; docker stop, a pod evicted,
+  // scale-down) leaves it: the others count it as lost and go on without it if MIN of them remain. Not the node that hosts the
+  // store (nothing goes on without it), nor one still joining (it holds no place yet).
+  const int node = node_rank();
+  if (may_shrink() && node >= 0 && !hosts_the_store()) {
+    rdzv::jobs::Outcome gone;
+    gone.kind = rdzv::jobs::Outcome::Kind::NodeLost;
+    gone.node = node;
+    gone.detail = "node " + std::to_string(node) + " (" + settings_.host + ") left the job: stopped by " +
+                  signal_name(signo);
+    departed_ = true;
+    const RoundEnd end = decide(round, gone);
+    // Another end decided first (every node stopped, a failure): this node's leave is the ordinary one.
+    if (end.kind != RoundEnd::Kind::NodeLost || end.root_node != node) departed_ = false;
+    return end;
+  }
+  return decide(round, signal_outcome(signo, node, settings_.host));
 }
 
 void NodeRendezvous::ask_to_admit_this_node(int round, int running) {
@@ -102,6 +121,23 @@ RoundEnd NodeRendezvous::report_success(int round, const StopSignal& stop) {
   return wait_end(round, stop);
 }
 
+std::optional<RoundEnd> NodeRendezvous::wait_end_for(int round, std::chrono::milliseconds timeout,
+                                                     const StopSignal& stop) {
+  try {
+    const auto wait = wait_for_key(round_keys(round).end());
+    const auto deadline = Clock::now() + timeout;
+    while (Clock::now() < deadline && !stop.requested()) {
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+      if (auto end = wait->next(std::clamp(left, std::chrono::milliseconds(1), kSlice))) return parse_round_end(*end);
+    }
+  } catch (const StopRequested&) {
+    throw;
+  } catch (const Error& e) {
+    return store_lost(e.what());
+  }
+  return std::nullopt;
+}
+
 RoundEnd NodeRendezvous::wait_end(int round, const StopSignal& stop) {
   try {
     const auto wait = wait_for_key(round_keys(round).end());
@@ -162,6 +198,7 @@ std::optional<RoundEnd> NodeRendezvous::wait_joining(int round, const StopSignal
 void NodeRendezvous::leave(int round, std::chrono::milliseconds timeout, const StopSignal& stop) {
   stop_watcher();
   stop_background();
+  if (departed_) return;  // the job goes on without this node: its outcome is not the job's
   try {
     // The first node to leave records how the job ended: a later run of this job id sees it and
     // starts a new generation instead of joining this one.

@@ -43,6 +43,7 @@ class NodeRendezvous : public RendezvousBackend {
   RoundEnd report_signal(int round, int signo) final;
   RoundEnd report_success(int round, const StopSignal& stop) final;
   RoundEnd wait_end(int round, const StopSignal& stop) final;
+  std::optional<RoundEnd> wait_end_for(int round, std::chrono::milliseconds timeout, const StopSignal& stop) final;
   void leave(int round, std::chrono::milliseconds timeout, const StopSignal& stop) final;
   int node_rank() const final { return place().group_rank; }
   std::unique_ptr<ProgressChannel> progress_channel(int round) final;
@@ -125,6 +126,10 @@ class NodeRendezvous : public RendezvousBackend {
   }
   // Background work that ends when the node leaves (the store backend's heartbeat).
   virtual void stop_background() {}
+  // Whether this node hosts the store the others use (they cannot go on without it).
+  virtual bool hosts_the_store() const { return false; }
+  // Whether the job may go on with fewer nodes than it has (--nnodes MIN:MAX with MIN < MAX).
+  virtual bool may_shrink() const = 0;
   // What a lost store is called in messages: "the rendezvous store", "etcd".
   virtual std::string store_name() const = 0;
   // The watchdog's channel for node `node` of `nodes` in `round`, on a connection of its own.
@@ -163,6 +168,9 @@ class NodeRendezvous : public RendezvousBackend {
   Place place_;
   std::thread watcher_;
   std::atomic<bool> stop_watching_{false};
+  // This node left an elastic job that goes on without it (report_signal): leave() records no
+  // outcome for the job and lets no generation go.
+  bool departed_ = false;
 };
 
 }  // namespace ddprun::launcher::rendezvous

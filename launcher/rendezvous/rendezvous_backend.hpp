@@ -112,6 +112,12 @@ class RendezvousBackend {
   virtual RoundEnd report_success(int round, const StopSignal& stop) = 0;
   // Waits for the round's end as another node decided it.
   virtual RoundEnd wait_end(int round, const StopSignal& stop) = 0;
+  // The round's end if another node decides it within `timeout`; nullopt otherwise (and for a
+  // single node, where no other node decides anything).
+  virtual std::optional<RoundEnd> wait_end_for(int round, std::chrono::milliseconds timeout, const StopSignal& stop) {
+    (void)round, (void)timeout, (void)stop;
+    return std::nullopt;
+  }
   // The job is over for this node: record the outcome and leave; the node that hosts a store the
   // others still need waits (up to `timeout`) for them to leave too.
   virtual void leave(int round, std::chrono::milliseconds timeout, const StopSignal& stop) = 0;

@@ -1,5 +1,7 @@
 #include "launcher/workers/worker_exit.hpp"
 
+#include <algorithm>
+#include <cctype>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -13,6 +15,19 @@ int shell_exit_code(const WorkerExit& e) { return e.signal != 0 ? 128 + e.signal
 std::string describe_exit(const WorkerExit& e) {
   if (e.signal != 0) return "signal " + std::to_string(e.signal) + " (" + signal_name(e.signal) + ")";
   return "exit code " + std::to_string(e.exit_code);
+}
+
+bool lost_a_peer(const WorkerExit& e) {
+  static constexpr const char* kSigns[] = {"connection closed by peer", "connection reset by peer", "broken pipe",
+                                           "remote process exited", "ncclremoteerror", "socket closed"};
+  auto says_so = [](std::string text) {
+    std::transform(text.begin(), text.end(), text.begin(), [](unsigned char c) { return std::tolower(c); });
+    return std::any_of(std::begin(kSigns), std::end(kSigns),
+                       [&](const char* sign) { return text.find(sign) != std::string::npos; });
+  };
+  if (e.error_text && says_so(*e.error_text)) return true;
+  if (const auto text = read_error_file(e.error_file); text && says_so(*text)) return true;
+  return std::any_of(e.stderr_tail.begin(), e.stderr_tail.end(), says_so);
 }
 
 std::optional<std::string> read_error_file(const std::string& path) {

@@ -34,6 +34,11 @@ int shell_exit_code(const WorkerExit& e);
 // "exit code 3" or "signal 9 (SIGKILL)".
 std::string describe_exit(const WorkerExit& e);
 
+// Whether the worker says it failed because a connection to a peer broke (Gloo's "Connection closed
+// by peer", "Connection reset by peer", a broken pipe, NCCL's remote error): the peer's node may be
+// the cause, not this rank. Looks at the error file's text and the stderr tail.
+bool lost_a_peer(const WorkerExit& e);
+
 // Reads a torchrun-format error file ({"message": {"message": ..., "extraInfo": {"py_callstack": ...}}}
 // or {"message": "..."}); nullopt if absent or unreadable.
 std::optional<std::string> read_error_file(const std::string& path);

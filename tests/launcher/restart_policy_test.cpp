@@ -54,7 +54,8 @@ TEST(RestartPolicyTest, AStopSignalNeverRestarts) {
   EXPECT_EQ(decide(failure(3), {.restarts = 0, .max_restarts = 5, .stop_signal = SIGTERM}), finish(3));
   EXPECT_EQ(decide(end_of(RoundEnd::Kind::Hang), {.max_restarts = 5, .stop_signal = SIGINT}), finish(kHangExitCode));
   EXPECT_EQ(decide(end_of(RoundEnd::Kind::Membership), {.elastic = true, .stop_signal = SIGINT}), finish(128 + SIGINT));
-  EXPECT_EQ(decide(end_of(RoundEnd::Kind::NodeLost), {.elastic = true, .stop_signal = SIGTERM}), finish(1));
+  // A stopped node leaves with 128 + N, the lost node being itself or another.
+  EXPECT_EQ(decide(end_of(RoundEnd::Kind::NodeLost), {.elastic = true, .stop_signal = SIGTERM}), finish(128 + SIGTERM));
 }
 
 TEST(RestartPolicyTest, ASignalEndExitsWithTheSignalThatStoppedUsOrTheGroupOrSigterm) {

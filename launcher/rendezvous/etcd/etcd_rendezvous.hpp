@@ -86,6 +86,7 @@ class EtcdRendezvous final : public NodeRendezvous {
   std::variant<World, RoundEnd> join(int round, int nproc, const WorkerStoreHost& host_worker_store,
                                      const StopSignal& stop) override;
   bool elastic() const override { return options_.min_nodes < options_.nnodes; }
+  bool may_shrink() const override { return elastic(); }
 
   int64_t generation() const { return generation_; }
 

@@ -102,6 +102,8 @@ class StoreRendezvous final : public NodeRendezvous {
                                      const StopSignal& stop) override;
   void quiesce() override { request_heartbeat_stop(); }
   bool elastic() const override { return options_.dynamic; }
+  bool hosts_the_store() const override { return server_ != nullptr; }
+  bool may_shrink() const override { return options_.dynamic && options_.min_nodes < options_.nnodes; }
 
   const StoreRendezvousOptions& options() const { return options_; }
   int64_t generation() const { return keys_.generation(); }
