@@ -21,6 +21,7 @@ using workers::Supervisor;
 using workers::SupervisorSettings;
 using workers::WorkerExit;
 using workers::WorkerLaunch;
+using workers::lost_a_peer;
 using workers::shell_exit_code;
 namespace {
 
@@ -151,6 +152,24 @@ TEST(SupervisorTest, AWorkerThatIgnoresSigtermIsKilledAfterTheGrace) {
   const auto rank0 = std::find_if(r.exits.begin(), r.exits.end(), [](const WorkerExit& e) { return e.rank == 0; });
   ASSERT_NE(rank0, r.exits.end());
   EXPECT_EQ(rank0->signal, SIGKILL);
+}
+
+// A rank whose collective broke on a lost peer says so in its stderr or its error file (Gloo,
+// NCCL, a socket); the agent then waits for the keep-alives before blaming it.
+TEST(WorkerExitTest, ALostPeerIsRecognisedInTheStderrTailOrTheErrorText) {
+  WorkerExit e;
+  EXPECT_FALSE(lost_a_peer(e));
+  e.stderr_tail = {"Traceback (most recent call last):",
+                   "RuntimeError: [./gloo/transport/tcp/pair.cc:598] Connection closed by peer [127.0.0.1]:48282"};
+  EXPECT_TRUE(lost_a_peer(e));
+  e.stderr_tail = {"RuntimeError: CUDA out of memory"};
+  EXPECT_FALSE(lost_a_peer(e));
+  e.error_text = "DistBackendError: NCCL error: remote process exited or there was a network error";
+  EXPECT_TRUE(lost_a_peer(e));
+  e.error_text = "ValueError: bad input";
+  EXPECT_FALSE(lost_a_peer(e)) << "a rank's own error is its own";
+  e.stderr_tail = {"BrokenPipeError: [Errno 32] Broken pipe"};
+  EXPECT_TRUE(lost_a_peer(e));
 }
 
 }  // namespace
