@@ -37,6 +37,7 @@ using watchdog::WatchedRank;
 using watchdog::stack_signal;
 using workers::AttemptContext;
 using workers::Environment;
+using workers::GpuMaker;
 using workers::NumaBinding;
 using workers::RankPlacement;
 using workers::SignalWatcher;
@@ -60,7 +61,7 @@ using workers::spawn_process;
 using workers::substitute_args;
 using workers::to_envp;
 using workers::visible_gpu_ids;
-using workers::visible_gpus;
+using workers::visible_gpus_of;
 using workers::worker_environment;
 using workers::write_python_hook;
 
@@ -206,11 +207,17 @@ SpawnedProcess Agent::spawn_worker(const SpawnRequest& request) {
 
 void Agent::plan_numa_binding() {
   if (o_.numa_binding == NumaBinding::Off) return;
-  const Topology topology = read_topology(o_.topology_root, allowed_cpus());
-  std::optional<std::string> visible;
-  if (auto it = base_env_.find("CUDA_VISIBLE_DEVICES"); it != base_env_.end()) visible = it->second;
+  // The GPUs of the vendor the ranks use (NVIDIA's unless the job counted AMD's or Intel's).
+  const GpuMaker maker = o_.gpu_vendor == cli::GpuVendor::Amd     ? GpuMaker::Amd
+                         : o_.gpu_vendor == cli::GpuVendor::Intel ? GpuMaker::Intel
+                                                                  : GpuMaker::Nvidia;
+  const Topology topology = read_topology(o_.topology_root, allowed_cpus(), maker);
+  const auto env = [this](const std::string& name) -> std::optional<std::string> {
+    if (auto it = base_env_.find(name); it != base_env_.end()) return it->second;
+    return std::nullopt;
+  };
   std::string why;
-  const auto gpus = visible_gpus(topology, visible, &why);
+  const auto gpus = visible_gpus_of(topology, maker, env, &why);
   if (!gpus) log::warn("ddprun") << "--numa_binding: " << why << "; the workers are placed as CPU workers";
   placements_ = place_ranks(topology, o_.numa_binding, o_.nproc_per_node, gpus.value_or(std::vector<int>{}));
   omp_threads_per_rank_ = base_env_.find("OMP_NUM_THREADS") == base_env_.end();

@@ -148,7 +148,7 @@ std::set<int> allowed_cpus() {
   return out;
 }
 
-Topology read_topology(const std::string& root_text, const std::set<int>& allowed) {
+Topology read_topology(const std::string& root_text, const std::set<int>& allowed, GpuMaker maker) {
   const fs::path root(root_text.empty() ? "/" : root_text);
   const fs::path sys = root / "sys";
   Topology t;
@@ -187,8 +187,10 @@ Topology read_topology(const std::string& root_text, const std::set<int>& allowe
   for (const auto& entry : fs::directory_iterator(sys / "bus/pci/devices", ec)) {
     const auto vendor = read_text(entry.path() / "vendor");
     const auto cls = read_text(entry.path() / "class");
-    if (!vendor || *vendor != "0x10de" || !cls) continue;
-    if (cls->rfind("0x0300", 0) != 0 && cls->rfind("0x0302", 0) != 0) continue;  // VGA or 3D controller
+    const char* vendor_id = maker == GpuMaker::Amd ? "0x1002" : maker == GpuMaker::Intel ? "0x8086" : "0x10de";
+    if (!vendor || *vendor != vendor_id || !cls) continue;
+    // VGA, 3D or (AMD Instinct, Intel's data-center GPUs) display controller.
+    if (cls->rfind("0x0300", 0) != 0 && cls->rfind("0x0302", 0) != 0 && cls->rfind("0x0380", 0) != 0) continue;
     GpuInfo g;
     g.pci_address = entry.path().filename().string();
     if (const auto n = read_text(entry.path() / "numa_node"); n && to_int(*n)) g.numa_node = std::max(0, *to_int(*n));
@@ -200,7 +202,7 @@ Topology read_topology(const std::string& root_text, const std::set<int>& allowe
 }
 
 std::optional<std::vector<int>> visible_gpus(const Topology& t, const std::optional<std::string>& cuda_visible_devices,
-                                             std::string* why) {
+                                             std::string* why, const std::string& variable) {
   std::vector<int> out;
   if (!cuda_visible_devices) {
     for (size_t i = 0; i < t.gpus.size(); ++i) out.push_back(static_cast<int>(i));
@@ -212,10 +214,11 @@ std::optional<std::vector<int>> visible_gpus(const Topology& t, const std::optio
     const std::string item = trim(rest.substr(0, comma));
     rest = comma == std::string_view::npos ? std::string_view() : rest.substr(comma + 1);
     if (item.empty()) continue;
-    if (const auto index = to_int(item)) {
+    const auto dot = item.find('.');
+    if (const auto index = to_int(dot == std::string::npos ? item : item.substr(0, dot))) {
       if (*index < 0) break;  // CUDA stops at an invalid entry
       if (*index >= static_cast<int>(t.gpus.size())) {
-        if (why) *why = "CUDA_VISIBLE_DEVICES names GPU " + item + ", but sysfs shows " + std::to_string(t.gpus.size());
+        if (why) *why = variable + " names GPU " + item + ", but sysfs shows " + std::to_string(t.gpus.size());
         return std::nullopt;
       }
       out.push_back(*index);
@@ -231,9 +234,33 @@ std::optional<std::vector<int>> visible_gpus(const Topology& t, const std::optio
         continue;
       }
     }
-    if (why) *why = "cannot tell which PCI device CUDA_VISIBLE_DEVICES entry '" + item + "' is";
+    if (why) *why = "cannot tell which PCI device " + variable + " entry '" + item + "' is";
     return std::nullopt;
   }
+  return out;
+}
+
+std::optional<std::vector<int>> visible_gpus_of(const Topology& t, GpuMaker maker,
+                                                const std::function<std::optional<std::string>(const std::string&)>& env,
+                                                std::string* why) {
+  switch (maker) {
+    case GpuMaker::Nvidia: return visible_gpus(t, env("CUDA_VISIBLE_DEVICES"), why);
+    case GpuMaker::Intel: return visible_gpus(t, env("ZE_AFFINITY_MASK"), why, "ZE_AFFINITY_MASK");
+    case GpuMaker::Amd: break;
+  }
+  // ROCr narrows the devices first; HIP's list indexes what ROCr shows.
+  auto shown = visible_gpus(t, env("ROCR_VISIBLE_DEVICES"), why, "ROCR_VISIBLE_DEVICES");
+  if (!shown) return std::nullopt;
+  std::string hip_variable = "HIP_VISIBLE_DEVICES";
+  auto hip = env(hip_variable);
+  if (!hip) hip = env(hip_variable = "CUDA_VISIBLE_DEVICES");
+  if (!hip) return shown;
+  Topology of_rocr;
+  for (int g : *shown) of_rocr.gpus.push_back(t.gpus.at(static_cast<size_t>(g)));
+  const auto picked = visible_gpus(of_rocr, hip, why, hip_variable);
+  if (!picked) return std::nullopt;
+  std::vector<int> out;
+  for (int i : *picked) out.push_back(shown->at(static_cast<size_t>(i)));
   return out;
 }
 

@@ -12,6 +12,7 @@
 // Everything is read from sysfs (a root the tests point elsewhere) and limited to the CPUs ddprun
 // itself may use (its affinity: a Slurm or cgroup allocation is kept). Pure apart from reading.
 
+#include <functional>
 #include <map>
 #include <optional>
 #include <set>
@@ -39,6 +40,9 @@ struct CpuInfo {
   int cache = 0;    // the lowest CPU id sharing its last-level cache
 };
 
+// Whose GPUs a job's ranks use: NVIDIA's (CUDA), AMD's (ROCm/HIP) or Intel's (Level Zero).
+enum class GpuMaker { Nvidia, Amd, Intel };
+
 struct GpuInfo {
   std::string pci_address;  // "0000:3b:00.0"
   int numa_node = 0;        // 0 when the firmware says -1 (one node)
@@ -47,13 +51,17 @@ struct GpuInfo {
 
 struct Topology {
   std::vector<CpuInfo> cpus;  // the CPUs ddprun may use, by id
-  std::vector<GpuInfo> gpus;  // NVIDIA GPUs in PCI bus order (CUDA_DEVICE_ORDER=PCI_BUS_ID, nvidia-smi's)
+  // The maker's GPUs in PCI bus order (CUDA_DEVICE_ORDER=PCI_BUS_ID and nvidia-smi's for NVIDIA; the
+  // order ROCm and Level Zero enumerate them in on one machine's bus).
+  std::vector<GpuInfo> gpus;
 };
 
-// Reads ROOT/sys/devices/system/{node,cpu} and ROOT/sys/bus/pci/devices (and the NVIDIA driver's
-// ROOT/proc/driver/nvidia/gpus/*/information for UUIDs). `allowed`: the CPUs this process may use.
-// Throws ConfigError naming the file it could not make sense of.
-Topology read_topology(const std::string& root, const std::set<int>& allowed);
+// Reads ROOT/sys/devices/system/{node,cpu} and ROOT/sys/bus/pci/devices: the display controllers
+// (VGA, 3D, and "display" as AMD's Instinct and Intel's data-center GPUs are classed) of `maker`'s
+// PCI vendor id, with the NVIDIA driver's ROOT/proc/driver/nvidia/gpus/*/information for UUIDs.
+// `allowed`: the CPUs this process may use. Throws ConfigError naming the file it could not make
+// sense of.
+Topology read_topology(const std::string& root, const std::set<int>& allowed, GpuMaker maker = GpuMaker::Nvidia);
 
 // The CPUs this process may run on (sched_getaffinity).
 std::set<int> allowed_cpus();
@@ -61,8 +69,18 @@ std::set<int> allowed_cpus();
 // The GPUs the workers see, as indices into Topology::gpus in CUDA's order: CUDA_VISIBLE_DEVICES
 // (indices or GPU-UUIDs), or all of them. nullopt, with `why` set, when that cannot be told (a
 // MIG instance, an unknown UUID).
+// `variable` names the list in messages. An entry "N.M" (Level Zero's tile M of device N) is device N
+// (each tile listed is a device of its own to the ranks, on N's NUMA node).
 std::optional<std::vector<int>> visible_gpus(const Topology& t, const std::optional<std::string>& cuda_visible_devices,
-                                             std::string* why);
+                                             std::string* why, const std::string& variable = "CUDA_VISIBLE_DEVICES");
+
+// The GPUs `maker`'s runtime shows the workers, read from their environment through `env`: NVIDIA's
+// CUDA_VISIBLE_DEVICES; AMD's ROCR_VISIBLE_DEVICES, then HIP_VISIBLE_DEVICES (or
+// CUDA_VISIBLE_DEVICES, which HIP also reads) as indices into what ROCr shows; Intel's
+// ZE_AFFINITY_MASK.
+std::optional<std::vector<int>> visible_gpus_of(const Topology& t, GpuMaker maker,
+                                                const std::function<std::optional<std::string>(const std::string&)>& env,
+                                                std::string* why);
 
 struct RankPlacement {
   std::set<int> cpus;

@@ -8,6 +8,8 @@
 
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <tuple>
 
 #include "common/errors.hpp"
 #include "tests/support/temp_dir.hpp"
@@ -15,6 +17,7 @@
 namespace ddprun::launcher {
 
 using workers::CpuInfo;
+using workers::GpuMaker;
 using workers::NumaBinding;
 using workers::Topology;
 using workers::format_cpu_list;
@@ -23,6 +26,7 @@ using workers::parse_numa_binding;
 using workers::place_ranks;
 using workers::read_topology;
 using workers::visible_gpus;
+using workers::visible_gpus_of;
 namespace {
 
 namespace fs = std::filesystem;
@@ -78,12 +82,20 @@ struct Fixture {
     put(sys / "bus/pci/devices/0000:11:00.1/vendor", "0x10de");  // a GPU's audio function
     put(sys / "bus/pci/devices/0000:11:00.1/class", "0x040300");
     put(sys / "bus/pci/devices/0000:11:00.1/numa_node", "0");
+    // Two AMD Instinct GPUs (display controllers) on nodes 3 and 1, and an Intel data-center GPU on node 2.
+    for (const auto& [addr, vendor, node] : {std::tuple{"0000:41:00.0", "0x1002", "1"},
+                                             std::tuple{"0000:40:00.0", "0x1002", "3"},
+                                             std::tuple{"0000:50:00.0", "0x8086", "2"}}) {
+      put(sys / "bus/pci/devices" / addr / "vendor", vendor);
+      put(sys / "bus/pci/devices" / addr / "class", "0x038000");
+      put(sys / "bus/pci/devices" / addr / "numa_node", node);
+    }
   }
-  Topology read(std::set<int> allowed = {}) const {
+  Topology read(std::set<int> allowed = {}, GpuMaker maker = GpuMaker::Nvidia) const {
     if (allowed.empty()) {
       for (int c = 0; c < 32; ++c) allowed.insert(c);
     }
-    return read_topology(root.str(), allowed);
+    return read_topology(root.str(), allowed, maker);
   }
 };
 
@@ -177,6 +189,51 @@ TEST(NumaTest, CudaVisibleDevicesChoosesTheGpusByIndexOrUuid) {
   const auto p = place_ranks(t, NumaBinding::Exclusive, 2, {6, 7});
   EXPECT_EQ(p[0].cpus, cpus("12-13,28-29"));
   EXPECT_EQ(p[1].cpus, cpus("14-15,30-31"));
+}
+
+// AMD and Intel GPUs: their own PCI vendor ids, the "display controller" class their data-center
+// parts have, and each runtime's visibility variables (ROCr's list first, HIP's indexing into it).
+TEST(NumaTest, AmdAndIntelGpusArePlacedByTheirPciNodeAndTheirRuntimesVariables) {
+  Fixture f;
+  std::map<std::string, std::string> env;
+  const auto lookup = [&env](const std::string& name) -> std::optional<std::string> {
+    if (auto it = env.find(name); it != env.end()) return it->second;
+    return std::nullopt;
+  };
+  std::string why;
+  const Topology amd = f.read({}, GpuMaker::Amd);
+  ASSERT_EQ(amd.gpus.size(), 2u);
+  EXPECT_EQ(amd.gpus[0].pci_address, "0000:40:00.0");  // PCI order
+  EXPECT_EQ(amd.gpus[0].numa_node, 3);
+  EXPECT_EQ(amd.gpus[1].numa_node, 1);
+  EXPECT_EQ(visible_gpus_of(amd, GpuMaker::Amd, lookup, &why), (std::vector<int>{0, 1}));
+  env["HIP_VISIBLE_DEVICES"] = "1";
+  EXPECT_EQ(visible_gpus_of(amd, GpuMaker::Amd, lookup, &why), std::vector<int>{1});
+  env["ROCR_VISIBLE_DEVICES"] = "1";
+  env["HIP_VISIBLE_DEVICES"] = "0";  // the first of what ROCr shows: GPU 1
+  EXPECT_EQ(visible_gpus_of(amd, GpuMaker::Amd, lookup, &why), std::vector<int>{1});
+  env["HIP_VISIBLE_DEVICES"] = "1";  // ROCr shows one GPU only
+  EXPECT_FALSE(visible_gpus_of(amd, GpuMaker::Amd, lookup, &why));
+  EXPECT_NE(why.find("HIP_VISIBLE_DEVICES"), std::string::npos) << why;
+  env.clear();
+  env["CUDA_VISIBLE_DEVICES"] = "1,0";  // HIP reads it too
+  EXPECT_EQ(visible_gpus_of(amd, GpuMaker::Amd, lookup, &why), (std::vector<int>{1, 0}));
+  const auto p = place_ranks(amd, NumaBinding::Node, 2, {1, 0});
+  EXPECT_EQ(p[0].numa_node, 1);
+  EXPECT_EQ(p[0].cpus, cpus("4-7,20-23"));
+  EXPECT_EQ(p[1].numa_node, 3);
+
+  const Topology intel = f.read({}, GpuMaker::Intel);
+  ASSERT_EQ(intel.gpus.size(), 1u) << "the Intel NIC is no GPU";
+  EXPECT_EQ(intel.gpus[0].numa_node, 2);
+  env.clear();
+  env["ZE_AFFINITY_MASK"] = "0.0,0.1";  // two tiles of GPU 0: a device each
+  EXPECT_EQ(visible_gpus_of(intel, GpuMaker::Intel, lookup, &why), (std::vector<int>{0, 0}));
+  const auto q = place_ranks(intel, NumaBinding::Exclusive, 2, {0, 0});
+  EXPECT_EQ(q[0].numa_node, 2);
+  EXPECT_EQ(q[0].cpus, cpus("8-9,24-25"));
+  EXPECT_EQ(q[1].cpus, cpus("10-11,26-27"));
+  EXPECT_EQ(f.read().gpus.size(), 8u) << "NVIDIA's count is unchanged";
 }
 
 TEST(NumaTest, CpuWorkersShareTheNumaNodesOutEvenly) {
