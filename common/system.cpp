@@ -95,20 +95,29 @@ std::string numeric_address(const sockaddr* sa) {
 
 }  // namespace
 
+std::string fully_qualified_host_name() {
+  char name[256] = {};
+  if (::gethostname(name, sizeof name - 1) != 0 || name[0] == '\0') return "";
+  addrinfo hints{};
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_CANONNAME;
+  addrinfo* self = nullptr;
+  std::string canonical;
+  if (::getaddrinfo(name, nullptr, &hints, &self) == 0) {
+    if (self->ai_canonname != nullptr) canonical = self->ai_canonname;
+    ::freeaddrinfo(self);
+  }
+  return canonical.empty() ? name : canonical;
+}
+
 bool names_this_machine(const std::string& host) {
   if (host.empty()) return false;
   if (host == "localhost" || host.rfind("127.", 0) == 0 || host == "::1") return true;
   char name[256] = {};
   if (::gethostname(name, sizeof name - 1) == 0 && host == name) return true;
+  if (host == fully_qualified_host_name()) return true;
   addrinfo hints{};
   hints.ai_socktype = SOCK_STREAM;
-  hints.ai_flags = AI_CANONNAME;
-  addrinfo* self = nullptr;
-  if (name[0] != '\0' && ::getaddrinfo(name, nullptr, &hints, &self) == 0) {
-    const bool canonical = self->ai_canonname != nullptr && host == self->ai_canonname;
-    ::freeaddrinfo(self);
-    if (canonical) return true;
-  }
   std::set<std::string> local;
   ifaddrs* interfaces = nullptr;
   if (::getifaddrs(&interfaces) != 0) return false;

@@ -46,6 +46,11 @@ auto retry_eintr(Call call) {
 // (errno says why; ENOSPC when a write wrote nothing). Async-signal-safe: fit for a forked child.
 bool write_all(int fd, std::string_view data);
 
+// This host's fully qualified name, as Python's socket.getfqdn() gives torchrun's default local
+// address: the canonical name its host name resolves to (a Kubernetes pod's /etc/hosts names it
+// <host>.<subdomain>.<namespace>.svc.cluster.local), else the host name itself.
+std::string fully_qualified_host_name();
+
 // Whether `host` (a name or an address) is this machine, as torchrun's _matches_machine_hostname
 // decides a c10d agent's is_host: "localhost" and loopback addresses; this host's name and its
 // canonical (DNS) name; or a name whose addresses include one of this machine's interfaces'. A

@@ -17,6 +17,7 @@ packages=(
   clang        # the store's fuzzer (libFuzzer); its runtime package is added below
   iproute2 procps util-linux
   nftables     # the partition tests cut a network namespace off
+  dnsmasq-base # the Kubernetes pods' DNS server in the kubeflow_pods test (it answers late on purpose)
   prometheus   # promtool, which checks the daemon's /metrics in the tests
   strace       # the checkpoint test checks the order of fsync and rename
   elfutils     # eu-stack: native stacks of hung workers (--hang_timeout)

@@ -264,9 +264,12 @@ void Agent::confirm_membership() {
 
 std::unique_ptr<RendezvousBackend> Agent::make_backend() {
   // The address other nodes (and the workers) use for this node: --local_addr; else node 0 of a
-  // static job is --master_addr, and any other node is known by its host name.
+  // static job is --master_addr, and any other node is known by its fully qualified name, as
+  // torchrun's (a Kubernetes pod with a subdomain is reachable by that name only).
   const bool static_node_zero = o_.rdzv_backend == RdzvBackend::Static && o_.node_rank == 0;
-  advertise_addr_ = !o_.local_addr.empty() ? o_.local_addr : (!multi_node_ || static_node_zero ? o_.master_addr : host_);
+  std::string fqdn = fully_qualified_host_name();
+  if (fqdn.empty()) fqdn = host_;
+  advertise_addr_ = !o_.local_addr.empty() ? o_.local_addr : (!multi_node_ || static_node_zero ? o_.master_addr : fqdn);
   if (!multi_node_) return std::make_unique<LocalRendezvous>(advertise_addr_);
   if (o_.rdzv_backend == RdzvBackend::Etcd) {
     EtcdRendezvousOptions eo;

@@ -78,7 +78,7 @@ constexpr FlagDef kFlagTable[] = {
      true},
     {"--use_env", nullptr, "use_env", false, "off",
      "accepted for torch.distributed.launch compatibility: the workers always get LOCAL_RANK in their environment"},
-    {"--local_addr", nullptr, "local_addr", true, "(host name)", "address of this node that other nodes use"},
+    {"--local_addr", nullptr, "local_addr", true, "(fully qualified host name)", "address of this node that other nodes use"},
     {"--signals_to_handle", nullptr, "signals_to_handle", true, "SIGTERM,SIGINT,SIGHUP,SIGQUIT",
      "signals forwarded to every worker; SIGTERM/SIGINT/SIGHUP/SIGQUIT also stop the job, others "
      "(e.g. SIGUSR1) are only forwarded"},
