@@ -50,6 +50,12 @@ void Agent::start_watch(int round) {
 std::variant<World, RoundEnd> Agent::rendezvous(int round) {
   auto joined = backend_->join(round, o_.nproc_per_node, [this] { return host_worker_store(); }, stop_);
   if (auto* w = std::get_if<World>(&joined)) {
+    if (w->restarts > restarts_) {
+      // This node came (back) into a job that has restarted already: --max_restarts is the job's.
+      log::info("ddprun") << "the job has made " << w->restarts << " restart(s) of " << o_.max_restarts
+                          << "; this node counts from there";
+      restarts_ = w->restarts;
+    }
     if (multi_node_ && worker_store_ && w->group_rank == 0) {
       // Now the job's nodes are known: their workers may connect, nobody else's.
       std::vector<std::string> peers = w->peer_addresses;
@@ -295,6 +301,7 @@ int Agent::run() {
         std::variant<World, RoundEnd> joined;
         report_.rendezvous_began(round, restarts_);
         health(HealthEndpoint::Phase::Rendezvous, "round " + std::to_string(round));
+        backend_->set_restarts(restarts_);
         try {
           joined = rendezvous(round);
         } catch (const StopRequested& s) {

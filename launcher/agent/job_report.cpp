@@ -129,6 +129,7 @@ void JobReport::group_started(const World& world) {
   if (attempts_.empty()) rendezvous_began(world.round, 0);
   Attempt& a = attempts_.back();
   a.round = world.round;
+  a.restart = std::max(a.restart, world.restarts);  // the job's count, when this node joined it late
   a.world = world;
   a.started = Clock::now();
 }

@@ -74,6 +74,7 @@ World world_of(int round, const Membership& m, int g, const rdzv::jobs::WorkerSt
   w.master_addr = store.addr;
   w.master_port = store.port;
   if (g == 0) w.peer_addresses = m.peer_addresses();
+  for (const auto& node : m.nodes()) w.restarts = std::max(w.restarts, node.restarts);
   return w;
 }
 

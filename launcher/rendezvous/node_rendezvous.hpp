@@ -46,6 +46,7 @@ class NodeRendezvous : public RendezvousBackend {
   std::optional<RoundEnd> wait_end_for(int round, std::chrono::milliseconds timeout, const StopSignal& stop) final;
   void leave(int round, std::chrono::milliseconds timeout, const StopSignal& stop) final;
   int node_rank() const final { return place().group_rank; }
+  void set_restarts(int restarts) final { restarts_ = restarts; }
   std::unique_ptr<ProgressChannel> progress_channel(int round) final;
 
   // ---- Types of the key-value interface below --------------------------------------------------
@@ -126,6 +127,8 @@ class NodeRendezvous : public RendezvousBackend {
   }
   // Background work that ends when the node leaves (the store backend's heartbeat).
   virtual void stop_background() {}
+  // The restarts to record in this node's join record.
+  int restarts() const { return restarts_; }
   // Whether this node hosts the store the others use (they cannot go on without it).
   virtual bool hosts_the_store() const { return false; }
   // Whether the job may go on with fewer nodes than it has (--nnodes MIN:MAX with MIN < MAX).
@@ -171,6 +174,7 @@ class NodeRendezvous : public RendezvousBackend {
   // This node left an elastic job that goes on without it (report_signal): leave() records no
   // outcome for the job and lets no generation go.
   bool departed_ = false;
+  int restarts_ = 0;
 };
 
 }  // namespace ddprun::launcher::rendezvous

@@ -42,6 +42,9 @@ struct World {
   // On the node that hosts the worker store: every node's addresses (and host names), the only
   // peers its store accepts besides loopback. Empty elsewhere.
   std::vector<std::string> peer_addresses;
+  // The job's restarts so far: the most any node of the round has made (a node that joined late,
+  // or came back as a new process, counts from there, so --max_restarts holds for the job).
+  int restarts = 0;
 };
 
 // How a round ended for the whole job.
@@ -126,6 +129,8 @@ class RendezvousBackend {
   virtual void quiesce() {}
   // Whether a lost node leads to a new rendezvous of the survivors (elastic) rather than the end.
   virtual bool elastic() const = 0;
+  // The restarts this node has made, recorded with its next join (see World::restarts).
+  virtual void set_restarts(int restarts) { (void)restarts; }
   // Node rank to show in reports; -1 for a single-node job.
   virtual int node_rank() const = 0;
   // The job-wide progress channel of `round` (after join), on a connection of its own; nullptr

@@ -22,6 +22,7 @@ json to_json(const NodeRecord& r) {
   if (!r.agent.empty()) j["agent"] = r.agent;
   if (r.hint >= 0) j["hint"] = r.hint;
   if (r.store_host) j["store_host"] = true;
+  if (r.restarts > 0) j["restarts"] = r.restarts;
   return j;
 }
 
@@ -39,6 +40,7 @@ std::optional<NodeRecord> node_record_from_json(const json& j) {
   r.joined_ms = int_field(j, "joined_ms", 0);
   r.hint = small_int_of(j, "hint", -1);
   r.store_host = bool_field(j, "store_host");
+  r.restarts = small_int_of(j, "restarts", 0);
   return r;
 }
 
@@ -62,6 +64,7 @@ std::string encode(const Assignment& a) {
   if (!a.agents.empty()) j["agents"] = a.agents;
   if (!a.hosts.empty()) j["hosts"] = a.hosts;
   if (!a.addrs.empty()) j["addrs"] = a.addrs;
+  if (a.restarts > 0) j["restarts"] = a.restarts;
   return j.dump();
 }
 
@@ -73,6 +76,7 @@ std::optional<Assignment> decode_assignment(std::string_view text) {
   a.group_world_size = small_int_of(j, "group_world_size", 0);
   a.offset = small_int_of(j, "offset", -1);
   a.world_size = small_int_of(j, "world_size", 0);
+  a.restarts = small_int_of(j, "restarts", 0);
   if (a.group_rank < 0 || a.group_world_size <= 0 || a.offset < 0 || a.world_size <= 0) return std::nullopt;
   a.agents = strings_field(j, "agents");
   a.hosts = strings_field(j, "hosts");

@@ -24,6 +24,7 @@ struct NodeRecord {
   int64_t joined_ms = 0;   // wall clock when it joined (for status only)
   int hint = -1;           // elastic jobs: --node_rank as an ordering hint; -1: none
   bool store_host = false; // elastic jobs on a store: this node hosts the rendezvous store
+  int restarts = 0;        // the restarts its agent has made: the job's count is the most of any node
   bool operator==(const NodeRecord&) const = default;
 };
 nlohmann::json to_json(const NodeRecord& r);
@@ -52,6 +53,7 @@ struct Assignment {
   std::vector<std::string> agents;  // every node's agent, in group-rank order (jobs of up to 64 nodes)
   std::vector<std::string> hosts;   // every node's host, in group-rank order (jobs of up to 64 nodes)
   std::vector<std::string> addrs;   // group rank 0 only: every node's address and host name
+  int restarts = 0;                 // the job's restarts: the most any node of the round has made
   bool operator==(const Assignment&) const = default;
 };
 std::string encode(const Assignment& a);

@@ -64,6 +64,20 @@ TEST(MembershipTest, OffsetsAreThePrefixSumsOfNprocAndOnlyGroupRankZeroGetsThePe
   EXPECT_EQ(w2.group_world_size, 3);
   EXPECT_EQ(w2.rank_offset, 5);
   EXPECT_TRUE(w2.peer_addresses.empty());
+  EXPECT_EQ(w2.restarts, 0);
+}
+
+// --max_restarts is the job's: a round's world carries the most restarts any of its nodes has made,
+// so a node that joined late (or came back as a new process) counts from there.
+TEST(MembershipTest, TheWorldCarriesTheMostRestartsOfAnyNode) {
+  std::vector<rdzv::jobs::NodeRecord> nodes;
+  for (int restarts : {2, 0, 1}) {
+    auto r = joiner("n" + std::to_string(nodes.size()), static_cast<int64_t>(nodes.size()) + 1).record;
+    r.restarts = restarts;
+    nodes.push_back(r);
+  }
+  const Membership m(nodes);
+  EXPECT_EQ(world_of(3, m, 1, {"10.0.0.1", 29500}).restarts, 2);
 }
 
 }  // namespace

@@ -2,7 +2,8 @@
 
 usage: elastic_worker.py STEPS PID_DIR NODE
 Writes PID_DIR/NODE.<pid> when it starts (so a test can tell whether it is still alive) and prints
-"attempt A world W start", "rank R step S world W" and "rank R done world W attempt A".
+"attempt A world W start", "rank R step S world W" and "rank R done world W attempt A". If the file
+PID_DIR/fail-NODE exists at a step, the worker removes it and exits 1 (a failure on demand).
 """
 import datetime
 import os
@@ -25,6 +26,11 @@ for step in range(steps):
     assert t.item() == world, (t.item(), world)
     kept.append(t)
     print(f"rank {rank} step {step} world {world}", flush=True)
+    fail = os.path.join(pid_dir, f"fail-{node}")
+    if os.path.exists(fail):
+        os.remove(fail)
+        print(f"rank {rank} fails on purpose", flush=True)
+        sys.exit(1)
     time.sleep(0.1)
 print(f"rank {rank} done world {world} attempt {attempt}", flush=True)
 dist.barrier()

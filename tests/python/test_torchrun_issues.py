@@ -160,6 +160,28 @@ class TorchrunElasticIssues(unittest.TestCase):
         self.assertEqual(nnodes[-1], 2, report)
         self.assertGreaterEqual(nnodes.count(1), 2, f"two rounds on one node: {nnodes}")
 
+    def test_pytorch_108158_max_restarts_is_the_jobs_even_for_a_node_that_came_back(self):
+        # torchrun counts --max-restarts per agent: a node that leaves and comes back as a new
+        # process starts from 0, so quick rejoins get around the limit (#147064, #108158). Here a
+        # failure uses the job's one restart; node b then leaves and comes back; a second failure,
+        # on the new node b, must end the job on both nodes instead of letting b go on alone.
+        a, b = self.two_nodes_training(steps=300, max_restarts=1)
+        open(os.path.join(self.work, "fail-b"), "w").close()
+        self.assertTrue(a.wait_for("restart 1 of 1", 60), a.output()[-3000:])
+        self.assertTrue(a.wait_for("attempt 1 world 2 start", 60), a.output()[-3000:])
+        b.proc.send_signal(signal.SIGTERM)
+        b.wait(60)
+        self.assertTrue(a.wait_for("attempt 1 world 1 start", 60), a.output()[-3000:])
+        b2 = self.agent("b2", "127.0.0.3", 300, max_restarts=1)
+        self.assertTrue(b2.wait_for("attempt 1 world 2 start", 60), b2.output()[-3000:] + a.output()[-3000:])
+        self.assertIn("the job has made 1 restart(s) of 1", b2.output())
+        open(os.path.join(self.work, "fail-b2"), "w").close()
+        self.assertEqual(b2.wait(120), 1, b2.output()[-3000:])
+        self.assertNotEqual(a.wait(120), 0, a.output()[-3000:])
+        self.assertNotIn("world 1 start", b2.output(), "node b2 went on alone past --max_restarts")
+        self.assertEqual(b2.read_report()["restarts"], 1, b2.read_report())
+        self.assertEqual(a.read_report()["outcome"], "failed", a.read_report())
+
     def test_pytorch_150916_when_one_agent_is_killed_the_other_trains_on_and_its_workers_die(self):
         # torchrun: the surviving agent crashes with RendezvousClosedError when the other is killed.
         # Also pytorch#76287: the killed node's workers must not outlive it.

@@ -23,8 +23,10 @@ TEST(RecordsTest, ANodeRecordSurvivesItsEncodingAndOptionalFieldsStayOut) {
   EXPECT_FALSE(j.contains("hint"));
   EXPECT_FALSE(j.contains("store_host"));
   EXPECT_FALSE(j.contains("agent"));
+  EXPECT_FALSE(j.contains("restarts"));
   r.hint = 2;
   r.store_host = true;
+  r.restarts = 3;
   EXPECT_EQ(decode_node_record(encode(r)), r);
 }
 
@@ -58,6 +60,8 @@ TEST(RecordsTest, AnAssignmentNeedsItsFourNumbersAndKeepsItsLists) {
   a.world_size = 8;
   a.agents = {"x", "y"};
   a.hosts = {"a", "b"};
+  EXPECT_EQ(decode_assignment(encode(a)), a);
+  a.restarts = 2;  // the job's restarts ride along
   EXPECT_EQ(decode_assignment(encode(a)), a);
   EXPECT_FALSE(decode_assignment(R"({"group_rank":0,"group_world_size":2,"offset":0})"));
   EXPECT_FALSE(decode_assignment(R"({"group_rank":-1,"group_world_size":2,"offset":0,"world_size":4})"));

@@ -101,6 +101,7 @@ std::variant<World, RoundEnd> EtcdRendezvous::join(int round, int nproc, const W
     // No agent in the record: the member key names it.
     rdzv::jobs::NodeRecord me = this_node(options_.host, options_.advertise_addr, nproc, options_.nnodes);
     me.hint = options_.node_rank_hint;
+    me.restarts = restarts();
     const std::string member_key = rk(round).member(agent_id_);
     client_->put(member_key, rdzv::jobs::encode(me), lease_, soon());  // gone with this agent's lease
     // Only after a key on a live lease: a generation with keys but none on a live lease is one

@@ -38,6 +38,7 @@ std::variant<World, RoundEnd> StoreRendezvous::join_static(int round, int nproc,
   const int n = options_.nnodes;
   rdzv::jobs::NodeRecord me = this_node(options_.host, options_.advertise_addr, nproc, n);
   me.agent = agent_id_;
+  me.restarts = restarts();
   const std::string mine = rdzv::jobs::encode(me);
   for (;;) {
     const std::string node_key = rk(round).node(options_.node_rank);
@@ -114,6 +115,7 @@ World StoreRendezvous::adopt(int round, const rdzv::jobs::Assignment& assigned,
   w.peer_addresses = assigned.addrs;
   w.master_addr = store.addr;
   w.master_port = store.port;
+  w.restarts = assigned.restarts;
   set_place(Place{w.group_rank, w.group_world_size, assigned.agents, assigned.hosts});
   return w;
 }
@@ -131,6 +133,7 @@ void StoreRendezvous::write_assignments(int round, const std::vector<Joiner>& or
     a.group_world_size = m.size();
     a.offset = m.rank_offset(g);
     a.world_size = m.world_size();
+    for (const auto& node : m.nodes()) a.restarts = std::max(a.restarts, node.restarts);
     if (m.size() <= 64) {
       a.agents = m.agents();
       a.hosts = m.hosts();
@@ -162,6 +165,7 @@ std::variant<World, RoundEnd> StoreRendezvous::join_dynamic(int round, int nproc
   for (;;) {
     rdzv::jobs::NodeRecord me = this_node(options_.host, options_.advertise_addr, nproc, options_.nnodes);
     me.agent = agent_id_;
+    me.restarts = restarts();
     me.hint = options_.node_rank;
     me.store_host = server_ != nullptr;
     const int64_t idx = client_->add(rk(round).joined(), 1);
