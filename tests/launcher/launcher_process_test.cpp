@@ -21,11 +21,6 @@ namespace {
 namespace fs = std::filesystem;
 using namespace std::chrono_literals;
 
-std::vector<std::string> ddprun(std::vector<std::string> args) {
-  args.insert(args.begin(), ddprun_bin());
-  return args;
-}
-
 std::map<std::string, std::string> read_env_file(const fs::path& p) {
   std::map<std::string, std::string> env;
   std::ifstream in(p);

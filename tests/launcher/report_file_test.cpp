@@ -13,6 +13,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "tests/support/ddprun_bin.hpp"
 #include "tests/support/free_port.hpp"
 #include "tests/support/report.hpp"
 #include "tests/support/small_disk.hpp"
@@ -26,11 +27,6 @@ namespace {
 namespace fs = std::filesystem;
 using json = nlohmann::json;
 using namespace std::chrono_literals;
-
-std::vector<std::string> ddprun(std::vector<std::string> args) {
-  args.insert(args.begin(), DDPRUN_BIN);
-  return args;
-}
 
 
 std::string host_name() {

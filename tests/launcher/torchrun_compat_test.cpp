@@ -30,11 +30,6 @@ namespace {
 namespace fs = std::filesystem;
 using namespace std::chrono_literals;
 
-std::vector<std::string> ddprun(std::vector<std::string> args) {
-  args.insert(args.begin(), ddprun_bin());
-  return args;
-}
-
 // torchrun's --duplicate-stdout-filters / --duplicate-stderr-filters: the matching lines of every
 // rank, prefixed as on the console, also in filtered_std{out,err}.log of the attempt's directory;
 // the console and the rank logs unchanged.

@@ -4,12 +4,19 @@
 
 #include <cstdlib>
 #include <string>
+#include <vector>
 
 namespace ddprun::test {
 
 inline std::string ddprun_bin() {
   const char* other = std::getenv("DDPRUN_TEST_DDPRUN_BIN");
   return other && *other ? other : DDPRUN_BIN;
+}
+
+// A ddprun command line: the binary under test, then `args`.
+inline std::vector<std::string> ddprun(std::vector<std::string> args) {
+  args.insert(args.begin(), ddprun_bin());
+  return args;
 }
 
 }  // namespace ddprun::test
