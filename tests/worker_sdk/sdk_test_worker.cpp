@@ -14,6 +14,11 @@
 //   sdk_test_worker checkpoint-race PATH BASE_EPOCH TIMES   (several at once on one PATH)
 //   sdk_test_worker checkpoint-full DIR      (a save that fails must keep the previous checkpoint)
 //   sdk_test_worker checkpoint-once PATH
+//   sdk_test_worker python-resume IN OUT sgd|adam|adamw FIRST STEPS
+//       loads IN (a checkpoint Python saved) into a model and optimizer built with other values,
+//       saves it again as OUT/roundtrip.pt, trains steps FIRST.. FIRST+STEPS-1 printing each loss,
+//       saves OUT/final.pt (tests/python/test_worker_sdk_interop.py holds it all to Python)
+//   sdk_test_worker torch-load FILE...    (no launcher: "OK <tensors>" or "ERROR <why>" per file)
 //   sdk_test_worker train STEPS STALL_RANK SLOW_RANK SLOW_MS
 //       DDP training for STEPS steps; STALL_RANK (-1: none) then stops in its own code, the others
 //       go on into the next step's all-reduce; SLOW_RANK (-1: none) computes SLOW_MS longer per step
@@ -325,6 +330,58 @@ int resume(const std::string& dir, int epochs, int fail_at) {
   return 0;
 }
 
+// The other side of the Python test's checkpoints: the optimizer is built with hyperparameters
+// that differ from the file's (loading must replace them, as Python's load_state_dict does).
+int python_resume(const std::string& in, const std::string& out, const std::string& optim, int first, int steps) {
+  auto dist = Distributed::init();
+  Net model = rank_seeded_net(99);
+  DistributedDataParallel<NetImpl> ddp(model.ptr(), dist);
+  std::unique_ptr<torch::optim::Optimizer> opt;
+  if (optim == "sgd") opt = std::make_unique<torch::optim::SGD>(ddp.parameters(), torch::optim::SGDOptions(0.5));
+  if (optim == "adam") opt = std::make_unique<torch::optim::Adam>(ddp.parameters(), torch::optim::AdamOptions(0.5));
+  if (optim == "adamw") opt = std::make_unique<torch::optim::AdamW>(ddp.parameters(), torch::optim::AdamWOptions(0.5));
+  if (!opt) throw std::invalid_argument("optimizer " + optim + "?");
+  const auto epoch = load_checkpoint(in, ddp.module(), opt.get());
+  dist.print("RESULT loaded_epoch=", epoch.value_or(-1));
+  save_checkpoint(out + "/roundtrip.pt", ddp.module(), opt.get(), epoch.value_or(-1), dist);
+  for (int step = first; step < first + steps; ++step) {
+    auto [x, y] = global_batch(step, dist.world_size(), 4);
+    opt->zero_grad();
+    auto loss = torch::nn::functional::cross_entropy(ddp(x.narrow(0, dist.rank() * 4, 4)), y.narrow(0, dist.rank() * 4, 4));
+    loss.backward();
+    opt->step();
+    char hex[64];
+    std::snprintf(hex, sizeof hex, "%a", loss.item<double>());
+    dist.print("RESULT loss ", step, " ", hex);
+  }
+  save_checkpoint(out + "/final.pt", ddp.module(), opt.get(), first + steps - 1, dist);
+  return 0;
+}
+
+int64_t count_tensors(const c10::IValue& v) {
+  if (v.isTensor()) return 1;
+  int64_t n = 0;
+  if (v.isList()) for (const auto& e : v.toListRef()) n += count_tensors(e);
+  if (v.isTuple()) for (const auto& e : v.toTupleRef().elements()) n += count_tensors(e);
+  if (v.isGenericDict()) for (const auto& kv : v.toGenericDict()) n += count_tensors(kv.value());
+  return n;
+}
+
+// Reads each file with torch_load: every one gets a line, whatever is in it.
+int torch_load_files(int argc, char** argv) {
+  for (int i = 2; i < argc; ++i) {
+    try {
+      const int64_t tensors = count_tensors(torch_load(argv[i]));
+      std::cout << "OK " << tensors << std::endl;
+    } catch (const std::exception& e) {
+      std::string why = e.what();
+      std::replace(why.begin(), why.end(), '\n', ' ');
+      std::cout << "ERROR " << why << std::endl;
+    }
+  }
+  return 0;
+}
+
 [[noreturn]] void stall_in_user_code() {
   std::cout << "hanging now" << std::endl;
   for (;;) ::pause();
@@ -376,6 +433,10 @@ int main(int argc, char** argv) {
     if (mode == "checkpoint-race") return checkpoint_race(argv[2], std::stoi(argv[3]), std::stoi(argv[4]));
     if (mode == "checkpoint-full") return checkpoint_full(argv[2]);
     if (mode == "checkpoint-once") return checkpoint_once(argv[2]);
+    if (mode == "python-resume") {
+      return python_resume(argv[2], argv[3], argv[4], std::stoi(argv[5]), std::stoi(argv[6]));
+    }
+    if (mode == "torch-load") return torch_load_files(argc, argv);
     if (mode == "train") return train(std::stoi(argv[2]), std::stoi(argv[3]), std::stoi(argv[4]), std::stoi(argv[5]));
     std::cerr << "unknown mode '" << mode << "'\n";
     return 2;

@@ -9,5 +9,6 @@
 #include "ddprun/worker/model_averaging.hpp"
 #include "ddprun/worker/progress.hpp"
 #include "ddprun/worker/sampler.hpp"
+#include "ddprun/worker/serialize.hpp"
 #include "ddprun/worker/sync_batch_norm.hpp"
 #include "ddprun/worker/zero.hpp"
