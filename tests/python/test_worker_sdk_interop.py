@@ -16,6 +16,8 @@ import zipfile
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+import torch.ao.quantization as tq
+import torch.nn.intrinsic.qat as nniqat
 from torch.utils.data import DistributedSampler
 
 DDPRUN = WORKER = None
@@ -353,6 +355,88 @@ class HostileFilesAreRefused(unittest.TestCase):
             self.assertTrue(all(line.startswith(("OK ", "ERROR ")) for line in lines))
             self.assertTrue(all(line.isprintable() for line in lines))  # names from the file are escaped
             self.assertGreater(sum(line.startswith("ERROR ") for line in lines), 100)
+
+
+class QatNet(nn.Module):
+    """sdk_test_worker_features.cpp's QatNet before fusion: Conv+BN+ReLU, Conv+BN, Conv, Linear+ReLU, Linear."""
+
+    def __init__(self):
+        super().__init__()
+        self.quant = tq.QuantStub()
+        self.conv, self.bn, self.relu = nn.Conv2d(1, 4, 3, padding=1), nn.BatchNorm2d(4), nn.ReLU()
+        self.conv2, self.bn2 = nn.Conv2d(4, 6, 3), nn.BatchNorm2d(6)
+        self.conv3 = nn.Conv2d(6, 6, 1)
+        self.fc1, self.relu1 = nn.Linear(6 * 2 * 2, 16), nn.ReLU()
+        self.fc2 = nn.Linear(16, 5)
+        self.dequant = tq.DeQuantStub()
+
+    def forward(self, x):
+        x = F.max_pool2d(self.relu(self.bn(self.conv(self.quant(x)))), 2)
+        x = self.conv3(self.bn2(self.conv2(x)))
+        return self.dequant(self.fc2(self.relu1(self.fc1(x.flatten(1)))))
+
+
+def prepared_qat_net(engine, seed):
+    torch.manual_seed(seed)
+    m = QatNet().train()
+    tq.fuse_modules_qat(m, [["conv", "bn", "relu"], ["conv2", "bn2"], ["fc1", "relu1"]], inplace=True)
+    m.qconfig = tq.get_default_qat_qconfig(engine)
+    return tq.prepare_qat(m)
+
+
+class QuantizationAwareTrainingMatchesPython(unittest.TestCase):
+    STEPS, OBSERVER_OFF, FREEZE_BN = 8, 4, 6
+
+    def case(self, engine):
+        model = prepared_qat_net(engine, 11)
+        with tempfile.TemporaryDirectory() as d:
+            init, out = os.path.join(d, "init.pt"), os.path.join(d, "out.pt")
+            torch.save(model.state_dict(), init)
+            r = subprocess.run([DDPRUN, "--nproc_per_node", "1", WORKER, "qat-parity", engine, init, out,
+                                str(self.STEPS), str(self.OBSERVER_OFF), str(self.FREEZE_BN)],
+                               capture_output=True, text=True, timeout=300)
+            self.assertEqual(r.returncode, 0, r.stderr[-3000:])
+            got = load(out)
+        opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+        losses = []
+        for step in range(self.STEPS):
+            if step == self.OBSERVER_OFF:
+                model.apply(tq.disable_observer)
+            if step == self.FREEZE_BN:
+                model.apply(nniqat.freeze_bn_stats)
+            losses.append(train_step(model, opt, step))
+        model.eval()
+        torch.manual_seed(1100)
+        x = torch.randn(4, 1, 8, 8)
+        with torch.no_grad():
+            want = model(x)
+        # Fake quantization forward and backward, observer statistics, scales and zero points,
+        # BatchNorm folded and frozen: the same bits, step after step.
+        self.assertEqual(got["losses"], losses)
+        sd = model.state_dict()
+        self.assertEqual(sorted(got["model"]), sorted(sd))
+        for k, v in sd.items():
+            self.assertEqual((got["model"][k].dtype, got["model"][k].shape), (v.dtype, v.shape), k)
+            self.assertTrue(torch.equal(got["model"][k], v), k)
+        self.assertTrue(torch.equal(got["eval_out"], want))
+        # The C++ model's state dict loads into Python's prepare_qat model (strictly, observers
+        # resized per channel) and gives Python's output.
+        fresh = prepared_qat_net(engine, 99)
+        fresh.load_state_dict(got["model"])
+        fresh.eval()
+        with torch.no_grad():
+            self.assertTrue(torch.equal(fresh(x), want))
+        return sd
+
+    def test_qnnpack_per_tensor_weights(self):
+        sd = self.case("qnnpack")
+        self.assertEqual(sd["conv.weight_fake_quant.scale"].shape, (1,))
+
+    def test_fbgemm_per_channel_weights_and_reduced_range(self):
+        sd = self.case("fbgemm")
+        self.assertEqual(sd["conv2.weight_fake_quant.scale"].shape, (6,))
+        self.assertEqual(sd["conv2.weight_fake_quant.activation_post_process.min_val"].shape, (6,))
+        self.assertLessEqual(int(sd["fc2.activation_post_process.zero_point"]), 127)
 
 
 class Evil:

@@ -366,3 +366,75 @@ int zero(const std::string& phase, const std::string& dir) {
 }
 
 }  // namespace ddprun::test::sdk_worker
+
+namespace ddprun::test::sdk_worker {
+namespace {
+
+// tests/python/test_worker_sdk_interop.py's QatNet after fuse_modules_qat and prepare_qat.
+struct QatNetImpl : torch::nn::Module {
+  explicit QatNetImpl(const qat::QConfig& q) {
+    using torch::nn::Conv2dOptions;
+    quant = register_module("quant", qat::QuantStub(q));
+    conv = register_module("conv", qat::ConvBnReLU2d(Conv2dOptions(1, 4, 3).padding(1), q));
+    conv2 = register_module("conv2", qat::ConvBn2d(Conv2dOptions(4, 6, 3), q));
+    conv3 = register_module("conv3", qat::Conv2d(Conv2dOptions(6, 6, 1), q));
+    fc1 = register_module("fc1", qat::LinearReLU(6 * 2 * 2, 16, q));
+    fc2 = register_module("fc2", qat::Linear(16, 5, q));
+    dequant = register_module("dequant", qat::DeQuantStub());
+  }
+  torch::Tensor forward(torch::Tensor x) {
+    x = torch::max_pool2d(conv(quant(x)), 2);
+    x = conv3(conv2(x));
+    return dequant(fc2(fc1(x.flatten(1))));
+  }
+  qat::QuantStub quant{nullptr};
+  qat::ConvBnReLU2d conv{nullptr};
+  qat::ConvBn2d conv2{nullptr};
+  qat::Conv2d conv3{nullptr};
+  qat::LinearReLU fc1{nullptr};
+  qat::Linear fc2{nullptr};
+  qat::DeQuantStub dequant{nullptr};
+};
+TORCH_MODULE(QatNet);
+
+}  // namespace
+
+// Trains the QAT model from Python's initial state dict on the schedule given (observers off
+// from step OBSERVER_OFF, BatchNorm statistics frozen from FREEZE_BN), under DDP; saves the losses,
+// the final state dict and an evaluation's output for the Python side to compare.
+int qat_parity(const std::string& engine, const std::string& in, const std::string& out, int steps, int observer_off,
+               int freeze_bn) {
+  auto dist = Distributed::init();
+  QatNet model(qat::default_qat_qconfig(engine));
+  load_state_dict(*model, torch_load(in));
+  DistributedDataParallel<QatNetImpl> ddp(model.ptr(), dist);
+  torch::optim::SGD opt(ddp.parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
+  c10::impl::GenericList losses(c10::AnyType::get());
+  for (int step = 0; step < steps; ++step) {
+    if (step == observer_off) qat::enable_observer(*model, false);
+    if (step == freeze_bn) qat::freeze_bn_stats(*model);
+    auto [x, y] = global_batch(step, 1, 4);
+    opt.zero_grad();
+    auto loss = torch::nn::functional::cross_entropy(ddp(x), y);
+    loss.backward();
+    opt.step();
+    losses.push_back(loss.item<double>());
+  }
+  model->eval();
+  auto [x, y] = global_batch(100, 1, 4);
+  torch::Tensor eval_out;
+  {
+    torch::NoGradGuard no_grad;
+    eval_out = model->forward(x);
+  }
+  if (dist.is_main()) {
+    c10::impl::GenericDict result(c10::StringType::get(), c10::AnyType::get());
+    result.insert("model", state_dict(*model));
+    result.insert("losses", losses);
+    result.insert("eval_out", eval_out);
+    torch_save(result, out);
+  }
+  return 0;
+}
+
+}  // namespace ddprun::test::sdk_worker

@@ -1,6 +1,7 @@
 #include "ddprun/worker/checkpoint.hpp"
 
 #include <ATen/core/Dict.h>
+#include <torch/nn/modules/batchnorm.h>
 #include <torch/optim/adam.h>
 #include <torch/optim/adamw.h>
 #include <torch/optim/sgd.h>
@@ -23,6 +24,7 @@
 
 #include "ddprun/worker/progress.hpp"
 #include "ddprun/worker/serialize.hpp"
+#include "ddprun/worker/sync_batch_norm.hpp"
 
 namespace ddprun::worker {
 namespace {
@@ -93,10 +95,35 @@ void write_durably(const std::filesystem::path& target, const std::vector<char>&
 
 void torch_save(const c10::IValue& value, const std::string& path) { write_durably(path, torch_save_bytes(value)); }
 
+namespace {
+
+int64_t python_state_version(const torch::nn::Module& m) {
+  if (const auto* v = dynamic_cast<const PythonStateVersion*>(&m)) return v->python_state_version();
+  if (dynamic_cast<const torch::nn::BatchNorm1dImpl*>(&m) || dynamic_cast<const torch::nn::BatchNorm2dImpl*>(&m) ||
+      dynamic_cast<const torch::nn::BatchNorm3dImpl*>(&m) || dynamic_cast<const SyncBatchNormImpl*>(&m)) {
+    return 2;  // _BatchNorm._version
+  }
+  return 1;
+}
+
+c10::impl::GenericDict version_entry(int64_t version) {
+  c10::impl::GenericDict d(c10::StringType::get(), c10::IntType::get());
+  d.insert("version", version);
+  return d;
+}
+
+}  // namespace
+
 c10::impl::GenericDict state_dict(const torch::nn::Module& model) {
-  c10::impl::GenericDict state(c10::StringType::get(), c10::TensorType::get());
+  c10::impl::GenericDict state(c10::StringType::get(), c10::AnyType::get());
   for (const auto& item : model.named_parameters()) state.insert(item.key(), item.value().detach());
   for (const auto& item : model.named_buffers()) state.insert(item.key(), item.value().detach());
+  c10::impl::GenericDict metadata(c10::StringType::get(), c10::AnyType::get());
+  metadata.insert("", version_entry(python_state_version(model)));
+  for (const auto& item : model.named_modules("", /*include_self=*/false)) {
+    metadata.insert(item.key(), version_entry(python_state_version(*item.value())));
+  }
+  state.insert("_metadata", metadata);
   return state;
 }
 
@@ -105,6 +132,7 @@ void load_state_dict(torch::nn::Module& model, const c10::IValue& state, bool st
   std::map<std::string, at::Tensor> saved;
   std::vector<std::string> unexpected, missing, mismatched;
   for (const auto& kv : state.toGenericDict()) {
+    if (kv.key().isString() && kv.key().toStringRef() == "_metadata") continue;  // Python's layout versions
     if (!kv.key().isString() || !kv.value().isTensor()) {
       throw std::runtime_error("a model's state dict must map names to tensors; it holds a " + kv.key().tagKind() +
                                " -> " + kv.value().tagKind() + " entry");
@@ -114,6 +142,14 @@ void load_state_dict(torch::nn::Module& model, const c10::IValue& state, bool st
   std::vector<std::pair<std::string, at::Tensor>> targets;
   for (auto& item : model.named_parameters()) targets.emplace_back(item.key(), item.value());
   for (auto& item : model.named_buffers()) targets.emplace_back(item.key(), item.value());
+  // The buffers that take the state dict's shapes (ResizableBuffers).
+  std::set<std::string> resizable;
+  auto note_resizable = [&](const std::string& prefix, const torch::nn::Module& m) {
+    if (!dynamic_cast<const ResizableBuffers*>(&m)) return;
+    for (const auto& b : m.named_buffers(/*recurse=*/false)) resizable.insert(strip_module_prefix(prefix + b.key()));
+  };
+  note_resizable("", model);
+  for (const auto& item : model.named_modules("", /*include_self=*/false)) note_resizable(item.key() + ".", *item.value());
   std::set<std::string> known;
   for (const auto& [raw, target] : targets) {
     const std::string name = strip_module_prefix(raw);
@@ -121,7 +157,7 @@ void load_state_dict(torch::nn::Module& model, const c10::IValue& state, bool st
     auto it = saved.find(name);
     if (it == saved.end()) {
       missing.push_back(name);
-    } else if (it->second.sizes() != target.sizes()) {
+    } else if (it->second.sizes() != target.sizes() && !resizable.count(name)) {
       std::ostringstream msg;
       msg << name << " (" << it->second.sizes() << " in the state dict, " << target.sizes() << " in the model)";
       mismatched.push_back(msg.str());
@@ -146,7 +182,9 @@ void load_state_dict(torch::nn::Module& model, const c10::IValue& state, bool st
   torch::NoGradGuard no_grad;
   for (auto& [raw, target] : targets) {
     auto it = saved.find(strip_module_prefix(raw));
-    if (it != saved.end()) target.copy_(it->second);  // onto the model's own device and dtype
+    if (it == saved.end()) continue;
+    if (it->second.sizes() != target.sizes()) target.resize_(it->second.sizes());  // a ResizableBuffers' buffer
+    target.copy_(it->second);  // onto the model's own device and dtype
   }
 }
 
@@ -434,6 +472,7 @@ namespace {
 
 bool all_tensors(const c10::impl::GenericDict& d) {
   for (const auto& kv : d) {
+    if (kv.key().isString() && kv.key().toStringRef() == "_metadata") continue;
     if (!kv.key().isString() || !kv.value().isTensor()) return false;
   }
   return true;

@@ -9,9 +9,8 @@
 
 #include <ATen/ATen.h>
 #include <caffe2/serialize/inline_container.h>
-#include <torch/csrc/jit/serialization/export.h>
-#include <torch/csrc/jit/serialization/pickler.h>
 
+#include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -424,10 +423,17 @@ class Unpickler {
         stack_.push_back(call(fn, args));
         return;
       }
-      case 'b': {  // BUILD: only OrderedDict's instance state (state_dict's _metadata), which is not kept
-        pop();
+      case 'b': {  // BUILD: only an OrderedDict's instance state; a state dict's _metadata is kept as a key
+        const Item state = pop();
         const Item& obj = top();
         if (!(obj.kind == Item::Kind::kValue && obj.value.isGenericDict())) fail("BUILD of something not a dict");
+        if (state.kind == Item::Kind::kValue && state.value.isGenericDict()) {
+          auto meta = state.value.toGenericDict().find("_metadata");
+          if (meta != state.value.toGenericDict().end() && meta->value().isGenericDict()) {
+            contains(obj.value, meta->value());
+            obj.value.toGenericDict().insert_or_assign("_metadata", meta->value());
+          }
+        }
         return;
       }
       case 'Q': { const Item pid = pop(); stack_.push_back(persistent(pid)); return; }  // BINPERSID
@@ -476,27 +482,177 @@ class BytesAdapter : public caffe2::serialize::ReadAdapterInterface {
   const std::vector<char>& bytes_;
 };
 
-// Makes every list and dict of `v` an untyped one: the pickler writes typed lists (int lists...)
-// with TorchScript helpers that torch.load(weights_only=True) refuses.
-c10::IValue plain(const c10::IValue& v) {
-  if (v.isTensor()) return v.toTensor().detach();
-  if (v.isList()) {
-    c10::impl::GenericList out(c10::AnyType::get());
-    for (const c10::IValue& e : v.toListRef()) out.push_back(plain(e));
-    return out;
+// Writes pickle protocol 2 as Python's torch.save does: dicts, lists, tuples, strings, numbers,
+// None, and tensors as _rebuild_tensor_v2 of persistent storages (one record each, shared by the
+// tensors that share it). A dict holding "_metadata" (a state dict's, state_dict() puts it there)
+// is written as Python's state dicts are, an OrderedDict with _metadata as its instance state, so
+// that Python's load_state_dict sees the versions of the modules' layouts.
+class Pickler {
+ public:
+  void run(const c10::IValue& v) {
+    out_.push_back('\x80');
+    out_.push_back('\x02');
+    value(v, 0);
+    out_.push_back('.');
   }
-  if (v.isGenericDict()) {
-    c10::impl::GenericDict out(c10::AnyType::get(), c10::AnyType::get());
-    for (const auto& kv : v.toGenericDict()) out.insert(kv.key(), plain(kv.value()));
-    return out;
+  const std::vector<char>& bytes() const { return out_; }
+  const std::vector<std::pair<std::string, at::Tensor>>& storages() const { return storages_; }
+
+ private:
+  void op(char c) { out_.push_back(c); }
+  void raw(const void* p, size_t n) { out_.insert(out_.end(), static_cast<const char*>(p), static_cast<const char*>(p) + n); }
+  void le(uint64_t v, size_t n) {
+    for (size_t i = 0; i < n; ++i) out_.push_back(static_cast<char>((v >> (8 * i)) & 0xff));
   }
-  if (v.isTuple()) {
-    std::vector<c10::IValue> elements;
-    for (const auto& e : v.toTupleRef().elements()) elements.push_back(plain(e));
-    return c10::ivalue::Tuple::create(std::move(elements));
+  void global(const char* module, const char* name) {
+    op('c');
+    raw(module, std::strlen(module));
+    op('\n');
+    raw(name, std::strlen(name));
+    op('\n');
   }
-  return v;
-}
+  void str(const std::string& s) {
+    op('X');
+    le(s.size(), 4);
+    raw(s.data(), s.size());
+  }
+  void integer(int64_t v) {
+    if (v >= 0 && v < 256) {
+      op('K');
+      le(static_cast<uint64_t>(v), 1);
+    } else if (v >= 0 && v < 65536) {
+      op('M');
+      le(static_cast<uint64_t>(v), 2);
+    } else if (v >= INT32_MIN && v <= INT32_MAX) {
+      op('J');
+      le(static_cast<uint32_t>(static_cast<int32_t>(v)), 4);
+    } else {
+      op('\x8a');
+      le(8, 1);
+      le(static_cast<uint64_t>(v), 8);
+    }
+  }
+  void dict_items(const c10::impl::GenericDict& d, int depth) {
+    op('}');
+    if (d.size() == 0) return;
+    op('(');
+    for (const auto& kv : d) {
+      if (kv.key().isString() && kv.key().toStringRef() == "_metadata" && kv.value().isGenericDict()) continue;
+      value(kv.key(), depth + 1);
+      value(kv.value(), depth + 1);
+    }
+    op('u');
+  }
+  void value(const c10::IValue& v, int depth) {
+    if (depth > kMaxDepth) throw std::invalid_argument("torch_save: containers nested more than 1000 deep");
+    if (v.isNone()) {
+      op('N');
+    } else if (v.isBool()) {
+      op(v.toBool() ? '\x88' : '\x89');
+    } else if (v.isInt()) {
+      integer(v.toInt());
+    } else if (v.isDouble()) {
+      uint64_t bits;
+      const double d = v.toDouble();
+      std::memcpy(&bits, &d, sizeof bits);
+      op('G');
+      for (int i = 7; i >= 0; --i) out_.push_back(static_cast<char>((bits >> (8 * i)) & 0xff));
+    } else if (v.isString()) {
+      str(v.toStringRef());
+    } else if (v.isTensor()) {
+      tensor(v.toTensor());
+    } else if (v.isTuple()) {
+      const auto& elements = v.toTupleRef().elements();
+      if (elements.empty()) {
+        op(')');
+        return;
+      }
+      op('(');
+      for (const auto& e : elements) value(e, depth + 1);
+      op('t');
+    } else if (v.isList()) {
+      op(']');
+      const auto list = v.toListRef();
+      if (list.empty()) return;
+      op('(');
+      for (const auto& e : list) value(e, depth + 1);
+      op('e');
+    } else if (v.isGenericDict()) {
+      const auto d = v.toGenericDict();
+      auto meta = d.find("_metadata");
+      if (meta == d.end() || !meta->value().isGenericDict()) {
+        dict_items(d, depth);
+        return;
+      }
+      global("collections", "OrderedDict");
+      op(')');
+      op('R');
+      op('(');
+      for (const auto& kv : d) {
+        if (kv.key().isString() && kv.key().toStringRef() == "_metadata") continue;
+        value(kv.key(), depth + 1);
+        value(kv.value(), depth + 1);
+      }
+      op('u');
+      op('}');
+      op('(');
+      str("_metadata");
+      value(meta->value(), depth + 1);
+      op('u');
+      op('b');
+    } else {
+      throw std::invalid_argument("torch_save: a " + v.tagKind() +
+                                  " is not data torch.load reads (save tensors, dicts, lists, tuples, strings, "
+                                  "numbers, bools and None)");
+    }
+  }
+  void tensor(at::Tensor t) {
+    t = t.detach();
+    if (!t.device().is_cpu()) t = t.cpu();  // as torch.save writes it, but loads onto the CPU
+    const char* type = nullptr;
+    for (const auto& [name, dtype] : storage_types()) {
+      if (dtype == t.scalar_type() && name != "UntypedStorage") type = name.c_str();
+    }
+    if (!type || t.is_quantized() || t.is_sparse() || !t.has_storage()) {
+      throw std::invalid_argument(std::string("torch_save: cannot save a tensor of ") + c10::toString(t.scalar_type()) +
+                                  (t.is_quantized() ? " (quantized)" : t.is_sparse() ? " (sparse)" : ""));
+    }
+    const void* id = t.storage().unsafeGetStorageImpl();
+    auto it = keys_.find(id);
+    if (it == keys_.end()) {
+      it = keys_.emplace(id, std::to_string(keys_.size())).first;
+      storages_.emplace_back(it->second, t);
+    }
+    const int64_t numel = static_cast<int64_t>(t.storage().nbytes() / t.element_size());
+    global("torch._utils", "_rebuild_tensor_v2");
+    op('(');
+    op('(');
+    str("storage");
+    global("torch", type);
+    str(it->second);
+    str("cpu");
+    integer(numel);
+    op('t');
+    op('Q');
+    integer(t.storage_offset());
+    op('(');
+    for (int64_t s : t.sizes()) integer(s);
+    op('t');
+    op('(');
+    for (int64_t s : t.strides()) integer(s);
+    op('t');
+    op('\x89');  // requires_grad
+    global("collections", "OrderedDict");
+    op(')');
+    op('R');
+    op('t');
+    op('R');
+  }
+
+  std::vector<char> out_;
+  std::unordered_map<const void*, std::string> keys_;
+  std::vector<std::pair<std::string, at::Tensor>> storages_;
+};
 
 }  // namespace
 
@@ -555,19 +711,18 @@ c10::IValue torch_load(const std::string& path, std::optional<c10::Device> map_l
 }
 
 std::vector<char> torch_save_bytes(const c10::IValue& value) {
-  std::vector<char> pickle;
-  torch::jit::Pickler pickler([&](const char* buf, size_t n) { pickle.insert(pickle.end(), buf, buf + n); },
-                              /*tensor_table=*/nullptr, /*type_renamer=*/nullptr, /*memoized_class_types=*/nullptr,
-                              /*get_tensor_id=*/nullptr, /*tag_aggregates=*/false);
-  pickler.protocol();
-  pickler.pushIValue(plain(value));
-  pickler.stop();
+  Pickler pickler;
+  pickler.run(value);
   std::vector<char> file;
   caffe2::serialize::PyTorchStreamWriter writer([&](const void* buf, size_t n) {
     file.insert(file.end(), static_cast<const char*>(buf), static_cast<const char*>(buf) + n);
     return n;
   });
-  torch::jit::writeArchiveAndTensors("data", pickle.data(), pickle.size(), pickler.tensorData(), writer);
+  writer.writeRecord("data.pkl", pickler.bytes().data(), pickler.bytes().size());
+  writer.writeRecord("byteorder", "little", 6);
+  for (const auto& [key, t] : pickler.storages()) {
+    writer.writeRecord("data/" + key, t.storage().data_ptr().get(), t.storage().nbytes());
+  }
   writer.writeEndOfFile();
   return file;
 }

@@ -8,6 +8,7 @@
 #include "ddprun/worker/join.hpp"
 #include "ddprun/worker/model_averaging.hpp"
 #include "ddprun/worker/progress.hpp"
+#include "ddprun/worker/qat.hpp"
 #include "ddprun/worker/sampler.hpp"
 #include "ddprun/worker/serialize.hpp"
 #include "ddprun/worker/sync_batch_norm.hpp"

@@ -48,10 +48,29 @@ std::vector<char> torch_save_bytes(const c10::IValue& value);
 // Writes them to `path` as a durable replace: a crash leaves the old file or the new one, whole.
 void torch_save(const c10::IValue& value, const std::string& path);
 
-// model.state_dict(): parameters and buffers by name, detached (they share the module's storage).
+// model.state_dict(): parameters and buffers by name, detached (they share the module's storage),
+// and under "_metadata" each module's layout version, which torch_save writes as Python's
+// OrderedDict state_dict()._metadata (and torch_load reads back to that key).
 c10::impl::GenericDict state_dict(const torch::nn::Module& model);
+// A module whose buffers take the shapes of the state dict they load, as Python's observers and
+// fake quantizers do in their _load_from_state_dict (statistics per channel that exist only from
+// the first batch on, scales that become one per channel): load_state_dict resizes them.
+class ResizableBuffers {
+ public:
+  virtual ~ResizableBuffers() = default;
+};
+
+// A module whose Python counterpart has a layout version (its _version) other than 1: state_dict
+// writes it in the dict's _metadata, as Python's does, for Python's load_state_dict to read the
+// layout by (LibTorch's BatchNorm and ddprun's SyncBatchNorm count as 2 without saying so).
+class PythonStateVersion {
+ public:
+  virtual ~PythonStateVersion() = default;
+  virtual int64_t python_state_version() const = 0;
+};
+
 // model.load_state_dict(state, strict): copies each tensor into the module's own (onto its device
-// and dtype). Names may carry DDP's "module." prefix. With `strict`, every name of the module must
+// and dtype). Names may carry DDP's "module." prefix; "_metadata" is not a tensor's. With `strict`, every name of the module must
 // be in `state` and nothing else; a mismatched shape is always an error. The error lists every
 // missing, unexpected and mis-shaped name, as Python's does.
 void load_state_dict(torch::nn::Module& model, const c10::IValue& state, bool strict = true);

@@ -1,0 +1,167 @@
+#pragma once
+// Quantization-aware training: the modules of PyTorch's eager-mode QAT (torch.ao.quantization,
+// torch.ao.nn.qat, torch.ao.nn.intrinsic.qat) for LibTorch, with Python's arithmetic and
+// Python's state-dict names, so that a C++ QAT model and Python's prepare_qat model of the same
+// architecture load each other's state dicts and train to the same bits.
+//
+//   Python                                                  ddprun::worker::qat
+//   get_default_qat_qconfig(engine)                         default_qat_qconfig(engine)
+//   FusedMovingAvgObsFakeQuantize (+ its observer)          FakeQuantize
+//   QuantStub / DeQuantStub (after prepare_qat)             QuantStub / DeQuantStub
+//   nn.qat.Linear, nn.intrinsic.qat.LinearReLU              Linear, LinearReLU
+//   nn.qat.Conv2d, nn.intrinsic.qat.ConvBn2d, ConvBnReLU2d  Conv2d, ConvBn2d, ConvBnReLU2d
+//   (each with the activation_post_process prepare_qat attaches to its output)
+//   model.apply(enable_observer / disable_observer)         enable_observer(model, on)
+//   model.apply(enable_fake_quant / disable_fake_quant)     enable_fake_quant(model, on)
+//   model.apply(freeze_bn_stats / update_bn_stats)          freeze_bn_stats(model, on)
+//
+// A model is written with these modules where Python's would be fused and prepared: Python's
+//   fuse_modules_qat(m, [["conv", "bn", "relu"]]); prepare_qat(m)
+// is, in C++, a member `conv = register_module("conv", qat::ConvBnReLU2d(options, qconfig))` (and
+// no bn or relu members: fusing leaves Identity there, which has no state). Under DDP the
+// observers' statistics, the quantization parameters and BatchNorm's statistics are buffers and
+// follow rank 0, as Python's do.
+
+#include <torch/nn/module.h>
+#include <torch/nn/modules/batchnorm.h>
+#include <torch/nn/options/conv.h>
+#include <torch/nn/pimpl.h>
+
+#include <string>
+#include <utility>
+
+#include "ddprun/worker/serialize.hpp"
+
+namespace ddprun::worker::qat {
+
+// One FusedMovingAvgObsFakeQuantize: a moving-average min/max observer and the fake quantization
+// its statistics give.
+struct FakeQuantizeOptions {
+  at::ScalarType dtype = at::kQUInt8;
+  int64_t quant_min = 0, quant_max = 255;  // the range in use (reduce_range already applied)
+  bool reduce_range = false;
+  bool per_channel = false;                // per_channel_symmetric weights: along ch_axis
+  int64_t ch_axis = 0;
+  bool symmetric = false;
+  double averaging_constant = 0.01;
+};
+
+struct QConfig {
+  FakeQuantizeOptions activation, weight;
+};
+
+// torch.ao.quantization.get_default_qat_qconfig(engine) for "qnnpack", "fbgemm", "x86" and
+// "onednn" (PyTorch 1.13 and 2.6 agree): activations quint8 per tensor (0..127 with reduce_range
+// on fbgemm and x86), weights qint8 symmetric, per tensor on qnnpack, per output channel elsewhere.
+// std::invalid_argument for another engine.
+QConfig default_qat_qconfig(const std::string& engine);
+
+// MovingAverageMinMaxObserver / MovingAveragePerChannelMinMaxObserver: the statistics only (the
+// fused operator updates them). min_val and max_val are inf/-inf scalars per tensor, and empty
+// per channel until the first batch gives them one value per channel.
+class ObserverImpl : public torch::nn::Module, public ResizableBuffers, public PythonStateVersion {
+ public:
+  explicit ObserverImpl(const FakeQuantizeOptions& options);
+  int64_t python_state_version() const override { return 3; }  // min_val/max_val, not min_vals/max_vals
+  at::Tensor eps, min_val, max_val;
+};
+TORCH_MODULE(Observer);
+
+class FakeQuantizeImpl : public torch::nn::Module, public ResizableBuffers {
+ public:
+  explicit FakeQuantizeImpl(FakeQuantizeOptions options);
+  at::Tensor forward(const at::Tensor& x);
+  void enable_observer(bool on);
+  void enable_fake_quant(bool on);
+  const FakeQuantizeOptions& options() const { return options_; }
+
+  at::Tensor fake_quant_enabled, observer_enabled, scale, zero_point;
+  Observer activation_post_process{nullptr};
+
+ private:
+  FakeQuantizeOptions options_;
+};
+TORCH_MODULE(FakeQuantize);
+
+// QuantStub after prepare_qat: fake-quantizes the model's input.
+class QuantStubImpl : public torch::nn::Module {
+ public:
+  explicit QuantStubImpl(const QConfig& qconfig);
+  at::Tensor forward(const at::Tensor& x) { return activation_post_process(x); }
+  FakeQuantize activation_post_process{nullptr};
+};
+TORCH_MODULE(QuantStub);
+
+// DeQuantStub: nothing during training (convert makes it the dequantization).
+class DeQuantStubImpl : public torch::nn::Module {
+ public:
+  at::Tensor forward(const at::Tensor& x) { return x; }
+};
+TORCH_MODULE(DeQuantStub);
+
+// nn.qat.Linear (relu = false) and nn.intrinsic.qat.LinearReLU, with their output observer.
+class LinearImpl : public torch::nn::Module {
+ public:
+  LinearImpl(int64_t in_features, int64_t out_features, const QConfig& qconfig, bool bias = true, bool relu = false);
+  at::Tensor forward(const at::Tensor& x);
+  at::Tensor weight, bias;
+  FakeQuantize weight_fake_quant{nullptr}, activation_post_process{nullptr};
+
+ private:
+  bool relu_;
+};
+TORCH_MODULE(Linear);
+
+class LinearReLUImpl : public LinearImpl {
+ public:
+  LinearReLUImpl(int64_t in_features, int64_t out_features, const QConfig& qconfig, bool bias = true)
+      : LinearImpl(in_features, out_features, qconfig, bias, /*relu=*/true) {}
+};
+TORCH_MODULE(LinearReLU);
+
+// nn.qat.Conv2d (zeros padding), and the fused Conv2d + BatchNorm2d (+ ReLU) of
+// nn.intrinsic.qat.ConvBn2d / ConvBnReLU2d: BatchNorm folded into the weight before it is
+// fake-quantized, as conv_fused.py's _forward_approximate does; freeze_bn_stats stops BatchNorm's
+// statistics (BatchNorm then runs as in eval) until update_bn_stats.
+class Conv2dImpl : public torch::nn::Module, public PythonStateVersion {
+ public:
+  enum class Fused { kNone, kBn, kBnReLU };
+  Conv2dImpl(const torch::nn::Conv2dOptions& options, const QConfig& qconfig, Fused fused = Fused::kNone);
+  at::Tensor forward(const at::Tensor& x);
+  void freeze_bn_stats(bool frozen = true);
+  void train(bool on = true) override;
+  int64_t python_state_version() const override { return fused_ == Fused::kNone ? 1 : 2; }  // _ConvBnNd: 2
+
+  at::Tensor weight, bias;
+  torch::nn::BatchNorm2d bn{nullptr};  // kBn, kBnReLU
+  FakeQuantize weight_fake_quant{nullptr}, activation_post_process{nullptr};
+
+ private:
+  at::Tensor conv(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b) const;
+  torch::nn::Conv2dOptions options_;
+  Fused fused_;
+  bool bn_frozen_ = false;
+};
+TORCH_MODULE(Conv2d);
+
+class ConvBn2dImpl : public Conv2dImpl {
+ public:
+  ConvBn2dImpl(const torch::nn::Conv2dOptions& options, const QConfig& qconfig) : Conv2dImpl(options, qconfig, Fused::kBn) {}
+};
+TORCH_MODULE(ConvBn2d);
+
+class ConvBnReLU2dImpl : public Conv2dImpl {
+ public:
+  ConvBnReLU2dImpl(const torch::nn::Conv2dOptions& options, const QConfig& qconfig)
+      : Conv2dImpl(options, qconfig, Fused::kBnReLU) {}
+};
+TORCH_MODULE(ConvBnReLU2d);
+
+// Over every FakeQuantize in `model`: observers on or off (off: the quantization parameters stay
+// as they are), fake quantization on or off (off: the float values pass).
+void enable_observer(torch::nn::Module& model, bool on = true);
+void enable_fake_quant(torch::nn::Module& model, bool on = true);
+// Over every fused Conv + BatchNorm in `model`: BatchNorm's statistics frozen (true) or updated again.
+void freeze_bn_stats(torch::nn::Module& model, bool frozen = true);
+
+}  // namespace ddprun::worker::qat
