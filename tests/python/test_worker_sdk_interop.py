@@ -387,13 +387,14 @@ def prepared_qat_net(engine, seed):
 class QuantizationAwareTrainingMatchesPython(unittest.TestCase):
     STEPS, OBSERVER_OFF, FREEZE_BN = 8, 4, 6
 
-    def case(self, engine):
+    def case(self, engine, convert):
         model = prepared_qat_net(engine, 11)
         with tempfile.TemporaryDirectory() as d:
             init, out = os.path.join(d, "init.pt"), os.path.join(d, "out.pt")
             torch.save(model.state_dict(), init)
             r = subprocess.run([DDPRUN, "--nproc_per_node", "1", WORKER, "qat-parity", engine, init, out,
-                                str(self.STEPS), str(self.OBSERVER_OFF), str(self.FREEZE_BN)],
+                                str(self.STEPS), str(self.OBSERVER_OFF), str(self.FREEZE_BN),
+                                "convert" if convert else "train"],
                                capture_output=True, text=True, timeout=300)
             self.assertEqual(r.returncode, 0, r.stderr[-3000:])
             got = load(out)
@@ -426,16 +427,33 @@ class QuantizationAwareTrainingMatchesPython(unittest.TestCase):
         fresh.eval()
         with torch.no_grad():
             self.assertTrue(torch.equal(fresh(x), want))
+        if convert:
+            # The int8 model: BatchNorm folded, weights quantized and prepacked on the engine, outputs
+            # requantized: Python's converted model's output on the same weights.
+            torch.backends.quantized.engine = engine
+            qmodel = tq.convert(copy.deepcopy(model).eval())
+            with torch.no_grad():
+                int8 = qmodel(x)
+            step = float(qmodel.fc2.scale)
+            self.assertLessEqual(float((got["int8_out"] - int8).abs().max()), step)
+            self.assertTrue(torch.equal(got["int8_out"], int8))
+            self.assertLess(float((int8 - want).abs().max()), 0.5)  # and near the fake-quantized model's
+            self.assertLess(got["quantized_bytes"], sum(p.numel() * 4 for p in model.parameters()))
         return sd
 
-    def test_qnnpack_per_tensor_weights(self):
-        sd = self.case("qnnpack")
+    def test_qnnpack_per_tensor_weights_and_int8_conversion(self):
+        sd = self.case("qnnpack", convert=True)
         self.assertEqual(sd["conv.weight_fake_quant.scale"].shape, (1,))
 
-    def test_fbgemm_per_channel_weights_and_reduced_range(self):
-        sd = self.case("fbgemm")
+    def test_onednn_per_channel_weights_and_int8_conversion(self):
+        sd = self.case("onednn", convert=True)
         self.assertEqual(sd["conv2.weight_fake_quant.scale"].shape, (6,))
         self.assertEqual(sd["conv2.weight_fake_quant.activation_post_process.min_val"].shape, (6,))
+
+    def test_fbgemm_reduced_range(self):
+        # (Debian's LibTorch has no FBGEMM kernels: training only)
+        sd = self.case("fbgemm", convert=False)
+        self.assertEqual(sd["conv2.weight_fake_quant.scale"].shape, (6,))
         self.assertLessEqual(int(sd["fc2.activation_post_process.zero_point"]), 127)
 
 

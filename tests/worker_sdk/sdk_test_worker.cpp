@@ -18,7 +18,7 @@
 //       loads IN (a checkpoint Python saved) into a model and optimizer built with other values,
 //       saves it again as OUT/roundtrip.pt, trains steps FIRST.. FIRST+STEPS-1 printing each loss,
 //       saves OUT/final.pt (tests/python/test_worker_sdk_interop.py holds it all to Python)
-//   sdk_test_worker qat-parity ENGINE IN OUT STEPS OBSERVER_OFF FREEZE_BN   (QAT against Python's)
+//   sdk_test_worker qat-parity ENGINE IN OUT STEPS OBSERVER_OFF FREEZE_BN convert|train   (QAT against Python's)
 //   sdk_test_worker torch-load FILE...    (no launcher: "OK <tensors>" or "ERROR <why>" per file)
 //   sdk_test_worker train STEPS STALL_RANK SLOW_RANK SLOW_MS
 //       DDP training for STEPS steps; STALL_RANK (-1: none) then stops in its own code, the others
@@ -438,7 +438,8 @@ int main(int argc, char** argv) {
       return python_resume(argv[2], argv[3], argv[4], std::stoi(argv[5]), std::stoi(argv[6]));
     }
     if (mode == "qat-parity") {
-      return qat_parity(argv[2], argv[3], argv[4], std::stoi(argv[5]), std::stoi(argv[6]), std::stoi(argv[7]));
+      return qat_parity(argv[2], argv[3], argv[4], std::stoi(argv[5]), std::stoi(argv[6]), std::stoi(argv[7]),
+                        std::string(argv[8]) == "convert");
     }
     if (mode == "torch-load") return torch_load_files(argc, argv);
     if (mode == "train") return train(std::stoi(argv[2]), std::stoi(argv[3]), std::stoi(argv[4]), std::stoi(argv[5]));

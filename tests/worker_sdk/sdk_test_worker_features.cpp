@@ -383,7 +383,7 @@ struct QatNetImpl : torch::nn::Module {
     dequant = register_module("dequant", qat::DeQuantStub());
   }
   torch::Tensor forward(torch::Tensor x) {
-    x = torch::max_pool2d(conv(quant(x)), 2);
+    x = torch::max_pool2d(conv(quant(x)), {2, 2}, {}, {0, 0}, {1, 1});  // the quantized kernel takes no shorthand
     x = conv3(conv2(x));
     return dequant(fc2(fc1(x.flatten(1))));
   }
@@ -401,9 +401,10 @@ TORCH_MODULE(QatNet);
 
 // Trains the QAT model from Python's initial state dict on the schedule given (observers off
 // from step OBSERVER_OFF, BatchNorm statistics frozen from FREEZE_BN), under DDP; saves the losses,
-// the final state dict and an evaluation's output for the Python side to compare.
+// the final state dict and an evaluation's output for the Python side to compare, then (CONVERT)
+// converts the model to int8 on the engine and saves its output on the same batch.
 int qat_parity(const std::string& engine, const std::string& in, const std::string& out, int steps, int observer_off,
-               int freeze_bn) {
+               int freeze_bn, bool convert) {
   auto dist = Distributed::init();
   QatNet model(qat::default_qat_qconfig(engine));
   load_state_dict(*model, torch_load(in));
@@ -432,6 +433,12 @@ int qat_parity(const std::string& engine, const std::string& in, const std::stri
     result.insert("model", state_dict(*model));
     result.insert("losses", losses);
     result.insert("eval_out", eval_out);
+    if (convert) {
+      qat::convert(*model, engine);
+      torch::NoGradGuard no_grad;
+      result.insert("int8_out", model->forward(x));
+      result.insert("quantized_bytes", qat::quantized_bytes(*model));
+    }
     torch_save(result, out);
   }
   return 0;

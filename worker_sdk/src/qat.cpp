@@ -4,11 +4,15 @@
 // torch/ao/nn/qat/modules/{linear,conv}.py, torch/ao/nn/intrinsic/qat/modules/{linear_relu,conv_fused}.py.
 #include "ddprun/worker/qat.hpp"
 
+#include <ATen/Context.h>
+#include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/nn/functional/activation.h>
 #include <torch/nn/modules/conv.h>
 #include <torch/nn/modules/linear.h>
 
+#include <algorithm>
 #include <limits>
+#include <map>
 #include <stdexcept>
 #include <vector>
 
@@ -44,6 +48,19 @@ const T* alternative(const V& v) {
   return get_if<T>(&v);
 }
 
+// Calls a quantized operator by its schema (quantized::linear...: their packed weights are
+// TorchScript classes, which the boxed call carries as IValues).
+c10::IValue call_op(const char* name, const char* overload, std::vector<c10::IValue> args) {
+  const c10::OperatorHandle op = c10::Dispatcher::singleton().findSchemaOrThrow(name, overload);
+  std::vector<c10::IValue> stack = std::move(args);
+  op.callBoxed(&stack);
+  return std::move(stack.front());
+}
+
+c10::IValue ints(const torch::ExpandingArray<2>& a) { return std::vector<int64_t>(a->begin(), a->end()); }
+
+int64_t qparams_bytes(const at::Tensor& scale) { return scale.numel() * 16; }  // a double and an int64 each
+
 }  // namespace
 
 ObserverImpl::ObserverImpl(const FakeQuantizeOptions& options) {
@@ -76,11 +93,68 @@ at::Tensor FakeQuantizeImpl::forward(const at::Tensor& x) {
       options_.per_channel ? options_.ch_axis : -1, options_.per_channel, options_.symmetric);
 }
 
+std::pair<at::Tensor, at::Tensor> FakeQuantizeImpl::calculate_qparams() const {
+  // torch/ao/quantization/observer.py: _calculate_qparams (and check_min_max_valid), op for op.
+  const at::Tensor& min_val = activation_post_process->min_val;
+  const at::Tensor& max_val = activation_post_process->max_val;
+  auto defaults = [] { return std::make_pair(at::tensor({1.0f}), at::tensor({int64_t{0}})); };
+  if (min_val.numel() == 0 || max_val.numel() == 0) return defaults();  // never observed
+  if (min_val.dim() == 0 || max_val.dim() == 0) {
+    if (min_val.item<float>() == std::numeric_limits<float>::infinity() &&
+        max_val.item<float>() == -std::numeric_limits<float>::infinity()) {
+      return defaults();
+    }
+  }
+  if (!at::all(min_val <= max_val).item<bool>()) {
+    throw std::runtime_error("FakeQuantize: an observer's min_val exceeds its max_val");
+  }
+  const int64_t qmin = options_.quant_min, qmax = options_.quant_max;
+  const at::Tensor min_val_neg = at::min(min_val, at::zeros_like(min_val));
+  at::Tensor max_val_pos = at::max(max_val, at::zeros_like(max_val));
+  at::Tensor scale = at::ones(min_val_neg.sizes(), at::kFloat);
+  at::Tensor zero_point = at::zeros(min_val_neg.sizes(), at::kLong);
+  const at::Tensor& eps = activation_post_process->eps;
+  if (options_.symmetric) {
+    max_val_pos = at::max(-min_val_neg, max_val_pos);
+    scale = max_val_pos / (static_cast<double>(qmax - qmin) / 2);
+    scale = at::max(scale, eps);
+    if (options_.dtype == at::kQUInt8) zero_point = at::full(zero_point.sizes(), (qmin + qmax) / 2, at::kLong);
+  } else {
+    scale = (max_val_pos - min_val_neg) / static_cast<double>(qmax - qmin);
+    scale = at::max(scale, eps);
+    zero_point = at::rsub(at::round(min_val_neg / scale).to(at::kInt), qmin);
+    zero_point = at::clamp(zero_point, qmin, qmax);
+  }
+  if (scale.dim() == 0) scale = at::tensor({scale.item<float>()}, at::kFloat);
+  if (zero_point.dim() == 0) zero_point = at::tensor({zero_point.item<int64_t>()}, zero_point.scalar_type());
+  return {scale, zero_point};
+}
+
+at::Tensor FakeQuantizeImpl::quantize_weight(const at::Tensor& w) const {
+  const auto [scale, zero_point] = calculate_qparams();
+  if (options_.per_channel) {
+    return at::quantize_per_channel(w, scale.to(at::kDouble), zero_point.to(at::kLong), options_.ch_axis, options_.dtype);
+  }
+  return at::quantize_per_tensor(w, scale.item<double>(), zero_point.item<int64_t>(), options_.dtype);
+}
+
 void FakeQuantizeImpl::enable_observer(bool on) { observer_enabled.fill_(on ? 1 : 0); }
 void FakeQuantizeImpl::enable_fake_quant(bool on) { fake_quant_enabled.fill_(on ? 1 : 0); }
 
 QuantStubImpl::QuantStubImpl(const QConfig& qconfig) {
   activation_post_process = register_module("activation_post_process", FakeQuantize(qconfig.activation));
+}
+
+at::Tensor QuantStubImpl::forward(const at::Tensor& x) {
+  if (converted_) return at::quantize_per_tensor(x, scale_, zero_point_, activation_post_process->options().dtype);
+  return activation_post_process(x);
+}
+
+void QuantStubImpl::convert() {
+  const auto [scale, zero_point] = activation_post_process->calculate_qparams();
+  scale_ = scale.to(at::kFloat).item<double>();
+  zero_point_ = zero_point.to(at::kLong).item<int64_t>();
+  converted_ = true;
 }
 
 LinearImpl::LinearImpl(int64_t in_features, int64_t out_features, const QConfig& qconfig, bool bias, bool relu)
@@ -94,9 +168,28 @@ LinearImpl::LinearImpl(int64_t in_features, int64_t out_features, const QConfig&
 }
 
 at::Tensor LinearImpl::forward(const at::Tensor& x) {
+  if (converted_) {
+    return call_op(relu_ ? "quantized::linear_relu" : "quantized::linear", "", {x, packed_, scale_, zero_point_}).toTensor();
+  }
   at::Tensor y = at::linear(x, weight_fake_quant(weight), bias);
   if (relu_) y = torch::relu(y);
   return activation_post_process(y);
+}
+
+void LinearImpl::convert() {
+  torch::NoGradGuard no_grad;
+  const auto [scale, zero_point] = activation_post_process->calculate_qparams();
+  weight_fake_quant(weight);  // as Python's from_float runs the weight's fake quantizer once more
+  qweight_ = weight_fake_quant->quantize_weight(weight.to(at::kFloat));
+  packed_ = call_op("quantized::linear_prepack", "", {qweight_, bias.defined() ? c10::IValue(bias) : c10::IValue()});
+  scale_ = scale.item<double>();
+  zero_point_ = zero_point.item<int64_t>();
+  converted_ = true;
+}
+
+int64_t LinearImpl::quantized_bytes() const {
+  return qweight_.numel() + (bias.defined() ? bias.numel() * 4 : 0) +
+         qparams_bytes(weight_fake_quant->calculate_qparams().first) + 16;
 }
 
 Conv2dImpl::Conv2dImpl(const torch::nn::Conv2dOptions& options, const QConfig& qconfig, Fused fused)
@@ -121,6 +214,11 @@ at::Tensor Conv2dImpl::conv(const at::Tensor& x, const at::Tensor& w, const at::
 }
 
 at::Tensor Conv2dImpl::forward(const at::Tensor& x) {
+  if (converted_) {
+    return call_op(fused_ == Fused::kBnReLU ? "quantized::conv2d_relu" : "quantized::conv2d", "new",
+                   {x, packed_, scale_, zero_point_})
+        .toTensor();
+  }
   if (fused_ == Fused::kNone) return activation_post_process(conv(x, weight_fake_quant(weight), bias));
   // BatchNorm folded into the weight with its running statistics; the convolution's output is
   // scaled back and BatchNorm applied to it (conv_fused.py, _forward_approximate).
@@ -138,6 +236,36 @@ at::Tensor Conv2dImpl::forward(const at::Tensor& x) {
   y = bn(y);
   if (fused_ == Fused::kBnReLU) y = torch::relu(y);
   return activation_post_process(y);
+}
+
+void Conv2dImpl::convert() {
+  torch::NoGradGuard no_grad;
+  at::Tensor w = weight, b = bias;
+  if (bn) {
+    // torch/nn/utils/fusion.py, fuse_conv_bn_weights: BatchNorm's statistics and affine folded in.
+    const at::Tensor conv_b = b.defined() ? b : at::zeros_like(bn->running_mean);
+    const at::Tensor bn_var_rsqrt = at::rsqrt(bn->running_var + bn->options.eps());
+    std::vector<int64_t> shape(static_cast<size_t>(w.dim()), 1);
+    shape[0] = -1;
+    w = (w * (bn->weight * bn_var_rsqrt).reshape(shape)).to(weight.scalar_type());
+    b = ((conv_b - bn->running_mean) * bn_var_rsqrt * bn->weight + bn->bias).to(conv_b.scalar_type());
+  }
+  weight_fake_quant(w);  // as Python's get_qconv runs the weight's fake quantizer once more
+  qweight_ = weight_fake_quant->quantize_weight(w.to(at::kFloat));
+  qbias_ = b;
+  const auto& padding = *alternative<torch::ExpandingArray<2>>(options_.padding());
+  packed_ = call_op("quantized::conv2d_prepack", "",
+                    {qweight_, b.defined() ? c10::IValue(b) : c10::IValue(), ints(options_.stride()), ints(padding),
+                     ints(options_.dilation()), options_.groups()});
+  const auto [scale, zero_point] = activation_post_process->calculate_qparams();
+  scale_ = scale.item<double>();
+  zero_point_ = zero_point.item<int64_t>();
+  converted_ = true;
+}
+
+int64_t Conv2dImpl::quantized_bytes() const {
+  return qweight_.numel() + (qbias_.defined() ? qbias_.numel() * 4 : 0) +
+         qparams_bytes(weight_fake_quant->calculate_qparams().first) + 16;
 }
 
 void Conv2dImpl::freeze_bn_stats(bool frozen) {
@@ -177,6 +305,36 @@ void freeze_bn_stats(torch::nn::Module& model, bool frozen) {
   each_module(model, [&](torch::nn::Module& m) {
     if (auto* c = dynamic_cast<Conv2dImpl*>(&m)) c->freeze_bn_stats(frozen);
   });
+}
+
+void convert(torch::nn::Module& model, const std::string& engine) {
+  static const std::map<std::string, at::QEngine> engines{{"qnnpack", at::QEngine::QNNPACK},
+                                                          {"onednn", at::QEngine::ONEDNN},
+                                                          {"fbgemm", at::QEngine::FBGEMM},
+                                                          {"x86", at::QEngine::X86}};
+  std::string here;
+  for (const auto& [name, e] : engines) {
+    for (const auto s : at::globalContext().supportedQEngines()) {
+      if (s == e) here += (here.empty() ? "" : ", ") + name;
+    }
+  }
+  auto it = engines.find(engine);
+  const auto& supported = at::globalContext().supportedQEngines();
+  if (it == engines.end() || std::find(supported.begin(), supported.end(), it->second) == supported.end()) {
+    throw std::invalid_argument("quantized engine '" + engine + "' is not in this LibTorch; it has: " + here);
+  }
+  at::globalContext().setQEngine(it->second);
+  each_module(model, [](torch::nn::Module& m) {
+    if (auto* c = dynamic_cast<Convertible*>(&m)) c->convert();
+  });
+}
+
+int64_t quantized_bytes(torch::nn::Module& model) {
+  int64_t bytes = 0;
+  each_module(model, [&](torch::nn::Module& m) {
+    if (auto* c = dynamic_cast<Convertible*>(&m); c && c->converted()) bytes += c->quantized_bytes();
+  });
+  return bytes;
 }
 
 }  // namespace ddprun::worker::qat

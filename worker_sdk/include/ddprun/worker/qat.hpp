@@ -14,6 +14,7 @@
 //   model.apply(enable_observer / disable_observer)         enable_observer(model, on)
 //   model.apply(enable_fake_quant / disable_fake_quant)     enable_fake_quant(model, on)
 //   model.apply(freeze_bn_stats / update_bn_stats)          freeze_bn_stats(model, on)
+//   torch.backends.quantized.engine = e; convert(model)     convert(model, e)
 //
 // A model is written with these modules where Python's would be fused and prepared: Python's
 //   fuse_modules_qat(m, [["conv", "bn", "relu"]]); prepare_qat(m)
@@ -21,6 +22,13 @@
 // no bn or relu members: fusing leaves Identity there, which has no state). Under DDP the
 // observers' statistics, the quantization parameters and BatchNorm's statistics are buffers and
 // follow rank 0, as Python's do.
+//
+// convert turns the trained model into an int8 one for inference on the CPU, as Python's convert
+// swaps each module for its quantized counterpart (nnq.Quantize, nniq.ConvReLU2d, nnq.Conv2d,
+// nniq.LinearReLU, nnq.Linear, nnq.DeQuantize): BatchNorm folded into the weights
+// (fuse_conv_bn_weights), weights quantized to qint8 with their observers' parameters and
+// prepacked for the engine's kernels, outputs requantized with their activation observers'. The
+// model's own forward runs unchanged: each module runs its int8 form from then on.
 
 #include <torch/nn/module.h>
 #include <torch/nn/modules/batchnorm.h>
@@ -50,6 +58,19 @@ struct QConfig {
   FakeQuantizeOptions activation, weight;
 };
 
+// What convert does to a module (the modules below implement it).
+class Convertible {
+ public:
+  virtual ~Convertible() = default;
+  virtual void convert() = 0;
+  // The bytes of its int8 form: quantized weights, float biases, quantization parameters.
+  virtual int64_t quantized_bytes() const = 0;
+  bool converted() const { return converted_; }
+
+ protected:
+  bool converted_ = false;
+};
+
 // torch.ao.quantization.get_default_qat_qconfig(engine) for "qnnpack", "fbgemm", "x86" and
 // "onednn" (PyTorch 1.13 and 2.6 agree): activations quint8 per tensor (0..127 with reduce_range
 // on fbgemm and x86), weights qint8 symmetric, per tensor on qnnpack, per output channel elsewhere.
@@ -74,6 +95,11 @@ class FakeQuantizeImpl : public torch::nn::Module, public ResizableBuffers {
   void enable_observer(bool on);
   void enable_fake_quant(bool on);
   const FakeQuantizeOptions& options() const { return options_; }
+  // The observer's quantization parameters from its statistics (Python's calculate_qparams, op
+  // for op): scale (float) and zero point, one each per tensor, one per channel per channel.
+  std::pair<at::Tensor, at::Tensor> calculate_qparams() const;
+  // `w` quantized to the weight dtype with calculate_qparams (Python's _quantize_weight).
+  at::Tensor quantize_weight(const at::Tensor& w) const;
 
   at::Tensor fake_quant_enabled, observer_enabled, scale, zero_point;
   Observer activation_post_process{nullptr};
@@ -83,32 +109,44 @@ class FakeQuantizeImpl : public torch::nn::Module, public ResizableBuffers {
 };
 TORCH_MODULE(FakeQuantize);
 
-// QuantStub after prepare_qat: fake-quantizes the model's input.
-class QuantStubImpl : public torch::nn::Module {
+// QuantStub after prepare_qat: fake-quantizes the model's input; converted, quantizes it.
+class QuantStubImpl : public torch::nn::Module, public Convertible {
  public:
   explicit QuantStubImpl(const QConfig& qconfig);
-  at::Tensor forward(const at::Tensor& x) { return activation_post_process(x); }
+  at::Tensor forward(const at::Tensor& x);
+  void convert() override;
+  int64_t quantized_bytes() const override { return 16; }
   FakeQuantize activation_post_process{nullptr};
+
+ private:
+  double scale_ = 1;
+  int64_t zero_point_ = 0;
 };
 TORCH_MODULE(QuantStub);
 
-// DeQuantStub: nothing during training (convert makes it the dequantization).
+// DeQuantStub: nothing during training; a quantized input it dequantizes.
 class DeQuantStubImpl : public torch::nn::Module {
  public:
-  at::Tensor forward(const at::Tensor& x) { return x; }
+  at::Tensor forward(const at::Tensor& x) { return x.is_quantized() ? x.dequantize() : x; }
 };
 TORCH_MODULE(DeQuantStub);
 
 // nn.qat.Linear (relu = false) and nn.intrinsic.qat.LinearReLU, with their output observer.
-class LinearImpl : public torch::nn::Module {
+class LinearImpl : public torch::nn::Module, public Convertible {
  public:
   LinearImpl(int64_t in_features, int64_t out_features, const QConfig& qconfig, bool bias = true, bool relu = false);
   at::Tensor forward(const at::Tensor& x);
+  void convert() override;
+  int64_t quantized_bytes() const override;
   at::Tensor weight, bias;
   FakeQuantize weight_fake_quant{nullptr}, activation_post_process{nullptr};
 
  private:
   bool relu_;
+  at::Tensor qweight_;  // converted: the int8 weight, packed_ its engine's form
+  c10::IValue packed_;
+  double scale_ = 1;
+  int64_t zero_point_ = 0;
 };
 TORCH_MODULE(Linear);
 
@@ -123,7 +161,7 @@ TORCH_MODULE(LinearReLU);
 // nn.intrinsic.qat.ConvBn2d / ConvBnReLU2d: BatchNorm folded into the weight before it is
 // fake-quantized, as conv_fused.py's _forward_approximate does; freeze_bn_stats stops BatchNorm's
 // statistics (BatchNorm then runs as in eval) until update_bn_stats.
-class Conv2dImpl : public torch::nn::Module, public PythonStateVersion {
+class Conv2dImpl : public torch::nn::Module, public PythonStateVersion, public Convertible {
  public:
   enum class Fused { kNone, kBn, kBnReLU };
   Conv2dImpl(const torch::nn::Conv2dOptions& options, const QConfig& qconfig, Fused fused = Fused::kNone);
@@ -131,6 +169,8 @@ class Conv2dImpl : public torch::nn::Module, public PythonStateVersion {
   void freeze_bn_stats(bool frozen = true);
   void train(bool on = true) override;
   int64_t python_state_version() const override { return fused_ == Fused::kNone ? 1 : 2; }  // _ConvBnNd: 2
+  void convert() override;
+  int64_t quantized_bytes() const override;
 
   at::Tensor weight, bias;
   torch::nn::BatchNorm2d bn{nullptr};  // kBn, kBnReLU
@@ -141,6 +181,10 @@ class Conv2dImpl : public torch::nn::Module, public PythonStateVersion {
   torch::nn::Conv2dOptions options_;
   Fused fused_;
   bool bn_frozen_ = false;
+  at::Tensor qweight_, qbias_;  // converted
+  c10::IValue packed_;
+  double scale_ = 1;
+  int64_t zero_point_ = 0;
 };
 TORCH_MODULE(Conv2d);
 
@@ -163,5 +207,11 @@ void enable_observer(torch::nn::Module& model, bool on = true);
 void enable_fake_quant(torch::nn::Module& model, bool on = true);
 // Over every fused Conv + BatchNorm in `model`: BatchNorm's statistics frozen (true) or updated again.
 void freeze_bn_stats(torch::nn::Module& model, bool frozen = true);
+
+// Sets LibTorch's quantized engine ("qnnpack", "onednn", "fbgemm", "x86"; this build's are in
+// std::invalid_argument's message otherwise) and converts every QAT module of `model`.
+void convert(torch::nn::Module& model, const std::string& engine);
+// The bytes of the converted model's int8 form (its modules' quantized_bytes).
+int64_t quantized_bytes(torch::nn::Module& model);
 
 }  // namespace ddprun::worker::qat
