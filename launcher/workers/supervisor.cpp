@@ -221,8 +221,7 @@ void Supervisor::on_worker_exit(Worker& w, int status) {
     (failed && !w.stopped_by_us ? log::warn("ddprun") : log::info("ddprun"))
         << "worker rank " << e.rank << " (pid " << e.pid << ") ended with " << describe_exit(e);
   }
-  if (failed && !w.stopped_by_us && state_ == State::Running &&
-      (!held_.empty() || (e.signal != 0 && is_stop_signal(e.signal)))) {
+  if (failed && !w.stopped_by_us && state_ == State::Running) {
     hold_failure(std::move(e));
   } else if (failed && !w.stopped_by_us) {
     result_.failures.push_back(std::move(e));
@@ -254,9 +253,10 @@ void Supervisor::on_worker_exit(Worker& w, int status) {
 
 void Supervisor::hold_failure(WorkerExit e) {
   if (held_.empty()) {
-    DDPRUN_LOG_DEBUG("ddprun") << "rank " << e.rank << " ended with " << describe_exit(e)
-                               << ", which ddprun did not send: waiting " << seconds_text(settings_.stop_signal_hold)
-                               << " for a stop signal of its own before calling it a failure";
+    DDPRUN_LOG_DEBUG("ddprun") << "rank " << e.rank << " ended with " << describe_exit(e) << ": waiting "
+                               << seconds_text(settings_.stop_signal_hold)
+                               << " for a stop signal of ddprun's own, or the rank whose end it may be, "
+                                  "before calling it the failure";
     hold_timer_.expires_after(settings_.stop_signal_hold);
     hold_timer_.async_wait([this](const boost::system::error_code& ec) {
       if (ec) return;
@@ -276,6 +276,16 @@ void Supervisor::settle_held(bool stopped) {
     // Ended by the signal that stops the job: stopped, like the ranks ddprun signals now.
     for (const WorkerExit& e : held) result_.stopped_ranks.push_back(e.rank);
   } else {
+    // A rank whose collective broke because a peer went away ended first, often, while the peer
+    // was still finishing its own exit (a Python interpreter tearing down, an error being
+    // written): the peer's failure is the cause and comes first, the lost peers after it.
+    std::stable_partition(held.begin(), held.end(), [this](const WorkerExit& e) {
+      WorkerExit probe = e;
+      for (auto& w : workers_) {
+        if (w->launch.rank == e.rank) probe.stderr_tail.assign(w->err->tail().begin(), w->err->tail().end());
+      }
+      return !lost_a_peer(probe);
+    });
     const int rank = held.front().rank;
     for (WorkerExit& e : held) result_.failures.push_back(std::move(e));
     if (state_ == State::Running) {

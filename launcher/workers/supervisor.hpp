@@ -70,10 +70,12 @@ struct SupervisorSettings {
   size_t stderr_tail_lines = 12;
   // While workers are being stopped: a line saying who is still running, at this steady rate.
   std::chrono::milliseconds progress_interval{std::chrono::seconds(10)};
-  // A worker that died of a stop signal ddprun did not send (SIGTERM, SIGINT, SIGHUP, SIGQUIT): the
-  // same signal may be on its way to ddprun, since Slurm's scancel, systemd's stop and a kill of a
-  // whole cgroup signal every process at once. The verdict waits this long for a stop signal of
-  // ddprun's own, which makes it the job being stopped rather than a worker failing.
+  // A worker that failed: the verdict waits this long before ddprun stops the others. A stop
+  // signal ddprun did not send (SIGTERM, SIGINT, SIGHUP, SIGQUIT) may be on its way to ddprun, since
+  // Slurm's scancel, systemd's stop and a kill of a whole cgroup signal every process at once: one
+  // of ddprun's own in that time makes it the job being stopped rather than a worker failing. And a
+  // rank that failed because a peer went away (a collective's "Connection closed by peer") often
+  // ends before that peer does: the peer's own failure in that time comes first in the report.
   std::chrono::milliseconds stop_signal_hold{std::chrono::seconds(1)};
 };
 
@@ -116,9 +118,10 @@ class Supervisor {
   void on_signal(int signo);
   void reap();
   void on_worker_exit(Worker& w, int status);
-  // A failure is held while a stop signal may follow it (SupervisorSettings::stop_signal_hold);
-  // settle_held() turns what was held into failures (no signal came: the group is stopped) or
-  // stopped ranks (one did). Callers then call maybe_finish().
+  // A failure is held while a stop signal or the failure it follows from may come
+  // (SupervisorSettings::stop_signal_hold); settle_held() turns what was held into failures, causes
+  // before lost peers (no signal came: the group is stopped), or stopped ranks (one did). Callers
+  // then call maybe_finish().
   void hold_failure(WorkerExit e);
   void settle_held(bool stopped);
   void read_pipe(Worker& w, bool err);

@@ -78,6 +78,22 @@ TEST(SupervisorTest, TheFirstFailureIsTheRootCauseAndTheOthersAreStopped) {
   EXPECT_FALSE(has(r.stopped_ranks, 1));
 }
 
+// Rank 1 fails; rank 0's collective breaks on the closed connection and rank 0 ends first, while
+// rank 1 is still on its way out (an interpreter tearing down): rank 1 is the root cause.
+TEST(SupervisorTest, ARankThatLostItsPeerIsNotTheRootCauseWhenThePeerFailsJustAfter) {
+  Supervisor s(settings(), nullptr);
+  const GroupResult r = s.run(
+      {shell(0, "echo 'RuntimeError: [../gloo/transport/tcp/pair.cc:598] Connection closed by peer "
+                "[127.0.0.1]:14559' >&2; exit 1"),
+       shell(1, "sleep 0.1; echo 'shard 3 is corrupt' >&2; exit 7"), shell(2, "exec sleep 60")});
+  EXPECT_EQ(r.outcome, GroupOutcome::Failed);
+  ASSERT_EQ(r.failures.size(), 2u);
+  EXPECT_EQ(r.failures[0].rank, 1);
+  EXPECT_EQ(r.failures[0].exit_code, 7);
+  EXPECT_EQ(r.failures[1].rank, 0);
+  EXPECT_TRUE(has(r.stopped_ranks, 2));
+}
+
 TEST(SupervisorTest, AWorkerKilledByASignalIsReportedWithThatSignal) {
   Supervisor s(settings(), nullptr);
   const GroupResult r = s.run({shell(0, "ulimit -c 0; kill -SEGV $$"), shell(1, "exec sleep 60")});
