@@ -147,6 +147,26 @@ TEST(ExampleZeroTest, LeNetWithShardedOptimizerStateMatchesThePlainRunAndResumes
   fs::remove_all(dir);
 }
 
+// FP32 training, QAT fine-tuning with the observer and BatchNorm schedule, int8 conversion: the
+// int8 model scores as the fake-quantized one does (a quarter of the float model's bytes), and the
+// FP32 baseline comes from the same run.
+TEST(ExampleQatTest, QuantizationAwareTrainingEndsInAnInt8ModelAsAccurateAsItsFakeQuantizedOne) {
+  const Finished f =
+      run_example("fashion_mnist_qat", {"--epochs", "2", "--train-limit", "3000", "--test-limit", "1000"});
+  ASSERT_EQ(f.exit_code, 0) << f.err;
+  const auto j = final_json(f.out);
+  ASSERT_FALSE(j.is_null()) << f.out;
+  EXPECT_EQ(j["epochs"], 7);
+  for (const char* k : {"fp32_accuracy", "fake_quant_accuracy", "int8_accuracy"}) {
+    EXPECT_GT(j[k].get<double>(), 0.6) << k << "\n" << f.out;
+  }
+  EXPECT_NEAR(j["int8_accuracy"].get<double>(), j["fake_quant_accuracy"].get<double>(), 0.02) << f.out;
+  EXPECT_LT(j["int8_bytes"].get<double>(), 0.3 * j["fp32_bytes"].get<double>());
+  EXPECT_FALSE(j["int8_ms_per_batch"].empty());
+  EXPECT_NE(f.out.find("observers off"), std::string::npos) << f.out;
+  EXPECT_EQ(f.out.find("[rank1]:"), std::string::npos) << "rank 1 printed:\n" << f.out;
+}
+
 TEST(ExampleFlagsTest, BadFlagExitsWithUsage) {
   Subprocess p({std::string(EXAMPLES_DIR) + "/mlp", "--epochs", "zero"});
   const Finished f = p.wait(30s);
