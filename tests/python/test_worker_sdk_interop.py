@@ -441,6 +441,43 @@ class QuantizationAwareTrainingMatchesPython(unittest.TestCase):
             self.assertLess(got["quantized_bytes"], sum(p.numel() * 4 for p in model.parameters()))
         return sd
 
+    def test_prepare_qat_of_a_sequential_is_pythons_quant_wrapper_of_its_fused_copy(self):
+        torch.manual_seed(21)
+        seq = nn.Sequential(nn.Conv2d(1, 4, 3, padding=1), nn.BatchNorm2d(4), nn.ReLU(), nn.MaxPool2d(2),
+                            nn.Conv2d(4, 6, 3), nn.BatchNorm2d(6), nn.Conv2d(6, 6, 1), nn.Flatten(), nn.Linear(24, 16),
+                            nn.ReLU(), nn.Linear(16, 5))
+        with torch.no_grad():  # BatchNorm with state of its own, to be carried over
+            seq[1].running_mean.uniform_(-0.5, 0.5)
+            seq[1].weight.uniform_(0.5, 1.5)
+            seq[5].running_var.uniform_(0.5, 2.0)
+        model = tq.QuantWrapper(copy.deepcopy(seq)).train()
+        tq.fuse_modules_qat(model.module, [["0", "1", "2"], ["4", "5"], ["8", "9"]], inplace=True)
+        model.qconfig = tq.get_default_qat_qconfig("qnnpack")
+        tq.prepare_qat(model, inplace=True)
+        with tempfile.TemporaryDirectory() as d:
+            src, out = os.path.join(d, "float.pt"), os.path.join(d, "out.pt")
+            torch.save(seq.state_dict(), src)
+            r = subprocess.run([DDPRUN, "--nproc_per_node", "1", WORKER, "qat-sequential", "qnnpack", src, out,
+                                str(self.STEPS), str(self.OBSERVER_OFF), str(self.FREEZE_BN)],
+                               capture_output=True, text=True, timeout=300)
+            self.assertEqual(r.returncode, 0, r.stderr[-3000:])
+            got = load(out)
+        sd = model.state_dict()
+        self.assertEqual(sorted(got["prepared"]), sorted(sd))
+        for k, v in sd.items():
+            self.assertTrue(torch.equal(got["prepared"][k], v), k)
+        opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+        losses = []
+        for step in range(self.STEPS):
+            if step == self.OBSERVER_OFF:
+                model.apply(tq.disable_observer)
+            if step == self.FREEZE_BN:
+                model.apply(nniqat.freeze_bn_stats)
+            losses.append(train_step(model, opt, step))
+        self.assertEqual(got["losses"], losses)
+        for k, v in model.state_dict().items():
+            self.assertTrue(torch.equal(got["model"][k], v), k)
+
     def test_qnnpack_per_tensor_weights_and_int8_conversion(self):
         sd = self.case("qnnpack", convert=True)
         self.assertEqual(sd["conv.weight_fake_quant.scale"].shape, (1,))

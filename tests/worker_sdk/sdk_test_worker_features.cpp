@@ -399,16 +399,16 @@ TORCH_MODULE(QatNet);
 
 }  // namespace
 
-// Trains the QAT model from Python's initial state dict on the schedule given (observers off
-// from step OBSERVER_OFF, BatchNorm statistics frozen from FREEZE_BN), under DDP; saves the losses,
-// the final state dict and an evaluation's output for the Python side to compare, then (CONVERT)
-// converts the model to int8 on the engine and saves its output on the same batch.
-int qat_parity(const std::string& engine, const std::string& in, const std::string& out, int steps, int observer_off,
-               int freeze_bn, bool convert) {
-  auto dist = Distributed::init();
-  QatNet model(qat::default_qat_qconfig(engine));
-  load_state_dict(*model, torch_load(in));
-  DistributedDataParallel<QatNetImpl> ddp(model.ptr(), dist);
+namespace {
+
+// Trains a QAT model on the schedule given (observers off from step OBSERVER_OFF, BatchNorm
+// statistics frozen from FREEZE_BN), under DDP; saves the losses, the final state dict and an
+// evaluation's output into `result` for the Python side to compare, then (`convert`) converts the
+// model to int8 on the engine and adds its output on the same batch.
+template <class Impl>
+int train_qat(Distributed& dist, std::shared_ptr<Impl> model, const std::string& engine, const std::string& out,
+              int steps, int observer_off, int freeze_bn, bool convert, c10::impl::GenericDict result) {
+  DistributedDataParallel<Impl> ddp(model, dist);
   torch::optim::SGD opt(ddp.parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
   c10::impl::GenericList losses(c10::AnyType::get());
   for (int step = 0; step < steps; ++step) {
@@ -419,29 +419,52 @@ int qat_parity(const std::string& engine, const std::string& in, const std::stri
     auto loss = torch::nn::functional::cross_entropy(ddp(x), y);
     loss.backward();
     opt.step();
-    losses.push_back(loss.item<double>());
+    losses.push_back(loss.template item<double>());
   }
   model->eval();
   auto [x, y] = global_batch(100, 1, 4);
-  torch::Tensor eval_out;
-  {
-    torch::NoGradGuard no_grad;
-    eval_out = model->forward(x);
-  }
+  torch::NoGradGuard no_grad;
+  const torch::Tensor eval_out = model->forward(x);
   if (dist.is_main()) {
-    c10::impl::GenericDict result(c10::StringType::get(), c10::AnyType::get());
     result.insert("model", state_dict(*model));
     result.insert("losses", losses);
     result.insert("eval_out", eval_out);
     if (convert) {
       qat::convert(*model, engine);
-      torch::NoGradGuard no_grad;
       result.insert("int8_out", model->forward(x));
       result.insert("quantized_bytes", qat::quantized_bytes(*model));
     }
     torch_save(result, out);
   }
   return 0;
+}
+
+}  // namespace
+
+// The QAT model from Python's prepared state dict.
+int qat_parity(const std::string& engine, const std::string& in, const std::string& out, int steps, int observer_off,
+               int freeze_bn, bool convert) {
+  auto dist = Distributed::init();
+  QatNet model(qat::default_qat_qconfig(engine));
+  load_state_dict(*model, torch_load(in));
+  return train_qat(dist, model.ptr(), engine, out, steps, observer_off, freeze_bn, convert,
+                   c10::impl::GenericDict(c10::StringType::get(), c10::AnyType::get()));
+}
+
+// A float Sequential from Python's float state dict, prepared by qat::prepare_qat with fusion:
+// the prepared state dict (before training) goes into the result beside the training's.
+int qat_prepare_sequential(const std::string& engine, const std::string& in, const std::string& out, int steps,
+                           int observer_off, int freeze_bn) {
+  using namespace torch::nn;
+  auto dist = Distributed::init();
+  Sequential seq(Conv2d(Conv2dOptions(1, 4, 3).padding(1)), BatchNorm2d(4), ReLU(), MaxPool2d(MaxPool2dOptions(2)),
+                 Conv2d(4, 6, 3), BatchNorm2d(6), Conv2d(6, 6, 1), Flatten(), torch::nn::Linear(24, 16), ReLU(),
+                 torch::nn::Linear(16, 5));
+  load_state_dict(*seq, torch_load(in));
+  auto model = qat::prepare_qat(seq, qat::default_qat_qconfig(engine), {{0, 1, 2}, {4, 5}, {8, 9}});
+  c10::impl::GenericDict result(c10::StringType::get(), c10::AnyType::get());
+  result.insert("prepared", torch_load_bytes(torch_save_bytes(state_dict(*model))));  // a copy, as it was
+  return train_qat(dist, model.ptr(), engine, out, steps, observer_off, freeze_bn, false, result);
 }
 
 }  // namespace ddprun::test::sdk_worker

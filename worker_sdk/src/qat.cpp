@@ -7,7 +7,9 @@
 #include <ATen/Context.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/nn/functional/activation.h>
+#include <torch/nn/modules/activation.h>
 #include <torch/nn/modules/conv.h>
+#include <torch/nn/modules/linear.h>
 #include <torch/nn/modules/linear.h>
 
 #include <algorithm>
@@ -305,6 +307,101 @@ void freeze_bn_stats(torch::nn::Module& model, bool frozen) {
   each_module(model, [&](torch::nn::Module& m) {
     if (auto* c = dynamic_cast<Conv2dImpl*>(&m)) c->freeze_bn_stats(frozen);
   });
+}
+
+QuantWrapperImpl::QuantWrapperImpl(torch::nn::Sequential m, const QConfig& qconfig) {
+  quant = register_module("quant", QuantStub(qconfig));
+  dequant = register_module("dequant", DeQuantStub());
+  module = register_module("module", std::move(m));
+}
+
+namespace {
+
+void copy_into(at::Tensor& to, const at::Tensor& from) {
+  torch::NoGradGuard no_grad;
+  to.copy_(from);
+}
+
+// A QAT convolution with the float one's options and weights (and BatchNorm's, when fused).
+Conv2d qat_conv(const torch::nn::Conv2dImpl& conv, const QConfig& qconfig, Conv2dImpl::Fused fused,
+                const torch::nn::BatchNorm2dImpl* bn) {
+  const auto& c = conv.options;
+  torch::nn::Conv2dOptions options(c.in_channels(), c.out_channels(), c.kernel_size());
+  options.stride(c.stride()).padding(c.padding()).dilation(c.dilation()).groups(c.groups()).bias(c.bias());
+  options.padding_mode(c.padding_mode());
+  Conv2d q(options, qconfig, fused);
+  copy_into(q->weight, conv.weight);
+  if (conv.options.bias()) copy_into(q->bias, conv.bias);
+  if (bn) {
+    auto copy = std::dynamic_pointer_cast<torch::nn::BatchNorm2dImpl>(bn->clone());
+    q->bn = q->replace_module("bn", torch::nn::BatchNorm2d(copy));
+  }
+  return q;
+}
+
+Linear qat_linear(const torch::nn::LinearImpl& linear, const QConfig& qconfig, bool relu) {
+  Linear q(linear.options.in_features(), linear.options.out_features(), qconfig, linear.options.bias(), relu);
+  copy_into(q->weight, linear.weight);
+  if (linear.options.bias()) copy_into(q->bias, linear.bias);
+  return q;
+}
+
+}  // namespace
+
+QuantWrapper prepare_qat(const torch::nn::Sequential& model, const QConfig& qconfig,
+                         const std::vector<std::vector<size_t>>& fuse) {
+  const size_t n = model->size();
+  std::vector<const std::vector<size_t>*> group_at(n, nullptr);
+  std::vector<bool> fused_away(n, false);
+  for (const auto& g : fuse) {
+    if (g.empty()) continue;
+    for (size_t k = 0; k < g.size(); ++k) {
+      if (g[k] >= n || group_at[g[k]] || fused_away[g[k]]) {
+        throw std::invalid_argument("prepare_qat: fuse group entry " + std::to_string(g[k]) +
+                                    " is past the Sequential's " + std::to_string(n) + " entries or in two groups");
+      }
+      (k == 0 ? group_at[g[k]] : (fused_away[g[k]] = true, group_at[g[k]])) = k == 0 ? &g : group_at[g[k]];
+    }
+  }
+  auto is = [&](size_t i, auto* type) {
+    return dynamic_cast<std::remove_pointer_t<decltype(type)>*>(model->ptr(i).get()) != nullptr;
+  };
+  torch::nn::Sequential out;
+  size_t i = 0;
+  for (const auto& entry : *model) {
+    const std::string name = std::to_string(i);
+    if (fused_away[i]) {
+      out->push_back(std::string(name), torch::nn::Identity());
+    } else if (const auto* g = group_at[i]) {
+      const auto& idx = *g;
+      auto* conv = dynamic_cast<torch::nn::Conv2dImpl*>(model->ptr(idx[0]).get());
+      auto* linear = dynamic_cast<torch::nn::LinearImpl*>(model->ptr(idx[0]).get());
+      auto* bn = idx.size() > 1 ? dynamic_cast<torch::nn::BatchNorm2dImpl*>(model->ptr(idx[1]).get()) : nullptr;
+      const bool relu_last = idx.size() > 1 && is(idx.back(), static_cast<torch::nn::ReLUImpl*>(nullptr));
+      if (conv && bn && idx.size() == 3 && relu_last) {
+        out->push_back(std::string(name), qat_conv(*conv, qconfig, Conv2dImpl::Fused::kBnReLU, bn));
+      } else if (conv && bn && idx.size() == 2) {
+        out->push_back(std::string(name), qat_conv(*conv, qconfig, Conv2dImpl::Fused::kBn, bn));
+      } else if (linear && idx.size() == 2 && relu_last) {
+        out->push_back(std::string(name), qat_linear(*linear, qconfig, /*relu=*/true));
+      } else {
+        std::string types;
+        for (size_t k : idx) types += (types.empty() ? "" : ", ") + model->ptr(k)->name();
+        throw std::invalid_argument("prepare_qat: cannot fuse (" + types +
+                                    "): the groups are Conv2d, BatchNorm2d, ReLU; Conv2d, BatchNorm2d; Linear, ReLU");
+      }
+    } else if (auto* conv = dynamic_cast<torch::nn::Conv2dImpl*>(model->ptr(i).get())) {
+      out->push_back(std::string(name), qat_conv(*conv, qconfig, Conv2dImpl::Fused::kNone, nullptr));
+    } else if (auto* linear = dynamic_cast<torch::nn::LinearImpl*>(model->ptr(i).get())) {
+      out->push_back(std::string(name), qat_linear(*linear, qconfig, /*relu=*/false));
+    } else {
+      out->push_back(std::string(name), entry.clone());
+    }
+    ++i;
+  }
+  QuantWrapper wrapper(out, qconfig);
+  wrapper->train(model->is_training());
+  return wrapper;
 }
 
 void convert(torch::nn::Module& model, const std::string& engine) {

@@ -32,6 +32,7 @@
 
 #include <torch/nn/module.h>
 #include <torch/nn/modules/batchnorm.h>
+#include <torch/nn/modules/container/sequential.h>
 #include <torch/nn/options/conv.h>
 #include <torch/nn/pimpl.h>
 
@@ -200,6 +201,27 @@ class ConvBnReLU2dImpl : public Conv2dImpl {
       : Conv2dImpl(options, qconfig, Fused::kBnReLU) {}
 };
 TORCH_MODULE(ConvBnReLU2d);
+
+// tq.QuantWrapper: the model between a QuantStub and a DeQuantStub.
+class QuantWrapperImpl : public torch::nn::Module {
+ public:
+  QuantWrapperImpl(torch::nn::Sequential module, const QConfig& qconfig);
+  at::Tensor forward(const at::Tensor& x) { return dequant(module->forward(quant(x))); }
+  QuantStub quant{nullptr};
+  DeQuantStub dequant{nullptr};
+  torch::nn::Sequential module{nullptr};
+};
+TORCH_MODULE(QuantWrapper);
+
+// Python's prepare_qat(QuantWrapper(fuse_modules_qat(copy_of_model, fuse))) for a Sequential:
+// each group of `fuse` (entries' indices, as Python names a Sequential's children) becomes one
+// fused module at its first entry and Identity at the others (Python's names and state: "module.1"
+// holds nothing) — Conv2d + BatchNorm2d + ReLU a ConvBnReLU2d, Conv2d + BatchNorm2d a ConvBn2d,
+// Linear + ReLU a LinearReLU; every other Conv2d and Linear its QAT module; the float weights and
+// BatchNorm's parameters, statistics and options carried over, everything else cloned. `model` is
+// left as it was. std::invalid_argument names a group that is not one of those patterns.
+QuantWrapper prepare_qat(const torch::nn::Sequential& model, const QConfig& qconfig,
+                         const std::vector<std::vector<size_t>>& fuse);
 
 // Over every FakeQuantize in `model`: observers on or off (off: the quantization parameters stay
 // as they are), fake quantization on or off (off: the float values pass).
