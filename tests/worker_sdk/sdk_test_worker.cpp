@@ -20,6 +20,7 @@
 //       saves OUT/final.pt (tests/python/test_worker_sdk_interop.py holds it all to Python)
 //   sdk_test_worker qat-parity ENGINE IN OUT STEPS OBSERVER_OFF FREEZE_BN convert|train   (QAT against Python's)
 //   sdk_test_worker qat-sequential ENGINE FLOAT_IN OUT STEPS OBSERVER_OFF FREEZE_BN   (qat::prepare_qat)
+//   sdk_test_worker qat-sync-bn               (a QAT ConvBnReLU2d with SyncBatchNorm against the whole batch)
 //   sdk_test_worker torch-load FILE...    (no launcher: "OK <tensors>" or "ERROR <why>" per file)
 //   sdk_test_worker train STEPS STALL_RANK SLOW_RANK SLOW_MS
 //       DDP training for STEPS steps; STALL_RANK (-1: none) then stops in its own code, the others
@@ -445,6 +446,7 @@ int main(int argc, char** argv) {
     if (mode == "qat-sequential") {
       return qat_prepare_sequential(argv[2], argv[3], argv[4], std::stoi(argv[5]), std::stoi(argv[6]), std::stoi(argv[7]));
     }
+    if (mode == "qat-sync-bn") return qat_sync_bn();
     if (mode == "torch-load") return torch_load_files(argc, argv);
     if (mode == "train") return train(std::stoi(argv[2]), std::stoi(argv[3]), std::stoi(argv[4]), std::stoi(argv[5]));
     std::cerr << "unknown mode '" << mode << "'\n";

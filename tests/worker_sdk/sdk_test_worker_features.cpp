@@ -467,4 +467,36 @@ int qat_prepare_sequential(const std::string& engine, const std::string& in, con
   return train_qat(dist, model.ptr(), engine, out, steps, observer_off, freeze_bn, false, result);
 }
 
+// A ConvBnReLU2d whose BatchNorm is a SyncBatchNorm, on each rank's share of a batch, against the
+// plain module on the whole batch in one process: the same BatchNorm statistics and the same
+// output (the activations' fake quantization off: each rank's observer sees its own share).
+int qat_sync_bn() {
+  auto dist = Distributed::init();
+  const int world = dist.world_size(), rank = dist.rank(), per_rank = 3;
+  const auto q = qat::default_qat_qconfig("qnnpack");
+  const auto options = torch::nn::Conv2dOptions(2, 4, 3).padding(1);
+  torch::manual_seed(5);
+  qat::ConvBnReLU2d whole(options, q);
+  qat::ConvBnReLU2d mine(options, q, /*sync_bn=*/true);
+  load_state_dict(*mine, state_dict(*whole));
+  set_sync_batch_norm_group(*mine, dist.c10d_group());
+  for (auto* m : {&whole, &mine}) (*m)->activation_post_process->enable_fake_quant(false);
+  double worst = 0;
+  for (int step = 0; step < 3; ++step) {
+    if (step == 2) {
+      qat::freeze_bn_stats(*whole);
+      qat::freeze_bn_stats(*mine);
+    }
+    const auto x = torch::randn({world * per_rank, 2, 5, 5}) * (1 + step) + step;
+    const auto all = whole(x);
+    const auto part = mine(x.narrow(0, rank * per_rank, per_rank));
+    worst = std::max(worst, (part - all.narrow(0, rank * per_rank, per_rank)).abs().max().item<double>());
+    worst = std::max(worst, (mine->sync_bn->running_var - whole->bn->running_var).abs().max().item<double>());
+    worst = std::max(worst, (mine->sync_bn->running_mean - whole->bn->running_mean).abs().max().item<double>());
+  }
+  dist.print("RESULT qat_sync_bn_vs_whole_batch=", all_max(dist, worst));
+  dist.print("RESULT qat_sync_bn_batches=", mine->sync_bn->num_batches_tracked.item<int64_t>());
+  return 0;
+}
+
 }  // namespace ddprun::test::sdk_worker

@@ -167,6 +167,16 @@ TEST(DdpTest, SyncBatchNormIsBatchNormOverEveryRanksBatch) {
   }
 }
 
+// Quantization-aware training with SyncBatchNorm in a fused Conv+BN+ReLU: 2 ranks' shares give the
+// output and BatchNorm statistics of the plain module over the whole batch, frozen statistics stay.
+TEST(DdpTest, QatConvBnWithSyncBatchNormIsTheWholeBatchsConvBn) {
+  const Finished f = run_under_ddprun(2, {"qat-sync-bn"});
+  ASSERT_EQ(f.exit_code, 0) << f.err;
+  auto r = results(f.out);
+  EXPECT_LE(std::stod(r["qat_sync_bn_vs_whole_batch"]), 1e-4) << f.out;
+  EXPECT_EQ(r["qat_sync_bn_batches"], "2") << f.out;
+}
+
 // ZeroRedundancyOptimizer with SGD and Adam gives the parameters of DDP with a local optimizer,
 // bit for bit, holding about 1/N of the optimizer state per rank; its checkpoint, made at 4 ranks,
 // resumes at 2 where one process over the whole batch would be (a fresh Adam state would not be);

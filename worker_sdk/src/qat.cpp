@@ -194,7 +194,7 @@ int64_t LinearImpl::quantized_bytes() const {
          qparams_bytes(weight_fake_quant->calculate_qparams().first) + 16;
 }
 
-Conv2dImpl::Conv2dImpl(const torch::nn::Conv2dOptions& options, const QConfig& qconfig, Fused fused)
+Conv2dImpl::Conv2dImpl(const torch::nn::Conv2dOptions& options, const QConfig& qconfig, Fused fused, bool sync_bn)
     : options_(options), fused_(fused) {
   if (!alternative<torch::ExpandingArray<2>>(options.padding())) {
     throw std::invalid_argument("qat::Conv2d takes padding as numbers (not kSame or kValid)");
@@ -205,7 +205,11 @@ Conv2dImpl::Conv2dImpl(const torch::nn::Conv2dOptions& options, const QConfig& q
   torch::nn::Conv2d init(options);  // torch::nn::Conv2d's initialisation
   weight = register_parameter("weight", init->weight.detach());
   if (options.bias()) bias = register_parameter("bias", init->bias.detach());
-  if (fused_ != Fused::kNone) bn = register_module("bn", torch::nn::BatchNorm2d(options.out_channels()));
+  if (fused_ != Fused::kNone && sync_bn) {
+    this->sync_bn = register_module("bn", SyncBatchNorm(options.out_channels()));
+  } else if (fused_ != Fused::kNone) {
+    bn = register_module("bn", torch::nn::BatchNorm2d(options.out_channels()));
+  }
   weight_fake_quant = register_module("weight_fake_quant", FakeQuantize(qconfig.weight));
   activation_post_process = register_module("activation_post_process", FakeQuantize(qconfig.activation));
 }
@@ -213,6 +217,16 @@ Conv2dImpl::Conv2dImpl(const torch::nn::Conv2dOptions& options, const QConfig& q
 at::Tensor Conv2dImpl::conv(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b) const {
   const auto& padding = *alternative<torch::ExpandingArray<2>>(options_.padding());
   return at::conv2d(x, w, b, *options_.stride(), *padding, *options_.dilation(), options_.groups());
+}
+
+Conv2dImpl::BatchNormParts Conv2dImpl::bn_parts() const {
+  if (sync_bn) return {sync_bn->weight, sync_bn->bias, sync_bn->running_mean, sync_bn->running_var, sync_bn->options.eps()};
+  return {bn->weight, bn->bias, bn->running_mean, bn->running_var, bn->options.eps()};
+}
+
+torch::nn::Module* Conv2dImpl::bn_module() const {
+  if (sync_bn) return sync_bn.ptr().get();
+  return bn ? bn.ptr().get() : nullptr;
 }
 
 at::Tensor Conv2dImpl::forward(const at::Tensor& x) {
@@ -224,8 +238,9 @@ at::Tensor Conv2dImpl::forward(const at::Tensor& x) {
   if (fused_ == Fused::kNone) return activation_post_process(conv(x, weight_fake_quant(weight), bias));
   // BatchNorm folded into the weight with its running statistics; the convolution's output is
   // scaled back and BatchNorm applied to it (conv_fused.py, _forward_approximate).
-  const at::Tensor running_std = at::sqrt(bn->running_var + bn->options.eps());
-  const at::Tensor scale_factor = bn->weight / running_std;
+  const BatchNormParts p = bn_parts();
+  const at::Tensor running_std = at::sqrt(p.running_var + p.eps);
+  const at::Tensor scale_factor = p.weight / running_std;
   std::vector<int64_t> weight_shape(static_cast<size_t>(weight.dim()), 1), bias_shape(weight_shape);
   weight_shape[0] = -1;
   bias_shape[1] = -1;
@@ -235,7 +250,7 @@ at::Tensor Conv2dImpl::forward(const at::Tensor& x) {
                                    : at::zeros({options_.out_channels()}, scaled_weight.options().dtype(x.scalar_type()));
   at::Tensor y = conv(x, scaled_weight, zero_bias) / scale_factor.reshape(bias_shape);
   if (bias.defined()) y = y + bias.reshape(bias_shape);
-  y = bn(y);
+  y = sync_bn ? sync_bn(y) : bn(y);
   if (fused_ == Fused::kBnReLU) y = torch::relu(y);
   return activation_post_process(y);
 }
@@ -243,14 +258,15 @@ at::Tensor Conv2dImpl::forward(const at::Tensor& x) {
 void Conv2dImpl::convert() {
   torch::NoGradGuard no_grad;
   at::Tensor w = weight, b = bias;
-  if (bn) {
+  if (bn_module()) {
     // torch/nn/utils/fusion.py, fuse_conv_bn_weights: BatchNorm's statistics and affine folded in.
-    const at::Tensor conv_b = b.defined() ? b : at::zeros_like(bn->running_mean);
-    const at::Tensor bn_var_rsqrt = at::rsqrt(bn->running_var + bn->options.eps());
+    const BatchNormParts p = bn_parts();
+    const at::Tensor conv_b = b.defined() ? b : at::zeros_like(p.running_mean);
+    const at::Tensor bn_var_rsqrt = at::rsqrt(p.running_var + p.eps);
     std::vector<int64_t> shape(static_cast<size_t>(w.dim()), 1);
     shape[0] = -1;
-    w = (w * (bn->weight * bn_var_rsqrt).reshape(shape)).to(weight.scalar_type());
-    b = ((conv_b - bn->running_mean) * bn_var_rsqrt * bn->weight + bn->bias).to(conv_b.scalar_type());
+    w = (w * (p.weight * bn_var_rsqrt).reshape(shape)).to(weight.scalar_type());
+    b = ((conv_b - p.running_mean) * bn_var_rsqrt * p.weight + p.bias).to(conv_b.scalar_type());
   }
   weight_fake_quant(w);  // as Python's get_qconv runs the weight's fake quantizer once more
   qweight_ = weight_fake_quant->quantize_weight(w.to(at::kFloat));
@@ -271,14 +287,15 @@ int64_t Conv2dImpl::quantized_bytes() const {
 }
 
 void Conv2dImpl::freeze_bn_stats(bool frozen) {
-  if (!bn) return;
+  torch::nn::Module* m = bn_module();
+  if (!m) return;
   bn_frozen_ = frozen;
-  bn->train(!frozen);  // as Python's freeze_bn_stats / update_bn_stats set bn.training
+  m->train(!frozen);  // as Python's freeze_bn_stats / update_bn_stats set bn.training
 }
 
 void Conv2dImpl::train(bool on) {
   torch::nn::Module::train(on);
-  if (bn && bn_frozen_) bn->eval();  // a frozen BatchNorm stays so through model.train()
+  if (bn_frozen_ && bn_module()) bn_module()->eval();  // a frozen BatchNorm stays so through model.train()
 }
 
 namespace {

@@ -40,6 +40,7 @@
 #include <utility>
 
 #include "ddprun/worker/serialize.hpp"
+#include "ddprun/worker/sync_batch_norm.hpp"
 
 namespace ddprun::worker::qat {
 
@@ -161,11 +162,14 @@ TORCH_MODULE(LinearReLU);
 // nn.qat.Conv2d (zeros padding), and the fused Conv2d + BatchNorm2d (+ ReLU) of
 // nn.intrinsic.qat.ConvBn2d / ConvBnReLU2d: BatchNorm folded into the weight before it is
 // fake-quantized, as conv_fused.py's _forward_approximate does; freeze_bn_stats stops BatchNorm's
-// statistics (BatchNorm then runs as in eval) until update_bn_stats.
+// statistics (BatchNorm then runs as in eval) until update_bn_stats. With sync_bn the BatchNorm is
+// a SyncBatchNorm (Python's convert_sync_batchnorm of the prepared model: the same state-dict
+// names), whose group set_sync_batch_norm_group gives.
 class Conv2dImpl : public torch::nn::Module, public PythonStateVersion, public Convertible {
  public:
   enum class Fused { kNone, kBn, kBnReLU };
-  Conv2dImpl(const torch::nn::Conv2dOptions& options, const QConfig& qconfig, Fused fused = Fused::kNone);
+  Conv2dImpl(const torch::nn::Conv2dOptions& options, const QConfig& qconfig, Fused fused = Fused::kNone,
+             bool sync_bn = false);
   at::Tensor forward(const at::Tensor& x);
   void freeze_bn_stats(bool frozen = true);
   void train(bool on = true) override;
@@ -174,11 +178,18 @@ class Conv2dImpl : public torch::nn::Module, public PythonStateVersion, public C
   int64_t quantized_bytes() const override;
 
   at::Tensor weight, bias;
-  torch::nn::BatchNorm2d bn{nullptr};  // kBn, kBnReLU
+  torch::nn::BatchNorm2d bn{nullptr};  // kBn, kBnReLU: one of the two, registered as "bn"
+  SyncBatchNorm sync_bn{nullptr};
   FakeQuantize weight_fake_quant{nullptr}, activation_post_process{nullptr};
 
  private:
   at::Tensor conv(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b) const;
+  struct BatchNormParts {
+    at::Tensor weight, bias, running_mean, running_var;
+    double eps;
+  };
+  BatchNormParts bn_parts() const;
+  torch::nn::Module* bn_module() const;
   torch::nn::Conv2dOptions options_;
   Fused fused_;
   bool bn_frozen_ = false;
@@ -191,14 +202,15 @@ TORCH_MODULE(Conv2d);
 
 class ConvBn2dImpl : public Conv2dImpl {
  public:
-  ConvBn2dImpl(const torch::nn::Conv2dOptions& options, const QConfig& qconfig) : Conv2dImpl(options, qconfig, Fused::kBn) {}
+  ConvBn2dImpl(const torch::nn::Conv2dOptions& options, const QConfig& qconfig, bool sync_bn = false)
+      : Conv2dImpl(options, qconfig, Fused::kBn, sync_bn) {}
 };
 TORCH_MODULE(ConvBn2d);
 
 class ConvBnReLU2dImpl : public Conv2dImpl {
  public:
-  ConvBnReLU2dImpl(const torch::nn::Conv2dOptions& options, const QConfig& qconfig)
-      : Conv2dImpl(options, qconfig, Fused::kBnReLU) {}
+  ConvBnReLU2dImpl(const torch::nn::Conv2dOptions& options, const QConfig& qconfig, bool sync_bn = false)
+      : Conv2dImpl(options, qconfig, Fused::kBnReLU, sync_bn) {}
 };
 TORCH_MODULE(ConvBnReLU2d);
 
