@@ -387,6 +387,18 @@ def prepared_qat_net(engine, seed):
 class QuantizationAwareTrainingMatchesPython(unittest.TestCase):
     STEPS, OBSERVER_OFF, FREEZE_BN = 8, 4, 6
 
+    def train_on_schedule(self, model):
+        """sdk_test_worker's train_qat: SGD, observers off and BatchNorm frozen part way; the losses."""
+        opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+        losses = []
+        for step in range(self.STEPS):
+            if step == self.OBSERVER_OFF:
+                model.apply(tq.disable_observer)
+            if step == self.FREEZE_BN:
+                model.apply(nniqat.freeze_bn_stats)
+            losses.append(train_step(model, opt, step))
+        return losses
+
     def case(self, engine, convert):
         model = prepared_qat_net(engine, 11)
         with tempfile.TemporaryDirectory() as d:
@@ -398,14 +410,7 @@ class QuantizationAwareTrainingMatchesPython(unittest.TestCase):
                                capture_output=True, text=True, timeout=300)
             self.assertEqual(r.returncode, 0, r.stderr[-3000:])
             got = load(out)
-        opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-        losses = []
-        for step in range(self.STEPS):
-            if step == self.OBSERVER_OFF:
-                model.apply(tq.disable_observer)
-            if step == self.FREEZE_BN:
-                model.apply(nniqat.freeze_bn_stats)
-            losses.append(train_step(model, opt, step))
+        losses = self.train_on_schedule(model)
         model.eval()
         torch.manual_seed(1100)
         x = torch.randn(4, 1, 8, 8)
@@ -466,14 +471,7 @@ class QuantizationAwareTrainingMatchesPython(unittest.TestCase):
         self.assertEqual(sorted(got["prepared"]), sorted(sd))
         for k, v in sd.items():
             self.assertTrue(torch.equal(got["prepared"][k], v), k)
-        opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-        losses = []
-        for step in range(self.STEPS):
-            if step == self.OBSERVER_OFF:
-                model.apply(tq.disable_observer)
-            if step == self.FREEZE_BN:
-                model.apply(nniqat.freeze_bn_stats)
-            losses.append(train_step(model, opt, step))
+        losses = self.train_on_schedule(model)
         self.assertEqual(got["losses"], losses)
         for k, v in model.state_dict().items():
             self.assertTrue(torch.equal(got["model"][k], v), k)
