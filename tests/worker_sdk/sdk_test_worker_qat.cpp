@@ -1,0 +1,143 @@
+// The quantization-aware training modes of sdk_test_worker (qat-parity, qat-sequential, qat-sync-bn).
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <cmath>
+#include <memory>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "sdk_test_worker.hpp"
+
+namespace ddprun::test::sdk_worker {
+namespace {
+
+// tests/python/test_worker_sdk_interop.py's QatNet after fuse_modules_qat and prepare_qat.
+struct QatNetImpl : torch::nn::Module {
+  explicit QatNetImpl(const qat::QConfig& q) {
+    using torch::nn::Conv2dOptions;
+    quant = register_module("quant", qat::QuantStub(q));
+    conv = register_module("conv", qat::ConvBnReLU2d(Conv2dOptions(1, 4, 3).padding(1), q));
+    conv2 = register_module("conv2", qat::ConvBn2d(Conv2dOptions(4, 6, 3), q));
+    conv3 = register_module("conv3", qat::Conv2d(Conv2dOptions(6, 6, 1), q));
+    fc1 = register_module("fc1", qat::LinearReLU(6 * 2 * 2, 16, q));
+    fc2 = register_module("fc2", qat::Linear(16, 5, q));
+    dequant = register_module("dequant", qat::DeQuantStub());
+  }
+  torch::Tensor forward(torch::Tensor x) {
+    x = torch::max_pool2d(conv(quant(x)), {2, 2}, {}, {0, 0}, {1, 1});  // the quantized kernel takes no shorthand
+    x = conv3(conv2(x));
+    return dequant(fc2(fc1(x.flatten(1))));
+  }
+  qat::QuantStub quant{nullptr};
+  qat::ConvBnReLU2d conv{nullptr};
+  qat::ConvBn2d conv2{nullptr};
+  qat::Conv2d conv3{nullptr};
+  qat::LinearReLU fc1{nullptr};
+  qat::Linear fc2{nullptr};
+  qat::DeQuantStub dequant{nullptr};
+};
+TORCH_MODULE(QatNet);
+
+// Trains a QAT model on the schedule given (observers off from step OBSERVER_OFF, BatchNorm
+// statistics frozen from FREEZE_BN), under DDP; saves the losses, the final state dict and an
+// evaluation's output into `result` for the Python side to compare, then (`convert`) converts the
+// model to int8 on the engine and adds its output on the same batch.
+template <class Impl>
+int train_qat(Distributed& dist, std::shared_ptr<Impl> model, const std::string& engine, const std::string& out,
+              int steps, int observer_off, int freeze_bn, bool convert, c10::impl::GenericDict result) {
+  DistributedDataParallel<Impl> ddp(model, dist);
+  torch::optim::SGD opt(ddp.parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
+  c10::impl::GenericList losses(c10::AnyType::get());
+  for (int step = 0; step < steps; ++step) {
+    if (step == observer_off) qat::enable_observer(*model, false);
+    if (step == freeze_bn) qat::freeze_bn_stats(*model);
+    auto [x, y] = global_batch(step, 1, 4);
+    opt.zero_grad();
+    auto loss = torch::nn::functional::cross_entropy(ddp(x), y);
+    loss.backward();
+    opt.step();
+    losses.push_back(loss.template item<double>());
+  }
+  model->eval();
+  auto [x, y] = global_batch(100, 1, 4);
+  torch::NoGradGuard no_grad;
+  const torch::Tensor eval_out = model->forward(x);
+  if (dist.is_main()) {
+    result.insert("model", state_dict(*model));
+    result.insert("losses", losses);
+    result.insert("eval_out", eval_out);
+    if (convert) {
+      qat::convert(*model, engine);
+      result.insert("int8_out", model->forward(x));
+      result.insert("quantized_bytes", qat::quantized_bytes(*model));
+    }
+    torch_save(result, out);
+  }
+  return 0;
+}
+
+}  // namespace
+
+// The QAT model from Python's prepared state dict.
+int qat_parity(const std::string& engine, const std::string& in, const std::string& out, int steps, int observer_off,
+               int freeze_bn, bool convert) {
+  auto dist = Distributed::init();
+  QatNet model(qat::default_qat_qconfig(engine));
+  load_state_dict(*model, torch_load(in));
+  return train_qat(dist, model.ptr(), engine, out, steps, observer_off, freeze_bn, convert,
+                   c10::impl::GenericDict(c10::StringType::get(), c10::AnyType::get()));
+}
+
+// A float Sequential from Python's float state dict, prepared by qat::prepare_qat with fusion:
+// the prepared state dict (before training) goes into the result beside the training's.
+int qat_prepare_sequential(const std::string& engine, const std::string& in, const std::string& out, int steps,
+                           int observer_off, int freeze_bn) {
+  using namespace torch::nn;
+  auto dist = Distributed::init();
+  Sequential seq(Conv2d(Conv2dOptions(1, 4, 3).padding(1)), BatchNorm2d(4), ReLU(), MaxPool2d(MaxPool2dOptions(2)),
+                 Conv2d(4, 6, 3), BatchNorm2d(6), Conv2d(6, 6, 1), Flatten(), torch::nn::Linear(24, 16), ReLU(),
+                 torch::nn::Linear(16, 5));
+  load_state_dict(*seq, torch_load(in));
+  auto model = qat::prepare_qat(seq, qat::default_qat_qconfig(engine), {{0, 1, 2}, {4, 5}, {8, 9}});
+  c10::impl::GenericDict result(c10::StringType::get(), c10::AnyType::get());
+  result.insert("prepared", torch_load_bytes(torch_save_bytes(state_dict(*model))));  // a copy, as it was
+  return train_qat(dist, model.ptr(), engine, out, steps, observer_off, freeze_bn, false, result);
+}
+
+// A ConvBnReLU2d whose BatchNorm is a SyncBatchNorm, on each rank's share of a batch, against the
+// plain module on the whole batch in one process: the same BatchNorm statistics and the same
+// output (the activations' fake quantization off: each rank's observer sees its own share).
+int qat_sync_bn() {
+  auto dist = Distributed::init();
+  const int world = dist.world_size(), rank = dist.rank(), per_rank = 3;
+  const auto q = qat::default_qat_qconfig("qnnpack");
+  const auto options = torch::nn::Conv2dOptions(2, 4, 3).padding(1);
+  torch::manual_seed(5);
+  qat::ConvBnReLU2d whole(options, q);
+  qat::ConvBnReLU2d mine(options, q, /*sync_bn=*/true);
+  load_state_dict(*mine, state_dict(*whole));
+  set_sync_batch_norm_group(*mine, dist.c10d_group());
+  for (auto* m : {&whole, &mine}) (*m)->activation_post_process->enable_fake_quant(false);
+  double worst = 0;
+  for (int step = 0; step < 3; ++step) {
+    if (step == 2) {
+      qat::freeze_bn_stats(*whole);
+      qat::freeze_bn_stats(*mine);
+    }
+    const auto x = torch::randn({world * per_rank, 2, 5, 5}) * (1 + step) + step;
+    const auto all = whole(x);
+    const auto part = mine(x.narrow(0, rank * per_rank, per_rank));
+    worst = std::max(worst, (part - all.narrow(0, rank * per_rank, per_rank)).abs().max().item<double>());
+    worst = std::max(worst, (mine->sync_bn->running_var - whole->bn->running_var).abs().max().item<double>());
+    worst = std::max(worst, (mine->sync_bn->running_mean - whole->bn->running_mean).abs().max().item<double>());
+  }
+  dist.print("RESULT qat_sync_bn_vs_whole_batch=", all_max(dist, worst));
+  dist.print("RESULT qat_sync_bn_batches=", mine->sync_bn->num_batches_tracked.item<int64_t>());
+  return 0;
+}
+
+}  // namespace ddprun::test::sdk_worker
