@@ -212,14 +212,15 @@ c10::IValue param_state(OptimKind kind, const torch::optim::OptimizerParamState&
   throw std::runtime_error("the optimizer state dict does not fit this optimizer: " + why);
 }
 
-const c10::IValue& entry(const c10::impl::GenericDict& d, const char* key, const std::string& where) {
+// (a copy: IValues are handles, and a reference would outlive a temporary dict handle)
+c10::IValue entry(const c10::impl::GenericDict& d, const char* key, const std::string& where) {
   auto it = d.find(key);
   if (it == d.end()) bad_optimizer_state(where + " has no '" + key + "'");
   return it->value();
 }
 
 double number(const c10::impl::GenericDict& d, const char* key, const std::string& where) {
-  const c10::IValue& v = entry(d, key, where);
+  const c10::IValue v = entry(d, key, where);
   if (v.isDouble()) return v.toDouble();
   if (v.isInt()) return static_cast<double>(v.toInt());
   if (v.isTensor() && v.toTensor().numel() == 1) return v.toTensor().item<double>();  // lr as a tensor (2.x)
@@ -234,7 +235,7 @@ bool flag(const c10::impl::GenericDict& d, const char* key, const std::string& w
 }
 
 std::tuple<double, double> read_betas(const c10::impl::GenericDict& d, const std::string& where) {
-  const c10::IValue& v = entry(d, "betas", where);
+  const c10::IValue v = entry(d, "betas", where);
   std::vector<double> b;
   if (v.isTuple()) {
     for (const auto& e : v.toTupleRef().elements()) b.push_back(e.isInt() ? static_cast<double>(e.toInt()) : e.toDouble());
@@ -267,7 +268,7 @@ void read_group(OptimKind kind, const c10::impl::GenericDict& g, torch::optim::O
 
 at::Tensor state_tensor(const c10::impl::GenericDict& d, const char* key, const at::Tensor& param,
                         const std::string& where) {
-  const c10::IValue& v = entry(d, key, where);
+  const c10::IValue v = entry(d, key, where);
   if (!v.isTensor()) bad_optimizer_state(where + "'s '" + key + "' is not a tensor");
   const at::Tensor& t = v.toTensor();
   if (t.sizes() != param.sizes()) {
@@ -320,8 +321,8 @@ void load_state_dict(torch::optim::Optimizer& optimizer, const c10::IValue& save
   const OptimKind kind = kind_of(optimizer);
   if (!saved.isGenericDict()) bad_optimizer_state("it is a " + saved.tagKind() + ", not a dict");
   const auto root = saved.toGenericDict();
-  const c10::IValue& groups_v = entry(root, "param_groups", "it");
-  const c10::IValue& state_v = entry(root, "state", "it");
+  const c10::IValue groups_v = entry(root, "param_groups", "it");
+  const c10::IValue state_v = entry(root, "state", "it");
   if (!groups_v.isList() || !state_v.isGenericDict()) bad_optimizer_state("'param_groups' or 'state' is of the wrong type");
   const auto groups = groups_v.toList();
   auto& mine = optimizer.param_groups();
@@ -335,7 +336,7 @@ void load_state_dict(torch::optim::Optimizer& optimizer, const c10::IValue& save
     const std::string where = "parameter group " + std::to_string(gi);
     const c10::IValue gv = groups.get(gi);
     if (!gv.isGenericDict()) bad_optimizer_state(where + " is not a dict");
-    const c10::IValue& params = entry(gv.toGenericDict(), "params", where);
+    const c10::IValue params = entry(gv.toGenericDict(), "params", where);
     if (!params.isList()) bad_optimizer_state(where + "'s 'params' is not a list");
     const auto ids = params.toListRef();
     if (ids.size() != mine[gi].params().size()) {
