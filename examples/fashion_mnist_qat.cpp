@@ -5,8 +5,10 @@
 // prepared for QAT from those weights and fine-tuned with fake quantization for 5 epochs at a
 // tenth of the learning rate (observers until epoch 4, BatchNorm statistics until epoch 3, as the
 // reference's defaults), the float model fine-tuned alongside as the baseline. The QAT model is then converted to int8 on each quantized engine
-// LibTorch has; rank 0 times FP32 and int8 inference at batch 256, measures the two models'
-// sizes, and prints a final JSON line:
+// LibTorch has; rank 0 times FP32 and int8 inference at batch 256 on the CPU, measures the two
+// models' sizes, and prints a final JSON line. Training runs where the process group puts it (GPU
+// LOCAL_RANK under NCCL, the SDK's choice where CUDA is); int8 inference runs on the CPU, where
+// its kernels are:
 //   {"example": "fashion_mnist_qat", ..., "fp32_accuracy", "fake_quant_accuracy", "int8_accuracy",
 //    "int8_engine", "fp32_ms_per_batch", "int8_ms_per_batch": {engine: ms}, "fp32_bytes", "int8_bytes"}
 // examples/python/fashion_mnist_qat.py is the same in Python (prepare_qat, convert).
@@ -78,16 +80,23 @@ struct QatLeNetImpl : torch::nn::Module {
   qat::DeQuantStub dequant;
 };
 
+torch::Device device_of(torch::nn::Module& model) {
+  const auto params = model.parameters();
+  return params.empty() ? torch::Device(torch::kCPU) : params.front().device();
+}
+
 template <class Model>
 double accuracy(worker::Distributed& dist, Model& model, const Dataset& test) {
   torch::NoGradGuard no_grad;
   model.eval();
+  const auto device = device_of(model);
   const int64_t total = test.size();
   const int64_t begin = total * dist.rank() / dist.world_size(), end = total * (dist.rank() + 1) / dist.world_size();
   double right = 0;
   for (int64_t at = begin; at < end; at += 512) {
     const auto n = std::min<int64_t>(512, end - at);
-    right += model.forward(test.inputs.narrow(0, at, n)).argmax(1).eq(test.labels.narrow(0, at, n)).sum().template item<double>();
+    const auto out = model.forward(test.inputs.narrow(0, at, n).to(device));
+    right += out.argmax(1).eq(test.labels.narrow(0, at, n).to(device)).sum().template item<double>();
   }
   return dist.sum(right) / static_cast<double>(std::max<int64_t>(total, 1));
 }
@@ -104,7 +113,8 @@ double train_epoch(worker::Distributed& dist, worker::DistributedDataParallel<Im
   for (int64_t at = 0; at < indices.size(0); at += flags.batch_size, ++step) {
     if (flags.max_steps > 0 && step >= flags.max_steps) break;
     const auto idx = indices.narrow(0, at, std::min<int64_t>(flags.batch_size, indices.size(0) - at));
-    const auto x = train.inputs.index_select(0, idx), y = train.labels.index_select(0, idx);
+    const auto x = train.inputs.index_select(0, idx).to(dist.device());
+    const auto y = train.labels.index_select(0, idx).to(dist.device());
     opt.zero_grad();
     const auto loss = torch::nn::functional::cross_entropy(ddp(x), y);
     loss.backward();
@@ -161,6 +171,7 @@ int main(int argc, char** argv) {
     const auto t0 = std::chrono::steady_clock::now();
     torch::manual_seed(flags.seed);
     auto fp32 = std::make_shared<LeNetBnImpl>();
+    fp32->to(dist.device());
     worker::DistributedDataParallel<LeNetBnImpl> fp32_ddp(fp32, dist);
     torch::optim::SGD fp32_opt(fp32_ddp.parameters(), sgd);
     for (int epoch = 0; epoch < flags.epochs; ++epoch) {
@@ -185,6 +196,7 @@ int main(int argc, char** argv) {
       }
       worker::load_state_dict(*model, renamed, /*strict=*/false);
     }
+    model->to(dist.device());
     worker::DistributedDataParallel<QatLeNetImpl> ddp(model, dist);
     const auto fine_tune = torch::optim::SGDOptions(flags.lr / 10).momentum(0.9);
     torch::optim::SGD opt(ddp.parameters(), fine_tune);
@@ -206,6 +218,7 @@ int main(int argc, char** argv) {
     qat::enable_observer(*model, false);  // as before convert in torchvision's reference
     const double fp32_accuracy = accuracy(dist, *fp32, test);
     const double fake_quant_accuracy = accuracy(dist, *model, test);
+    fp32->to(torch::kCPU);  // inference compared where the int8 model runs
 
     // int8 on each engine LibTorch has: accuracy, and (rank 0 alone, the others waiting) the
     // inference time at batch 256 beside the FP32 model's.

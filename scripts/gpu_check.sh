@@ -3,8 +3,9 @@
 # builds the worker SDK, the examples, nccl_smoke and the parity worker against that PyTorch's
 # LibTorch and NCCL, then, under a ddprun built elsewhere (DDPRUN=path; the launcher needs no GPU):
 #   1. nccl_smoke on every GPU (--nproc_per_node gpu): NCCL through ddprun's store;
-#   2. the fashion_mnist_lenet and resnet18 examples on CUDA (NCCL, one rank per GPU);
-#   3. the parity suite on CUDA against Python DDP of the same PyTorch, bit for bit: the cases with at
+#   2. checkpoints and quantization-aware training held to Python's on CUDA (the interop test);
+#   3. the fashion_mnist_lenet, resnet18 and fashion_mnist_qat examples on CUDA (NCCL, one rank per GPU);
+#   4. the parity suite on CUDA against Python DDP of the same PyTorch, bit for bit: the cases with at
 #      most one rank per GPU with NCCL, then every case with Gloo on CUDA tensors (any number of
 #      ranks on the GPUs there are).
 # usage: DDPRUN=/path/to/ddprun scripts/gpu_check.sh [BUILD_DIR]
@@ -48,11 +49,18 @@ step "nccl_smoke under ddprun --nproc_per_node gpu"
 "$ddprun" --nproc_per_node gpu "$build/examples/nccl_smoke" > "$out/nccl_smoke.log" 2>&1 || fail "nccl_smoke"
 tail -3 "$out/nccl_smoke.log"
 
+if [[ -x $build/tests/sdk_test_worker ]]; then
+  step "checkpoints and QAT against Python on CUDA (test_worker_sdk_interop.py, DDPRUN_INTEROP_DEVICE=cuda)"
+  DDPRUN_INTEROP_DEVICE=cuda "$python" "$root/tests/python/test_worker_sdk_interop.py" "$ddprun" \
+    "$build/tests/sdk_test_worker" > "$out/interop_cuda.log" 2>&1 || fail "interop (CUDA)"
+  grep -E "^(Ran|OK|FAILED)|^(FAIL|ERROR):" "$out/interop_cuda.log" | head -20
+fi
+
 data=${FASHION_MNIST_DIR:-/usr/share/datasets/fashion-mnist}
 if [[ -d $data ]]; then
   n=0
   for example in "fashion_mnist_lenet --epochs 2" "resnet18 --epochs 1 --batch-size 128" \
-                 "resnet18 --epochs 1 --batch-size 128 --sync-bn --comm-hook fp16"; do
+                 "resnet18 --epochs 1 --batch-size 128 --sync-bn --comm-hook fp16" "fashion_mnist_qat --epochs 1"; do
     name=${example%% *}
     n=$((n + 1))
     step "example: $example"

@@ -1,6 +1,8 @@
 """The C++ worker SDK against Debian's PyTorch: sampler indices and checkpoint files, both ways.
 
 usage: /usr/bin/python3 test_worker_sdk_interop.py PATH/TO/ddprun PATH/TO/sdk_test_worker
+On a GPU machine, DDPRUN_INTEROP_DEVICE=cuda trains on GPU 0 on both sides (scripts/gpu_check.sh):
+Python's files then hold CUDA tensors, and the C++ model and optimizer live on the GPU.
 """
 import copy
 import json
@@ -21,6 +23,8 @@ import torch.nn.intrinsic.qat as nniqat
 from torch.utils.data import DistributedSampler
 
 DDPRUN = WORKER = None
+# Where both sides train (sdk_test_worker reads the same variable); files are compared on the CPU.
+DEVICE = torch.device(os.environ.get("DDPRUN_INTEROP_DEVICE", "cpu"))
 
 
 class SamplerMatchesPyTorch(unittest.TestCase):
@@ -83,7 +87,7 @@ def load(path):
 
 
 def train_step(model, opt, step):
-    x, y = batch(step)
+    x, y = (t.to(DEVICE) for t in batch(step))
     opt.zero_grad()
     loss = F.cross_entropy(model(x), y)
     loss.backward()
@@ -101,6 +105,7 @@ class CheckpointsMoveBetweenPythonAndCpp(unittest.TestCase):
 
     def same(self, a, b, exact, what):
         self.assertEqual((a.dtype, a.shape), (b.dtype, b.shape), what)
+        a, b = a.cpu(), b.cpu()
         if exact:
             self.assertTrue(torch.equal(a, b), what)
         elif exact is False:
@@ -129,7 +134,7 @@ class CheckpointsMoveBetweenPythonAndCpp(unittest.TestCase):
 
     def resume_case(self, optim, layout):
         torch.manual_seed(7)
-        model = Net()
+        model = Net().to(DEVICE)
         opt = OPTIMIZERS[optim](model.parameters())
         for step in range(self.FIRST):
             train_step(model, opt, step)
@@ -174,7 +179,7 @@ class CheckpointsMoveBetweenPythonAndCpp(unittest.TestCase):
             # arithmetic differs: there only their layout is compared)
             self.assert_same_optimizer(final["optimizer"], opt.state_dict(), optim, True if exact else None)
             torch.manual_seed(123)
-            other = Net()
+            other = Net().to(DEVICE)
             other_opt = OPTIMIZERS[optim](other.parameters())
             other.load_state_dict(final["model"])
             other_opt.load_state_dict(final["optimizer"])
@@ -236,6 +241,7 @@ class CheckpointsMoveBetweenPythonAndCpp(unittest.TestCase):
             self.assertIn("Python object of posix.system", r.stderr.replace("os.system", "posix.system"))
             self.assertFalse(os.path.exists(marker))
 
+    @unittest.skipIf(DEVICE.type == "cuda" and torch.cuda.device_count() < 2, "2 ranks on one GPU: NCCL refuses")
     def test_sdk_checkpoint_made_under_ddp_loads_in_python(self):
         with tempfile.TemporaryDirectory() as d:
             r = subprocess.run([DDPRUN, "--nproc_per_node", "2", WORKER, "checkpoint", d], capture_output=True,
@@ -324,7 +330,7 @@ class HostileFilesAreRefused(unittest.TestCase):
 
     def test_mangled_checkpoints_never_crash_the_reader(self):
         torch.manual_seed(3)
-        model = Net()
+        model = Net().to(DEVICE)
         opt = OPTIMIZERS["adam"](model.parameters())
         train_step(model, opt, 0)
         with tempfile.TemporaryDirectory() as d:
@@ -381,7 +387,7 @@ def prepared_qat_net(engine, seed):
     m = QatNet().train()
     tq.fuse_modules_qat(m, [["conv", "bn", "relu"], ["conv2", "bn2"], ["fc1", "relu1"]], inplace=True)
     m.qconfig = tq.get_default_qat_qconfig(engine)
-    return tq.prepare_qat(m)
+    return tq.prepare_qat(m).to(DEVICE)
 
 
 class QuantizationAwareTrainingMatchesPython(unittest.TestCase):
@@ -415,7 +421,7 @@ class QuantizationAwareTrainingMatchesPython(unittest.TestCase):
         torch.manual_seed(1100)
         x = torch.randn(4, 1, 8, 8)
         with torch.no_grad():
-            want = model(x)
+            want = model(x.to(DEVICE)).cpu()
         # Fake quantization forward and backward, observer statistics, scales and zero points,
         # BatchNorm folded and frozen: the same bits, step after step.
         self.assertEqual(got["losses"], losses)
@@ -423,7 +429,7 @@ class QuantizationAwareTrainingMatchesPython(unittest.TestCase):
         self.assertEqual(sorted(got["model"]), sorted(sd))
         for k, v in sd.items():
             self.assertEqual((got["model"][k].dtype, got["model"][k].shape), (v.dtype, v.shape), k)
-            self.assertTrue(torch.equal(got["model"][k], v), k)
+            self.assertTrue(torch.equal(got["model"][k], v.cpu()), k)
         self.assertTrue(torch.equal(got["eval_out"], want))
         # The C++ model's state dict loads into Python's prepare_qat model (strictly, observers
         # resized per channel) and gives Python's output.
@@ -431,12 +437,12 @@ class QuantizationAwareTrainingMatchesPython(unittest.TestCase):
         fresh.load_state_dict(got["model"])
         fresh.eval()
         with torch.no_grad():
-            self.assertTrue(torch.equal(fresh(x), want))
+            self.assertTrue(torch.equal(fresh(x.to(DEVICE)).cpu(), want))
         if convert:
             # The int8 model: BatchNorm folded, weights quantized and prepacked on the engine, outputs
             # requantized: Python's converted model's output on the same weights.
             torch.backends.quantized.engine = engine
-            qmodel = tq.convert(copy.deepcopy(model).eval())
+            qmodel = tq.convert(copy.deepcopy(model).cpu().eval())  # (the C++ convert moves it itself)
             with torch.no_grad():
                 int8 = qmodel(x)
             step = float(qmodel.fc2.scale)
@@ -459,6 +465,7 @@ class QuantizationAwareTrainingMatchesPython(unittest.TestCase):
         tq.fuse_modules_qat(model.module, [["0", "1", "2"], ["4", "5"], ["8", "9"]], inplace=True)
         model.qconfig = tq.get_default_qat_qconfig("qnnpack")
         tq.prepare_qat(model, inplace=True)
+        model.to(DEVICE)
         with tempfile.TemporaryDirectory() as d:
             src, out = os.path.join(d, "float.pt"), os.path.join(d, "out.pt")
             torch.save(seq.state_dict(), src)
@@ -470,11 +477,11 @@ class QuantizationAwareTrainingMatchesPython(unittest.TestCase):
         sd = model.state_dict()
         self.assertEqual(sorted(got["prepared"]), sorted(sd))
         for k, v in sd.items():
-            self.assertTrue(torch.equal(got["prepared"][k], v), k)
+            self.assertTrue(torch.equal(got["prepared"][k], v.cpu()), k)
         losses = self.train_on_schedule(model)
         self.assertEqual(got["losses"], losses)
         for k, v in model.state_dict().items():
-            self.assertTrue(torch.equal(got["model"][k], v), k)
+            self.assertTrue(torch.equal(got["model"][k], v.cpu()), k)
 
     def test_qnnpack_per_tensor_weights_and_int8_conversion(self):
         sd = self.case("qnnpack", convert=True)

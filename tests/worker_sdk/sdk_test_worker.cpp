@@ -336,8 +336,10 @@ int resume(const std::string& dir, int epochs, int fail_at) {
 // The other side of the Python test's checkpoints: the optimizer is built with hyperparameters
 // that differ from the file's (loading must replace them, as Python's load_state_dict does).
 int python_resume(const std::string& in, const std::string& out, const std::string& optim, int first, int steps) {
-  auto dist = Distributed::init();
+  auto dist = interop_init();
+  const auto device = interop_device(dist);
   Net model = rank_seeded_net(99);
+  model->to(device);
   DistributedDataParallel<NetImpl> ddp(model.ptr(), dist);
   std::unique_ptr<torch::optim::Optimizer> opt;
   if (optim == "sgd") opt = std::make_unique<torch::optim::SGD>(ddp.parameters(), torch::optim::SGDOptions(0.5));
@@ -350,7 +352,8 @@ int python_resume(const std::string& in, const std::string& out, const std::stri
   for (int step = first; step < first + steps; ++step) {
     auto [x, y] = global_batch(step, dist.world_size(), 4);
     opt->zero_grad();
-    auto loss = torch::nn::functional::cross_entropy(ddp(x.narrow(0, dist.rank() * 4, 4)), y.narrow(0, dist.rank() * 4, 4));
+    auto loss = torch::nn::functional::cross_entropy(ddp(x.narrow(0, dist.rank() * 4, 4).to(device)),
+                                                     y.narrow(0, dist.rank() * 4, 4).to(device));
     loss.backward();
     opt->step();
     char hex[64];

@@ -3,6 +3,9 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <cstdlib>
+#include <stdexcept>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -60,6 +63,27 @@ inline double all_max(Distributed& dist, double value) {
 }
 
 // A model whose initial parameters differ per rank; DDP must replace them with rank 0's.
+// Where the Python interop modes train: DDPRUN_INTEROP_DEVICE=cuda puts the model and batches on
+// GPU LOCAL_RANK (modulo the GPUs there are), as tests/python/test_worker_sdk_interop.py does;
+// their process group is then the SDK's choice on a GPU (NCCL), else Gloo.
+inline bool interop_on_cuda() {
+  const char* device = std::getenv("DDPRUN_INTEROP_DEVICE");
+  return device && std::string(device) == "cuda";
+}
+
+inline Distributed interop_init() {
+  InitOptions options;
+  options.backend = interop_on_cuda() ? "auto" : "gloo";
+  return Distributed::init(options);
+}
+
+inline torch::Device interop_device(Distributed& dist) {
+  if (!interop_on_cuda()) return torch::kCPU;
+  const auto gpus = static_cast<int>(torch::cuda::device_count());
+  if (gpus == 0) throw std::runtime_error("DDPRUN_INTEROP_DEVICE=cuda, but this process sees no CUDA device");
+  return {torch::kCUDA, static_cast<c10::DeviceIndex>(dist.env().local_rank % gpus)};
+}
+
 inline Net rank_seeded_net(int rank) {
   torch::manual_seed(7 + rank);
   return Net();

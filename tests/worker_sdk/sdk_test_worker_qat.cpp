@@ -49,6 +49,8 @@ TORCH_MODULE(QatNet);
 template <class Impl>
 int train_qat(Distributed& dist, std::shared_ptr<Impl> model, const std::string& engine, const std::string& out,
               int steps, int observer_off, int freeze_bn, bool convert, c10::impl::GenericDict result) {
+  const auto device = interop_device(dist);
+  model->to(device);
   DistributedDataParallel<Impl> ddp(model, dist);
   torch::optim::SGD opt(ddp.parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
   c10::impl::GenericList losses(c10::AnyType::get());
@@ -57,7 +59,7 @@ int train_qat(Distributed& dist, std::shared_ptr<Impl> model, const std::string&
     if (step == freeze_bn) qat::freeze_bn_stats(*model);
     auto [x, y] = global_batch(step, 1, 4);
     opt.zero_grad();
-    auto loss = torch::nn::functional::cross_entropy(ddp(x), y);
+    auto loss = torch::nn::functional::cross_entropy(ddp(x.to(device)), y.to(device));
     loss.backward();
     opt.step();
     losses.push_back(loss.template item<double>());
@@ -65,13 +67,13 @@ int train_qat(Distributed& dist, std::shared_ptr<Impl> model, const std::string&
   model->eval();
   auto [x, y] = global_batch(100, 1, 4);
   torch::NoGradGuard no_grad;
-  const torch::Tensor eval_out = model->forward(x);
+  const torch::Tensor eval_out = model->forward(x.to(device));
   if (dist.is_main()) {
     result.insert("model", state_dict(*model));
     result.insert("losses", losses);
     result.insert("eval_out", eval_out);
     if (convert) {
-      qat::convert(*model, engine);
+      qat::convert(*model, engine);  // (onto the CPU, where the int8 kernels are)
       result.insert("int8_out", model->forward(x));
       result.insert("quantized_bytes", qat::quantized_bytes(*model));
     }
@@ -85,7 +87,7 @@ int train_qat(Distributed& dist, std::shared_ptr<Impl> model, const std::string&
 // The QAT model from Python's prepared state dict.
 int qat_parity(const std::string& engine, const std::string& in, const std::string& out, int steps, int observer_off,
                int freeze_bn, bool convert) {
-  auto dist = Distributed::init();
+  auto dist = interop_init();
   QatNet model(qat::default_qat_qconfig(engine));
   load_state_dict(*model, torch_load(in));
   return train_qat(dist, model.ptr(), engine, out, steps, observer_off, freeze_bn, convert,
@@ -97,7 +99,7 @@ int qat_parity(const std::string& engine, const std::string& in, const std::stri
 int qat_prepare_sequential(const std::string& engine, const std::string& in, const std::string& out, int steps,
                            int observer_off, int freeze_bn) {
   using namespace torch::nn;
-  auto dist = Distributed::init();
+  auto dist = interop_init();
   Sequential seq(Conv2d(Conv2dOptions(1, 4, 3).padding(1)), BatchNorm2d(4), ReLU(), MaxPool2d(MaxPool2dOptions(2)),
                  Conv2d(4, 6, 3), BatchNorm2d(6), Conv2d(6, 6, 1), Flatten(), torch::nn::Linear(24, 16), ReLU(),
                  torch::nn::Linear(16, 5));

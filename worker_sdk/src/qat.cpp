@@ -438,6 +438,7 @@ void convert(torch::nn::Module& model, const std::string& engine) {
     throw std::invalid_argument("quantized engine '" + engine + "' is not in this LibTorch; it has: " + here);
   }
   at::globalContext().setQEngine(it->second);
+  model.to(torch::kCPU);
   each_module(model, [](torch::nn::Module& m) {
     if (auto* c = dynamic_cast<Convertible*>(&m)) c->convert();
   });

@@ -243,7 +243,9 @@ void enable_fake_quant(torch::nn::Module& model, bool on = true);
 void freeze_bn_stats(torch::nn::Module& model, bool frozen = true);
 
 // Sets LibTorch's quantized engine ("qnnpack", "onednn", "fbgemm", "x86"; this build's are in
-// std::invalid_argument's message otherwise) and converts every QAT module of `model`.
+// std::invalid_argument's message otherwise) and converts every QAT module of `model`. The int8
+// kernels are CPU kernels: a model trained on a GPU is moved to the CPU first (its inputs then
+// belong there too).
 void convert(torch::nn::Module& model, const std::string& engine);
 // The bytes of the converted model's int8 form (its modules' quantized_bytes).
 int64_t quantized_bytes(torch::nn::Module& model);
