@@ -50,7 +50,7 @@ double run_round(int n, const std::function<std::unique_ptr<launcher::rendezvous
       int64_t seen = first.load();
       while (start < seen && !first.compare_exchange_weak(seen, start)) {
       }
-      launcher::workers::StopSignal stop;
+      StopSignal stop;
       std::unique_ptr<launcher::rendezvous::RendezvousBackend> r = make(k);
       const auto result = r->join(r->first_round(stop), 1, [] { return uint16_t{1}; }, stop);
       if (const auto* w = std::get_if<launcher::rendezvous::World>(&result)) {
@@ -124,7 +124,7 @@ int main(int argc, char** argv) {
         o.advertise_addr = "127.0.0.1";
         o.host = "agent" + std::to_string(k);
         o.join_timeout = std::chrono::seconds(120);
-        launcher::workers::StopSignal stop;
+        StopSignal stop;
         return std::make_unique<launcher::rendezvous::store::StoreRendezvous>(o, stop);
       }));
       etcd_s.push_back(run_round(n, [&](int k) {
@@ -136,7 +136,7 @@ int main(int argc, char** argv) {
         o.join_timeout = std::chrono::seconds(120);
         o.etcd.endpoints = {cluster.endpoint(k % members)};  // agents spread over the members
         for (int m = 1; m < members; ++m) o.etcd.endpoints.push_back(cluster.endpoint((k + m) % members));
-        launcher::workers::StopSignal stop;
+        StopSignal stop;
         return std::make_unique<launcher::rendezvous::etcd::EtcdRendezvous>(o, stop);
       }));
     }

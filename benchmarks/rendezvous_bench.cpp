@@ -101,7 +101,7 @@ Round run_round(bool dynamic, int n, bool secured, int repeat) {
       while (start < seen && !first_join_ns.compare_exchange_weak(seen, start)) {
       }
       try {
-        launcher::workers::StopSignal stop;
+        StopSignal stop;
         launcher::rendezvous::store::StoreRendezvous r(o, stop);
         const auto w = std::get<launcher::rendezvous::World>(r.join(0, 1, [] { return uint16_t{1}; }, stop));
         // Static: rank = node rank. Dynamic: any permutation, checked by the sum below.

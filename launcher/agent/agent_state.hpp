@@ -13,6 +13,7 @@
 #include <variant>
 #include <vector>
 
+#include "common/stop_signal.hpp"
 #include "launcher/agent/health.hpp"
 #include "launcher/agent/job_report.hpp"
 #include "launcher/agent/restart_policy.hpp"
@@ -20,7 +21,6 @@
 #include "launcher/workers/process.hpp"
 #include "launcher/rendezvous/rendezvous_backend.hpp"
 #include "launcher/workers/signals.hpp"
-#include "launcher/workers/stop.hpp"
 #include "launcher/workers/supervisor.hpp"
 #include "launcher/watchdog/watchdog.hpp"
 #include "launcher/workers/worker_env.hpp"
@@ -44,7 +44,7 @@ using workers::RankPlacement;
 using workers::SignalWatcher;
 using workers::SpawnRequest;
 using workers::SpawnedProcess;
-using workers::StopSignal;
+using ddprun::StopSignal;
 using workers::Supervisor;
 using workers::WorkerLaunch;
 using workers::Zygote;

@@ -8,7 +8,7 @@
 
 namespace ddprun::launcher::rendezvous {
 
-using workers::StopSignal;
+using ddprun::StopSignal;
 using workers::WorkerExit;
 
 std::variant<World, RoundEnd> LocalRendezvous::join(int round, int nproc, const WorkerStoreHost& host_worker_store,

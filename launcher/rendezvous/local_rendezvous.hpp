@@ -9,7 +9,7 @@
 
 namespace ddprun::launcher::rendezvous {
 
-using workers::StopSignal;
+using ddprun::StopSignal;
 using workers::WorkerExit;
 
 class LocalRendezvous final : public RendezvousBackend {

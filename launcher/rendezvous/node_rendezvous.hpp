@@ -30,7 +30,7 @@
 
 namespace ddprun::launcher::rendezvous {
 
-using workers::StopSignal;
+using ddprun::StopSignal;
 using workers::WorkerExit;
 
 class NodeRendezvous : public RendezvousBackend {

@@ -22,12 +22,12 @@
 #include <variant>
 #include <vector>
 
+#include "common/stop_signal.hpp"
 #include "launcher/workers/worker_exit.hpp"
-#include "launcher/workers/stop.hpp"
 
 namespace ddprun::launcher::rendezvous {
 
-using workers::StopSignal;
+using ddprun::StopSignal;
 using workers::WorkerExit;
 
 // What a round's rendezvous agreed on.

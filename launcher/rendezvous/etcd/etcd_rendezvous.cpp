@@ -13,7 +13,7 @@
 namespace ddprun::launcher::rendezvous::etcd {
 
 using rendezvous::NodeRendezvous;
-using workers::StopSignal;
+using ddprun::StopSignal;
 
 using json = nlohmann::json;
 using Clock = std::chrono::steady_clock;

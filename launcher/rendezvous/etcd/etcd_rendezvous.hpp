@@ -54,7 +54,7 @@ using rendezvous::ProgressChannel;
 using rendezvous::RoundEnd;
 using rendezvous::WorkerStoreHost;
 using rendezvous::World;
-using workers::StopSignal;
+using ddprun::StopSignal;
 
 struct EtcdRendezvousOptions {
   std::string run_id = "none";

@@ -27,7 +27,7 @@ using rendezvous::read_closed_round;
 using rendezvous::read_worker_store;
 using rendezvous::this_node;
 using rendezvous::world_of;
-using workers::StopSignal;
+using ddprun::StopSignal;
 
 using json = nlohmann::json;
 using Clock = std::chrono::steady_clock;

@@ -17,7 +17,7 @@ namespace ddprun::launcher::rendezvous::store {
 using rendezvous::NodeRendezvous;
 using rendezvous::now_ms;
 using rendezvous::read_number;
-using workers::StopSignal;
+using ddprun::StopSignal;
 
 using json = nlohmann::json;
 

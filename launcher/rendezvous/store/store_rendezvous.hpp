@@ -50,7 +50,7 @@ using rendezvous::ProgressChannel;
 using rendezvous::RoundEnd;
 using rendezvous::WorkerStoreHost;
 using rendezvous::World;
-using workers::StopSignal;
+using ddprun::StopSignal;
 
 struct StoreRendezvousOptions {
   // Called after each heartbeat (lease renewal) the rendezvous took: this node is still counted in.

@@ -23,7 +23,7 @@ using rendezvous::read_node_record;
 using rendezvous::read_number;
 using rendezvous::read_worker_store;
 using rendezvous::this_node;
-using workers::StopSignal;
+using ddprun::StopSignal;
 
 
 std::variant<World, RoundEnd> StoreRendezvous::join(int round, int nproc, const WorkerStoreHost& host_worker_store,

@@ -1,5 +1,5 @@
 #pragma once
-// A stop request for everything the agent waits on: set once (by the first stop signal), seen at
+// A stop request for everything a process waits on: set once (by the first stop signal), seen at
 // once by every wait that checks it, and able to cut a sleep short. Thread-safe.
 
 #include <atomic>
@@ -8,7 +8,7 @@
 #include <mutex>
 #include <stop_token>
 
-namespace ddprun::launcher::workers {
+namespace ddprun {
 
 class StopSignal {
  public:
@@ -38,4 +38,4 @@ class StopSignal {
   mutable std::condition_variable_any wake_;
 };
 
-}  // namespace ddprun::launcher::workers
+}  // namespace ddprun
