@@ -1,11 +1,9 @@
 // The round protocol (launcher/rendezvous/node_rendezvous), the same assertions through both
-// multi-node backends: two or three nodes of one job as backend objects in this process, joined
-// from threads, against a store in this process (test_launcher_unit) and against a real etcd
-// (test_launcher, built with ROUND_PROTOCOL_ON_ETCD). What every multi-node job relies on: one
-// World per node, one end per round (the first proposal wins, every node reads it), success only
-// when every node finished, a node that vanishes, a stop during the join, the join timeout, and a
-// job id run again.
-#include <gtest/gtest.h>
+// multi-node backends (round_protocol_test.hpp): what every multi-node job relies on: one World
+// per node, one end per round (the first proposal wins, every node reads it), success only when
+// every node finished, a node that vanishes, a stop during the join, the join timeout, and a job
+// id run again.
+#include "tests/launcher/round_protocol_test.hpp"
 
 #include <csignal>
 #include <future>
@@ -13,157 +11,13 @@
 #include <optional>
 
 #include "common/errors.hpp"
-#include "launcher/rendezvous/store/store_rendezvous.hpp"
-#include "rendezvous/client/client.hpp"
-#include "rendezvous/core/job_keys.hpp"
-#include "rendezvous/server/server.hpp"
 #include "tests/support/latest.hpp"
 #include "tests/support/wait_until.hpp"
-#ifdef ROUND_PROTOCOL_ON_ETCD
-#include "launcher/rendezvous/etcd/etcd_rendezvous.hpp"
-#include "tests/support/etcd_cluster.hpp"
-#endif
 
-namespace ddprun::launcher {
+namespace ddprun::launcher::test_round_protocol {
 
-using rendezvous::RendezvousBackend;
-using rendezvous::RoundEnd;
-using rendezvous::World;
-using rendezvous::store::StoreRendezvous;
-using rendezvous::store::StoreRendezvousOptions;
-using workers::StopSignal;
 using workers::WorkerExit;
 namespace {
-
-using namespace std::chrono_literals;
-
-// Where the nodes rendezvous, and what the tests need to see of it.
-class Backend {
- public:
-  virtual ~Backend() = default;
-  // Node `rank` of a job of `nnodes` (all of them needed).
-  virtual std::unique_ptr<RendezvousBackend> node(int rank, int nnodes, std::chrono::milliseconds join_timeout,
-                                                  const StopSignal& stop) = 0;
-  // How many nodes have joined round 0 of `any`'s generation so far.
-  virtual int joined(RendezvousBackend& any) = 0;
-  virtual int64_t generation(RendezvousBackend& r) = 0;
-  // What the end says of a lost node, and the join timeout of the nodes that are missing.
-  virtual std::string lost_says() const = 0;
-  virtual std::string missing_says() const = 0;
-};
-
-class StoreBackend final : public Backend {
- public:
-  StoreBackend() {
-    rdzv::ServerOptions so;
-    so.log_lifecycle = false;
-    server_ = std::make_unique<rdzv::ServerThread>(so);
-  }
-  std::unique_ptr<RendezvousBackend> node(int rank, int nnodes, std::chrono::milliseconds join_timeout,
-                                          const StopSignal& stop) override {
-    StoreRendezvousOptions o;
-    o.run_id = "job";
-    o.nnodes = o.min_nodes = nnodes;
-    o.node_rank = rank;
-    o.endpoint_host = "127.0.0.1";
-    o.endpoint_port = server_->port();
-    o.advertise_addr = "127.0.0.1";
-    o.host = std::string("host-") + static_cast<char>('a' + rank);
-    o.join_timeout = join_timeout;
-    o.keep_alive_interval = 100ms;
-    o.keep_alive_max_attempt = 3;
-    return std::make_unique<StoreRendezvous>(o, stop);
-  }
-  int joined(RendezvousBackend& any) override {
-    rdzv::ClientOptions co;
-    co.host = "127.0.0.1";
-    co.port = server_->port();
-    rdzv::Client c(co);
-    const std::string k = rdzv::jobs::JobKeys("job", generation(any)).round(0).joined();
-    return static_cast<int>(c.add(k, 0));
-  }
-  int64_t generation(RendezvousBackend& r) override { return dynamic_cast<StoreRendezvous&>(r).generation(); }
-  std::string lost_says() const override { return "sent no heartbeat for"; }
-  std::string missing_says() const override { return "1 of 2 nodes joined; missing node_rank 1"; }
-
- private:
-  std::unique_ptr<rdzv::ServerThread> server_;
-};
-
-#ifdef ROUND_PROTOCOL_ON_ETCD
-using rendezvous::etcd::EtcdRendezvous;
-using rendezvous::etcd::EtcdRendezvousOptions;
-namespace etcd = rendezvous::etcd;
-
-class EtcdBackend final : public Backend {
- public:
-  EtcdBackend() {
-    if (!test::have_etcd()) throw std::runtime_error("etcd-server is not installed: run scripts/install_deps.sh");
-    cluster_ = std::make_unique<test::EtcdCluster>(1);
-  }
-  std::unique_ptr<RendezvousBackend> node(int rank, int nnodes, std::chrono::milliseconds join_timeout,
-                                          const StopSignal& stop) override {
-    EtcdRendezvousOptions o;
-    o.run_id = "job";
-    o.nnodes = o.min_nodes = nnodes;
-    o.node_rank_hint = rank;
-    o.advertise_addr = "127.0.0.1";
-    o.host = std::string("host-") + static_cast<char>('a' + rank);
-    o.join_timeout = join_timeout;
-    o.etcd.endpoints = {cluster_->endpoint(0)};
-    o.lease_ttl = std::chrono::seconds(3);
-    return std::make_unique<EtcdRendezvous>(o, stop);
-  }
-  int joined(RendezvousBackend& any) override {
-    etcd::Options eo;
-    eo.endpoints = {cluster_->endpoint(0)};
-    etcd::Client c(eo);
-    const std::string members =
-        "/ddprun/job/g" + std::to_string(generation(any)) + "/r0/" + std::string(rdzv::jobs::round_names::kMember);
-    return static_cast<int>(c.get_prefix(members, etcd::Client::after(5s), true).kvs.size());
-  }
-  int64_t generation(RendezvousBackend& r) override { return dynamic_cast<EtcdRendezvous&>(r).generation(); }
-  std::string lost_says() const override { return "lost its etcd lease"; }
-  std::string missing_says() const override { return "1 node(s) joined, 2 needed to start"; }
-
- private:
-  std::unique_ptr<test::EtcdCluster> cluster_;
-};
-#endif
-
-class RoundProtocolTest : public ::testing::TestWithParam<std::string> {
- protected:
-  void SetUp() override {
-#ifdef ROUND_PROTOCOL_ON_ETCD
-    if (GetParam() == "etcd") backend_ = std::make_unique<EtcdBackend>();
-#endif
-    if (GetParam() == "store") backend_ = std::make_unique<StoreBackend>();
-    ASSERT_TRUE(backend_) << GetParam();
-  }
-
-  std::unique_ptr<RendezvousBackend> node(int rank, int nnodes = 2, std::chrono::milliseconds join_timeout = 20s) {
-    return backend_->node(rank, nnodes, join_timeout, stop_);
-  }
-
-  static std::variant<World, RoundEnd> join(RendezvousBackend& r, int nproc, const StopSignal& stop) {
-    return r.join(0, nproc, [] { return uint16_t{4242}; }, stop);
-  }
-
-  // Joins round 0 with both nodes at once (2 and 3 workers); node 0 hosts the worker store.
-  std::pair<World, World> join_both(RendezvousBackend& a, RendezvousBackend& b) {
-    auto world = [this](RendezvousBackend& r, int nproc) {
-      auto result = join(r, nproc, stop_);
-      if (!std::holds_alternative<World>(result)) throw std::runtime_error(std::get<RoundEnd>(result).detail);
-      return std::get<World>(result);
-    };
-    auto wa = std::async(std::launch::async, world, std::ref(a), 2);
-    auto wb = std::async(std::launch::async, world, std::ref(b), 3);
-    return {wa.get(), wb.get()};
-  }
-
-  std::unique_ptr<Backend> backend_;
-  StopSignal stop_;
-};
 
 // Collects what a node's watcher reports.
 using Watched = test::Latest<RoundEnd>;
@@ -287,11 +141,5 @@ TEST_P(RoundProtocolTest, TheJoinTimeoutNamesTheNodesThatAreMissing) {
   }
 }
 
-#ifdef ROUND_PROTOCOL_ON_ETCD
-INSTANTIATE_TEST_SUITE_P(Etcd, RoundProtocolTest, ::testing::Values("etcd"));
-#else
-INSTANTIATE_TEST_SUITE_P(Store, RoundProtocolTest, ::testing::Values("store"));
-#endif
-
 }  // namespace
-}  // namespace ddprun::launcher
+}  // namespace ddprun::launcher::test_round_protocol
