@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# Builds the store's frame-decoder fuzz target with clang's libFuzzer (+ AddressSanitizer and
-# UBSan) and runs it for a bounded time. Exit 0 when no crash was found.
-#   scripts/fuzz.sh [--seconds N] [--build-dir DIR]
+# Builds the store's frame-decoder fuzz target (the CMake target store_frames_fuzzer: clang's
+# libFuzzer with AddressSanitizer and UBSan) in a configured build directory and runs it for a
+# bounded time over tests/fuzz/corpus and what earlier runs found. Exit 0 when no crash was found.
+#   scripts/fuzz.sh [--seconds N] [--build-dir DIR]     (DIR: the CMake build, default build/)
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 seconds=60
-build="$root/build/fuzz"
+build="$root/build"
 while (($#)); do
   case "$1" in
     --seconds) seconds=$2; shift 2 ;;
@@ -13,20 +14,19 @@ while (($#)); do
     *) echo "fuzz.sh: unknown option $1" >&2; exit 2 ;;
   esac
 done
-cxx=$(command -v clang++ || command -v clang++-14 || true)
-if [[ -z "$cxx" ]]; then
-  echo "fuzz.sh: clang++ not found (scripts/install_deps.sh installs it)" >&2
+if [[ ! -f "$build/CMakeCache.txt" ]]; then
+  echo "fuzz.sh: $build is not a configured build directory (scripts/build.sh makes build/)" >&2
+  exit 2
+fi
+if ! grep -q "^DDPRUN_CLANGXX:FILEPATH=/" "$build/CMakeCache.txt"; then
+  echo "fuzz.sh: CMake found no clang++ for $build (scripts/install_deps.sh installs it; then reconfigure)" >&2
   exit 1
 fi
-mkdir -p "$build/corpus"
-cp -n "$root"/tests/fuzz/corpus/* "$build/corpus/" 2>/dev/null || true
-bin="$build/store_frames_fuzzer"
-# The store's core (rendezvous/core: no Boost) and common/ are all the target needs.
-srcs=("$root/tests/fuzz/store_frames_fuzzer.cpp" "$root"/rendezvous/core/*.cpp "$root"/common/*.cpp)
-if [[ ! -x "$bin" ]] || [[ -n "$(find "${srcs[@]}" "$root/rendezvous/core" "$root/common" -newer "$bin" -name '*pp' 2>/dev/null | head -1)" ]]; then
-  "$cxx" -std=c++20 -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
-    -I"$root" "${srcs[@]}" -lcrypto -o "$bin"
-fi
-echo "fuzz.sh: running $bin for ${seconds}s"
-cd "$build"
-DDPRUN_LOG_LEVEL=error "$bin" -max_total_time="$seconds" -rss_limit_mb=2048 -max_len=4096 -print_final_stats=1 corpus
+cmake --build "$build" --target store_frames_fuzzer
+work="$build/fuzz"
+mkdir -p "$work/corpus"
+cp -n "$root"/tests/fuzz/corpus/* "$work/corpus/" 2>/dev/null || true
+echo "fuzz.sh: running $work/store_frames_fuzzer for ${seconds}s"
+cd "$work"
+DDPRUN_LOG_LEVEL=error ./store_frames_fuzzer -max_total_time="$seconds" -rss_limit_mb=2048 -max_len=4096 \
+  -print_final_stats=1 corpus
