@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "common/stop_signal.hpp"
+#include "common/unique_fd.hpp"
 #include "launcher/agent/health.hpp"
 #include "launcher/agent/job_report.hpp"
 #include "launcher/agent/restart_policy.hpp"
@@ -80,7 +81,7 @@ struct RunDirectory {
   void keep();
 
  private:
-  int lock_fd_ = -1;
+  UniqueFd lock_fd_;
 };
 
 // Removes the temporary run directories (ddprun_*) in `parent` that belong to this user, are

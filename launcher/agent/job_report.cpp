@@ -11,6 +11,7 @@
 
 #include "common/log.hpp"
 #include "common/system.hpp"
+#include "common/unique_fd.hpp"
 
 #ifndef DDPRUN_VERSION
 #define DDPRUN_VERSION "0.0.0"
@@ -273,13 +274,12 @@ bool JobReport::write() const {
   // A reader sees the old document or the new one, whole: a temporary file in the same directory,
   // renamed over the path.
   std::string tmp = (dir / ("." + target.filename().string() + ".XXXXXX")).string();
-  const int fd = ::mkostemp(tmp.data(), O_CLOEXEC);  // 0600: it holds what the workers printed
-  if (fd < 0) return warn("creating a temporary file in " + dir.string(), errno);
-  const bool written = write_all(fd, text);
+  UniqueFd fd(::mkostemp(tmp.data(), O_CLOEXEC));  // 0600: it holds what the workers printed
+  if (!fd) return warn("creating a temporary file in " + dir.string(), errno);
+  const bool written = write_all(fd.get(), text);
   const int write_err = errno;
-  if (!written || ::close(fd) != 0) {
+  if (const int closed = fd.close(); !written || closed != 0) {
     const int err = written ? errno : write_err;
-    if (!written) ::close(fd);
     ::unlink(tmp.c_str());
     return warn("writing " + tmp, err);
   }

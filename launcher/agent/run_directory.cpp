@@ -9,6 +9,7 @@
 
 #include "common/errors.hpp"
 #include "common/log.hpp"
+#include "common/unique_fd.hpp"
 #include "launcher/agent/agent_state.hpp"
 
 namespace ddprun::launcher::agent {
@@ -50,14 +51,12 @@ int sweep_abandoned_run_directories(const fs::path& parent) {
     // lstat: a link named like a run directory is not one; another user's directory is theirs.
     if (::lstat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode) || st.st_uid != ::geteuid()) continue;
     if (::access((dir / kTemporaryMarker).c_str(), F_OK) != 0) continue;
-    const int fd = ::open((dir / kLockFile).c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
-    if (fd < 0) continue;
-    if (::flock(fd, LOCK_EX | LOCK_NB) == 0) {
+    const UniqueFd lock(::open((dir / kLockFile).c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW));
+    if (lock && ::flock(lock.get(), LOCK_EX | LOCK_NB) == 0) {
       std::error_code rm;
       fs::remove_all(dir, rm);
       if (!rm) ++removed;
     }
-    ::close(fd);
   }
   return removed;
 }
@@ -79,17 +78,16 @@ RunDirectory::RunDirectory(const LaunchOptions& o) {
   create_private_directory(path);
   if (!temporary) return;
   // The lock first, then the marker: a marked directory always had its lock held by its owner.
-  lock_fd_ = ::open((path / kLockFile).c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
-  if (lock_fd_ >= 0 && ::flock(lock_fd_, LOCK_EX | LOCK_NB) == 0) {
-    const int marker = ::open((path / kTemporaryMarker).c_str(), O_WRONLY | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
-    if (marker >= 0) ::close(marker);
+  lock_fd_.reset(::open((path / kLockFile).c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600));
+  if (lock_fd_ && ::flock(lock_fd_.get(), LOCK_EX | LOCK_NB) == 0) {
+    const UniqueFd marker(  // created, closed at once
+        ::open((path / kTemporaryMarker).c_str(), O_WRONLY | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600));
   }
 }
 
 RunDirectory::~RunDirectory() {
   std::error_code ec;
-  if (temporary) fs::remove_all(path, ec);
-  if (lock_fd_ >= 0) ::close(lock_fd_);
+  if (temporary) fs::remove_all(path, ec);  // (the lock is released after: lock_fd_ goes last)
 }
 
 void RunDirectory::keep() {

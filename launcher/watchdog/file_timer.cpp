@@ -37,25 +37,22 @@ FileTimerServer::FileTimerServer(std::string path, std::function<int(pid_t)> own
   if (::mkfifo(path_.c_str(), 0600) != 0) {
     throw ProcessError("cannot create the torchelastic timer FIFO " + path_ + ": " + std::strerror(errno));
   }
-  read_fd_ = ::open(path_.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
-  keep_open_fd_ = read_fd_ >= 0 ? ::open(path_.c_str(), O_WRONLY | O_NONBLOCK | O_CLOEXEC) : -1;
-  if (read_fd_ < 0 || keep_open_fd_ < 0 || ::pipe2(wake_, O_CLOEXEC | O_NONBLOCK) != 0) {
+  read_fd_.reset(::open(path_.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC));
+  if (read_fd_) keep_open_fd_.reset(::open(path_.c_str(), O_WRONLY | O_NONBLOCK | O_CLOEXEC));
+  int wake[2] = {-1, -1};
+  if (!read_fd_ || !keep_open_fd_ || ::pipe2(wake, O_CLOEXEC | O_NONBLOCK) != 0) {
     const int e = errno;
-    for (int fd : {read_fd_, keep_open_fd_, wake_[0], wake_[1]}) {
-      if (fd >= 0) ::close(fd);
-    }
     ::unlink(path_.c_str());
     throw ProcessError("cannot open the torchelastic timer FIFO " + path_ + ": " + std::strerror(e));
   }
+  wake_read_.reset(wake[0]);
+  wake_write_.reset(wake[1]);
   thread_ = std::thread([this] { serve(); });
 }
 
 FileTimerServer::~FileTimerServer() {
-  [[maybe_unused]] auto n = ::write(wake_[1], "x", 1);
+  [[maybe_unused]] auto n = ::write(wake_write_.get(), "x", 1);
   if (thread_.joinable()) thread_.join();
-  for (int fd : {read_fd_, keep_open_fd_, wake_[0], wake_[1]}) {
-    if (fd >= 0) ::close(fd);
-  }
   ::unlink(path_.c_str());
 }
 
@@ -129,7 +126,7 @@ void FileTimerServer::expire(double now) {
 void FileTimerServer::serve() {
   char buf[8192];
   for (;;) {
-    pollfd fds[2] = {{read_fd_, POLLIN, 0}, {wake_[0], POLLIN, 0}};
+    pollfd fds[2] = {{read_fd_.get(), POLLIN, 0}, {wake_read_.get(), POLLIN, 0}};
     // FileTimerServer's max_interval: timers are checked at least every 100 ms.
     const int r = ::poll(fds, 2, 100);
     if (r < 0 && errno != EINTR) {
@@ -139,7 +136,7 @@ void FileTimerServer::serve() {
     if (fds[1].revents) return;
     if (fds[0].revents & POLLIN) {
       for (;;) {
-        const ssize_t n = ::read(read_fd_, buf, sizeof buf);
+        const ssize_t n = ::read(read_fd_.get(), buf, sizeof buf);
         if (n <= 0) break;
         partial_.append(buf, static_cast<size_t>(n));
         for (auto nl = partial_.find('\n'); nl != std::string::npos; nl = partial_.find('\n')) {

@@ -22,6 +22,8 @@
 #include <thread>
 #include <utility>
 
+#include "common/unique_fd.hpp"
+
 namespace ddprun::launcher::watchdog {
 
 struct TimerExpiry {
@@ -56,9 +58,9 @@ class FileTimerServer {
   std::string path_;
   std::function<int(pid_t)> owner_;
   std::function<void(const TimerExpiry&, int)> on_expired_;
-  int read_fd_ = -1;
-  int keep_open_fd_ = -1;  // a writer of our own, so the FIFO never reads as closed
-  int wake_[2] = {-1, -1};
+  UniqueFd read_fd_;
+  UniqueFd keep_open_fd_;  // a writer of our own, so the FIFO never reads as closed
+  UniqueFd wake_read_, wake_write_;  // a pipe that ends serve()'s poll
   std::thread thread_;
   std::mutex mutex_;
   std::map<std::pair<pid_t, std::string>, TimerExpiry> timers_;

@@ -16,6 +16,7 @@
 #include <thread>
 
 #include "common/errors.hpp"
+#include "common/unique_fd.hpp"
 #include "launcher/workers/process.hpp"
 #include "common/procfs.hpp"
 #include "launcher/workers/worker_env.hpp"
@@ -79,9 +80,10 @@ std::string run_bounded(const std::vector<std::string>& argv, std::chrono::stead
   SpawnedProcess p = spawn_process(req);
   // A pidfd: the process may be reaped by ddprun's SIGCHLD handler at any moment, and a pid alone
   // could then name another process.
-  const int pidfd = static_cast<int>(::syscall(SYS_pidfd_open, p.pid, 0));
+  const UniqueFd pidfd(static_cast<int>(::syscall(SYS_pidfd_open, p.pid, 0)));
   std::string out, err;
-  pollfd fds[2] = {{p.stdout_fd, POLLIN, 0}, {p.stderr_fd, POLLIN, 0}};
+  UniqueFd* pipes[2] = {&p.stdout_fd, &p.stderr_fd};
+  pollfd fds[2] = {{p.stdout_fd.get(), POLLIN, 0}, {p.stderr_fd.get(), POLLIN, 0}};
   int open_count = 2;
   char buf[16384];
   while (open_count > 0) {
@@ -99,21 +101,19 @@ std::string run_bounded(const std::vector<std::string>& argv, std::chrono::stead
         std::string& dst = i == 0 ? out : err;
         if (dst.size() < kMaxToolOutput) dst.append(buf, static_cast<size_t>(n));
       } else if (n == 0 || (errno != EINTR && errno != EAGAIN)) {
-        ::close(fds[i].fd);
+        pipes[i]->reset();
         fds[i].fd = -1;
         --open_count;
       }
     }
   }
-  for (auto& f : fds) {
-    if (f.fd >= 0) ::close(f.fd);
-  }
-  if (pidfd >= 0) {
-    if (timed_out) ::syscall(SYS_pidfd_send_signal, pidfd, SIGKILL, nullptr, 0);
+  p.stdout_fd.reset();
+  p.stderr_fd.reset();
+  if (pidfd) {
+    if (timed_out) ::syscall(SYS_pidfd_send_signal, pidfd.get(), SIGKILL, nullptr, 0);
     siginfo_t info{};
     // Collected here unless ddprun's reaper got it first (then ECHILD at once).
-    ::waitid(static_cast<idtype_t>(P_PIDFD), static_cast<id_t>(pidfd), &info, WEXITED);
-    ::close(pidfd);
+    ::waitid(static_cast<idtype_t>(P_PIDFD), static_cast<id_t>(pidfd.get()), &info, WEXITED);
   }
   if (!err.empty()) out += (out.empty() || out.back() == '\n' ? "" : "\n") + err;
   return out;

@@ -10,6 +10,7 @@
 
 #include "common/log.hpp"
 #include "common/procfs.hpp"
+#include "common/unique_fd.hpp"
 #include "launcher/watchdog/watchdog_parts.hpp"
 
 namespace ddprun::launcher::watchdog {
@@ -31,22 +32,22 @@ constexpr double kBusyShare = 0.02;
 // reserved before it is mapped: a page of a sparse file on a full file system would kill the first
 // process that writes to it (ddprun included) with SIGBUS. nullptr, with why set, when it cannot be.
 ProgressPage* map_progress_page(const std::string& file, std::string& why) {
-  const int fd = ::open(file.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-  if (fd < 0) {
+  UniqueFd fd(::open(file.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600));
+  if (!fd) {
     why = "cannot create " + file + ": " + std::strerror(errno);
     return nullptr;
   }
   // posix_fallocate returns the error rather than setting errno.
-  if (const int err = ::posix_fallocate(fd, 0, ProgressPage::kFileSize); err != 0) {
-    ::close(fd);
+  if (const int err = ::posix_fallocate(fd.get(), 0, ProgressPage::kFileSize); err != 0) {
+    fd.reset();
     ::unlink(file.c_str());
     why = "cannot reserve " + std::to_string(ProgressPage::kFileSize) + " bytes for " + file + ": " +
           std::strerror(err);
     return nullptr;
   }
-  void* p = ::mmap(nullptr, ProgressPage::kFileSize, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  void* p = ::mmap(nullptr, ProgressPage::kFileSize, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0);
   const int err = errno;
-  ::close(fd);
+  fd.reset();  // (the mapping holds the file)
   if (p == MAP_FAILED) {
     ::unlink(file.c_str());
     why = "cannot map " + file + ": " + std::strerror(err);

@@ -35,7 +35,7 @@ LineWriter::LineWriter(std::string prefix, Sinks sinks, size_t tail_lines)
     : prefix_(std::move(prefix)),
       console_(sinks.console),
       to_console_(sinks.to_console),
-      file_fd_(sinks.file_fd),
+      file_fd_(std::move(sinks.file_fd)),
       file_name_(std::move(sinks.file_name)),
       filtered_(std::move(sinks.filtered)),
       merger_(std::move(sinks.merger)),
@@ -43,22 +43,18 @@ LineWriter::LineWriter(std::string prefix, Sinks sinks, size_t tail_lines)
       local_rank_(sinks.local_rank),
       tail_lines_(tail_lines) {}
 
-LineWriter::~LineWriter() {
-  if (file_fd_ >= 0) ::close(file_fd_);
-}
+LineWriter::~LineWriter() = default;
 
 FilteredCopy::FilteredCopy(std::vector<std::string> filters, std::string path)
     : filters_(std::move(filters)), path_(std::move(path)) {
-  fd_ = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
-  if (fd_ < 0) log::warn("ddprun") << "cannot create " << path_ << ": " << std::strerror(errno) << "; no filtered copy";
+  fd_.reset(::open(path_.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600));
+  if (!fd_) log::warn("ddprun") << "cannot create " << path_ << ": " << std::strerror(errno) << "; no filtered copy";
 }
 
-FilteredCopy::~FilteredCopy() {
-  if (fd_ >= 0) ::close(fd_);
-}
+FilteredCopy::~FilteredCopy() = default;
 
 bool FilteredCopy::matches(std::string_view line) const {
-  if (fd_ < 0) return false;
+  if (!fd_) return false;
   for (const std::string& f : filters_) {
     if (line.find(f) != std::string_view::npos) return true;
   }
@@ -66,11 +62,10 @@ bool FilteredCopy::matches(std::string_view line) const {
 }
 
 void FilteredCopy::write(std::string_view lines) {
-  if (fd_ < 0 || lines.empty()) return;
-  if (!write_all(fd_, lines)) {
+  if (!fd_ || lines.empty()) return;
+  if (!write_all(fd_.get(), lines)) {
     log::warn("ddprun") << "cannot write " << path_ << ": " << std::strerror(errno) << "; the filtered copy stops here";
-    ::close(fd_);
-    fd_ = -1;
+    fd_.reset();
   }
 }
 
@@ -98,7 +93,7 @@ void LineWriter::write_console(const std::string& batch) {
 }
 
 void LineWriter::feed(std::string_view data) {
-  if (file_fd_ >= 0 && !write_all(file_fd_, data)) {
+  if (file_fd_ && !write_all(file_fd_.get(), data)) {
     // A full disk, say: the file stops here, says so once, and nothing is lost: the console gets
     // the output from here on.
     const int err = errno;
@@ -106,8 +101,7 @@ void LineWriter::feed(std::string_view data) {
                         << (!console_      ? "; the rest of this output is dropped"
                             : to_console_ ? "; the rest goes to the console only"
                                           : "; the rest goes to the console instead");
-    ::close(file_fd_);
-    file_fd_ = -1;
+    file_fd_.reset();
     to_console_ = true;
   }
   std::string batch, filtered;

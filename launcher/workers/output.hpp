@@ -10,6 +10,7 @@
 #include <string_view>
 #include <vector>
 
+#include "common/unique_fd.hpp"
 #include "launcher/workers/console.hpp"
 #include "launcher/workers/merge.hpp"
 
@@ -30,18 +31,18 @@ class FilteredCopy {
  private:
   std::vector<std::string> filters_;
   std::string path_;
-  int fd_ = -1;
+  UniqueFd fd_;
 };
 
 class LineWriter {
  public:
   // A stream's destinations. console: the node's console (not owned), nullptr for none;
-  // to_console: whether lines go there while the file takes them; file_fd: -1 for none (owned:
-  // closed by the writer); file_name: how messages name the file ("rank 3's log file PATH").
+  // to_console: whether lines go there while the file takes them; file_fd: the log file (none:
+  // no file; the writer owns and closes it); file_name: how messages name the file ("rank 3's log file PATH").
   struct Sinks {
     ConsoleWriter* console = nullptr;
     bool to_console = true;
-    int file_fd = -1;
+    UniqueFd file_fd;
     std::string file_name;
     std::shared_ptr<FilteredCopy> filtered;  // nullptr for none
     // --merge_lines: console lines go to the merger (as this rank's) rather than to `console`.
@@ -69,7 +70,7 @@ class LineWriter {
   std::string prefix_;
   ConsoleWriter* console_;
   bool to_console_;
-  int file_fd_;
+  UniqueFd file_fd_;
   std::string file_name_;
   std::shared_ptr<FilteredCopy> filtered_;
   std::shared_ptr<LineMerger> merger_;

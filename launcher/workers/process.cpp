@@ -28,12 +28,6 @@
 namespace ddprun::launcher::workers {
 namespace {
 
-void pipe_cloexec(int fds[2], const std::string& program) {
-  if (::pipe2(fds, O_CLOEXEC) == 0) return;
-  const int err = errno;
-  throw ProcessError("cannot start '" + program + "': pipe2: " + std::strerror(err) +
-                     (err == EMFILE || err == ENFILE ? " (out of file descriptors: raise the limit, ulimit -n)" : ""));
-}
 
 // The placement a worker starts with (--numa_binding), prepared before fork.
 struct Placement {
@@ -107,46 +101,42 @@ SpawnedProcess spawn_process(const SpawnRequest& req) {
   argv.push_back(nullptr);
   for (const auto& e : req.envp) envp.push_back(const_cast<char*>(e.c_str()));
   envp.push_back(nullptr);
-  int out[2] = {-1, -1}, err[2] = {-1, -1}, status[2] = {-1, -1};
-  try {
-    pipe_cloexec(out, req.argv[0]);
-    pipe_cloexec(err, req.argv[0]);
-    pipe_cloexec(status, req.argv[0]);
-  } catch (const ProcessError&) {
-    for (int fd : {out[0], out[1], err[0], err[1], status[0], status[1]}) {
-      if (fd >= 0) ::close(fd);
-    }
-    throw;
-  }
+  const std::string what = "'" + req.argv[0] + "'";
+  Pipe out = make_pipe(what), err = make_pipe(what), status = make_pipe(what);
   const Placement placement(req);
   const pid_t parent = ::getpid();
   const pid_t pid = ::fork();
-  if (pid < 0) {
-    const int e = errno;
-    for (int fd : {out[0], out[1], err[0], err[1], status[0], status[1]}) ::close(fd);
-    throw ProcessError("cannot start '" + req.argv[0] + "': fork failed: " + std::strerror(e));
+  if (pid < 0) throw ProcessError("cannot start '" + req.argv[0] + "': fork failed: " + std::strerror(errno));
+  // (the child execs or _exits: the parent's descriptors are not closed there by destructors)
+  if (pid == 0) {
+    exec_child(req, placement, argv.data(), envp.data(), out.write.get(), err.write.get(), status.write.get(), parent);
   }
-  if (pid == 0) exec_child(req, placement, argv.data(), envp.data(), out[1], err[1], status[1], parent);
   // Also set the group from the parent, so it exists before anyone signals it (no race with exec).
   ::setpgid(pid, pid);
-  ::close(out[1]);
-  ::close(err[1]);
-  ::close(status[1]);
+  out.write.reset();
+  err.write.reset();
+  status.write.reset();
   int exec_errno = 0;
-  const ssize_t n = retry_eintr([&] { return ::read(status[0], &exec_errno, sizeof exec_errno); });
-  ::close(status[0]);
+  const ssize_t n = retry_eintr([&] { return ::read(status.read.get(), &exec_errno, sizeof exec_errno); });
+  status.read.reset();
   if (n == sizeof exec_errno) {
     // exec failed: the child has exited with 127; collect it now.
     int st;
     retry_eintr([&] { return ::waitpid(pid, &st, 0); });
-    ::close(out[0]);
-    ::close(err[0]);
     std::string hint;
     if (exec_errno == ENOENT) hint = " (check the path, or PATH for a bare name)";
     if (exec_errno == EACCES) hint = " (is it executable? chmod +x, or run a script through its interpreter)";
     throw ProcessError("cannot run '" + req.argv[0] + "': " + std::strerror(exec_errno) + hint);
   }
-  return SpawnedProcess{pid, out[0], err[0]};
+  return SpawnedProcess{pid, std::move(out.read), std::move(err.read)};
+}
+
+Pipe make_pipe(const std::string& what) {
+  int fds[2];
+  if (::pipe2(fds, O_CLOEXEC) == 0) return Pipe{UniqueFd(fds[0]), UniqueFd(fds[1])};
+  const int err = errno;
+  throw ProcessError("cannot start " + what + ": pipe2: " + std::strerror(err) +
+                     (err == EMFILE || err == ENFILE ? " (out of file descriptors: raise the limit, ulimit -n)" : ""));
 }
 
 void become_subreaper() { ::prctl(PR_SET_CHILD_SUBREAPER, 1); }
@@ -223,8 +213,7 @@ OrphanGuard::OrphanGuard() {
   void* page = ::mmap(nullptr, sizeof(Shared), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
   if (page == MAP_FAILED) throw std::system_error(errno, std::generic_category(), "mmap (orphan guard)");
   shared_ = new (page) Shared();
-  int fds[2];
-  pipe_cloexec(fds, "the orphan guard");
+  Pipe pipe = make_pipe("the orphan guard");
   const pid_t pid = ::fork();
   if (pid < 0) throw std::system_error(errno, std::generic_category(), "fork (orphan guard)");
   if (pid == 0) {
@@ -238,19 +227,19 @@ OrphanGuard::OrphanGuard() {
     for (int fd = 0; fd < 3; ++fd) ::dup2(devnull, fd);
     const long max_fd = ::sysconf(_SC_OPEN_MAX);
     for (int fd = 3; fd < max_fd && fd < 65536; ++fd) {
-      if (fd != fds[0]) ::close(fd);
+      if (fd != pipe.read.get()) ::close(fd);
     }
-    guard_main(fds[0], shared_->fenced_window_ms);
+    guard_main(pipe.read.get(), shared_->fenced_window_ms);
   }
-  ::close(fds[0]);
-  fd_ = fds[1];
+  pipe.read.reset();
+  fd_ = std::move(pipe.write);
   pid_ = pid;
 }
 
 OrphanGuard::~OrphanGuard() {
-  if (fd_ >= 0) {
+  if (fd_) {
     send('q', 0);
-    ::close(fd_);
+    fd_.reset();
     int st;
     retry_eintr([&] { return ::waitpid(pid_, &st, 0); });
   }
@@ -262,7 +251,7 @@ void OrphanGuard::send(char op, int32_t value) {
   rec[0] = op;
   std::memcpy(rec + 1, &value, sizeof value);
   // One write of 5 bytes (under PIPE_BUF): atomic, so threads may send at once.
-  write_all(fd_, std::string_view(rec, sizeof rec));  // a dead guard only loses its protection; the job goes on
+  write_all(fd_.get(), std::string_view(rec, sizeof rec));  // a dead guard only loses its protection; the job goes on
 }
 
 void OrphanGuard::watch_group(pid_t pgid) { send('+', static_cast<int32_t>(pgid)); }

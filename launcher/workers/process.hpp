@@ -14,6 +14,8 @@
 #include <string>
 #include <vector>
 
+#include "common/unique_fd.hpp"
+
 namespace ddprun::launcher::workers {
 
 struct SpawnRequest {
@@ -25,9 +27,16 @@ struct SpawnRequest {
 
 struct SpawnedProcess {
   pid_t pid = -1;  // also the process group id
-  int stdout_fd = -1;
-  int stderr_fd = -1;
+  UniqueFd stdout_fd;  // the read ends of its stdout and stderr
+  UniqueFd stderr_fd;
 };
+
+// A close-on-exec pipe. make_pipe throws ProcessError saying what it was for and why it failed
+// (out of file descriptors: which limit to raise).
+struct Pipe {
+  UniqueFd read, write;
+};
+Pipe make_pipe(const std::string& what);
 
 // Throws ProcessError when the program cannot be executed (not found, not executable, ...); the
 // message names the program and the OS error.
@@ -65,7 +74,7 @@ class OrphanGuard {
 
  private:
   void send(char op, int32_t value);
-  int fd_ = -1;
+  UniqueFd fd_;
   pid_t pid_ = -1;
   struct Shared;
   Shared* shared_ = nullptr;  // a page shared with the guard process

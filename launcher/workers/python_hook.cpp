@@ -9,6 +9,7 @@
 
 #include "common/errors.hpp"
 #include "common/system.hpp"
+#include "common/unique_fd.hpp"
 
 namespace ddprun::launcher::workers {
 
@@ -16,14 +17,10 @@ void write_python_hook(const std::string& dir) {
   const std::string path = dir + "/sitecustomize.py";
   const std::string_view text = python_hook_source();
   // Readable by its owner alone, like everything else in ddprun's run directory.
-  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-  if (fd < 0) throw ProcessError("cannot write " + path + ": " + std::strerror(errno));
-  if (!write_all(fd, text)) {
-    const int err = errno;
-    ::close(fd);
-    throw ProcessError("cannot write " + path + ": " + std::strerror(err));
-  }
-  if (::close(fd) != 0) throw ProcessError("cannot write " + path + ": " + std::strerror(errno));
+  UniqueFd fd(::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600));
+  if (!fd) throw ProcessError("cannot write " + path + ": " + std::strerror(errno));
+  if (!write_all(fd.get(), text)) throw ProcessError("cannot write " + path + ": " + std::strerror(errno));
+  if (fd.close() != 0) throw ProcessError("cannot write " + path + ": " + std::strerror(errno));
 }
 
 }  // namespace ddprun::launcher::workers

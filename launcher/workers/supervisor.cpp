@@ -38,8 +38,8 @@ LineWriter::Sinks log_sinks(const WorkerLaunch& l, const std::string& path, Cons
   s.file_name = "rank " + std::to_string(l.rank) + "'s log file " + path;
   if (path.empty()) return s;
   // Private: a worker's output is its own business.
-  s.file_fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-  if (s.file_fd < 0) {
+  s.file_fd.reset(::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600));
+  if (!s.file_fd) {
     log::warn("ddprun") << "cannot create " << s.file_name << ": " << std::strerror(errno)
                         << "; its lines go to the console instead";
     s.to_console = true;
@@ -393,8 +393,8 @@ GroupResult Supervisor::run(const std::vector<WorkerLaunch>& launches,
     }
     w->pid = p.pid;
     if (guard_) guard_->watch_group(p.pid);
-    w->out_pipe.assign(p.stdout_fd);
-    w->err_pipe.assign(p.stderr_fd);
+    w->out_pipe.assign(p.stdout_fd.release());
+    w->err_pipe.assign(p.stderr_fd.release());
     w->out_open = w->err_open = true;
     DDPRUN_LOG_DEBUG("ddprun") << "worker rank " << l.rank << " started, pid " << p.pid;
     workers_.push_back(std::move(w));

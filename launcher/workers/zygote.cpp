@@ -22,18 +22,16 @@ namespace {
 using Clock = std::chrono::steady_clock;
 using json = nlohmann::json;
 
-int unix_listener(const std::string& path) {
+UniqueFd unix_listener(const std::string& path) {
   sockaddr_un addr{};
   addr.sun_family = AF_UNIX;
   if (path.size() >= sizeof addr.sun_path) throw ProcessError("--preload: socket path too long: " + path);
   std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
-  const int fd = ::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
-  if (fd < 0) throw ProcessError(std::string("--preload: socket: ") + std::strerror(errno));
+  UniqueFd fd(::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0));
+  if (!fd) throw ProcessError(std::string("--preload: socket: ") + std::strerror(errno));
   ::unlink(path.c_str());
-  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 || ::listen(fd, 1) != 0) {
-    const int err = errno;
-    ::close(fd);
-    throw ProcessError("--preload: cannot listen on " + path + ": " + std::strerror(err));
+  if (::bind(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 || ::listen(fd.get(), 1) != 0) {
+    throw ProcessError("--preload: cannot listen on " + path + ": " + std::strerror(errno));
   }
   return fd;
 }
@@ -46,11 +44,6 @@ int remaining_ms(Clock::time_point deadline) {
 std::string describe_status(int status) {
   return WIFSIGNALED(status) ? "killed by " + signal_name(WTERMSIG(status))
                              : "exit code " + std::to_string(WEXITSTATUS(status));
-}
-
-void close_fd(int& fd) {
-  if (fd >= 0) ::close(fd);
-  fd = -1;
 }
 
 }  // namespace
@@ -70,20 +63,20 @@ Zygote::Zygote(const std::string& python, const std::vector<std::string>& module
   try {
     p = spawn_process(req);
   } catch (...) {
-    close_fd(listen_fd_);
+    listen_fd_.reset();
     ::unlink(socket_path_.c_str());
     throw;
   }
   pid_ = p.pid;
-  out_fd_ = p.stdout_fd;
-  err_fd_ = p.stderr_fd;
-  for (int fd : {out_fd_, err_fd_}) ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK);
+  out_fd_ = std::move(p.stdout_fd);
+  err_fd_ = std::move(p.stderr_fd);
+  for (int fd : {out_fd_.get(), err_fd_.get()}) ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK);
   if (guard_) guard_->watch_group(pid_);
 }
 
 Zygote::~Zygote() {
-  close_fd(sock_);  // the zygote's loop ends: it exits
-  close_fd(listen_fd_);
+  sock_.reset();  // the zygote's loop ends: it exits
+  listen_fd_.reset();
   if (pid_ > 0) {
     bool gone = false;
     for (int i = 0; i < 200 && !gone; ++i) {  // up to 2 s
@@ -97,8 +90,8 @@ Zygote::~Zygote() {
     }
     if (guard_) guard_->forget_group(pid_);
   }
-  close_fd(out_fd_);
-  close_fd(err_fd_);
+  out_fd_.reset();
+  err_fd_.reset();
   ::unlink(socket_path_.c_str());
 }
 
@@ -106,20 +99,20 @@ void Zygote::fail(const std::string& why) {
   ready_known_ = true;
   ready_ = false;
   why_ = why;
-  close_fd(sock_);
-  close_fd(listen_fd_);
+  sock_.reset();
+  listen_fd_.reset();
   if (pid_ > 0) ::kill(pid_, SIGKILL);
 }
 
-void Zygote::relay_output(int fd) {
+void Zygote::relay_output(UniqueFd& fd) {
   char buf[4096];
   for (;;) {
-    const ssize_t n = ::read(fd, buf, sizeof buf);
+    const ssize_t n = ::read(fd.get(), buf, sizeof buf);
     if (n > 0) {
       pending_out_.append(buf, static_cast<size_t>(n));
       continue;
     }
-    if (n == 0) close_fd(fd == out_fd_ ? out_fd_ : err_fd_);
+    if (n == 0) fd.reset();
     break;
   }
   size_t nl;
@@ -132,13 +125,13 @@ void Zygote::relay_output(int fd) {
 std::string Zygote::receive(std::chrono::milliseconds timeout) {
   const auto deadline = Clock::now() + timeout;
   for (;;) {
-    pollfd p{sock_, POLLIN, 0};
+    pollfd p{sock_.get(), POLLIN, 0};
     const int r = retry_eintr([&] { return ::poll(&p, 1, remaining_ms(deadline)); });
     if (r > 0) break;
     if (Clock::now() >= deadline) throw ProcessError("no answer from the zygote within " + seconds_text(timeout));
   }
   std::string msg(1 << 16, '\0');
-  const ssize_t n = retry_eintr([&] { return ::recv(sock_, msg.data(), msg.size(), 0); });
+  const ssize_t n = retry_eintr([&] { return ::recv(sock_.get(), msg.data(), msg.size(), 0); });
   if (n <= 0) throw ProcessError(n == 0 ? "the zygote exited" : std::string("recv: ") + std::strerror(errno));
   msg.resize(static_cast<size_t>(n));
   return msg;
@@ -147,22 +140,20 @@ std::string Zygote::receive(std::chrono::milliseconds timeout) {
 bool Zygote::ready(std::chrono::milliseconds timeout) {
   if (ready_known_) return ready_;
   const auto deadline = Clock::now() + timeout;
-  while (sock_ < 0) {
-    pollfd fds[3] = {{listen_fd_, POLLIN, 0}, {out_fd_, POLLIN, 0}, {err_fd_, POLLIN, 0}};
+  while (!sock_) {
+    pollfd fds[3] = {{listen_fd_.get(), POLLIN, 0}, {out_fd_.get(), POLLIN, 0}, {err_fd_.get(), POLLIN, 0}};
     retry_eintr([&] { return ::poll(fds, 3, remaining_ms(deadline)); });
     if (fds[1].revents) relay_output(out_fd_);
     if (fds[2].revents) relay_output(err_fd_);
     if (fds[0].revents & POLLIN) {
-      const int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
+      UniqueFd fd(::accept4(listen_fd_.get(), nullptr, nullptr, SOCK_CLOEXEC));
       ucred cred{};
       socklen_t len = sizeof cred;
-      if (fd >= 0 && ::getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0 && cred.pid == pid_) {
-        sock_ = fd;
-        close_fd(listen_fd_);
+      if (fd && ::getsockopt(fd.get(), SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0 && cred.pid == pid_) {
+        sock_ = std::move(fd);
+        listen_fd_.reset();
         ::unlink(socket_path_.c_str());
-      } else if (fd >= 0) {
-        ::close(fd);  // not our zygote (the run directory is private: this should not happen)
-      }
+      }  // else not our zygote (the run directory is private: this should not happen): closed
       continue;
     }
     int status = 0;
@@ -180,7 +171,7 @@ bool Zygote::ready(std::chrono::milliseconds timeout) {
   try {
     for (;;) {
       // Import warnings are relayed while the imports run.
-      pollfd fds[3] = {{sock_, POLLIN, 0}, {out_fd_, POLLIN, 0}, {err_fd_, POLLIN, 0}};
+      pollfd fds[3] = {{sock_.get(), POLLIN, 0}, {out_fd_.get(), POLLIN, 0}, {err_fd_.get(), POLLIN, 0}};
       retry_eintr([&] { return ::poll(fds, 3, remaining_ms(deadline)); });
       if (fds[1].revents) relay_output(out_fd_);
       if (fds[2].revents) relay_output(err_fd_);
@@ -201,30 +192,27 @@ bool Zygote::ready(std::chrono::milliseconds timeout) {
   import_seconds_ = answer.value("seconds", 0.0);
   // What it printed before it went quiet (its stdio is /dev/null now): read to the end, bounded.
   const auto drain_until = Clock::now() + std::chrono::seconds(1);
-  while ((out_fd_ >= 0 || err_fd_ >= 0) && Clock::now() < drain_until) {
-    pollfd fds[2] = {{out_fd_, POLLIN, 0}, {err_fd_, POLLIN, 0}};
+  while ((out_fd_ || err_fd_) && Clock::now() < drain_until) {
+    pollfd fds[2] = {{out_fd_.get(), POLLIN, 0}, {err_fd_.get(), POLLIN, 0}};
     retry_eintr([&] { return ::poll(fds, 2, remaining_ms(drain_until)); });
     if (fds[0].revents) relay_output(out_fd_);
     if (fds[1].revents) relay_output(err_fd_);
   }
-  close_fd(out_fd_);
-  close_fd(err_fd_);
+  out_fd_.reset();
+  err_fd_.reset();
   ready_known_ = ready_ = true;
   return true;
 }
 
 SpawnedProcess Zygote::spawn(const SpawnRequest& req) {
   if (!ready_) throw ProcessError("the zygote is not serving: " + why_);
-  int out[2] = {-1, -1}, err[2] = {-1, -1};
-  if (::pipe2(out, O_CLOEXEC) != 0 || ::pipe2(err, O_CLOEXEC) != 0) {
-    const int e = errno;
-    for (int fd : {out[0], out[1], err[0], err[1]}) {
-      if (fd >= 0) ::close(fd);
-    }
-    throw ProcessError(std::string("pipe2: ") + std::strerror(e));
+  Pipe out = make_pipe("the zygote's worker"), err = make_pipe("the zygote's worker");
+  int in = STDIN_FILENO;
+  UniqueFd devnull;
+  if (::fcntl(STDIN_FILENO, F_GETFD) < 0) {
+    devnull.reset(::open("/dev/null", O_RDONLY | O_CLOEXEC));
+    in = devnull.get();
   }
-  int in = STDIN_FILENO, devnull = -1;
-  if (::fcntl(STDIN_FILENO, F_GETFD) < 0) in = devnull = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
   char cwd[4096];
   json body = {{"argv", req.argv},
                {"env", req.envp},
@@ -233,7 +221,7 @@ SpawnedProcess Zygote::spawn(const SpawnRequest& req) {
                {"numa_node", req.preferred_numa_node},
                {"parent", static_cast<int>(::getpid())}};
   const std::string text = body.dump();
-  const int fds[3] = {in, out[1], err[1]};
+  const int fds[3] = {in, out.write.get(), err.write.get()};
   char control[CMSG_SPACE(sizeof fds)] = {};
   iovec iov{const_cast<char*>(text.data()), text.size()};
   msghdr msg{};
@@ -246,14 +234,12 @@ SpawnedProcess Zygote::spawn(const SpawnRequest& req) {
   c->cmsg_type = SCM_RIGHTS;
   c->cmsg_len = CMSG_LEN(sizeof fds);
   std::memcpy(CMSG_DATA(c), fds, sizeof fds);
-  const ssize_t sent = retry_eintr([&] { return ::sendmsg(sock_, &msg, MSG_NOSIGNAL); });
+  const ssize_t sent = retry_eintr([&] { return ::sendmsg(sock_.get(), &msg, MSG_NOSIGNAL); });
   const int send_errno = errno;
-  ::close(out[1]);
-  ::close(err[1]);
-  if (devnull >= 0) ::close(devnull);
+  out.write.reset();  // the worker holds them now
+  err.write.reset();
+  devnull.reset();
   auto give_up = [&](const std::string& why) {
-    ::close(out[0]);
-    ::close(err[0]);
     ready_ = false;
     why_ = why;
     throw ProcessError(why);
@@ -266,16 +252,14 @@ SpawnedProcess Zygote::spawn(const SpawnRequest& req) {
     give_up(e.what());
   }
   if (!answer.is_object() || !answer.contains("pid") || !answer["pid"].is_number_integer()) {
-    ::close(out[0]);
-    ::close(err[0]);
     throw ProcessError(answer.is_object() && answer.contains("error") && answer["error"].is_string()
                            ? "the zygote could not fork: " + answer["error"].get<std::string>()
                            : "the zygote answered " + answer.dump().substr(0, 200));
   }
   SpawnedProcess p;
   p.pid = answer["pid"].get<int>();
-  p.stdout_fd = out[0];
-  p.stderr_fd = err[0];
+  p.stdout_fd = std::move(out.read);
+  p.stderr_fd = std::move(err.read);
   return p;
 }
 

@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "common/unique_fd.hpp"
 #include "launcher/workers/process.hpp"
 
 namespace ddprun::launcher::workers {
@@ -50,15 +51,15 @@ class Zygote {
   void fail(const std::string& why);
   // Reads what the zygote printed before it was ready (import warnings) and hands it to ddprun's
   // stderr; false when its pipes are closed.
-  void relay_output(int fd);
+  void relay_output(UniqueFd& fd);
   std::string receive(std::chrono::milliseconds timeout);
 
   std::string socket_path_;
   OrphanGuard* guard_;
   pid_t pid_ = -1;
-  int listen_fd_ = -1;
-  int sock_ = -1;
-  int out_fd_ = -1, err_fd_ = -1;
+  UniqueFd listen_fd_;
+  UniqueFd sock_;
+  UniqueFd out_fd_, err_fd_;
   bool ready_known_ = false, ready_ = false;
   std::string why_;
   double import_seconds_ = 0;

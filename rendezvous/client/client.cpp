@@ -17,6 +17,7 @@
 #include "common/errors.hpp"
 #include "common/hex.hpp"
 #include "common/system.hpp"
+#include "common/unique_fd.hpp"
 #include "rendezvous/core/job_keys.hpp"
 #include "rendezvous/core/protocol.hpp"
 
@@ -45,32 +46,28 @@ bool poll_fd(int fd, short events, Clock::time_point deadline) {
   }
 }
 
-// One non-blocking connect attempt to one address; returns the fd or -1 with `err` set.
-int try_connect(const addrinfo* ai, Clock::time_point deadline, int& err) {
-  int fd = ::socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, ai->ai_protocol);
-  if (fd < 0) {
+// One non-blocking connect attempt to one address; returns the socket, or none with `err` set.
+UniqueFd try_connect(const addrinfo* ai, Clock::time_point deadline, int& err) {
+  UniqueFd fd(::socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, ai->ai_protocol));
+  if (!fd) {
     err = errno;
-    return -1;
+    return fd;
   }
-  int rc = retry_eintr([&] { return ::connect(fd, ai->ai_addr, ai->ai_addrlen); });
+  int rc = retry_eintr([&] { return ::connect(fd.get(), ai->ai_addr, ai->ai_addrlen); });
   if (rc < 0 && errno == EINPROGRESS) {
-    if (!poll_fd(fd, POLLOUT, deadline)) {
+    if (!poll_fd(fd.get(), POLLOUT, deadline)) {
       err = ETIMEDOUT;
-      ::close(fd);
-      return -1;
+      return UniqueFd();
     }
     socklen_t len = sizeof err;
-    ::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len);
+    ::getsockopt(fd.get(), SOL_SOCKET, SO_ERROR, &err, &len);
     rc = err == 0 ? 0 : -1;
   } else if (rc < 0) {
     err = errno;
   }
-  if (rc < 0) {
-    ::close(fd);
-    return -1;
-  }
+  if (rc < 0) return UniqueFd();
   const int one = 1;
-  ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+  ::setsockopt(fd.get(), IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
   return fd;
 }
 
@@ -93,12 +90,11 @@ std::string Client::endpoint() const {
 
 bool Client::connected() {
   std::lock_guard lock(mutex_);
-  return fd_ >= 0;
+  return static_cast<bool>(fd_);
 }
 
 void Client::close_locked() {
-  if (fd_ >= 0) ::close(fd_);
-  fd_ = -1;
+  fd_.reset();
   refusal_said_ = false;
   expected_server_mac_.reset();
   unsent_proof_.clear();
@@ -170,18 +166,18 @@ void Client::connect_locked(std::optional<Clock::time_point> until, bool refused
       // a path to the store is back (a healed partition).
       const auto attempt_deadline = std::min(deadline, Clock::now() + kConnectAttempt);
       bool refused = false;
-      for (addrinfo* ai = res; ai != nullptr && fd_ < 0; ai = ai->ai_next) {
+      for (addrinfo* ai = res; ai != nullptr && !fd_; ai = ai->ai_next) {
         int err = 0;
         fd_ = try_connect(ai, attempt_deadline, err);
-        if (fd_ < 0) last_error = std::strerror(err);
-        refused = refused || (fd_ < 0 && err == ECONNREFUSED);
+        if (!fd_) last_error = std::strerror(err);
+        refused = refused || (!fd_ && err == ECONNREFUSED);
       }
       ::freeaddrinfo(res);
-      if (fd_ < 0 && refused && refused_is_final) {
+      if (!fd_ && refused && refused_is_final) {
         throw ConnectionError("store " + endpoint() + " refused the connection (nothing listens there any more)");
       }
     }
-    if (fd_ >= 0) {
+    if (fd_) {
       try {
         if (options_.dialect == Dialect::Legacy) return;  // 1.13 has no handshake
         // 2.x handshake: VALIDATE (no reply), then PING, whose echo proves a store is listening,
@@ -300,7 +296,7 @@ std::string Client::refusal_reason() const {
 }
 
 void Client::ensure_connected_locked() {
-  if (fd_ >= 0) return;
+  if (fd_) return;
   if (!options_.reconnect && !tolerant_locked()) {
     throw ConnectionError("the connection to store " + endpoint() + " was lost");
   }
@@ -317,14 +313,14 @@ void Client::send_locked(const std::string& request_bytes, Clock::time_point dea
   const std::string& bytes = with_proof.empty() ? request_bytes : with_proof;
   size_t off = 0;
   while (off < bytes.size()) {
-    const ssize_t n = ::send(fd_, bytes.data() + off, bytes.size() - off, MSG_NOSIGNAL);
+    const ssize_t n = ::send(fd_.get(), bytes.data() + off, bytes.size() - off, MSG_NOSIGNAL);
     if (n > 0) {
       off += static_cast<size_t>(n);
       continue;
     }
     if (n < 0 && errno == EINTR) continue;
     if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-      if (poll_fd(fd_, POLLOUT, deadline)) continue;
+      if (poll_fd(fd_.get(), POLLOUT, deadline)) continue;
       close_locked();
       throw TimeoutError("sending " + std::string(what) + " to store " + endpoint() + " timed out");
     }
@@ -360,7 +356,7 @@ void Client::recv_locked(char* out, size_t n, Clock::time_point deadline, std::s
       dst = rbuf_.data();
       cap = kReadBuffer;
     }
-    const ssize_t r = ::recv(fd_, dst, cap, 0);
+    const ssize_t r = ::recv(fd_.get(), dst, cap, 0);
     if (r > 0) {
       if (dst == out + off) {
         off += static_cast<size_t>(r);
@@ -378,7 +374,7 @@ void Client::recv_locked(char* out, size_t n, Clock::time_point deadline, std::s
     }
     if (errno == EINTR) continue;
     if (errno == EAGAIN || errno == EWOULDBLOCK) {
-      if (poll_fd(fd_, POLLIN, deadline)) continue;
+      if (poll_fd(fd_.get(), POLLIN, deadline)) continue;
       close_locked();
       throw TimeoutError("no reply to " + std::string(what) + " from store " + endpoint() + " within the deadline");
     }
@@ -389,7 +385,7 @@ void Client::recv_locked(char* out, size_t n, Clock::time_point deadline, std::s
 }
 
 bool Client::readable_locked(Clock::time_point deadline) {
-  return rpos_ < rbuf_.size() || poll_fd(fd_, POLLIN, deadline);
+  return rpos_ < rbuf_.size() || poll_fd(fd_.get(), POLLIN, deadline);
 }
 
 uint8_t Client::recv_u8(Clock::time_point deadline, std::string_view what) {

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "common/errors.hpp"
+#include "common/unique_fd.hpp"
 #include "rendezvous/core/auth.hpp"
 #include "rendezvous/core/protocol.hpp"
 
@@ -177,7 +178,7 @@ class Client {
 
   ClientOptions options_;
   std::mutex mutex_;
-  int fd_ = -1;
+  UniqueFd fd_;
   std::optional<std::string> expected_server_mac_;  // AUTH_PROOF sent, its answer not read yet
   std::string unsent_proof_;  // AUTH_PROOF, sent in one segment with the next request
   bool refusal_said_ = false;  // the store says a refused proof before closing (kAuthProveSaysRefusal)

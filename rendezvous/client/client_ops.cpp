@@ -49,7 +49,7 @@ auto Client::retrying(Fn&& fn) -> decltype(fn()) {
     } catch (const TimeoutError& e) {
       // No reply before the deadline cost the connection (a partition, a frozen store host); a
       // timed WAIT that simply ran out keeps it, and its error is the caller's.
-      if (!tolerant_locked() || fd_ >= 0) throw;
+      if (!tolerant_locked() || fd_) throw;
       outage(e);
     }
     close_locked();

@@ -80,18 +80,18 @@ Server::Server(asio::io_context& io, ServerOptions options)
   port_ = endpoint_.port();
   // Accepted sockets inherit these from the listener (Linux copies the socket's state): no
   // per-connection system calls.
-  set_keepalive(listen_fd_, options_);
+  set_keepalive(listen_fd_.get(), options_);
   const int epfd = ::epoll_create1(EPOLL_CLOEXEC);
   if (epfd < 0) {
     const int err = errno;
-    ::close(listen_fd_);
+    listen_fd_.reset();
     throw ConnectionError(std::string("cannot create the store's epoll set: ") + std::strerror(err));
   }
   epoll_.assign(epfd);
   epoll_event ev{};
   ev.events = EPOLLIN;
   ev.data.ptr = nullptr;  // the listening socket
-  ::epoll_ctl(epfd, EPOLL_CTL_ADD, listen_fd_, &ev);
+  ::epoll_ctl(epfd, EPOLL_CTL_ADD, listen_fd_.get(), &ev);
   spare_fd_ = open_spare();
   scratch_.resize(kReadChunk);
 }
@@ -119,8 +119,6 @@ void Server::describe_self() {
 
 Server::~Server() {
   stop();
-  if (listen_fd_ >= 0) ::close(listen_fd_);
-  if (spare_fd_ >= 0) ::close(spare_fd_);
 }
 
 void Server::start() {
@@ -426,8 +424,7 @@ void Server::stop() {
   refusals_.flush(std::chrono::steady_clock::now(), /*all=*/true);
   if (journal_) journal_->flush();
   epoll_.close(ignored);
-  if (listen_fd_ >= 0) ::close(listen_fd_);
-  listen_fd_ = -1;
+  listen_fd_.reset();
   if (!started_) return;
   if (options_.log_lifecycle) log::info("store") << "stopped serving " << format_endpoint(endpoint_);
   else DDPRUN_LOG_DEBUG("store") << "stopped serving " << format_endpoint(endpoint_);

@@ -48,6 +48,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "common/unique_fd.hpp"
 #include "rendezvous/server/janitor.hpp"
 #include "rendezvous/server/refusal_log.hpp"
 #include "rendezvous/server/state_journal.hpp"
@@ -205,8 +206,8 @@ class Server {
 
   boost::asio::io_context& io_;
   ServerOptions options_;
-  int listen_fd_ = -1;
-  int spare_fd_ = -1;  // given up to accept-and-close when out of descriptors
+  UniqueFd listen_fd_;
+  UniqueFd spare_fd_;  // given up to accept-and-close when out of descriptors
   boost::asio::posix::stream_descriptor epoll_;
   boost::asio::steady_timer accept_retry_;
   boost::asio::steady_timer hold_timer_;  // re-checks a held accept for silent connections

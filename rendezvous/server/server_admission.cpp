@@ -12,6 +12,7 @@
 #include <cstring>
 
 #include "common/log.hpp"
+#include "common/unique_fd.hpp"
 #include "rendezvous/server/server.hpp"
 #include "rendezvous/server/server_socket.hpp"
 #include "rendezvous/server/session.hpp"
@@ -88,9 +89,9 @@ bool Server::room_for_handshake() {
 
 void Server::watch_listener() {
   epoll_event ev{};
-  ev.events = accept_paused_ || accept_held_ ? 0 : EPOLLIN;
+  ev.events = accept_paused_ || accept_held_ ? 0u : static_cast<uint32_t>(EPOLLIN);
   ev.data.ptr = nullptr;
-  ::epoll_ctl(epoll_.native_handle(), EPOLL_CTL_MOD, listen_fd_, &ev);
+  ::epoll_ctl(epoll_.native_handle(), EPOLL_CTL_MOD, listen_fd_.get(), &ev);
 }
 
 void Server::hold_accepting() {
@@ -118,8 +119,8 @@ void Server::accept_pending() {
     if (!room_for_handshake()) return;
     sockaddr_storage addr{};
     socklen_t len = sizeof addr;
-    const int fd = ::accept4(listen_fd_, reinterpret_cast<sockaddr*>(&addr), &len, SOCK_NONBLOCK | SOCK_CLOEXEC);
-    if (fd < 0) {
+    UniqueFd fd(::accept4(listen_fd_.get(), reinterpret_cast<sockaddr*>(&addr), &len, SOCK_NONBLOCK | SOCK_CLOEXEC));
+    if (!fd) {
       if (errno == EINTR || errno == ECONNABORTED || errno == EPROTO) continue;
       if (errno == EAGAIN || errno == EWOULDBLOCK) return;
       if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
@@ -146,12 +147,12 @@ void Server::accept_pending() {
         log::warn("store") << "refused a connection from " << who << ": not one of this job's nodes";
       }
       const linger reset{1, 0};
-      ::setsockopt(fd, SOL_SOCKET, SO_LINGER, &reset, sizeof reset);
-      ::close(fd);
+      ::setsockopt(fd.get(), SOL_SOCKET, SO_LINGER, &reset, sizeof reset);
+      fd.reset();
       ++counters_.refused_not_allowed;
       continue;
     }
-    auto session = std::make_unique<Session>(fd, format_sockaddr(&addr), store_, options_.limits,
+    auto session = std::make_unique<Session>(std::move(fd), format_sockaddr(&addr), store_, options_.limits,
                                              [this](Session& s) { mark_dirty(s); },
                                              options_.secret ? &*options_.secret : nullptr);
     Session* raw = session.get();
@@ -159,7 +160,7 @@ void Server::accept_pending() {
     epoll_event ev{};
     ev.events = EPOLLIN | EPOLLRDHUP;
     ev.data.ptr = raw;
-    if (::epoll_ctl(epoll_.native_handle(), EPOLL_CTL_ADD, fd, &ev) != 0) {
+    if (::epoll_ctl(epoll_.native_handle(), EPOLL_CTL_ADD, raw->fd(), &ev) != 0) {
       log::warn("store") << "cannot watch client " << raw->peer() << ": " << std::strerror(errno);
       continue;  // the session's destructor closes the socket
     }
@@ -172,20 +173,20 @@ void Server::accept_pending() {
 }
 
 bool Server::refuse_one() {
-  if (spare_fd_ < 0) {
+  if (!spare_fd_) {
     pause_accepting();
     return false;
   }
   // The reserve-descriptor idiom: give up the spare, take the newcomer and close it at once, so
   // it learns now (connection reset) rather than waiting in the backlog forever.
-  ::close(spare_fd_);
-  spare_fd_ = -1;
-  const int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
+  spare_fd_.reset();
+  UniqueFd fd(::accept4(listen_fd_.get(), nullptr, nullptr, SOCK_CLOEXEC));
   const int err = errno;
-  if (fd >= 0) {
+  const bool accepted = static_cast<bool>(fd);
+  if (accepted) {
     const linger reset{1, 0};
-    ::setsockopt(fd, SOL_SOCKET, SO_LINGER, &reset, sizeof reset);
-    ::close(fd);
+    ::setsockopt(fd.get(), SOL_SOCKET, SO_LINGER, &reset, sizeof reset);
+    fd.reset();
     ++counters_.refused_out_of_fds;
     ++refused_in_episode_;
     if (!out_of_fds_) {
@@ -197,8 +198,8 @@ bool Server::refuse_one() {
     }
   }
   spare_fd_ = open_spare();
-  if (fd < 0 && err != EAGAIN && err != EWOULDBLOCK) pause_accepting();
-  return fd >= 0;
+  if (!accepted && err != EAGAIN && err != EWOULDBLOCK) pause_accepting();
+  return accepted;
 }
 
 void Server::pause_accepting() {
@@ -211,7 +212,7 @@ void Server::pause_accepting() {
   accept_retry_.async_wait([this](const boost::system::error_code& ec) {
     if (ec || stopped_) return;
     accept_paused_ = false;
-    if (spare_fd_ < 0) spare_fd_ = open_spare();
+    if (!spare_fd_) spare_fd_ = open_spare();
     watch_listener();
   });
 }

@@ -12,6 +12,7 @@
 #include <cstring>
 
 #include "common/errors.hpp"
+#include "common/unique_fd.hpp"
 
 namespace ddprun::rdzv::server_socket {
 
@@ -25,7 +26,7 @@ tcp::endpoint to_endpoint(const sockaddr_storage& ss, socklen_t len) {
 }
 
 // Binds and listens; returns the descriptor. Throws ConnectionError naming the address.
-int listen_on(const std::string& host, uint16_t port, sockaddr_storage& bound, socklen_t& bound_len) {
+UniqueFd listen_on(const std::string& host, uint16_t port, sockaddr_storage& bound, socklen_t& bound_len) {
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;
@@ -40,27 +41,26 @@ int listen_on(const std::string& host, uint16_t port, sockaddr_storage& bound, s
   std::unique_ptr<addrinfo, decltype(&::freeaddrinfo)> guard(res, &::freeaddrinfo);
   const tcp::endpoint wanted =
       to_endpoint(*reinterpret_cast<const sockaddr_storage*>(res->ai_addr), static_cast<socklen_t>(res->ai_addrlen));
-  auto fail = [&](int err, int fd) -> int {
-    if (fd >= 0) ::close(fd);
+  auto fail = [&](int err) -> UniqueFd {
     throw ConnectionError("cannot listen on " + format_endpoint(wanted) + ": " + std::strerror(err) +
                           (err == EADDRINUSE ? " (another process holds this port; pass port 0 to let the kernel "
                                                "pick a free one)"
                                              : ""));
   };
-  const int fd = ::socket(res->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-  if (fd < 0) return fail(errno, -1);
+  UniqueFd fd(::socket(res->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
+  if (!fd) return fail(errno);
   const int one = 1, zero = 0;
-  ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+  ::setsockopt(fd.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
   if (res->ai_family == AF_INET6) {
     // "::" serves IPv4 clients too (as PyTorch's libuv server does), where the host allows it.
     const auto* in6 = reinterpret_cast<const sockaddr_in6*>(res->ai_addr);
-    if (IN6_IS_ADDR_UNSPECIFIED(&in6->sin6_addr)) ::setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &zero, sizeof zero);
+    if (IN6_IS_ADDR_UNSPECIFIED(&in6->sin6_addr)) ::setsockopt(fd.get(), IPPROTO_IPV6, IPV6_V6ONLY, &zero, sizeof zero);
   }
-  if (::bind(fd, res->ai_addr, res->ai_addrlen) != 0) return fail(errno, fd);
+  if (::bind(fd.get(), res->ai_addr, res->ai_addrlen) != 0) return fail(errno);
   // The kernel caps the backlog at net.core.somaxconn; ask for the most it allows.
-  if (::listen(fd, 65535) != 0) return fail(errno, fd);
+  if (::listen(fd.get(), 65535) != 0) return fail(errno);
   bound_len = sizeof bound;
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&bound), &bound_len);
+  ::getsockname(fd.get(), reinterpret_cast<sockaddr*>(&bound), &bound_len);
   return fd;
 }
 
@@ -100,7 +100,7 @@ std::string normalize_address(const std::string& a) {
   return a;
 }
 
-int open_spare() { return ::open("/dev/null", O_RDONLY | O_CLOEXEC); }
+UniqueFd open_spare() { return UniqueFd(::open("/dev/null", O_RDONLY | O_CLOEXEC)); }
 
 uint64_t open_file_limit() {
   rlimit lim{};

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <string>
 
+#include "common/unique_fd.hpp"
 #include "rendezvous/server/server.hpp"
 
 namespace ddprun::rdzv::server_socket {
@@ -16,13 +17,13 @@ namespace ddprun::rdzv::server_socket {
 boost::asio::ip::tcp::endpoint to_endpoint(const sockaddr_storage& ss, socklen_t len);
 // A non-blocking, close-on-exec listening socket on host:port (port 0: the kernel picks); what it
 // is bound to in `bound`. Throws ConnectionError naming the address and the reason.
-int listen_on(const std::string& host, uint16_t port, sockaddr_storage& bound, socklen_t& bound_len);
+UniqueFd listen_on(const std::string& host, uint16_t port, sockaddr_storage& bound, socklen_t& bound_len);
 void set_keepalive(int fd, const ServerOptions& o);
 // The peer's address as text, IPv4-mapped IPv6 addresses as IPv4.
 std::string peer_address(const sockaddr_storage& ss);
 std::string normalize_address(const std::string& a);
 // A descriptor held in reserve, closed to accept-and-refuse when the process is out of them.
-int open_spare();
+UniqueFd open_spare();
 uint64_t open_file_limit();
 
 }  // namespace ddprun::rdzv::server_socket

@@ -25,9 +25,9 @@ std::string format_sockaddr(const void* addr) {
   return "<unknown peer>";
 }
 
-Session::Session(int fd, std::string peer, KvStore& store, const Limits& limits,
+Session::Session(UniqueFd fd, std::string peer, KvStore& store, const Limits& limits,
                  std::function<void(Session&)> on_async_output, const StoreSecret* secret)
-    : fd_(fd),
+    : fd_(std::move(fd)),
       peer_(std::move(peer)),
       conn_(store, limits, [this, cb = std::move(on_async_output)] { cb(*this); }, secret) {}
 
@@ -37,14 +37,13 @@ Session::~Session() {
 }
 
 void Session::close_socket() {
-  if (fd_ >= 0) ::close(fd_);
-  fd_ = -1;
+  fd_.reset();
 }
 
 Session::ReadStatus Session::read(std::span<char> scratch, size_t budget, size_t& received) {
   received = 0;
   while (received < budget) {
-    const ssize_t n = ::recv(fd_, scratch.data(), std::min(scratch.size(), budget - received), 0);
+    const ssize_t n = ::recv(fd_.get(), scratch.data(), std::min(scratch.size(), budget - received), 0);
     if (n > 0) {
       input_.append(scratch.data(), static_cast<size_t>(n));
       received += static_cast<size_t>(n);
@@ -66,7 +65,7 @@ bool Session::flush(size_t& sent, int& error) {
     msghdr msg{};
     msg.msg_iov = iov;
     msg.msg_iovlen = out.gather(iov, std::size(iov));
-    const ssize_t n = ::sendmsg(fd_, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+    const ssize_t n = ::sendmsg(fd_.get(), &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
     if (n >= 0) {
       out.consume(static_cast<size_t>(n));
       sent += static_cast<size_t>(n);

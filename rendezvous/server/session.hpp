@@ -15,6 +15,7 @@
 #include <span>
 #include <string>
 
+#include "common/unique_fd.hpp"
 #include "rendezvous/core/store_connection.hpp"
 
 namespace ddprun::rdzv {
@@ -23,7 +24,7 @@ class Session {
  public:
   // `on_async_output` runs when a wake-up or watch event queued bytes for this client.
   // `secret` (not owned): the store is protected (see StoreConnection).
-  Session(int fd, std::string peer, KvStore& store, const Limits& limits,
+  Session(UniqueFd fd, std::string peer, KvStore& store, const Limits& limits,
           std::function<void(Session&)> on_async_output, const StoreSecret* secret = nullptr);
   ~Session();  // closes the socket
   Session(const Session&) = delete;
@@ -42,7 +43,7 @@ class Session {
   // Releases the input buffer's memory when it is empty and large.
   void trim_input();
 
-  int fd() const { return fd_; }
+  int fd() const { return fd_.get(); }
   const std::string& peer() const { return peer_; }
   StoreConnection& conn() { return conn_; }
   std::string& input() { return input_; }
@@ -70,7 +71,7 @@ class Session {
   void close_socket();
 
  private:
-  int fd_;
+  UniqueFd fd_;
   std::string peer_;
   StoreConnection conn_;
   std::string input_;

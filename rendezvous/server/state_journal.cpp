@@ -15,6 +15,7 @@
 #include "common/errors.hpp"
 #include "common/log.hpp"
 #include "common/system.hpp"
+#include "common/unique_fd.hpp"
 #include "rendezvous/core/protocol.hpp"
 
 namespace ddprun::rdzv {
@@ -77,8 +78,8 @@ class PayloadReader {
 };
 
 std::string read_file(const std::string& path, bool& exists) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) {
+  const UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (!fd) {
     if (errno == ENOENT) {
       exists = false;
       return {};
@@ -89,16 +90,11 @@ std::string read_file(const std::string& path, bool& exists) {
   std::string data;
   char buf[1 << 16];
   for (;;) {
-    const ssize_t n = retry_eintr([&] { return ::read(fd, buf, sizeof buf); });
-    if (n < 0) {
-      const int err = errno;
-      ::close(fd);
-      throw ConfigError("cannot read the state file " + path + ": " + std::strerror(err));
-    }
+    const ssize_t n = retry_eintr([&] { return ::read(fd.get(), buf, sizeof buf); });
+    if (n < 0) throw ConfigError("cannot read the state file " + path + ": " + std::strerror(errno));
     if (n == 0) break;
     data.append(buf, static_cast<size_t>(n));
   }
-  ::close(fd);
   return data;
 }
 
@@ -127,17 +123,14 @@ StateJournal::StateJournal(std::string path, KvStore& store) : path_(std::move(p
     log::warn("store") << "cannot rewrite the state file " << path_ << " as a snapshot (" << e.code().message()
                        << "); appending to it as it is";
   }
-  fd_ = ::open(path_.c_str(), O_WRONLY | O_CLOEXEC);
-  if (fd_ < 0 || ::ftruncate(fd_, static_cast<off_t>(valid)) != 0 || ::lseek(fd_, 0, SEEK_END) < 0) {
+  fd_.reset(::open(path_.c_str(), O_WRONLY | O_CLOEXEC));
+  if (!fd_ || ::ftruncate(fd_.get(), static_cast<off_t>(valid)) != 0 || ::lseek(fd_.get(), 0, SEEK_END) < 0) {
     throw ConfigError("cannot write the state file " + path_ + ": " + std::strerror(errno));
   }
   file_bytes_ = snapshot_bytes_ = valid;
 }
 
-StateJournal::~StateJournal() {
-  flush();
-  if (fd_ >= 0) ::close(fd_);
-}
+StateJournal::~StateJournal() { flush(); }
 
 uint64_t StateJournal::load() {
   bool exists = false;
@@ -245,30 +238,28 @@ void StateJournal::snapshot() {
     close_record(out, start);
   });
   const std::string tmp = path_ + ".tmp";
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-  if (fd < 0) throw_errno("open " + tmp);
-  if (!write_all(fd, out) || ::fsync(fd) != 0) {
+  UniqueFd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600));
+  if (!fd) throw_errno("open " + tmp);
+  if (!write_all(fd.get(), out) || ::fsync(fd.get()) != 0) {
     const int err = errno;
-    ::close(fd);
+    fd.reset();
     ::unlink(tmp.c_str());
     errno = err;
     throw_errno("write " + tmp);
   }
-  ::close(fd);
+  fd.reset();
   if (::rename(tmp.c_str(), path_.c_str()) != 0) {
     const int err = errno;
     ::unlink(tmp.c_str());
     errno = err;
     throw_errno("rename " + tmp);
   }
-  if (const int dir = ::open(parent_dir(path_).c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC); dir >= 0) {
-    ::fsync(dir);  // the rename itself
-    ::close(dir);
+  if (const UniqueFd dir(::open(parent_dir(path_).c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC)); dir) {
+    ::fsync(dir.get());  // the rename itself
   }
-  const int appender = ::open(path_.c_str(), O_WRONLY | O_APPEND | O_CLOEXEC);
-  if (appender < 0) throw_errno("open " + path_);
-  if (fd_ >= 0) ::close(fd_);
-  fd_ = appender;
+  UniqueFd appender(::open(path_.c_str(), O_WRONLY | O_APPEND | O_CLOEXEC));
+  if (!appender) throw_errno("open " + path_);
+  fd_ = std::move(appender);
   file_bytes_ = snapshot_bytes_ = out.size();
   // Everything changed so far is in the snapshot.
   dirty_.clear();
@@ -307,7 +298,7 @@ void StateJournal::flush() {
   dirty_.clear();
   dirty_set_.clear();
   tokens_.clear();
-  if (!write_all(fd_, out)) {
+  if (!write_all(fd_.get(), out)) {
     const int err = errno;
     broken_ = true;
     last_retry_ = std::chrono::steady_clock::now();

@@ -26,6 +26,7 @@
 #include <unordered_set>
 #include <vector>
 
+#include "common/unique_fd.hpp"
 #include "rendezvous/core/kv_store.hpp"
 
 namespace ddprun::rdzv {
@@ -69,7 +70,7 @@ class StateJournal final : public ChangeObserver {
 
   std::string path_;
   KvStore& store_;
-  int fd_ = -1;
+  UniqueFd fd_;
   Loaded loaded_;
   std::vector<std::string> dirty_;  // keys changed since the last flush, in order
   std::unordered_set<std::string, StringHash, std::equal_to<>> dirty_set_;

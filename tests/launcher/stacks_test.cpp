@@ -47,7 +47,7 @@ TEST(StacksTest, APythonWorkersTracebackAndANativeProcesssFramesAreCaptured) {
   req.envp = to_envp(env);
   SpawnedProcess p = spawn_process(req);
   char buf[16];
-  ASSERT_GT(::read(p.stdout_fd, buf, sizeof buf), 0);  // "ready": armed and asleep
+  ASSERT_GT(::read(p.stdout_fd.get(), buf, sizeof buf), 0);  // "ready": armed and asleep
   const RankStacks s = capture_stacks(p.pid, p.pid, procfs::process_tree(p.pid), dir.str(), 10s);
   // Asleep in it, or (signalled a moment early) still printing from it.
   EXPECT_NE(s.python.find(" in waiting_for_godot"), std::string::npos) << s.python;
@@ -60,8 +60,6 @@ TEST(StacksTest, APythonWorkersTracebackAndANativeProcesssFramesAreCaptured) {
   EXPECT_EQ(::kill(p.pid, 0), 0);
   ::kill(p.pid, SIGKILL);
   ::waitpid(p.pid, nullptr, 0);
-  ::close(p.stdout_fd);
-  ::close(p.stderr_fd);
 }
 
 TEST(StacksTest, AProcessThatNeverArmedIsNotSignalled) {
@@ -75,8 +73,6 @@ TEST(StacksTest, AProcessThatNeverArmedIsNotSignalled) {
   EXPECT_EQ(::kill(p.pid, 0), 0) << "a real-time signal would have killed it";
   ::kill(p.pid, SIGKILL);
   ::waitpid(p.pid, nullptr, 0);
-  ::close(p.stdout_fd);
-  ::close(p.stderr_fd);
 }
 
 TEST(StacksTest, FirstLinesSaysHowManyWereLeftOut) {

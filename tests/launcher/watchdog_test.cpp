@@ -43,9 +43,7 @@ struct Processes {
     SpawnRequest r;
     r.argv = argv;
     r.envp = {"PATH=/usr/bin:/bin"};
-    const SpawnedProcess p = spawn_process(r);
-    ::close(p.stdout_fd);
-    ::close(p.stderr_fd);
+    const SpawnedProcess p = spawn_process(r);  // (its pipes close as p goes)
     pids.push_back(p.pid);
     return p.pid;
   }

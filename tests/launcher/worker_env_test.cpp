@@ -109,9 +109,9 @@ TEST(LineWriterTest, AFileThatCannotTakeMoreHandsItsLinesToTheConsole) {
     LineWriter::Sinks sinks;
     sinks.console = &console;
     sinks.to_console = false;
-    sinks.file_fd = full;
+    sinks.file_fd.reset(full);
     sinks.file_name = "rank 0's log file /dev/full";
-    LineWriter w("[r0]: ", sinks, 0);
+    LineWriter w("[r0]: ", std::move(sinks), 0);
     w.feed("one\ntw");
     w.feed("o\n");
     w.finish();
@@ -132,7 +132,7 @@ TEST(LineWriterTest, PrefixesWholeLinesAndKeepsTail) {
     ConsoleWriter console(fds[1]);
     LineWriter::Sinks sinks;
     sinks.console = &console;
-    LineWriter w(expand_prefix("[${role_name}${rank}/${local_rank}]: ", 7, 3, "trainer", "h"), sinks, 2);
+    LineWriter w(expand_prefix("[${role_name}${rank}/${local_rank}]: ", 7, 3, "trainer", "h"), std::move(sinks), 2);
     w.feed("first li");
     w.feed("ne\nsecond\nthi");
     w.feed("rd");
@@ -159,14 +159,14 @@ TEST(LineMergerTest, IdenticalLinesOfSeveralRanksArePrintedOnceInEachRanksOrder)
       // A window no test reaches: everything is printed by the merger's end, in order.
       auto merger = std::make_shared<workers::LineMerger>(&console, std::chrono::minutes(1), "[rank${rank}]: ",
                                                           "default", "h");
-      LineWriter::Sinks sinks;
-      sinks.console = &console;
-      sinks.merger = merger;
       std::vector<std::unique_ptr<LineWriter>> ranks;
       for (int r = 0; r < 4; ++r) {
+        LineWriter::Sinks sinks;
+        sinks.console = &console;
+        sinks.merger = merger;
         sinks.rank = r;
         sinks.local_rank = r;
-        ranks.push_back(std::make_unique<LineWriter>("[rank" + std::to_string(r) + "]: ", sinks, 0));
+        ranks.push_back(std::make_unique<LineWriter>("[rank" + std::to_string(r) + "]: ", std::move(sinks), 0));
       }
       ranks[0]->feed("epoch 1\nloss 1.5\n");
       ranks[1]->feed("A\n");  // rank 1 says A first: its next lines cannot join rank 0's, printed before A

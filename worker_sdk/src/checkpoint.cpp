@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <stdexcept>
 
+#include "common/unique_fd.hpp"
 #include "ddprun/worker/progress.hpp"
 #include "ddprun/worker/serialize.hpp"
 
@@ -31,8 +32,8 @@ void write_durably(const std::filesystem::path& target, const std::vector<char>&
   std::filesystem::create_directories(dir, ec);
   if (ec) throw std::runtime_error("cannot create the checkpoint directory " + dir.string() + ": " + ec.message());
   std::string tmp = (dir / (target.filename().string() + ".tmp.XXXXXX")).string();
-  const int fd = ::mkostemp(tmp.data(), O_CLOEXEC);
-  if (fd < 0) fail("creating a temporary file in " + dir.string(), target, errno);
+  UniqueFd fd(::mkostemp(tmp.data(), O_CLOEXEC));
+  if (!fd) fail("creating a temporary file in " + dir.string(), target, errno);
   auto abandon = [&](const std::string& what, int err) {
     ::unlink(tmp.c_str());
     fail(what, target, err);
@@ -40,22 +41,22 @@ void write_durably(const std::filesystem::path& target, const std::vector<char>&
   const char* p = data.data();
   size_t left = data.size();
   while (left > 0) {
-    const ssize_t n = ::write(fd, p, left);
+    const ssize_t n = ::write(fd.get(), p, left);
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) {
       const int err = n < 0 ? errno : ENOSPC;
-      ::close(fd);
+      fd.reset();
       abandon("writing " + tmp, err);
     }
     p += n;
     left -= static_cast<size_t>(n);
   }
-  if (::fsync(fd) != 0) {
+  if (::fsync(fd.get()) != 0) {
     const int err = errno;
-    ::close(fd);
+    fd.reset();
     abandon("fsync of " + tmp, err);
   }
-  if (::close(fd) != 0) abandon("closing " + tmp, errno);
+  if (fd.close() != 0) abandon("closing " + tmp, errno);
   // Last moment before publishing: a node whose ddprun has not renewed its place in the job (frozen,
   // stopped, cut off) may have been replaced by a group re-formed without it, whose checkpoints
   // this one must not overwrite.
@@ -67,12 +68,9 @@ void write_durably(const std::filesystem::path& target, const std::vector<char>&
                              "checkpoint is kept");
   }
   if (::rename(tmp.c_str(), target.c_str()) != 0) abandon("renaming " + tmp + " over it", errno);
-  const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dfd < 0) fail("opening its directory to fsync the rename", target, errno);
-  const int synced = ::fsync(dfd);
-  const int err = errno;
-  ::close(dfd);
-  if (synced != 0) fail("fsync of its directory", target, err);
+  const UniqueFd dfd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (!dfd) fail("opening its directory to fsync the rename", target, errno);
+  if (::fsync(dfd.get()) != 0) fail("fsync of its directory", target, errno);
 }
 
 }  // namespace

@@ -9,6 +9,7 @@
 #include <atomic>
 #include <cstdlib>
 
+#include "common/unique_fd.hpp"
 #include "ddprun/worker/progress_page.hpp"
 
 namespace ddprun::worker {
@@ -26,14 +27,14 @@ ProgressPage* page() {
   static ProgressPage* const mapped = []() -> ProgressPage* {
     const char* path = std::getenv("DDPRUN_PROGRESS_FILE");
     if (!path || !*path) return nullptr;
-    const int fd = ::open(path, O_RDWR | O_CLOEXEC);
-    if (fd < 0) return nullptr;
+    const UniqueFd fd(::open(path, O_RDWR | O_CLOEXEC));
+    if (!fd) return nullptr;
     struct stat st{};
     void* p = MAP_FAILED;
-    if (::fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_size >= static_cast<off_t>(ProgressPage::kFileSize)) {
-      p = ::mmap(nullptr, ProgressPage::kFileSize, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (::fstat(fd.get(), &st) == 0 && S_ISREG(st.st_mode) &&
+        st.st_size >= static_cast<off_t>(ProgressPage::kFileSize)) {
+      p = ::mmap(nullptr, ProgressPage::kFileSize, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0);
     }
-    ::close(fd);
     if (p == MAP_FAILED) return nullptr;
     auto* pg = static_cast<ProgressPage*>(p);
     if (pg->magic.load(std::memory_order_acquire) != ProgressPage::kMagic) {
