@@ -36,7 +36,7 @@ if(DDPRUN_HAVE_TORCH)
   message(STATUS "ddprun: Gloo headers for the Gloo backend: ${DDPRUN_HAVE_GLOO_HEADERS} (${DDPRUN_GLOO_INCLUDE_DIR})")
 endif()
 
-# Direct Gloo for DDP's CPU gradient buckets (worker_sdk/src/gloo_reducer.hpp) needs Gloo's headers
+# Direct Gloo for DDP's CPU gradient buckets (worker_sdk/src/gloo_ring.hpp) needs Gloo's headers
 # and the very libgloo that LibTorch links dynamically (Debian's libtorch does; wheels that link
 # Gloo statically do not, and then DDP uses the process group).
 set(DDPRUN_HAVE_DIRECT_GLOO OFF)

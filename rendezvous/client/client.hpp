@@ -52,7 +52,7 @@ struct ClientOptions {
   // After a lost connection, connect again on the next call (true), or fail it with
   // ConnectionError (false: for watchers, to whom a lost store is the news).
   bool reconnect = true;
-  // ddprun's secret handshake (rendezvous/auth.hpp), after VALIDATE and PING: learn whether the
+  // ddprun's secret handshake (rendezvous/core/auth.hpp), after VALIDATE and PING: learn whether the
   // store is protected and, if it is, prove `credentials` and check the store's proof in turn.
   // Off for stores that are not ddprun's (the 1.13 dialect never negotiates).
   bool negotiate_auth = true;

@@ -1,6 +1,7 @@
 #pragma once
-// PyTorch c10d TCPStore wire format (see docs/TCPSTORE_PROTOCOL.md in the shared docs): opcodes of both
-// dialects, the incremental request decoder, and the little helpers that encode fields. No I/O here.
+// PyTorch c10d TCPStore wire format (as PyTorch's TCPStore.cpp and TCPStoreBackend.cpp speak it):
+// opcodes of both dialects, the incremental request decoder, and the little helpers that encode
+// fields. No I/O here.
 //
 // A request is one command byte followed by fields; integers are little-endian, strings and byte
 // vectors are a u64 length followed by raw bytes:
@@ -53,7 +54,7 @@ enum class Op : uint8_t {
   QueuePop,
   QueueLen,
   List,
-  // ddprun's extension of the 2.x dialect: the secret handshake (rendezvous/auth.hpp).
+  // ddprun's extension of the 2.x dialect: the secret handshake (rendezvous/core/auth.hpp).
   AuthHello,
   AuthProof,
   // ddprun's retry-safe ADD (KvStore::add_once).

@@ -221,7 +221,7 @@ void StoreConnection::apply(const Request& req) {
   execute(req);
 }
 
-// One case per command of the wire protocol (shared/docs TCPSTORE_PROTOCOL.md), in one switch so
+// One case per command of the wire protocol (protocol.hpp's Op), in one switch so
 // that the compiler checks every Op is handled; each case is a call into the store and its reply.
 void StoreConnection::execute(const Request& req) {
   switch (req.op) {

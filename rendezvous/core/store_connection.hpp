@@ -38,7 +38,7 @@ class StoreConnection final : public Waiter {
 
   // `on_async_output` runs when bytes are queued outside consume() (a wake-up or watch event).
   // With a `secret` (not owned; it outlives the connection) the store is protected: every request
-  // but VALIDATE, PING and the handshake needs a proof first (rendezvous/auth.hpp), and an
+  // but VALIDATE, PING and the handshake needs a proof first (rendezvous/core/auth.hpp), and an
   // authenticated connection touches only its scope's keys. Violations throw AccessDenied.
   StoreConnection(KvStore& store, const Limits& limits, std::function<void()> on_async_output,
                   const StoreSecret* secret = nullptr);

@@ -79,7 +79,7 @@ struct ServerOptions {
   // in one job's ddprun); the daemon sets --job-ttl.
   std::chrono::milliseconds job_ttl{0};
   // A protected store: clients must prove this secret before any key operation, and are bound to
-  // one job's keys (rendezvous/auth.hpp). Without it the store is open, as PyTorch's is.
+  // one job's keys (rendezvous/core/auth.hpp). Without it the store is open, as PyTorch's is.
   std::optional<StoreSecret> secret;
   // Only these peer addresses (numeric, plus loopback) may connect; others are closed before a
   // byte is read. Unset: anyone. Can be replaced later with Server::allow_peers.

@@ -2,7 +2,7 @@
 // Multi-node rendezvous over the TCPStore protocol: static (--nnodes N --node_rank K, node 0's
 // agent hosts the store at --master_addr:--master_port) or dynamic (c10d: nodes join an endpoint
 // without ranks), directly on node 0's store or through a ddprun-rendezvous daemon. The keys, and
-// how a round's outcome is written, are in rendezvous/job_keys.hpp:
+// how a round's outcome is written, are in rendezvous/core/job_keys.hpp:
 //   - each run of a job id is a generation of its own: a node joins the current generation unless
 //     that run has ended, in which case it starts the next, so a job id can be run again on a
 //     shared daemon; the last node to leave marks the generation done, for the daemon to forget;
