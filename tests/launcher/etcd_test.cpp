@@ -316,10 +316,11 @@ TEST(EtcdRendezvousTest, AHangOnTwoNodesEndsBothWithOneReportThroughEtcd) {
   REQUIRE_ETCD();
   if (::access(TORCH_PYTHON, X_OK) != 0) GTEST_SKIP() << TORCH_PYTHON << " is not here";
   EtcdCluster cluster(1);
+  TempDir logs;  // (a hung run's directory is kept for its stacks: here, not under /tmp)
   auto n0 = node(cluster.endpoints(), "hung", "2", 0, {HANG_WORKER_PY, "collective", "1"}, "",
-                 {"--node_rank", "0", "--hang_timeout", "5"});
+                 {"--node_rank", "0", "--hang_timeout", "5", "--log_dir", (logs.path / "node0").string()});
   auto n1 = node(cluster.endpoints(), "hung", "2", 1, {HANG_WORKER_PY, "collective", "1"}, "",
-                 {"--node_rank", "1", "--hang_timeout", "5"});
+                 {"--node_rank", "1", "--hang_timeout", "5", "--log_dir", (logs.path / "node1").string()});
   const Finished f0 = n0->wait(120s), f1 = n1->wait(120s);
   ASSERT_FALSE(f0.timed_out || f1.timed_out) << f0.err << f1.err;
   EXPECT_EQ(f0.exit_code, 124) << f0.err;

@@ -108,7 +108,9 @@ TEST(HangTest, AHangInACollectiveIsCaughtWithTheRankBehindAndEveryRanksFrames) {
 
 TEST(HangTest, ARankThatNeverReachesInitProcessGroupIsNamedWithTheKeyTheOthersWaitFor) {
   if (!have_torch()) GTEST_SKIP() << TORCH_PYTHON << " is not here";
-  Subprocess p(command({"--nproc_per_node", "2", "--hang_timeout", "5"}, {"noinit", "1"}), python_env());
+  TempDir logs;  // (a hung run's directory is kept for its stacks: here, not under /tmp)
+  Subprocess p(command({"--nproc_per_node", "2", "--hang_timeout", "5", "--log_dir", logs.str()}, {"noinit", "1"}),
+               python_env());
   const Finished f = p.wait(120s);
   ASSERT_FALSE(f.timed_out) << f.err;
   EXPECT_EQ(f.exit_code, 124) << f.err;
@@ -150,7 +152,9 @@ TEST(HangTest, ATorchelasticTimerOverrunGetsItsStacksBeforeTheSignalAndTheScopeI
 TEST(HangTest, HeartbeatsThroughTheStoreRevealAHangWhoseRanksSpin) {
   if (!have_torch()) GTEST_SKIP() << TORCH_PYTHON << " is not here";
   // Rank 0 spins (as a rank blocked in NCCL does), so CPU time alone would call it progress.
-  Subprocess p(command({"--nproc_per_node", "2", "--hang_timeout", "5"}, {"heartbeat", "1"}), python_env());
+  TempDir logs;
+  Subprocess p(command({"--nproc_per_node", "2", "--hang_timeout", "5", "--log_dir", logs.str()}, {"heartbeat", "1"}),
+               python_env());
   const Finished f = p.wait(120s);
   ASSERT_FALSE(f.timed_out) << f.err;
   EXPECT_EQ(f.exit_code, 124) << f.err;
@@ -162,7 +166,9 @@ TEST(HangTest, HeartbeatsThroughTheStoreRevealAHangWhoseRanksSpin) {
 TEST(HangTest, AHungJobRestartsWhenMaxRestartsAllows) {
   if (!have_torch()) GTEST_SKIP() << TORCH_PYTHON << " is not here";
   Reports reports;
-  Subprocess p(command(reports.flags(0, {"--nproc_per_node", "2", "--hang_timeout", "5", "--max_restarts", "1"}),
+  TempDir logs;
+  Subprocess p(command(reports.flags(0, {"--nproc_per_node", "2", "--hang_timeout", "5", "--max_restarts", "1",
+                                         "--log_dir", logs.str()}),
                        {"first-attempt", "1"}),
                python_env());
   const Finished f = p.wait(180s);
@@ -189,7 +195,8 @@ TEST(HangTest, ATwoNodeHangEndsBothNodesWithOneReportOfEveryRank) {
     const std::string report = (reports.path / ("node" + std::to_string(n) + ".json")).string();
     std::vector<std::string> flags{"--nnodes", "2", "--node_rank", std::to_string(n), "--master_addr", "127.0.0.1",
                                    "--master_port", std::to_string(port), "--local_addr",
-                                   "127.0.0." + std::to_string(n + 1), "--hang_timeout", "5"};
+                                   "127.0.0." + std::to_string(n + 1), "--hang_timeout", "5", "--log_dir",
+                                   (reports.path / ("logs" + std::to_string(n))).string()};
     if (n == 0) flags.insert(flags.end(), {"--report_file", report});
     nodes.push_back(std::make_unique<Subprocess>(
         command(flags, {"collective", "1"}), python_env(n == 1 ? std::map<std::string, std::string>{

@@ -126,7 +126,9 @@ class Preload(unittest.TestCase):
     def test_a_hang_gets_every_ranks_python_stack(self):
         with tempfile.TemporaryDirectory() as d:
             report = os.path.join(d, "report.json")
-            r = run(["--nproc_per_node", "2", "--hang_timeout", "3", "--report_file", report, WORKER, "sleep", d])
+            # (--log_dir: a hung run's directory is kept for its stacks, here rather than under /tmp)
+            r = run(["--nproc_per_node", "2", "--hang_timeout", "3", "--report_file", report, "--log_dir",
+                     os.path.join(d, "logs"), WORKER, "sleep", d])
             self.assertEqual(r.returncode, 124, r.stderr)
             rep = read_json(report)
             self.assertEqual(rep["outcome"], "hung")

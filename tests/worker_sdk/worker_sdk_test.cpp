@@ -333,7 +333,9 @@ TEST(CheckpointTest, SaveFsyncsTheFileBeforeTheRenameAndTheDirectoryAfter) {
 TEST(WorkerSdkProgressTest, AWorkerThatStopsSteppingIsCaughtWhileTheOthersWaitInTheAllReduce) {
   // Rank 1 stops after 20 steps; rank 0 waits in the direct Gloo reducer's all-reduce, inside the
   // SDK's CollectiveWait, so its CPU time (spinning or not) is not taken for progress.
-  const Finished f = run_under_ddprun(2, {"train", "20", "1", "-1", "0"}, {"--hang_timeout", "5"});
+  TempDir logs;  // (a hung run's directory is kept for its stacks: here, not under /tmp)
+  const Finished f =
+      run_under_ddprun(2, {"train", "20", "1", "-1", "0"}, {"--hang_timeout", "5", "--log_dir", logs.str()});
   ASSERT_FALSE(f.timed_out) << f.err;
   EXPECT_EQ(f.exit_code, 124) << f.err;
   EXPECT_NE(f.err.find("behind     : rank 1\n"), std::string::npos) << f.err;
