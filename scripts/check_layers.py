@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Checks that the code keeps its folders' promises (README, Layout).
+"""Checks that the code keeps its folders' promises (docs/design.md, Layout).
 
 Includes, in every folder of the repository:
 - common/, rendezvous/ and launcher/ are layers: a file includes headers of its own folder and of
@@ -128,7 +128,7 @@ def check_includes(root: pathlib.Path, bad: list):
             rel = f.relative_to(root).as_posix()
             mine = area_of(rel)
             if top in ("common", "rendezvous", "launcher") and folder_of(rel) != "/".join(rel.split("/")[:-1]):
-                bad.append(f"{rel}: not in a layer folder (README, Layout)")
+                bad.append(f"{rel}: not in a layer folder (docs/design.md, Layout)")
                 continue
             graph[rel] = []
             for inc in INCLUDE.findall(f.read_text(errors="replace")):

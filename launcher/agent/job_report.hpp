@@ -3,7 +3,7 @@
 // instead of the console's sentences. Written by every node at the end of every job (success,
 // failure, hang, a stop signal, a lost node or store, an error of ddprun's own), atomically (a
 // temporary file renamed over the path), readable by its owner only like the logs. The schema
-// ("ddprun-report/1") is in the README; fields are only ever added to it.
+// ("ddprun-report/1") is in docs/guide.md; fields are only ever added to it.
 //
 // The agent records each attempt as it goes (the rendezvous, the start, the end with this node's
 // workers) and the end; JobReport turns that into the document. Each node reports its own workers;

@@ -49,7 +49,7 @@ constexpr FlagDef kFlagTable[] = {
      "base directory for per-rank logs: LOG_DIR/RUN_ID_XXXX/attempt_K/LOCAL_RANK/{stdout,stderr}.log"},
     {"--report_file", nullptr, "report_file", true, "(none; DDPRUN_REPORT_FILE)",
      "write how the job ended as one JSON document to this path at the end of every job (schema "
-     "ddprun-report/1 in the README); {host} in the path is this host's name"},
+     "ddprun-report/1 in docs/guide.md); {host} in the path is this host's name"},
     {"--redirects", "-r", "redirects", true, "0",
      "send worker output to log files only: 0 none, 1 stdout, 2 stderr, 3 both, or per local rank '0:1,1:3'"},
     {"--tee", "-t", "tee", true, "0", "like --redirects, but also to the console"},

@@ -25,7 +25,7 @@ struct RdzvConfKey {
   const char* name;     // canonical spelling
   const char* aliases;  // other spellings (torchrun's), comma-separated, or ""
   bool etcd_only;       // meaningful with --rdzv_backend etcd alone
-  const char* meaning;  // for --help and the README
+  const char* meaning;  // for --help and the docs
   // What the value does to the options; `where` ("--rdzv_conf KEY") names it in errors.
   void (*apply)(const std::string& where, const std::string& value, LaunchOptions& o);
 };

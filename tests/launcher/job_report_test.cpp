@@ -1,5 +1,5 @@
 // JobReport, the --report_file document, as a unit: what the agent records turns into the schema
-// the README documents; the file is replaced whole, and a file that cannot be written is a warning.
+// docs/guide.md documents; the file is replaced whole, and a file that cannot be written is a warning.
 #include "launcher/agent/job_report.hpp"
 
 #include <gtest/gtest.h>

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Debian's own checker on the three packages: no error, and no warning beyond the ones the README
+# Debian's own checker on the three packages: no error, and no warning beyond the ones docs/operations.md
 # explains (its "Packages" section). A new warning fails the test until it is fixed or explained.
 #   lintian_test.sh DEBS_DIR
 set -euo pipefail
@@ -14,7 +14,7 @@ if ((${#packages[@]} == 0)); then
   echo "lintian_test: no .deb in $debs" >&2
   exit 1
 fi
-# Warnings that may stay, with why (the README says the same): none today.
+# Warnings that may stay, with why (docs/operations.md says the same): none today.
 allowed='^$'
 out=$(lintian --allow-root --tag-display-limit 0 "${packages[@]}" 2>&1) || true
 echo "$out"
@@ -25,7 +25,7 @@ if grep -q '^E: ' <<<"$out"; then
 fi
 unexplained=$(grep '^W: ' <<<"$out" | grep -Ev "$allowed" || true)
 if [[ -n "$unexplained" ]]; then
-  echo "lintian_test: warnings the README does not explain:" >&2
+  echo "lintian_test: warnings docs/operations.md does not explain:" >&2
   echo "$unexplained" >&2
   status=1
 fi

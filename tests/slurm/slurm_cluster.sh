@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# A real Slurm cluster on this machine, and the README's sbatch recipe (examples/slurm/train.sbatch)
+# A real Slurm cluster on this machine, and docs/multi-node.md's sbatch recipe (examples/slurm/train.sbatch)
 # run on it. Three hosts made from network namespaces on one bridge, each with its own hostname and
 # address (ctl 10.213.9.1: slurmctld; n1 10.213.9.11 and n2 10.213.9.12: slurmd), one munged for
 # the three (they share this kernel, so one key and one socket is what separate hosts with the same
@@ -22,7 +22,7 @@ python=$3
 gloo_worker=$4
 here=$(cd "$(dirname "$0")" && pwd)
 recipe=$here/../../examples/slurm/train.sbatch
-readme=$here/../../README.md
+readme=$here/../../docs/multi-node.md
 
 skip() {
   echo "SKIP: $*"
@@ -32,10 +32,10 @@ for tool in slurmctld slurmd slurmstepd srun sbatch scontrol scancel sinfo munge
   command -v "$tool" >/dev/null || skip "$tool is not installed (scripts/install_deps.sh installs slurm-wlm, munge, iproute2, util-linux)"
 done
 
-# The recipe the README shows is the one run here.
+# The recipe docs/multi-node.md shows is the one run here.
 while IFS= read -r line; do
   [[ -z "$line" ]] && continue
-  grep -qxF -- "$line" "$readme" || { echo "FAIL: the README does not show this line of $recipe: $line"; exit 1; }
+  grep -qxF -- "$line" "$readme" || { echo "FAIL: docs/multi-node.md does not show this line of $recipe: $line"; exit 1; }
 done <"$recipe"
 
 id=$$

@@ -1,5 +1,5 @@
 #pragma once
-// Test helper: a node's --report_file (schema ddprun-report/1, README), read as JSON. End-to-end
+// Test helper: a node's --report_file (schema ddprun-report/1, docs/guide.md), read as JSON. End-to-end
 // tests check how a job ended here (outcome, exit code, root cause, attempts) rather than in the
 // console's sentences, which stay free to change.
 
