@@ -35,7 +35,7 @@ Stats measure(Distributed& dist, int iterations, const std::function<void()>& on
     once();
     ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
   }
-  const double mean = std::accumulate(ms.begin(), ms.end(), 0.0) / ms.size();
+  const double mean = std::accumulate(ms.begin(), ms.end(), 0.0) / static_cast<double>(ms.size());
   std::sort(ms.begin(), ms.end());
   return {dist.max(mean), ms[ms.size() / 2], ms[ms.size() * 9 / 10]};
 }

@@ -110,11 +110,11 @@ LoadResult run_load(uint16_t port, int clients, std::chrono::milliseconds durati
   std::vector<float> all;
   for (auto& l : lat) all.insert(all.end(), l.begin(), l.end());
   LoadResult r;
-  r.ops_per_sec = all.size() / secs;
+  r.ops_per_sec = static_cast<double>(all.size()) / secs;
   std::sort(all.begin(), all.end());
   r.p50_us = all[all.size() / 2];
   r.p99_us = all[std::min(all.size() - 1, all.size() * 99 / 100)];
-  r.server_cpu_us_per_op = static_cast<double>(cpu.count()) / all.size();
+  r.server_cpu_us_per_op = static_cast<double>(cpu.count()) / static_cast<double>(all.size());
   return r;
 }
 
@@ -142,7 +142,7 @@ BarrierResult run_barrier(uint16_t port, int clients, pid_t server_pid) {
   for (auto& t : threads) t.join();
   BarrierResult r;
   r.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
-  r.server_cpu_ms = (ddprun::process_cpu_time(server_pid) - cpu0).count() / 1000.0;
+  r.server_cpu_ms = static_cast<double>((ddprun::process_cpu_time(server_pid) - cpu0).count()) / 1000.0;
   if (failures) std::cerr << failures << " barrier clients failed\n";
   return r;
 }
@@ -172,7 +172,7 @@ int main(int argc, char** argv) {
     }
   }
   std::printf("Store benchmark: LibTorch %s c10d::TCPStore clients; set/get/add/wait mix; %.1fs per point\n",
-              TORCH_VERSION, duration.count() / 1000.0);
+              TORCH_VERSION, static_cast<double>(duration.count()) / 1000.0);
   std::printf("| clients | server | ops/s | p50 us | p99 us | server CPU us/op |\n");
   std::printf("|---:|---|---:|---:|---:|---:|\n");
   for (int n : client_counts) {

@@ -364,11 +364,11 @@ int main(int argc, char** argv) {
         std::vector<Row> rows;
         for (int k = 0; k < 2; ++k) {
           if (k == 1 && libtorch.empty()) continue;
-          std::vector<std::string> argv = k == 0
+          std::vector<std::string> server_argv = k == 0
               ? std::vector<std::string>{daemon, "--host", "127.0.0.1", "--port", "0"}
               : std::vector<std::string>{libtorch, "serve", "torch"};
           const char* name = k == 0 ? "ddprun-rendezvous" : "LibTorch TCPStore";
-          ServerProcess server(argv);
+          ServerProcess server(server_argv);
           Spinners spin(load == "busy" ? static_cast<int>(::sysconf(_SC_NPROCESSORS_ONLN)) : 0);
           Row row;
           const auto cpu0 = ddprun::process_cpu_time(server.pid);

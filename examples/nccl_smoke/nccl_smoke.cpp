@@ -31,7 +31,7 @@ bool check_raw(const Distributed& dist, const std::string& key) {
   nccl->synchronize();
   cudaMemcpy(host.data(), device, n * sizeof(float), cudaMemcpyDeviceToHost);
   cudaFree(device);
-  const float expected = dist.world_size() * (dist.world_size() + 1) / 2.0f;
+  const float expected = static_cast<float>(dist.world_size() * (dist.world_size() + 1)) / 2.0f;
   bool ok = true;
   for (float v : host) ok = ok && v == expected;
   std::cout << "rank " << dist.rank() << " on cuda:" << nccl->device() << ": NcclCommunicator all_reduce "

@@ -133,8 +133,8 @@ std::string rank_location(const RankState& r) {
       while (outer + 1 < py.size() && parse_py_frame(py[outer + 1]).path.find("/torch/distributed/") != std::string::npos) {
         ++outer;
       }
-      const auto decorator = [](const PyFrame& f) {
-        return f.function == "wrapper" || f.path.find("/torch/distributed/c10d_logger.py") != std::string::npos;
+      const auto decorator = [](const PyFrame& frame) {
+        return frame.function == "wrapper" || frame.path.find("/torch/distributed/c10d_logger.py") != std::string::npos;
       };
       while (outer > i && decorator(parse_py_frame(py[outer]))) --outer;
       return "in torch.distributed " + parse_py_frame(py[outer]).function + (caller.empty() ? "" : " (" + caller + ")");

@@ -164,7 +164,7 @@ RankStacks capture_stacks(pid_t pid, pid_t group, const std::vector<pid_t>& tree
       std::string text = read_from(a.file, a.before);
       if (text.empty()) {
         s.problems.push_back("Python process " + std::to_string(a.pid) + " did not write its tracebacks within " +
-                             std::to_string(limit.count() / 1000.0).substr(0, 4) +
+                             std::to_string(static_cast<double>(limit.count()) / 1000.0).substr(0, 4) +
                              " s (busy in code that holds off signals?)");
         continue;
       }

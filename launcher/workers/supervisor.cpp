@@ -101,7 +101,8 @@ void Supervisor::on_signal(int signo) {
   }
   if (state_ == State::Running) {
     log::warn("ddprun") << "received " << signal_name(signo) << ": forwarding it to every worker, SIGKILL in "
-                        << settings_.shutdown_grace.count() / 1000.0 << "s (Ctrl-C again to kill now)";
+                        << static_cast<double>(settings_.shutdown_grace.count()) / 1000.0
+                        << "s (Ctrl-C again to kill now)";
     settle_held(/*stopped=*/true);
     begin_stop(signo, GroupOutcome::Signalled);
     result_.signal = signo;
@@ -139,7 +140,8 @@ void Supervisor::begin_stop(int signo, GroupOutcome outcome) {
     int alive = 0;
     for (auto& w : workers_) alive += w->exited ? 0 : 1;
     if (alive > 0) {
-      log::warn("ddprun") << alive << " worker(s) still running after the " << settings_.shutdown_grace.count() / 1000.0
+      log::warn("ddprun") << alive << " worker(s) still running after the "
+                          << static_cast<double>(settings_.shutdown_grace.count()) / 1000.0
                           << "s grace: sending SIGKILL";
       kill_all(SIGKILL);
       killed_ = true;

@@ -62,7 +62,7 @@ INSTANTIATE_TEST_SUITE_P(
         ExampleCase{"lstm_classifier", {"--epochs", "3", "--train-limit", "1024", "--test-limit", "256"}},
         ExampleCase{"resnet18",
                     {"--epochs", "2", "--batch-size", "8", "--max-steps", "3", "--train-limit", "48", "--test-limit", "32"}}),
-    [](const auto& info) { return info.param.name; });
+    [](const auto& test) { return test.param.name; });
 
 // --comm-hook: the LeNet example trains through each compression hook, and says which it ran.
 TEST(ExampleCommHookTest, LeNetTrainsThroughTheCompressionHooks) {

@@ -149,7 +149,7 @@ int main(int argc, char** argv) {
     } else if (cmd == "flood") {
       const long mb = std::stol(arg());
       const std::string line(99, 'x');
-      for (long i = 0; i < mb * 10000; ++i) std::cout << line << '\n';
+      for (long n = 0; n < mb * 10000; ++n) std::cout << line << '\n';
       std::cout.flush();
     } else if (cmd == "membership") {
       const char* file = std::getenv("DDPRUN_PROGRESS_FILE");

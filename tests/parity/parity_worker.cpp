@@ -360,13 +360,13 @@ Result train(const json& c, const std::string& dir, int rank, const std::string&
     for (int step = 0; step < steps; ++step) one_step(step);
   };
   if (schedule == "join") {
-    JoinOptions options;
-    options.throw_on_early_termination = j.at("throw");
-    options.divide_by_initial_world_size = j.at("divide_by_initial_world_size");
+    JoinOptions join_options;
+    join_options.throw_on_early_termination = j.at("throw");
+    join_options.divide_by_initial_world_size = j.at("divide_by_initial_world_size");
     if (zero) {
-      Join({ddp, *zero}, options).run(loop);  // Python: with Join([ddp, zero], ...)
+      Join({ddp, *zero}, join_options).run(loop);  // Python: with Join([ddp, zero], ...)
     } else {
-      ddp.join(loop, options);  // Python: with ddp.join(...)
+      ddp.join(loop, join_options);  // Python: with ddp.join(...)
     }
   } else {
     loop();

@@ -300,7 +300,7 @@ int zero(const std::string& phase, const std::string& dir) {
         archive.save_to(out);
         full_bytes += static_cast<int64_t>(out.str().size());
       }
-      state_share = std::max(state_share, static_cast<double>(zero_opt->local_state_bytes()) / full_bytes);
+      state_share = std::max(state_share, static_cast<double>(zero_opt->local_state_bytes()) / static_cast<double>(full_bytes));
       params_owned = static_cast<int64_t>(zero_opt->shards()[static_cast<size_t>(rank)].size());
       return std::make_pair(std::move(zero_opt), a);
     };
@@ -332,7 +332,7 @@ int zero(const std::string& phase, const std::string& dir) {
       torch::save(snapshot(reset->parameters()), dir + "/reset.pt");
     }
     dist.print("RESULT zero_vs_local_optimizer=", all_max(dist, worst));
-    dist.print("RESULT state_share=", all_max(dist, state_share), " params_owned_min=", -all_max(dist, -params_owned));
+    dist.print("RESULT state_share=", all_max(dist, state_share), " params_owned_min=", -all_max(dist, -static_cast<double>(params_owned)));
     dist.barrier();
     return 0;
   }

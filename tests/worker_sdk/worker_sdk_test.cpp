@@ -71,9 +71,9 @@ TEST_P(DdpEquivalenceTest, ParametersEqualSingleProcessTrainingOnTheWholeBatch) 
 
 INSTANTIATE_TEST_SUITE_P(TwoAndThreeProcesses, DdpEquivalenceTest,
                          ::testing::Combine(::testing::Values(2, 3), ::testing::Values("direct", "process-group")),
-                         [](const auto& info) {
-                           return std::to_string(std::get<0>(info.param)) + "_" +
-                                  (std::get<1>(info.param) == "direct" ? "direct_gloo" : "process_group");
+                         [](const auto& test) {
+                           return std::to_string(std::get<0>(test.param)) + "_" +
+                                  (std::get<1>(test.param) == "direct" ? "direct_gloo" : "process_group");
                          });
 
 TEST(DdpTest, PeerThatLeavesGivesTheOthersAClearErrorNotAHang) {

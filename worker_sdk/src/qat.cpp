@@ -113,31 +113,32 @@ std::pair<at::Tensor, at::Tensor> FakeQuantizeImpl::calculate_qparams() const {
   const int64_t qmin = options_.quant_min, qmax = options_.quant_max;
   const at::Tensor min_val_neg = at::min(min_val, at::zeros_like(min_val));
   at::Tensor max_val_pos = at::max(max_val, at::zeros_like(max_val));
-  at::Tensor scale = at::ones(min_val_neg.sizes(), at::kFloat);
-  at::Tensor zero_point = at::zeros(min_val_neg.sizes(), at::kLong);
+  at::Tensor q_scale = at::ones(min_val_neg.sizes(), at::kFloat);
+  at::Tensor q_zero_point = at::zeros(min_val_neg.sizes(), at::kLong);
   const at::Tensor& eps = activation_post_process->eps;
   if (options_.symmetric) {
     max_val_pos = at::max(-min_val_neg, max_val_pos);
-    scale = max_val_pos / (static_cast<double>(qmax - qmin) / 2);
-    scale = at::max(scale, eps);
-    if (options_.dtype == at::kQUInt8) zero_point = at::full(zero_point.sizes(), (qmin + qmax) / 2, at::kLong);
+    q_scale = max_val_pos / (static_cast<double>(qmax - qmin) / 2);
+    q_scale = at::max(q_scale, eps);
+    if (options_.dtype == at::kQUInt8) q_zero_point = at::full(q_zero_point.sizes(), (qmin + qmax) / 2, at::kLong);
   } else {
-    scale = (max_val_pos - min_val_neg) / static_cast<double>(qmax - qmin);
-    scale = at::max(scale, eps);
-    zero_point = at::rsub(at::round(min_val_neg / scale).to(at::kInt), qmin);
-    zero_point = at::clamp(zero_point, qmin, qmax);
+    q_scale = (max_val_pos - min_val_neg) / static_cast<double>(qmax - qmin);
+    q_scale = at::max(q_scale, eps);
+    q_zero_point = at::rsub(at::round(min_val_neg / q_scale).to(at::kInt), qmin);
+    q_zero_point = at::clamp(q_zero_point, qmin, qmax);
   }
-  if (scale.dim() == 0) scale = at::tensor({scale.item<float>()}, at::kFloat);
-  if (zero_point.dim() == 0) zero_point = at::tensor({zero_point.item<int64_t>()}, zero_point.scalar_type());
-  return {scale, zero_point};
+  if (q_scale.dim() == 0) q_scale = at::tensor({q_scale.item<float>()}, at::kFloat);
+  if (q_zero_point.dim() == 0) q_zero_point = at::tensor({q_zero_point.item<int64_t>()}, q_zero_point.scalar_type());
+  return {q_scale, q_zero_point};
 }
 
 at::Tensor FakeQuantizeImpl::quantize_weight(const at::Tensor& w) const {
-  const auto [scale, zero_point] = calculate_qparams();
+  const auto [q_scale, q_zero_point] = calculate_qparams();
   if (options_.per_channel) {
-    return at::quantize_per_channel(w, scale.to(at::kDouble), zero_point.to(at::kLong), options_.ch_axis, options_.dtype);
+    return at::quantize_per_channel(w, q_scale.to(at::kDouble), q_zero_point.to(at::kLong), options_.ch_axis,
+                                    options_.dtype);
   }
-  return at::quantize_per_tensor(w, scale.item<double>(), zero_point.item<int64_t>(), options_.dtype);
+  return at::quantize_per_tensor(w, q_scale.item<double>(), q_zero_point.item<int64_t>(), options_.dtype);
 }
 
 void FakeQuantizeImpl::enable_observer(bool on) { observer_enabled.fill_(on ? 1 : 0); }
@@ -159,12 +160,12 @@ void QuantStubImpl::convert() {
   converted_ = true;
 }
 
-LinearImpl::LinearImpl(int64_t in_features, int64_t out_features, const QConfig& qconfig, bool bias, bool relu)
+LinearImpl::LinearImpl(int64_t in_features, int64_t out_features, const QConfig& qconfig, bool with_bias, bool relu)
     : relu_(relu) {
   // torch::nn::Linear's initialisation (Python's reset_parameters).
-  torch::nn::Linear init(torch::nn::LinearOptions(in_features, out_features).bias(bias));
+  torch::nn::Linear init(torch::nn::LinearOptions(in_features, out_features).bias(with_bias));
   weight = register_parameter("weight", init->weight.detach());
-  if (bias) this->bias = register_parameter("bias", init->bias.detach());
+  if (with_bias) bias = register_parameter("bias", init->bias.detach());
   weight_fake_quant = register_module("weight_fake_quant", FakeQuantize(qconfig.weight));
   activation_post_process = register_module("activation_post_process", FakeQuantize(qconfig.activation));
 }
@@ -194,7 +195,7 @@ int64_t LinearImpl::quantized_bytes() const {
          qparams_bytes(weight_fake_quant->calculate_qparams().first) + 16;
 }
 
-Conv2dImpl::Conv2dImpl(const torch::nn::Conv2dOptions& options, const QConfig& qconfig, Fused fused, bool sync_bn)
+Conv2dImpl::Conv2dImpl(const torch::nn::Conv2dOptions& options, const QConfig& qconfig, Fused fused, bool with_sync_bn)
     : options_(options), fused_(fused) {
   if (!alternative<torch::ExpandingArray<2>>(options.padding())) {
     throw std::invalid_argument("qat::Conv2d takes padding as numbers (not kSame or kValid)");
@@ -205,8 +206,8 @@ Conv2dImpl::Conv2dImpl(const torch::nn::Conv2dOptions& options, const QConfig& q
   torch::nn::Conv2d init(options);  // torch::nn::Conv2d's initialisation
   weight = register_parameter("weight", init->weight.detach());
   if (options.bias()) bias = register_parameter("bias", init->bias.detach());
-  if (fused_ != Fused::kNone && sync_bn) {
-    this->sync_bn = register_module("bn", SyncBatchNorm(options.out_channels()));
+  if (fused_ != Fused::kNone && with_sync_bn) {
+    sync_bn = register_module("bn", SyncBatchNorm(options.out_channels()));
   } else if (fused_ != Fused::kNone) {
     bn = register_module("bn", torch::nn::BatchNorm2d(options.out_channels()));
   }
