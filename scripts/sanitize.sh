@@ -11,8 +11,9 @@ shift
 build="${DDPRUN_SANITIZE_BUILD_DIR:-$root/build-${san/,/-}}"
 generator=()
 command -v ninja > /dev/null && generator=(-G Ninja)
+mkdir -p "$build"
 cmake -S "$root" -B "$build" "${generator[@]}" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDDPRUN_WITH_TORCH=OFF \
-  -DDDPRUN_SANITIZE="$san" > "$build.configure.log" 2>&1 || { tail -20 "$build.configure.log"; exit 1; }
+  -DDDPRUN_SANITIZE="$san" > "$build/configure.log" 2>&1 || { tail -20 "$build/configure.log"; exit 1; }
 # shellcheck disable=SC2086
 cmake --build "$build" --parallel "$(nproc)" ${DDPRUN_SANITIZE_TARGETS:+--target $DDPRUN_SANITIZE_TARGETS}
 cd "$build"
