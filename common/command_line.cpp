@@ -52,9 +52,9 @@ void print_option(std::ostream& out, const std::string& names, const std::string
                   const std::string& default_text, size_t width) {
   constexpr size_t kColumn = 25;  // where the help starts
   std::vector<std::string> words;
-  std::istringstream in(help);
+  std::istringstream in(plain(help));
   for (std::string w; in >> w;) words.push_back(w);
-  if (!default_text.empty()) words.push_back("(default: " + default_text + ")");  // never broken
+  if (!default_text.empty()) words.push_back("(default: " + plain(default_text) + ")");  // never broken
   std::string line = "  " + names;
   if (line.size() + 2 > kColumn) {
     out << line << "\n";
@@ -73,6 +73,34 @@ void print_option(std::ostream& out, const std::string& names, const std::string
     first_on_line = false;
   }
   out << line << "\n";
+}
+
+std::string plain(std::string_view text) {
+  std::string out;
+  for (char c : text) {
+    if (c != '`') out.push_back(c);
+  }
+  return out;
+}
+
+std::string markdown_row(const std::vector<std::string>& cells) {
+  std::string row = "|";
+  for (const std::string& cell : cells) {
+    row += ' ';
+    for (char c : cell) {
+      if (c == '|') row += '\\';
+      row += c;
+    }
+    row += " |";
+  }
+  return row;
+}
+
+std::string markdown_default(const std::string& shown) {
+  if (shown.empty()) return shown;
+  const auto words = shown.find(" (");
+  if (words == std::string::npos) return "`" + shown + "`";
+  return "`" + shown.substr(0, words) + "`" + shown.substr(words);
 }
 
 }  // namespace ddprun::command_line

@@ -45,8 +45,19 @@ size_t walk(const std::vector<std::string>& args, size_t first, const FlagLookup
             const std::string& unknown_hint = "");
 
 // One option of a --help text: "  NAMES  HELP (default: DEFAULT)", the help wrapped to `width`
-// columns and indented under the names' column (or on the next line when the names are long).
+// columns and indented under the names' column (or on the next line when the names are long), as
+// plain text (see plain()).
 void print_option(std::ostream& out, const std::string& names, const std::string& help,
                   const std::string& default_text = "", size_t width = 100);
+
+// Flag tables write names and values in a help text in backticks, for the docs' Markdown; --help
+// prints them plain: "`--tee` or `-t`" -> "--tee or -t".
+std::string plain(std::string_view text);
+
+// The docs' flag tables (--help=markdown): one row, each "|" inside a cell escaped.
+std::string markdown_row(const std::vector<std::string>& cells);
+// A default as a docs table shows it: the literal in backticks, words after it as they are
+// ("0 (off)" -> "`0` (off)"); "" stays "".
+std::string markdown_default(const std::string& shown);
 
 }  // namespace ddprun::command_line

@@ -5,6 +5,7 @@
 #include "common/errors.hpp"
 #include "common/log.hpp"
 #include "launcher/agent/agent.hpp"
+#include "launcher/cli/flags.hpp"
 #include "launcher/cli/options.hpp"
 
 #ifndef DDPRUN_VERSION
@@ -28,7 +29,7 @@ int main(int argc, char** argv) {
                         << "': ddprun does not know it (torchrun ignores such keys too; see --help for the known ones)";
   }
   if (options.help) {
-    std::cout << launcher::cli::usage_text();
+    std::cout << (options.help_markdown ? launcher::cli::flag_table_markdown() : launcher::cli::usage_text());
     return 0;
   }
   if (options.version) {

@@ -17,7 +17,7 @@ while IFS= read -r line; do
     if [[ $w == -* ]]; then
       flags+=("$w")
       last+=" $w"
-    elif [[ $w =~ ^[A-Z][A-Z0-9_:.|-]*$ && -n $last ]]; then
+    elif [[ $w =~ ^[A-Z][A-Z0-9_:.|=,-]*$ && -n $last ]]; then
       valued+=($last)
     fi
   done

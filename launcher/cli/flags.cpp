@@ -7,101 +7,269 @@
 
 #include "common/command_line.hpp"
 #include "common/errors.hpp"
+#include "common/numbers.hpp"
+#include "launcher/cli/options_parse.hpp"
+#include "rendezvous/core/job_keys.hpp"
 
 namespace ddprun::launcher::cli {
 namespace {
 
-// Every flag ddprun accepts. Dashes and underscores are interchangeable after the leading "--".
+using namespace options_detail;
+
+// Every flag ddprun accepts, in --help order; a row's value is applied after those above it.
+// Dashes and underscores are interchangeable after the leading "--".
 constexpr FlagDef kFlagTable[] = {
-    {"--nproc_per_node", nullptr, "nproc_per_node", true, "1",
-     "workers on this node: a number, 'cpu' (one per CPU), 'gpu' or 'cuda' (one per visible NVIDIA GPU, or AMD GPU "
-     "under ROCm), 'xpu' (one per visible Intel GPU) or 'auto' (GPUs if any, else CPUs)"},
-    {"--nnodes", nullptr, "nnodes", true, "1", "number of nodes, N or MIN:MAX (ranges with --rdzv_backend c10d or etcd)"},
-    {"--node_rank", nullptr, "node_rank", true, "0", "rank of this node, 0..nnodes-1 (static rendezvous)"},
-    {"--master_addr", nullptr, "master_addr", true, "127.0.0.1",
-     "address of node 0, where the store runs; MASTER_ADDR of the workers"},
-    {"--master_port", nullptr, "master_port", true, "a kernel-picked free port on one node, 29500 on several",
-     "port of the store on node 0"},
-    {"--standalone", nullptr, "standalone", false, "off",
-     "single-node job with an automatic store port and run id (ddprun's default anyway)"},
-    {"--rdzv_backend", nullptr, "rdzv_backend", true, "static",
-     "static (each node gives --node_rank), c10d (nodes join --rdzv_endpoint without ranks; --nnodes MIN:MAX) or "
-     "etcd (the same through an etcd v3 cluster: no single point of failure)"},
-    {"--rdzv_endpoint", nullptr, "rdzv_endpoint", true, "(node 0 hosts it at master_addr:master_port)",
-     "a ddprun-rendezvous daemon, host[:port] (port 29400 if omitted), to rendezvous through; many jobs can share "
-     "one. With etcd: the cluster's client URLs, host:port[,host:port...] (http:// or https:// optional)"},
-    {"--rdzv_id", "--run_id", "rdzv_id", true, "none", "job id shared by all nodes; TORCHELASTIC_RUN_ID"},
-    {"--rdzv_conf", nullptr, "rdzv_conf", true, "", "rendezvous settings k1=v1,k2=v2: join_timeout=600, last_call_timeout=30, keep_alive_interval=5, "
-     "keep_alive_max_attempt=3, token_file=PATH (the rendezvous secret, or this job's token; also "
-     "DDPRUN_TOKEN_FILE). With etcd: key_prefix=/ddprun/, lease_ttl=10, etcd_user=NAME, etcd_password_file=PATH, "
-     "etcd_ca_file=PATH (https), etcd_cert_file=PATH, etcd_key_file=PATH (client certificate), protocol=http|https"},
-    {"--max_restarts", nullptr, "max_restarts", true, "0", "times the worker group is restarted after a failure or a hang"},
-    {"--hang_timeout", nullptr, "hang_timeout", true, "0 (off)",
+    {"--nproc_per_node", nullptr, "N",
+     "workers on this node: a number, `cpu` (one per CPU), `gpu` or `cuda` (one per visible GPU of PyTorch's `cuda` "
+     "type: NVIDIA's, honouring `CUDA_VISIBLE_DEVICES`, or AMD's under ROCm, from the KFD topology in "
+     "`/sys/class/kfd`, honouring `HIP_VISIBLE_DEVICES` and `ROCR_VISIBLE_DEVICES`), `xpu` (one per Intel GPU: "
+     "render nodes of vendor 0x8086 under `/sys/class/drm`, or the entries of `ZE_AFFINITY_MASK`), `auto` (GPUs if "
+     "any, else CPUs)",
+     [](const LaunchOptions& d) { return d.nproc_spec; }, "", apply_nproc_per_node},
+    {"--nnodes", nullptr, "N", "number of nodes, `N` or `MIN:MAX` (ranges with `--rdzv_backend` c10d or etcd)",
+     [](const LaunchOptions& d) { return std::to_string(d.max_nodes); }, "", apply_nnodes, nullptr, false,
+     "[Several nodes](multi-node.md#several-nodes)"},
+    {"--node_rank", nullptr, "N", "rank of this node, `0..nnodes-1` (with c10d: an ordering hint)",
+     [](const LaunchOptions& d) { return std::to_string(d.node_rank); }, "",
+     [](const FlagInput& in, LaunchOptions& o) {
+       o.node_rank = static_cast<int>(parse_int(in.flag, trim(in.text), 0, o.max_nodes - 1,
+                                                "a node rank from 0 to " + std::to_string(o.max_nodes - 1) +
+                                                    " (--nnodes is " + std::to_string(o.max_nodes) + ")"));
+       o.node_rank_given = true;
+     }},
+    {"--master_addr", nullptr, "ADDR", "address of the store; `MASTER_ADDR` of the workers (`[::1]` style accepted)",
+     [](const LaunchOptions& d) { return d.master_addr; }, "",
+     [](const FlagInput& in, LaunchOptions& o) {
+       o.master_addr = trim(in.text);
+       // torchrun accepts IPv6 in brackets.
+       if (o.master_addr.size() > 2 && o.master_addr.front() == '[' && o.master_addr.back() == ']') {
+         o.master_addr = o.master_addr.substr(1, o.master_addr.size() - 2);
+       }
+       if (o.master_addr.empty()) bad(in.flag, "a host name or address", in.text);
+     }},
+    {"--master_port", nullptr, "PORT", "port of the store; on one node `0` or unset lets the kernel pick a free one",
+     nullptr, "kernel-picked (one node), `29500` (several)",
+     [](const FlagInput& in, LaunchOptions& o) {
+       const auto port = parse_int(in.flag, trim(in.text), 0, 65535, "a port from 0 to 65535");
+       if (port != 0) o.master_port = static_cast<uint16_t>(port);
+     }},
+    {"--standalone", nullptr, nullptr,
+     "a single-node job with an automatic store port and run id: ddprun's default anyway (accepted for torchrun "
+     "compatibility)",
+     nullptr, "off", [](const FlagInput&, LaunchOptions& o) { o.standalone = true; }},
+    {"--rdzv_backend", nullptr, "NAME",
+     "`static` (each node gives `--node_rank`), `c10d` (nodes join `--rdzv_endpoint` without ranks; `--nnodes "
+     "MIN:MAX`) or `etcd` (the same through an etcd v3 cluster: no single point of failure)",
+     [](const LaunchOptions& d) { return std::string(rdzv_backend_name(d.rdzv_backend)); }, "", apply_rdzv_backend,
+     nullptr, false, "[On etcd](multi-node.md#on-etcd-v3---rdzv_backend-etcd)"},
+    {"--rdzv_endpoint", nullptr, "HOST:PORT",
+     "a `ddprun-rendezvous` daemon `host[:port]` (port 29400 if omitted) to rendezvous through; many jobs can share "
+     "one. With etcd: the cluster's client URLs `host:port[,host:port...]` (`http://` or `https://` optional)",
+     nullptr, "node 0 hosts it at `master_addr:master_port`", apply_rdzv_endpoint},
+    {"--rdzv_id", "--run_id", "ID",
+     "job id shared by all nodes (letters, digits and `. _ - :`); `TORCHELASTIC_RUN_ID`, and the name of the log "
+     "directory. The same id can be run again on a shared daemon",
+     [](const LaunchOptions& d) { return d.run_id; }, "",
+     [](const FlagInput& in, LaunchOptions& o) {
+       o.run_id = trim(in.text);
+       std::string why;
+       if (!rdzv::jobs::valid_run_id(o.run_id, &why)) {
+         throw ConfigError(in.flag + ": '" + o.run_id + "' cannot name a job: " + why);
+       }
+     }},
+    {"--rdzv_conf", nullptr, "KEY=VALUE,...",
+     "rendezvous settings `k1=v1,k2=v2` (the keys are listed below); a key one or two edits from a known one is an "
+     "error that names it (`jion_timeout`: did you mean `join_timeout`?), any other unknown key is ignored with a "
+     "warning, as torchrun ignores it (Kubeflow's `PET_RDZV_CONF` passes through what the user wrote)",
+     nullptr, "", apply_rdzv_conf, nullptr, false, "[the keys](#--rdzv_conf-keys)"},
+    {"--max_restarts", nullptr, "N", "times the worker group is restarted after a failure or a hang",
+     [](const LaunchOptions& d) { return std::to_string(d.max_restarts); }, "",
+     [](const FlagInput& in, LaunchOptions& o) {
+       o.max_restarts = static_cast<int>(parse_int(in.flag, trim(in.text), 0, 1 << 20, "a whole number >= 0"));
+     }},
+    {"--hang_timeout", nullptr, "SECONDS",
      "seconds without progress from any rank after which the job is hung: every rank's stacks are captured and "
-     "reported, then the job is stopped (exit code 124) or restarted (--max_restarts)"},
-    {"--straggler_factor", nullptr, "straggler_factor", true, "1.5",
-     "warn when a rank's compute time per step stays above this multiple of the median rank's (0: never)"},
-    {"--monitor_interval", nullptr, "monitor_interval", true, "0.1",
-     "accepted for torchrun compatibility: worker exits are seen at once (SIGCHLD) and other nodes are "
-     "checked every keep_alive_interval (--rdzv_conf)"},
-    {"--role", nullptr, "role", true, "default", "worker role; ROLE_NAME"},
-    {"--log_dir", nullptr, "log_dir", true, "(temporary directory)",
-     "base directory for per-rank logs: LOG_DIR/RUN_ID_XXXX/attempt_K/LOCAL_RANK/{stdout,stderr}.log"},
-    {"--report_file", nullptr, "report_file", true, "(none; DDPRUN_REPORT_FILE)",
-     "write how the job ended as one JSON document to this path at the end of every job (schema "
-     "ddprun-report/1 in docs/guide.md); {host} in the path is this host's name"},
-    {"--redirects", "-r", "redirects", true, "0",
-     "send worker output to log files only: 0 none, 1 stdout, 2 stderr, 3 both, or per local rank '0:1,1:3'"},
-    {"--tee", "-t", "tee", true, "0", "like --redirects, but also to the console"},
-    {"--local_ranks_filter", nullptr, "local_ranks_filter", true, "(all)",
-     "show only these local ranks on the console, e.g. '0' or '0,3' (log files keep everything)"},
-    {"--duplicate_stdout_filters", nullptr, "duplicate_stdout_filters", true, "(none)",
-     "lines of the workers' stdout containing one of these comma-separated substrings (',,' for a comma) also go "
-     "to filtered_stdout.log in the attempt's log directory, prefixed as on the console"},
-    {"--duplicate_stderr_filters", nullptr, "duplicate_stderr_filters", true, "(none)",
-     "the same for stderr, into filtered_stderr.log"},
-    {"--merge_lines", nullptr, "merge_lines", false, "off",
-     "print a console line that several ranks write within 1 second once, prefixed with all of them "
-     "('[rank0-7]: ...'); --merge_lines=SECONDS sets the window (each rank's lines keep their order; log files "
-     "keep every line)",
-     true},
-    {"--no_python", nullptr, "no_python", false, "off", "run the program directly even if it ends in .py"},
-    {"--module", "-m", "module", false, "off", "run the program as a Python module (python -m)"},
-    {"--run_path", nullptr, "run_path", false, "off",
-     "run the program as a Python script whatever its name (torchrun's runpy.run_path; before --no_python)"},
-    {"--preload", nullptr, "preload", true, "(none; DDPRUN_PRELOAD)",
-     "Python modules (comma-separated, e.g. torch) one interpreter per node imports once; each Python worker is "
-     "then forked from it instead of started anew, and restarts fork again without importing"},
-    {"--local_rank_arg", nullptr, "local_rank_arg", false, "off",
-     "pass --local_rank=N as the program's first argument, as torch.distributed.launch 1.x did (scripts that read "
-     "--local_rank from argv run unchanged); --local_rank_arg=dash passes --local-rank=N, as 2.x does",
-     true},
-    {"--use_env", nullptr, "use_env", false, "off",
-     "accepted for torch.distributed.launch compatibility: the workers always get LOCAL_RANK in their environment"},
-    {"--local_addr", nullptr, "local_addr", true, "(fully qualified host name)", "address of this node that other nodes use"},
-    {"--signals_to_handle", nullptr, "signals_to_handle", true, "SIGTERM,SIGINT,SIGHUP,SIGQUIT",
-     "signals forwarded to every worker; SIGTERM/SIGINT/SIGHUP/SIGQUIT also stop the job, others "
-     "(e.g. SIGUSR1) are only forwarded"},
-    {"--shutdown_timeout", nullptr, "shutdown_timeout", true, "30",
-     "seconds between SIGTERM and SIGKILL when stopping workers"},
-    {"--virtual_local_rank", nullptr, "virtual_local_rank", false, "off",
-     "give each worker one GPU (CUDA_VISIBLE_DEVICES; HIP_VISIBLE_DEVICES on AMD, ZE_AFFINITY_MASK on Intel) and "
-     "LOCAL_RANK=0, so no rank touches another's GPU"},
-    {"--numa_binding", nullptr, "numa_binding", true, "(off)",
-     "bind each local rank's CPUs and memory: node (its NUMA node's CPUs), socket (its socket's), exclusive (its "
-     "even share of the node's physical cores), core-complex (a group of cores sharing the last-level cache); the "
-     "node is the GPU's own for GPU workers, an even split of the NUMA nodes for CPU workers"},
-    {"--log_line_prefix_template", nullptr, "log_line_prefix_template", true, "[rank${rank}]: ",
-     "prefix of each console line; ${rank}, ${local_rank}, ${role_name}, ${hostname} (or ${host}) are "
-     "replaced"},
-    {"--start_method", nullptr, "start_method", true, "spawn", "accepted for torchrun compatibility; ignored"},
-    {"--event_log_handler", nullptr, "event_log_handler", true, "null",
-     "torchrun's event handler: null or console (ddprun's events are its log lines and --report_file either way)"},
-    {"--logs_specs", nullptr, "logs_specs", true, "default",
-     "torchrun's log layout plug-in: only 'default', the layout --log_dir describes, which ddprun writes"},
+     "reported, then the job stops (exit code 124) or restarts (`--max_restarts`); 0 or at least 2",
+     [](const LaunchOptions& d) { return seconds_text(d.hang_timeout) + (d.hang_timeout.count() == 0 ? " (off)" : ""); },
+     "",
+     [](const FlagInput& in, LaunchOptions& o) {
+       o.hang_timeout = parse_seconds(in.flag, trim(in.text), true);
+       if (o.hang_timeout.count() > 0 && o.hang_timeout < std::chrono::seconds(2)) {
+         bad(in.flag, "0 (off) or at least 2 seconds", in.text);
+       }
+     },
+     nullptr, false, "[Hangs](#hangs---hang_timeout)"},
+    {"--straggler_factor", nullptr, "FACTOR",
+     "warn when a rank's compute time per step stays above this multiple of the median rank's for 3 checks in a "
+     "row; `0` never warns",
+     [](const LaunchOptions& d) { return number_text(d.straggler_factor); }, "",
+     [](const FlagInput& in, LaunchOptions& o) {
+       const auto v = to_double(trim(in.text));
+       if (!v || !(*v == 0 || (*v > 1 && *v < 1000))) bad(in.flag, "0 (off) or a factor above 1, such as 1.5", in.text);
+       o.straggler_factor = *v;
+     }},
+    {"--monitor_interval", nullptr, "SECONDS",
+     "accepted for torchrun compatibility: worker exits are seen at once (SIGCHLD), other nodes are checked every "
+     "`keep_alive_interval` (`--rdzv_conf`)",
+     nullptr, "`0.1`",
+     // A malformed value is still an error.
+     [](const FlagInput& in, LaunchOptions&) { parse_seconds(in.flag, trim(in.text), false); }},
+    {"--role", nullptr, "NAME", "`ROLE_NAME` of the workers", [](const LaunchOptions& d) { return d.role; }, "",
+     [](const FlagInput& in, LaunchOptions& o) {
+       o.role = trim(in.text);
+       if (o.role.empty()) bad(in.flag, "a non-empty role name", in.text);
+     }},
+    {"--log_dir", nullptr, "DIR",
+     "base directory of per-rank logs: `LOG_DIR/RUN_ID_XXXXXXXX/attempt_K/LOCAL_RANK/{stdout.log,stderr.log,"
+     "error.json}`",
+     nullptr, "a temporary directory", [](const FlagInput& in, LaunchOptions& o) { o.log_dir = in.text; }},
+    {"--report_file", nullptr, "PATH",
+     "at the end of every job, how it ended as one JSON document at this path (schema `ddprun-report/1`); `{host}` "
+     "in the path is this host's name",
+     nullptr, "none",
+     [](const FlagInput& in, LaunchOptions& o) {
+       o.report_file = trim(in.text);
+       if (o.report_file.empty()) bad(in.flag, "a file path", in.text);
+     },
+     "DDPRUN_REPORT_FILE", false, "[the report file](#the-report-file---report_file)"},
+    {"--redirects", "-r", "MODE",
+     "worker output to log files only: `0` none, `1` stdout, `2` stderr, `3` both, or per local rank `0:1,1:3`",
+     [](const LaunchOptions& d) { return streams_text(d.redirects); }, "",
+     [](const FlagInput& in, LaunchOptions& o) { o.redirects = parse_streams(in.flag, in.text); }},
+    {"--tee", "-t", "MODE", "like `--redirects`, but also to the console",
+     [](const LaunchOptions& d) { return streams_text(d.tee); }, "",
+     [](const FlagInput& in, LaunchOptions& o) { o.tee = parse_streams(in.flag, in.text); }},
+    {"--local_ranks_filter", nullptr, "RANKS",
+     "show only these local ranks on the console, e.g. `0` or `0,3` (log files keep everything)", nullptr, "all",
+     [](const FlagInput& in, LaunchOptions& o) {
+       if (trim(in.text).empty()) return;
+       std::set<int> ranks;
+       for (const std::string& r : split(in.text, ',')) {
+         ranks.insert(static_cast<int>(
+             parse_int(in.flag, r, 0, 1 << 20, "comma-separated local ranks such as '0' or '0,2'")));
+       }
+       o.local_ranks_filter = std::move(ranks);
+     }},
+    {"--duplicate_stdout_filters", nullptr, "FILTERS",
+     "lines of the workers' stdout that contain one of these comma-separated substrings (`,,` is a comma inside "
+     "one) also go to `filtered_stdout.log` in the attempt's log directory, prefixed as on the console, every rank's "
+     "in one file (torchrun's `--duplicate-stdout-filters`); the console and the rank logs are unchanged, and the "
+     "run directory is kept",
+     nullptr, "none",
+     [](const FlagInput& in, LaunchOptions& o) { o.duplicate_stdout_filters = parse_filters(in.flag, in.text); }},
+    {"--duplicate_stderr_filters", nullptr, "FILTERS", "the same for stderr, into `filtered_stderr.log`", nullptr,
+     "none",
+     [](const FlagInput& in, LaunchOptions& o) { o.duplicate_stderr_filters = parse_filters(in.flag, in.text); }},
+    {"--merge_lines", nullptr, "SECONDS",
+     "print a console line that several ranks of the node write within the window (1 s; at most 60) once, prefixed "
+     "with all of them: `[rank0-7]: epoch 3 done` (the `--log_line_prefix_template` with the ranks as ranges); "
+     "`--merge_lines=SECONDS` sets the window. Each rank's lines keep their order, lines wait up to the window, and "
+     "log files keep every rank's lines as written",
+     nullptr, "off",
+     [](const FlagInput& in, LaunchOptions& o) {
+       o.merge_lines = parse_seconds(in.flag, trim(in.text), true);
+       if (o.merge_lines > std::chrono::minutes(1)) {
+         bad(in.flag, "a window of at most 60 seconds (the console waits that long for each line)", in.text);
+       }
+     },
+     nullptr, true},
+    {"--no_python", nullptr, nullptr, "run the program directly even if it ends in `.py`", nullptr, "off",
+     [](const FlagInput&, LaunchOptions& o) { o.no_python = true; }},
+    {"--module", "-m", nullptr, "run the program as a Python module (`python -m`)", nullptr, "off",
+     [](const FlagInput&, LaunchOptions& o) { o.module = true; }},
+    {"--run_path", nullptr, nullptr,
+     "run the program as a Python script whatever its name, as torchrun's `--run-path` runs it with "
+     "`runpy.run_path`; wins over `--no_python`",
+     nullptr, "off", [](const FlagInput&, LaunchOptions& o) { o.run_path = true; }},
+    {"--preload", nullptr, "MODULES",
+     "Python modules (comma-separated, e.g. `torch`) that one interpreter per node imports once; Python workers are "
+     "then forked from it instead of started anew, restarts included",
+     nullptr, "none", [](const FlagInput& in, LaunchOptions& o) { o.preload = parse_preload(in.flag, in.text); },
+     "DDPRUN_PRELOAD", false, "[`--preload`](#python-workers-that-start-at-once---preload)"},
+    {"--local_rank_arg", nullptr, "FORM",
+     "pass `--local_rank=N` as the program's first argument, exactly as `torch.distributed.launch` (1.x) did, so "
+     "scripts that read `--local_rank` from argv run unchanged; `--local_rank_arg=dash` passes `--local-rank=N`, as "
+     "2.x does (`=underscore` is the 1.x form)",
+     nullptr, "off",
+     [](const FlagInput& in, LaunchOptions& o) {
+       const std::string v = trim(in.text);
+       if (v == "1" || v == "underscore") {
+         o.local_rank_arg = LocalRankArg::Underscore;
+       } else if (v == "dash") {
+         o.local_rank_arg = LocalRankArg::Dash;
+       } else {
+         bad(in.flag, "no value (--local_rank=N, torch.distributed.launch 1.x), 'underscore' (the same) or 'dash' "
+             "(--local-rank=N, 2.x)", in.text);
+       }
+     },
+     nullptr, true},
+    {"--use_env", nullptr, nullptr,
+     "accepted for `torch.distributed.launch` compatibility (the workers always get `LOCAL_RANK` in their "
+     "environment); contradicts `--local_rank_arg`",
+     nullptr, "off", [](const FlagInput&, LaunchOptions& o) { o.use_env = true; }},
+    {"--local_addr", nullptr, "ADDR",
+     "this node's address, used as `MASTER_ADDR` and by the other nodes, as torchrun's (`socket.getfqdn()`: a "
+     "Kubernetes pod with a subdomain is reachable by that name only)",
+     nullptr, "this host's fully qualified name (node 0 of a static job: `--master_addr`)",
+     [](const FlagInput& in, LaunchOptions& o) { o.local_addr = trim(in.text); }},
+    {"--signals_to_handle", nullptr, "SIGNALS",
+     "signals forwarded to every worker's process group. SIGTERM/SIGINT/SIGHUP/SIGQUIT also stop the job; others "
+     "(`SIGUSR1`, `SIGUSR2`, e.g. for Slurm preemption) are only forwarded",
+     [](const LaunchOptions& d) { return signals_text(d.signals_to_handle); }, "", apply_signals},
+    {"--shutdown_timeout", nullptr, "SECONDS", "seconds between the stop signal and SIGKILL",
+     [](const LaunchOptions& d) { return seconds_text(d.shutdown_timeout); }, "",
+     [](const FlagInput& in, LaunchOptions& o) { o.shutdown_timeout = parse_seconds(in.flag, trim(in.text), true); },
+     "TORCH_ELASTIC_SHUTDOWN_TIMEOUT"},
+    {"--virtual_local_rank", nullptr, nullptr,
+     "each worker sees exactly one GPU and gets `LOCAL_RANK=0`, so no rank creates a context on GPU 0: in "
+     "`CUDA_VISIBLE_DEVICES` on NVIDIA, `HIP_VISIBLE_DEVICES` on AMD (within `ROCR_VISIBLE_DEVICES`, left as it "
+     "is), `ZE_AFFINITY_MASK` on Intel",
+     nullptr, "off", [](const FlagInput&, LaunchOptions& o) { o.virtual_local_rank = true; }},
+    {"--numa_binding", nullptr, "MODE",
+     "bind each local rank's CPUs and memory: `node` (its NUMA node's CPUs), `socket` (its socket's), `exclusive` "
+     "(its even share of the node's physical cores) or `core-complex` (a group of cores sharing the last-level "
+     "cache); the node is the GPU's own for GPU workers, an even split of the NUMA nodes for CPU workers",
+     nullptr, "off",
+     [](const FlagInput& in, LaunchOptions& o) {
+       const auto mode = workers::parse_numa_binding(trim(in.text));
+       if (!mode) bad(in.flag, "node, socket, exclusive or core-complex", in.text);
+       o.numa_binding = *mode;
+     },
+     nullptr, false, "[placement](#cpu-and-memory-placement---numa_binding)"},
+    {"--log_line_prefix_template", nullptr, "TEMPLATE",
+     "console prefix of each line; `${rank}`, `${local_rank}`, `${role_name}`, `${hostname}` (torchrun's "
+     "spelling; `${host}` also works) are replaced",
+     [](const LaunchOptions& d) { return d.log_line_prefix; }, "",
+     [](const FlagInput& in, LaunchOptions& o) { o.log_line_prefix = in.text; },
+     "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"},
+    {"--start_method", nullptr, "METHOD", "accepted for torchrun compatibility; ignored", nullptr, "`spawn`",
+     [](const FlagInput&, LaunchOptions&) {}},
+    {"--event_log_handler", nullptr, "NAME",
+     "torchrun's event handler: `null` or `console` are accepted (ddprun's events are its log lines and the "
+     "`--report_file` document either way); another name is an error that says so",
+     nullptr, "`null`",
+     [](const FlagInput& in, LaunchOptions&) {
+       const std::string v = trim(in.text);
+       if (v != "null" && v != "console") {
+         bad(in.flag, "'null' or 'console' (ddprun has no registry of Python event handlers: its events are its log "
+             "lines on stderr and the --report_file JSON document)", v);
+       }
+     }},
+    {"--logs_specs", nullptr, "NAME",
+     "torchrun's log-layout plug-in: `default` (the layout `--log_dir` describes, which ddprun writes); another name "
+     "is an error (ddprun loads no Python entry points)",
+     nullptr, "`default`",
+     [](const FlagInput& in, LaunchOptions&) {
+       if (trim(in.text) != "default") {
+         bad(in.flag, "'default' (ddprun cannot load Python entry points; it writes torchrun's default layout: set "
+             "where with --log_dir and what with --redirects and --tee)", in.text);
+       }
+     }},
 };
 
 }  // namespace
+
+std::string FlagDef::default_text() const { return shown ? shown(LaunchOptions{}) : std::string(note); }
 
 std::span<const FlagDef> flag_table() { return kFlagTable; }
 
@@ -124,12 +292,14 @@ std::string usage_text() {
          "Dashes and underscores are interchangeable; each flag also reads PET_<NAME> from the environment.\n";
   for (const FlagDef& f : kFlagTable) {
     std::string names = f.alias ? std::string(f.alias) + ", " + f.name : std::string(f.name);
-    if (f.takes_value) names += " VALUE";
-    out << "  " << names << "\n      " << f.help;
-    if (*f.default_text != '\0') out << " (default: " << f.default_text << ")";
+    if (f.takes_value()) names += std::string(" ") + f.value;
+    out << "  " << names << "\n      " << command_line::plain(f.help);
+    if (f.env) out << "; also read from " << f.env;
+    if (const std::string shown = command_line::plain(f.default_text()); !shown.empty()) out << " (default: " << shown << ")";
     out << "\n";
   }
-  out << "  -h, --help\n      show this help\n  --version\n      print the version\n\n"
+  out << "  -h, --help\n      show this help (--help=markdown: the flags as a Markdown table)\n"
+         "  --version\n      print the version\n\n"
          "--rdzv_conf keys (KEY=VALUE,...; a near miss of one is an error, other keys are ignored with a warning):\n";
   for (const RdzvConfKey& k : rdzv_conf_keys()) {
     out << "  " << k.name;
@@ -144,23 +314,27 @@ std::string usage_text() {
   return out.str();
 }
 
-namespace {
-
-std::string upper_text(std::string s) {
-  for (char& c : s) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
-  return s;
+std::string flag_table_markdown() {
+  auto code = [](const std::string& s) { return "`" + s + "`"; };
+  std::string out = "| flag | default | meaning |\n|---|---|---|\n";
+  for (const FlagDef& f : kFlagTable) {
+    std::string name = f.name;
+    if (f.optional_value) name += std::string("[=") + f.value + "]";
+    std::string names = code(name);
+    if (f.alias) names = std::string(f.alias).rfind("--", 0) == 0 ? names + ", " + code(f.alias) : code(f.alias) + ", " + names;
+    std::string meaning = f.help;
+    if (f.env) meaning += std::string(" (also `") + f.env + "`; the flag wins)";
+    if (f.see) meaning += std::string("; see ") + f.see;
+    out += command_line::markdown_row({names, f.shown ? command_line::markdown_default(f.shown(LaunchOptions{})) : f.note,
+                                       meaning}) + "\n";
+  }
+  out += command_line::markdown_row({"`-h`, `--help` / `--version`", "",
+                                     "every flag with its default (`--help=markdown`: this table) / the version"}) + "\n";
+  return out;
 }
-
-std::string trimmed(const std::string& s) {
-  const auto b = s.find_first_not_of(" \t");
-  if (b == std::string::npos) return "";
-  return s.substr(b, s.find_last_not_of(" \t") - b + 1);
-}
-
-}  // namespace
 
 int parse_signal(const std::string& text, const std::string& flag) {
-  const std::string t = upper_text(trimmed(text));
+  const std::string t = upper(trim(text));
   if (!t.empty() && std::all_of(t.begin(), t.end(), ::isdigit)) {
     const int n = t.size() <= 2 ? std::stoi(t) : 0;
     if (n >= 1 && n <= 64) return n;

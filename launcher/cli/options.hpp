@@ -1,11 +1,13 @@
 #pragma once
 // ddprun's command line: torchrun's flags (both spellings, e.g. --nproc_per_node and
-// --nproc-per-node) with PET_* environment fallbacks, turned into LaunchOptions in three steps:
-// tokenize argv, fill in from the environment (PET_*, then Slurm's layout), resolve and check.
+// --nproc-per-node) with PET_* environment fallbacks, turned into LaunchOptions in four steps:
+// tokenize argv; fill in from the environment (PET_*, each flag's other variable, then Slurm's
+// layout); apply each flag's value through its row of the flag table (flags.hpp); check.
 // Pure: reads only what it is given, so tests drive it with fake argv and environments. Throws
 // ConfigError with a message naming the flag (as the user wrote it) and the accepted values.
 
 #include <chrono>
+#include <csignal>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -129,8 +131,9 @@ struct LaunchOptions {
   // --local_rank=N (Underscore, torch.distributed.launch 1.x) or --local-rank=N (Dash, 2.x) before
   // the program's own arguments.
   LocalRankArg local_rank_arg = LocalRankArg::None;
+  bool use_env = false;  // --use_env: torch.distributed.launch's "no --local_rank argument"
   std::string local_addr;
-  std::vector<int> signals_to_handle;  // signal numbers
+  std::vector<int> signals_to_handle{SIGTERM, SIGINT, SIGHUP, SIGQUIT};  // signal numbers
   std::chrono::milliseconds shutdown_timeout{std::chrono::seconds(30)};
   bool virtual_local_rank = false;
   NumaBinding numa_binding = NumaBinding::Off;  // --numa_binding
@@ -140,6 +143,7 @@ struct LaunchOptions {
   std::vector<std::string> program_args;
 
   bool help = false;
+  bool help_markdown = false;  // --help=markdown: the flag table for the docs
   bool version = false;
 
   bool operator==(const LaunchOptions&) const = default;

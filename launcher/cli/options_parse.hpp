@@ -1,8 +1,10 @@
 #pragma once
-// Inside parse_options (options.cpp, options_rendezvous.cpp, host_facts.cpp): what the command line and the
-// environment gave, and the checks every flag's value goes through. Not for use elsewhere.
+// Inside parse_options (options.cpp, options_rendezvous.cpp, host_facts.cpp) and the flag table
+// (flags.cpp): what the command line and the environment gave, the checks every flag's value goes
+// through, and the conversions of the flags whose rows do more than a line. Not for use elsewhere.
 
 #include <chrono>
+#include <cstdio>
 #include <map>
 #include <sstream>
 #include <string>
@@ -10,6 +12,7 @@
 
 #include "common/errors.hpp"
 #include "common/numbers.hpp"
+#include "launcher/cli/flags.hpp"
 #include "launcher/cli/options.hpp"
 
 namespace ddprun::launcher::cli::options_detail {
@@ -52,6 +55,20 @@ inline std::string lower(std::string s) {
   return s;
 }
 
+inline std::string upper(std::string s) {
+  for (char& c : s) c = static_cast<char>(c >= 'a' && c <= 'z' ? c - 'a' + 'A' : c);
+  return s;
+}
+
+// 1.5 -> "1.5", 30.0 -> "30": a number as the user would write it.
+inline std::string number_text(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%g", v);
+  return buf;
+}
+
+inline std::string seconds_text(std::chrono::milliseconds ms) { return number_text(static_cast<double>(ms.count()) / 1000); }
+
 // torchrun's RendezvousParameters.get_as_bool: 1/true/yes/on or 0/false/no/off, any case.
 inline bool parse_bool(const std::string& flag, const std::string& text) {
   const std::string v = lower(trim(text));
@@ -68,11 +85,12 @@ struct Given {
   std::string program;
   std::vector<std::string> program_args;
   bool help = false;
+  bool help_markdown = false;
   bool version = false;
 
-  bool has(const char* dest) const { return values.count(dest) != 0; }
-  const std::string& operator[](const char* dest) const { return values.at(dest); }
-  std::string flag(const char* dest) const {
+  bool has(const std::string& dest) const { return values.count(dest) != 0; }
+  const std::string& operator[](const std::string& dest) const { return values.at(dest); }
+  std::string flag(const std::string& dest) const {
     auto it = spelled.find(dest);
     return it != spelled.end() ? it->second : std::string("--") + dest;
   }
@@ -82,7 +100,21 @@ struct Given {
   }
 };
 
-// 3b. How the nodes find each other (options_rendezvous.cpp).
-void resolve_rendezvous(const Given& g, const EnvLookup& env, LaunchOptions& o);
+// The values of --redirects/--tee, the duplicate filters, --preload and --signals_to_handle, as
+// given and as shown (options.cpp).
+StreamSelection parse_streams(const std::string& flag, const std::string& text);
+std::string streams_text(const StreamSelection& s);
+std::vector<std::string> parse_filters(const std::string& flag, const std::string& text);
+std::vector<std::string> parse_preload(const std::string& where, const std::string& text);
+std::string signals_text(const std::vector<int>& signals);
+
+// The rows that need more than a line (options.cpp: the layout; options_rendezvous.cpp: how the
+// nodes find each other).
+void apply_nproc_per_node(const FlagInput& in, LaunchOptions& o);
+void apply_nnodes(const FlagInput& in, LaunchOptions& o);
+void apply_signals(const FlagInput& in, LaunchOptions& o);
+void apply_rdzv_backend(const FlagInput& in, LaunchOptions& o);
+void apply_rdzv_endpoint(const FlagInput& in, LaunchOptions& o);
+void apply_rdzv_conf(const FlagInput& in, LaunchOptions& o);
 
 }  // namespace ddprun::launcher::cli::options_detail

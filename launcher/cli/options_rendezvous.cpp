@@ -1,12 +1,12 @@
-// parse_options, step 3b: how the nodes find each other (options.cpp has the other steps), and the
-// table of --rdzv_conf keys: each key's spellings, meaning and what its value does, in one place.
+// How the nodes find each other: the rows of --rdzv_backend, --rdzv_endpoint and --rdzv_conf (the
+// flag table is flags.cpp), and the table of --rdzv_conf keys: each key's spellings, meaning and what
+// its value does, in one place.
 #include <algorithm>
 #include <string_view>
 
 #include "launcher/rendezvous/etcd/etcd_endpoint.hpp"
 #include "launcher/cli/flags.hpp"
 #include "launcher/cli/options_parse.hpp"
-#include "rendezvous/core/job_keys.hpp"
 
 namespace ddprun::launcher::cli {
 
@@ -18,6 +18,7 @@ using options_detail::lower;
 using options_detail::parse_bool;
 using options_detail::parse_int;
 using options_detail::parse_seconds;
+
 // Every --rdzv_conf key torchrun 2.x accepts, and ddprun's own, in --help order.
 constexpr RdzvConfKey kRdzvConfKeys[] = {
     {"join_timeout", "timeout", false, "seconds a rendezvous may take before the node gives up (600)",
@@ -171,44 +172,49 @@ std::string nearest_rdzv_conf_key(const std::string& spelled) {
 }
 
 namespace options_detail {
-namespace {
 
-RdzvBackend parse_backend(const Given& g) {
-  const std::string v = trim(g["rdzv_backend"]);
-  if (v == "static") return RdzvBackend::Static;
-  if (v == "c10d") return RdzvBackend::C10d;
-  if (v == "etcd") return RdzvBackend::Etcd;
-  if (v == "etcd-v2") {
-    throw ConfigError(g.flag("rdzv_backend") + " etcd-v2: that is torchrun's backend for etcd's v2 API, which etcd "
-                      "3.4 disables and 3.6 removed; ddprun speaks etcd's v3 API: use --rdzv_backend etcd");
+void apply_rdzv_backend(const FlagInput& in, LaunchOptions& o) {
+  const std::string v = trim(in.text);
+  if (v == "static") {
+    o.rdzv_backend = RdzvBackend::Static;
+  } else if (v == "c10d") {
+    o.rdzv_backend = RdzvBackend::C10d;
+  } else if (v == "etcd") {
+    o.rdzv_backend = RdzvBackend::Etcd;
+  } else if (v == "etcd-v2") {
+    throw ConfigError(in.flag + " etcd-v2: that is torchrun's backend for etcd's v2 API, which etcd 3.4 disables "
+                      "and 3.6 removed; ddprun speaks etcd's v3 API: use --rdzv_backend etcd");
+  } else {
+    throw ConfigError(in.flag + ": expected 'static' (fixed --node_rank per node), 'c10d' (nodes join "
+                      "--rdzv_endpoint without ranks, --nnodes MIN:MAX) or 'etcd' (the same through an etcd v3 "
+                      "cluster), got '" + v + "'");
   }
-  throw ConfigError(g.flag("rdzv_backend") + ": expected 'static' (fixed --node_rank per node), 'c10d' "
-                    "(nodes join --rdzv_endpoint without ranks, --nnodes MIN:MAX) or 'etcd' (the same through "
-                    "an etcd v3 cluster), got '" + v + "'");
 }
 
+namespace {
+
 // --rdzv_backend etcd: host:port[,host:port...], each optionally http:// or https://
-void parse_etcd_endpoints(const Given& g, LaunchOptions& o) {
+void parse_etcd_endpoints(const std::string& flag, LaunchOptions& o) {
   for (const std::string& e : split(o.rdzv_endpoint, ',')) {
     if (e.empty()) continue;
     try {
       etcd::parse_endpoint(e);
     } catch (const ConfigError& err) {
-      throw ConfigError(g.flag("rdzv_endpoint") + ": " + err.what());
+      throw ConfigError(flag + ": " + err.what());
     }
     o.etcd.endpoints.push_back(e);
   }
 }
 
 // The store's address: host, host:port, [v6], [v6]:port
-void parse_store_endpoint(const Given& g, LaunchOptions& o) {
+void parse_store_endpoint(const std::string& flag, LaunchOptions& o) {
   const std::string expected = "host[:port] or [ipv6]:port";
   std::string host = o.rdzv_endpoint, port;
   if (host.front() == '[') {
     const auto close = host.find(']');
-    if (close == std::string::npos) bad(g.flag("rdzv_endpoint"), expected, o.rdzv_endpoint);
+    if (close == std::string::npos) bad(flag, expected, o.rdzv_endpoint);
     if (close + 1 < host.size()) {
-      if (host[close + 1] != ':') bad(g.flag("rdzv_endpoint"), expected, o.rdzv_endpoint);
+      if (host[close + 1] != ':') bad(flag, expected, o.rdzv_endpoint);
       port = host.substr(close + 2);
     }
     host = host.substr(1, close - 1);
@@ -216,19 +222,32 @@ void parse_store_endpoint(const Given& g, LaunchOptions& o) {
     port = host.substr(host.find(':') + 1);
     host = host.substr(0, host.find(':'));
   }
-  if (host.empty()) bad(g.flag("rdzv_endpoint"), expected, o.rdzv_endpoint);
+  if (host.empty()) bad(flag, expected, o.rdzv_endpoint);
   o.rdzv_endpoint_host = host;
   if (!port.empty()) {
-    o.rdzv_endpoint_port = static_cast<uint16_t>(
-        parse_int(g.flag("rdzv_endpoint"), port, 1, 65535, "host[:port] with a port from 1 to 65535"));
+    o.rdzv_endpoint_port =
+        static_cast<uint16_t>(parse_int(flag, port, 1, 65535, "host[:port] with a port from 1 to 65535"));
+  }
+}
+
+}  // namespace
+
+void apply_rdzv_endpoint(const FlagInput& in, LaunchOptions& o) {
+  if (trim(in.text).empty()) return;
+  o.rdzv_endpoint = trim(in.text);
+  if (o.rdzv_backend == RdzvBackend::Etcd) {
+    parse_etcd_endpoints(in.flag, o);
+  } else {
+    parse_store_endpoint(in.flag, o);
   }
 }
 
 // --rdzv_conf KEY=VALUE,...: each key through its entry of the table.
-void apply_rdzv_conf(const Given& g, LaunchOptions& o) {
-  for (const std::string& kv : split(g["rdzv_conf"], ',')) {
+void apply_rdzv_conf(const FlagInput& in, LaunchOptions& o) {
+  if (trim(in.text).empty()) return;
+  for (const std::string& kv : split(in.text, ',')) {
     const auto eq = kv.find('=');
-    if (eq == std::string::npos || eq == 0) bad(g.flag("rdzv_conf"), "key=value pairs separated by commas", kv);
+    if (eq == std::string::npos || eq == 0) bad(in.flag, "key=value pairs separated by commas", kv);
     o.rdzv_conf[trim(kv.substr(0, eq))] = trim(kv.substr(eq + 1));
   }
   for (const auto& [k, v] : o.rdzv_conf) {
@@ -242,14 +261,13 @@ void apply_rdzv_conf(const Given& g, LaunchOptions& o) {
       }
       std::string known;
       for (const RdzvConfKey& c : rdzv_conf_keys()) known += (known.empty() ? "" : ", ") + std::string(c.name);
-      throw ConfigError(g.flag("rdzv_conf") + ": unknown key '" + k + "': did you mean '" + near + "'? (known: " +
-                        known + ")");
+      throw ConfigError(in.flag + ": unknown key '" + k + "': did you mean '" + near + "'? (known: " + known + ")");
     }
     if (key->etcd_only && o.rdzv_backend != RdzvBackend::Etcd) {
-      throw ConfigError(g.flag("rdzv_conf") + " " + k + ": an etcd setting, but the rendezvous backend is '" +
+      throw ConfigError(in.flag + " " + k + ": an etcd setting, but the rendezvous backend is '" +
                         rdzv_backend_name(o.rdzv_backend) + "' (add --rdzv_backend etcd, or drop " + k + ")");
     }
-    key->apply(g.flag("rdzv_conf") + " " + k, v, o);
+    key->apply(in.flag + " " + k, v, o);
   }
   if (o.heartbeat_timeout) {
     // A node is lost after keep_alive_max_attempt missed keep-alives: as many as fit in the timeout.
@@ -257,31 +275,8 @@ void apply_rdzv_conf(const Given& g, LaunchOptions& o) {
     o.keep_alive_max_attempt = static_cast<int>(std::clamp<long long>(n, 1, 1000));
   }
   if (!o.etcd.user.empty() && o.etcd.password_file.empty()) {
-    throw ConfigError(g.flag("rdzv_conf") + ": etcd_user needs etcd_password_file=PATH (a file only you can read)");
+    throw ConfigError(in.flag + ": etcd_user needs etcd_password_file=PATH (a file only you can read)");
   }
-}
-
-}  // namespace
-
-void resolve_rendezvous(const Given& g, const EnvLookup& env, LaunchOptions& o) {
-  if (g.has("rdzv_backend")) o.rdzv_backend = parse_backend(g);
-  if (g.has("rdzv_endpoint") && !trim(g["rdzv_endpoint"]).empty()) {
-    o.rdzv_endpoint = trim(g["rdzv_endpoint"]);
-    if (o.rdzv_backend == RdzvBackend::Etcd) {
-      parse_etcd_endpoints(g, o);
-    } else {
-      parse_store_endpoint(g, o);
-    }
-  }
-  if (g.has("rdzv_id")) {
-    o.run_id = trim(g["rdzv_id"]);
-    std::string why;
-    if (!rdzv::jobs::valid_run_id(o.run_id, &why)) {
-      throw ConfigError(g.flag("rdzv_id") + ": '" + o.run_id + "' cannot name a job: " + why);
-    }
-  }
-  if (auto v = env("DDPRUN_TOKEN_FILE"); v && !v->empty()) o.token_file = *v;  // rdzv_conf token_file wins
-  if (g.has("rdzv_conf") && !trim(g["rdzv_conf"]).empty()) apply_rdzv_conf(g, o);
 }
 
 }  // namespace options_detail

@@ -48,43 +48,44 @@ std::optional<std::string> token_file_from_env() {
 }
 
 // One server flag. `shown` gives its default as --help prints it, from serve_defaults() (nullptr:
-// none to show; `note` says what there is instead).
+// `note` says what there is instead, or nothing).
 struct ServeFlag {
   const char* name;   // dashed spelling
   const char* value;  // the value's placeholder in --help; nullptr for a switch
-  const char* help;
+  const char* help;   // names and values in `backticks` (--help prints them plain)
   std::string (*shown)(const ServeConfig& defaults);
   void (*apply)(const std::string& flag, const std::string& value, ServeConfig& c);
+  const char* note = "";  // the default in words, where `shown` is nullptr
 };
 
 constexpr ServeFlag kServeFlags[] = {
     {"--host", "ADDR",
-     "address to listen on (\"::\" for IPv6 and IPv4); any other than loopback needs --token-file or --insecure",
+     "address to listen on (`::` for IPv6 and IPv4); any other than loopback needs `--token-file` or `--insecure`",
      [](const ServeConfig& d) { return d.options.host; },
      [](const std::string&, const std::string& v, ServeConfig& c) { c.options.host = v; }},
-    {"--port", "N", "port to listen on; 0 lets the kernel pick one",
+    {"--port", "N", "port to listen on; `0` lets the kernel pick one",
      [](const ServeConfig& d) { return std::to_string(d.options.port); },
      [](const std::string& f, const std::string& v, ServeConfig& c) {
        c.options.port = static_cast<uint16_t>(number(f, v, 65535));
      }},
-    {"--port-file", "PATH", "after binding, write the chosen port to PATH (for --port 0)", nullptr,
-     [](const std::string&, const std::string& v, ServeConfig& c) { c.port_file = v; }},
+    {"--port-file", "PATH", "after binding, write the chosen port to PATH, atomically (for `--port 0`)", nullptr,
+     [](const std::string&, const std::string& v, ServeConfig& c) { c.port_file = v; }, "none"},
     {"--token-file", "PATH",
      "protect the store with the secret in PATH (mode 600, yours): every client proves it (HMAC-SHA256 challenge) "
      "before any key operation, and is bound to one job's keys",
-     nullptr, [](const std::string&, const std::string& v, ServeConfig& c) { c.token_file = v; }},
+     nullptr, [](const std::string&, const std::string& v, ServeConfig& c) { c.token_file = v; }, "none"},
     {"--insecure", nullptr,
      "listen on a non-loopback address without a secret (anyone who reaches the port can read, change and end "
      "every job)",
-     nullptr, [](const std::string&, const std::string&, ServeConfig& c) { c.insecure = true; }},
+     nullptr, [](const std::string&, const std::string&, ServeConfig& c) { c.insecure = true; }, "off"},
     {"--handshake-timeout", "SECONDS",
-     "with --token-file: close a connection that has not proved the secret SECONDS after it connected",
+     "with `--token-file`: close a connection that has not proved the secret SECONDS after it connected",
      [](const ServeConfig& d) { return seconds_shown(d.options.handshake_timeout); },
      [](const std::string& f, const std::string& v, ServeConfig& c) {
        c.options.handshake_timeout = seconds(f, v, false, 3600, "in (0, 3600]");
      }},
     {"--max-pending-handshakes", "N",
-     "with --token-file: most connections not yet proven at once (at most a quarter of the descriptor limit); at "
+     "with `--token-file`: most connections not yet proven at once (at most a quarter of the descriptor limit); at "
      "that many, accepting waits, and a connection silent for 0.5 s is closed to make room",
      [](const ServeConfig& d) { return std::to_string(d.options.max_pending_handshakes); },
      [](const std::string& f, const std::string& v, ServeConfig& c) {
@@ -108,7 +109,7 @@ constexpr ServeFlag kServeFlags[] = {
      [](const std::string& f, const std::string& v, ServeConfig& c) {
        c.options.limits.max_keys_per_request = number(f, v, uint64_t{1} << 24);
      }},
-    {"--max-reply-bytes", "N", "largest reply one request may produce",
+    {"--max-reply-bytes", "N", "largest reply one request may produce (counted before it is built)",
      [](const ServeConfig& d) { return std::to_string(d.options.limits.max_reply_bytes); },
      [](const std::string& f, const std::string& v, ServeConfig& c) {
        c.options.limits.max_reply_bytes = number(f, v, uint64_t{1} << 40);
@@ -124,43 +125,45 @@ constexpr ServeFlag kServeFlags[] = {
        c.options.store_limits.max_store_bytes = number(f, v, uint64_t{1} << 50);
      }},
     {"--job-max-keys", "N",
-     "most keys one job (its keys under /ddprun/<run id>/) holds; 0 for no quota. Not given: a quarter of "
-     "--max-total-keys, at most 131072, so one job never fills the store",
+     "most keys one job (its keys under `/ddprun/<run id>/`) holds; `0` for no quota. Not given: a quarter of "
+     "`--max-total-keys`, at most 131072, so one job never fills the store",
      [](const ServeConfig& d) { return std::to_string(d.options.store_limits.max_job_keys); },
      [](const std::string& f, const std::string& v, ServeConfig& c) {
        c.options.store_limits.max_job_keys = number(f, v, uint64_t{1} << 40);
      }},
     {"--job-max-bytes", "N",
-     "most bytes one job holds; 0 for no quota. Not given: a quarter of --max-store-bytes, at most 256 MiB",
+     "most bytes one job holds; `0` for no quota. Not given: a quarter of `--max-store-bytes`, at most 256 MiB",
      [](const ServeConfig& d) { return std::to_string(d.options.store_limits.max_job_bytes); },
      [](const std::string& f, const std::string& v, ServeConfig& c) {
        c.options.store_limits.max_job_bytes = number(f, v, uint64_t{1} << 50);
      }},
     {"--metrics-port", "N",
-     "serve Prometheus metrics at http://HOST:N/metrics, on the store's address (0 lets the kernel pick the port, "
-     "printed at start; off when not given)",
+     "serve Prometheus metrics at `http://HOST:N/metrics`, on the store's address (`0` lets the kernel pick the "
+     "port, printed at start)",
      nullptr,
      [](const std::string& f, const std::string& v, ServeConfig& c) {
        c.metrics_port = static_cast<uint16_t>(number(f, v, 65535));
-     }},
+     },
+     "off"},
     {"--job-ttl", "SECONDS",
      "forget a ddprun job at once when all its nodes have left, or after SECONDS without any change (its agents "
-     "were killed); 0 keeps every key",
+     "were killed); `0` keeps every key",
      [](const ServeConfig& d) { return seconds_shown(d.options.job_ttl); },
      [](const std::string& f, const std::string& v, ServeConfig& c) {
        c.options.job_ttl = seconds(f, v, true, 1e7, ">= 0");
      }},
     {"--state-file", "PATH",
      "keep the store's contents in PATH across restarts: a daemon killed and started again on the same PATH (and "
-     "port) within the agents' reconnect window (--rdzv_conf store_reconnect_timeout, 30 s) ends no running job. "
-     "Each change is written before its reply; no fsync per write (the file outlives the daemon, not a crash of "
-     "its machine). Without it: memory only",
+     "port) within the agents' reconnect window (`--rdzv_conf store_reconnect_timeout`, 30 s) ends no running "
+     "job. Each change is written before its reply; no fsync per write (the file outlives the daemon, not a crash "
+     "of its machine)",
      nullptr,
      [](const std::string& f, const std::string& v, ServeConfig& c) {
        if (v.empty()) expected(f, "a path", v);
        c.options.state_file = v;
-     }},
-    {"--log-level", "LEVEL", "debug, info, warn or error; also DDPRUN_LOG_LEVEL",
+     },
+     "memory only"},
+    {"--log-level", "LEVEL", "`debug`, `info`, `warn` or `error`; also read from `DDPRUN_LOG_LEVEL`",
      [](const ServeConfig&) { return std::string(log::level_word(log::current())); },
      [](const std::string& f, const std::string& v, ServeConfig&) {
        log::Level level;
@@ -225,7 +228,8 @@ ServeConfig serve_defaults() {
 ServeConfig parse_serve_flags(const std::vector<std::string>& args) {
   ServeConfig c = serve_defaults();
   auto lookup = [](const std::string& name) -> std::optional<FlagShape> {
-    if (name == "-h" || name == "--help" || name == "--version") return FlagShape{};
+    if (name == "--help") return FlagShape{Takes::InlineValue, "help"};  // --help=markdown
+    if (name == "-h" || name == "--version") return FlagShape{};
     const ServeFlag* f = find_serve_flag(name);
     if (!f) return std::nullopt;
     return FlagShape{f->value ? Takes::Value : Takes::Nothing, f->help};
@@ -234,6 +238,8 @@ ServeConfig parse_serve_flags(const std::vector<std::string>& args) {
   auto on_flag = [&](const std::string& name, const std::optional<std::string>& value) {
     if (name == "-h" || name == "--help") {
       c.help = true;
+      if (value && *value != "markdown") expected(name, "no value, or 'markdown' (the flag table of the docs)", *value);
+      c.help_markdown = value.has_value();
     } else if (name == "--version") {
       c.version = true;
     } else {
@@ -290,7 +296,7 @@ std::string usage_text() {
     const std::string names = f.value ? std::string(f.name) + " " + f.value : std::string(f.name);
     command_line::print_option(out, names, f.help, f.shown ? f.shown(defaults) : "");
   }
-  command_line::print_option(out, "-h, --help", "show this help");
+  command_line::print_option(out, "-h, --help", "show this help (`--help=markdown`: the flags as a Markdown table)");
   command_line::print_option(out, "--version", "print the version");
   out << "\n"
          "The bound address is printed on stdout as \"listening on HOST:PORT\". SIGTERM or SIGINT stop it\n"
@@ -302,6 +308,17 @@ std::string usage_text() {
          "token: writes the token of job ID, derived from the daemon's secret, to PATH (mode 600) or stdout.\n"
          "Agents given only that token (--rdzv_conf token_file=PATH) can act for that job and no other.\n";
   return out.str();
+}
+
+std::string flag_table_markdown() {
+  const ServeConfig defaults = serve_defaults();
+  std::string out = "| option | default | meaning |\n|---|---|---|\n";
+  for (const ServeFlag& f : kServeFlags) {
+    const std::string names = "`" + std::string(f.name) + (f.value ? std::string(" ") + f.value : "") + "`";
+    out += command_line::markdown_row(
+               {names, f.shown ? command_line::markdown_default(f.shown(defaults)) : f.note, f.help}) + "\n";
+  }
+  return out;
 }
 
 }  // namespace ddprun::rdzv::daemon

@@ -21,6 +21,7 @@ struct ServeConfig {
   std::optional<uint16_t> metrics_port;
   bool insecure = false;
   bool help = false;
+  bool help_markdown = false;  // --help=markdown
   bool version = false;
 };
 
@@ -47,5 +48,7 @@ TokenFlags parse_token_flags(const std::vector<std::string>& args);
 
 // --help: the usage, every server flag with its real default, and the subcommands.
 std::string usage_text();
+// --help=markdown: the server's flags as the Markdown table of docs/operations.md.
+std::string flag_table_markdown();
 
 }  // namespace ddprun::rdzv::daemon

@@ -196,7 +196,7 @@ int serve_main(int argc, char** argv) {
     usage_error(e.what());
   }
   if (c.help) {
-    std::cout << rdzv::daemon::usage_text();
+    std::cout << (c.help_markdown ? rdzv::daemon::flag_table_markdown() : rdzv::daemon::usage_text());
     return 0;
   }
   if (c.version) {

@@ -43,6 +43,18 @@ TEST(DaemonFlagsTest, EachDefaultHelpShowsIsTheOneTheServerStartsWith) {
   EXPECT_GE(checked, 12);
 }
 
+// --help=markdown is the table of docs/operations.md: every flag, the defaults --help states.
+TEST(DaemonFlagsTest, HelpMarkdownIsATableOfEveryFlag) {
+  EXPECT_TRUE(parse_serve_flags({"--help=markdown"}).help_markdown);
+  EXPECT_FALSE(parse_serve_flags({"--help"}).help_markdown);
+  EXPECT_THROW(parse_serve_flags({"--help=man"}), ConfigError);
+  const std::string table = flag_table_markdown();
+  EXPECT_NE(table.find("| `--port N` | `29400` |"), std::string::npos) << table;
+  EXPECT_NE(table.find("| `--state-file PATH` | memory only |"), std::string::npos) << table;
+  EXPECT_NE(table.find("| `--insecure` | off |"), std::string::npos) << table;
+  EXPECT_EQ(usage_text().find('`'), std::string::npos) << "--help is plain text";
+}
+
 // --log-level's default is the level in effect (DDPRUN_LOG_LEVEL's), and it is what --log-level sets.
 TEST(DaemonFlagsTest, TheLogLevelShownIsTheOneInEffect) {
   const log::Level before = log::current();
