@@ -9,7 +9,7 @@
 #include "common/errors.hpp"
 #include "common/numbers.hpp"
 #include "launcher/cli/options_parse.hpp"
-#include "rendezvous/core/job_keys.hpp"
+#include "rendezvous/core/job_namespace.hpp"
 
 namespace ddprun::launcher::cli {
 namespace {

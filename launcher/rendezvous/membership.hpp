@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "launcher/rendezvous/rendezvous_backend.hpp"
-#include "rendezvous/core/records.hpp"
+#include "rendezvous/jobs/records.hpp"
 
 namespace ddprun::launcher::rendezvous {
 

@@ -26,7 +26,7 @@
 #include <vector>
 
 #include "launcher/rendezvous/rendezvous_backend.hpp"
-#include "rendezvous/core/job_keys.hpp"
+#include "rendezvous/jobs/job_keys.hpp"
 
 namespace ddprun::launcher::rendezvous {
 

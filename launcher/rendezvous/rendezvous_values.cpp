@@ -3,7 +3,7 @@
 #include "common/errors.hpp"
 #include "common/numbers.hpp"
 #include "common/system.hpp"
-#include "rendezvous/core/job_keys.hpp"
+#include "rendezvous/jobs/job_keys.hpp"
 
 namespace ddprun::launcher::rendezvous {
 

@@ -15,16 +15,16 @@
 #include "common/system.hpp"  // seconds_text
 #include "launcher/rendezvous/rendezvous_backend.hpp"  // RoundEnd
 #include "launcher/workers/worker_exit.hpp"
-#include "rendezvous/core/job_keys.hpp"
+#include "rendezvous/jobs/job_keys.hpp"
 #include "rendezvous/core/json_fields.hpp"
-#include "rendezvous/core/records.hpp"
+#include "rendezvous/jobs/records.hpp"
 
 namespace ddprun::launcher::rendezvous {
 
 using workers::WorkerExit;
 
 
-// The round's records (rendezvous/core/records.hpp) read from `key`, or a ProtocolError that
+// The round's records (rendezvous/jobs/records.hpp) read from `key`, or a ProtocolError that
 // names the key, says what it should hold and shows the start of the value.
 rdzv::jobs::NodeRecord read_node_record(const std::string& key, const std::string& value);
 rdzv::jobs::WorkerStoreRecord read_worker_store(const std::string& key, const std::string& value);

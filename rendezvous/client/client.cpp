@@ -18,7 +18,7 @@
 #include "common/hex.hpp"
 #include "common/system.hpp"
 #include "common/unique_fd.hpp"
-#include "rendezvous/core/job_keys.hpp"
+#include "rendezvous/core/job_namespace.hpp"
 #include "rendezvous/core/protocol.hpp"
 
 namespace ddprun::rdzv {

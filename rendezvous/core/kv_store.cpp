@@ -7,7 +7,7 @@
 #include <utility>
 
 #include "common/errors.hpp"
-#include "rendezvous/core/job_keys.hpp"
+#include "rendezvous/core/job_namespace.hpp"
 #include "rendezvous/core/protocol.hpp"
 
 namespace ddprun::rdzv {
@@ -36,7 +36,7 @@ void KvStore::account(std::string_view key, int64_t keys, int64_t bytes) {
 void KvStore::refuse(std::string_view job, const std::string& why) {
   if (!job.empty()) {
     // Where the job's agents look when the store closes their connection (rdzv::Client).
-    const std::string note = jobs::JobKeys::refusal_note(job);
+    const std::string note = jobs::refusal_note(job);
     if (map_.count(note) != 0 || notes_ < kMaxNotes) {
       const auto now = std::chrono::system_clock::to_time_t(std::chrono::system_clock::now());
       char when[32];

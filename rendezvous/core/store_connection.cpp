@@ -5,7 +5,7 @@
 #include "common/errors.hpp"
 #include "common/log.hpp"
 #include "rendezvous/core/auth.hpp"
-#include "rendezvous/core/job_keys.hpp"
+#include "rendezvous/core/job_namespace.hpp"
 
 namespace ddprun::rdzv {
 
@@ -180,7 +180,7 @@ void StoreConnection::check_access(const Request& req) const {
     case AuthState::Authenticated: break;
   }
   if (scope_ == kAllJobs) return;
-  const std::string prefix = jobs::JobKeys::job_prefix(scope_);
+  const std::string prefix = jobs::job_prefix(scope_);
   const bool reads = req.op == Op::Check || req.op == Op::Get || req.op == Op::MultiGet || req.op == Op::Wait;
   for (std::string_view key : req.keys) {
     if (reads && key == jobs::kStoreInfoKey) continue;  // the store's own description, for everyone
@@ -270,7 +270,7 @@ void StoreConnection::execute(const Request& req) {
     case Op::GetNumKeys:
       if (auth_ == AuthState::Authenticated && scope_ != kAllJobs) {
         int64_t n = 0;  // a job sees its own keys only
-        store_.for_each(jobs::JobKeys::job_prefix(scope_), [&](std::string_view, const std::string&) { ++n; });
+        store_.for_each(jobs::job_prefix(scope_), [&](std::string_view, const std::string&) { ++n; });
         out_.put_i64(n);
       } else {
         out_.put_i64(static_cast<int64_t>(store_.num_keys()));
@@ -312,7 +312,7 @@ void StoreConnection::execute(const Request& req) {
     case Op::List: {
       std::vector<std::string> keys = store_.list();
       if (auth_ == AuthState::Authenticated && scope_ != kAllJobs) {
-        const std::string prefix = jobs::JobKeys::job_prefix(scope_);
+        const std::string prefix = jobs::job_prefix(scope_);
         std::erase_if(keys, [&](const std::string& k) { return k.rfind(prefix, 0) != 0; });
       }
       out_.put_i64(static_cast<int64_t>(keys.size()));

@@ -29,7 +29,7 @@
 #include "common/numbers.hpp"
 #include "common/system.hpp"
 #include "rendezvous/core/auth.hpp"
-#include "rendezvous/core/job_keys.hpp"
+#include "rendezvous/core/job_namespace.hpp"
 #include "rendezvous/daemon/daemon_flags.hpp"
 #include "rendezvous/daemon/metrics.hpp"
 #include "rendezvous/server/server.hpp"

@@ -4,7 +4,7 @@
 #include <map>
 
 #include "common/numbers.hpp"
-#include "rendezvous/core/job_keys.hpp"
+#include "rendezvous/jobs/job_keys.hpp"
 
 namespace ddprun::rdzv::jobs {
 
@@ -78,10 +78,10 @@ json summarize_generation(const std::string& run_id, int64_t gen, const Generati
       }
       // Heartbeats: a counter, and the wall-clock time (the node's clock) of the last one.
       const std::string agent = info.contains("agent") && info["agent"].is_string() ? info["agent"].get<std::string>() : "";
-      auto hb = g.own.find("hb/" + agent);
+      auto hb = g.own.find(heartbeat_name(agent));
       if (!agent.empty() && hb != g.own.end()) {
         if (auto beats = to_int(hb->second)) info["heartbeats"] = *beats;
-        auto t = g.own.find("hb/" + agent + "/time");
+        auto t = g.own.find(heartbeat_time_name(agent));
         if (t != g.own.end()) {
           if (auto last = to_int(t->second)) {
             info["last_heartbeat_ms"] = *last;
@@ -134,7 +134,7 @@ json summarize_generation(const std::string& run_id, int64_t gen, const Generati
   out["joined"] = nodes.size();
   out["world_size"] = world;
   out["nodes"] = std::move(nodes);
-  if (g.own.count("done")) out["all_nodes_left"] = true;
+  if (g.own.count(std::string(job_names::kDone))) out["all_nodes_left"] = true;
   if (job.refusal) out["store_refusal"] = *job.refusal;
   return out;
 }

@@ -1,6 +1,6 @@
 #pragma once
 // What `ddprun-rendezvous status` and the metrics endpoint know of the jobs on a store: read back
-// from the keys rendezvous/core/job_keys.hpp lays out. Pure: no I/O.
+// from the keys rendezvous/jobs/job_keys.hpp lays out. Pure: no I/O.
 
 #include <cstdint>
 #include <nlohmann/json.hpp>

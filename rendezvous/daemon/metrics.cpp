@@ -13,7 +13,7 @@
 #include "common/errors.hpp"
 #include "common/log.hpp"
 #include "common/procfs.hpp"
-#include "rendezvous/core/job_keys.hpp"
+#include "rendezvous/jobs/job_keys.hpp"
 #include "rendezvous/daemon/job_summary.hpp"
 
 namespace ddprun::rdzv {

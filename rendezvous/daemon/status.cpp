@@ -2,7 +2,7 @@
 
 #include <chrono>
 
-#include "rendezvous/core/job_keys.hpp"
+#include "rendezvous/jobs/job_keys.hpp"
 #include "rendezvous/daemon/job_summary.hpp"
 
 namespace ddprun::rdzv {

@@ -1,6 +1,6 @@
 #pragma once
 // `ddprun-rendezvous status`: what the jobs on a store look like, as JSON. Reads the keys the
-// launcher's node rendezvous writes (rendezvous/core/job_keys.hpp) with LIST and MULTI_GET; what it
+// launcher's node rendezvous writes (rendezvous/jobs/job_keys.hpp) with LIST and MULTI_GET; what it
 // cannot parse is listed under "skipped", never fatal.
 
 #include <nlohmann/json.hpp>

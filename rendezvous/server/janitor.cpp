@@ -4,7 +4,7 @@
 #include <vector>
 
 #include "common/log.hpp"
-#include "rendezvous/core/job_keys.hpp"
+#include "rendezvous/jobs/job_keys.hpp"
 
 namespace ddprun::rdzv {
 
@@ -52,7 +52,7 @@ JobJanitor::Sweep JobJanitor::sweep(KvStore& store, Clock::time_point now) {
     g.keys.emplace_back(key);
     // Order-independent: a sum of per-entry hashes.
     g.fingerprint += std::hash<std::string_view>{}(key) * 31 + std::hash<std::string>{}(value);
-    if (!parsed->round && parsed->name == "done") g.done = true;
+    if (!parsed->round && parsed->name == jobs::job_names::kDone) g.done = true;
   });
 
   Sweep result;

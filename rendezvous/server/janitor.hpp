@@ -1,6 +1,6 @@
 #pragma once
 // Forgets ddprun jobs that are over, so that a long-running daemon's key count stays flat over any
-// number of jobs (the layout is in rendezvous/core/job_keys.hpp):
+// number of jobs (the layout is in rendezvous/jobs/job_keys.hpp):
 //   - a generation whose nodes have all read its outcome and left (its `done` key) is deleted at
 //     once;
 //   - a generation in which nothing has changed for `ttl` (no heartbeat, no join: its agents were

@@ -18,7 +18,7 @@
 #include "common/log.hpp"
 #include "common/system.hpp"
 #include "rendezvous/core/auth.hpp"
-#include "rendezvous/core/job_keys.hpp"
+#include "rendezvous/core/job_namespace.hpp"
 #include "rendezvous/server/server_socket.hpp"
 #include "rendezvous/server/session.hpp"
 

@@ -5,7 +5,7 @@
 #include <string>
 
 #include "launcher/rendezvous/etcd/etcd_rendezvous.hpp"
-#include "rendezvous/core/job_keys.hpp"
+#include "rendezvous/jobs/job_keys.hpp"
 #include "tests/launcher/round_protocol_test.hpp"
 #include "tests/support/etcd_cluster.hpp"
 

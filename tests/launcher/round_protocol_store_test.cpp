@@ -5,7 +5,7 @@
 
 #include "launcher/rendezvous/store/store_rendezvous.hpp"
 #include "rendezvous/client/client.hpp"
-#include "rendezvous/core/job_keys.hpp"
+#include "rendezvous/jobs/job_keys.hpp"
 #include "rendezvous/server/server.hpp"
 #include "tests/launcher/round_protocol_test.hpp"
 

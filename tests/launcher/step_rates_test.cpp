@@ -2,7 +2,7 @@
 #include <gtest/gtest.h>
 
 #include "launcher/watchdog/step_rates.hpp"
-#include "rendezvous/core/job_keys.hpp"
+#include "rendezvous/jobs/job_keys.hpp"
 #include "rendezvous/daemon/job_summary.hpp"
 
 namespace ddprun::launcher {

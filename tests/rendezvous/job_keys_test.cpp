@@ -1,5 +1,5 @@
 // The rendezvous key layout, the outcome encoding, the status summary and the janitor: pure logic.
-#include "rendezvous/core/job_keys.hpp"
+#include "rendezvous/jobs/job_keys.hpp"
 #include "rendezvous/daemon/job_summary.hpp"
 
 #include <gtest/gtest.h>
@@ -31,6 +31,25 @@ TEST(JobKeysTest, KeysRoundTripThroughTheParser) {
   const auto gen = jobs::parse_key("/ddprun/job-42/gen", nullptr);
   ASSERT_TRUE(gen);
   EXPECT_FALSE(gen->generation);
+}
+
+// The etcd backend lays the same keys out under its key_prefix; the status summary reads an
+// agent's heartbeat time back by the name the launcher writes it under.
+TEST(JobKeysTest, TheLayoutTakesAnotherRootAndNamesEveryGenerationKey) {
+  const jobs::JobKeys k("job", 2, "/team-a/");
+  EXPECT_EQ(jobs::JobKeys::generation_counter("job", "/team-a/"), "/team-a/job/gen");
+  EXPECT_EQ(k.prefix(), "/team-a/job/g2/");
+  EXPECT_EQ(k.round(1).members(), "/team-a/job/g2/r1/member/");
+  EXPECT_EQ(k.current_round(), "/team-a/job/g2/current");
+  EXPECT_EQ(k.ended(), "/team-a/job/g2/ended");
+  EXPECT_EQ(k.left("a:1"), "/team-a/job/g2/left/a:1");
+  EXPECT_EQ(k.left_all(), "/team-a/job/g2/left/");
+  const jobs::JobKeys store("job", 2);
+  EXPECT_EQ(store.heartbeat_time("a:1"), "/ddprun/job/g2/hb/a:1/time");
+  const auto t = jobs::parse_key(store.heartbeat_time("a:1"), nullptr);
+  ASSERT_TRUE(t);
+  EXPECT_EQ(t->name, jobs::heartbeat_time_name("a:1"));
+  EXPECT_EQ(jobs::parse_key(store.done(), nullptr)->name, jobs::job_names::kDone);
 }
 
 TEST(JobKeysTest, OddKeysAreRejectedWithAReasonNeverAnException) {
@@ -98,8 +117,8 @@ TEST(JobKeysTest, SummaryListsJobsAndSkipsWhatItCannotParse) {
   EXPECT_EQ(s["skipped"][1]["key"], k.round(1).node(0));
 
   // Why the store refused a job's request is shown with the job, not as an odd key.
-  kv.push_back({jobs::JobKeys::refusal_note("job"), "at 2026-11-24T05:10:05Z: job 'job' over its quota: ..."});
-  kv.push_back({jobs::JobKeys::refusal_note("late"), "at 2026-11-24T05:10:06Z: store full: ..."});
+  kv.push_back({jobs::refusal_note("job"), "at 2026-11-24T05:10:05Z: job 'job' over its quota: ..."});
+  kv.push_back({jobs::refusal_note("late"), "at 2026-11-24T05:10:06Z: store full: ..."});
   const json refused = jobs::summarize_jobs(kv, 3000);
   ASSERT_EQ(refused["jobs"].size(), 2u) << refused.dump(2);
   EXPECT_EQ(refused["skipped"].size(), 2u) << refused.dump(2);

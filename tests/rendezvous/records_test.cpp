@@ -1,6 +1,6 @@
-// The round's records (rendezvous/core/records.hpp): one encoder and one decoder each, and what a
+// The round's records (rendezvous/jobs/records.hpp): one encoder and one decoder each, and what a
 // record written by another program or version reads as.
-#include "rendezvous/core/records.hpp"
+#include "rendezvous/jobs/records.hpp"
 
 #include <gtest/gtest.h>
 

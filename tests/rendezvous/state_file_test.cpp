@@ -9,12 +9,13 @@
 #include <filesystem>
 #include <fstream>
 #include <future>
+#include <nlohmann/json.hpp>
 #include <thread>
 
 #include "common/errors.hpp"
 #include "rendezvous/client/client.hpp"
 #include "rendezvous/core/auth.hpp"
-#include "rendezvous/core/job_keys.hpp"
+#include "rendezvous/core/job_namespace.hpp"
 #include "rendezvous/core/kv_store.hpp"
 #include "rendezvous/server/server.hpp"
 #include "rendezvous/server/state_journal.hpp"

@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "common/errors.hpp"
-#include "rendezvous/core/job_keys.hpp"
+#include "rendezvous/core/job_namespace.hpp"
 #include "tests/support/hex.hpp"
 
 namespace ddprun::rdzv {

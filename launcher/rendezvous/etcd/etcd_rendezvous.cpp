@@ -135,7 +135,7 @@ void EtcdRendezvous::keep_lease_alive() {
 }
 
 int64_t EtcdRendezvous::choose_generation(const StopSignal& stop) {
-  const std::string counter = job_key("gen");
+  const std::string counter = rdzv::jobs::JobKeys::generation_counter(options_.run_id, options_.prefix);
   auto number = [&](const std::string& v) {
     const auto g = to_int(v);
     if (!g || *g < 1) throw ProtocolError("the etcd key " + counter + " holds '" + v.substr(0, 40) + "', not a generation");
@@ -144,11 +144,12 @@ int64_t EtcdRendezvous::choose_generation(const StopSignal& stop) {
   int64_t g = number(client_->create_or_get(counter, "1", 0, soon()));
   for (;;) {
     if (stop.requested()) throw StopRequested(stop.signo());
-    const std::string prefix = job_key("g" + std::to_string(g) + "/");
+    const rdzv::jobs::JobKeys run = keys(g);
+    const std::string prefix = run.prefix();
     const etcd::RangeResult r = client_->get_prefix(prefix, soon(), /*keys_only=*/true);
     bool ended = false, live = false;
     for (const auto& kv : r.kvs) {
-      ended = ended || kv.key == prefix + "ended";
+      ended = ended || kv.key == run.ended();
       live = live || kv.lease != 0;  // a key attached to a lease lives only while its agent does
     }
     if (!ended && (r.kvs.empty() || live)) return g;
@@ -168,7 +169,7 @@ int64_t EtcdRendezvous::choose_generation(const StopSignal& stop) {
 }
 
 int EtcdRendezvous::first_round(const StopSignal&) {
-  const etcd::RangeResult r = client_->get(gen_prefix() + "current", soon());
+  const etcd::RangeResult r = client_->get(keys().current_round(), soon());
   if (r.kvs.empty()) return 0;
   const auto round = to_int(r.kvs[0].value);
   return round && *round >= 0 ? static_cast<int>(*round) : 0;
@@ -186,7 +187,7 @@ std::string EtcdRendezvous::create_or_get(const std::string& key, const std::str
 
 int64_t EtcdRendezvous::tally(int round, Tally what, bool count_me) {
   // A key per node under the set's prefix; the put comes before the count.
-  const std::string set = what == Tally::Finished ? rk(round).finished_all() : gen_prefix() + "left/";
+  const std::string set = what == Tally::Finished ? rk(round).finished_all() : keys().left_all();
   if (count_me) client_->put(set + agent_id_, "1", 0, soon());
   return static_cast<int64_t>(client_->get_prefix(set, soon(), /*keys_only=*/true).kvs.size());
 }
@@ -199,7 +200,7 @@ void EtcdRendezvous::forget_generation() {
   // The next run of this job id is the next generation; this one's keys go. The counter itself
   // goes a day later (a lease of its own), as the daemon forgets job ids: a run after that starts
   // again at generation 1, in a namespace nothing is left in.
-  const std::string counter = job_key("gen");
+  const std::string counter = rdzv::jobs::JobKeys::generation_counter(options_.run_id, options_.prefix);
   const int64_t counter_lease = client_->lease_grant(kForgetJobAfter, soon());
   client_->txn({etcd::Compare::value_is(counter, std::to_string(generation_))},
                {etcd::Op::put(counter, std::to_string(generation_ + 1), counter_lease)}, {}, soon());

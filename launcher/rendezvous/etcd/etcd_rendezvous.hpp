@@ -43,7 +43,7 @@
 #include "launcher/rendezvous/membership.hpp"
 #include "launcher/rendezvous/node_rendezvous.hpp"
 #include "launcher/rendezvous/rendezvous_backend.hpp"
-#include "rendezvous/core/job_keys.hpp"
+#include "rendezvous/jobs/job_keys.hpp"
 
 namespace ddprun::launcher::rendezvous::etcd {
 
@@ -91,18 +91,18 @@ class EtcdRendezvous final : public NodeRendezvous {
   int64_t generation() const { return generation_; }
 
  private:
-  std::string job_key(const std::string& name) const { return options_.prefix + options_.run_id + "/" + name; }
-  std::string gen_prefix() const { return job_key("g" + std::to_string(generation_) + "/"); }
-  rdzv::jobs::RoundKeys rk(int round) const {
-    return rdzv::jobs::RoundKeys(gen_prefix() + "r" + std::to_string(round) + "/");
-  }
+  // The job's keys under the key prefix: the layout of rendezvous/jobs/job_keys.hpp.
+  rdzv::jobs::JobKeys keys(int64_t generation) const { return {options_.run_id, generation, options_.prefix}; }
+  rdzv::jobs::JobKeys keys() const { return keys(generation_); }
+  std::string gen_prefix() const { return keys().prefix(); }
+  rdzv::jobs::RoundKeys rk(int round) const { return keys().round(round); }
   etcd::Client::Deadline soon() const;  // a deadline for one ordinary request
 
   int64_t choose_generation(const StopSignal& stop);
   void keep_lease_alive();
   // The round protocol's key-value interface (node_rendezvous.hpp) on etcd.
   rdzv::jobs::RoundKeys round_keys(int round) const override { return rk(round); }
-  std::string ended_key() const override { return gen_prefix() + "ended"; }
+  std::string ended_key() const override { return keys().ended(); }
   std::optional<std::string> read(const std::string& key) override;  // a range of one key
   // A transaction: put if the key's create revision is 0, else read it.
   std::string create_or_get(const std::string& key, const std::string& value) override;

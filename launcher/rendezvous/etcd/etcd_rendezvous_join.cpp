@@ -106,7 +106,7 @@ std::variant<World, RoundEnd> EtcdRendezvous::join(int round, int nproc, const W
     client_->put(member_key, rdzv::jobs::encode(me), lease_, soon());  // gone with this agent's lease
     // Only after a key on a live lease: a generation with keys but none on a live lease is one
     // whose agents are all gone (choose_generation).
-    client_->put(gen_prefix() + "current", std::to_string(round), 0, soon());
+    client_->put(keys().current_round(), std::to_string(round), 0, soon());
     log::info("ddprun") << "joined round " << round << " of job '" << options_.run_id << "' (generation " << generation_
                         << ") on etcd (--nnodes " << options_.min_nodes << ":" << options_.nnodes << ")";
     const std::string member_prefix = rk(round).members();

@@ -1,5 +1,5 @@
 // The hang watchdog's job-wide channel over the rendezvous store (see rendezvous_backend.hpp,
-// ProgressChannel, and the round keys in rendezvous/core/job_keys.hpp): a progress counter every node
+// ProgressChannel, and the round keys in rendezvous/jobs/job_keys.hpp): a progress counter every node
 // bumps when its ranks progress, the claim of the node that diagnoses a hang, the nodes' parts of
 // the diagnosis, and each node's step rates. Its own connection: the watchdog's thread must never
 // wait behind the agent's long WAITs.

@@ -73,7 +73,7 @@ StoreRendezvous::StoreRendezvous(StoreRendezvousOptions options, const StopSigna
   co.missing_secret_hint = "give this node the rendezvous secret (or this job's token) with --rdzv_conf "
                            "token_file=PATH, or DDPRUN_TOKEN_FILE=PATH (a file only you can read)";
   // A daemon that refuses this job's request (its quota, a full store) says why there.
-  co.refusal_note_key = rdzv::jobs::JobKeys::refusal_note(options_.run_id);
+  co.refusal_note_key = rdzv::jobs::refusal_note(options_.run_id);
   co.outage_tolerance = options_.store_reconnect_timeout;
   // Connect in slices of a second, so that a stop signal is acted on while the store is not up yet.
   const auto started = std::chrono::steady_clock::now();
@@ -204,7 +204,7 @@ void StoreRendezvous::start_heartbeat() {
       while (!stop_heartbeat_) {
         c->add(k, 1);  // what liveness is judged by (a counter: clocks need not agree)
         if (options_.alive) options_.alive();
-        c->set(k + "/time", std::to_string(now_ms()));  // for `ddprun-rendezvous status` only
+        c->set(keys_.heartbeat_time(agent_id_), std::to_string(now_ms()));  // for `ddprun-rendezvous status` only
         // The period, ended at once by a stop. (It slept in 50 ms slices before: 20 wake-ups a
         // second per agent, which thousands of agents on one host turn into a scheduler storm.)
         std::unique_lock lock(heartbeat_mutex_);

@@ -2,7 +2,7 @@
 // Multi-node rendezvous over the TCPStore protocol: static (--nnodes N --node_rank K, node 0's
 // agent hosts the store at --master_addr:--master_port) or dynamic (c10d: nodes join an endpoint
 // without ranks), directly on node 0's store or through a ddprun-rendezvous daemon. The keys, and
-// how a round's outcome is written, are in rendezvous/core/job_keys.hpp:
+// how a round's outcome is written, are in rendezvous/jobs/job_keys.hpp:
 //   - each run of a job id is a generation of its own: a node joins the current generation unless
 //     that run has ended, in which case it starts the next, so a job id can be run again on a
 //     shared daemon; the last node to leave marks the generation done, for the daemon to forget;
@@ -39,7 +39,7 @@
 #include "launcher/rendezvous/rendezvous_backend.hpp"
 #include "rendezvous/core/auth.hpp"
 #include "rendezvous/client/client.hpp"
-#include "rendezvous/core/job_keys.hpp"
+#include "rendezvous/jobs/job_keys.hpp"
 #include "rendezvous/server/server.hpp"
 
 namespace ddprun::launcher::rendezvous::store {

@@ -1,7 +1,8 @@
 #pragma once
-// The rendezvous keys of ddprun jobs on a store, in one place: how the launcher's node rendezvous
-// names them, how a round's outcome is written, and how `ddprun-rendezvous status`, the metrics
-// endpoint and the daemon's janitor read them back. Pure: no I/O.
+// The rendezvous keys of ddprun jobs, in one place: how the launcher's node rendezvous names them
+// (on a store, and on etcd under its key_prefix instead of /ddprun/), how a round's outcome is
+// written, and how `ddprun-rendezvous status`, the metrics endpoint and the daemon's janitor read
+// them back. Every key is built here: no other file spells a name of the layout. Pure: no I/O.
 //
 //   /ddprun/<run_id>/gen                   the job id's current generation (decimal). Each run of a
 //                                          job id is a generation of its own, so a job id can be
@@ -9,6 +10,7 @@
 //   /ddprun/<run_id>/g<G>/current          dynamic jobs: the round a newly started node joins
 //   /ddprun/<run_id>/g<G>/hb/<agent>       an agent's heartbeat counter; "<...>/time" its wall-clock
 //                                          time in ms (for status only: clocks need not agree)
+//   /ddprun/<run_id>/g<G>/left/<agent>     etcd: the agents that have read the outcome and left
 //   /ddprun/<run_id>/g<G>/ended            the job's final outcome (set by the first node to leave)
 //   /ddprun/<run_id>/g<G>/exited           how many nodes have read the outcome and left
 //   /ddprun/<run_id>/g<G>/done             every node has left: the generation can be forgotten
@@ -21,7 +23,8 @@
 //                                          K's step rates), hang (the node diagnosing a hang),
 //                                          diagnosis/<K> (node K's part of the diagnosis)
 //
-// Run ids are letters, digits and ". _ - :" (no '/'), so a key names its job unambiguously.
+// Run ids are letters, digits and ". _ - :" (no '/'), so a key names its job unambiguously
+// (rendezvous/core/job_namespace.hpp: what the store itself knows of a job's namespace).
 
 #include <cstdint>
 #include <optional>
@@ -31,18 +34,22 @@
 #include <utility>
 #include <vector>
 
+#include "rendezvous/core/job_namespace.hpp"
+
 namespace ddprun::rdzv::jobs {
 
-inline constexpr std::string_view kRoot = "/ddprun/";
-// What ddprun-rendezvous says about itself, outside every job and readable by every client (JSON:
-// {"durable": true when it keeps its state across restarts (--state-file), "boot": an id of this
-// start}). A client that rides out a restart reads it on each connection.
-inline constexpr std::string_view kStoreInfoKey = "/ddprun-store/info";
+// The names under a job's prefix and a generation's.
+namespace job_names {
+inline constexpr std::string_view kGeneration = "gen";        // the job id's current generation
+inline constexpr std::string_view kCurrent = "current";       // dynamic jobs: the round to join
+inline constexpr std::string_view kHeartbeat = "hb/";         // an agent's heartbeat counter
+inline constexpr std::string_view kHeartbeatTime = "/time";   // after hb/<agent>: its wall-clock time
+inline constexpr std::string_view kEnded = "ended";           // the job's final outcome
+inline constexpr std::string_view kExited = "exited";         // store: nodes that read it and left
+inline constexpr std::string_view kLeft = "left/";            // etcd: an agent that read it and left
+inline constexpr std::string_view kDone = "done";             // every node has left
+}  // namespace job_names
 
-// Whether `run_id` can name a job; `why` says what is wrong otherwise.
-bool valid_run_id(std::string_view run_id, std::string* why = nullptr);
-
-// The keys of one generation of one job.
 // The names under a round's prefix, in one place: what the launcher's two backends write and what
 // `ddprun-rendezvous status` reads back. Names that end in '/' take a node, an arrival or an
 // agent after them.
@@ -103,39 +110,43 @@ class RoundKeys {
   std::string prefix_;
 };
 
+// The keys of one generation of one job, under `root` (/ddprun/ on a store; the etcd backend's
+// key_prefix there).
 class JobKeys {
  public:
-  JobKeys(std::string run_id, int64_t generation);
+  JobKeys(std::string run_id, int64_t generation, std::string_view root = kRoot);
   const std::string& run_id() const { return run_id_; }
   int64_t generation() const { return generation_; }
 
-  // /ddprun/<run_id>/gen
-  static std::string generation_counter(std::string_view run_id);
-  // /ddprun/<run_id>/
-  static std::string job_prefix(std::string_view run_id);
-  // /ddprun/<run_id>/store_refusal: why the store last refused a request of this job (a quota or
-  // a store-wide limit), left by the store for the job's agents to read.
-  static std::string refusal_note(std::string_view run_id);
+  // <root><run_id>/gen
+  static std::string generation_counter(std::string_view run_id, std::string_view root = kRoot);
 
-  std::string prefix() const { return prefix_; }  // /ddprun/<run_id>/g<G>/
+  std::string prefix() const { return prefix_; }  // <root><run_id>/g<G>/
   RoundKeys round(int64_t round) const;
   std::string heartbeat(std::string_view agent) const;
-  std::string current_round() const { return prefix_ + "current"; }
-  std::string ended() const { return prefix_ + "ended"; }
-  std::string exited() const { return prefix_ + "exited"; }
-  std::string done() const { return prefix_ + "done"; }
+  std::string heartbeat_time(std::string_view agent) const;
+  std::string current_round() const { return at(job_names::kCurrent); }
+  std::string ended() const { return at(job_names::kEnded); }
+  std::string exited() const { return at(job_names::kExited); }
+  std::string left(std::string_view agent) const { return at(job_names::kLeft, agent); }
+  std::string left_all() const { return at(job_names::kLeft); }
+  std::string done() const { return at(job_names::kDone); }
 
  private:
+  std::string at(std::string_view name, std::string_view suffix = {}) const {
+    std::string k = prefix_;
+    k.append(name).append(suffix);
+    return k;
+  }
   std::string run_id_;
   int64_t generation_;
   std::string prefix_;
 };
 
-// The run id of a key under /ddprun/<run id>/ (any key there, ddprun's layout or not); empty for
-// every other key.
-std::string_view job_of_key(std::string_view key);
-// Whether `key` is a job's refusal note (JobKeys::refusal_note).
-bool is_refusal_note(std::string_view key);
+// The names of an agent's heartbeat keys within a generation (ParsedKey::name): "hb/<agent>" and
+// "hb/<agent>/time".
+std::string heartbeat_name(std::string_view agent);
+std::string heartbeat_time_name(std::string_view agent);
 
 // A key under /ddprun/, taken apart.
 struct ParsedKey {

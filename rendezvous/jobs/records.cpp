@@ -1,4 +1,4 @@
-#include "rendezvous/core/records.hpp"
+#include "rendezvous/jobs/records.hpp"
 
 #include "rendezvous/core/json_fields.hpp"
 

@@ -1,4 +1,4 @@
-#include "rendezvous/core/job_keys.hpp"
+#include "rendezvous/jobs/job_keys.hpp"
 
 #include "common/numbers.hpp"
 
@@ -7,11 +7,6 @@ namespace ddprun::rdzv::jobs {
 using json = nlohmann::json;
 
 namespace {
-
-bool run_id_char(char c) {
-  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' || c == '_' ||
-         c == '-' || c == ':';
-}
 
 // "g12" / "r0" -> 12 / 0; nullopt when the prefix letter or the number is wrong.
 std::optional<int64_t> numbered(std::string_view part, char letter) {
@@ -27,57 +22,26 @@ constexpr std::string_view kHang = "hang:";
 
 }  // namespace
 
-bool valid_run_id(std::string_view run_id, std::string* why) {
-  if (run_id.empty()) {
-    if (why) *why = "it is empty";
-    return false;
-  }
-  if (run_id.size() > 200) {
-    if (why) *why = "it is longer than 200 characters";
-    return false;
-  }
-  for (char c : run_id) {
-    if (!run_id_char(c)) {
-      if (why) *why = std::string("it contains '") + c + "'; use letters, digits and . _ - :";
-      return false;
-    }
-  }
-  return true;
-}
-
-JobKeys::JobKeys(std::string run_id, int64_t generation)
+JobKeys::JobKeys(std::string run_id, int64_t generation, std::string_view root)
     : run_id_(std::move(run_id)),
       generation_(generation),
-      prefix_(job_prefix(run_id_) + "g" + std::to_string(generation_) + "/") {}
+      prefix_(job_prefix(run_id_, root) + "g" + std::to_string(generation_) + "/") {}
 
-std::string JobKeys::generation_counter(std::string_view run_id) { return job_prefix(run_id) + "gen"; }
-
-namespace {
-constexpr std::string_view kRefusalNote = "store_refusal";
-}  // namespace
-
-std::string JobKeys::refusal_note(std::string_view run_id) { return job_prefix(run_id) + std::string(kRefusalNote); }
-
-bool is_refusal_note(std::string_view key) {
-  const std::string_view run_id = job_of_key(key);
-  return !run_id.empty() && key.substr(kRoot.size() + run_id.size() + 1) == kRefusalNote;
-}
-
-std::string_view job_of_key(std::string_view key) {
-  if (!key.starts_with(kRoot)) return {};
-  const std::string_view rest = key.substr(kRoot.size());
-  const size_t slash = rest.find('/');
-  if (slash == std::string_view::npos || slash == 0) return {};
-  return rest.substr(0, slash);
-}
-
-std::string JobKeys::job_prefix(std::string_view run_id) {
-  return std::string(kRoot) + std::string(run_id) + "/";
+std::string JobKeys::generation_counter(std::string_view run_id, std::string_view root) {
+  return job_prefix(run_id, root) + std::string(job_names::kGeneration);
 }
 
 RoundKeys JobKeys::round(int64_t round) const { return RoundKeys(prefix_ + "r" + std::to_string(round) + "/"); }
 
-std::string JobKeys::heartbeat(std::string_view agent) const { return prefix_ + "hb/" + std::string(agent); }
+std::string heartbeat_name(std::string_view agent) { return std::string(job_names::kHeartbeat).append(agent); }
+
+std::string heartbeat_time_name(std::string_view agent) {
+  return heartbeat_name(agent).append(job_names::kHeartbeatTime);
+}
+
+std::string JobKeys::heartbeat(std::string_view agent) const { return prefix_ + heartbeat_name(agent); }
+
+std::string JobKeys::heartbeat_time(std::string_view agent) const { return prefix_ + heartbeat_time_name(agent); }
 
 std::optional<ParsedKey> parse_key(std::string_view key, std::string* why) {
   auto fail = [&](std::string reason) -> std::optional<ParsedKey> {
@@ -93,8 +57,8 @@ std::optional<ParsedKey> parse_key(std::string_view key, std::string* why) {
   std::string reason;
   if (!valid_run_id(out.run_id, &reason)) return fail("run id not valid: " + reason);
   rest = rest.substr(slash + 1);
-  if (rest == "gen") {
-    out.name = "gen";
+  if (rest == job_names::kGeneration) {
+    out.name = std::string(job_names::kGeneration);
     return out;
   }
   const auto gslash = rest.find('/');
