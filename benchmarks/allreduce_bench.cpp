@@ -52,7 +52,9 @@ int main(int argc, char** argv) {
   auto spinning = c10::make_intrusive<DdpCommGroup>(pg, dist.store(), "allreduce_bench/spin/", dist.timeout(), true);
   dist.print("All-reduce latency, ", dist.world_size(), " processes, ", iterations,
              " iterations; mean over iterations (slowest rank), p50, p90 in ms");
-  dist.print("| floats | ProcessGroupGloo mean / p50 / p90 | direct, sleeping | direct, spinning | mean ratio PG/direct (sleeping, spinning) | same bits |");
+  dist.print(
+      "| floats | ProcessGroupGloo mean / p50 / p90 | direct, sleeping | direct, spinning | mean ratio PG/direct "
+      "(sleeping, spinning) | same bits |");
   dist.print("|---:|---|---|---|---|---|");
   for (int64_t n : {1024, 61706, 262144, 1048576}) {
     torch::manual_seed(dist.rank() + 1);

@@ -52,7 +52,8 @@ double run_round(int n, const std::function<std::unique_ptr<launcher::rendezvous
       }
       StopSignal stop;
       std::unique_ptr<launcher::rendezvous::RendezvousBackend> r = make(k);
-      const auto result = r->join(r->first_round(stop), 1, [] { return uint16_t{1}; }, stop);
+      const auto result = r->join(
+          r->first_round(stop), 1, [] { return uint16_t{1}; }, stop);
       if (const auto* w = std::get_if<launcher::rendezvous::World>(&result)) {
         if (w->world_size != n) ++wrong;
         rank_sum += w->rank_offset;
@@ -104,9 +105,10 @@ int main(int argc, char** argv) {
   so.host = "127.0.0.1";
   rdzv::ServerThread daemon(so);
 
-  std::printf("| agents | ddprun store: s, median (min-max) of %d | etcd, %d member%s: s, median (min-max) | "
-              "ratio of medians etcd / store |\n|---:|---:|---:|---:|\n",
-              repeats, members, members == 1 ? "" : "s");
+  std::printf(
+      "| agents | ddprun store: s, median (min-max) of %d | etcd, %d member%s: s, median (min-max) | "
+      "ratio of medians etcd / store |\n|---:|---:|---:|---:|\n",
+      repeats, members, members == 1 ? "" : "s");
   int job = 0;
   for (const int n : counts) {
     std::vector<double> store_s, etcd_s;

@@ -37,7 +37,7 @@ struct Round {
   double requests_per_agent = 0;
   int wrong = 0;
   std::string by_op;        // requests per agent, by operation
-  int failed = 0;            // agents whose join threw
+  int failed = 0;           // agents whose join threw
   std::string first_error;  // what the first of them said
 };
 
@@ -74,7 +74,8 @@ Round run_round(bool dynamic, int n, bool secured, int repeat) {
   for (int k = 0; k < n; ++k) {
     agents.emplace_back([&, k] {
       launcher::rendezvous::store::StoreRendezvousOptions o;
-      o.run_id = std::string(dynamic ? "bench-c10d-" : "bench-static-") + std::to_string(n) + "-" + std::to_string(repeat);
+      o.run_id =
+          std::string(dynamic ? "bench-c10d-" : "bench-static-") + std::to_string(n) + "-" + std::to_string(repeat);
       o.dynamic = dynamic;
       o.min_nodes = n;
       o.nnodes = n;
@@ -103,7 +104,8 @@ Round run_round(bool dynamic, int n, bool secured, int repeat) {
       try {
         StopSignal stop;
         launcher::rendezvous::store::StoreRendezvous r(o, stop);
-        const auto w = std::get<launcher::rendezvous::World>(r.join(0, 1, [] { return uint16_t{1}; }, stop));
+        const auto w = std::get<launcher::rendezvous::World>(r.join(
+            0, 1, [] { return uint16_t{1}; }, stop));
         // Static: rank = node rank. Dynamic: any permutation, checked by the sum below.
         if ((!dynamic && w.rank_offset != k) || w.world_size != n || w.rank_offset != w.group_rank) ++wrong;
         rank_sum += w.rank_offset;
@@ -170,9 +172,10 @@ int main(int argc, char** argv) {
       repeats = std::max(1, std::stoi(a));
     }
   }
-  std::printf("| backend | agents | store | first join -> all ranked (s), median of %d | CPU s (agents + store) "
-              "| store requests per agent | wrong ranks | failed agents |\n|---|---:|---|---:|---:|---:|---:|---:|\n",
-              repeats);
+  std::printf(
+      "| backend | agents | store | first join -> all ranked (s), median of %d | CPU s (agents + store) "
+      "| store requests per agent | wrong ranks | failed agents |\n|---|---:|---|---:|---:|---:|---:|---:|\n",
+      repeats);
   for (const bool dynamic : backends) {
     for (const int n : counts) {
       double median[2] = {0, 0}, cpu[2] = {0, 0};

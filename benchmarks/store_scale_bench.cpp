@@ -47,11 +47,11 @@
 namespace {
 
 using Clock = std::chrono::steady_clock;
+using ddprun::bench::ServerProcess;
 using ddprun::rdzv::put_bytes;
 using ddprun::rdzv::put_i64;
 using ddprun::rdzv::put_u64;
 using ddprun::rdzv::put_u8;
-using ddprun::bench::ServerProcess;
 
 std::vector<std::string> split_words(const std::string& list) {
   std::vector<std::string> out;
@@ -169,8 +169,8 @@ RunResult drive(uint16_t port, int n, std::chrono::seconds timeout) {
       // that are not in /etc/hosts: `--sources 1` keeps to 127.0.0.1.)
       sockaddr_in src{};
       src.sin_family = AF_INET;
-      src.sin_addr.s_addr = htonl(g_sources <= 1 ? INADDR_LOOPBACK
-                                                 : INADDR_LOOPBACK + 2 + static_cast<uint32_t>(next % g_sources));
+      src.sin_addr.s_addr =
+          htonl(g_sources <= 1 ? INADDR_LOOPBACK : INADDR_LOOPBACK + 2 + static_cast<uint32_t>(next % g_sources));
       ::setsockopt(r.fd, IPPROTO_IP, IP_BIND_ADDRESS_NO_PORT, &one, sizeof one);
       ::bind(r.fd, reinterpret_cast<sockaddr*>(&src), sizeof src);
       if (::connect(r.fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 && errno != EINPROGRESS) {
@@ -224,8 +224,8 @@ RunResult drive(uint16_t port, int n, std::chrono::seconds timeout) {
       // Read what this rank's current reply needs.
       for (;;) {
         char tmp[4096];
-        const size_t want = r.state == Rank::State::GetValue ? std::min<uint64_t>(r.value_left, sizeof tmp)
-                                                              : r.need - r.got;
+        const size_t want =
+            r.state == Rank::State::GetValue ? std::min<uint64_t>(r.value_left, sizeof tmp) : r.need - r.got;
         if (want == 0) break;
         const ssize_t got = ::recv(r.fd, r.state == Rank::State::GetValue ? tmp : r.buf + r.got, want, 0);
         if (got < 0 && (errno == EAGAIN || errno == EINTR)) break;
@@ -259,12 +259,10 @@ RunResult drive(uint16_t port, int n, std::chrono::seconds timeout) {
             r.value_left = ddprun::rdzv::load_u64(r.buf);
             r.state = Rank::State::GetValue;
             break;
-          case Rank::State::GetValue:
-            break;
+          case Rank::State::GetValue: break;
           case Rank::State::Idle:
           case Rank::State::Connecting:
-          case Rank::State::Done:
-            break;
+          case Rank::State::Done: break;
         }
         if (r.state == Rank::State::GetValue && r.value_left == 0) {
           r.state = Rank::State::Done;
@@ -326,7 +324,8 @@ int main(int argc, char** argv) {
   if (dialect_flag == "legacy") {
     g_dialect = ddprun::rdzv::Dialect::Legacy;
   } else if (!dialect_flag.empty() && dialect_flag != "v2") {
-    std::cerr << "store_scale_bench: --dialect must be legacy (PyTorch 1.x) or v2 (2.x), got '" << dialect_flag << "'\n";
+    std::cerr << "store_scale_bench: --dialect must be legacy (PyTorch 1.x) or v2 (2.x), got '" << dialect_flag
+              << "'\n";
     return 2;
   }
   if (connect_port > 0) {
@@ -346,12 +345,13 @@ int main(int argc, char** argv) {
   }
   ddprun::raise_open_file_limit();
   ::signal(SIGPIPE, SIG_IGN);
-  std::printf("Store scale: N ranks, one connection each (one epoll loop): connect, ADD, last rank SETs, all WAIT, GET;"
-              " %s dialect; %d source address%s\n",
-              g_dialect == ddprun::rdzv::Dialect::V2 ? "2.x (VALIDATE first)" : "1.13", g_sources,
-              g_sources == 1 ? "" : "es");
-  std::printf("| ranks | load | server | finished | seconds | us per rank | server peak RSS MiB | server RSS growth MiB |"
-              " server CPU s |\n");
+  std::printf(
+      "Store scale: N ranks, one connection each (one epoll loop): connect, ADD, last rank SETs, all WAIT, GET;"
+      " %s dialect; %d source address%s\n",
+      g_dialect == ddprun::rdzv::Dialect::V2 ? "2.x (VALIDATE first)" : "1.13", g_sources, g_sources == 1 ? "" : "es");
+  std::printf(
+      "| ranks | load | server | finished | seconds | us per rank | server peak RSS MiB | server RSS growth MiB |"
+      " server CPU s |\n");
   std::printf("|---:|---|---|---:|---:|---:|---:|---:|---:|\n");
   struct Row {
     RunResult r;
@@ -364,9 +364,9 @@ int main(int argc, char** argv) {
         std::vector<Row> rows;
         for (int k = 0; k < 2; ++k) {
           if (k == 1 && libtorch.empty()) continue;
-          std::vector<std::string> server_argv = k == 0
-              ? std::vector<std::string>{daemon, "--host", "127.0.0.1", "--port", "0"}
-              : std::vector<std::string>{libtorch, "serve", "torch"};
+          std::vector<std::string> server_argv =
+              k == 0 ? std::vector<std::string>{daemon, "--host", "127.0.0.1", "--port", "0"}
+                     : std::vector<std::string>{libtorch, "serve", "torch"};
           const char* name = k == 0 ? "ddprun-rendezvous" : "LibTorch TCPStore";
           ServerProcess server(server_argv);
           Spinners spin(load == "busy" ? static_cast<int>(::sysconf(_SC_NPROCESSORS_ONLN)) : 0);
@@ -387,9 +387,11 @@ int main(int argc, char** argv) {
         if (rows.size() == 2 && rows[0].r.finished == n && rows[1].r.finished == n) {
           ours.push_back(rows[0].r.seconds);
           theirs.push_back(rows[1].r.seconds);
-          std::printf("| %d | %s | ratio LibTorch/ddprun (time; >1: ddprun faster) | | %.2fx | | %.2fx (memory) | | %.2fx (CPU) |\n",
-                      n, load.c_str(), rows[1].r.seconds / rows[0].r.seconds, rows[1].peak_mib / rows[0].peak_mib,
-                      rows[1].cpu / std::max(rows[0].cpu, 1e-3));
+          std::printf(
+              "| %d | %s | ratio LibTorch/ddprun (time; >1: ddprun faster) | | %.2fx | | %.2fx (memory) | | %.2fx "
+              "(CPU) |\n",
+              n, load.c_str(), rows[1].r.seconds / rows[0].r.seconds, rows[1].peak_mib / rows[0].peak_mib,
+              rows[1].cpu / std::max(rows[0].cpu, 1e-3));
         }
       }
       if (ours.size() > 1) {

@@ -48,8 +48,8 @@ size_t walk(const std::vector<std::string>& args, size_t first, const FlagLookup
   return i;
 }
 
-void print_option(std::ostream& out, const std::string& names, const std::string& help,
-                  const std::string& default_text, size_t width) {
+void print_option(std::ostream& out, const std::string& names, const std::string& help, const std::string& default_text,
+                  size_t width) {
   constexpr size_t kColumn = 25;  // where the help starts
   std::vector<std::string> words;
   std::istringstream in(plain(help));

@@ -32,8 +32,8 @@ Level level_from_env() {
     return level;
   }
   if (!parse_level(text, level)) {
-    std::string msg = "ddprun: ignoring DDPRUN_LOG_LEVEL='" + std::string(text) +
-                      "' (expected debug, info, warn or error)\n";
+    std::string msg =
+        "ddprun: ignoring DDPRUN_LOG_LEVEL='" + std::string(text) + "' (expected debug, info, warn or error)\n";
     [[maybe_unused]] auto n = ::write(STDERR_FILENO, msg.data(), msg.size());
   }
   return level;

@@ -58,7 +58,6 @@ inline Line error(std::string_view component) { return Line(Level::Error, compon
 }  // namespace ddprun::log
 
 // Skips formatting entirely when the level is off: DDPRUN_LOG_DEBUG("store") << expensive();
-#define DDPRUN_LOG_DEBUG(component) \
+#define DDPRUN_LOG_DEBUG(component)                           \
   if (!::ddprun::log::enabled(::ddprun::log::Level::Debug)) { \
-  } else \
-    ::ddprun::log::debug(component)
+  } else ::ddprun::log::debug(component)

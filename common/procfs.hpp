@@ -14,7 +14,7 @@
 namespace ddprun::procfs {
 
 struct ProcStat {
-  char state = '?';          // R, S, D, T, Z, ...
+  char state = '?';  // R, S, D, T, Z, ...
   pid_t pgid = -1;
   uint64_t cpu_ticks = 0;    // utime + stime of all its threads
   uint64_t child_ticks = 0;  // cutime + cstime: children it has reaped
@@ -40,7 +40,7 @@ std::vector<pid_t> process_tree(pid_t root, size_t limit = 4096);
 uint64_t tree_cpu_ticks(const std::vector<pid_t>& tree);
 
 struct TcpConnection {
-  std::string local;   // "10.0.0.1:41234", "[fe80::1]:41234" (IPv4-mapped IPv6 shown as IPv4)
+  std::string local;  // "10.0.0.1:41234", "[fe80::1]:41234" (IPv4-mapped IPv6 shown as IPv4)
   std::string remote;
   uint16_t remote_port = 0;
 };

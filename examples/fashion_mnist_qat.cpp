@@ -177,8 +177,8 @@ int main(int argc, char** argv) {
     for (int epoch = 0; epoch < flags.epochs; ++epoch) {
       const double loss = train_epoch(dist, fp32_ddp, fp32_opt, sampler, train, flags, epoch);
       char line[160];
-      std::snprintf(line, sizeof line, "fp32 epoch %d/%d: loss %.4f, test accuracy %.4f", epoch + 1, flags.epochs,
-                    loss, accuracy(dist, *fp32, test));
+      std::snprintf(line, sizeof line, "fp32 epoch %d/%d: loss %.4f, test accuracy %.4f", epoch + 1, flags.epochs, loss,
+                    accuracy(dist, *fp32, test));
       dist.print(line);
     }
     // fuse_modules_qat + prepare_qat: the fused modules take the float model's weights, BatchNorm's
@@ -202,16 +202,18 @@ int main(int argc, char** argv) {
     torch::optim::SGD opt(ddp.parameters(), fine_tune);
     // The FP32 baseline is fine-tuned alongside, the same epochs at the same rate without fake
     // quantization: the int8 model is held to a float model of the same training.
-    for (auto& group : fp32_opt.param_groups()) static_cast<torch::optim::SGDOptions&>(group.options()).lr(fine_tune.lr());
+    for (auto& group : fp32_opt.param_groups())
+      static_cast<torch::optim::SGDOptions&>(group.options()).lr(fine_tune.lr());
     for (int epoch = 0; epoch < kQatEpochs; ++epoch) {
       if (epoch == kBatchNormEpochs) qat::freeze_bn_stats(*model);
       if (epoch == kObserverEpochs) qat::enable_observer(*model, false);
       const double fp32_loss = train_epoch(dist, fp32_ddp, fp32_opt, sampler, train, flags, flags.epochs + epoch);
       const double loss = train_epoch(dist, ddp, opt, sampler, train, flags, flags.epochs + epoch);
       char line[240];
-      std::snprintf(line, sizeof line, "qat epoch %d/%d: loss %.4f, fake-quant test accuracy %.4f (fp32: %.4f, %.4f)%s%s",
-                    epoch + 1, kQatEpochs, loss, accuracy(dist, *model, test), fp32_loss, accuracy(dist, *fp32, test),
-                    epoch >= kBatchNormEpochs ? ", BatchNorm frozen" : "", epoch >= kObserverEpochs ? ", observers off" : "");
+      std::snprintf(
+          line, sizeof line, "qat epoch %d/%d: loss %.4f, fake-quant test accuracy %.4f (fp32: %.4f, %.4f)%s%s",
+          epoch + 1, kQatEpochs, loss, accuracy(dist, *model, test), fp32_loss, accuracy(dist, *fp32, test),
+          epoch >= kBatchNormEpochs ? ", BatchNorm frozen" : "", epoch >= kObserverEpochs ? ", observers off" : "");
       dist.print(line);
     }
     const double train_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -264,14 +266,15 @@ int main(int argc, char** argv) {
                   100.0 * static_cast<double>(int8_bytes) / static_cast<double>(fp32_bytes));
     dist.print(line);
     char json[768];
-    std::snprintf(json, sizeof json,
-                  "{\"example\": \"fashion_mnist_qat\", \"world_size\": %d, \"epochs\": %d, \"batch_size_per_rank\": %d, "
-                  "\"fp32_accuracy\": %.4f, \"fake_quant_accuracy\": %.4f, \"int8_accuracy\": %.4f, \"int8_engine\": "
-                  "\"%s\", \"fp32_ms_per_batch\": %.3f, \"int8_ms_per_batch\": {%s}, \"fp32_bytes\": %lld, "
-                  "\"int8_bytes\": %lld, \"train_seconds\": %.1f}",
-                  dist.world_size(), flags.epochs + kQatEpochs, flags.batch_size, fp32_accuracy, fake_quant_accuracy,
-                  int8_accuracy[best], best.c_str(), fp32_ms, times.c_str(), static_cast<long long>(fp32_bytes),
-                  static_cast<long long>(int8_bytes), train_seconds);
+    std::snprintf(
+        json, sizeof json,
+        "{\"example\": \"fashion_mnist_qat\", \"world_size\": %d, \"epochs\": %d, \"batch_size_per_rank\": %d, "
+        "\"fp32_accuracy\": %.4f, \"fake_quant_accuracy\": %.4f, \"int8_accuracy\": %.4f, \"int8_engine\": "
+        "\"%s\", \"fp32_ms_per_batch\": %.3f, \"int8_ms_per_batch\": {%s}, \"fp32_bytes\": %lld, "
+        "\"int8_bytes\": %lld, \"train_seconds\": %.1f}",
+        dist.world_size(), flags.epochs + kQatEpochs, flags.batch_size, fp32_accuracy, fake_quant_accuracy,
+        int8_accuracy[best], best.c_str(), fp32_ms, times.c_str(), static_cast<long long>(fp32_bytes),
+        static_cast<long long>(int8_bytes), train_seconds);
     dist.print(json);
     return 0;
   } catch (const std::exception& e) {

@@ -11,7 +11,8 @@ constexpr int64_t kVocab = 1000, kMaxLen = 40;
 
 struct LstmClassifierImpl : torch::nn::Module {
   LstmClassifierImpl()
-      : embedding(register_module("embedding", torch::nn::Embedding(torch::nn::EmbeddingOptions(kVocab, 32).padding_idx(0)))),
+      : embedding(
+            register_module("embedding", torch::nn::Embedding(torch::nn::EmbeddingOptions(kVocab, 32).padding_idx(0)))),
         lstm(register_module("lstm", torch::nn::LSTM(torch::nn::LSTMOptions(32, 64).batch_first(true)))),
         head(register_module("head", torch::nn::Linear(64, 2))) {}
   torch::Tensor forward(torch::Tensor tokens, torch::Tensor lengths) {

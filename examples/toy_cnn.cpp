@@ -36,7 +36,8 @@ int main(int argc, char** argv) {
   defaults.epochs = 3;
   defaults.batch_size = 32;
   defaults.lr = 0.01;
-  const auto flags = parse_example_flags(argc, argv, "toy_cnn", "The two-conv ToyModel on synthetic 3x32x32 data.", defaults);
+  const auto flags =
+      parse_example_flags(argc, argv, "toy_cnn", "The two-conv ToyModel on synthetic 3x32x32 data.", defaults);
   try {
     const auto train = synthetic(flags.train_limit > 0 ? flags.train_limit : 8192, 1);
     const auto test = synthetic(flags.test_limit > 0 ? flags.test_limit : 1024, 2);

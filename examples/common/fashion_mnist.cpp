@@ -17,7 +17,8 @@ std::vector<uint8_t> gunzip_file(const std::string& path) {
   std::vector<uint8_t> data;
   std::vector<uint8_t> chunk(1 << 20);
   int n;
-  while ((n = gzread(f, chunk.data(), static_cast<unsigned>(chunk.size()))) > 0) data.insert(data.end(), chunk.begin(), chunk.begin() + n);
+  while ((n = gzread(f, chunk.data(), static_cast<unsigned>(chunk.size()))) > 0)
+    data.insert(data.end(), chunk.begin(), chunk.begin() + n);
   const bool failed = n < 0;
   gzclose(f);
   if (failed) throw std::runtime_error("cannot decompress " + path);

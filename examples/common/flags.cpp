@@ -60,7 +60,8 @@ ExampleFlags parse_example_flags(int argc, char** argv, const std::string& name,
     auto number = [&](double lo) {
       char* end = nullptr;
       const double v = std::strtod(value.c_str(), &end);
-      if (value.empty() || *end != '\0' || v < lo) fail(flag + ": expected a number >= " + std::to_string(lo) + ", got '" + value + "'");
+      if (value.empty() || *end != '\0' || v < lo)
+        fail(flag + ": expected a number >= " + std::to_string(lo) + ", got '" + value + "'");
       return v;
     };
     if (flag == "--epochs") f.epochs = static_cast<int>(number(1));
@@ -86,8 +87,7 @@ ExampleFlags parse_example_flags(int argc, char** argv, const std::string& name,
         fail("--comm-hook: expected allreduce, fp16, bf16 or powersgd:RANK, got '" + value + "'");
       }
       f.comm_hook = value;
-    }
-    else fail("unknown flag " + flag);
+    } else fail("unknown flag " + flag);
   }
   return f;
 }

@@ -11,16 +11,16 @@ inline constexpr int64_t kPowerSgdStartIter = 10;
 
 struct ExampleFlags {
   int epochs = 3;
-  int batch_size = 64;     // per rank: the global batch is batch_size x WORLD_SIZE
+  int batch_size = 64;  // per rank: the global batch is batch_size x WORLD_SIZE
   double lr = 0.05;
-  std::string checkpoint_dir;  // "" = no checkpoints
+  std::string checkpoint_dir;                                  // "" = no checkpoints
   std::string data_dir = "/usr/share/datasets/fashion-mnist";  // Fashion-MNIST's four .gz files
-  bool resume = false;     // load checkpoint_dir/checkpoint.pt if it exists (also after a restart)
-  int64_t max_steps = 0;   // per epoch, 0 = the whole epoch
-  int64_t train_limit = 0; // use at most this many training samples (0 = all)
+  bool resume = false;      // load checkpoint_dir/checkpoint.pt if it exists (also after a restart)
+  int64_t max_steps = 0;    // per epoch, 0 = the whole epoch
+  int64_t train_limit = 0;  // use at most this many training samples (0 = all)
   int64_t test_limit = 0;
   uint64_t seed = 0;
-  std::string comm_hook;   // "" = none; allreduce, fp16, bf16 or powersgd:RANK (the SDK's DDP communication hooks)
+  std::string comm_hook;      // "" = none; allreduce, fp16, bf16 or powersgd:RANK (the SDK's DDP communication hooks)
   int64_t powersgd_rank = 0;  // RANK of powersgd:RANK (0 otherwise)
   bool sync_bn = false;       // batch statistics over every rank (the model's SyncBatchNorm modules)
   bool zero = false;          // the optimizer's state sharded over the ranks (ZeroRedundancyOptimizer)

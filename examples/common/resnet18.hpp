@@ -19,13 +19,17 @@ namespace ddprun::examples {
 struct BasicBlockImpl : torch::nn::Module {
   BasicBlockImpl(int64_t in, int64_t out, int64_t stride)
       // In declaration order, the order they are registered in (and their parameters listed).
-      : conv1(register_module("conv1", torch::nn::Conv2d(torch::nn::Conv2dOptions(in, out, 3).stride(stride).padding(1).bias(false)))),
-        conv2(register_module("conv2", torch::nn::Conv2d(torch::nn::Conv2dOptions(out, out, 3).padding(1).bias(false)))),
+      : conv1(register_module(
+            "conv1", torch::nn::Conv2d(torch::nn::Conv2dOptions(in, out, 3).stride(stride).padding(1).bias(false)))),
+        conv2(
+            register_module("conv2", torch::nn::Conv2d(torch::nn::Conv2dOptions(out, out, 3).padding(1).bias(false)))),
         bn1(register_module("bn1", ddprun::worker::SyncBatchNorm(out))),
         bn2(register_module("bn2", ddprun::worker::SyncBatchNorm(out))) {
     if (stride != 1 || in != out) {
-      shortcut = register_module("shortcut", torch::nn::Sequential(
-          torch::nn::Conv2d(torch::nn::Conv2dOptions(in, out, 1).stride(stride).bias(false)), ddprun::worker::SyncBatchNorm(out)));
+      shortcut = register_module(
+          "shortcut",
+          torch::nn::Sequential(torch::nn::Conv2d(torch::nn::Conv2dOptions(in, out, 1).stride(stride).bias(false)),
+                                ddprun::worker::SyncBatchNorm(out)));
     }
   }
   torch::Tensor forward(torch::Tensor x) {

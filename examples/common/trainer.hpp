@@ -23,7 +23,7 @@ enum class Loss { CrossEntropy, NllOfLogSoftmax };
 // Models of variable-length sequences take (inputs, lengths); the others take inputs alone.
 template <typename Impl, typename Fn>
 torch::Tensor forward_batch(Fn&& forward, const torch::Tensor& x, const torch::Tensor& lengths) {
-  if constexpr (requires(Impl& m) { m.forward(x, lengths); }) {
+  if constexpr (requires(Impl & m) { m.forward(x, lengths); }) {
     return forward(x, lengths);
   } else {
     return forward(x);
@@ -47,8 +47,8 @@ int train_classifier(const std::string& name, const ExampleFlags& flags, std::sh
   }
   worker::DistributedDataParallel<Impl> ddp(model, dist);
   if (flags.powersgd_rank > 0) {
-    ddp.register_comm_hook(std::make_shared<worker::comm_hooks::PowerSGDState>(ddp.process_group(),
-                                                                                flags.powersgd_rank, kPowerSgdStartIter),
+    ddp.register_comm_hook(std::make_shared<worker::comm_hooks::PowerSGDState>(ddp.process_group(), flags.powersgd_rank,
+                                                                               kPowerSgdStartIter),
                            worker::comm_hooks::powerSGD_hook, "powerSGD_hook");
   } else if (!flags.comm_hook.empty()) {
     ddp.register_comm_hook(worker::comm_hooks::parse_builtin(flags.comm_hook));
@@ -56,7 +56,9 @@ int train_classifier(const std::string& name, const ExampleFlags& flags, std::sh
   // With --zero each rank's SGD holds its shard's momentum; `opt` then steps nothing.
   const auto sgd = torch::optim::SGDOptions(flags.lr).momentum(0.9);
   std::unique_ptr<worker::ZeroRedundancyOptimizer<torch::optim::SGD>> zero;
-  if (flags.zero) zero = std::make_unique<worker::ZeroRedundancyOptimizer<torch::optim::SGD>>(ddp.parameters(), sgd, dist.c10d_group());
+  if (flags.zero)
+    zero =
+        std::make_unique<worker::ZeroRedundancyOptimizer<torch::optim::SGD>>(ddp.parameters(), sgd, dist.c10d_group());
   torch::optim::SGD opt(flags.zero ? std::vector<torch::Tensor>{} : ddp.parameters(), sgd);
   const std::string ckpt = flags.checkpoint_dir.empty() ? "" : flags.checkpoint_dir + "/checkpoint.pt";
   const std::string zero_ckpt = ckpt + ".zero";  // the consolidated sharded state, beside it

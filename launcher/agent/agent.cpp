@@ -15,21 +15,21 @@
 
 namespace ddprun::launcher::agent {
 
-using cli::LaunchOptions;
 using cli::is_multi_node;
+using cli::LaunchOptions;
 using rendezvous::ProgressChannel;
 using rendezvous::RoundEnd;
 using rendezvous::World;
 using watchdog::FinalRates;
 using watchdog::format_rates_table;
-using workers::ConsoleWriter;
 using workers::Consoles;
+using workers::consoles;
+using workers::ConsoleWriter;
+using workers::format_failure_report;
 using workers::GroupOutcome;
 using workers::GroupResult;
 using workers::WorkerExit;
 using workers::WorkerLaunch;
-using workers::consoles;
-using workers::format_failure_report;
 
 bool Agent::lost_here(const RoundEnd& end, const World& world) const {
   return multi_node_ && end.kind == RoundEnd::Kind::NodeLost && end.root_node == world.group_rank;
@@ -48,7 +48,8 @@ void Agent::start_watch(int round) {
 }
 
 std::variant<World, RoundEnd> Agent::rendezvous(int round) {
-  auto joined = backend_->join(round, o_.nproc_per_node, [this] { return host_worker_store(); }, stop_);
+  auto joined = backend_->join(
+      round, o_.nproc_per_node, [this] { return host_worker_store(); }, stop_);
   if (auto* w = std::get_if<World>(&joined)) {
     if (w->restarts > restarts_) {
       // This node came (back) into a job that has restarted already: --max_restarts is the job's.
@@ -111,12 +112,14 @@ GroupResult Agent::running(const World& world) {
   rdzv::ServerThread* store = !multi_node_ || world.group_rank == 0 ? worker_store_.get() : nullptr;
   GroupResult result = supervisor_.run(launches, [&](const std::vector<pid_t>& pids) {
     health(HealthEndpoint::Phase::Running, std::to_string(pids.size()) + " workers, round " +
-                                               std::to_string(world.round) + " (restart " + std::to_string(restarts_) + ")");
-    watchdog_->start(pids, store, std::move(channel), [this](const RoundEnd& end) { on_hang(end); },
-                     [this] {
-                       std::lock_guard lock(seen_mutex_);
-                       return supervisor_.group_running() && !seen_end_;
-                     });
+                                               std::to_string(world.round) + " (restart " + std::to_string(restarts_) +
+                                               ")");
+    watchdog_->start(
+        pids, store, std::move(channel), [this](const RoundEnd& end) { on_hang(end); },
+        [this] {
+          std::lock_guard lock(seen_mutex_);
+          return supervisor_.group_running() && !seen_end_;
+        });
   });
   watchdog_->stop();
   fenced_ = false;
@@ -293,7 +296,8 @@ int Agent::run() {
     backend_ = make_backend();
     round = backend_->first_round(stop_);
   } catch (const StopRequested& s) {
-    return stopped_early(s.signal(), "received " + signal_name(s.signal()) + " before the rendezvous: no worker was started");
+    return stopped_early(s.signal(),
+                         "received " + signal_name(s.signal()) + " before the rendezvous: no worker was started");
   }
   for (;;) {
     switch (state) {
@@ -337,13 +341,15 @@ int Agent::run() {
           backend_->unwatch();
           watching_ = false;
         }
-        const Decision d = decide(end, RestartState{restarts_, o_.max_restarts, backend_->elastic(), stop_.signo(),
-                                                    result.signal});
+        const Decision d =
+            decide(end, RestartState{restarts_, o_.max_restarts, backend_->elastic(), stop_.signo(), result.signal});
         if (d.kind == Decision::Kind::Finish) {
-          if (end.kind != RoundEnd::Kind::Hang) health(HealthEndpoint::Phase::Ending, "exit code " + std::to_string(d.exit_code));
+          if (end.kind != RoundEnd::Kind::Hang)
+            health(HealthEndpoint::Phase::Ending, "exit code " + std::to_string(d.exit_code));
           return finish(round, world, end, result, d.exit_code);
         }
-        health(HealthEndpoint::Phase::Restarting, end.detail.empty() ? "round " + std::to_string(round + 1) : end.detail);
+        health(HealthEndpoint::Phase::Restarting,
+               end.detail.empty() ? "round " + std::to_string(round + 1) : end.detail);
         announce_next_round(d.kind, end, world);
         ++round;
         state = State::Rendezvous;
@@ -367,10 +373,11 @@ void check_report_path(const std::string& path) {
   }
   const fs::path dir = target.has_parent_path() ? target.parent_path() : fs::path(".");
   fs::create_directories(dir, ec);
-  if (ec) throw ConfigError("--report_file " + path + ": cannot create its directory " + dir.string() + ": " + ec.message());
+  if (ec)
+    throw ConfigError("--report_file " + path + ": cannot create its directory " + dir.string() + ": " + ec.message());
   if (::access(dir.c_str(), W_OK | X_OK) != 0) {
-    throw ConfigError("--report_file " + path + ": its directory " + dir.string() + " is not writable: " +
-                      std::strerror(errno));
+    throw ConfigError("--report_file " + path + ": its directory " + dir.string() +
+                      " is not writable: " + std::strerror(errno));
   }
 }
 

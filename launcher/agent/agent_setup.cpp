@@ -20,10 +20,10 @@
 
 namespace ddprun::launcher::agent {
 
+using cli::is_multi_node;
 using cli::LaunchOptions;
 using cli::LocalRankArg;
 using cli::RdzvBackend;
-using cli::is_multi_node;
 using rendezvous::LocalRendezvous;
 using rendezvous::RendezvousBackend;
 using rendezvous::World;
@@ -31,39 +31,39 @@ using rendezvous::etcd::EtcdRendezvous;
 using rendezvous::etcd::EtcdRendezvousOptions;
 using rendezvous::store::StoreRendezvous;
 using rendezvous::store::StoreRendezvousOptions;
+using watchdog::stack_signal;
 using watchdog::Watchdog;
 using watchdog::WatchdogSettings;
 using watchdog::WatchedRank;
-using watchdog::stack_signal;
-using workers::AttemptContext;
-using workers::Environment;
-using workers::GpuMaker;
-using workers::NumaBinding;
-using workers::RankPlacement;
-using workers::SignalWatcher;
-using workers::SpawnRequest;
-using workers::SpawnedProcess;
-using workers::SupervisorSettings;
-using workers::Topology;
-using workers::WorkerLaunch;
-using workers::WorkerPlacement;
-using workers::Zygote;
 using workers::allowed_cpus;
+using workers::AttemptContext;
 using workers::become_subreaper;
 using workers::current_environment;
+using workers::Environment;
 using workers::expand_prefix;
 using workers::format_cpu_list;
+using workers::GpuMaker;
 using workers::is_stop_signal;
 using workers::numa_binding_name;
+using workers::NumaBinding;
 using workers::place_ranks;
+using workers::RankPlacement;
 using workers::read_topology;
+using workers::SignalWatcher;
 using workers::spawn_process;
+using workers::SpawnedProcess;
+using workers::SpawnRequest;
 using workers::substitute_args;
+using workers::SupervisorSettings;
 using workers::to_envp;
+using workers::Topology;
 using workers::visible_gpu_ids;
 using workers::visible_gpus_of;
 using workers::worker_environment;
+using workers::WorkerLaunch;
+using workers::WorkerPlacement;
 using workers::write_python_hook;
+using workers::Zygote;
 
 std::string host_name() {
   char buf[256] = {};
@@ -92,7 +92,8 @@ std::vector<std::string> resolve_all(const std::vector<std::string>& names) {
     hints.ai_socktype = SOCK_STREAM;
     addrinfo* res = nullptr;
     if (::getaddrinfo(name.c_str(), nullptr, &hints, &res) != 0) {
-      log::warn("ddprun") << "cannot resolve node address '" << name << "': its workers may be refused by the worker store";
+      log::warn("ddprun") << "cannot resolve node address '" << name
+                          << "': its workers may be refused by the worker store";
       continue;
     }
     for (addrinfo* ai = res; ai; ai = ai->ai_next) {
@@ -113,8 +114,9 @@ Agent::Agent(const LaunchOptions& o, JobReport& report)
       base_env_(current_environment()),
       host_(host_name()),
       run_dir_(o),
-      supervisor_(SupervisorSettings{o.shutdown_timeout, host_name(), multi_node_ ? o.node_rank : -1, 12,
-                                     o.progress_interval}, &guard_),
+      supervisor_(
+          SupervisorSettings{o.shutdown_timeout, host_name(), multi_node_ ? o.node_rank : -1, 12, o.progress_interval},
+          &guard_),
       file_timer_(o.file_timer),
       capture_stacks_(o.hang_timeout.count() > 0 || file_timer_) {
   become_subreaper();
@@ -283,7 +285,8 @@ std::unique_ptr<RendezvousBackend> Agent::make_backend() {
     eo.host = host_;
     eo.etcd.endpoints = o_.etcd.endpoints;
     eo.etcd.user = o_.etcd.user;
-    if (!o_.etcd.password_file.empty()) eo.etcd.password = rdzv::read_private_file(o_.etcd.password_file, "etcd password file");
+    if (!o_.etcd.password_file.empty())
+      eo.etcd.password = rdzv::read_private_file(o_.etcd.password_file, "etcd password file");
     eo.etcd.ca_file = o_.etcd.ca_file;
     eo.etcd.cert_file = o_.etcd.cert_file;
     eo.etcd.key_file = o_.etcd.key_file;
@@ -358,8 +361,8 @@ uint16_t Agent::host_worker_store() {
 }
 
 fs::path Agent::attempt_directory(const World& world) const {
-  return run_dir_.path /
-         ("attempt_" + std::to_string(restarts_) + (world.round != restarts_ ? "_round_" + std::to_string(world.round) : ""));
+  return run_dir_.path / ("attempt_" + std::to_string(restarts_) +
+                          (world.round != restarts_ ? "_round_" + std::to_string(world.round) : ""));
 }
 
 std::unique_ptr<Watchdog> Agent::make_watchdog(const World& world, const fs::path& attempt_dir) {
@@ -407,12 +410,12 @@ std::vector<WorkerLaunch> Agent::make_launches(const World& world, const fs::pat
   // One file per stream for every rank of the attempt, as torchrun writes them.
   std::shared_ptr<FilteredCopy> stdout_filtered, stderr_filtered;
   if (!o_.duplicate_stdout_filters.empty()) {
-    stdout_filtered = std::make_shared<FilteredCopy>(o_.duplicate_stdout_filters,
-                                                     (attempt_dir / "filtered_stdout.log").string());
+    stdout_filtered =
+        std::make_shared<FilteredCopy>(o_.duplicate_stdout_filters, (attempt_dir / "filtered_stdout.log").string());
   }
   if (!o_.duplicate_stderr_filters.empty()) {
-    stderr_filtered = std::make_shared<FilteredCopy>(o_.duplicate_stderr_filters,
-                                                     (attempt_dir / "filtered_stderr.log").string());
+    stderr_filtered =
+        std::make_shared<FilteredCopy>(o_.duplicate_stderr_filters, (attempt_dir / "filtered_stderr.log").string());
   }
   // --merge_lines: one merger per console stream for the group (it prints what waits when the
   // group ends and the last launch holding it goes).

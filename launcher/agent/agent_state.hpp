@@ -32,20 +32,20 @@
 namespace ddprun::launcher::agent {
 
 using cli::LaunchOptions;
+using ddprun::StopSignal;
 using rendezvous::RendezvousBackend;
 using rendezvous::RoundEnd;
 using rendezvous::World;
 using watchdog::Watchdog;
 using workers::Environment;
 using workers::FilteredCopy;
-using workers::LineMerger;
 using workers::GroupResult;
+using workers::LineMerger;
 using workers::OrphanGuard;
 using workers::RankPlacement;
 using workers::SignalWatcher;
-using workers::SpawnRequest;
 using workers::SpawnedProcess;
-using ddprun::StopSignal;
+using workers::SpawnRequest;
 using workers::Supervisor;
 using workers::WorkerLaunch;
 using workers::Zygote;
@@ -136,14 +136,14 @@ class Agent {
   // Elastic jobs: CLOCK_MONOTONIC ns until which this node's place in the job is confirmed (the
   // fence's window from the last heartbeat taken); the workers' progress pages carry it.
   std::atomic<uint64_t> membership_until_ns_{0};
-  void confirm_membership();                          // the guard stopped the last group's workers
+  void confirm_membership();  // the guard stopped the last group's workers
   Environment base_env_;
   std::string host_;
   std::string signals_text_;
   std::optional<std::vector<std::string>> gpus_;
   std::string gpu_variable_ = "CUDA_VISIBLE_DEVICES";  // how a worker is told its GPU
-  std::vector<RankPlacement> placements_;  // --numa_binding, by local rank
-  bool omp_threads_per_rank_ = false;      // OMP_NUM_THREADS was not set: each rank gets its share
+  std::vector<RankPlacement> placements_;              // --numa_binding, by local rank
+  bool omp_threads_per_rank_ = false;                  // OMP_NUM_THREADS was not set: each rank gets its share
   RunDirectory run_dir_;
   Supervisor supervisor_;
   std::unique_ptr<SignalWatcher> signals_;  // after supervisor_: destroyed (joined) before it
@@ -155,7 +155,7 @@ class Agent {
   const bool capture_stacks_;
   std::string timer_file_;
   std::string python_hook_dir_;
-  std::unique_ptr<Watchdog> watchdog_;  // the current round's
+  std::unique_ptr<Watchdog> watchdog_;      // the current round's
   std::unique_ptr<HealthEndpoint> health_;  // TORCHELASTIC_HEALTH_CHECK_PORT
   void health(HealthEndpoint::Phase phase, std::string detail) {
     if (health_) health_->set(phase, std::move(detail));
@@ -165,7 +165,7 @@ class Agent {
   bool watching_ = false;
   std::mutex seen_mutex_;
   std::optional<RoundEnd> seen_end_;  // the round's end as the watcher saw it
-  std::unique_ptr<Zygote> zygote_;     // --preload; last: gone before the run directory
+  std::unique_ptr<Zygote> zygote_;    // --preload; last: gone before the run directory
   bool zygote_announced_ = false;
 };
 

@@ -27,8 +27,8 @@ using watchdog::FinalRates;
 using watchdog::RankRate;
 using watchdog::to_json;
 using workers::GroupResult;
-using workers::WorkerExit;
 using workers::read_error_file;
+using workers::WorkerExit;
 
 using json = nlohmann::json;
 namespace fs = std::filesystem;
@@ -142,7 +142,8 @@ void JobReport::round_ended(const RoundEnd& end, const GroupResult& result) {
   a.outcome = outcome_name(end.kind);
   a.detail = end.detail;
   a.workers = result.exits;
-  std::sort(a.workers.begin(), a.workers.end(), [](const WorkerExit& x, const WorkerExit& y) { return x.rank < y.rank; });
+  std::sort(a.workers.begin(), a.workers.end(),
+            [](const WorkerExit& x, const WorkerExit& y) { return x.rank < y.rank; });
   a.stopped_ranks = std::set<int>(result.stopped_ranks.begin(), result.stopped_ranks.end());
   failures_ = result.failures;
 }
@@ -171,8 +172,8 @@ json JobReport::attempt_json(const Attempt& a) const {
             {"started_at", time_or_null(a.started)},
             {"ended_at", time_or_null(a.ended)},
             {"rendezvous_s", a.world ? json(seconds_between(a.rendezvous_began, a.started)) : json(nullptr)},
-            {"run_s", a.world && a.ended.time_since_epoch().count() ? json(seconds_between(a.started, a.ended))
-                                                                    : json(nullptr)},
+            {"run_s",
+             a.world && a.ended.time_since_epoch().count() ? json(seconds_between(a.started, a.ended)) : json(nullptr)},
             {"workers", std::move(workers)}};
   const World* w = a.world ? &*a.world : nullptr;
   j["node_rank"] = w ? json(w->group_rank) : json(nullptr);

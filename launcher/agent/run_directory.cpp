@@ -72,8 +72,8 @@ RunDirectory::RunDirectory(const LaunchOptions& o) {
                           << parent.string() << " left by ddprun processes that were killed";
     }
     path = parent / (kRunDirPrefix + o.run_id + "_" + random_suffix());
-    temporary = !o.redirects.any() && !o.tee.any() && o.duplicate_stdout_filters.empty() &&
-                o.duplicate_stderr_filters.empty();
+    temporary =
+        !o.redirects.any() && !o.tee.any() && o.duplicate_stdout_filters.empty() && o.duplicate_stderr_filters.empty();
   }
   create_private_directory(path);
   if (!temporary) return;

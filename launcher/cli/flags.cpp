@@ -90,7 +90,9 @@ constexpr FlagDef kFlagTable[] = {
     {"--hang_timeout", nullptr, "SECONDS",
      "seconds without progress from any rank after which the job is hung: every rank's stacks are captured and "
      "reported, then the job stops (exit code 124) or restarts (`--max_restarts`); 0 or at least 2",
-     [](const LaunchOptions& d) { return seconds_text(d.hang_timeout) + (d.hang_timeout.count() == 0 ? " (off)" : ""); },
+     [](const LaunchOptions& d) {
+       return seconds_text(d.hang_timeout) + (d.hang_timeout.count() == 0 ? " (off)" : "");
+     },
      "",
      [](const FlagInput& in, LaunchOptions& o) {
        o.hang_timeout = parse_seconds(in.flag, trim(in.text), true);
@@ -145,8 +147,8 @@ constexpr FlagDef kFlagTable[] = {
        if (trim(in.text).empty()) return;
        std::set<int> ranks;
        for (const std::string& r : split(in.text, ',')) {
-         ranks.insert(static_cast<int>(
-             parse_int(in.flag, r, 0, 1 << 20, "comma-separated local ranks such as '0' or '0,2'")));
+         ranks.insert(
+             static_cast<int>(parse_int(in.flag, r, 0, 1 << 20, "comma-separated local ranks such as '0' or '0,2'")));
        }
        o.local_ranks_filter = std::move(ranks);
      }},
@@ -198,8 +200,10 @@ constexpr FlagDef kFlagTable[] = {
        } else if (v == "dash") {
          o.local_rank_arg = LocalRankArg::Dash;
        } else {
-         bad(in.flag, "no value (--local_rank=N, torch.distributed.launch 1.x), 'underscore' (the same) or 'dash' "
-             "(--local-rank=N, 2.x)", in.text);
+         bad(in.flag,
+             "no value (--local_rank=N, torch.distributed.launch 1.x), 'underscore' (the same) or 'dash' "
+             "(--local-rank=N, 2.x)",
+             in.text);
        }
      },
      nullptr, true},
@@ -251,8 +255,10 @@ constexpr FlagDef kFlagTable[] = {
      [](const FlagInput& in, LaunchOptions&) {
        const std::string v = trim(in.text);
        if (v != "null" && v != "console") {
-         bad(in.flag, "'null' or 'console' (ddprun has no registry of Python event handlers: its events are its log "
-             "lines on stderr and the --report_file JSON document)", v);
+         bad(in.flag,
+             "'null' or 'console' (ddprun has no registry of Python event handlers: its events are its log "
+             "lines on stderr and the --report_file JSON document)",
+             v);
        }
      }},
     {"--logs_specs", nullptr, "NAME",
@@ -261,8 +267,10 @@ constexpr FlagDef kFlagTable[] = {
      nullptr, "`default`",
      [](const FlagInput& in, LaunchOptions&) {
        if (trim(in.text) != "default") {
-         bad(in.flag, "'default' (ddprun cannot load Python entry points; it writes torchrun's default layout: set "
-             "where with --log_dir and what with --redirects and --tee)", in.text);
+         bad(in.flag,
+             "'default' (ddprun cannot load Python entry points; it writes torchrun's default layout: set "
+             "where with --log_dir and what with --redirects and --tee)",
+             in.text);
        }
      }},
 };
@@ -295,7 +303,8 @@ std::string usage_text() {
     if (f.takes_value()) names += std::string(" ") + f.value;
     out << "  " << names << "\n      " << command_line::plain(f.help);
     if (f.env) out << "; also read from " << f.env;
-    if (const std::string shown = command_line::plain(f.default_text()); !shown.empty()) out << " (default: " << shown << ")";
+    if (const std::string shown = command_line::plain(f.default_text()); !shown.empty())
+      out << " (default: " << shown << ")";
     out << "\n";
   }
   out << "  -h, --help\n      show this help (--help=markdown: the flags as a Markdown table)\n"
@@ -321,15 +330,18 @@ std::string flag_table_markdown() {
     std::string name = f.name;
     if (f.optional_value) name += std::string("[=") + f.value + "]";
     std::string names = code(name);
-    if (f.alias) names = std::string(f.alias).rfind("--", 0) == 0 ? names + ", " + code(f.alias) : code(f.alias) + ", " + names;
+    if (f.alias)
+      names = std::string(f.alias).rfind("--", 0) == 0 ? names + ", " + code(f.alias) : code(f.alias) + ", " + names;
     std::string meaning = f.help;
     if (f.env) meaning += std::string(" (also `") + f.env + "`; the flag wins)";
     if (f.see) meaning += std::string("; see ") + f.see;
-    out += command_line::markdown_row({names, f.shown ? command_line::markdown_default(f.shown(LaunchOptions{})) : f.note,
-                                       meaning}) + "\n";
+    out += command_line::markdown_row(
+               {names, f.shown ? command_line::markdown_default(f.shown(LaunchOptions{})) : f.note, meaning}) +
+           "\n";
   }
   out += command_line::markdown_row({"`-h`, `--help` / `--version`", "",
-                                     "every flag with its default (`--help=markdown`: this table) / the version"}) + "\n";
+                                     "every flag with its default (`--help=markdown`: this table) / the version"}) +
+         "\n";
   return out;
 }
 

@@ -119,7 +119,8 @@ void apply_nproc_per_node(const FlagInput& in, LaunchOptions& o) {
     o.nproc_per_node = host.cpu_count;
   } else if (v == "xpu") {
     if (host.xpu_count == 0) {
-      throw ConfigError(in.flag + " xpu: no Intel GPU is visible (no render node of an Intel GPU under "
+      throw ConfigError(in.flag +
+                        " xpu: no Intel GPU is visible (no render node of an Intel GPU under "
                         "/sys/class/drm, or ZE_AFFINITY_MASK lists none)");
     }
     o.nproc_per_node = host.xpu_count;
@@ -128,7 +129,8 @@ void apply_nproc_per_node(const FlagInput& in, LaunchOptions& o) {
     // PyTorch's "cuda" devices: NVIDIA's, or AMD's under ROCm.
     const auto [count, vendor] = cuda_devices(host);
     if (count == 0) {
-      throw ConfigError(in.flag + " " + v + ": no GPU is visible (no /dev/nvidia* device or AMD GPU in the KFD "
+      throw ConfigError(in.flag + " " + v +
+                        ": no GPU is visible (no /dev/nvidia* device or AMD GPU in the KFD "
                         "topology, or CUDA_VISIBLE_DEVICES, HIP_VISIBLE_DEVICES or ROCR_VISIBLE_DEVICES lists "
                         "none); use a number, 'cpu' or 'xpu'");
     }
@@ -146,8 +148,8 @@ void apply_nproc_per_node(const FlagInput& in, LaunchOptions& o) {
       o.nproc_per_node = host.cpu_count;
     }
   } else {
-    o.nproc_per_node = static_cast<int>(
-        parse_int(in.flag, v, 1, 1 << 16, "a positive number, 'auto', 'cpu', 'gpu', 'cuda' or 'xpu'"));
+    o.nproc_per_node =
+        static_cast<int>(parse_int(in.flag, v, 1, 1 << 16, "a positive number, 'auto', 'cpu', 'gpu', 'cuda' or 'xpu'"));
   }
 }
 
@@ -180,7 +182,10 @@ Given tokenize(const std::vector<std::string>& args) {
     if (name == "-h" || name == "--version") return FlagShape{};
     const FlagDef* f = find_flag(name);
     if (!f) return std::nullopt;
-    return FlagShape{f->takes_value() ? Takes::Value : f->optional_value ? Takes::InlineValue : Takes::Nothing, f->help};
+    return FlagShape{f->takes_value()    ? Takes::Value
+                     : f->optional_value ? Takes::InlineValue
+                                         : Takes::Nothing,
+                     f->help};
   };
   auto on_flag = [&](const std::string& name, const std::optional<std::string>& value) {
     if (name == "-h" || name == "--help") {
@@ -279,16 +284,18 @@ void apply_flags(const Given& g, const HostFacts& host, LaunchOptions& o) {
 // 4. Combinations that cannot work, refused before anything starts.
 void validate(LaunchOptions& o) {
   if (o.local_rank_arg != LocalRankArg::None && o.use_env) {
-    throw ConfigError("--local_rank_arg and --use_env contradict each other: --use_env is torch.distributed.launch's "
-                      "way of saying 'no --local_rank argument'; keep one");
+    throw ConfigError(
+        "--local_rank_arg and --use_env contradict each other: --use_env is torch.distributed.launch's "
+        "way of saying 'no --local_rank argument'; keep one");
   }
   if (o.run_path && o.module) {
     throw ConfigError("--run_path and -m/--module cannot be combined: --run_path runs a script file, -m a module");
   }
   if (o.run_path) o.no_python = false;  // as torchrun: --run-path takes precedence over --no-python
   if (o.no_python && o.module) {
-    throw ConfigError("--no_python and -m/--module cannot be combined: -m runs a Python module, --no_python runs "
-                      "the program directly");
+    throw ConfigError(
+        "--no_python and -m/--module cannot be combined: -m runs a Python module, --no_python runs "
+        "the program directly");
   }
   if (o.standalone && o.max_nodes > 1) {
     throw ConfigError("--standalone runs a single-node job, but --nnodes is " + std::to_string(o.max_nodes));
@@ -299,12 +306,14 @@ void validate(LaunchOptions& o) {
                       ": node ranges need --rdzv_backend c10d with --rdzv_endpoint HOST:PORT (or etcd)");
   }
   if (o.rdzv_backend == RdzvBackend::Etcd && o.etcd.endpoints.empty()) {
-    throw ConfigError("--rdzv_backend etcd needs --rdzv_endpoint HOST:PORT[,HOST:PORT...]: the etcd cluster's client "
-                      "URLs (http:// or https:// optional)");
+    throw ConfigError(
+        "--rdzv_backend etcd needs --rdzv_endpoint HOST:PORT[,HOST:PORT...]: the etcd cluster's client "
+        "URLs (http:// or https:// optional)");
   }
   if (o.rdzv_backend == RdzvBackend::C10d && o.rdzv_endpoint_host.empty()) {
-    throw ConfigError("--rdzv_backend c10d needs --rdzv_endpoint HOST[:PORT]: the store every node joins (a "
-                      "ddprun-rendezvous daemon, or the ddprun on that host serves it)");
+    throw ConfigError(
+        "--rdzv_backend c10d needs --rdzv_endpoint HOST[:PORT]: the store every node joins (a "
+        "ddprun-rendezvous daemon, or the ddprun on that host serves it)");
   }
   if (o.program.empty()) {
     throw ConfigError("missing the program to run: ddprun [options] PROGRAM [ARGS...] (see ddprun --help)");

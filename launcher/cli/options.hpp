@@ -65,21 +65,21 @@ struct LaunchOptions {
   std::optional<uint16_t> master_port;  // unset: the kernel picks a free port
   bool standalone = false;
   RdzvBackend rdzv_backend = RdzvBackend::Static;
-  std::string rdzv_endpoint;        // as given
-  std::string rdzv_endpoint_host;   // parsed; empty = node 0 hosts the rendezvous store
+  std::string rdzv_endpoint;       // as given
+  std::string rdzv_endpoint_host;  // parsed; empty = node 0 hosts the rendezvous store
   uint16_t rdzv_endpoint_port = 29400;
   std::string run_id = "none";
   std::map<std::string, std::string> rdzv_conf;
   // rdzv_conf keys ddprun does not know and that are no near-miss of one it does: ignored with a
   // warning, as torchrun ignores them (Kubeflow passes whatever the user wrote in PET_RDZV_CONF).
   std::vector<std::string> ignored_rdzv_conf;
-  std::chrono::milliseconds join_timeout{std::chrono::seconds(600)};  // rdzv_conf join_timeout
+  std::chrono::milliseconds join_timeout{std::chrono::seconds(600)};       // rdzv_conf join_timeout
   std::chrono::milliseconds keep_alive_interval{std::chrono::seconds(5)};  // rdzv_conf keep_alive_interval
   int keep_alive_max_attempt = 3;                                          // rdzv_conf keep_alive_max_attempt
   // rdzv_conf heartbeat_timeout: sets keep_alive_max_attempt once every key is read (it needs the interval).
   std::optional<std::chrono::milliseconds> heartbeat_timeout;
-  std::chrono::milliseconds last_call_timeout{std::chrono::seconds(30)};   // rdzv_conf last_call_timeout
-  std::chrono::milliseconds rdzv_read_timeout{std::chrono::seconds(60)};   // rdzv_conf read_timeout
+  std::chrono::milliseconds last_call_timeout{std::chrono::seconds(30)};        // rdzv_conf last_call_timeout
+  std::chrono::milliseconds rdzv_read_timeout{std::chrono::seconds(60)};        // rdzv_conf read_timeout
   std::chrono::milliseconds store_reconnect_timeout{std::chrono::seconds(30)};  // rdzv_conf store_reconnect_timeout
   std::optional<bool> rdzv_is_host;  // rdzv_conf is_host (c10d); unset: when the endpoint is this host
   // rdzv_conf token_file, else DDPRUN_TOKEN_FILE: the rendezvous store's secret (or this job's token).
@@ -104,7 +104,7 @@ struct LaunchOptions {
   // when set (else a FIFO in ddprun's run directory).
   bool file_timer = false;
   std::string timer_file;
-  double straggler_factor = 1.5;              // 0: no straggler warnings
+  double straggler_factor = 1.5;  // 0: no straggler warnings
   std::string role = "default";
   std::string log_dir;
   // --report_file / DDPRUN_REPORT_FILE: the job's end as JSON ("{host}" is this host's name); "" none.
@@ -137,7 +137,7 @@ struct LaunchOptions {
   std::chrono::milliseconds shutdown_timeout{std::chrono::seconds(30)};
   bool virtual_local_rank = false;
   NumaBinding numa_binding = NumaBinding::Off;  // --numa_binding
-  std::string topology_root = "/";  // DDPRUN_TOPOLOGY_ROOT: where sys/ (and proc/driver/nvidia) are read
+  std::string topology_root = "/";              // DDPRUN_TOPOLOGY_ROOT: where sys/ (and proc/driver/nvidia) are read
   std::string log_line_prefix = "[rank${rank}]: ";
   std::string program;
   std::vector<std::string> program_args;
@@ -157,9 +157,9 @@ using EnvLookup = std::function<std::optional<std::string>(const std::string&)>;
 // Facts about the machine that option resolution needs (injected for tests).
 struct HostFacts {
   int cpu_count = 1;
-  int gpu_count = 0;  // visible GPUs (CUDA_VISIBLE_DEVICES honoured)
-  int xpu_count = 0;  // visible Intel GPUs (ZE_AFFINITY_MASK honoured)
-  int amd_count = 0;  // visible AMD GPUs (HIP_VISIBLE_DEVICES, ROCR_VISIBLE_DEVICES honoured)
+  int gpu_count = 0;            // visible GPUs (CUDA_VISIBLE_DEVICES honoured)
+  int xpu_count = 0;            // visible Intel GPUs (ZE_AFFINITY_MASK honoured)
+  int amd_count = 0;            // visible AMD GPUs (HIP_VISIBLE_DEVICES, ROCR_VISIBLE_DEVICES honoured)
   bool nvidia_devices = false;  // /dev/nvidia* exist (CUDA_VISIBLE_DEVICES counts them)
 };
 

@@ -67,7 +67,9 @@ inline std::string number_text(double v) {
   return buf;
 }
 
-inline std::string seconds_text(std::chrono::milliseconds ms) { return number_text(static_cast<double>(ms.count()) / 1000); }
+inline std::string seconds_text(std::chrono::milliseconds ms) {
+  return number_text(static_cast<double>(ms.count()) / 1000);
+}
 
 // torchrun's RendezvousParameters.get_as_bool: 1/true/yes/on or 0/false/no/off, any case.
 inline bool parse_bool(const std::string& flag, const std::string& text) {

@@ -61,8 +61,10 @@ constexpr RdzvConfKey kRdzvConfKeys[] = {
     {"store_type", "", false, "accepted when 'tcp' (torchrun's default): the rendezvous store is ddprun's TCP store",
      [](const std::string& where, const std::string& v, LaunchOptions&) {
        if (lower(v) != "tcp") {
-         bad(where, "'tcp' (ddprun's rendezvous store is its TCPStore; torchrun's store_type=file has no "
-                    "counterpart)", v);
+         bad(where,
+             "'tcp' (ddprun's rendezvous store is its TCPStore; torchrun's store_type=file has no "
+             "counterpart)",
+             v);
        }
      }},
     {"use_libuv", "", false,
@@ -139,7 +141,8 @@ size_t edit_distance(std::string_view a, std::string_view b) {
     for (size_t j = 1; j <= b.size(); ++j) {
       const size_t cost = a[i - 1] == b[j - 1] ? 0 : 1;
       d[i][j] = std::min({d[i - 1][j] + 1, d[i][j - 1] + 1, d[i - 1][j - 1] + cost});
-      if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1]) d[i][j] = std::min(d[i][j], d[i - 2][j - 2] + 1);
+      if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1])
+        d[i][j] = std::min(d[i][j], d[i - 2][j - 2] + 1);
     }
   }
   return d[a.size()][b.size()];
@@ -182,12 +185,15 @@ void apply_rdzv_backend(const FlagInput& in, LaunchOptions& o) {
   } else if (v == "etcd") {
     o.rdzv_backend = RdzvBackend::Etcd;
   } else if (v == "etcd-v2") {
-    throw ConfigError(in.flag + " etcd-v2: that is torchrun's backend for etcd's v2 API, which etcd 3.4 disables "
+    throw ConfigError(in.flag +
+                      " etcd-v2: that is torchrun's backend for etcd's v2 API, which etcd 3.4 disables "
                       "and 3.6 removed; ddprun speaks etcd's v3 API: use --rdzv_backend etcd");
   } else {
-    throw ConfigError(in.flag + ": expected 'static' (fixed --node_rank per node), 'c10d' (nodes join "
+    throw ConfigError(in.flag +
+                      ": expected 'static' (fixed --node_rank per node), 'c10d' (nodes join "
                       "--rdzv_endpoint without ranks, --nnodes MIN:MAX) or 'etcd' (the same through an etcd v3 "
-                      "cluster), got '" + v + "'");
+                      "cluster), got '" +
+                      v + "'");
   }
 }
 

@@ -49,8 +49,8 @@ RoundEnd NodeRendezvous::report_signal(int round, int signo) {
     rdzv::jobs::Outcome gone;
     gone.kind = rdzv::jobs::Outcome::Kind::NodeLost;
     gone.node = node;
-    gone.detail = "node " + std::to_string(node) + " (" + settings_.host + ") left the job: stopped by " +
-                  signal_name(signo);
+    gone.detail =
+        "node " + std::to_string(node) + " (" + settings_.host + ") left the job: stopped by " + signal_name(signo);
     departed_ = true;
     const RoundEnd end = decide(round, gone);
     // Another end decided first (every node stopped, a failure): this node's leave is the ordinary one.

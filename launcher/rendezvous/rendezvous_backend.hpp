@@ -54,9 +54,9 @@ struct RoundEnd {
   // Hang: no rank of the job made progress for --hang_timeout (see watchdog.hpp).
   enum class Kind { Success, Failure, Signal, StoreLost, NodeLost, Membership, Hang } kind = Kind::Success;
   std::optional<WorkerExit> root_cause;  // Failure
-  int root_node = -1;  // Failure: the failed rank's node; Hang: the node that diagnosed it
-  std::string detail;  // human-readable, one line
-  std::string report;  // Hang: the full report, with every rank's stacks
+  int root_node = -1;                    // Failure: the failed rank's node; Hang: the node that diagnosed it
+  std::string detail;                    // human-readable, one line
+  std::string report;                    // Hang: the full report, with every rank's stacks
 };
 
 // The job-wide side of the hang watchdog and the step rates, for one round. Used from the
@@ -66,7 +66,7 @@ class ProgressChannel {
   virtual ~ProgressChannel() = default;
 
   struct Pulse {
-    int64_t job_progress = 0;  // moves whenever any node reports progress
+    int64_t job_progress = 0;            // moves whenever any node reports progress
     std::optional<int> hang_claimed_by;  // the node that is diagnosing a hang, if any
     // Some rank heartbeats through the worker store: CPU time is no sign of progress (its waits
     // may spin).

@@ -7,9 +7,9 @@
 
 namespace ddprun::launcher::rendezvous {
 
-using workers::WorkerExit;
 using workers::describe_exit;
 using workers::read_error_file;
+using workers::WorkerExit;
 
 using json = nlohmann::json;
 
@@ -43,9 +43,15 @@ rdzv::jobs::Outcome signal_outcome(int signo, int node, const std::string& host)
 }
 
 json exit_to_json(const WorkerExit& e, int node) {
-  json j = {{"node", node},        {"host", e.host},         {"rank", e.rank},
-            {"local_rank", e.local_rank}, {"pid", e.pid},    {"exit_code", e.exit_code},
-            {"signal", e.signal},  {"error_file", e.error_file}, {"stderr_tail", e.stderr_tail},
+  json j = {{"node", node},
+            {"host", e.host},
+            {"rank", e.rank},
+            {"local_rank", e.local_rank},
+            {"pid", e.pid},
+            {"exit_code", e.exit_code},
+            {"signal", e.signal},
+            {"error_file", e.error_file},
+            {"stderr_tail", e.stderr_tail},
             {"time_ms", std::chrono::duration_cast<std::chrono::milliseconds>(e.time.time_since_epoch()).count()}};
   if (auto text = e.error_text ? e.error_text : read_error_file(e.error_file)) j["error"] = *text;
   if (!e.diagnosis.empty()) j["diagnosis"] = e.diagnosis;
@@ -73,7 +79,8 @@ namespace {
 
 [[noreturn]] void malformed(const std::string& key, const std::string& value, const char* what) {
   throw ProtocolError("the rendezvous key " + key + " does not hold " + what + " (" + std::to_string(value.size()) +
-                      " bytes: '" + value.substr(0, 60) + "'); was it written by another program, or another "
+                      " bytes: '" + value.substr(0, 60) +
+                      "'); was it written by another program, or another "
                       "version of ddprun?");
 }
 
@@ -122,7 +129,8 @@ RoundEnd parse_round_end(const std::string& value) {
     case Kind::NodeLost: e.kind = RoundEnd::Kind::NodeLost; break;
     case Kind::Hang:
       e.kind = RoundEnd::Kind::Hang;
-      if (auto it = o.failure.find("report"); it != o.failure.end() && it->is_string()) e.report = it->get<std::string>();
+      if (auto it = o.failure.find("report"); it != o.failure.end() && it->is_string())
+        e.report = it->get<std::string>();
       break;
     case Kind::Failure:
       e.kind = RoundEnd::Kind::Failure;

@@ -12,7 +12,7 @@
 #include <utility>
 #include <vector>
 
-#include "common/system.hpp"  // seconds_text
+#include "common/system.hpp"                           // seconds_text
 #include "launcher/rendezvous/rendezvous_backend.hpp"  // RoundEnd
 #include "launcher/workers/worker_exit.hpp"
 #include "rendezvous/jobs/job_keys.hpp"
@@ -22,7 +22,6 @@
 namespace ddprun::launcher::rendezvous {
 
 using workers::WorkerExit;
-
 
 // The round's records (rendezvous/jobs/records.hpp) read from `key`, or a ProtocolError that
 // names the key, says what it should hold and shows the start of the value.

@@ -75,7 +75,8 @@ std::string FileTimerServer::handle_line(const std::string& line) {
   t.scope = scope->get<std::string>();
   t.expiration_time = when->get<double>();
   if (const auto* sig = num("signal")) t.signal = static_cast<int>(sig->get<int64_t>());
-  if (t.pid <= 0 || !std::isfinite(t.expiration_time) || t.signal >= 65) return "pid, expiration_time or signal out of range";
+  if (t.pid <= 0 || !std::isfinite(t.expiration_time) || t.signal >= 65)
+    return "pid, expiration_time or signal out of range";
   std::lock_guard lock(mutex_);
   const auto key = std::make_pair(t.pid, t.scope);
   if (t.expiration_time < 0) {
@@ -118,7 +119,8 @@ void FileTimerServer::expire(double now) {
     }
     on_expired_(t, rank);
     if (t.signal > 0 && ::kill(pid, t.signal) != 0 && errno != ESRCH) {
-      log::warn("ddprun") << "cannot send " << signal_name(t.signal) << " to pid " << pid << ": " << std::strerror(errno);
+      log::warn("ddprun") << "cannot send " << signal_name(t.signal) << " to pid " << pid << ": "
+                          << std::strerror(errno);
     }
   }
 }

@@ -59,7 +59,7 @@ class FileTimerServer {
   std::function<int(pid_t)> owner_;
   std::function<void(const TimerExpiry&, int)> on_expired_;
   UniqueFd read_fd_;
-  UniqueFd keep_open_fd_;  // a writer of our own, so the FIFO never reads as closed
+  UniqueFd keep_open_fd_;            // a writer of our own, so the FIFO never reads as closed
   UniqueFd wake_read_, wake_write_;  // a pipe that ends serve()'s poll
   std::thread thread_;
   std::mutex mutex_;

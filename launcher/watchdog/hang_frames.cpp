@@ -80,7 +80,8 @@ PyFrame parse_py_frame(const std::string& line) {
   const auto slash = f.path.rfind('/');
   const std::string base = slash == std::string::npos ? f.path : f.path.substr(slash + 1);
   const auto ln = line.find("line ", q2), in = line.find(" in ", q2);
-  std::string number = ln == std::string::npos ? "?" : line.substr(ln + 5, (in == std::string::npos ? line.size() : in) - ln - 5);
+  std::string number =
+      ln == std::string::npos ? "?" : line.substr(ln + 5, (in == std::string::npos ? line.size() : in) - ln - 5);
   f.where = base + ":" + number;
   f.function = in == std::string::npos ? "?" : line.substr(in + 4);
   return f;
@@ -92,8 +93,9 @@ bool is_comm_function(const std::string& f) {
 }
 
 bool is_wait_plumbing(const std::string& f) {
-  static const char* kPlumbing[] = {"futex", "poll", "epoll", "nanosleep", "pthread_cond", "__GI_", "read",
-                                    "recv", "select", "clock_nanosleep", "sleep", "syscall", "??", "std::"};
+  static const char* kPlumbing[] = {"futex", "poll",    "epoll", "nanosleep", "pthread_cond",
+                                    "__GI_", "read",    "recv",  "select",    "clock_nanosleep",
+                                    "sleep", "syscall", "??",    "std::"};
   for (const char* p : kPlumbing) {
     if (f.find(p) != std::string::npos) return true;
   }
@@ -130,7 +132,8 @@ std::string rank_location(const RankState& r) {
       // The outermost torch.distributed frame is the call the program made, less the decorators
       // PyTorch 2.x wraps its collectives in (c10d_logger.py's `wrapper`).
       size_t outer = i;
-      while (outer + 1 < py.size() && parse_py_frame(py[outer + 1]).path.find("/torch/distributed/") != std::string::npos) {
+      while (outer + 1 < py.size() &&
+             parse_py_frame(py[outer + 1]).path.find("/torch/distributed/") != std::string::npos) {
         ++outer;
       }
       const auto decorator = [](const PyFrame& frame) {

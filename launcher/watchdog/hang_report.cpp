@@ -70,7 +70,8 @@ std::set<int> store_findings(const Ranks& ranks, const StoreView& store, HangFin
                           seconds(w.seconds) + ")");
     }
   }
-  const bool any_connected = std::any_of(ranks.begin(), ranks.end(), [](auto* r) { return !r->store_endpoints.empty(); });
+  const bool any_connected =
+      std::any_of(ranks.begin(), ranks.end(), [](auto* r) { return !r->store_endpoints.empty(); });
   if (!any_connected) return in_store;
   std::vector<int> never;
   for (const RankState* r : ranks) {
@@ -94,7 +95,8 @@ void step_findings(const Ranks& ranks, const StoreView* store, HangFindings& out
   const char* unit = "step";
   if (steps.size() < 2 && store && store->heartbeats.size() >= 2) {
     steps.clear();
-    for (const auto& [rank, count] : store->heartbeats) steps[rank] = static_cast<uint64_t>(std::max<int64_t>(count, 0));
+    for (const auto& [rank, count] : store->heartbeats)
+      steps[rank] = static_cast<uint64_t>(std::max<int64_t>(count, 0));
     unit = "heartbeat";
   }
   if (steps.size() < 2) return;
@@ -165,11 +167,13 @@ HangFindings analyze_hang(const HangDiagnosis& d) {
   }
   if (behind.empty() && destroying.empty() && !ranks.empty()) {
     if (elsewhere.empty()) {
-      out.facts.push_back("every rank waits for the others: they disagree on which collective comes next, or a "
-                          "connection between them was lost");
+      out.facts.push_back(
+          "every rank waits for the others: they disagree on which collective comes next, or a "
+          "connection between them was lost");
     } else {
-      out.facts.push_back("no rank waits in a collective or the store: each is stuck in its own code (a deadlock, a "
-                          "blocking read, a sleep)");
+      out.facts.push_back(
+          "no rank waits in a collective or the store: each is stuck in its own code (a deadlock, a "
+          "blocking read, a sleep)");
     }
   }
   out.behind.assign(behind.begin(), behind.end());
@@ -178,8 +182,8 @@ HangFindings analyze_hang(const HangDiagnosis& d) {
 
 std::string hang_summary(const HangDiagnosis& d) {
   const HangFindings f = analyze_hang(d);
-  std::string s = "no rank made progress for " + seconds(d.idle_seconds) + " (--hang_timeout " +
-                  seconds_text(d.timeout) + ")";
+  std::string s =
+      "no rank made progress for " + seconds(d.idle_seconds) + " (--hang_timeout " + seconds_text(d.timeout) + ")";
   if (!f.behind.empty()) s += "; behind: " + rank_list(f.behind);
   return s;
 }
@@ -188,15 +192,17 @@ std::string format_hang_report(const HangDiagnosis& d) {
   const HangFindings f = analyze_hang(d);
   std::ostringstream out;
   const std::string rule(72, '='), thin(72, '-');
-  out << rule << "\n" << d.program << " HUNG: no rank made progress for " << seconds(d.idle_seconds)
-      << " (--hang_timeout " << seconds_text(d.timeout) << ")\n" << thin << "\n";
+  out << rule << "\n"
+      << d.program << " HUNG: no rank made progress for " << seconds(d.idle_seconds) << " (--hang_timeout "
+      << seconds_text(d.timeout) << ")\n"
+      << thin << "\n";
   out << "detected   : " << format_time(d.detected_at) << " by "
       << (d.detector_node >= 0 ? "node " + std::to_string(d.detector_node) + " (" + d.detector_host + ")"
                                : d.detector_host)
       << "\n";
   if (!d.silent_nodes.empty()) {
-    out << "missing    : no diagnosis from node" << (d.silent_nodes.size() > 1 ? "s " : " ") << join_ints(d.silent_nodes)
-        << " in time\n";
+    out << "missing    : no diagnosis from node" << (d.silent_nodes.size() > 1 ? "s " : " ")
+        << join_ints(d.silent_nodes) << " in time\n";
   }
   out << "behind     : " << (f.behind.empty() ? "(not determined)" : rank_list(f.behind)) << "\n";
   out << "findings   :\n";
@@ -221,8 +227,7 @@ std::string format_hang_report(const HangDiagnosis& d) {
     }
     out << rank_location(*r) << "\n";
     out << "  state    : " << r->state << (r->wchan.empty() ? "" : " (" + r->wchan + ")") << ", "
-        << seconds(r->cpu_seconds) << " CPU"
-        << (r->reports_progress ? ", step " + std::to_string(r->steps) : "")
+        << seconds(r->cpu_seconds) << " CPU" << (r->reports_progress ? ", step " + std::to_string(r->steps) : "")
         << ", no progress for " << seconds(r->idle_seconds) << "\n";
     for (const std::string& p : r->problems) out << "  note     : " << p << "\n";
     if (++shown > kRanksInFull) continue;
@@ -237,7 +242,8 @@ std::string format_hang_report(const HangDiagnosis& d) {
       for (size_t i = 0; i < frames.size() && i < kNativeLines; ++i) {
         text += "#" + std::to_string(i) + "  " + frames[i] + "\n";
       }
-      if (frames.size() > kNativeLines) text += "... (" + std::to_string(frames.size() - kNativeLines) + " more frames)\n";
+      if (frames.size() > kNativeLines)
+        text += "... (" + std::to_string(frames.size() - kNativeLines) + " more frames)\n";
       block(out, text.empty() ? first_lines(r->native_stack, kNativeLines) : text);
     }
     if (!r->stack_file.empty()) out << "  stacks   : " << r->stack_file << " (every thread)\n";

@@ -22,13 +22,13 @@ struct RankState {
   int local_rank = 0;
   pid_t pid = -1;
   bool exited = false;
-  std::string state;    // "sleeping", "running", ...
-  std::string wchan;    // kernel wait function of its main thread
+  std::string state;  // "sleeping", "running", ...
+  std::string wchan;  // kernel wait function of its main thread
   double cpu_seconds = 0;
   bool reports_progress = false;  // uses the progress page (worker SDK)
   uint64_t steps = 0;
-  bool in_collective = false;     // inside a CollectiveWait when diagnosed
-  double idle_seconds = 0;        // since its last progress
+  bool in_collective = false;  // inside a CollectiveWait when diagnosed
+  double idle_seconds = 0;     // since its last progress
   // Local endpoints of its connections to the worker store ("10.0.0.2:41234").
   std::vector<std::string> store_endpoints;
   std::string python_stack;
@@ -40,7 +40,7 @@ struct RankState {
 
 // A client of the worker store with a pending WAIT.
 struct StoreWait {
-  std::string peer;  // the client's endpoint as the store sees it
+  std::string peer;               // the client's endpoint as the store sees it
   std::vector<std::string> keys;  // still missing
   double seconds = 0;
 };
@@ -49,7 +49,7 @@ struct StoreWait {
 struct StoreView {
   std::string endpoint;
   std::vector<StoreWait> waits;
-  std::vector<std::string> clients;  // every connected client's endpoint
+  std::vector<std::string> clients;   // every connected client's endpoint
   std::map<int, int64_t> heartbeats;  // rank -> its heartbeat counter (ddprun/progress/<rank>)
 };
 

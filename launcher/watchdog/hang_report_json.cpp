@@ -27,20 +27,33 @@ bool bool_field(const json& j, const char* name) {
 json to_json(const NodeDiagnosis& d) {
   json ranks = json::array();
   for (const RankState& r : d.ranks) {
-    ranks.push_back({{"rank", r.rank}, {"local_rank", r.local_rank}, {"pid", r.pid}, {"exited", r.exited},
-                     {"state", r.state}, {"wchan", r.wchan}, {"cpu_seconds", r.cpu_seconds},
-                     {"reports_progress", r.reports_progress}, {"steps", r.steps}, {"in_collective", r.in_collective},
-                     {"idle_seconds", r.idle_seconds}, {"store_endpoints", r.store_endpoints},
-                     {"python_stack", r.python_stack}, {"native_stack", r.native_stack},
-                     {"native_tool", r.native_tool}, {"problems", r.problems}, {"stack_file", r.stack_file}});
+    ranks.push_back({{"rank", r.rank},
+                     {"local_rank", r.local_rank},
+                     {"pid", r.pid},
+                     {"exited", r.exited},
+                     {"state", r.state},
+                     {"wchan", r.wchan},
+                     {"cpu_seconds", r.cpu_seconds},
+                     {"reports_progress", r.reports_progress},
+                     {"steps", r.steps},
+                     {"in_collective", r.in_collective},
+                     {"idle_seconds", r.idle_seconds},
+                     {"store_endpoints", r.store_endpoints},
+                     {"python_stack", r.python_stack},
+                     {"native_stack", r.native_stack},
+                     {"native_tool", r.native_tool},
+                     {"problems", r.problems},
+                     {"stack_file", r.stack_file}});
   }
   json j = {{"node", d.node}, {"host", d.host}, {"log_dir", d.log_dir}, {"ranks", ranks}};
   if (d.store) {
     json waits = json::array();
-    for (const StoreWait& w : d.store->waits) waits.push_back({{"peer", w.peer}, {"keys", w.keys}, {"seconds", w.seconds}});
+    for (const StoreWait& w : d.store->waits)
+      waits.push_back({{"peer", w.peer}, {"keys", w.keys}, {"seconds", w.seconds}});
     json beats = json::object();
     for (const auto& [rank, count] : d.store->heartbeats) beats[std::to_string(rank)] = count;
-    j["store"] = {{"endpoint", d.store->endpoint}, {"waits", waits}, {"clients", d.store->clients}, {"heartbeats", beats}};
+    j["store"] = {
+        {"endpoint", d.store->endpoint}, {"waits", waits}, {"clients", d.store->clients}, {"heartbeats", beats}};
   }
   return j;
 }

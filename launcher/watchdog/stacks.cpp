@@ -27,11 +27,11 @@
 
 namespace ddprun::launcher::watchdog {
 
-using workers::Environment;
-using workers::SpawnRequest;
-using workers::SpawnedProcess;
 using workers::current_environment;
+using workers::Environment;
 using workers::spawn_process;
+using workers::SpawnedProcess;
+using workers::SpawnRequest;
 using workers::to_envp;
 namespace {
 
@@ -47,7 +47,7 @@ std::string read_from(const std::string& path, std::streamoff offset) {
 }
 
 off_t file_size(const std::string& path) {
-  struct stat st{};
+  struct stat st {};
   return ::stat(path.c_str(), &st) == 0 ? st.st_size : -1;
 }
 
@@ -87,7 +87,8 @@ std::string run_bounded(const std::vector<std::string>& argv, std::chrono::stead
   int open_count = 2;
   char buf[16384];
   while (open_count > 0) {
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    const auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
     if (left.count() <= 0) {
       timed_out = true;
       break;
@@ -150,7 +151,8 @@ RankStacks capture_stacks(pid_t pid, pid_t group, const std::vector<pid_t>& tree
     std::vector<off_t> last(armed.size(), -1);
     int stable_rounds = 0;
     while (std::chrono::steady_clock::now() < deadline && stable_rounds < 2) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(50));  // sleep override: polling a file another process writes
+      std::this_thread::sleep_for(
+          std::chrono::milliseconds(50));  // sleep override: polling a file another process writes
       bool all_grown = true, unchanged = true;
       for (size_t i = 0; i < armed.size(); ++i) {
         const off_t now = file_size(armed[i].file);

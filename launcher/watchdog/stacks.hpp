@@ -23,9 +23,9 @@ namespace ddprun::launcher::watchdog {
 int stack_signal();
 
 struct RankStacks {
-  std::string python;       // faulthandler's output for the worker's Python processes ("" if none)
-  std::string native;       // the tool's output
-  std::string native_tool;  // "eu-stack", "gdb" or "" (none installed)
+  std::string python;                 // faulthandler's output for the worker's Python processes ("" if none)
+  std::string native;                 // the tool's output
+  std::string native_tool;            // "eu-stack", "gdb" or "" (none installed)
   std::vector<std::string> problems;  // what could not be captured, and why
 };
 

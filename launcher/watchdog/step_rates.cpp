@@ -11,8 +11,12 @@ namespace ddprun::launcher::watchdog {
 using json = nlohmann::json;
 
 json to_json(const RankRate& r) {
-  json j = {{"rank", r.rank}, {"node", r.node}, {"steps", r.steps}, {"seconds", r.seconds},
-            {"steps_per_s", r.steps_per_second}, {"wait_fraction", r.wait_fraction}};
+  json j = {{"rank", r.rank},
+            {"node", r.node},
+            {"steps", r.steps},
+            {"seconds", r.seconds},
+            {"steps_per_s", r.steps_per_second},
+            {"wait_fraction", r.wait_fraction}};
   if (r.compute_ms_per_step) j["compute_ms_per_step"] = *r.compute_ms_per_step;
   return j;
 }
@@ -79,7 +83,8 @@ std::optional<RankRate> RateTracker::whole_run(int rank, int node) const {
 
 std::vector<int> slower_than_median(const std::vector<RankRate>& rates, double factor) {
   if (rates.size() < 2 || factor <= 1.0) return {};
-  const bool by_compute = std::all_of(rates.begin(), rates.end(), [](auto& r) { return r.compute_ms_per_step.has_value(); });
+  const bool by_compute =
+      std::all_of(rates.begin(), rates.end(), [](auto& r) { return r.compute_ms_per_step.has_value(); });
   // Slowness: higher is slower.
   auto slowness = [&](const RankRate& r) {
     return by_compute ? *r.compute_ms_per_step : (r.steps_per_second > 0 ? 1.0 / r.steps_per_second : 1e300);

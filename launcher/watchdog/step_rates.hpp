@@ -24,12 +24,12 @@ struct RankRate {
   int rank = 0;
   int node = -1;
   uint64_t steps = 0;
-  double seconds = 0;             // the span the figures cover
+  double seconds = 0;  // the span the figures cover
   double steps_per_second = 0;
   // Compute time per step (wall time not spent waiting on other ranks); nullopt when the rank
   // does not report its waits (heartbeat counters).
   std::optional<double> compute_ms_per_step;
-  double wait_fraction = 0;       // of the span, blocked on other ranks
+  double wait_fraction = 0;  // of the span, blocked on other ranks
 };
 
 nlohmann::json to_json(const RankRate& r);

@@ -41,8 +41,8 @@ ProgressPage* map_progress_page(const std::string& file, std::string& why) {
   if (const int err = ::posix_fallocate(fd.get(), 0, ProgressPage::kFileSize); err != 0) {
     fd.reset();
     ::unlink(file.c_str());
-    why = "cannot reserve " + std::to_string(ProgressPage::kFileSize) + " bytes for " + file + ": " +
-          std::strerror(err);
+    why =
+        "cannot reserve " + std::to_string(ProgressPage::kFileSize) + " bytes for " + file + ": " + std::strerror(err);
     return nullptr;
   }
   void* p = ::mmap(nullptr, ProgressPage::kFileSize, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0);
@@ -155,13 +155,15 @@ int Watchdog::owner_of(pid_t pid) const {
 
 bool Watchdog::cpu_progress(Rank& r, Clock::time_point now) {
   // The window: a third of the timeout, between 2 and 10 seconds.
-  const auto window = std::clamp<Clock::duration>(s_.hang_timeout / 3, std::chrono::seconds(2), std::chrono::seconds(10));
+  const auto window =
+      std::clamp<Clock::duration>(s_.hang_timeout / 3, std::chrono::seconds(2), std::chrono::seconds(10));
   const uint64_t ticks = procfs::tree_cpu_ticks(procfs::process_tree(r.pid));
   r.cpu.emplace_back(now, ticks);
   while (r.cpu.size() > 2 && now - r.cpu[1].first >= window) r.cpu.erase(r.cpu.begin());
   const auto& [then, before] = r.cpu.front();
   if (now - then < window / 2) return false;  // not enough history yet: the start counts as progress anyway
-  const double used = static_cast<double>(ticks > before ? ticks - before : 0) / static_cast<double>(procfs::ticks_per_second());
+  const double used =
+      static_cast<double>(ticks > before ? ticks - before : 0) / static_cast<double>(procfs::ticks_per_second());
   return used >= kBusyShare * secs(now - then);
 }
 

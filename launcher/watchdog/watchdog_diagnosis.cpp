@@ -109,8 +109,8 @@ void Watchdog::handle_hang(Clock::time_point now) {
   d.detector_node = s_.node;
   d.detector_host = s_.host;
   d.detected_at = std::chrono::system_clock::now();
-  log::warn("ddprun") << "no rank made progress for " << static_cast<int>(d.idle_seconds)
-                      << " s (--hang_timeout " << seconds_text(s_.hang_timeout) << "): capturing every rank's stacks";
+  log::warn("ddprun") << "no rank made progress for " << static_cast<int>(d.idle_seconds) << " s (--hang_timeout "
+                      << seconds_text(s_.hang_timeout) << "): capturing every rank's stacks";
   NodeDiagnosis local = diagnose_local(now);
   RoundEnd end;
   end.kind = RoundEnd::Kind::Hang;
@@ -157,10 +157,12 @@ void Watchdog::on_timer_expired(const TimerExpiry& t, int rank) {
     main_pid = r->pid;
   }
   const auto tree = procfs::process_tree(main_pid);
-  RankStacks stacks = capture_stacks(t.pid, main_pid, tree, s_.python_stacks ? r->w.dir : std::string(), s_.stack_limit);
+  RankStacks stacks =
+      capture_stacks(t.pid, main_pid, tree, s_.python_stacks ? r->w.dir : std::string(), s_.stack_limit);
   const std::string file = r->w.dir + "/timer_stacks.txt";
-  if (write_stacks_file(file, "torchelastic timer '" + t.scope + "' of pid " + std::to_string(t.pid) +
-                                  " expired (expiration_time " + when + ")",
+  if (write_stacks_file(file,
+                        "torchelastic timer '" + t.scope + "' of pid " + std::to_string(t.pid) +
+                            " expired (expiration_time " + when + ")",
                         stacks)) {
     wrote_diagnosis_ = true;
   }

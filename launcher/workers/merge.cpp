@@ -34,9 +34,8 @@ void LineMerger::add(int rank, int local_rank, std::string_view line) {
   // The oldest waiting line of this text that the rank has not said and that comes after the
   // rank's own latest line (so its lines keep their order): ranks printing the same lines join
   // them one by one.
-  auto it = std::find_if(waiting_.begin(), waiting_.end(), [&](const Entry& e) {
-    return e.seq > after && e.text == line && e.ranks.count(rank) == 0;
-  });
+  auto it = std::find_if(waiting_.begin(), waiting_.end(),
+                         [&](const Entry& e) { return e.seq > after && e.text == line && e.ranks.count(rank) == 0; });
   if (it != waiting_.end()) {
     it->ranks.insert(rank);
     it->local_ranks.insert(local_rank);

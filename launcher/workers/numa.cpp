@@ -197,7 +197,8 @@ Topology read_topology(const std::string& root_text, const std::set<int>& allowe
     g.uuid = gpu_uuid(root, g.pci_address);
     t.gpus.push_back(std::move(g));
   }
-  std::sort(t.gpus.begin(), t.gpus.end(), [](const GpuInfo& a, const GpuInfo& b) { return a.pci_address < b.pci_address; });
+  std::sort(t.gpus.begin(), t.gpus.end(),
+            [](const GpuInfo& a, const GpuInfo& b) { return a.pci_address < b.pci_address; });
   return t;
 }
 
@@ -240,9 +241,9 @@ std::optional<std::vector<int>> visible_gpus(const Topology& t, const std::optio
   return out;
 }
 
-std::optional<std::vector<int>> visible_gpus_of(const Topology& t, GpuMaker maker,
-                                                const std::function<std::optional<std::string>(const std::string&)>& env,
-                                                std::string* why) {
+std::optional<std::vector<int>> visible_gpus_of(
+    const Topology& t, GpuMaker maker, const std::function<std::optional<std::string>(const std::string&)>& env,
+    std::string* why) {
   switch (maker) {
     case GpuMaker::Nvidia: return visible_gpus(t, env("CUDA_VISIBLE_DEVICES"), why);
     case GpuMaker::Intel: return visible_gpus(t, env("ZE_AFFINITY_MASK"), why, "ZE_AFFINITY_MASK");
@@ -318,8 +319,8 @@ std::set<int> exclusive_cpus(const std::vector<CpuInfo>& mine, const NodeShare& 
   const int extra = static_cast<int>(cores.size()) % s.peers;
   if (per < 1) {
     throw ConfigError("--numa_binding exclusive: NUMA node " + std::to_string(s.node) + " has " +
-                      std::to_string(cores.size()) + " physical core(s) ddprun may use for " +
-                      std::to_string(s.peers) + (gpu_workers ? " GPUs" : " ranks") +
+                      std::to_string(cores.size()) + " physical core(s) ddprun may use for " + std::to_string(s.peers) +
+                      (gpu_workers ? " GPUs" : " ranks") +
                       ": each needs a core of its own; use --numa_binding node, or fewer workers");
   }
   const int start = s.position * per + std::min(s.position, extra);
@@ -385,7 +386,8 @@ std::vector<RankPlacement> place_ranks(const Topology& t, NumaBinding mode, int 
   for (RankPlacement& p : out) {
     std::set<int> cores;
     for (int c : p.cpus) cores.insert(core_of[c]);
-    const auto sharing = std::count_if(out.begin(), out.end(), [&](const RankPlacement& q) { return q.cpus == p.cpus; });
+    const auto sharing =
+        std::count_if(out.begin(), out.end(), [&](const RankPlacement& q) { return q.cpus == p.cpus; });
     p.threads = std::max<int>(1, static_cast<int>(cores.size()) / static_cast<int>(sharing));
   }
   return out;

@@ -78,9 +78,9 @@ std::optional<std::vector<int>> visible_gpus(const Topology& t, const std::optio
 // CUDA_VISIBLE_DEVICES; AMD's ROCR_VISIBLE_DEVICES, then HIP_VISIBLE_DEVICES (or
 // CUDA_VISIBLE_DEVICES, which HIP also reads) as indices into what ROCr shows; Intel's
 // ZE_AFFINITY_MASK.
-std::optional<std::vector<int>> visible_gpus_of(const Topology& t, GpuMaker maker,
-                                                const std::function<std::optional<std::string>(const std::string&)>& env,
-                                                std::string* why);
+std::optional<std::vector<int>> visible_gpus_of(
+    const Topology& t, GpuMaker maker, const std::function<std::optional<std::string>(const std::string&)>& env,
+    std::string* why);
 
 struct RankPlacement {
   std::set<int> cpus;

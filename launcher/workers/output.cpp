@@ -98,7 +98,7 @@ void LineWriter::feed(std::string_view data) {
     // the output from here on.
     const int err = errno;
     log::warn("ddprun") << "cannot write " << file_name_ << ": " << std::strerror(err)
-                        << (!console_      ? "; the rest of this output is dropped"
+                        << (!console_     ? "; the rest of this output is dropped"
                             : to_console_ ? "; the rest goes to the console only"
                                           : "; the rest goes to the console instead");
     file_fd_.reset();

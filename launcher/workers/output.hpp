@@ -82,8 +82,7 @@ class LineWriter {
 };
 
 // Expands ${rank}, ${local_rank}, ${role_name} and ${host} in a prefix template.
-std::string expand_prefix(std::string tmpl, int rank, int local_rank, const std::string& role,
-                          const std::string& host);
+std::string expand_prefix(std::string tmpl, int rank, int local_rank, const std::string& role, const std::string& host);
 // The same with the ranks as text (merged lines: "0-3,6").
 std::string expand_prefix_text(std::string tmpl, const std::string& rank, const std::string& local_rank,
                                const std::string& role, const std::string& host);

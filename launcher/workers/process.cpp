@@ -28,7 +28,6 @@
 namespace ddprun::launcher::workers {
 namespace {
 
-
 // The placement a worker starts with (--numa_binding), prepared before fork.
 struct Placement {
   cpu_set_t* cpus = nullptr;
@@ -64,8 +63,8 @@ struct Placement {
 };
 
 // In the child between fork and exec: only async-signal-safe calls.
-[[noreturn]] void exec_child(const SpawnRequest& req, const Placement& placement, char* const* argv,
-                             char* const* envp, int out_w, int err_w, int status_w, pid_t parent) {
+[[noreturn]] void exec_child(const SpawnRequest& req, const Placement& placement, char* const* argv, char* const* envp,
+                             int out_w, int err_w, int status_w, pid_t parent) {
   ::setpgid(0, 0);
   ::prctl(PR_SET_PDEATHSIG, SIGKILL);
   if (::getppid() != parent) ::_exit(127);  // the launcher died before the death signal was armed
@@ -73,7 +72,7 @@ struct Placement {
   // ptrace_scope=1; without Yama this fails harmlessly.
   ::prctl(PR_SET_PTRACER, parent, 0, 0, 0);
   // ddprun ignores SIGPIPE and blocks signals for its loop; workers start with the defaults.
-  struct sigaction dfl{};
+  struct sigaction dfl {};
   dfl.sa_handler = SIG_DFL;
   for (int s = 1; s < NSIG; ++s) ::sigaction(s, &dfl, nullptr);
   sigset_t none;
@@ -164,7 +163,8 @@ int64_t monotonic_ms() {
   size_t have = 0;
   for (;;) {
     int timeout = -1;
-    if (window_ms > 0 && !groups.empty()) timeout = static_cast<int>(std::max<int64_t>(0, deadline_ms - monotonic_ms()));
+    if (window_ms > 0 && !groups.empty())
+      timeout = static_cast<int>(std::max<int64_t>(0, deadline_ms - monotonic_ms()));
     pollfd p{fd, POLLIN, 0};
     const int rc = ::poll(&p, 1, timeout);
     if (rc < 0 && errno == EINTR) continue;
@@ -220,7 +220,7 @@ OrphanGuard::OrphanGuard() {
     // The guard: own session (terminal signals do not reach it), nothing inherited kept open.
     ::setsid();
     ::prctl(PR_SET_NAME, "ddprun-guard");
-    struct sigaction ign{};
+    struct sigaction ign {};
     ign.sa_handler = SIG_IGN;
     for (int s : {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGPIPE, SIGUSR1, SIGUSR2}) ::sigaction(s, &ign, nullptr);
     const int devnull = ::open("/dev/null", O_RDWR);

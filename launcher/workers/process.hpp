@@ -26,7 +26,7 @@ struct SpawnRequest {
 };
 
 struct SpawnedProcess {
-  pid_t pid = -1;  // also the process group id
+  pid_t pid = -1;      // also the process group id
   UniqueFd stdout_fd;  // the read ends of its stdout and stderr
   UniqueFd stderr_fd;
 };

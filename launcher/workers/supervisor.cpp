@@ -25,9 +25,8 @@ namespace {
 
 // The rank's log file for one stream, or -1 for none; a file that cannot be created (a full disk,
 // say) is a warning, and the stream goes to the console instead: its output is never lost.
-LineWriter::Sinks log_sinks(const WorkerLaunch& l, const std::string& path, ConsoleWriter* console,
-                            bool to_console, std::shared_ptr<FilteredCopy> filtered,
-                            std::shared_ptr<LineMerger> merger) {
+LineWriter::Sinks log_sinks(const WorkerLaunch& l, const std::string& path, ConsoleWriter* console, bool to_console,
+                            std::shared_ptr<FilteredCopy> filtered, std::shared_ptr<LineMerger> merger) {
   LineWriter::Sinks s;
   s.filtered = std::move(filtered);
   s.merger = std::move(merger);
@@ -66,7 +65,12 @@ struct Supervisor::Worker {
 };
 
 Supervisor::Supervisor(SupervisorSettings settings, OrphanGuard* guard)
-    : settings_(std::move(settings)), guard_(guard), sigchld_(io_, SIGCHLD), grace_timer_(io_), drain_timer_(io_), progress_timer_(io_),
+    : settings_(std::move(settings)),
+      guard_(guard),
+      sigchld_(io_, SIGCHLD),
+      grace_timer_(io_),
+      drain_timer_(io_),
+      progress_timer_(io_),
       hold_timer_(io_) {
   arm_sigchld();
 }
@@ -380,12 +384,11 @@ GroupResult Supervisor::run(const std::vector<WorkerLaunch>& launches,
     SpawnedProcess p;
     try {
       Consoles& c = consoles();
-      w->out = std::make_unique<LineWriter>(l.prefix, log_sinks(l, l.stdout_file, c.out, l.stdout_to_console, l.stdout_filtered,
-                                                                l.stdout_merger),
-                                            0);
-      w->err = std::make_unique<LineWriter>(l.prefix, log_sinks(l, l.stderr_file, c.err, l.stderr_to_console, l.stderr_filtered,
-                                                                l.stderr_merger),
-                                            settings_.stderr_tail_lines);
+      w->out = std::make_unique<LineWriter>(
+          l.prefix, log_sinks(l, l.stdout_file, c.out, l.stdout_to_console, l.stdout_filtered, l.stdout_merger), 0);
+      w->err = std::make_unique<LineWriter>(
+          l.prefix, log_sinks(l, l.stderr_file, c.err, l.stderr_to_console, l.stderr_filtered, l.stderr_merger),
+          settings_.stderr_tail_lines);
       p = spawner_ ? spawner_(l.request) : spawn_process(l.request);
     } catch (const std::exception& e) {
       // Out of descriptors (pipe2), processes (fork), a program that cannot be executed: a failure

@@ -49,9 +49,9 @@ struct WorkerLaunch {
 };
 
 enum class GroupOutcome {
-  Succeeded,   // every worker exited 0
-  Failed,      // a worker failed; failures[0] is the root cause
-  Signalled,   // ddprun received a stop signal and stopped the workers
+  Succeeded,         // every worker exited 0
+  Failed,            // a worker failed; failures[0] is the root cause
+  Signalled,         // ddprun received a stop signal and stopped the workers
   StoppedByRequest,  // request_stop() was called (e.g. another node failed)
 };
 

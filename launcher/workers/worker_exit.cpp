@@ -19,7 +19,7 @@ std::string describe_exit(const WorkerExit& e) {
 
 bool lost_a_peer(const WorkerExit& e) {
   static constexpr const char* kSigns[] = {"connection closed by peer", "connection reset by peer", "broken pipe",
-                                           "remote process exited", "ncclremoteerror", "socket closed"};
+                                           "remote process exited",     "ncclremoteerror",          "socket closed"};
   auto says_so = [](std::string text) {
     std::transform(text.begin(), text.end(), text.begin(), [](unsigned char c) { return std::tolower(c); });
     return std::any_of(std::begin(kSigns), std::end(kSigns),

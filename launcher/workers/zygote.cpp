@@ -244,7 +244,8 @@ SpawnedProcess Zygote::spawn(const SpawnRequest& req) {
     why_ = why;
     throw ProcessError(why);
   };
-  if (sent != static_cast<ssize_t>(text.size())) give_up(std::string("the zygote is gone (") + std::strerror(send_errno) + ")");
+  if (sent != static_cast<ssize_t>(text.size()))
+    give_up(std::string("the zygote is gone (") + std::strerror(send_errno) + ")");
   json answer;
   try {
     answer = json::parse(receive(std::chrono::seconds(30)), nullptr, false);

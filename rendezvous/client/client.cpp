@@ -232,7 +232,8 @@ void Client::prove_locked(const std::string& client_nonce, Clock::time_point dea
     mode = recv_u8(deadline, "AUTH_HELLO");
     server_nonce = recv_bytes(deadline, "AUTH_HELLO");
   } catch (const ConnectionError&) {
-    throw ProtocolError("the store at " + endpoint() + " closed the connection at ddprun's handshake: is it an "
+    throw ProtocolError("the store at " + endpoint() +
+                        " closed the connection at ddprun's handshake: is it an "
                         "older ddprun, or another program's store?");
   }
   if (mode == kAuthOpen) return;
@@ -273,7 +274,8 @@ void Client::settle_proof_locked(Clock::time_point deadline) {
   }
   if (!same_mac(theirs, expected)) {
     close_locked();
-    throw ProtocolError("the store at " + endpoint() + " could not prove that it holds the secret: it is not the "
+    throw ProtocolError("the store at " + endpoint() +
+                        " could not prove that it holds the secret: it is not the "
                         "store this client's token belongs to");
   }
 }
@@ -326,8 +328,8 @@ void Client::send_locked(const std::string& request_bytes, Clock::time_point dea
     }
     const int err = errno;
     close_locked();
-    throw ConnectionError("sending " + std::string(what) + " to store " + endpoint() + " failed: " + std::strerror(err) +
-                          (err == EPIPE || err == ECONNRESET ? refusal_reason() : std::string()));
+    throw ConnectionError("sending " + std::string(what) + " to store " + endpoint() + " failed: " +
+                          std::strerror(err) + (err == EPIPE || err == ECONNRESET ? refusal_reason() : std::string()));
   }
 }
 
@@ -380,7 +382,8 @@ void Client::recv_locked(char* out, size_t n, Clock::time_point deadline, std::s
     }
     const int err = errno;
     close_locked();
-    throw ConnectionError("reading " + std::string(what) + " from store " + endpoint() + " failed: " + std::strerror(err));
+    throw ConnectionError("reading " + std::string(what) + " from store " + endpoint() +
+                          " failed: " + std::strerror(err));
   }
 }
 
@@ -406,7 +409,8 @@ std::string Client::recv_bytes(Clock::time_point deadline, std::string_view what
   const uint64_t len = load_u64(b);
   if (len > (uint64_t{1} << 34)) {
     close_locked();
-    throw ProtocolError("store " + endpoint() + " sent a " + std::to_string(len) + "-byte value for " + std::string(what));
+    throw ProtocolError("store " + endpoint() + " sent a " + std::to_string(len) + "-byte value for " +
+                        std::string(what));
   }
   std::string v(len, '\0');
   if (len > 0) recv_locked(v.data(), len, deadline, what);

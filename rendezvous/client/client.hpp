@@ -180,7 +180,7 @@ class Client {
   std::mutex mutex_;
   UniqueFd fd_;
   std::optional<std::string> expected_server_mac_;  // AUTH_PROOF sent, its answer not read yet
-  std::string unsent_proof_;  // AUTH_PROOF, sent in one segment with the next request
+  std::string unsent_proof_;                        // AUTH_PROOF, sent in one segment with the next request
   bool refusal_said_ = false;  // the store says a refused proof before closing (kAuthProveSaysRefusal)
   static constexpr size_t kReadBuffer = 4096;
   std::string rbuf_;  // bytes received and not consumed yet

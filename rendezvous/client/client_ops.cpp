@@ -161,9 +161,7 @@ bool Client::check(const std::vector<std::string>& keys) {
 
 void Client::wait(const std::vector<std::string>& keys, std::optional<Duration> timeout) {
   std::lock_guard lock(mutex_);
-  retrying([&] {
-    wait_locked(keys, deadline(timeout), timeout.value_or(options_.timeout));
-  });
+  retrying([&] { wait_locked(keys, deadline(timeout), timeout.value_or(options_.timeout)); });
 }
 
 bool Client::timed_wait_locked(const std::vector<std::string>& keys, Clock::time_point dl) {
@@ -201,9 +199,7 @@ bool Client::timed_wait_locked(const std::vector<std::string>& keys, Clock::time
 
 bool Client::wait_for(const std::vector<std::string>& keys, Duration timeout) {
   std::lock_guard lock(mutex_);
-  return retrying([&] {
-    return timed_wait_locked(keys, Clock::now() + timeout);
-  });
+  return retrying([&] { return timed_wait_locked(keys, Clock::now() + timeout); });
 }
 
 void Client::wait_locked(const std::vector<std::string>& keys, Clock::time_point dl, Duration timeout) {
@@ -222,7 +218,8 @@ void Client::wait_locked(const std::vector<std::string>& keys, Clock::time_point
   }
   if (n_missing > 8) missing += ", ...";
   throw TimeoutError("waited " + seconds_text(timeout) + " on store " + endpoint() + " for " +
-                     std::to_string(keys.size()) + " key(s); " + std::to_string(n_missing) + " still missing: " + missing);
+                     std::to_string(keys.size()) + " key(s); " + std::to_string(n_missing) +
+                     " still missing: " + missing);
 }
 
 bool Client::delete_key(std::string_view key) {
@@ -266,9 +263,7 @@ std::vector<std::string> Client::multi_get(const std::vector<std::string>& keys,
 
 std::vector<std::string> Client::multi_get_now(const std::vector<std::string>& keys) {
   std::lock_guard lock(mutex_);
-  return retrying([&] {
-    return multi_get_locked(keys, deadline(std::nullopt));
-  });
+  return retrying([&] { return multi_get_locked(keys, deadline(std::nullopt)); });
 }
 
 std::vector<std::string> Client::multi_get_locked(const std::vector<std::string>& keys, Clock::time_point dl) {

@@ -107,7 +107,8 @@ Token read_token_file(const std::string& path) {
     auto key = from_hex(hex);
     if (run_id.empty() || !key || key->size() != kMacBytes) {
       throw ConfigError("the token file " + path + " starts like a job token but is not one (expected '" +
-                        std::string(kJobTokenHeader) + "<run id> <64 hex digits>', as `ddprun-rendezvous token` writes)");
+                        std::string(kJobTokenHeader) +
+                        "<run id> <64 hex digits>', as `ddprun-rendezvous token` writes)");
     }
     t.run_id = run_id;
     t.job_key = *key;

@@ -77,9 +77,9 @@ struct StoreSecret {
 // A token file's contents: a cluster secret (any bytes, at least 16), or a job token written by
 // `ddprun-rendezvous token` ("ddprun-job-token v1 <run id> <hex key>").
 struct Token {
-  std::string cluster_secret;          // set for a cluster secret
-  std::optional<std::string> run_id;   // set for a job token
-  std::string job_key;                 // set for a job token
+  std::string cluster_secret;         // set for a cluster secret
+  std::optional<std::string> run_id;  // set for a job token
+  std::string job_key;                // set for a job token
 };
 
 // Reads a token file, refusing one that others may read (as ssh does) or that is not owned by

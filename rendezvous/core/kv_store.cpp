@@ -84,7 +84,8 @@ void KvStore::reserve_for_job(std::string_view job, size_t new_keys, int64_t mor
                     "' would make it hold " + std::to_string(used.keys + new_keys) + " keys, over its quota of " +
                     std::to_string(limits_.max_job_keys) + " (--job-max-keys)");
   }
-  if (limits_.max_job_bytes > 0 && more_bytes > 0 && used.bytes + static_cast<uint64_t>(more_bytes) > limits_.max_job_bytes) {
+  if (limits_.max_job_bytes > 0 && more_bytes > 0 &&
+      used.bytes + static_cast<uint64_t>(more_bytes) > limits_.max_job_bytes) {
     refuse(job, "job '" + std::string(job) + "' over its quota: " + std::string(what) + " of key '" + shown(key) +
                     "' would make it hold " + std::to_string(used.bytes + static_cast<uint64_t>(more_bytes)) +
                     " bytes, over its quota of " + std::to_string(limits_.max_job_bytes) + " (--job-max-bytes)");
@@ -245,7 +246,8 @@ void KvStore::multi_set(std::span<const std::string_view> keys, std::span<const 
     }
   }
   if (!keys.empty()) reserve_in_store(total.new_keys, total.bytes, "MULTI_SET", keys[0]);
-  for (const auto& [job, share] : per_job) reserve_for_job(job, share.new_keys, share.bytes, "MULTI_SET", share.first_key);
+  for (const auto& [job, share] : per_job)
+    reserve_for_job(job, share.new_keys, share.bytes, "MULTI_SET", share.first_key);
   for (size_t i = 0; i < keys.size(); ++i) store(keys[i], values[i]);
   for (size_t i = 0; i < keys.size(); ++i) changed(keys[i], nullptr);
 }
@@ -377,7 +379,7 @@ void KvStore::watch(Waiter& waiter, std::string_view key) {
 void KvStore::notify_watchers(std::string_view key, const SharedBytes& old_value, const SharedBytes& new_value) {
   auto it = watchers_.find(key);
   if (it == watchers_.end()) return;
-  const uint8_t event = old_value == nullptr ? kWatchKeyCreated
+  const uint8_t event = old_value == nullptr   ? kWatchKeyCreated
                         : new_value == nullptr ? kWatchKeyDeleted
                                                : kWatchKeyUpdated;
   const std::vector<Waiter*> targets = it->second;  // a callback may unregister
@@ -417,8 +419,7 @@ const std::deque<std::string>* KvStore::queue_items(std::string_view key) const 
   return it == queues_.end() ? nullptr : &it->second;
 }
 
-void KvStore::for_each_queue(
-    const std::function<void(std::string_view, const std::deque<std::string>&)>& fn) const {
+void KvStore::for_each_queue(const std::function<void(std::string_view, const std::deque<std::string>&)>& fn) const {
   for (const auto& [key, items] : queues_) fn(key, items);
 }
 

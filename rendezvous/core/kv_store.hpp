@@ -216,7 +216,7 @@ class KvStore {
   bool unlimited_ = false;  // storing a refusal note
   size_t notes_ = 0;        // refusal notes stored (at most kMaxNotes)
   std::unordered_map<std::string, int64_t, StringHash, std::equal_to<>> once_;  // ADD_ONCE token -> result
-  std::deque<std::string> once_order_;                                         // oldest first
+  std::deque<std::string> once_order_;                                          // oldest first
   uint64_t requests_ = 0;
   uint64_t requests_by_op_[kOpCount] = {};
   ChangeObserver* observer_ = nullptr;

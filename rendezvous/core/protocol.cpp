@@ -10,19 +10,18 @@ static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
               "TCPStore sends host-order integers; ddprun supports little-endian hosts only");
 
 // Legacy (1.13) numbering: SET=0 .. DELETE_KEY=8.
-constexpr Op kLegacyOps[] = {Op::Set,   Op::CompareSet, Op::Get,      Op::Add,       Op::Check,
-                             Op::Wait,  Op::GetNumKeys, Op::WatchKey, Op::DeleteKey};
+constexpr Op kLegacyOps[] = {Op::Set,  Op::CompareSet, Op::Get,      Op::Add,      Op::Check,
+                             Op::Wait, Op::GetNumKeys, Op::WatchKey, Op::DeleteKey};
 
 // 2.x numbering: VALIDATE=0 .. LIST=17.
-constexpr Op kV2Ops[] = {Op::Validate,   Op::Set,      Op::CompareSet, Op::Get,        Op::Add,
-                         Op::Check,      Op::Wait,     Op::GetNumKeys, Op::DeleteKey,  Op::Append,
-                         Op::MultiGet,   Op::MultiSet, Op::CancelWait, Op::Ping,       Op::QueuePush,
-                         Op::QueuePop,   Op::QueueLen, Op::List};
+constexpr Op kV2Ops[] = {Op::Validate,   Op::Set,        Op::CompareSet, Op::Get,      Op::Add,      Op::Check,
+                         Op::Wait,       Op::GetNumKeys, Op::DeleteKey,  Op::Append,   Op::MultiGet, Op::MultiSet,
+                         Op::CancelWait, Op::Ping,       Op::QueuePush,  Op::QueuePop, Op::QueueLen, Op::List};
 
 // What follows the command byte of each operation, in order.
 enum class Field : uint8_t {
-  U32,         // VALIDATE magic, PING nonce
-  I64,         // ADD delta
+  U32,  // VALIDATE magic, PING nonce
+  I64,  // ADD delta
   Key,
   Value,
   KeyCount,    // u64 n, then Keys
@@ -291,8 +290,7 @@ bool op_has_reply(Op op) {
     case Op::Set:
     case Op::Append:
     case Op::MultiSet:
-    case Op::QueuePush:
-      return false;
+    case Op::QueuePush: return false;
     case Op::CompareSet:
     case Op::Get:
     case Op::Add:
@@ -309,8 +307,7 @@ bool op_has_reply(Op op) {
     case Op::List:
     case Op::AuthHello:
     case Op::AuthProof:
-    case Op::AddOnce:
-      return true;
+    case Op::AddOnce: return true;
   }
   return true;
 }

@@ -117,8 +117,8 @@ struct Request {
   std::vector<std::string_view> keys;
   // SET/APPEND/QUEUE_PUSH: {value}; COMPARE_SET: {expected, desired}; MULTI_SET: one per key.
   std::vector<std::string_view> values;
-  int64_t delta = 0;      // ADD
-  uint32_t number = 0;    // VALIDATE magic, PING nonce
+  int64_t delta = 0;    // ADD
+  uint32_t number = 0;  // VALIDATE magic, PING nonce
 
   void clear() {
     keys.clear();
@@ -170,9 +170,9 @@ class RequestDecoder {
   bool started_ = false;
   bool complete_ = false;
   Op op_ = Op::GetNumKeys;
-  size_t pos_ = 0;         // bytes of fields fully parsed
-  uint8_t step_ = 0;       // index into the operation's field layout
-  uint64_t remaining_ = 0; // list entries still to parse
+  size_t pos_ = 0;            // bytes of fields fully parsed
+  uint8_t step_ = 0;          // index into the operation's field layout
+  uint64_t remaining_ = 0;    // list entries still to parse
   bool entry_value_ = false;  // MULTI_SET: the key of the current entry is parsed, its value is next
   uint32_t number_ = 0;
   int64_t delta_ = 0;

@@ -45,8 +45,8 @@ size_t StoreConnection::consume(std::string_view input, Stage stage) {
       const std::optional<Op> op = op_from_wire(*dialect_, static_cast<uint8_t>(input[used]));
       if (op && !allowed_before_handshake(*op)) throw_before_handshake(*op);
     }
-    const DecodeResult r = decoder_.decode(*dialect_, input.substr(used), gated ? handshake_limits() : limits_,
-                                           request_);
+    const DecodeResult r =
+        decoder_.decode(*dialect_, input.substr(used), gated ? handshake_limits() : limits_, request_);
     switch (r.status) {
       case DecodeStatus::Incomplete: return used;
       case DecodeStatus::Error: throw ProtocolError(r.error);
@@ -205,9 +205,7 @@ void StoreConnection::apply(const Request& req) {
     case Op::Validate:
     case Op::Ping: break;  // allowed before the handshake: they touch nothing
     case Op::AuthHello:
-    case Op::AuthProof:
-      authenticate(req);
-      return;
+    case Op::AuthProof: authenticate(req); return;
     default: check_access(req); break;
   }
   // Clients have one request outstanding: a new request while a WAIT is pending means the client
@@ -230,15 +228,9 @@ void StoreConnection::execute(const Request& req) {
         throw ProtocolError("VALIDATE with wrong magic " + std::to_string(req.number));
       }
       break;
-    case Op::Ping:
-      out_.put_u32(req.number);
-      break;
-    case Op::Set:
-      store_.set(req.keys[0], req.values[0]);
-      break;
-    case Op::CompareSet:
-      out_.put_value(store_.compare_set(req.keys[0], req.values[0], req.values[1]));
-      break;
+    case Op::Ping: out_.put_u32(req.number); break;
+    case Op::Set: store_.set(req.keys[0], req.values[0]); break;
+    case Op::CompareSet: out_.put_value(store_.compare_set(req.keys[0], req.values[0], req.values[1])); break;
     case Op::Get:
       if (description_ && req.keys[0] == jobs::kStoreInfoKey) {
         out_.put_value(description_);
@@ -247,9 +239,7 @@ void StoreConnection::execute(const Request& req) {
       // PyTorch's clients WAIT before GET; a key deleted in between reads as empty (as libuv does).
       out_.put_value(store_.get_shared(req.keys[0]));
       break;
-    case Op::Add:
-      out_.put_i64(store_.add(req.keys[0], req.delta));
-      break;
+    case Op::Add: out_.put_i64(store_.add(req.keys[0], req.delta)); break;
     case Op::AddOnce:
       if (req.values[0].empty() || req.values[0].size() > kMaxOnceToken) {
         throw ProtocolError("ADD_ONCE with a " + std::to_string(req.values[0].size()) + "-byte token (1 to " +
@@ -280,25 +270,17 @@ void StoreConnection::execute(const Request& req) {
       store_.watch(*this, req.keys[0]);
       out_.put_u8(kWatchCallbackRegistered);
       break;
-    case Op::DeleteKey:
-      out_.put_i64(store_.remove(req.keys[0]) ? 1 : 0);
-      break;
-    case Op::Append:
-      store_.append(req.keys[0], req.values[0]);
-      break;
+    case Op::DeleteKey: out_.put_i64(store_.remove(req.keys[0]) ? 1 : 0); break;
+    case Op::Append: store_.append(req.keys[0], req.values[0]); break;
     case Op::MultiGet:
       for (std::string_view key : req.keys) out_.put_value(store_.get_shared(key));
       break;
-    case Op::MultiSet:
-      store_.multi_set(req.keys, req.values);
-      break;
+    case Op::MultiSet: store_.multi_set(req.keys, req.values); break;
     case Op::CancelWait:
       store_.cancel_wait(*this);
       out_.put_u8(kWaitCanceled);
       break;
-    case Op::QueuePush:
-      store_.queue_push(req.keys[0], req.values[0]);
-      break;
+    case Op::QueuePush: store_.queue_push(req.keys[0], req.values[0]); break;
     case Op::QueuePop: {
       const int64_t before = store_.queue_pop(req.keys[0], scratch_);
       out_.put_i64(before);
@@ -306,9 +288,7 @@ void StoreConnection::execute(const Request& req) {
       scratch_.clear();
       break;
     }
-    case Op::QueueLen:
-      out_.put_i64(store_.queue_len(req.keys[0]));
-      break;
+    case Op::QueueLen: out_.put_i64(store_.queue_len(req.keys[0])); break;
     case Op::List: {
       std::vector<std::string> keys = store_.list();
       if (auth_ == AuthState::Authenticated && scope_ != kAllJobs) {
@@ -320,8 +300,7 @@ void StoreConnection::execute(const Request& req) {
       break;
     }
     case Op::AuthHello:
-    case Op::AuthProof:
-      break;  // handled above
+    case Op::AuthProof: break;  // handled above
   }
 }
 

@@ -112,7 +112,7 @@ class StoreConnection final : public Waiter {
   // Protected stores only.
   enum class AuthState { Open, Required, Challenged, Authenticated };
   const StoreSecret* secret_;
-  SharedBytes description_;  // describe_store()
+  SharedBytes description_;                         // describe_store()
   std::vector<std::string_view> described_others_;  // stored_keys()' scratch
   AuthState auth_;
   std::string scope_;

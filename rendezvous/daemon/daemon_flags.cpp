@@ -254,7 +254,8 @@ ServeConfig parse_serve_flags(const std::vector<std::string>& args) {
   // Per-job quotas not given: a share of the store-wide limits, so that smaller limits still leave
   // room for several jobs (a quota above the store's would let one job's token fill it).
   StoreLimits& limits = c.options.store_limits;
-  if (!job_keys_given) limits.max_job_keys = std::max<uint64_t>(1, std::min(kDefaultJobKeys, limits.max_total_keys / 4));
+  if (!job_keys_given)
+    limits.max_job_keys = std::max<uint64_t>(1, std::min(kDefaultJobKeys, limits.max_total_keys / 4));
   if (!job_bytes_given) {
     limits.max_job_bytes = std::max<uint64_t>(1, std::min(kDefaultJobBytes, limits.max_store_bytes / 4));
   }
@@ -276,8 +277,9 @@ StatusFlags parse_status_flags(const std::vector<std::string>& args) {
 TokenFlags parse_token_flags(const std::vector<std::string>& args) {
   TokenFlags t;
   std::string token_file;
-  parse_sub_flags("token", args,
-                  {{"--token-file", nullptr, &token_file}, {"--rdzv-id", "--run-id", &t.run_id}, {"--output", nullptr, &t.output}});
+  parse_sub_flags(
+      "token", args,
+      {{"--token-file", nullptr, &token_file}, {"--rdzv-id", "--run-id", &t.run_id}, {"--output", nullptr, &t.output}});
   t.token_file = token_file.empty() ? token_file_from_env() : std::optional<std::string>(token_file);
   if (!t.token_file) throw ConfigError("token needs --token-file PATH (the daemon's secret)");
   return t;
@@ -316,7 +318,8 @@ std::string flag_table_markdown() {
   for (const ServeFlag& f : kServeFlags) {
     const std::string names = "`" + std::string(f.name) + (f.value ? std::string(" ") + f.value : "") + "`";
     out += command_line::markdown_row(
-               {names, f.shown ? command_line::markdown_default(f.shown(defaults)) : f.note, f.help}) + "\n";
+               {names, f.shown ? command_line::markdown_default(f.shown(defaults)) : f.note, f.help}) +
+           "\n";
   }
   return out;
 }

@@ -73,7 +73,8 @@ int status_main(int argc, char** argv) {
   rdzv::ClientOptions o;
   o.host = host;
   const auto port_number = to_uint(port);
-  if (!port_number || *port_number > 65535) usage_error("--endpoint expects HOST:PORT with a port up to 65535, got '" + port + "'");
+  if (!port_number || *port_number > 65535)
+    usage_error("--endpoint expects HOST:PORT with a port up to 65535, got '" + port + "'");
   o.port = static_cast<uint16_t>(*port_number);
   o.connect_timeout = std::chrono::seconds(5);
   o.timeout = std::chrono::seconds(10);
@@ -153,7 +154,8 @@ void load_secret(ServeConfig& c) {
     c.options.secret = rdzv::store_secret(t);
   } else if (!loopback_host(c.options.host) && !c.insecure) {
     throw ConfigError("refusing to listen on " + c.options.host + " without a secret: anyone who can reach port " +
-                      std::to_string(c.options.port) + " could read, rewrite and end every job. Give the daemon a "
+                      std::to_string(c.options.port) +
+                      " could read, rewrite and end every job. Give the daemon a "
                       "secret with --token-file PATH (e.g. head -c 32 /dev/urandom | base64 > PATH; chmod 600 "
                       "PATH), or pass --insecure to accept the risk");
   }
@@ -167,11 +169,12 @@ void serve(const ServeConfig& c) {
   if (!c.port_file.empty()) write_port_file(c.port_file, server.port());
   std::cout << "listening on " << rdzv::format_endpoint(server.endpoint()) << std::endl;
   if (c.options.secret) log::info("rendezvous") << "protected: clients must prove the secret in " << *c.token_file;
-  else if (c.insecure) log::warn("rendezvous") << "--insecure: anyone who can reach this port can read and end every job";
+  else if (c.insecure)
+    log::warn("rendezvous") << "--insecure: anyone who can reach this port can read and end every job";
   std::unique_ptr<rdzv::MetricsServer> metrics;
   if (c.metrics_port) {
     metrics = std::make_unique<rdzv::MetricsServer>(io, server.endpoint().address().to_string(), *c.metrics_port,
-                                                     [&server] { return rdzv::render_metrics(server); });
+                                                    [&server] { return rdzv::render_metrics(server); });
     std::cout << "metrics on " << server.endpoint().address().to_string() << ":" << metrics->port() << std::endl;
   }
   boost::asio::signal_set signals(io, SIGINT, SIGTERM);

@@ -13,8 +13,8 @@ using json = nlohmann::json;
 namespace {
 
 struct Generation {
-  std::map<std::string, std::string> own;                          // gen-level keys
-  std::map<int64_t, std::map<std::string, std::string>> rounds;    // round -> name -> value
+  std::map<std::string, std::string> own;                        // gen-level keys
+  std::map<int64_t, std::map<std::string, std::string>> rounds;  // round -> name -> value
 };
 
 struct Job {
@@ -77,7 +77,8 @@ json summarize_generation(const std::string& run_id, int64_t gen, const Generati
         info["node_rank"] = *number;
       }
       // Heartbeats: a counter, and the wall-clock time (the node's clock) of the last one.
-      const std::string agent = info.contains("agent") && info["agent"].is_string() ? info["agent"].get<std::string>() : "";
+      const std::string agent =
+          info.contains("agent") && info["agent"].is_string() ? info["agent"].get<std::string>() : "";
       auto hb = g.own.find(heartbeat_name(agent));
       if (!agent.empty() && hb != g.own.end()) {
         if (auto beats = to_int(hb->second)) info["heartbeats"] = *beats;
@@ -99,7 +100,8 @@ json summarize_generation(const std::string& run_id, int64_t gen, const Generati
       if (!starts_with(name, names_of::kRates)) continue;
       const json record = json::parse(value, nullptr, false);
       if (!record.is_object() || !record.contains("ranks") || !record["ranks"].is_array()) {
-        skipped.push_back({{"key", prefix + name}, {"reason", "the step rates record is not a JSON object with ranks"}});
+        skipped.push_back(
+            {{"key", prefix + name}, {"reason", "the step rates record is not a JSON object with ranks"}});
         continue;
       }
       for (const json& r : record["ranks"]) rates.push_back(r);

@@ -79,7 +79,9 @@ ProcessFacts process_facts() {
   return p;
 }
 
-std::string label(const char* key, std::string_view value) { return std::string(key) + "=\"" + std::string(value) + "\""; }
+std::string label(const char* key, std::string_view value) {
+  return std::string(key) + "=\"" + std::string(value) + "\"";
+}
 
 }  // namespace
 
@@ -102,7 +104,8 @@ std::string render_metrics(const Server& server) {
   }
   e.family("ddprun_store_requests_total", "counter", "Requests served, by operation.");
   for (size_t op = 0; op < kOpCount; ++op) {
-    e.sample("ddprun_store_requests_total", store.requests(static_cast<Op>(op)), label("op", op_name(static_cast<Op>(op))));
+    e.sample("ddprun_store_requests_total", store.requests(static_cast<Op>(op)),
+             label("op", op_name(static_cast<Op>(op))));
   }
   e.single("ddprun_store_received_bytes_total", "counter", "Bytes received from clients.", st.bytes_received);
   e.single("ddprun_store_sent_bytes_total", "counter", "Bytes sent to clients.", st.bytes_sent);

@@ -64,13 +64,15 @@ std::optional<ParsedKey> parse_key(std::string_view key, std::string* why) {
   const auto gslash = rest.find('/');
   if (gslash == std::string_view::npos) return fail("unknown job key '" + std::string(rest) + "'");
   out.generation = numbered(rest.substr(0, gslash), 'g');
-  if (!out.generation || *out.generation < 0) return fail("generation '" + std::string(rest.substr(0, gslash)) + "' is not a number");
+  if (!out.generation || *out.generation < 0)
+    return fail("generation '" + std::string(rest.substr(0, gslash)) + "' is not a number");
   rest = rest.substr(gslash + 1);
   if (!rest.empty() && rest[0] == 'r') {
     const auto rslash = rest.find('/');
     if (rslash == std::string_view::npos) return fail("round key without a name");
     out.round = numbered(rest.substr(0, rslash), 'r');
-    if (!out.round || *out.round < 0) return fail("round '" + std::string(rest.substr(0, rslash)) + "' is not a number");
+    if (!out.round || *out.round < 0)
+      return fail("round '" + std::string(rest.substr(0, rslash)) + "' is not a number");
     rest = rest.substr(rslash + 1);
   }
   if (rest.empty()) return fail("empty key name");
@@ -128,7 +130,7 @@ Outcome decode_outcome(std::string_view text) {
     if (!o.failure.is_object()) o.failure = json::object();
     o.node = o.failure.value("node", -1);
     o.detail = o.failure.contains("detail") && o.failure["detail"].is_string() ? o.failure["detail"].get<std::string>()
-                                                                             : "the job hung";
+                                                                               : "the job hung";
     return o;
   }
   o.kind = Outcome::Kind::Failure;

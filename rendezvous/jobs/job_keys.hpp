@@ -40,26 +40,26 @@ namespace ddprun::rdzv::jobs {
 
 // The names under a job's prefix and a generation's.
 namespace job_names {
-inline constexpr std::string_view kGeneration = "gen";        // the job id's current generation
-inline constexpr std::string_view kCurrent = "current";       // dynamic jobs: the round to join
-inline constexpr std::string_view kHeartbeat = "hb/";         // an agent's heartbeat counter
-inline constexpr std::string_view kHeartbeatTime = "/time";   // after hb/<agent>: its wall-clock time
-inline constexpr std::string_view kEnded = "ended";           // the job's final outcome
-inline constexpr std::string_view kExited = "exited";         // store: nodes that read it and left
-inline constexpr std::string_view kLeft = "left/";            // etcd: an agent that read it and left
-inline constexpr std::string_view kDone = "done";             // every node has left
+inline constexpr std::string_view kGeneration = "gen";       // the job id's current generation
+inline constexpr std::string_view kCurrent = "current";      // dynamic jobs: the round to join
+inline constexpr std::string_view kHeartbeat = "hb/";        // an agent's heartbeat counter
+inline constexpr std::string_view kHeartbeatTime = "/time";  // after hb/<agent>: its wall-clock time
+inline constexpr std::string_view kEnded = "ended";          // the job's final outcome
+inline constexpr std::string_view kExited = "exited";        // store: nodes that read it and left
+inline constexpr std::string_view kLeft = "left/";           // etcd: an agent that read it and left
+inline constexpr std::string_view kDone = "done";            // every node has left
 }  // namespace job_names
 
 // The names under a round's prefix, in one place: what the launcher's two backends write and what
 // `ddprun-rendezvous status` reads back. Names that end in '/' take a node, an arrival or an
 // agent after them.
 namespace round_names {
-inline constexpr std::string_view kNode = "node/";            // static jobs: node K's record
-inline constexpr std::string_view kMember = "member/";        // dynamic jobs: a member's record
-inline constexpr std::string_view kAssign = "assign/";        // a member's assignment (store)
-inline constexpr std::string_view kJoined = "joined";         // arrivals counter (store)
-inline constexpr std::string_view kComplete = "complete";     // a static round is full (store)
-inline constexpr std::string_view kClosed = "closed";         // a dynamic round's membership
+inline constexpr std::string_view kNode = "node/";         // static jobs: node K's record
+inline constexpr std::string_view kMember = "member/";     // dynamic jobs: a member's record
+inline constexpr std::string_view kAssign = "assign/";     // a member's assignment (store)
+inline constexpr std::string_view kJoined = "joined";      // arrivals counter (store)
+inline constexpr std::string_view kComplete = "complete";  // a static round is full (store)
+inline constexpr std::string_view kClosed = "closed";      // a dynamic round's membership
 inline constexpr std::string_view kWorkerStore = "worker_store";
 inline constexpr std::string_view kEnd = "end";               // the round's outcome
 inline constexpr std::string_view kFinished = "finished";     // nodes that finished (store: counter)
@@ -171,9 +171,9 @@ struct Outcome {
     Hang,        // no rank made progress for --hang_timeout; `failure` describes the diagnosis
   };
   Kind kind = Kind::Success;
-  std::string detail;        // human-readable
-  int node = -1;             // NodeLost: the lost node; Failure/Hang: the node that reported it
-  nlohmann::json failure;    // Failure, Hang: a JSON object
+  std::string detail;      // human-readable
+  int node = -1;           // NodeLost: the lost node; Failure/Hang: the node that reported it
+  nlohmann::json failure;  // Failure, Hang: a JSON object
 };
 
 // The value written to an `end` key.
@@ -182,6 +182,5 @@ std::string encode_outcome(const Outcome& outcome);
 Outcome decode_outcome(std::string_view text);
 // "succeeded", "failed", "stopped", "node_lost", "re-rendezvous", "hung".
 std::string_view state_name(Outcome::Kind kind);
-
 
 }  // namespace ddprun::rdzv::jobs

@@ -59,7 +59,9 @@ std::optional<WorkerStoreRecord> decode_worker_store(std::string_view text) {
 }
 
 std::string encode(const Assignment& a) {
-  json j = {{"group_rank", a.group_rank}, {"group_world_size", a.group_world_size}, {"offset", a.offset},
+  json j = {{"group_rank", a.group_rank},
+            {"group_world_size", a.group_world_size},
+            {"offset", a.offset},
             {"world_size", a.world_size}};
   if (!a.agents.empty()) j["agents"] = a.agents;
   if (!a.hosts.empty()) j["hosts"] = a.hosts;

@@ -15,16 +15,16 @@ namespace ddprun::rdzv::jobs {
 
 // A node in a round: node/<K> (static jobs) or member/<id> (elastic jobs).
 struct NodeRecord {
-  std::string host;        // its host name
-  std::string addr;        // the address the other nodes reach it at
-  std::string agent;       // its agent's id (on etcd the member key names it; "" in the record)
-  int nproc = 0;           // its workers
-  int pid = 0;             // its agent's process
-  int nnodes = 0;          // its --nnodes (the maximum, for elastic jobs)
-  int64_t joined_ms = 0;   // wall clock when it joined (for status only)
-  int hint = -1;           // elastic jobs: --node_rank as an ordering hint; -1: none
-  bool store_host = false; // elastic jobs on a store: this node hosts the rendezvous store
-  int restarts = 0;        // the restarts its agent has made: the job's count is the most of any node
+  std::string host;         // its host name
+  std::string addr;         // the address the other nodes reach it at
+  std::string agent;        // its agent's id (on etcd the member key names it; "" in the record)
+  int nproc = 0;            // its workers
+  int pid = 0;              // its agent's process
+  int nnodes = 0;           // its --nnodes (the maximum, for elastic jobs)
+  int64_t joined_ms = 0;    // wall clock when it joined (for status only)
+  int hint = -1;            // elastic jobs: --node_rank as an ordering hint; -1: none
+  bool store_host = false;  // elastic jobs on a store: this node hosts the rendezvous store
+  int restarts = 0;         // the restarts its agent has made: the job's count is the most of any node
   bool operator==(const NodeRecord&) const = default;
 };
 nlohmann::json to_json(const NodeRecord& r);

@@ -116,8 +116,7 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
   bool reading_ = true;
 };
 
-HttpServer::HttpServer(asio::io_context& io, const std::string& host, uint16_t port, std::string name,
-                       Handler handler)
+HttpServer::HttpServer(asio::io_context& io, const std::string& host, uint16_t port, std::string name, Handler handler)
     : io_(io),
       acceptor_(io),
       name_(std::make_shared<const std::string>(std::move(name))),

@@ -39,7 +39,7 @@ JobJanitor::Sweep JobJanitor::sweep(KvStore& store, Clock::time_point now) {
       if (run_id.size() == rest.size() || !jobs::valid_run_id(run_id)) return;  // not ours to forget
       Generation& g = jobs[std::string(run_id)].stray;
       g.keys.emplace_back(key);
-      g.fingerprint += std::hash<std::string_view>{}(key) * 31 + std::hash<std::string>{}(value);
+      g.fingerprint += std::hash<std::string_view>{}(key)*31 + std::hash<std::string>{}(value);
       return;
     }
     Job& job = jobs[parsed->run_id];
@@ -51,7 +51,7 @@ JobJanitor::Sweep JobJanitor::sweep(KvStore& store, Clock::time_point now) {
     Generation& g = job.generations[*parsed->generation];
     g.keys.emplace_back(key);
     // Order-independent: a sum of per-entry hashes.
-    g.fingerprint += std::hash<std::string_view>{}(key) * 31 + std::hash<std::string>{}(value);
+    g.fingerprint += std::hash<std::string_view>{}(key)*31 + std::hash<std::string>{}(value);
     if (!parsed->round && parsed->name == jobs::job_names::kDone) g.done = true;
   });
 

@@ -41,7 +41,6 @@ constexpr int kMaxEvents = 256;
 
 }  // namespace
 
-
 std::string_view close_reason_name(CloseReason reason) {
   switch (reason) {
     case CloseReason::PeerClosed: return "peer_closed";
@@ -68,8 +67,8 @@ Server::Server(asio::io_context& io, ServerOptions options)
       store_(options_.store_limits) {
   if (options_.job_ttl.count() > 0) janitor_ = std::make_unique<JobJanitor>(options_.job_ttl);
   // Under a low descriptor limit, unproven peers get at most a quarter of it.
-  pending_cap_ = std::max<size_t>(1, std::min<size_t>(options_.max_pending_handshakes,
-                                                      std::max<uint64_t>(8, open_file_limit() / 4)));
+  pending_cap_ = std::max<size_t>(
+      1, std::min<size_t>(options_.max_pending_handshakes, std::max<uint64_t>(8, open_file_limit() / 4)));
   if (options_.allowed_peers) allow_peers(*options_.allowed_peers);
   if (!options_.state_file.empty()) open_state();  // before listening: no client sees an empty store
   if (options_.describe_self || !options_.state_file.empty()) describe_self();
@@ -117,9 +116,7 @@ void Server::describe_self() {
   store_.remove(jobs::kStoreInfoKey);
 }
 
-Server::~Server() {
-  stop();
-}
+Server::~Server() { stop(); }
 
 void Server::start() {
   if (options_.log_lifecycle) log::info("store") << "listening on " << format_endpoint(endpoint_);
@@ -280,15 +277,15 @@ void Server::apply(Session& s, StoreConnection::Stage stage) {
   } catch (const AccessDenied& e) {
     close_session(s, CloseReason::Unauthorized, std::string("access denied, closing the connection: ") + e.what());
   } catch (const LimitError& e) {
-    close_session(s, CloseReason::OverLimit, std::string("refused a request over a limit, closing the connection: ") +
-                                                 e.what());
+    close_session(s, CloseReason::OverLimit,
+                  std::string("refused a request over a limit, closing the connection: ") + e.what());
   } catch (const ProtocolError& e) {
     close_session(s, CloseReason::BadRequest, std::string("bad request, closing the connection: ") + e.what());
   } catch (const std::bad_alloc&) {
     close_session(s, CloseReason::OverLimit, "out of memory while serving a request, closing the connection");
   } catch (const std::exception& e) {
-    close_session(s, CloseReason::BadRequest, std::string("error while serving a request, closing the connection: ") +
-                                                  e.what());
+    close_session(s, CloseReason::BadRequest,
+                  std::string("error while serving a request, closing the connection: ") + e.what());
   }
 }
 
@@ -351,8 +348,7 @@ void Server::close_session(Session& s, CloseReason reason, const std::string& wh
   } else if (!why.empty()) {
     log::warn("store") << "client " << s.peer() << ": " << why;
   } else {
-    DDPRUN_LOG_DEBUG("store") << "client " << s.peer() << " disconnected after " << s.conn().requests()
-                              << " requests";
+    DDPRUN_LOG_DEBUG("store") << "client " << s.peer() << " disconnected after " << s.conn().requests() << " requests";
   }
   if (reason != CloseReason::PeerClosed && reason != CloseReason::WriteFailed && reason != CloseReason::NotReading) {
     // The replies to the requests applied before the bad one are the client's: send what the

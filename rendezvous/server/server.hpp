@@ -129,7 +129,7 @@ struct ServerStats {
   uint64_t stored_bytes = 0;
   uint64_t requests = 0;  // served since start
   uint64_t accepted = 0;
-  uint64_t refused_out_of_fds = 0;  // accepted and closed at once while out of descriptors
+  uint64_t refused_out_of_fds = 0;   // accepted and closed at once while out of descriptors
   uint64_t refused_not_allowed = 0;  // closed at once: the peer's address is not allowed
   uint64_t bytes_received = 0;
   uint64_t bytes_sent = 0;
@@ -220,7 +220,7 @@ class Server {
   boost::asio::ip::tcp::endpoint endpoint_;
   uint16_t port_ = 0;
   KvStore store_;
-  SharedBytes description_;  // what jobs::kStoreInfoKey reads as (describe_self), or none
+  SharedBytes description_;                // what jobs::kStoreInfoKey reads as (describe_self), or none
   std::unique_ptr<StateJournal> journal_;  // after store_: destroyed (and flushed) before it
   std::unordered_map<Session*, std::unique_ptr<Session>> sessions_;
   std::vector<std::unique_ptr<Session>> closed_;  // destroyed at the end of the batch
@@ -231,7 +231,7 @@ class Server {
   std::set<std::string> refused_logged_;  // one line per refused address
   bool accept_paused_ = false;
   bool accept_held_ = false;  // at the cap of connections that have not proved the secret
-  bool out_of_fds_ = false;  // an episode is under way (logged once)
+  bool out_of_fds_ = false;   // an episode is under way (logged once)
   uint64_t refused_in_episode_ = 0;
   ServerStats counters_;
   bool stopped_ = false;

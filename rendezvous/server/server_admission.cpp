@@ -39,10 +39,11 @@ void Server::arm_housekeeping() {
     while (!pending_handshakes_.empty() &&
            now - pending_handshakes_.front()->handshake.since >= options_.handshake_timeout) {
       Session& s = *pending_handshakes_.front();
-      close_session(s, CloseReason::NoHandshake,
-                    "did not prove the store's secret within " +
-                        std::to_string(std::chrono::duration_cast<std::chrono::seconds>(options_.handshake_timeout).count()) +
-                        " s, closing the connection");
+      close_session(
+          s, CloseReason::NoHandshake,
+          "did not prove the store's secret within " +
+              std::to_string(std::chrono::duration_cast<std::chrono::seconds>(options_.handshake_timeout).count()) +
+              " s, closing the connection");
     }
     refusals_.flush(now);
     if (journal_) journal_->retry_if_broken();
@@ -152,9 +153,9 @@ void Server::accept_pending() {
       ++counters_.refused_not_allowed;
       continue;
     }
-    auto session = std::make_unique<Session>(std::move(fd), format_sockaddr(&addr), store_, options_.limits,
-                                             [this](Session& s) { mark_dirty(s); },
-                                             options_.secret ? &*options_.secret : nullptr);
+    auto session = std::make_unique<Session>(
+        std::move(fd), format_sockaddr(&addr), store_, options_.limits, [this](Session& s) { mark_dirty(s); },
+        options_.secret ? &*options_.secret : nullptr);
     Session* raw = session.get();
     if (description_) raw->conn().describe_store(description_);
     epoll_event ev{};
@@ -191,8 +192,7 @@ bool Server::refuse_one() {
     ++refused_in_episode_;
     if (!out_of_fds_) {
       out_of_fds_ = true;
-      log::warn("store") << "out of file descriptors (" << sessions_.size() << " clients, limit "
-                         << open_file_limit()
+      log::warn("store") << "out of file descriptors (" << sessions_.size() << " clients, limit " << open_file_limit()
                          << "): new clients are refused until some disconnect; raise the limit (ulimit -n, "
                             "LimitNOFILE=) to serve more";
     }

@@ -29,16 +29,15 @@ Session::Session(UniqueFd fd, std::string peer, KvStore& store, const Limits& li
                  std::function<void(Session&)> on_async_output, const StoreSecret* secret)
     : fd_(std::move(fd)),
       peer_(std::move(peer)),
-      conn_(store, limits, [this, cb = std::move(on_async_output)] { cb(*this); }, secret) {}
+      conn_(
+          store, limits, [this, cb = std::move(on_async_output)] { cb(*this); }, secret) {}
 
 Session::~Session() {
   conn_.release();
   close_socket();
 }
 
-void Session::close_socket() {
-  fd_.reset();
-}
+void Session::close_socket() { fd_.reset(); }
 
 Session::ReadStatus Session::read(std::span<char> scratch, size_t budget, size_t& received) {
   received = 0;

@@ -50,11 +50,11 @@ class Session {
 
   // The server's bookkeeping for this connection.
   struct Flags {
-    bool in_batch = false;   // has bytes to apply in the current batch
-    bool dirty = false;      // has bytes to send
-    bool paused = false;     // a request waits for the client to read (no reading meanwhile)
+    bool in_batch = false;  // has bytes to apply in the current batch
+    bool dirty = false;     // has bytes to send
+    bool paused = false;    // a request waits for the client to read (no reading meanwhile)
     bool peer_closed = false;
-    bool closing = false;    // closed; destroyed at the end of the batch
+    bool closing = false;     // closed; destroyed at the end of the batch
     uint32_t registered = 0;  // epoll events registered
   } flags;
   // A protected store's connection that has not proved the secret yet: when it connected, whether

@@ -104,7 +104,9 @@ std::string parent_dir(const std::string& path) {
   return slash == 0 ? "/" : path.substr(0, slash);
 }
 
-[[noreturn]] void throw_errno(const std::string& what) { throw std::system_error(errno, std::generic_category(), what); }
+[[noreturn]] void throw_errno(const std::string& what) {
+  throw std::system_error(errno, std::generic_category(), what);
+}
 
 }  // namespace
 

@@ -55,20 +55,21 @@ TEST_P(ExampleTest, LossFallsAndOnlyRankZeroPrints) {
 
 INSTANTIATE_TEST_SUITE_P(
     AllExamples, ExampleTest,
-    ::testing::Values(
-        ExampleCase{"fashion_mnist_lenet", {"--epochs", "2", "--train-limit", "2000", "--test-limit", "500"}},
-        ExampleCase{"mlp", {"--epochs", "2", "--train-limit", "2000", "--test-limit", "500"}},
-        ExampleCase{"toy_cnn", {"--epochs", "3", "--train-limit", "512", "--test-limit", "128"}},
-        ExampleCase{"lstm_classifier", {"--epochs", "3", "--train-limit", "1024", "--test-limit", "256"}},
-        ExampleCase{"resnet18",
-                    {"--epochs", "2", "--batch-size", "8", "--max-steps", "3", "--train-limit", "48", "--test-limit", "32"}}),
+    ::testing::Values(ExampleCase{"fashion_mnist_lenet",
+                                  {"--epochs", "2", "--train-limit", "2000", "--test-limit", "500"}},
+                      ExampleCase{"mlp", {"--epochs", "2", "--train-limit", "2000", "--test-limit", "500"}},
+                      ExampleCase{"toy_cnn", {"--epochs", "3", "--train-limit", "512", "--test-limit", "128"}},
+                      ExampleCase{"lstm_classifier", {"--epochs", "3", "--train-limit", "1024", "--test-limit", "256"}},
+                      ExampleCase{"resnet18",
+                                  {"--epochs", "2", "--batch-size", "8", "--max-steps", "3", "--train-limit", "48",
+                                   "--test-limit", "32"}}),
     [](const auto& test) { return test.param.name; });
 
 // --comm-hook: the LeNet example trains through each compression hook, and says which it ran.
 TEST(ExampleCommHookTest, LeNetTrainsThroughTheCompressionHooks) {
   for (const std::string hook : {"fp16", "bf16", "powersgd:2"}) {
-    const Finished f = run_example("fashion_mnist_lenet", {"--epochs", "2", "--train-limit", "2000", "--test-limit",
-                                                           "500", "--comm-hook", hook});
+    const Finished f = run_example(
+        "fashion_mnist_lenet", {"--epochs", "2", "--train-limit", "2000", "--test-limit", "500", "--comm-hook", hook});
     ASSERT_EQ(f.exit_code, 0) << f.err;
     const auto j = final_json(f.out);
     ASSERT_FALSE(j.is_null()) << f.out;
@@ -138,8 +139,8 @@ TEST(ExampleZeroTest, LeNetWithShardedOptimizerStateMatchesThePlainRunAndResumes
   EXPECT_EQ(z["final_loss"], p["final_loss"]);
   EXPECT_EQ(z["test_accuracy"], p["test_accuracy"]);
   EXPECT_TRUE(fs::exists(dir / "checkpoint.pt.zero"));
-  args = {"--train-limit", "512", "--test-limit", "128", "--epochs", "2", "--zero", "--resume", "--checkpoint-dir",
-          dir.string()};
+  args = {"--train-limit", "512",      "--test-limit",     "128",       "--epochs", "2",
+          "--zero",        "--resume", "--checkpoint-dir", dir.string()};
   const Finished resumed = run_example("fashion_mnist_lenet", args);
   ASSERT_EQ(resumed.exit_code, 0) << resumed.err;
   EXPECT_NE(resumed.out.find("after epoch 1"), std::string::npos) << resumed.out;

@@ -118,9 +118,8 @@ class Soak {
 
   std::unique_ptr<Subprocess> node(const std::string& id, int n, Fault f) {
     std::vector<std::string> argv{ddprun_bin(), "--nnodes", "2", "--rdzv_backend", "c10d", "--rdzv_endpoint",
-                                  "127.0.0.1:" + std::to_string(daemon_->port()), "--rdzv_id", id,
-                                  "--rdzv_conf", "join_timeout=8,last_call_timeout=1,keep_alive_interval=2",
-                                  TEST_WORKER_BIN,
+                                  "127.0.0.1:" + std::to_string(daemon_->port()), "--rdzv_id", id, "--rdzv_conf",
+                                  "join_timeout=8,last_call_timeout=1,keep_alive_interval=2", TEST_WORKER_BIN,
                                   // tag() in every agent's and worker's command line: a
                                   // leftover process is found by it.
                                   "ready-file", tag() + id + "-" + std::to_string(n)};
@@ -164,7 +163,8 @@ TEST(ChaosSoakTest, JobsOnOneDaemonEndAsTheirFaultsSayAndLeaveNothingBehind) {
     for (Job& job : round) {
       for (auto& n : job.node) {
         ASSERT_TRUE(n->wait_for_output("started 1 worker", 60s))
-            << "seed " << seed << ", job " << job.id << " did not start:\n" << n->err();
+            << "seed " << seed << ", job " << job.id << " did not start:\n"
+            << n->err();
       }
     }
     for (Job& job : round) {
@@ -230,8 +230,8 @@ TEST(ChaosSoakTest, JobsOnOneDaemonEndAsTheirFaultsSayAndLeaveNothingBehind) {
          }();
   // Memory is flat: the rounds after the first (restarts reset it; what is left grows with a leak).
   const uint64_t rss_end = soak.daemon().rss_kib();
-  EXPECT_LE(rss_end, rss_after_first + 16 * 1024) << "daemon RSS grew from " << rss_after_first << " KiB to "
-                                                  << rss_end << " KiB over " << rounds << " rounds";
+  EXPECT_LE(rss_end, rss_after_first + 16 * 1024)
+      << "daemon RSS grew from " << rss_after_first << " KiB to " << rss_end << " KiB over " << rounds << " rounds";
   EXPECT_TRUE(soak.daemon().alive());
 }
 

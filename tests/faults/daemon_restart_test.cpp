@@ -66,7 +66,8 @@ TEST(DaemonRestartTest, RunningJobsFinishAcrossAKillAndRestart) {
   auto n1 = node(port, "survivor", ready1, "8");
   // Each worker creates its file, then writes its pid: wait for the pids, not the files.
   ASSERT_TRUE(wait_until([&] { return !read_file(ready0).empty() && !read_file(ready1).empty(); }, 60s))
-      << "the workers did not start\n" << daemon->log();
+      << "the workers did not start\n"
+      << daemon->log();
   const std::string pid0 = read_file(ready0), pid1 = read_file(ready1);
   daemon->stop(SIGKILL);
   std::this_thread::sleep_for(kDowntime);  // sleep override: the daemon's downtime

@@ -58,8 +58,8 @@ TEST(DiskFullTest, ALogDirectoryFullBeforeTheRunStillRunsTheJob) {
   SmallDisk disk("256k");
   if (!disk.mounted) GTEST_SKIP() << "cannot mount a tmpfs here (" << disk.error << ")";
   disk.fill();
-  Subprocess p({ddprun_bin(), "--nproc_per_node", "2", "--hang_timeout", "30", "--log_dir", disk.dir.str(),
-                "--tee", "3", TEST_WORKER_BIN, "print", "2"});
+  Subprocess p({ddprun_bin(), "--nproc_per_node", "2", "--hang_timeout", "30", "--log_dir", disk.dir.str(), "--tee",
+                "3", TEST_WORKER_BIN, "print", "2"});
   const Finished f = p.wait(120s);
   ASSERT_FALSE(f.timed_out);
   EXPECT_EQ(f.exit_code, 0) << f.err.substr(0, 4000);

@@ -73,8 +73,7 @@ TEST(StoreOutageTest, AStoreWithoutStateThatEndedIsNotWaitedFor) {
     c.get("k");
     FAIL() << "a store that ended was waited for";
   } catch (const ConnectionError& e) {
-    EXPECT_NE(std::string(e.what()).find("refused the connection (nothing listens there any more)"),
-              std::string::npos)
+    EXPECT_NE(std::string(e.what()).find("refused the connection (nothing listens there any more)"), std::string::npos)
         << e.what();
   }
 }
@@ -176,8 +175,7 @@ TEST(StoreOutageTest, AnOlderStoresCloseAtTheProofIsARefusedSecret) {
     rdzv::Client c(protected_client(store.port()));
     FAIL() << "connected to a store that closes every connection";
   } catch (const ConfigError& e) {
-    EXPECT_NE(std::string(e.what()).find("refused this client's secret for job 'job'"), std::string::npos)
-        << e.what();
+    EXPECT_NE(std::string(e.what()).find("refused this client's secret for job 'job'"), std::string::npos) << e.what();
   }
   EXPECT_EQ(store.connections(), 1);
 }

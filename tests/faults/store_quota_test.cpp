@@ -17,9 +17,9 @@ using namespace std::chrono_literals;
 
 Finished run_job(uint16_t daemon_port, const std::string& run_id) {
   // Elastic, so that even one node goes through the daemon's rendezvous.
-  Subprocess p({DDPRUN_BIN, "--nnodes", "1:2", "--rdzv_backend", "c10d", "--rdzv_endpoint", "127.0.0.1:" + std::to_string(daemon_port),
-                "--rdzv_id", run_id, "--rdzv_conf", "join_timeout=30,last_call_timeout=1", TEST_WORKER_BIN, "print",
-                "1"});
+  Subprocess p({DDPRUN_BIN, "--nnodes", "1:2", "--rdzv_backend", "c10d", "--rdzv_endpoint",
+                "127.0.0.1:" + std::to_string(daemon_port), "--rdzv_id", run_id, "--rdzv_conf",
+                "join_timeout=30,last_call_timeout=1", TEST_WORKER_BIN, "print", "1"});
   return p.wait(120s);
 }
 

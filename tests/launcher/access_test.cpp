@@ -40,10 +40,21 @@ std::string write_token(const TempDir& dir, const std::string& name, const std::
 std::unique_ptr<Subprocess> daemon_node(uint16_t daemon_port, int rank, const std::string& run_id,
                                         const std::string& token_file, std::vector<std::string> worker,
                                         std::vector<std::string> extra = {}) {
-  std::vector<std::string> argv{DDPRUN_BIN, "--nnodes", "2", "--node_rank", std::to_string(rank),
-                                "--rdzv_endpoint", "127.0.0.1:" + std::to_string(daemon_port), "--rdzv_id", run_id,
-                                "--master_addr", "127.0.0.1", "--local_addr", "127.0.0." + std::to_string(rank + 1),
-                                "--rdzv_conf", "join_timeout=60" + (token_file.empty() ? "" : ",token_file=" + token_file)};
+  std::vector<std::string> argv{DDPRUN_BIN,
+                                "--nnodes",
+                                "2",
+                                "--node_rank",
+                                std::to_string(rank),
+                                "--rdzv_endpoint",
+                                "127.0.0.1:" + std::to_string(daemon_port),
+                                "--rdzv_id",
+                                run_id,
+                                "--master_addr",
+                                "127.0.0.1",
+                                "--local_addr",
+                                "127.0.0." + std::to_string(rank + 1),
+                                "--rdzv_conf",
+                                "join_timeout=60" + (token_file.empty() ? "" : ",token_file=" + token_file)};
   argv.insert(argv.end(), extra.begin(), extra.end());
   argv.insert(argv.end(), worker.begin(), worker.end());
   return std::make_unique<Subprocess>(argv);
@@ -140,7 +151,8 @@ TEST(AccessTest, StrangersInBothDialectsCannotReadWriteStatusOrEndAJob) {
   EXPECT_EQ(st.out.find("guarded"), std::string::npos) << st.out;
   // The job was not touched: no end, and it still runs; with the secret, status shows it.
   EXPECT_FALSE(admin(d.port()).check({end_key}));
-  Subprocess allowed({DAEMON_BIN, "status", "--endpoint", "127.0.0.1:" + std::to_string(d.port()), "--token-file", token});
+  Subprocess allowed(
+      {DAEMON_BIN, "status", "--endpoint", "127.0.0.1:" + std::to_string(d.port()), "--token-file", token});
   const Finished ok = allowed.wait(10s);
   ASSERT_EQ(ok.exit_code, 0) << ok.err;
   EXPECT_EQ(nlohmann::json::parse(ok.out)["jobs"][0]["state"], "running") << ok.out;
@@ -182,14 +194,15 @@ TEST(AccessTest, TwoJobsOnOneDaemonCannotTouchEachOther) {
   auto o_beta = client_to(d.port());
   o_beta.credentials = rdzv::credentials_for(rdzv::read_token_file(beta), "beta", beta);
   rdzv::Client b(o_beta);
-  b.set("/ddprun/beta/gen", "1");  // its own keys: fine
+  b.set("/ddprun/beta/gen", "1");                   // its own keys: fine
   b.set("/ddprun/alpha/g1/r0/end", "signal:beta");  // SET has no reply...
   EXPECT_THROW(b.ping(), ConnectionError);          // ...but the store closed the connection on it
   EXPECT_THROW(b.get("/ddprun/alpha/gen", 1s), ConnectionError);
   EXPECT_EQ(b.list(), (std::vector<std::string>{"/ddprun/beta/gen"})) << "LIST shows a job its own keys only";
   EXPECT_FALSE(admin(d.port()).check({"/ddprun/alpha/g1/r0/end"}));
   // status with beta's token shows beta alone.
-  Subprocess status({DAEMON_BIN, "status", "--endpoint", "127.0.0.1:" + std::to_string(d.port()), "--token-file", beta});
+  Subprocess status(
+      {DAEMON_BIN, "status", "--endpoint", "127.0.0.1:" + std::to_string(d.port()), "--token-file", beta});
   const Finished st = status.wait(10s);
   ASSERT_EQ(st.exit_code, 0) << st.err;
   EXPECT_EQ(st.out.find("alpha"), std::string::npos) << st.out;
@@ -216,9 +229,8 @@ TEST(AccessTest, TheWorkerStoreAdmitsOnlyTheJobsNodes) {
   std::vector<std::unique_ptr<Subprocess>> nodes;
   for (int rank = 0; rank < 2; ++rank) {
     nodes.push_back(std::make_unique<Subprocess>(std::vector<std::string>{
-        DDPRUN_BIN, "--nnodes", "2", "--node_rank", std::to_string(rank), "--master_addr", "127.0.0.1",
-        "--master_port", std::to_string(port), "--local_addr", "127.0.0." + std::to_string(rank + 1), TEST_WORKER_BIN,
-        "wait-signal"}));
+        DDPRUN_BIN, "--nnodes", "2", "--node_rank", std::to_string(rank), "--master_addr", "127.0.0.1", "--master_port",
+        std::to_string(port), "--local_addr", "127.0.0." + std::to_string(rank + 1), TEST_WORKER_BIN, "wait-signal"}));
   }
   for (int rank = 0; rank < 2; ++rank) {
     ASSERT_TRUE(nodes[rank]->wait_for_output("[rank" + std::to_string(rank) + "]: ready", 30s)) << nodes[rank]->err();
@@ -284,12 +296,26 @@ TEST(AccessTest, RealPyTorchGlooWorkersTrainThroughAProtectedDaemon) {
   Daemon d(DAEMON_BIN, o);
   std::vector<std::unique_ptr<Subprocess>> nodes;
   for (int rank = 0; rank < 2; ++rank) {
-    std::vector<std::string> argv{DDPRUN_BIN, "--nnodes", "2", "--node_rank", std::to_string(rank), "--nproc_per_node",
-                                  "2", "--rdzv_endpoint", "127.0.0.1:" + std::to_string(d.port()), "--rdzv_id", "torch",
-                                  "--master_addr", "127.0.0.1", "--local_addr", "127.0.0." + std::to_string(rank + 1),
-                                  "--rdzv_conf", "token_file=" + token, GLOO_WORKER_PY};
-    nodes.push_back(std::make_unique<Subprocess>(argv, std::map<std::string, std::string>{
-                                                           {"PYTHON_EXEC", TORCH_PYTHON}, {"OMP_NUM_THREADS", "1"}}));
+    std::vector<std::string> argv{DDPRUN_BIN,
+                                  "--nnodes",
+                                  "2",
+                                  "--node_rank",
+                                  std::to_string(rank),
+                                  "--nproc_per_node",
+                                  "2",
+                                  "--rdzv_endpoint",
+                                  "127.0.0.1:" + std::to_string(d.port()),
+                                  "--rdzv_id",
+                                  "torch",
+                                  "--master_addr",
+                                  "127.0.0.1",
+                                  "--local_addr",
+                                  "127.0.0." + std::to_string(rank + 1),
+                                  "--rdzv_conf",
+                                  "token_file=" + token,
+                                  GLOO_WORKER_PY};
+    nodes.push_back(std::make_unique<Subprocess>(
+        argv, std::map<std::string, std::string>{{"PYTHON_EXEC", TORCH_PYTHON}, {"OMP_NUM_THREADS", "1"}}));
   }
   for (int rank = 0; rank < 2; ++rank) {
     const Finished f = nodes[rank]->wait(180s);

@@ -26,8 +26,8 @@ using agent::JobReport;
 using cli::HostFacts;
 using cli::LaunchOptions;
 using cli::parse_options;
-using test::TempDir;
 using test::read_file;
+using test::TempDir;
 using test::wait_until;
 namespace {
 
@@ -37,7 +37,8 @@ using namespace std::chrono_literals;
 
 // ddprun's options for `args` (without argv[0]), with no DDPRUN_*/PET_* variables in the way.
 LaunchOptions options(const std::vector<std::string>& args) {
-  return parse_options(args, [](const std::string&) { return std::optional<std::string>{}; }, HostFacts{2, 0});
+  return parse_options(
+      args, [](const std::string&) { return std::optional<std::string>{}; }, HostFacts{2, 0});
 }
 
 // Runs the agent for `args` to the end: its exit code and the job's report.
@@ -72,7 +73,8 @@ TEST(AgentTest, EachWorkerGetsItsPlaceInTheJobAndASucceededGroupEndsTheJob) {
   TempDir dir;
   const Ran r = run(sh({"--nproc_per_node", "2", "--run_id", "unit"},
                        "echo \"$RANK $LOCAL_RANK $WORLD_SIZE $LOCAL_WORLD_SIZE $GROUP_RANK $MASTER_ADDR "
-                       "$TORCHELASTIC_RUN_ID $TORCHELASTIC_RESTART_COUNT\" > " + dir.str() + "/$RANK"));
+                       "$TORCHELASTIC_RUN_ID $TORCHELASTIC_RESTART_COUNT\" > " +
+                           dir.str() + "/$RANK"));
   ASSERT_EQ(r.exit_code, 0) << r.report.dump(2);
   EXPECT_EQ(r.report["outcome"], "succeeded");
   EXPECT_EQ(r.report["restarts"], 0);
@@ -82,15 +84,15 @@ TEST(AgentTest, EachWorkerGetsItsPlaceInTheJobAndASucceededGroupEndsTheJob) {
   EXPECT_GT(port, 0) << "the worker store's port";
   for (int rank = 0; rank < 2; ++rank) {
     const std::string r_ = std::to_string(rank);
-    EXPECT_EQ(read_file(dir.path / r_), r_ + " " + r_ + " 2 2 0 " +
-                                            r.report["attempts"][0]["master_addr"].get<std::string>() + " unit 0\n");
+    EXPECT_EQ(read_file(dir.path / r_),
+              r_ + " " + r_ + " 2 2 0 " + r.report["attempts"][0]["master_addr"].get<std::string>() + " unit 0\n");
   }
 }
 
 TEST(AgentTest, AFailedRoundIsRestartedUntilTheWorkersSucceed) {
   // Both ranks fail on restarts 0 and 1, then succeed: 2 of the 3 restarts allowed are used.
-  const Ran r = run(sh({"--nproc_per_node", "2", "--max_restarts", "3"},
-                       "test \"$TORCHELASTIC_RESTART_COUNT\" -ge 2 || exit 5"));
+  const Ran r =
+      run(sh({"--nproc_per_node", "2", "--max_restarts", "3"}, "test \"$TORCHELASTIC_RESTART_COUNT\" -ge 2 || exit 5"));
   ASSERT_EQ(r.exit_code, 0) << r.report.dump(2);
   EXPECT_EQ(r.report["outcome"], "succeeded");
   EXPECT_EQ(r.report["restarts"], 2);
@@ -156,15 +158,14 @@ TEST(AgentTest, AHungRoundIsDiagnosedAndRestarted) {
 
 TEST(AgentTest, AHangWithNoRestartLeftEndsWithTheHangExitCodeAndItsDiagnosis) {
   TempDir logs;
-  const Ran r = run(sh({"--nproc_per_node", "1", "--hang_timeout", "2", "--shutdown_timeout", "5", "--log_dir",
-                        logs.str()},
-                       "exec sleep 60"));
+  const Ran r =
+      run(sh({"--nproc_per_node", "1", "--hang_timeout", "2", "--shutdown_timeout", "5", "--log_dir", logs.str()},
+             "exec sleep 60"));
   EXPECT_EQ(r.exit_code, agent::kHangExitCode) << r.report.dump(2);
   EXPECT_EQ(r.report["outcome"], "hung");
   ASSERT_TRUE(r.report["hang"].is_object()) << r.report.dump(2);
   EXPECT_FALSE(r.report["hang"]["summary"].get<std::string>().empty()) << r.report["hang"].dump(2);
 }
-
 
 // TORCHELASTIC_HEALTH_CHECK_PORT: 200 while the job joins, runs and restarts; 503 with the reason
 // once it hangs or ends; HEAD and any path answer the same, other methods are refused.

@@ -20,10 +20,21 @@ using namespace std::chrono_literals;
 std::unique_ptr<Subprocess> agent(int port, const std::string& nnodes, int nproc, const std::string& local_addr,
                                   const std::string& conf, std::vector<std::string> worker_args,
                                   std::vector<std::string> extra = {}) {
-  std::vector<std::string> argv{DDPRUN_BIN, "--rdzv_backend", "c10d", "--rdzv_endpoint",
-                                "127.0.0.1:" + std::to_string(port), "--rdzv_id", "elastic", "--nnodes", nnodes,
-                                "--nproc_per_node", std::to_string(nproc), "--local_addr", local_addr,
-                                "--rdzv_conf", conf};
+  std::vector<std::string> argv{DDPRUN_BIN,
+                                "--rdzv_backend",
+                                "c10d",
+                                "--rdzv_endpoint",
+                                "127.0.0.1:" + std::to_string(port),
+                                "--rdzv_id",
+                                "elastic",
+                                "--nnodes",
+                                nnodes,
+                                "--nproc_per_node",
+                                std::to_string(nproc),
+                                "--local_addr",
+                                local_addr,
+                                "--rdzv_conf",
+                                conf};
   argv.insert(argv.end(), extra.begin(), extra.end());
   argv.push_back(TEST_WORKER_BIN);
   argv.insert(argv.end(), worker_args.begin(), worker_args.end());
@@ -104,8 +115,8 @@ TEST(ElasticTest, MinNodesStartAfterTheLastCallWithoutWaitingForMax) {
   ASSERT_EQ(fb.exit_code, 0) << fb.err;
   const auto r = last_attempt(reports, 0);
   ASSERT_TRUE(r.is_object()) << fa.err;
-  EXPECT_TRUE(r["nnodes"] == 1 || r["nnodes"] == 2) << "closed with the nodes present after the last call, not 3: "
-                                                    << r.dump(2);
+  EXPECT_TRUE(r["nnodes"] == 1 || r["nnodes"] == 2)
+      << "closed with the nodes present after the last call, not 3: " << r.dump(2);
 }
 
 TEST(ElasticTest, SurvivorsReRendezvousWhenANodeIsKilled) {
@@ -147,8 +158,7 @@ TEST(ElasticTest, ALateNodeIsAdmittedIntoTheRunningJob) {
   const auto ra = reports.of(0);
   ASSERT_TRUE(ra.is_object()) << fa.err;
   ASSERT_GE(ra["attempts"].size(), 2u) << ra.dump(2);
-  EXPECT_EQ(ra["attempts"][0]["outcome"], "membership_change") << "the running round ended to admit it: "
-                                                                << ra.dump(2);
+  EXPECT_EQ(ra["attempts"][0]["outcome"], "membership_change") << "the running round ended to admit it: " << ra.dump(2);
   EXPECT_EQ(ra["restarts"], 0);
   const auto rl = last_attempt(reports, 2);
   ASSERT_TRUE(rl.is_object()) << fl.err;

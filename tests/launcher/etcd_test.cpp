@@ -44,8 +44,18 @@ size_t count(const std::string& text, const std::string& what) {
 std::unique_ptr<Subprocess> node(const std::string& endpoints, const std::string& id, const std::string& nnodes, int n,
                                  std::vector<std::string> worker, const std::string& conf = "",
                                  std::vector<std::string> flags = {}) {
-  std::vector<std::string> argv{DDPRUN_BIN, "--rdzv_backend", "etcd", "--rdzv_endpoint", endpoints, "--rdzv_id", id,
-                                "--nnodes", nnodes, "--local_addr", "127.0.0." + std::to_string(n + 1), "--rdzv_conf",
+  std::vector<std::string> argv{DDPRUN_BIN,
+                                "--rdzv_backend",
+                                "etcd",
+                                "--rdzv_endpoint",
+                                endpoints,
+                                "--rdzv_id",
+                                id,
+                                "--nnodes",
+                                nnodes,
+                                "--local_addr",
+                                "127.0.0." + std::to_string(n + 1),
+                                "--rdzv_conf",
                                 "join_timeout=60,last_call_timeout=2,lease_ttl=3" + (conf.empty() ? "" : "," + conf)};
   argv.insert(argv.end(), flags.begin(), flags.end());
   std::map<std::string, std::string> env;
@@ -158,9 +168,11 @@ class WebPageServer {
         const size_t body = cl == std::string::npos ? 0 : std::stoul(request.substr(cl + 16));
         if (request.size() >= end + 4 + body) break;
       }
-      const std::string page = "<html><head><title>Sign in</title></head><body>Please sign in to the proxy</body></html>";
-      const std::string answer = "HTTP/1.1 200 OK\r\nContent-Type: text/html\r\nContent-Length: " +
-                                 std::to_string(page.size()) + "\r\nConnection: close\r\n\r\n" + page;
+      const std::string page =
+          "<html><head><title>Sign in</title></head><body>Please sign in to the proxy</body></html>";
+      const std::string answer =
+          "HTTP/1.1 200 OK\r\nContent-Type: text/html\r\nContent-Length: " + std::to_string(page.size()) +
+          "\r\nConnection: close\r\n\r\n" + page;
       (void)::send(c, answer.data(), answer.size(), MSG_NOSIGNAL);
       ::close(c);
       ++answered_;
@@ -304,8 +316,7 @@ TEST(EtcdRendezvousTest, ASigkilledNodeOfAnElasticJobLeavesTheSurvivorsToGoOn) {
   EXPECT_EQ(r["restarts"], 0);
   ASSERT_EQ(r["attempts"].size(), 2u) << r.dump(2);
   EXPECT_EQ(r["attempts"][0]["outcome"], "node_lost") << r.dump(2);
-  EXPECT_NE(r["attempts"][0]["message"].get<std::string>().find("lost its etcd lease"), std::string::npos)
-      << r.dump(2);
+  EXPECT_NE(r["attempts"][0]["message"].get<std::string>().find("lost its etcd lease"), std::string::npos) << r.dump(2);
   EXPECT_EQ(r["attempts"][1]["node_rank"], 0);
   EXPECT_EQ(r["attempts"][1]["nnodes"], 1);
 }
@@ -396,9 +407,7 @@ TEST(EtcdRendezvousTest, ASecuredEtcdWithAUserAPasswordAndTls) {
   ASSERT_NE(cluster.etcdctl("auth enable").find("Authentication Enabled"), std::string::npos);
   TempDir dir;
   const std::string password = (dir.path / "pw").string();
-  {
-    std::ofstream(password) << "s3cret-pw\n";
-  }
+  { std::ofstream(password) << "s3cret-pw\n"; }
   ::chmod(password.c_str(), 0600);
   const std::string conf = "etcd_user=root,etcd_password_file=" + password + ",etcd_ca_file=" + certs.ca;
   auto n0 = node(cluster.endpoints(), "secure", "2", 0, test_worker({"print", "1"}), conf);
@@ -413,9 +422,7 @@ TEST(EtcdRendezvousTest, ASecuredEtcdWithAUserAPasswordAndTls) {
   EXPECT_NE(fa.err.find("etcd_user"), std::string::npos) << fa.err;
   // A wrong password: refused, naming the settings to check.
   const std::string wrong = (dir.path / "wrong").string();
-  {
-    std::ofstream(wrong) << "not-the-password\n";
-  }
+  { std::ofstream(wrong) << "not-the-password\n"; }
   ::chmod(wrong.c_str(), 0600);
   auto impostor = node(cluster.endpoints(), "secure", "2", 0, test_worker({"print", "1"}),
                        "etcd_user=root,etcd_password_file=" + wrong + ",etcd_ca_file=" + certs.ca);

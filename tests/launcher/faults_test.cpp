@@ -29,9 +29,19 @@ using namespace std::chrono_literals;
 
 std::unique_ptr<Subprocess> node(int port, int rank, int nnodes, std::vector<std::string> worker,
                                  std::vector<std::string> extra = {}) {
-  std::vector<std::string> argv{ddprun_bin(), "--nnodes", std::to_string(nnodes), "--node_rank", std::to_string(rank),
-                                "--master_addr", "127.0.0.1", "--master_port", std::to_string(port), "--local_addr",
-                                "127.0.0." + std::to_string(rank + 1), "--rdzv_conf", "join_timeout=60"};
+  std::vector<std::string> argv{ddprun_bin(),
+                                "--nnodes",
+                                std::to_string(nnodes),
+                                "--node_rank",
+                                std::to_string(rank),
+                                "--master_addr",
+                                "127.0.0.1",
+                                "--master_port",
+                                std::to_string(port),
+                                "--local_addr",
+                                "127.0.0." + std::to_string(rank + 1),
+                                "--rdzv_conf",
+                                "join_timeout=60"};
   argv.insert(argv.end(), extra.begin(), extra.end());
   argv.push_back(TEST_WORKER_BIN);
   argv.insert(argv.end(), worker.begin(), worker.end());
@@ -150,8 +160,8 @@ TEST(FaultsTest, AConsoleNobodyReadsStillLetsASignalStopTheJobAndEscalateToSigki
   // Workers that ignore SIGTERM and flood stdout: SIGTERM to ddprun must still end in SIGKILL
   // after --shutdown_timeout.
   const auto r = run_with_blocked_stdout(
-      {ddprun_bin(), "--nproc_per_node", "2", "--shutdown_timeout", "1", TEST_WORKER_BIN, "ignore-term", "flood",
-       "20", "sleep", "60"},
+      {ddprun_bin(), "--nproc_per_node", "2", "--shutdown_timeout", "1", TEST_WORKER_BIN, "ignore-term", "flood", "20",
+       "sleep", "60"},
       60s, [](pid_t pid, const std::string& err_path) {
         // Once the console is full (ddprun says it drops), stop the job.
         wait_until([&] { return read_file(err_path).find("is not keeping up") != std::string::npos; }, 30s);
@@ -208,8 +218,9 @@ TEST(FaultsTest, EveryDescriptorDdprunHoldsIsCloseOnExec) {
     if (flags.empty()) continue;  // closed meanwhile
     if ((std::stoul(flags, nullptr, 8) & 02000000) == 0) {
       std::error_code ec;
-      leaky.push_back(std::to_string(fd) + " -> " +
-                      fs::read_symlink("/proc/" + std::to_string(n0->pid()) + "/fd/" + std::to_string(fd), ec).string());
+      leaky.push_back(
+          std::to_string(fd) + " -> " +
+          fs::read_symlink("/proc/" + std::to_string(n0->pid()) + "/fd/" + std::to_string(fd), ec).string());
     }
   }
   EXPECT_TRUE(leaky.empty()) << testing::PrintToString(leaky);
@@ -271,10 +282,10 @@ size_t count_of(const std::string& text, const std::string& what) {
 TEST(FaultsTest, WaitingForNodesSaysWhoIsMissingAtASteadyRate) {
   // DDPRUN_PROGRESS_INTERVAL=1 rather than 10 s: a progress line per second, not a flood.
   const int port = free_port();
-  Subprocess alone({ddprun_bin(), "--nnodes", "2", "--node_rank", "0", "--master_addr", "127.0.0.1", "--master_port",
-                    std::to_string(port), "--rdzv_id", "lonely", "--rdzv_conf", "join_timeout=4", TEST_WORKER_BIN,
-                    "print", "1"},
-                   {{"DDPRUN_PROGRESS_INTERVAL", "1"}});
+  Subprocess alone(
+      {ddprun_bin(), "--nnodes", "2", "--node_rank", "0", "--master_addr", "127.0.0.1", "--master_port",
+       std::to_string(port), "--rdzv_id", "lonely", "--rdzv_conf", "join_timeout=4", TEST_WORKER_BIN, "print", "1"},
+      {{"DDPRUN_PROGRESS_INTERVAL", "1"}});
   const Finished f = alone.wait(60s);
   ASSERT_FALSE(f.timed_out);
   EXPECT_NE(f.exit_code, 0);
@@ -287,9 +298,20 @@ TEST(FaultsTest, WaitingForNodesSaysWhoIsMissingAtASteadyRate) {
 TEST(FaultsTest, ANodeWaitingForTheOthersToFinishSaysHowManyHave) {
   const int port = free_port();
   auto start = [&](int rank, std::vector<std::string> worker) {
-    std::vector<std::string> argv{ddprun_bin(), "--nnodes", "2", "--node_rank", std::to_string(rank), "--master_addr",
-                                  "127.0.0.1", "--master_port", std::to_string(port), "--local_addr",
-                                  "127.0.0." + std::to_string(rank + 1), "--rdzv_id", "finishers", TEST_WORKER_BIN};
+    std::vector<std::string> argv{ddprun_bin(),
+                                  "--nnodes",
+                                  "2",
+                                  "--node_rank",
+                                  std::to_string(rank),
+                                  "--master_addr",
+                                  "127.0.0.1",
+                                  "--master_port",
+                                  std::to_string(port),
+                                  "--local_addr",
+                                  "127.0.0." + std::to_string(rank + 1),
+                                  "--rdzv_id",
+                                  "finishers",
+                                  TEST_WORKER_BIN};
     argv.insert(argv.end(), worker.begin(), worker.end());
     return std::make_unique<Subprocess>(argv, std::map<std::string, std::string>{{"DDPRUN_PROGRESS_INTERVAL", "1"}});
   };

@@ -32,9 +32,7 @@ void send_line(const std::string& fifo, const std::string& line) {
   ::close(fd);
 }
 
-double wall_now() {
-  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
-}
+double wall_now() { return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count(); }
 
 TEST(FileTimerTest, AnExpiredTimerIsReportedThenSignalledAndAReleasedOneIsNot) {
   test::TempDir dir;
@@ -46,12 +44,11 @@ TEST(FileTimerTest, AnExpiredTimerIsReportedThenSignalledAndAReleasedOneIsNot) {
   std::mutex m;
   std::vector<std::pair<std::string, int>> expired;  // (scope, rank), in the order reported
   {
-    FileTimerServer server(
-        (dir.path / "timer").string(), [&](pid_t pid) { return pid == worker ? 7 : -1; },
-        [&](const TimerExpiry& t, int rank) {
-          std::lock_guard lock(m);
-          expired.emplace_back(t.scope, rank);
-        });
+    FileTimerServer server((dir.path / "timer").string(), [&](pid_t pid) { return pid == worker ? 7 : -1; },
+                           [&](const TimerExpiry& t, int rank) {
+                             std::lock_guard lock(m);
+                             expired.emplace_back(t.scope, rank);
+                           });
     const std::string fifo = (dir.path / "timer").string();
     EXPECT_TRUE(fs::is_fifo(fifo));
     // "a" is released well before it would expire, and expires before "train_step" does: had the
@@ -64,8 +61,9 @@ TEST(FileTimerTest, AnExpiredTimerIsReportedThenSignalledAndAReleasedOneIsNot) {
     // A timer naming a process that is not a worker (this test) is refused, not signalled.
     send_line(fifo, R"({"version":1,"pid":)" + std::to_string(::getpid()) + R"(,"scope_id":"x","expiration_time":)" +
                         std::to_string(now - 1) + R"(,"signal":9})");
-    send_line(fifo, R"({"version":1,"pid":)" + std::to_string(worker) + R"(,"scope_id":"train_step","expiration_time":)" +
-                        std::to_string(now + 1.5) + R"(,"signal":15})");
+    send_line(fifo, R"({"version":1,"pid":)" + std::to_string(worker) +
+                        R"(,"scope_id":"train_step","expiration_time":)" + std::to_string(now + 1.5) +
+                        R"(,"signal":15})");
     int status = 0;
     ASSERT_EQ(::waitpid(worker, &status, 0), worker);
     EXPECT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGTERM);

@@ -9,16 +9,16 @@
 
 namespace ddprun::launcher {
 
-using watchdog::HangDiagnosis;
-using watchdog::HangFindings;
-using watchdog::NodeDiagnosis;
-using watchdog::RankState;
-using watchdog::StoreView;
 using watchdog::analyze_hang;
 using watchdog::format_hang_report;
 using watchdog::hang_summary;
+using watchdog::HangDiagnosis;
+using watchdog::HangFindings;
 using watchdog::node_diagnosis_from_json;
+using watchdog::NodeDiagnosis;
 using watchdog::rank_location;
+using watchdog::RankState;
+using watchdog::StoreView;
 using watchdog::to_json;
 namespace {
 
@@ -85,7 +85,8 @@ TEST(HangReportTest, ARankThatNeverConnectedIsBehindTheOneWaitingForItsKey) {
     for (const auto& x : f.facts) s += x + "\n";
     return s;
   }();
-  EXPECT_NE(all.find("rank 0 waits in the store for key '/worker/attempt_0/default_pg/0/0/1'"), std::string::npos) << all;
+  EXPECT_NE(all.find("rank 0 waits in the store for key '/worker/attempt_0/default_pg/0/0/1'"), std::string::npos)
+      << all;
   EXPECT_NE(all.find("rank 1 has no connection to the worker store: never reached init_process_group"),
             std::string::npos)
       << all;
@@ -93,12 +94,14 @@ TEST(HangReportTest, ARankThatNeverConnectedIsBehindTheOneWaitingForItsKey) {
 
 // PyTorch 2.6: destroy_process_group deadlocked on the GIL (the stacks as eu-stack showed them).
 TEST(HangReportTest, ARankDeadlockedDestroyingItsGlooGroupIsNamedWithWhatToDo) {
-  RankState r = rank(0, "Current thread 0x00007fdd52880780 (most recent call first):\n"
-                        "  File \"/jobs/train.py\", line 23 in <module>\n");
-  r.native_stack = "TID 12406:\n#4  0x00007fdd4e6e129b std::thread::join()\n"
-                   "#5  0x00007fdd3efcf19c c10d::ProcessGroupGloo::~ProcessGroupGloo()\n"
-                   "TID 12416:\n#8  0x00007fdd4e985f93 c10::impl::PyObjectSlot::maybe_destroy_pyobj()\n"
-                   "#14 0x00007fdd3efde061 c10d::ProcessGroupGloo::runLoop(int)\n";
+  RankState r = rank(0,
+                     "Current thread 0x00007fdd52880780 (most recent call first):\n"
+                     "  File \"/jobs/train.py\", line 23 in <module>\n");
+  r.native_stack =
+      "TID 12406:\n#4  0x00007fdd4e6e129b std::thread::join()\n"
+      "#5  0x00007fdd3efcf19c c10d::ProcessGroupGloo::~ProcessGroupGloo()\n"
+      "TID 12416:\n#8  0x00007fdd4e985f93 c10::impl::PyObjectSlot::maybe_destroy_pyobj()\n"
+      "#14 0x00007fdd3efde061 c10d::ProcessGroupGloo::runLoop(int)\n";
   RankState done = rank(1);
   done.exited = true;
   const HangFindings f = analyze_hang(one_node({r, done}));
@@ -145,7 +148,8 @@ TEST(HangReportTest, WhenEveryRankWaitsTheReportSaysSoRatherThanGuessing) {
 TEST(HangReportTest, NativeFramesFromEuStackAndGdbNameTheCollective) {
   RankState eu = rank(0);
   eu.native_stack =
-      "PID 1000 - process\nTID 1001:\n#0  0x00007f01 epoll_wait\nTID 1000:\n#0  0x00007f02 __futex_abstimed_wait_common\n"
+      "PID 1000 - process\nTID 1001:\n#0  0x00007f01 epoll_wait\nTID 1000:\n#0  0x00007f02 "
+      "__futex_abstimed_wait_common\n"
       "#1  0x00007f03 pthread_cond_wait@@GLIBC_2.3.2\n#2  0x00007f04 c10d::Work::wait(std::chrono::duration<long>)\n";
   EXPECT_EQ(rank_location(eu), "in c10d::Work::wait");
   RankState gdb = rank(0);
@@ -183,7 +187,8 @@ TEST(HangReportTest, NodeDiagnosesTravelAsJsonAndGarbageReadsAsEmpty) {
   EXPECT_EQ(back.store->waits[0].keys, (std::vector<std::string>{"k1", "k2"}));
   EXPECT_EQ(back.store->heartbeats.at(3), 17);
   // From another version or a broken node: whatever is missing reads as a default.
-  const NodeDiagnosis junk = node_diagnosis_from_json(nlohmann::json::parse(R"({"node":"x","ranks":[1,{"rank":"y"}]})"));
+  const NodeDiagnosis junk =
+      node_diagnosis_from_json(nlohmann::json::parse(R"({"node":"x","ranks":[1,{"rank":"y"}]})"));
   EXPECT_EQ(junk.node, -1);
   EXPECT_EQ(junk.ranks.size(), 1u);
   EXPECT_FALSE(junk.store);

@@ -56,8 +56,9 @@ double detection_seconds(const Finished& f) {
   const std::string all = f.out + f.err;
   if (!std::regex_search(all, m, std::regex(R"(hanging now ([0-9.]+))"))) return -1;
   const double hung_at = std::stod(m[1]);
-  if (!std::regex_search(f.err, m,
-                         std::regex(R"((\d{4})-(\d\d)-(\d\d)T(\d\d):(\d\d):(\d\d)\.(\d{3})Z WARN  ddprun: no rank made progress)"))) {
+  if (!std::regex_search(
+          f.err, m,
+          std::regex(R"((\d{4})-(\d\d)-(\d\d)T(\d\d):(\d\d):(\d\d)\.(\d{3})Z WARN  ddprun: no rank made progress)"))) {
     return -1;
   }
   std::tm tm{};
@@ -100,7 +101,8 @@ TEST(HangTest, AHangInACollectiveIsCaughtWithTheRankBehindAndEveryRanksFrames) {
   for (const char* r : {"0", "1"}) {
     const std::string stacks = read_file(attempt / r / "stacks.txt");
     EXPECT_NE(stacks.find("== Python (faulthandler, all threads) =="), std::string::npos) << stacks;
-    EXPECT_EQ(fs::status(attempt / r / "stacks.txt").permissions() & fs::perms::all, fs::perms::owner_read | fs::perms::owner_write);
+    EXPECT_EQ(fs::status(attempt / r / "stacks.txt").permissions() & fs::perms::all,
+              fs::perms::owner_read | fs::perms::owner_write);
   }
   EXPECT_NE(read_file(attempt / "1" / "stacks.txt").find("stuck_in_user_code"), std::string::npos);
   EXPECT_NE(read_file(attempt / "hang_report.txt").find("behind     : rank 1"), std::string::npos);
@@ -193,15 +195,18 @@ TEST(HangTest, ATwoNodeHangEndsBothNodesWithOneReportOfEveryRank) {
   for (int n = 0; n < 2; ++n) {
     // Each node's --report_file: node 0's by the flag, node 1's by DDPRUN_REPORT_FILE.
     const std::string report = (reports.path / ("node" + std::to_string(n) + ".json")).string();
-    std::vector<std::string> flags{"--nnodes", "2", "--node_rank", std::to_string(n), "--master_addr", "127.0.0.1",
-                                   "--master_port", std::to_string(port), "--local_addr",
-                                   "127.0.0." + std::to_string(n + 1), "--hang_timeout", "5", "--log_dir",
-                                   (reports.path / ("logs" + std::to_string(n))).string()};
+    std::vector<std::string> flags{"--nnodes",       "2",
+                                   "--node_rank",    std::to_string(n),
+                                   "--master_addr",  "127.0.0.1",
+                                   "--master_port",  std::to_string(port),
+                                   "--local_addr",   "127.0.0." + std::to_string(n + 1),
+                                   "--hang_timeout", "5",
+                                   "--log_dir",      (reports.path / ("logs" + std::to_string(n))).string()};
     if (n == 0) flags.insert(flags.end(), {"--report_file", report});
     nodes.push_back(std::make_unique<Subprocess>(
-        command(flags, {"collective", "1"}), python_env(n == 1 ? std::map<std::string, std::string>{
-                                                                    {"DDPRUN_REPORT_FILE", report}}
-                                                              : std::map<std::string, std::string>{})));
+        command(flags, {"collective", "1"}),
+        python_env(n == 1 ? std::map<std::string, std::string>{{"DDPRUN_REPORT_FILE", report}}
+                          : std::map<std::string, std::string>{})));
   }
   const Finished f0 = nodes[0]->wait(120s), f1 = nodes[1]->wait(120s);
   ASSERT_FALSE(f0.timed_out || f1.timed_out) << f0.err << f1.err;

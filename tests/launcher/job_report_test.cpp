@@ -12,8 +12,8 @@
 
 namespace ddprun::launcher {
 
-using agent::JobReport;
 using agent::expand_report_path;
+using agent::JobReport;
 using cli::LaunchOptions;
 using rendezvous::RoundEnd;
 using rendezvous::World;

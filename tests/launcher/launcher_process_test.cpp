@@ -34,7 +34,8 @@ std::map<std::string, std::string> read_env_file(const fs::path& p) {
 
 TEST(LauncherTest, SuccessfulJobExportsEnvAndPrefixesOutput) {
   TempDir dir;
-  Subprocess p(ddprun({"--nproc_per_node", "3", "--run_id", "envtest", TEST_WORKER_BIN, "env", dir.str(), "print", "2"}));
+  Subprocess p(
+      ddprun({"--nproc_per_node", "3", "--run_id", "envtest", TEST_WORKER_BIN, "env", dir.str(), "print", "2"}));
   const Finished f = p.wait(60s);
   ASSERT_EQ(f.exit_code, 0) << f.err;
   for (int r = 0; r < 3; ++r) {
@@ -52,8 +53,8 @@ TEST(LauncherTest, SuccessfulJobExportsEnvAndPrefixesOutput) {
 }
 
 TEST(LauncherTest, FirstFailureStopsTheGroupAndSetsExitCode) {
-  Subprocess p(ddprun({"--nproc_per_node", "3", "--shutdown_timeout", "5", TEST_WORKER_BIN, "exit-if-rank", "2", "7",
-                       "sleep", "60"}));
+  Subprocess p(ddprun(
+      {"--nproc_per_node", "3", "--shutdown_timeout", "5", TEST_WORKER_BIN, "exit-if-rank", "2", "7", "sleep", "60"}));
   const Finished f = p.wait(60s);
   EXPECT_EQ(f.exit_code, 7) << f.err;
   EXPECT_NE(f.err.find("Root cause (first failure):\n  rank       : 2 (local_rank 2)"), std::string::npos) << f.err;
@@ -108,8 +109,8 @@ TEST(LauncherTest, RestartsWithIncrementedRestartCountAndFreshStore) {
 
 TEST(LauncherTest, GivesUpAfterMaxRestarts) {
   Reports reports;
-  Subprocess p(
-      ddprun(reports.flags(0, {"--nproc_per_node", "1", "--max_restarts", "1", TEST_WORKER_BIN, "exit-if-rank", "0", "4"})));
+  Subprocess p(ddprun(
+      reports.flags(0, {"--nproc_per_node", "1", "--max_restarts", "1", TEST_WORKER_BIN, "exit-if-rank", "0", "4"})));
   const Finished f = p.wait(30s);
   EXPECT_EQ(f.exit_code, 4);
   const auto r = reports.of(0);
@@ -123,8 +124,8 @@ TEST(LauncherTest, GivesUpAfterMaxRestarts) {
 }
 
 TEST(LauncherTest, ForwardsUsr1WithoutStoppingAndTermStops) {
-  Subprocess usr(ddprun({"--nproc_per_node", "2", "--signals_to_handle", "SIGTERM,SIGINT,SIGUSR1", TEST_WORKER_BIN,
-                         "wait-signal"}));
+  Subprocess usr(ddprun(
+      {"--nproc_per_node", "2", "--signals_to_handle", "SIGTERM,SIGINT,SIGUSR1", TEST_WORKER_BIN, "wait-signal"}));
   ASSERT_TRUE(usr.wait_for_output("[rank1]: ready", 30s));
   ASSERT_TRUE(usr.wait_for_output("[rank0]: ready", 30s));
   usr.signal(SIGUSR1);
@@ -246,8 +247,8 @@ TEST(LauncherTest, TwoJobsStartedTogetherWithoutMasterPortNeverCollide) {
 
 TEST(LauncherTest, RedirectsAndTeeWritePerRankLogFiles) {
   TempDir dir;
-  Subprocess p(ddprun({"--nproc_per_node", "2", "--log_dir", dir.str(), "--run_id", "logs", "--redirects", "3",
-                       "--tee", "0:1", TEST_WORKER_BIN, "print", "3"}));
+  Subprocess p(ddprun({"--nproc_per_node", "2", "--log_dir", dir.str(), "--run_id", "logs", "--redirects", "3", "--tee",
+                       "0:1", TEST_WORKER_BIN, "print", "3"}));
   const Finished f = p.wait(30s);
   ASSERT_EQ(f.exit_code, 0) << f.err;
   std::vector<fs::path> runs;
@@ -283,7 +284,8 @@ TEST(LauncherTest, BadFlagsFailBeforeAnythingStarts) {
   Subprocess p(ddprun({"--nproc_per_node", "two", TEST_WORKER_BIN, "env", dir.str()}));
   const Finished f = p.wait(10s);
   EXPECT_EQ(f.exit_code, 2);
-  EXPECT_EQ(f.err, "ddprun: --nproc_per_node: expected a positive number, 'auto', 'cpu', 'gpu', 'cuda' or 'xpu', got 'two'\n");
+  EXPECT_EQ(f.err,
+            "ddprun: --nproc_per_node: expected a positive number, 'auto', 'cpu', 'gpu', 'cuda' or 'xpu', got 'two'\n");
   EXPECT_TRUE(fs::is_empty(dir.path));
   // A program that cannot be run is its rank's failure: the report says why, the code is 127.
   Subprocess missing(ddprun({"/nonexistent/train"}));
@@ -320,9 +322,9 @@ TEST(LauncherTest, LocalRankArgRunsATorchDistributedLaunchScriptUnchanged) {
   ASSERT_EQ(f.exit_code, 0) << f.err;
   for (int r = 0; r < 2; ++r) {
     const std::string lr = std::to_string(r);
-    EXPECT_NE(f.out.find("[rank" + lr + "]: argv1=--local_rank=" + lr + " local_rank=" + lr + " env=" + lr +
-                         " epochs=3"),
-              std::string::npos)
+    EXPECT_NE(
+        f.out.find("[rank" + lr + "]: argv1=--local_rank=" + lr + " local_rank=" + lr + " env=" + lr + " epochs=3"),
+        std::string::npos)
         << f.out;
   }
   // The same script without the flag: argparse refuses it (exit code 2), as it would under torchrun.

@@ -7,8 +7,8 @@ namespace ddprun::launcher {
 
 using rendezvous::Joiner;
 using rendezvous::Membership;
-using rendezvous::World;
 using rendezvous::order_by_group_rank;
+using rendezvous::World;
 using rendezvous::world_of;
 namespace {
 

@@ -26,10 +26,21 @@ using namespace std::chrono_literals;
 // A port free right now, for --master_port (node 0 must listen on a port the others know).
 std::unique_ptr<Subprocess> node(int port, int rank, int nproc, std::vector<std::string> extra,
                                  std::vector<std::string> worker_args, int nnodes = 2) {
-  std::vector<std::string> argv{DDPRUN_BIN, "--nnodes", std::to_string(nnodes), "--node_rank", std::to_string(rank),
-                                "--nproc_per_node", std::to_string(nproc), "--master_addr", "127.0.0.1",
-                                "--master_port", std::to_string(port), "--local_addr",
-                                "127.0.0." + std::to_string(rank + 1), "--rdzv_conf", "join_timeout=30"};
+  std::vector<std::string> argv{DDPRUN_BIN,
+                                "--nnodes",
+                                std::to_string(nnodes),
+                                "--node_rank",
+                                std::to_string(rank),
+                                "--nproc_per_node",
+                                std::to_string(nproc),
+                                "--master_addr",
+                                "127.0.0.1",
+                                "--master_port",
+                                std::to_string(port),
+                                "--local_addr",
+                                "127.0.0." + std::to_string(rank + 1),
+                                "--rdzv_conf",
+                                "join_timeout=30"};
   argv.insert(argv.end(), extra.begin(), extra.end());
   argv.push_back(TEST_WORKER_BIN);
   argv.insert(argv.end(), worker_args.begin(), worker_args.end());
@@ -78,8 +89,8 @@ TEST(MultiNodeTest, FailureOnOneNodeStopsEveryNodeWithOneRootCause) {
   const int port = free_port();
   std::vector<std::unique_ptr<Subprocess>> nodes;
   for (int n = 0; n < 2; ++n) {
-    nodes.push_back(node(port, n, 2, reports.flags(n, {"--shutdown_timeout", "10"}),
-                         {"exit-if-rank", "3", "6", "sleep", "60"}));
+    nodes.push_back(
+        node(port, n, 2, reports.flags(n, {"--shutdown_timeout", "10"}), {"exit-if-rank", "3", "6", "sleep", "60"}));
   }
   const Finished f0 = nodes[0]->wait(60s), f1 = nodes[1]->wait(60s);
   for (int n = 0; n < 2; ++n) {
@@ -111,7 +122,8 @@ TEST(MultiNodeTest, AllNodesRestartTogether) {
   const int port = free_port();
   std::vector<std::unique_ptr<Subprocess>> nodes;
   for (int n = 0; n < 2; ++n) {
-    nodes.push_back(node(port, n, 1, reports.flags(n, {"--max_restarts", "2"}), {"exit-if-attempt-below", "1", "4", "store-barrier", "env", dir.str()}));
+    nodes.push_back(node(port, n, 1, reports.flags(n, {"--max_restarts", "2"}),
+                         {"exit-if-attempt-below", "1", "4", "store-barrier", "env", dir.str()}));
   }
   const Finished f0 = nodes[0]->wait(60s), f1 = nodes[1]->wait(60s);
   ASSERT_EQ(f0.exit_code, 0) << f0.err;
@@ -197,7 +209,8 @@ TEST(MultiNodeTest, LosingNodeZeroStopsTheOtherNodes) {
 TEST(MultiNodeTest, NodeWhoseDdprunIsKilledIsDetectedByHeartbeat) {
   const int port = free_port();
   Reports reports;
-  const std::vector<std::string> fast{"--rdzv_conf", "join_timeout=30,keep_alive_interval=0.2,keep_alive_max_attempt=3"};
+  const std::vector<std::string> fast{"--rdzv_conf",
+                                      "join_timeout=30,keep_alive_interval=0.2,keep_alive_max_attempt=3"};
   auto n0 = node(port, 0, 1, reports.flags(0, fast), {"wait-signal"});
   auto n1 = node(port, 1, 1, fast, {"sleep", "120"});
   ASSERT_TRUE(n0->wait_for_output("[rank0]: ready", 30s));
@@ -265,9 +278,17 @@ std::vector<Finished> run_daemon_job(uint16_t port, const std::string& run_id, s
                                      std::vector<std::string> extra = {}) {
   std::vector<std::unique_ptr<Subprocess>> nodes;
   for (int n = 0; n < 2; ++n) {
-    std::vector<std::string> argv{DDPRUN_BIN, "--nnodes", "2", "--node_rank", std::to_string(n),
-                                  "--rdzv_endpoint", "127.0.0.1:" + std::to_string(port), "--master_addr", "127.0.0.1",
-                                  "--local_addr", "127.0.0." + std::to_string(n + 1)};
+    std::vector<std::string> argv{DDPRUN_BIN,
+                                  "--nnodes",
+                                  "2",
+                                  "--node_rank",
+                                  std::to_string(n),
+                                  "--rdzv_endpoint",
+                                  "127.0.0.1:" + std::to_string(port),
+                                  "--master_addr",
+                                  "127.0.0.1",
+                                  "--local_addr",
+                                  "127.0.0." + std::to_string(n + 1)};
     if (!run_id.empty()) argv.insert(argv.end(), {"--rdzv_id", run_id});
     argv.insert(argv.end(), extra.begin(), extra.end());
     argv.push_back(TEST_WORKER_BIN);
@@ -318,16 +339,17 @@ TEST(MultiNodeTest, AJobWhoseAgentsWereKilledIsForgottenAndItsIdRunsAgain) {
   const std::string endpoint = "127.0.0.1:" + std::to_string(d.port());
   std::vector<std::unique_ptr<Subprocess>> nodes;
   for (int n = 0; n < 2; ++n) {
-    nodes.push_back(std::make_unique<Subprocess>(std::vector<std::string>{
-        DDPRUN_BIN, "--nnodes", "2", "--node_rank", std::to_string(n), "--rdzv_endpoint", endpoint, "--rdzv_id",
-        "crashy", "--master_addr", "127.0.0.1", "--rdzv_conf", "keep_alive_interval=0.2", TEST_WORKER_BIN, "sleep",
-        "60"}));
+    nodes.push_back(std::make_unique<Subprocess>(
+        std::vector<std::string>{DDPRUN_BIN, "--nnodes", "2", "--node_rank", std::to_string(n), "--rdzv_endpoint",
+                                 endpoint, "--rdzv_id", "crashy", "--master_addr", "127.0.0.1", "--rdzv_conf",
+                                 "keep_alive_interval=0.2", TEST_WORKER_BIN, "sleep", "60"}));
   }
   for (auto& n : nodes) ASSERT_TRUE(n->wait_for_output("started 1 worker", 30s)) << n->err();
   for (auto& n : nodes) n->signal(SIGKILL);
   for (auto& n : nodes) n->wait(10s);
   // Run again at once: the dead agents' node ranks are taken over (their heartbeats do not move).
-  for (const Finished& f : run_daemon_job(d.port(), "crashy", {"store-barrier"}, {"--rdzv_conf", "keep_alive_interval=0.2"})) {
+  for (const Finished& f :
+       run_daemon_job(d.port(), "crashy", {"store-barrier"}, {"--rdzv_conf", "keep_alive_interval=0.2"})) {
     ASSERT_EQ(f.exit_code, 0) << f.err;
     EXPECT_NE(f.err.find("was left by agents that are gone"), std::string::npos) << f.err;
   }

@@ -17,14 +17,14 @@
 namespace ddprun::launcher {
 
 using workers::CpuInfo;
+using workers::format_cpu_list;
 using workers::GpuMaker;
 using workers::NumaBinding;
-using workers::Topology;
-using workers::format_cpu_list;
 using workers::parse_cpu_list;
 using workers::parse_numa_binding;
 using workers::place_ranks;
 using workers::read_topology;
+using workers::Topology;
 using workers::visible_gpus;
 using workers::visible_gpus_of;
 namespace {
@@ -64,7 +64,7 @@ struct Fixture {
       put(dir / "cache/index3/type", "Unified");
       put(dir / "cache/index3/level", "3");
       put(dir / "cache/index3/shared_cpu_list", std::to_string(ccx) + "-" + std::to_string(ccx + 1) + "," +
-                                                     std::to_string(ccx + 16) + "-" + std::to_string(ccx + 17));
+                                                    std::to_string(ccx + 16) + "-" + std::to_string(ccx + 17));
     }
     for (int g = 7; g >= 0; --g) {  // written out of order: PCI order is the address's
       char addr[32];
@@ -83,9 +83,9 @@ struct Fixture {
     put(sys / "bus/pci/devices/0000:11:00.1/class", "0x040300");
     put(sys / "bus/pci/devices/0000:11:00.1/numa_node", "0");
     // Two AMD Instinct GPUs (display controllers) on nodes 3 and 1, and an Intel data-center GPU on node 2.
-    for (const auto& [addr, vendor, node] : {std::tuple{"0000:41:00.0", "0x1002", "1"},
-                                             std::tuple{"0000:40:00.0", "0x1002", "3"},
-                                             std::tuple{"0000:50:00.0", "0x8086", "2"}}) {
+    for (const auto& [addr, vendor, node] :
+         {std::tuple{"0000:41:00.0", "0x1002", "1"}, std::tuple{"0000:40:00.0", "0x1002", "3"},
+          std::tuple{"0000:50:00.0", "0x8086", "2"}}) {
       put(sys / "bus/pci/devices" / addr / "vendor", vendor);
       put(sys / "bus/pci/devices" / addr / "class", "0x038000");
       put(sys / "bus/pci/devices" / addr / "numa_node", node);

@@ -20,16 +20,16 @@
 
 namespace ddprun::launcher {
 
+using cli::first_slurm_host;
+using cli::flag_table;
 using cli::FlagDef;
 using cli::HostFacts;
 using cli::LaunchOptions;
 using cli::LocalRankArg;
-using cli::RdzvBackend;
-using cli::RdzvConfKey;
-using cli::first_slurm_host;
-using cli::flag_table;
 using cli::parse_options;
 using cli::rdzv_conf_keys;
+using cli::RdzvBackend;
+using cli::RdzvConfKey;
 using cli::usage_text;
 namespace {
 
@@ -78,8 +78,9 @@ TEST(OptionsTest, EverythingAfterTheProgramIsPassedThroughUntouched) {
 }
 
 TEST(OptionsTest, PetEnvironmentFallbacksApplyWhenFlagsAreAbsent) {
-  auto o = parse({"train"}, {{"PET_NPROC_PER_NODE", "5"}, {"PET_MAX_RESTARTS", "1"}, {"PET_NO_PYTHON", "1"},
-                             {"PET_RDZV_ID", "kube"}});
+  auto o =
+      parse({"train"},
+            {{"PET_NPROC_PER_NODE", "5"}, {"PET_MAX_RESTARTS", "1"}, {"PET_NO_PYTHON", "1"}, {"PET_RDZV_ID", "kube"}});
   EXPECT_EQ(o.nproc_per_node, 5);
   EXPECT_EQ(o.max_restarts, 1);
   EXPECT_TRUE(o.no_python);
@@ -95,8 +96,10 @@ TEST(OptionsTest, DdprunAndTorchelasticVariablesAreReadByTheParserUnderOneRule) 
   const auto d = parse({"train"});
   EXPECT_EQ(d.step_rates_period, std::chrono::seconds(10));
   EXPECT_FALSE(d.file_timer);
-  const auto o = parse({"train"}, {{"DDPRUN_STEP_RATES_PERIOD", "2.5"}, {"DDPRUN_PROGRESS_INTERVAL", "3"},
-                                   {"TORCHELASTIC_ENABLE_FILE_TIMER", "1"}, {"TORCHELASTIC_TIMER_FILE", "/tmp/t"}});
+  const auto o = parse({"train"}, {{"DDPRUN_STEP_RATES_PERIOD", "2.5"},
+                                   {"DDPRUN_PROGRESS_INTERVAL", "3"},
+                                   {"TORCHELASTIC_ENABLE_FILE_TIMER", "1"},
+                                   {"TORCHELASTIC_TIMER_FILE", "/tmp/t"}});
   EXPECT_EQ(o.step_rates_period, std::chrono::milliseconds(2500));
   EXPECT_EQ(o.progress_interval, std::chrono::seconds(3));
   EXPECT_TRUE(o.file_timer);
@@ -200,9 +203,10 @@ TEST(OptionsTest, MasterAddrInBracketsAndPortZeroMeansAutomatic) {
 }
 
 TEST(OptionsTest, SlurmEnvironmentSetsTheJobLayout) {
-  const std::map<std::string, std::string> slurm = {
-      {"SLURM_JOB_ID", "123456"}, {"SLURM_NNODES", "4"}, {"SLURM_NODEID", "2"},
-      {"SLURM_JOB_NODELIST", "gpu-node[07-10],login1"}};
+  const std::map<std::string, std::string> slurm = {{"SLURM_JOB_ID", "123456"},
+                                                    {"SLURM_NNODES", "4"},
+                                                    {"SLURM_NODEID", "2"},
+                                                    {"SLURM_JOB_NODELIST", "gpu-node[07-10],login1"}};
   auto o = parse({"--nproc_per_node", "8", "train"}, slurm);
   EXPECT_EQ(o.max_nodes, 4);
   EXPECT_EQ(o.node_rank, 2);
@@ -221,8 +225,11 @@ TEST(OptionsTest, SlurmEnvironmentSetsTheJobLayout) {
 }
 
 TEST(OptionsTest, KubeflowPetVariablesDescribeAMultiNodeJob) {
-  auto o = parse({"train"}, {{"PET_NNODES", "2"}, {"PET_NODE_RANK", "1"}, {"PET_NPROC_PER_NODE", "4"},
-                             {"PET_MASTER_ADDR", "job-master-0"}, {"PET_MASTER_PORT", "23456"}});
+  auto o = parse({"train"}, {{"PET_NNODES", "2"},
+                             {"PET_NODE_RANK", "1"},
+                             {"PET_NPROC_PER_NODE", "4"},
+                             {"PET_MASTER_ADDR", "job-master-0"},
+                             {"PET_MASTER_PORT", "23456"}});
   EXPECT_EQ(o.max_nodes, 2);
   EXPECT_EQ(o.node_rank, 1);
   EXPECT_EQ(o.nproc_per_node, 4);
@@ -232,10 +239,26 @@ TEST(OptionsTest, KubeflowPetVariablesDescribeAMultiNodeJob) {
 
 TEST(OptionsTest, HelpListsEveryFlagWithItsDefault) {
   const std::string help = usage_text();
-  for (const char* flag : {"--nproc_per_node", "--nnodes", "--node_rank", "--master_addr", "--master_port",
-                           "--standalone", "--max_restarts", "--monitor_interval", "--role", "--rdzv_id",
-                           "--log_dir", "--redirects", "--tee", "--local_ranks_filter", "--no_python", "--module",
-                           "--local_addr", "--signals_to_handle", "--shutdown_timeout", "--virtual_local_rank"}) {
+  for (const char* flag : {"--nproc_per_node",
+                           "--nnodes",
+                           "--node_rank",
+                           "--master_addr",
+                           "--master_port",
+                           "--standalone",
+                           "--max_restarts",
+                           "--monitor_interval",
+                           "--role",
+                           "--rdzv_id",
+                           "--log_dir",
+                           "--redirects",
+                           "--tee",
+                           "--local_ranks_filter",
+                           "--no_python",
+                           "--module",
+                           "--local_addr",
+                           "--signals_to_handle",
+                           "--shutdown_timeout",
+                           "--virtual_local_rank"}) {
     EXPECT_NE(help.find(flag), std::string::npos) << flag;
   }
   EXPECT_NE(help.find("(default: 30)"), std::string::npos);
@@ -248,7 +271,8 @@ TEST(OptionsTest, HelpListsEveryFlagWithItsDefault) {
 // --help=markdown is the docs' table: one row per flag, with the same defaults --help states.
 TEST(OptionsTest, HelpMarkdownIsATableOfEveryFlag) {
   EXPECT_TRUE(parse({"--help=markdown"}).help_markdown);
-  EXPECT_EQ(error_of({"--help=man"}), "--help: expected no value, or 'markdown' (the flag table of the docs), got 'man'");
+  EXPECT_EQ(error_of({"--help=man"}),
+            "--help: expected no value, or 'markdown' (the flag table of the docs), got 'man'");
   const std::string table = cli::flag_table_markdown();
   for (const FlagDef& f : flag_table()) {
     EXPECT_NE(table.find("`" + std::string(f.name)), std::string::npos) << f.name;
@@ -294,10 +318,10 @@ TEST(OptionsTest, TheDefaultsHelpStatesAreTheOnesTheParserUses) {
 }
 
 TEST(OptionsTest, EtcdTakesSeveralEndpointsRangesAndItsOwnSettings) {
-  auto o = parse({"--rdzv_backend", "etcd", "--rdzv_endpoint", "10.0.0.1:2379,https://10.0.0.2:2379, 10.0.0.3",
-                  "--nnodes", "2:4", "--rdzv_conf",
-                  "key_prefix=/team-a,lease_ttl=4,etcd_user=alice,etcd_password_file=/p,etcd_ca_file=/ca.crt",
-                  "train"});
+  auto o =
+      parse({"--rdzv_backend", "etcd", "--rdzv_endpoint", "10.0.0.1:2379,https://10.0.0.2:2379, 10.0.0.3", "--nnodes",
+             "2:4", "--rdzv_conf",
+             "key_prefix=/team-a,lease_ttl=4,etcd_user=alice,etcd_password_file=/p,etcd_ca_file=/ca.crt", "train"});
   EXPECT_EQ(o.rdzv_backend, RdzvBackend::Etcd);
   EXPECT_EQ(o.etcd.endpoints, (std::vector<std::string>{"10.0.0.1:2379", "https://10.0.0.2:2379", "10.0.0.3"}));
   EXPECT_EQ(o.min_nodes, 2);
@@ -329,7 +353,8 @@ TEST(OptionsTest, RdzvConfTakesEveryKeyTorchrunAccepts) {
   ASSERT_TRUE(o.rdzv_is_host.has_value());
   EXPECT_FALSE(*o.rdzv_is_host);
   EXPECT_EQ(parse({"--rdzv_conf", "timeout=30", "train"}).join_timeout, std::chrono::seconds(30));
-  EXPECT_TRUE(*parse({"--rdzv_backend", "c10d", "--rdzv_endpoint", "h", "--rdzv_conf", "is_host=Yes", "t"}).rdzv_is_host);
+  EXPECT_TRUE(
+      *parse({"--rdzv_backend", "c10d", "--rdzv_endpoint", "h", "--rdzv_conf", "is_host=Yes", "t"}).rdzv_is_host);
   // static torchrun passes the node rank as rdzv_conf rank
   auto r = parse({"--nnodes", "2", "--rdzv_conf", "rank=1", "train"});
   EXPECT_EQ(r.node_rank, 1);
@@ -395,8 +420,8 @@ TEST(OptionsTest, TheNewestTorchrunFlagsAreAcceptedWithTheirMeaning) {
   EXPECT_EQ(error_of({"--logs-specs", "default", "train"}), "");
   EXPECT_NE(error_of({"--logs-specs", "my_specs", "train"}).find("--log_dir"), std::string::npos);
 
-  auto filtered = parse({"--duplicate-stdout-filters", "loss,,acc,step", "--duplicate_stderr_filters=NCCL WARN",
-                         "train"});
+  auto filtered =
+      parse({"--duplicate-stdout-filters", "loss,,acc,step", "--duplicate_stderr_filters=NCCL WARN", "train"});
   EXPECT_EQ(filtered.duplicate_stdout_filters, (std::vector<std::string>{"loss,acc", "step"}));
   EXPECT_EQ(filtered.duplicate_stderr_filters, (std::vector<std::string>{"NCCL WARN"}));
   EXPECT_NE(error_of({"--duplicate-stdout-filters", ",", "train"}).find("substrings"), std::string::npos);
@@ -415,8 +440,8 @@ TEST(OptionsTest, AmdGpusAreCountedFromTheKfdTopologyOrTheirVisibilityVariables)
   test::TempDir kfd;
   auto node = [&](const std::string& name, int simds) {
     std::filesystem::create_directories(kfd.path / name);
-    std::ofstream(kfd.path / name / "properties") << "cpu_cores_count " << (simds ? 0 : 16) << "\nsimd_count "
-                                                  << simds << "\nmem_banks_count 1\n";
+    std::ofstream(kfd.path / name / "properties")
+        << "cpu_cores_count " << (simds ? 0 : 16) << "\nsimd_count " << simds << "\nmem_banks_count 1\n";
   };
   node("0", 0);    // the CPU
   node("1", 304);  // two MI300X-like GPUs
@@ -461,7 +486,7 @@ TEST(OptionsTest, IntelGpusAreCountedFromTheirRenderNodesOrZeAffinityMask) {
   node("renderD128", "0x8086");  // Intel
   node("renderD129", "0x10de");  // NVIDIA
   node("renderD130", "0x8086");
-  node("card0", "0x8086");       // the same GPU's display node: not counted twice
+  node("card0", "0x8086");  // the same GPU's display node: not counted twice
   auto no_env = [](const std::string&) -> std::optional<std::string> { return std::nullopt; };
   EXPECT_EQ(cli::count_intel_gpus(no_env, drm.str()), 2);
   auto masked = [](const std::string& k) -> std::optional<std::string> {
@@ -480,16 +505,15 @@ TEST(OptionsTest, EtcdMistakesAreNamed) {
   EXPECT_NE(error_of({"--rdzv_backend", "etcd", "--rdzv_endpoint", "h:2379", "--rdzv_conf", "lease_ttl=1", "train"})
                 .find("lease_ttl"),
             std::string::npos);
-  EXPECT_NE(error_of({"--rdzv_backend", "etcd", "--rdzv_endpoint", "h:2379", "--rdzv_conf", "etcd_user=bob",
-                      "train"})
+  EXPECT_NE(error_of({"--rdzv_backend", "etcd", "--rdzv_endpoint", "h:2379", "--rdzv_conf", "etcd_user=bob", "train"})
                 .find("etcd_password_file"),
             std::string::npos);
   EXPECT_NE(error_of({"--rdzv_backend", "etcd", "--rdzv_endpoint", "h:2379", "--rdzv_conf", "protocol=ftp", "train"})
                 .find("http or https"),
             std::string::npos);
   // an etcd setting without the etcd backend is a mistake, not silently ignored
-  const std::string misplaced = error_of({"--rdzv_backend", "c10d", "--rdzv_endpoint", "h:29400", "--rdzv_conf",
-                                          "lease_ttl=5", "train"});
+  const std::string misplaced =
+      error_of({"--rdzv_backend", "c10d", "--rdzv_endpoint", "h:29400", "--rdzv_conf", "lease_ttl=5", "train"});
   EXPECT_NE(misplaced.find("an etcd setting"), std::string::npos) << misplaced;
   EXPECT_NE(misplaced.find("--rdzv_backend etcd"), std::string::npos) << misplaced;
 }

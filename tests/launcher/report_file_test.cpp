@@ -28,7 +28,6 @@ namespace fs = std::filesystem;
 using json = nlohmann::json;
 using namespace std::chrono_literals;
 
-
 std::string host_name() {
   char buf[256] = {};
   ::gethostname(buf, sizeof buf - 1);
@@ -107,8 +106,8 @@ TEST(ReportFileTest, AFailureAfterARestartNamesTheRootCauseAndEveryAttempt) {
 TEST(ReportFileTest, TheWorkersErrorFileIsInTheRootCause) {
   TempDir dir;
   const fs::path file = dir.path / "report.json";
-  Subprocess p(ddprun({"--nproc_per_node", "1", "--report_file", file.string(), TEST_WORKER_BIN, "error-file",
-                       "loss is NaN"}));
+  Subprocess p(
+      ddprun({"--nproc_per_node", "1", "--report_file", file.string(), TEST_WORKER_BIN, "error-file", "loss is NaN"}));
   const Finished f = p.wait(30s);
   ASSERT_EQ(f.exit_code, 1) << f.err;
   const json r = read_report(file);
@@ -186,11 +185,28 @@ TEST(ReportFileTest, EachNodeOfATwoNodeJobReportsTheOtherNodesRootCause) {
   const int port = free_port();
   std::vector<std::unique_ptr<Subprocess>> nodes;
   for (int n = 0; n < 2; ++n) {
-    nodes.push_back(std::make_unique<Subprocess>(ddprun(
-        {"--nnodes", "2", "--node_rank", std::to_string(n), "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
-         "--master_port", std::to_string(port), "--local_addr", "127.0.0." + std::to_string(n + 1),
-         "--shutdown_timeout", "5", "--report_file", (dir.path / ("node" + std::to_string(n) + ".json")).string(),
-         TEST_WORKER_BIN, "exit-if-rank", "3", "9", "sleep", "60"})));
+    nodes.push_back(std::make_unique<Subprocess>(ddprun({"--nnodes",
+                                                         "2",
+                                                         "--node_rank",
+                                                         std::to_string(n),
+                                                         "--nproc_per_node",
+                                                         "2",
+                                                         "--master_addr",
+                                                         "127.0.0.1",
+                                                         "--master_port",
+                                                         std::to_string(port),
+                                                         "--local_addr",
+                                                         "127.0.0." + std::to_string(n + 1),
+                                                         "--shutdown_timeout",
+                                                         "5",
+                                                         "--report_file",
+                                                         (dir.path / ("node" + std::to_string(n) + ".json")).string(),
+                                                         TEST_WORKER_BIN,
+                                                         "exit-if-rank",
+                                                         "3",
+                                                         "9",
+                                                         "sleep",
+                                                         "60"})));
   }
   const Finished f0 = nodes[0]->wait(90s), f1 = nodes[1]->wait(90s);
   ASSERT_EQ(f0.exit_code, 9) << f0.err;
@@ -229,8 +245,8 @@ TEST(ReportFileTest, TheEnvironmentVariableWorksAndHostIsExpanded) {
 TEST(ReportFileTest, APathThatCannotWorkIsRefusedBeforeAnyWorkerRuns) {
   TempDir dir;
   const fs::path ready = dir.path / "ready";
-  Subprocess p(ddprun({"--nproc_per_node", "1", "--report_file", dir.str(), TEST_WORKER_BIN, "ready-file",
-                       ready.string()}));
+  Subprocess p(
+      ddprun({"--nproc_per_node", "1", "--report_file", dir.str(), TEST_WORKER_BIN, "ready-file", ready.string()}));
   const Finished f = p.wait(30s);
   EXPECT_EQ(f.exit_code, 2) << f.err;
   EXPECT_NE(f.err.find("--report_file " + dir.str() + " is a directory"), std::string::npos) << f.err;

@@ -9,8 +9,8 @@
 
 namespace ddprun::launcher {
 
-using agent::Decision;
 using agent::decide;
+using agent::Decision;
 using agent::kHangExitCode;
 using rendezvous::RoundEnd;
 using workers::WorkerExit;

@@ -52,7 +52,8 @@ class EtcdBackend final : public Backend {
 };
 
 INSTANTIATE_TEST_SUITE_P(Etcd, RoundProtocolTest,
-                         ::testing::Values(RoundProtocolBackend{"etcd", [] { return std::make_unique<EtcdBackend>(); }}));
+                         ::testing::Values(RoundProtocolBackend{"etcd",
+                                                                [] { return std::make_unique<EtcdBackend>(); }}));
 
 }  // namespace
 }  // namespace ddprun::launcher::test_round_protocol

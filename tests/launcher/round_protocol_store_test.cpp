@@ -54,7 +54,8 @@ class StoreBackend final : public Backend {
 };
 
 INSTANTIATE_TEST_SUITE_P(Store, RoundProtocolTest,
-                         ::testing::Values(RoundProtocolBackend{"store", [] { return std::make_unique<StoreBackend>(); }}));
+                         ::testing::Values(RoundProtocolBackend{"store",
+                                                                [] { return std::make_unique<StoreBackend>(); }}));
 
 }  // namespace
 }  // namespace ddprun::launcher::test_round_protocol

@@ -16,15 +16,15 @@
 
 namespace ddprun::launcher {
 
-using watchdog::RankStacks;
 using watchdog::capture_stacks;
 using watchdog::first_lines;
+using watchdog::RankStacks;
 using watchdog::stack_signal;
-using workers::Environment;
-using workers::SpawnRequest;
-using workers::SpawnedProcess;
 using workers::current_environment;
+using workers::Environment;
 using workers::spawn_process;
+using workers::SpawnedProcess;
+using workers::SpawnRequest;
 using workers::to_envp;
 using workers::write_python_hook;
 namespace {

@@ -7,12 +7,12 @@
 
 namespace ddprun::launcher {
 
-using watchdog::RankRate;
-using watchdog::RateTracker;
-using watchdog::StragglerWatch;
 using watchdog::format_rates_table;
 using watchdog::rank_rate_from_json;
+using watchdog::RankRate;
+using watchdog::RateTracker;
 using watchdog::slower_than_median;
+using watchdog::StragglerWatch;
 using watchdog::to_json;
 namespace {
 

@@ -17,12 +17,12 @@ namespace ddprun::launcher {
 
 using workers::GroupOutcome;
 using workers::GroupResult;
+using workers::lost_a_peer;
+using workers::shell_exit_code;
 using workers::Supervisor;
 using workers::SupervisorSettings;
 using workers::WorkerExit;
 using workers::WorkerLaunch;
-using workers::lost_a_peer;
-using workers::shell_exit_code;
 namespace {
 
 using namespace std::chrono_literals;
@@ -82,10 +82,11 @@ TEST(SupervisorTest, TheFirstFailureIsTheRootCauseAndTheOthersAreStopped) {
 // rank 1 is still on its way out (an interpreter tearing down): rank 1 is the root cause.
 TEST(SupervisorTest, ARankThatLostItsPeerIsNotTheRootCauseWhenThePeerFailsJustAfter) {
   Supervisor s(settings(), nullptr);
-  const GroupResult r = s.run(
-      {shell(0, "echo 'RuntimeError: [../gloo/transport/tcp/pair.cc:598] Connection closed by peer "
-                "[127.0.0.1]:14559' >&2; exit 1"),
-       shell(1, "sleep 0.1; echo 'shard 3 is corrupt' >&2; exit 7"), shell(2, "exec sleep 60")});
+  const GroupResult r =
+      s.run({shell(0,
+                   "echo 'RuntimeError: [../gloo/transport/tcp/pair.cc:598] Connection closed by peer "
+                   "[127.0.0.1]:14559' >&2; exit 1"),
+             shell(1, "sleep 0.1; echo 'shard 3 is corrupt' >&2; exit 7"), shell(2, "exec sleep 60")});
   EXPECT_EQ(r.outcome, GroupOutcome::Failed);
   ASSERT_EQ(r.failures.size(), 2u);
   EXPECT_EQ(r.failures[0].rank, 1);
@@ -120,7 +121,9 @@ TEST(SupervisorTest, AWorkerThatCannotStartFailsTheGroupAndIsNamed) {
 
 TEST(SupervisorTest, ARequestToStopEndsTheGroupAsStoppedByRequest) {
   Supervisor s(settings(), nullptr);
-  auto run = std::async(std::launch::async, [&] { return s.run({shell(0, "exec sleep 60"), shell(1, "exec sleep 60")}); });
+  auto run = std::async(std::launch::async, [&] {
+    return s.run({shell(0, "exec sleep 60"), shell(1, "exec sleep 60")});
+  });
   ASSERT_TRUE(test::wait_until([&] { return s.group_running(); }, 10s));
   s.request_stop("node 1 failed");
   ASSERT_EQ(run.wait_for(10s), std::future_status::ready);
@@ -133,7 +136,9 @@ TEST(SupervisorTest, ARequestToStopEndsTheGroupAsStoppedByRequest) {
 
 TEST(SupervisorTest, AStopSignalStopsEveryWorkerAndIsRemembered) {
   Supervisor s(settings(), nullptr);
-  auto run = std::async(std::launch::async, [&] { return s.run({shell(0, "exec sleep 60"), shell(1, "exec sleep 60")}); });
+  auto run = std::async(std::launch::async, [&] {
+    return s.run({shell(0, "exec sleep 60"), shell(1, "exec sleep 60")});
+  });
   ASSERT_TRUE(test::wait_until([&] { return s.group_running(); }, 10s));
   s.deliver_signal(SIGTERM);
   ASSERT_EQ(run.wait_for(10s), std::future_status::ready);

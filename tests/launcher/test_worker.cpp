@@ -89,7 +89,7 @@ int main(int argc, char** argv) {
       }
       std::ofstream(dir + "/pids." + rank) << ::getpid() << " " << child << "\n";
     } else if (cmd == "wait-signal") {
-      struct sigaction sa{};
+      struct sigaction sa {};
       sa.sa_handler = on_signal;
       ::sigaction(SIGUSR1, &sa, nullptr);
       ::sigaction(SIGTERM, &sa, nullptr);

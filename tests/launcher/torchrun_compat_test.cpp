@@ -35,9 +35,9 @@ using namespace std::chrono_literals;
 // the console and the rank logs unchanged.
 TEST(LauncherTest, DuplicateFiltersCopyMatchingLinesOfEveryRankIntoOneFile) {
   TempDir logs;
-  Subprocess p(ddprun({"--nproc_per_node", "2", "--log_dir", logs.str(), "--run_id", "filters",
-                       "--duplicate-stdout-filters", "line 1,line 3", "--duplicate_stderr_filters", "err line 2",
-                       TEST_WORKER_BIN, "print", "4"}));
+  Subprocess p(
+      ddprun({"--nproc_per_node", "2", "--log_dir", logs.str(), "--run_id", "filters", "--duplicate-stdout-filters",
+              "line 1,line 3", "--duplicate_stderr_filters", "err line 2", TEST_WORKER_BIN, "print", "4"}));
   const Finished f = p.wait(60s);
   ASSERT_EQ(f.exit_code, 0) << f.err;
   std::vector<fs::path> attempts;

@@ -28,9 +28,9 @@ using rendezvous::RoundEnd;
 using watchdog::Watchdog;
 using watchdog::WatchdogSettings;
 using watchdog::WatchedRank;
-using workers::SpawnRequest;
-using workers::SpawnedProcess;
 using workers::spawn_process;
+using workers::SpawnedProcess;
+using workers::SpawnRequest;
 namespace {
 
 using namespace std::chrono_literals;

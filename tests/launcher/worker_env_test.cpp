@@ -17,20 +17,20 @@ namespace ddprun::launcher {
 using workers::AttemptContext;
 using workers::ConsoleWriter;
 using workers::Environment;
-using workers::LineWriter;
-using workers::WorkerExit;
-using workers::WorkerPlacement;
 using workers::expand_prefix;
 using workers::format_failure_report;
+using workers::LineWriter;
 using workers::shell_exit_code;
 using workers::substitute_args;
 using workers::visible_gpu_ids;
 using workers::worker_environment;
+using workers::WorkerExit;
+using workers::WorkerPlacement;
 namespace {
 
 TEST(WorkerEnvTest, SetsTorchrunContract) {
-  WorkerPlacement where{.local_rank = 1, .rank = 5, .local_world_size = 4, .world_size = 8, .group_rank = 1,
-                        .group_world_size = 2};
+  WorkerPlacement where{
+      .local_rank = 1, .rank = 5, .local_world_size = 4, .world_size = 8, .group_rank = 1, .group_world_size = 2};
   AttemptContext ctx;
   ctx.master_addr = "10.1.2.3";
   ctx.master_port = 41000;
@@ -38,14 +38,28 @@ TEST(WorkerEnvTest, SetsTorchrunContract) {
   ctx.max_restarts = 3;
   ctx.run_id = "job";
   ctx.signals_to_handle = "SIGTERM,SIGINT";
-  const Environment env = worker_environment({{"PATH", "/bin"}, {"NCCL_ASYNC_ERROR_HANDLING", "0"}}, where, ctx, "/e.json");
-  const Environment expected_subset = {
-      {"LOCAL_RANK", "1"}, {"RANK", "5"}, {"GROUP_RANK", "1"}, {"ROLE_RANK", "5"}, {"ROLE_NAME", "default"},
-      {"LOCAL_WORLD_SIZE", "4"}, {"WORLD_SIZE", "8"}, {"GROUP_WORLD_SIZE", "2"}, {"ROLE_WORLD_SIZE", "8"},
-      {"MASTER_ADDR", "10.1.2.3"}, {"MASTER_PORT", "41000"}, {"TORCHELASTIC_RESTART_COUNT", "2"},
-      {"TORCHELASTIC_MAX_RESTARTS", "3"}, {"TORCHELASTIC_RUN_ID", "job"}, {"TORCHELASTIC_USE_AGENT_STORE", "True"},
-      {"TORCHELASTIC_ERROR_FILE", "/e.json"}, {"NCCL_ASYNC_ERROR_HANDLING", "0"},
-      {"TORCH_NCCL_ASYNC_ERROR_HANDLING", "0"}, {"PATH", "/bin"}, {"TORCHELASTIC_SIGNALS_TO_HANDLE", "SIGTERM,SIGINT"}};
+  const Environment env =
+      worker_environment({{"PATH", "/bin"}, {"NCCL_ASYNC_ERROR_HANDLING", "0"}}, where, ctx, "/e.json");
+  const Environment expected_subset = {{"LOCAL_RANK", "1"},
+                                       {"RANK", "5"},
+                                       {"GROUP_RANK", "1"},
+                                       {"ROLE_RANK", "5"},
+                                       {"ROLE_NAME", "default"},
+                                       {"LOCAL_WORLD_SIZE", "4"},
+                                       {"WORLD_SIZE", "8"},
+                                       {"GROUP_WORLD_SIZE", "2"},
+                                       {"ROLE_WORLD_SIZE", "8"},
+                                       {"MASTER_ADDR", "10.1.2.3"},
+                                       {"MASTER_PORT", "41000"},
+                                       {"TORCHELASTIC_RESTART_COUNT", "2"},
+                                       {"TORCHELASTIC_MAX_RESTARTS", "3"},
+                                       {"TORCHELASTIC_RUN_ID", "job"},
+                                       {"TORCHELASTIC_USE_AGENT_STORE", "True"},
+                                       {"TORCHELASTIC_ERROR_FILE", "/e.json"},
+                                       {"NCCL_ASYNC_ERROR_HANDLING", "0"},
+                                       {"TORCH_NCCL_ASYNC_ERROR_HANDLING", "0"},
+                                       {"PATH", "/bin"},
+                                       {"TORCHELASTIC_SIGNALS_TO_HANDLE", "SIGTERM,SIGINT"}};
   for (const auto& [k, v] : expected_subset) EXPECT_EQ(env.at(k), v) << k;
   EXPECT_EQ(env.count("CUDA_VISIBLE_DEVICES"), 0u);
   EXPECT_EQ(worker_environment({}, where, ctx, "").at("TORCH_NCCL_ASYNC_ERROR_HANDLING"), "1");
@@ -157,8 +171,8 @@ TEST(LineMergerTest, IdenticalLinesOfSeveralRanksArePrintedOnceInEachRanksOrder)
     ConsoleWriter console(fds[1]);
     {
       // A window no test reaches: everything is printed by the merger's end, in order.
-      auto merger = std::make_shared<workers::LineMerger>(&console, std::chrono::minutes(1), "[rank${rank}]: ",
-                                                          "default", "h");
+      auto merger =
+          std::make_shared<workers::LineMerger>(&console, std::chrono::minutes(1), "[rank${rank}]: ", "default", "h");
       std::vector<std::unique_ptr<LineWriter>> ranks;
       for (int r = 0; r < 4; ++r) {
         LineWriter::Sinks sinks;

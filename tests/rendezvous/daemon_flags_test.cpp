@@ -72,12 +72,13 @@ TEST(DaemonFlagsTest, PerJobQuotasDefaultToAShareOfTheStoreWideLimits) {
   const StoreLimits plain = parse_serve_flags({}).options.store_limits;
   EXPECT_EQ(plain.max_job_keys, 131072u);
   EXPECT_EQ(plain.max_job_bytes, uint64_t{256} << 20);
-  const StoreLimits small = parse_serve_flags({"--max-total-keys", "5000", "--max-store-bytes", "1000000"})
-                                .options.store_limits;
+  const StoreLimits small =
+      parse_serve_flags({"--max-total-keys", "5000", "--max-store-bytes", "1000000"}).options.store_limits;
   EXPECT_EQ(small.max_job_keys, 1250u);
   EXPECT_EQ(small.max_job_bytes, 250000u);
-  const StoreLimits given = parse_serve_flags({"--job-max-keys", "3000", "--max-total-keys", "5000",
-                                               "--job_max_bytes=0"}).options.store_limits;
+  const StoreLimits given =
+      parse_serve_flags({"--job-max-keys", "3000", "--max-total-keys", "5000", "--job_max_bytes=0"})
+          .options.store_limits;
   EXPECT_EQ(given.max_job_keys, 3000u);
   EXPECT_EQ(given.max_job_bytes, 0u);  // 0: no quota, as asked
 }

@@ -195,9 +195,9 @@ TEST(KvStoreTest, EachJobHasAQuotaOfItsOwnAndARefusalLeavesItsReason) {
   ASSERT_NE(note, nullptr);
   EXPECT_NE(note->find("over its quota"), std::string::npos) << *note;
   EXPECT_THROW(store.append("/ddprun/greedy/k0", std::string(2000, 'x')), LimitError);
-  EXPECT_THROW(store.multi_set(std::array<std::string_view, 1>{"/ddprun/greedy/m"},
-                               std::array<std::string_view, 1>{"v"}),
-               LimitError);
+  EXPECT_THROW(
+      store.multi_set(std::array<std::string_view, 1>{"/ddprun/greedy/m"}, std::array<std::string_view, 1>{"v"}),
+      LimitError);
   // Another job, and keys outside every job, are not touched by it.
   for (int i = 0; i < 4; ++i) store.set("/ddprun/other/k" + std::to_string(i), "v");
   store.set("/default_pg/0", std::string(2000, 'y'));

@@ -69,8 +69,8 @@ TEST(ProtocolTest, DecodesCaptured113SetWaitGetAddCas) {
   const Request& add = add_holder.request;
   EXPECT_EQ(add.delta, -2);
 
-  const Decoded cas_holder = decode_all(Dialect::Legacy,
-                           unhex("01 0300000000000000 2f6373 0000000000000000 0300000000000000 6e6577"));
+  const Decoded cas_holder =
+      decode_all(Dialect::Legacy, unhex("01 0300000000000000 2f6373 0000000000000000 0300000000000000 6e6577"));
   const Request& cas = cas_holder.request;
   EXPECT_EQ(cas.op, Op::CompareSet);
   EXPECT_EQ(cas.values.at(0), "");
@@ -118,7 +118,7 @@ TEST(ProtocolTest, DetectsDialectFromFirstBytes) {
 
 TEST(ProtocolTest, V2OnlyOperationsDecode) {
   const Decoded ms_holder = decode_all(Dialect::V2, unhex("0b 0200000000000000 0100000000000000 61 0100000000000000 31"
-                                             "0100000000000000 62 0000000000000000"));
+                                                          "0100000000000000 62 0000000000000000"));
   const Request& ms = ms_holder.request;
   EXPECT_EQ(ms.op, Op::MultiSet);
   ASSERT_EQ(ms.keys.size(), 2u);

@@ -25,8 +25,8 @@ namespace ddprun::rdzv {
 namespace {
 
 using namespace std::chrono_literals;
-using test::wait_until;
 using test::unhex;
+using test::wait_until;
 
 ClientOptions client_options(uint16_t port) {
   ClientOptions o;
@@ -51,7 +51,9 @@ class RawSocket {
     ::setsockopt(fd_, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
   }
   ~RawSocket() { close(); }
-  void send(const std::string& bytes) { ASSERT_EQ(::send(fd_, bytes.data(), bytes.size(), MSG_NOSIGNAL), ssize_t(bytes.size())); }
+  void send(const std::string& bytes) {
+    ASSERT_EQ(::send(fd_, bytes.data(), bytes.size(), MSG_NOSIGNAL), ssize_t(bytes.size()));
+  }
   // Bytes until EOF (or the 5 s receive timeout, which fails the caller's expectation).
   std::string read_until_eof(bool* eof) {
     std::string out;

@@ -37,13 +37,17 @@ TEST(StoreConnectionTest, Replays113CaptureByteForByte) {
   EXPECT_EQ(hex(conn.feed(unhex("03 0500000000000000 696e69742f 0100000000000000"))), "0100000000000000");
   EXPECT_EQ(conn.feed(unhex("00 0300000000000000 2f6b31 0200000000000000 7631")), "");
   EXPECT_EQ(hex(conn.feed(unhex("05 0100000000000000 0300000000000000 2f6b31"))), "00");
-  EXPECT_EQ(hex(conn.feed(unhex("02 0300000000000000 2f6b31"))), "0200000000000000" "7631");
+  EXPECT_EQ(hex(conn.feed(unhex("02 0300000000000000 2f6b31"))),
+            "0200000000000000"
+            "7631");
   EXPECT_EQ(hex(conn.feed(unhex("03 0400000000000000 2f636e74 0500000000000000"))), "0500000000000000");
   EXPECT_EQ(hex(conn.feed(unhex("03 0400000000000000 2f636e74 feffffffffffffff"))), "0300000000000000");
   EXPECT_EQ(hex(conn.feed(unhex("01 0300000000000000 2f6373 0000000000000000 0300000000000000 6e6577"))),
-            "0300000000000000" "6e6577");
+            "0300000000000000"
+            "6e6577");
   EXPECT_EQ(hex(conn.feed(unhex("01 0400000000000000 2f637332 0300000000000000 657870 0300000000000000 6e6577"))),
-            "0300000000000000" "657870");
+            "0300000000000000"
+            "657870");
   EXPECT_EQ(hex(conn.feed(unhex("06"))), "0400000000000000");  // init/, /k1, /cnt, /cs
   EXPECT_EQ(hex(conn.feed(unhex("08 0300000000000000 2f6b31"))), "0100000000000000");
   EXPECT_EQ(hex(conn.feed(unhex("08 0300000000000000 2f6b31"))), "0000000000000000");
@@ -91,15 +95,29 @@ TEST(StoreConnectionTest, V2QueuesListAndMultiOps) {
   conn.feed(unhex("00 cef7853c"));
   conn.feed(unhex("0e 0100000000000000 71 0200000000000000 7878"));  // QUEUE_PUSH q "xx"
   EXPECT_EQ(hex(conn.feed(unhex("10 0100000000000000 71"))), "0100000000000000");
-  EXPECT_EQ(hex(conn.feed(unhex("0f 0100000000000000 71"))), "0100000000000000" "0200000000000000" "7878");
+  EXPECT_EQ(hex(conn.feed(unhex("0f 0100000000000000 71"))),
+            "0100000000000000"
+            "0200000000000000"
+            "7878");
   EXPECT_EQ(hex(conn.feed(unhex("0f 0100000000000000 71"))), "0000000000000000");
-  conn.feed(unhex("0b 0200000000000000 0100000000000000 62 0100000000000000 32"
-                  "0100000000000000 61 0100000000000000 31"));  // MULTI_SET b=2 a=1
+  conn.feed(
+      unhex("0b 0200000000000000 0100000000000000 62 0100000000000000 32"
+            "0100000000000000 61 0100000000000000 31"));  // MULTI_SET b=2 a=1
   EXPECT_EQ(hex(conn.feed(unhex("0a 0200000000000000 0100000000000000 61 0100000000000000 62"))),
-            "0100000000000000" "31" "0100000000000000" "32");
-  EXPECT_EQ(hex(conn.feed(unhex("11"))), "0200000000000000" "0100000000000000" "61" "0100000000000000" "62");
+            "0100000000000000"
+            "31"
+            "0100000000000000"
+            "32");
+  EXPECT_EQ(hex(conn.feed(unhex("11"))),
+            "0200000000000000"
+            "0100000000000000"
+            "61"
+            "0100000000000000"
+            "62");
   conn.feed(unhex("09 0100000000000000 61 0200000000000000 3233"));  // APPEND a "23"
-  EXPECT_EQ(hex(conn.feed(unhex("03 0100000000000000 61"))), "0300000000000000" "313233");
+  EXPECT_EQ(hex(conn.feed(unhex("03 0100000000000000 61"))),
+            "0300000000000000"
+            "313233");
 }
 
 TEST(StoreConnectionTest, WrongMagicAfterHandshakeAndBadAddCloseTheConnection) {
@@ -116,7 +134,7 @@ TEST(StoreConnectionTest, NewRequestDropsAStaleWaitSoNoStrayByteFollows) {
   KvStore store;
   Conn conn(store), other(store);
   conn.feed(unhex("05 0100000000000000 0100000000000000 6b"));  // WAIT k (client then times out)
-  EXPECT_EQ(hex(conn.feed(unhex("06"))), "0000000000000000");    // next request: GETNUMKEYS
+  EXPECT_EQ(hex(conn.feed(unhex("06"))), "0000000000000000");   // next request: GETNUMKEYS
   other.feed(unhex("00 0100000000000000 6b 0100000000000000 76"));
   EXPECT_EQ(conn.take(), "");  // no late STOP_WAITING
 }
@@ -126,7 +144,13 @@ TEST(StoreConnectionTest, LegacyWatchKeyRegistersAndStreamsEvents) {
   Conn watcher(store), writer(store);
   EXPECT_EQ(hex(watcher.feed(unhex("07 0200000000000000 2f6b"))), "03");
   writer.feed(unhex("00 0200000000000000 2f6b 0100000000000000 31"));
-  EXPECT_EQ(hex(watcher.take()), "01" "0200000000000000" "2f6b" "0000000000000000" "0100000000000000" "31");
+  EXPECT_EQ(hex(watcher.take()),
+            "01"
+            "0200000000000000"
+            "2f6b"
+            "0000000000000000"
+            "0100000000000000"
+            "31");
 }
 
 TEST(StoreConnectionTest, DisconnectReleasesWaits) {

@@ -26,9 +26,9 @@
 namespace ddprun::test {
 
 struct DaemonOptions {
-  std::vector<std::string> args;      // extra command-line arguments
-  std::optional<rlim_t> nofile;        // RLIMIT_NOFILE (soft and hard) for the daemon
-  std::optional<rlim_t> address_space; // RLIMIT_AS for the daemon
+  std::vector<std::string> args;        // extra command-line arguments
+  std::optional<rlim_t> nofile;         // RLIMIT_NOFILE (soft and hard) for the daemon
+  std::optional<rlim_t> address_space;  // RLIMIT_AS for the daemon
 };
 
 class Daemon {

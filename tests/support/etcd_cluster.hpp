@@ -33,7 +33,8 @@ struct TestCertificates {
     cert = d + "/server.crt";
     key = d + "/server.key";
     const std::string script =
-        "cd " + d + " && openssl req -x509 -newkey rsa:2048 -nodes -keyout ca.key -out ca.crt -days 1 "
+        "cd " + d +
+        " && openssl req -x509 -newkey rsa:2048 -nodes -keyout ca.key -out ca.crt -days 1 "
         "-subj /CN=ddprun-test-ca && openssl req -newkey rsa:2048 -nodes -keyout server.key -out server.csr "
         "-subj /CN=localhost && printf 'subjectAltName=IP:127.0.0.1,DNS:localhost' > ext.cnf && openssl x509 -req "
         "-in server.csr -CA ca.crt -CAkey ca.key -CAcreateserial -out server.crt -days 1 -extfile ext.cnf";
@@ -62,7 +63,8 @@ class EtcdCluster {
   EtcdCluster& operator=(const EtcdCluster&) = delete;
 
   std::string endpoint(int i) const {
-    return std::string(tls_ ? "https" : "http") + "://127.0.0.1:" + std::to_string(client_ports_[static_cast<size_t>(i)]);
+    return std::string(tls_ ? "https" : "http") +
+           "://127.0.0.1:" + std::to_string(client_ports_[static_cast<size_t>(i)]);
   }
   // Every member's client URL, comma-separated (for --rdzv_endpoint).
   std::string endpoints() const {
@@ -135,11 +137,25 @@ class EtcdCluster {
 
   void start(int i, const std::string& initial) {
     const std::string peer = "http://127.0.0.1:" + std::to_string(peer_ports_[static_cast<size_t>(i)]);
-    std::vector<std::string> argv{"/usr/bin/etcd", "--name", name(i), "--data-dir", (dir_.path / name(i)).string(),
-                                  "--listen-client-urls", endpoint(i), "--advertise-client-urls", endpoint(i),
-                                  "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
-                                  "--initial-cluster", initial, "--initial-cluster-state", "new",
-                                  "--initial-cluster-token", "ddprun-test"};
+    std::vector<std::string> argv{"/usr/bin/etcd",
+                                  "--name",
+                                  name(i),
+                                  "--data-dir",
+                                  (dir_.path / name(i)).string(),
+                                  "--listen-client-urls",
+                                  endpoint(i),
+                                  "--advertise-client-urls",
+                                  endpoint(i),
+                                  "--listen-peer-urls",
+                                  peer,
+                                  "--initial-advertise-peer-urls",
+                                  peer,
+                                  "--initial-cluster",
+                                  initial,
+                                  "--initial-cluster-state",
+                                  "new",
+                                  "--initial-cluster-token",
+                                  "ddprun-test"};
     if (tls_) {
       for (const std::string& a : {std::string("--cert-file"), tls_->cert, std::string("--key-file"), tls_->key}) {
         argv.push_back(a);

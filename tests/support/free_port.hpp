@@ -62,7 +62,8 @@ inline int free_port() {
   const int high = port_detail::ephemeral_start();  // exclusive
   const int span = high - kLow;
   if (span < 100) throw std::runtime_error("free_port: the ephemeral port range leaves no ports below it");
-  if (next < 0) next = kLow + static_cast<int>((static_cast<unsigned>(::getpid()) * 7919u) % static_cast<unsigned>(span));
+  if (next < 0)
+    next = kLow + static_cast<int>((static_cast<unsigned>(::getpid()) * 7919u) % static_cast<unsigned>(span));
   ::mkdir("/tmp/ddprun-test-ports", 01777);
   for (int tries = 0; tries < span; ++tries) {
     const int port = next;

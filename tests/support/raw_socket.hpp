@@ -102,7 +102,8 @@ class RawSocket {
  private:
   bool wait_readable(std::chrono::steady_clock::time_point deadline) {
     for (;;) {
-      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+      const auto left =
+          std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
       if (left.count() <= 0) return false;
       pollfd p{fd_, POLLIN, 0};
       const int rc = ::poll(&p, 1, static_cast<int>(left.count()));

@@ -111,7 +111,8 @@ class Subprocess {
   bool pump(std::chrono::steady_clock::time_point deadline) {
     if (out_fd_ < 0 && err_fd_ < 0) return false;
     pollfd fds[2] = {{out_fd_, POLLIN, 0}, {err_fd_, POLLIN, 0}};
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    const auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
     if (left.count() <= 0) return false;
     const int rc = ::poll(fds, 2, static_cast<int>(left.count()));
     if (rc == 0) return false;

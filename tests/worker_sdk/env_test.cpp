@@ -33,9 +33,14 @@ TEST(WorkerEnvTest, NoLauncherVariablesMeansASingleProcess) {
 }
 
 TEST(WorkerEnvTest, ReadsTheFullContract) {
-  const WorkerEnv e = read({{"RANK", "3"}, {"WORLD_SIZE", "8"}, {"LOCAL_RANK", "1"}, {"LOCAL_WORLD_SIZE", "2"},
-                            {"MASTER_ADDR", "10.0.0.1"}, {"MASTER_PORT", "29500"},
-                            {"TORCHELASTIC_USE_AGENT_STORE", "True"}, {"TORCHELASTIC_RESTART_COUNT", "2"}});
+  const WorkerEnv e = read({{"RANK", "3"},
+                            {"WORLD_SIZE", "8"},
+                            {"LOCAL_RANK", "1"},
+                            {"LOCAL_WORLD_SIZE", "2"},
+                            {"MASTER_ADDR", "10.0.0.1"},
+                            {"MASTER_PORT", "29500"},
+                            {"TORCHELASTIC_USE_AGENT_STORE", "True"},
+                            {"TORCHELASTIC_RESTART_COUNT", "2"}});
   EXPECT_TRUE(e.launched);
   EXPECT_EQ(e.rank, 3);
   EXPECT_EQ(e.world_size, 8);
@@ -48,16 +53,19 @@ TEST(WorkerEnvTest, ReadsTheFullContract) {
 }
 
 TEST(WorkerEnvTest, MissingOrMalformedVariablesAreNamed) {
-  EXPECT_EQ(error_of({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "h"}}).rfind(
-                "environment variable MASTER_PORT is not set; it is set by ddprun or torchrun", 0),
+  EXPECT_EQ(error_of({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "h"}})
+                .rfind("environment variable MASTER_PORT is not set; it is set by ddprun or torchrun", 0),
             0u);
   EXPECT_NE(error_of({{"RANK", "2"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "h"}, {"MASTER_PORT", "1"}})
                 .find("RANK='2' is not a whole number from 0 to 1"),
             std::string::npos);
-  EXPECT_NE(error_of({{"RANK", "0"}, {"WORLD_SIZE", "x"}, {"MASTER_ADDR", "h"}, {"MASTER_PORT", "1"}})
-                .find("WORLD_SIZE='x'"),
-            std::string::npos);
-  EXPECT_NE(error_of({{"RANK", "0"}, {"WORLD_SIZE", "1"}, {"MASTER_ADDR", "h"}, {"MASTER_PORT", "1"},
+  EXPECT_NE(
+      error_of({{"RANK", "0"}, {"WORLD_SIZE", "x"}, {"MASTER_ADDR", "h"}, {"MASTER_PORT", "1"}}).find("WORLD_SIZE='x'"),
+      std::string::npos);
+  EXPECT_NE(error_of({{"RANK", "0"},
+                      {"WORLD_SIZE", "1"},
+                      {"MASTER_ADDR", "h"},
+                      {"MASTER_PORT", "1"},
                       {"TORCHELASTIC_USE_AGENT_STORE", "True"}})
                 .find("TORCHELASTIC_RESTART_COUNT is not set"),
             std::string::npos);

@@ -32,7 +32,7 @@ TEST(RingChunksTest, SegmentsAreRoundedUpToWholeElementsAndTheLastChunksMayBeSho
   const auto c = ring_chunks(40, 4, 4);
   EXPECT_EQ(c.segment_bytes, 8u);
   EXPECT_EQ(c.begin(2), 32u);
-  EXPECT_EQ(c.end(2), 40u);  // short
+  EXPECT_EQ(c.end(2), 40u);         // short
   EXPECT_EQ(c.begin(3), c.end(3));  // empty
   expect_tiling(c, 4, 4);
 }

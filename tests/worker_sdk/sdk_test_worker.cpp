@@ -321,7 +321,8 @@ int resume(const std::string& dir, int epochs, int fail_at) {
   for (int epoch = start; epoch < epochs; ++epoch) {
     auto [x, y] = global_batch(epoch, dist.world_size(), 2);
     opt.zero_grad();
-    torch::nn::functional::cross_entropy(ddp(x.narrow(0, dist.rank() * 2, 2)), y.narrow(0, dist.rank() * 2, 2)).backward();
+    torch::nn::functional::cross_entropy(ddp(x.narrow(0, dist.rank() * 2, 2)), y.narrow(0, dist.rank() * 2, 2))
+        .backward();
     opt.step();
     save_checkpoint(dir + "/latest.pt", ddp.module(), &opt, epoch, dist);
     if (epoch == fail_at && dist.env().restart_count == 0 && dist.rank() == dist.world_size() - 1) {
@@ -367,9 +368,12 @@ int python_resume(const std::string& in, const std::string& out, const std::stri
 int64_t count_tensors(const c10::IValue& v) {
   if (v.isTensor()) return 1;
   int64_t n = 0;
-  if (v.isList()) for (const auto& e : v.toListRef()) n += count_tensors(e);
-  if (v.isTuple()) for (const auto& e : v.toTupleRef().elements()) n += count_tensors(e);
-  if (v.isGenericDict()) for (const auto& kv : v.toGenericDict()) n += count_tensors(kv.value());
+  if (v.isList())
+    for (const auto& e : v.toListRef()) n += count_tensors(e);
+  if (v.isTuple())
+    for (const auto& e : v.toTupleRef().elements()) n += count_tensors(e);
+  if (v.isGenericDict())
+    for (const auto& kv : v.toGenericDict()) n += count_tensors(kv.value());
   return n;
 }
 
@@ -447,7 +451,8 @@ int main(int argc, char** argv) {
                         std::string(argv[8]) == "convert");
     }
     if (mode == "qat-sequential") {
-      return qat_prepare_sequential(argv[2], argv[3], argv[4], std::stoi(argv[5]), std::stoi(argv[6]), std::stoi(argv[7]));
+      return qat_prepare_sequential(argv[2], argv[3], argv[4], std::stoi(argv[5]), std::stoi(argv[6]),
+                                    std::stoi(argv[7]));
     }
     if (mode == "qat-sync-bn") return qat_sync_bn();
     if (mode == "torch-load") return torch_load_files(argc, argv);

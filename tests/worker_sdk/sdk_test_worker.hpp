@@ -33,7 +33,6 @@ struct NetImpl : torch::nn::Module {
 };
 TORCH_MODULE(Net);
 
-
 inline DdpOptions small_buckets() {
   DdpOptions o;
   o.first_bucket_cap_bytes = 200;  // odd sizes: buckets close in the middle of layers' tensors

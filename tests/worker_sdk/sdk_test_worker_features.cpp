@@ -63,8 +63,7 @@ int custom_hook() {
   bool indices_ok = state->indices.size() == 1 + buckets && state->indices[0] == 0;
   for (size_t i = 0; indices_ok && i < buckets; ++i) indices_ok = state->indices[1 + i] == i;
   dist.print("RESULT hook_calls=", state->indices.size(), " buckets=", buckets, " indices_ok=", indices_ok ? 1 : 0,
-             " last_buckets=", state->last_buckets,
-             " comm_hook=", hooked.logging_data().strs_map["comm_hook"]);
+             " last_buckets=", state->last_buckets, " comm_hook=", hooked.logging_data().strs_map["comm_hook"]);
   dist.print("RESULT sum_vs_world_times_mean=", all_max(dist, max_abs_diff(got, expected)));
   dist.print("RESULT second_hook_error=", second.find("can only be called once") != std::string::npos ? 1 : 0);
   return 0;
@@ -88,8 +87,10 @@ int powersgd() {
     bool batched;
     int64_t rank;
   };
-  const std::vector<Run> runs{{"layerwise_full", false, 1 << 20}, {"batched_full", true, side},
-                              {"layerwise_rank1", false, 1}, {"batched_rank1", true, 1}};
+  const std::vector<Run> runs{{"layerwise_full", false, 1 << 20},
+                              {"batched_full", true, side},
+                              {"layerwise_rank1", false, 1},
+                              {"batched_rank1", true, 1}};
   Net plain_net = reference_copy(base);
   DistributedDataParallel<NetImpl> plain(plain_net.ptr(), dist, one_bucket);
   std::vector<Net> nets;
@@ -124,8 +125,8 @@ int powersgd() {
     std::vector<torch::Tensor> got;
     for (auto& p : ddps[i]->parameters()) got.push_back(p.grad());
     const auto stats = states[i]->compression_stats();
-    dist.print("RESULT ", runs[i].name, "_rel=", all_max(dist, max_abs_diff(got, expected)) / scale, " ",
-               runs[i].name, "_iter=", states[i]->iter, " ", runs[i].name, "_rate=", stats.rate, " ", runs[i].name,
+    dist.print("RESULT ", runs[i].name, "_rel=", all_max(dist, max_abs_diff(got, expected)) / scale, " ", runs[i].name,
+               "_iter=", states[i]->iter, " ", runs[i].name, "_rate=", stats.rate, " ", runs[i].name,
                "_hook=", ddps[i]->logging_data().strs_map["comm_hook"]);
   }
   std::string refused;
@@ -176,8 +177,8 @@ int sync_batch_norm() {
       for (auto& p : plain->parameters()) p.mutable_grad() = torch::Tensor();
       for (auto& p : sync->parameters()) p.mutable_grad() = torch::Tensor();
       auto x_all = x.clone().requires_grad_(true);
-      auto out_all = torch::batch_norm(x_all, plain->weight, plain->bias, plain->running_mean, plain->running_var,
-                                       true, 0.3, 1e-5, false);
+      auto out_all = torch::batch_norm(x_all, plain->weight, plain->bias, plain->running_mean, plain->running_var, true,
+                                       0.3, 1e-5, false);
       (out_all * g).sum().backward();
       auto x_mine = x.narrow(0, offset, batch_of(rank)).clone().requires_grad_(true);
       auto out = sync(x_mine);
@@ -204,8 +205,8 @@ int sync_batch_norm() {
     torch::Tensor want;
     {
       torch::NoGradGuard no_grad;
-      want = torch::batch_norm(x, plain->weight, plain->bias, plain->running_mean, plain->running_var, false, 0.3,
-                               1e-5, false);
+      want = torch::batch_norm(x, plain->weight, plain->bias, plain->running_mean, plain->running_var, false, 0.3, 1e-5,
+                               false);
     }
     compare(sync(x), want);
   }
@@ -264,8 +265,7 @@ void step(Forward model, Opt& opt, int step, int rank, int world) {
   auto [x, y] = batch(step);
   const int64_t rows = 12 / world;
   opt.zero_grad();
-  torch::nn::functional::cross_entropy(model(x.narrow(0, rank * rows, rows)),
-                                       y.narrow(0, rank * rows, rows))
+  torch::nn::functional::cross_entropy(model(x.narrow(0, rank * rows, rows)), y.narrow(0, rank * rows, rows))
       .backward();
   opt.step();
 }
@@ -300,15 +300,21 @@ int zero(const std::string& phase, const std::string& dir) {
         archive.save_to(out);
         full_bytes += static_cast<int64_t>(out.str().size());
       }
-      state_share = std::max(state_share, static_cast<double>(zero_opt->local_state_bytes()) / static_cast<double>(full_bytes));
+      state_share =
+          std::max(state_share, static_cast<double>(zero_opt->local_state_bytes()) / static_cast<double>(full_bytes));
       params_owned = static_cast<int64_t>(zero_opt->shards()[static_cast<size_t>(rank)].size());
       return std::make_pair(std::move(zero_opt), a);
     };
-    compare([&](std::vector<torch::Tensor> p) { return std::make_unique<ZeroRedundancyOptimizer<torch::optim::SGD>>(p, sgd, group); },
-            [&](std::vector<torch::Tensor> p) { return std::make_unique<torch::optim::SGD>(p, sgd); });
-    auto [zero_adam, model] =
-        compare([&](std::vector<torch::Tensor> p) { return std::make_unique<ZeroRedundancyOptimizer<torch::optim::Adam>>(p, adam, group); },
-                [&](std::vector<torch::Tensor> p) { return std::make_unique<torch::optim::Adam>(p, adam); });
+    compare(
+        [&](std::vector<torch::Tensor> p) {
+          return std::make_unique<ZeroRedundancyOptimizer<torch::optim::SGD>>(p, sgd, group);
+        },
+        [&](std::vector<torch::Tensor> p) { return std::make_unique<torch::optim::SGD>(p, sgd); });
+    auto [zero_adam, model] = compare(
+        [&](std::vector<torch::Tensor> p) {
+          return std::make_unique<ZeroRedundancyOptimizer<torch::optim::Adam>>(p, adam, group);
+        },
+        [&](std::vector<torch::Tensor> p) { return std::make_unique<torch::optim::Adam>(p, adam); });
     zero_adam->consolidate_state_dict(0);
     if (rank == 0) {
       zero_adam->save(dir + "/zero.pt");
@@ -332,7 +338,8 @@ int zero(const std::string& phase, const std::string& dir) {
       torch::save(snapshot(reset->parameters()), dir + "/reset.pt");
     }
     dist.print("RESULT zero_vs_local_optimizer=", all_max(dist, worst));
-    dist.print("RESULT state_share=", all_max(dist, state_share), " params_owned_min=", -all_max(dist, -static_cast<double>(params_owned)));
+    dist.print("RESULT state_share=", all_max(dist, state_share),
+               " params_owned_min=", -all_max(dist, -static_cast<double>(params_owned)));
     dist.barrier();
     return 0;
   }

@@ -56,8 +56,8 @@ class DdpEquivalenceTest : public ::testing::TestWithParam<std::tuple<int, std::
 
 TEST_P(DdpEquivalenceTest, ParametersEqualSingleProcessTrainingOnTheWholeBatch) {
   const auto [world, reducer] = GetParam();
-  const Finished f = run_under_ddprun(world, {"ddp-equivalence", "4", reducer}, {},
-                                      {{"DDPRUN_DDP_MAX_MESSAGE_BYTES", "64"}});
+  const Finished f =
+      run_under_ddprun(world, {"ddp-equivalence", "4", reducer}, {}, {{"DDPRUN_DDP_MAX_MESSAGE_BYTES", "64"}});
   ASSERT_EQ(f.exit_code, 0) << f.err;
   auto r = results(f.out);
   EXPECT_EQ(r["world_size"], std::to_string(world));
@@ -211,8 +211,7 @@ TEST(CheckpointTest, RoundTripWithAndWithoutModulePrefix) {
 
 TEST(CheckpointTest, JobKilledMidRunResumesFromLatestCheckpointAfterRestart) {
   TempDir dir;
-  const Finished f =
-      run_under_ddprun(2, {"resume", dir.path.string(), "5", "2"}, {"--max_restarts", "1"});
+  const Finished f = run_under_ddprun(2, {"resume", dir.path.string(), "5", "2"}, {"--max_restarts", "1"});
   ASSERT_EQ(f.exit_code, 0) << f.err;
   EXPECT_NE(f.out.find("RESULT attempt=0 start_epoch=0"), std::string::npos) << f.out;
   EXPECT_NE(f.out.find("RESULT attempt=1 start_epoch=3"), std::string::npos) << f.out;
@@ -225,8 +224,8 @@ TEST(CheckpointTest, JobKilledMidRunResumesFromLatestCheckpointAfterRestart) {
 TEST(CheckpointTest, TwoJobsSavingToOnePathNeverCollide) {
   TempDir dir;
   const std::string path = (dir.path / "shared.pt").string();
-  const std::map<std::string, std::string> alone{{"RANK", ""}, {"WORLD_SIZE", ""}, {"MASTER_ADDR", ""},
-                                                 {"MASTER_PORT", ""}, {"OMP_NUM_THREADS", "1"}};
+  const std::map<std::string, std::string> alone{
+      {"RANK", ""}, {"WORLD_SIZE", ""}, {"MASTER_ADDR", ""}, {"MASTER_PORT", ""}, {"OMP_NUM_THREADS", "1"}};
   Subprocess a({SDK_TEST_WORKER_BIN, "checkpoint-race", path, "0", "300"}, alone);
   Subprocess b({SDK_TEST_WORKER_BIN, "checkpoint-race", path, "1000", "300"}, alone);
   const Finished fa = a.wait(120s), fb = b.wait(120s);
@@ -270,8 +269,8 @@ std::string progress_page(const TempDir& dir, uint64_t membership_until_ns) {
 TEST(CheckpointTest, ANodeWhosePlaceInTheJobLapsedPublishesNothing) {
   TempDir dir, pages;
   const std::string path = (dir.path / "ckpt.pt").string();
-  const std::map<std::string, std::string> alone{{"RANK", ""}, {"WORLD_SIZE", ""}, {"MASTER_ADDR", ""},
-                                                 {"MASTER_PORT", ""}};
+  const std::map<std::string, std::string> alone{
+      {"RANK", ""}, {"WORLD_SIZE", ""}, {"MASTER_ADDR", ""}, {"MASTER_PORT", ""}};
   auto with_page = [&](uint64_t until) {
     auto env = alone;
     env["DDPRUN_PROGRESS_FILE"] = progress_page(pages, until);
@@ -310,7 +309,8 @@ TEST(CheckpointTest, SaveFsyncsTheFileBeforeTheRenameAndTheDirectoryAfter) {
   while (std::getline(in, line)) {
     ++line_no;
     const auto ret = line.rfind("= ");
-    if (line.find("openat(") != std::string::npos && line.find("ckpt.pt.tmp.") != std::string::npos && ret != std::string::npos) {
+    if (line.find("openat(") != std::string::npos && line.find("ckpt.pt.tmp.") != std::string::npos &&
+        ret != std::string::npos) {
       tmp_fd = line.substr(ret + 2);
     } else if (line.find("openat(") != std::string::npos && line.find("O_DIRECTORY") != std::string::npos &&
                line.find("\"" + dir.str() + "\"") != std::string::npos && ret != std::string::npos) {
@@ -418,8 +418,8 @@ TEST(WorkerSdkProgressTest, NodeZeroReportsTheWholeJobsRatesFromEveryNode) {
 }
 
 TEST(WorkerSdkTest, RunsAloneWithoutALauncher) {
-  Subprocess p({SDK_TEST_WORKER_BIN, "ddp-equivalence", "2"}, {{"RANK", ""}, {"WORLD_SIZE", ""}, {"MASTER_ADDR", ""},
-                                                              {"MASTER_PORT", ""}});
+  Subprocess p({SDK_TEST_WORKER_BIN, "ddp-equivalence", "2"},
+               {{"RANK", ""}, {"WORLD_SIZE", ""}, {"MASTER_ADDR", ""}, {"MASTER_PORT", ""}});
   const Finished f = p.wait(120s);
   ASSERT_EQ(f.exit_code, 0) << f.err;
   auto r = results(f.out);

@@ -63,7 +63,8 @@ void write_durably(const std::filesystem::path& target, const std::vector<char>&
   if (const auto lapsed = membership_lapsed()) {
     ::unlink(tmp.c_str());
     throw std::runtime_error("not publishing checkpoint " + target.string() + ": this node's place in the job lapsed " +
-                             std::to_string(lapsed->count()) + " ms ago (its ddprun was frozen, stopped or cut off "
+                             std::to_string(lapsed->count()) +
+                             " ms ago (its ddprun was frozen, stopped or cut off "
                              "from the rendezvous), so the other nodes may have gone on without it; the previous "
                              "checkpoint is kept");
   }
@@ -119,7 +120,8 @@ std::optional<int64_t> load_checkpoint(const std::string& path, torch::nn::Modul
     break;
   }
   const c10::IValue loaded = torch_load(path);
-  if (!loaded.isGenericDict()) throw std::runtime_error("checkpoint " + path + " is a " + loaded.tagKind() + ", not a dict");
+  if (!loaded.isGenericDict())
+    throw std::runtime_error("checkpoint " + path + " is a " + loaded.tagKind() + ", not a dict");
   const auto root = loaded.toGenericDict();
   auto in_file = [&](const std::exception& e) { return std::runtime_error("checkpoint " + path + ": " + e.what()); };
   // torch.save(model.state_dict()) or torch.save(ddp.state_dict()): the model alone.
@@ -135,7 +137,8 @@ std::optional<int64_t> load_checkpoint(const std::string& path, torch::nn::Modul
   // PyTorch's tutorial on checkpoints ("model_state_dict", "optimizer_state_dict").
   const c10::IValue* model_state = first_of(root, {"model", "model_state_dict", "state_dict"});
   if (!model_state) {
-    throw std::runtime_error("checkpoint " + path + " holds neither a state dict nor a dict with one under 'model', "
+    throw std::runtime_error("checkpoint " + path +
+                             " holds neither a state dict nor a dict with one under 'model', "
                              "'model_state_dict' or 'state_dict'");
   }
   try {

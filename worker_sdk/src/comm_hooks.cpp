@@ -207,7 +207,8 @@ void finish_compressed_bucket(PowerSGDState& state, const c10d::GradBucket& buck
 }  // namespace
 
 PowerSGDState::PowerSGDState(ProcessGroupPtr group, int64_t rank, int64_t start_iter, double min_rate,
-                             bool error_feedback, bool warm, double epsilon, uint32_t random_seed, bool batch_same_shape)
+                             bool error_feedback, bool warm, double epsilon, uint32_t random_seed,
+                             bool batch_same_shape)
     : process_group(std::move(group)),
       matrix_approximation_rank(rank),
       start_powerSGD_iter(start_iter),
@@ -231,10 +232,9 @@ PowerSGDState::PowerSGDState(ProcessGroupPtr group, int64_t rank, int64_t start_
 }
 
 PowerSGDState::CompressionStats PowerSGDState::compression_stats() const {
-  const double rate = total_numel_after_compression > 0
-                          ? static_cast<double>(total_numel_before_compression) /
-                                static_cast<double>(total_numel_after_compression)
-                          : 0.0;
+  const double rate = total_numel_after_compression > 0 ? static_cast<double>(total_numel_before_compression) /
+                                                              static_cast<double>(total_numel_after_compression)
+                                                        : 0.0;
   return {rate, total_numel_before_compression, total_numel_after_compression};
 }
 

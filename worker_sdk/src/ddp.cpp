@@ -34,12 +34,11 @@ std::shared_ptr<R> make_reducer(std::vector<at::Tensor> params, std::vector<std:
                                 bool gradient_as_bucket_view, std::unordered_map<size_t, std::string> param_names,
                                 int64_t first_bucket_cap) {
   if constexpr (std::is_constructible_v<R, std::vector<at::Tensor>, std::vector<std::vector<size_t>>,
-                                        std::vector<size_t>, c10::intrusive_ptr<c10d::ProcessGroup>,
-                                        std::vector<bool>, int64_t, bool, bool,
-                                        std::unordered_map<size_t, std::string>, int64_t>) {
-    return std::make_shared<R>(std::move(params), std::move(bucket_indices), std::move(bucket_limits),
-                               std::move(pg), std::move(expect_sparse), bucket_cap, find_unused,
-                               gradient_as_bucket_view, std::move(param_names), first_bucket_cap);
+                                        std::vector<size_t>, c10::intrusive_ptr<c10d::ProcessGroup>, std::vector<bool>,
+                                        int64_t, bool, bool, std::unordered_map<size_t, std::string>, int64_t>) {
+    return std::make_shared<R>(std::move(params), std::move(bucket_indices), std::move(bucket_limits), std::move(pg),
+                               std::move(expect_sparse), bucket_cap, find_unused, gradient_as_bucket_view,
+                               std::move(param_names), first_bucket_cap);
   } else {
     // The last argument lists per-bucket caps for the rebuild after the first iteration
     // (bucket_cap_mb_list); empty, as Python passes it by default, rebuilds by first_bucket_cap and
@@ -104,8 +103,7 @@ struct DdpSink : torch::autograd::Function<DdpSink> {
 // A C++ function as the reducer's communication hook (Python's PythonCommHook for a callable).
 class FunctionCommHook final : public c10d::CommHookInterface {
  public:
-  explicit FunctionCommHook(std::function<comm_hooks::TensorFuture(c10d::GradBucket&)> hook)
-      : hook_(std::move(hook)) {}
+  explicit FunctionCommHook(std::function<comm_hooks::TensorFuture(c10d::GradBucket&)> hook) : hook_(std::move(hook)) {}
   c10::intrusive_ptr<c10::ivalue::Future> runHook(c10d::GradBucket& bucket) override {
     auto future = hook_(bucket);
     if (!future) throw std::runtime_error("DistributedDataParallel: the communication hook returned no future");
@@ -114,8 +112,10 @@ class FunctionCommHook final : public c10d::CommHookInterface {
   at::Tensor parseHookResult(const c10::IValue& result) override {
     if (result.isTensor()) return result.toTensor();
     if (result.isTensorList() && !result.toTensorVector().empty()) return result.toTensorVector()[0];
-    throw std::runtime_error("DistributedDataParallel: a communication hook's future must hold a Tensor or a list "
-                             "of Tensors (the reduced bucket), not " + result.tagKind());
+    throw std::runtime_error(
+        "DistributedDataParallel: a communication hook's future must hold a Tensor or a list "
+        "of Tensors (the reduced bucket), not " +
+        result.tagKind());
   }
 
  private:
@@ -176,8 +176,8 @@ void DdpCore::Impl::construct(Distributed& dist) {
     // Auto: spin only when this node's ranks with their intra-op threads fit its CPUs, so a
     // spinning rank never takes a core from one that is still computing.
     const int threads_on_node = dist.env().local_world_size * std::max(1, at::get_num_threads());
-    const bool spin = options.busy_poll == BusyPoll::On ||
-                      (options.busy_poll == BusyPoll::Auto && threads_on_node <= usable_cpus());
+    const bool spin =
+        options.busy_poll == BusyPoll::On || (options.busy_poll == BusyPoll::Auto && threads_on_node <= usable_cpus());
     CollectiveWait connecting;
     comm = c10::make_intrusive<DdpCommGroup>(dist.process_group(), dist.store(),
                                              "ddprun/ddp/" + std::to_string(instances++) + "/", dist.timeout(), spin);
@@ -212,10 +212,10 @@ void DdpCore::Impl::construct(Distributed& dist) {
   std::reverse(bucket_limits.begin(), bucket_limits.end());
 
   hook_accumulators(params);  // before the reducer's hooks: see on_gradient()
-  reducer = make_reducer(params, std::move(bucket_indices), std::move(bucket_limits), pg, expect_sparse,
-                         static_cast<int64_t>(options.bucket_cap_bytes), options.find_unused_parameters,
-                         options.gradient_as_bucket_view, std::move(param_names),
-                         static_cast<int64_t>(first_bucket_cap()));
+  reducer =
+      make_reducer(params, std::move(bucket_indices), std::move(bucket_limits), pg, expect_sparse,
+                   static_cast<int64_t>(options.bucket_cap_bytes), options.find_unused_parameters,
+                   options.gradient_as_bucket_view, std::move(param_names), static_cast<int64_t>(first_bucket_cap()));
   logger = std::make_shared<c10d::Logger>(reducer);
   reducer->set_logger(logger);
   logger->set_construction_data_and_log(module->name(), {}, -1, options.broadcast_buffers,

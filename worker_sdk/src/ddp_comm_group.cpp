@@ -16,9 +16,7 @@ class RingWork final : public c10d::Work {
   explicit RingWork(c10::intrusive_ptr<c10::ivalue::Future> future) : future_(std::move(future)) {}
   bool isCompleted() override { return future_->completed(); }
   bool isSuccess() const override { return future_->completed() && !future_->hasError(); }
-  std::exception_ptr exception() const override {
-    return future_->hasError() ? future_->exception_ptr() : nullptr;
-  }
+  std::exception_ptr exception() const override { return future_->hasError() ? future_->exception_ptr() : nullptr; }
   bool wait(std::chrono::milliseconds /*timeout*/) override {
     future_->wait();
     future_->value();  // rethrows the all-reduce's error
@@ -35,8 +33,8 @@ bool ring_can_take(const std::vector<at::Tensor>& tensors, const c10d::Allreduce
   const at::Tensor& t = tensors[0];
   const auto type = t.scalar_type();
   return t.device().is_cpu() && t.layout() == c10::kStrided && t.is_contiguous() && t.numel() > 0 &&
-         (type == at::kFloat || type == at::kDouble || type == at::kHalf || type == at::kBFloat16 ||
-          type == at::kInt || type == at::kLong);
+         (type == at::kFloat || type == at::kDouble || type == at::kHalf || type == at::kBFloat16 || type == at::kInt ||
+          type == at::kLong);
 }
 
 }  // namespace

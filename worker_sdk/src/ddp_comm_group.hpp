@@ -65,8 +65,8 @@ class DdpCommGroup final : public CommGroup {
                                            const c10d::AllgatherOptions& opts = c10d::AllgatherOptions()) override {
     return inner_->allgather(outputs, inputs, opts);
   }
-  c10::intrusive_ptr<c10d::Work> _allgather_base(at::Tensor& output, at::Tensor& input,
-                                                 const c10d::AllgatherOptions& opts = c10d::AllgatherOptions()) override {
+  c10::intrusive_ptr<c10d::Work> _allgather_base(
+      at::Tensor& output, at::Tensor& input, const c10d::AllgatherOptions& opts = c10d::AllgatherOptions()) override {
     return inner_->_allgather_base(output, input, opts);
   }
   c10::intrusive_ptr<c10d::Work> allgather_coalesced(
@@ -74,13 +74,11 @@ class DdpCommGroup final : public CommGroup {
       const c10d::AllgatherOptions& opts = c10d::AllgatherOptions()) override {
     return inner_->allgather_coalesced(outputs, inputs, opts);
   }
-  c10::intrusive_ptr<c10d::Work> gather(std::vector<std::vector<at::Tensor>>& outputs,
-                                        std::vector<at::Tensor>& inputs,
+  c10::intrusive_ptr<c10d::Work> gather(std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
                                         const c10d::GatherOptions& opts = c10d::GatherOptions()) override {
     return inner_->gather(outputs, inputs, opts);
   }
-  c10::intrusive_ptr<c10d::Work> scatter(std::vector<at::Tensor>& outputs,
-                                         std::vector<std::vector<at::Tensor>>& inputs,
+  c10::intrusive_ptr<c10d::Work> scatter(std::vector<at::Tensor>& outputs, std::vector<std::vector<at::Tensor>>& inputs,
                                          const c10d::ScatterOptions& opts = c10d::ScatterOptions()) override {
     return inner_->scatter(outputs, inputs, opts);
   }
@@ -95,8 +93,7 @@ class DdpCommGroup final : public CommGroup {
     return inner_->_reduce_scatter_base(output, input, opts);
   }
   c10::intrusive_ptr<c10d::Work> alltoall_base(at::Tensor& output, at::Tensor& input,
-                                               std::vector<int64_t>& output_splits,
-                                               std::vector<int64_t>& input_splits,
+                                               std::vector<int64_t>& output_splits, std::vector<int64_t>& input_splits,
                                                const c10d::AllToAllOptions& opts = c10d::AllToAllOptions()) override {
     return inner_->alltoall_base(output, input, output_splits, input_splits, opts);
   }

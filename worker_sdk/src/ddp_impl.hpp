@@ -58,7 +58,7 @@ struct DdpCore::Impl : std::enable_shared_from_this<Impl> {
   bool require_backward_grad_sync = true;
   bool require_forward_param_sync = true;
   bool static_graph = false;
-  int64_t num_iterations = 0;  // 1.13's count, read by the sink
+  int64_t num_iterations = 0;                // 1.13's count, read by the sink
   bool divide_by_initial_world_size = true;  // set by a join hook
 
   // End of backward, for ddprun's progress signals and the direct path's drain.
@@ -188,6 +188,5 @@ struct DdpCore::Impl : std::enable_shared_from_this<Impl> {
 #endif
   }
 };
-
 
 }  // namespace ddprun::worker::detail

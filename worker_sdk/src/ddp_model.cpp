@@ -108,8 +108,9 @@ void verify_same_parameters(const c10::intrusive_ptr<c10d::ProcessGroup>& pg, co
       const int64_t dtype_a = *a++, dtype_b = *b++, dim_a = *a++, dim_b = *b++;
       const std::string sizes_a = describe(a, dim_a), sizes_b = describe(b, dim_b);
       const std::string strides_a = describe(a, dim_a), strides_b = describe(b, dim_b);
-      const std::string which = "params[" + std::to_string(i) + "]" +
-                                (static_cast<size_t>(i) < names.size() ? " (" + names[static_cast<size_t>(i)] + " here)" : "");
+      const std::string which =
+          "params[" + std::to_string(i) + "]" +
+          (static_cast<size_t>(i) < names.size() ? " (" + names[static_cast<size_t>(i)] + " here)" : "");
       if (sizes_a != sizes_b) {
         problem = which + " in process " + std::to_string(r) + " with sizes " + sizes_b +
                   " appears not to match sizes of the same param in process 0, " + sizes_a;
@@ -140,8 +141,8 @@ std::string with_parameter_names(std::string message, const std::vector<std::str
   const auto colon = message.find(':', at + marker.size());
   if (colon == std::string::npos) return message;
   const auto line_end = message.find('\n', colon);
-  std::istringstream indices(message.substr(colon + 1, line_end == std::string::npos ? std::string::npos
-                                                                                     : line_end - colon - 1));
+  std::istringstream indices(
+      message.substr(colon + 1, line_end == std::string::npos ? std::string::npos : line_end - colon - 1));
   std::string listed;
   for (size_t i = 0; indices >> i;) {
     if (i < names.size()) listed += (listed.empty() ? "" : ", ") + names[i];

@@ -101,7 +101,7 @@ Distributed Distributed::init(const WorkerEnv& env, const InitOptions& options) 
   // A handler the program installed itself is left alone.
   struct sigaction current {};
   if (::sigaction(SIGPIPE, nullptr, &current) == 0 && current.sa_handler == SIG_DFL) ::signal(SIGPIPE, SIG_IGN);
-  progress();  // tells ddprun's watchdog this rank reports its progress (see progress.hpp)
+  progress();                            // tells ddprun's watchdog this rank reports its progress (see progress.hpp)
   c10d::setDebugLevelFromEnvironment();  // TORCH_DISTRIBUTED_DEBUG, as importing torch.distributed does
   Distributed d;
   d.env_ = env;
@@ -131,8 +131,8 @@ Distributed Distributed::init(const WorkerEnv& env, const InitOptions& options) 
     try {
       store = c10::make_intrusive<c10d::TCPStore>(env.master_addr, opts);
     } catch (const std::exception& e) {
-      throw std::runtime_error("cannot reach the store at " + env.master_addr + ":" +
-                               std::to_string(env.master_port) + " (MASTER_ADDR/MASTER_PORT): " + e.what());
+      throw std::runtime_error("cannot reach the store at " + env.master_addr + ":" + std::to_string(env.master_port) +
+                               " (MASTER_ADDR/MASTER_PORT): " + e.what());
     }
     if (env.use_agent_store) {
       store = c10::make_intrusive<c10d::PrefixStore>("/worker/attempt_" + std::to_string(env.restart_count), store);
@@ -141,7 +141,8 @@ Distributed Distributed::init(const WorkerEnv& env, const InitOptions& options) 
     store = c10::make_intrusive<c10d::HashStore>();
   }
   d.store_ = store;
-  auto pg_store = c10::make_intrusive<c10d::PrefixStore>("0", c10::make_intrusive<c10d::PrefixStore>("default_pg", store));
+  auto pg_store =
+      c10::make_intrusive<c10d::PrefixStore>("0", c10::make_intrusive<c10d::PrefixStore>("default_pg", store));
   CollectiveWait joining;  // from here on this rank waits for the others
 
   if (backend == "nccl") d.device_ = torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(env.local_rank));
@@ -161,11 +162,12 @@ Distributed Distributed::init(const WorkerEnv& env, const InitOptions& options) 
   if (c10d::debug_level() == c10d::DebugLevel::Detail) {
 #ifndef DDPRUN_WORKER_GLOO
     throw std::invalid_argument(std::string("TORCH_DISTRIBUTED_DEBUG=DETAIL checks each collective with a Gloo "
-                                            "group first, as Python does: ") + kNoGloo);
+                                            "group first, as Python does: ") +
+                                kNoGloo);
 #else
     // As Python's _create_process_group_wrapper: a helper Gloo group checks each collective first.
-    auto helper_store = c10::make_intrusive<c10d::PrefixStore>("pg_wrapper:0",
-                                                              c10::make_intrusive<c10d::PrefixStore>("default_pg", store));
+    auto helper_store = c10::make_intrusive<c10d::PrefixStore>(
+        "pg_wrapper:0", c10::make_intrusive<c10d::PrefixStore>("default_pg", store));
     auto helper_opts = c10d::ProcessGroupGloo::Options::create(options.timeout);
     helper_opts->devices.push_back(detail::make_gloo_device());
     auto helper = c10::make_intrusive<c10d::ProcessGroupGloo>(helper_store, env.rank, env.world_size, helper_opts);
@@ -186,8 +188,8 @@ c10::intrusive_ptr<c10d::ProcessGroup> as_c10d_group(const c10::intrusive_ptr<Co
                                                      torch::Device device) {
 #if TORCH_VERSION_MAJOR >= 2
   auto pg = c10::make_intrusive<c10d::ProcessGroup>(store, group->getRank(), group->getSize());
-  const auto type = group->getBackendName() == "nccl" ? c10d::ProcessGroup::BackendType::NCCL
-                                                      : c10d::ProcessGroup::BackendType::GLOO;
+  const auto type =
+      group->getBackendName() == "nccl" ? c10d::ProcessGroup::BackendType::NCCL : c10d::ProcessGroup::BackendType::GLOO;
   pg->setBackend(c10::DeviceType::CPU, type, group);
   // As init_process_group's backend map: "gloo" serves CPU and CUDA tensors (Gloo copies CUDA
   // tensors through the host), "nccl" CUDA tensors.
@@ -213,8 +215,8 @@ c10::intrusive_ptr<c10d::ProcessGroup> Distributed::new_subgroups(int group_size
   // the groups of different calls apart in the store.
   const int call = ++subgroup_calls_;
   const int index = rank() / group_size;
-  auto store = c10::make_intrusive<c10d::PrefixStore>(
-      "subgroups_" + std::to_string(call) + "/" + std::to_string(index), store_);
+  auto store =
+      c10::make_intrusive<c10d::PrefixStore>("subgroups_" + std::to_string(call) + "/" + std::to_string(index), store_);
   CollectiveWait joining;
   auto group = make_group(backend_, store, rank() % group_size, group_size, timeout_);
   group->setSequenceNumberForGroup();

@@ -28,7 +28,8 @@ WorkerEnv WorkerEnv::from_lookup(const Lookup& env) {
   if (present == 0) return w;  // a plain single process
   auto need = [&](const char* name) -> std::string {
     auto v = env(name);
-    if (!v || v->empty()) throw std::invalid_argument(std::string("environment variable ") + name + " is not set" + kWho);
+    if (!v || v->empty())
+      throw std::invalid_argument(std::string("environment variable ") + name + " is not set" + kWho);
     return *v;
   };
   w.launched = true;
@@ -44,8 +45,8 @@ WorkerEnv WorkerEnv::from_lookup(const Lookup& env) {
   w.use_agent_store = env("TORCHELASTIC_USE_AGENT_STORE").value_or("") == "True";
   if (w.use_agent_store) {
     // PyTorch's env:// needs it too in agent-store mode (the /worker/attempt_<k> prefix).
-    w.restart_count = static_cast<int>(
-        parse_int("TORCHELASTIC_RESTART_COUNT", need("TORCHELASTIC_RESTART_COUNT"), 0, 1 << 24));
+    w.restart_count =
+        static_cast<int>(parse_int("TORCHELASTIC_RESTART_COUNT", need("TORCHELASTIC_RESTART_COUNT"), 0, 1 << 24));
   } else if (auto v = env("TORCHELASTIC_RESTART_COUNT")) {
     w.restart_count = static_cast<int>(parse_int("TORCHELASTIC_RESTART_COUNT", *v, 0, 1 << 24));
   }

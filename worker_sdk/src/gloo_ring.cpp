@@ -59,8 +59,8 @@ int64_t local_message_limit() {
     char* end = nullptr;
     const long long v = std::strtoll(env, &end, 10);
     if (*end != '\0' || v <= 0) {
-      throw std::invalid_argument(std::string("DDPRUN_DDP_MAX_MESSAGE_BYTES must be a positive number of bytes, got '") +
-                                  env + "'");
+      throw std::invalid_argument(
+          std::string("DDPRUN_DDP_MAX_MESSAGE_BYTES must be a positive number of bytes, got '") + env + "'");
     }
     limit = std::clamp<int64_t>(v, 64, limit);
   }

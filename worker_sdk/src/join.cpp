@@ -71,8 +71,8 @@ void Join::finish() {
   bool is_last_joiner = true;
   for (int i = 0;; ++i) {
     if (i == kSkewWarning + 1) {
-      std::cerr << "ddprun worker: Detected uneven input skew of greater than " << kSkewWarning << ". This means that rank "
-                << process_group_->getRank() << " has at least " << kSkewWarning
+      std::cerr << "ddprun worker: Detected uneven input skew of greater than " << kSkewWarning
+                << ". This means that rank " << process_group_->getRank() << " has at least " << kSkewWarning
                 << " fewer inputs than other currently-active ranks. This level of skew could lead to performance "
                    "degradation during training."
                 << std::endl;

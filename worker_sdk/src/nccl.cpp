@@ -44,8 +44,8 @@ std::unique_ptr<NcclCommunicator> NcclCommunicator::create(const Distributed& di
         "): NCCL needs one GPU per rank; run on a GPU node, or use the gloo backend on CPUs");
   }
   if (c->device_ >= devices) {
-    throw std::runtime_error(where(c->rank_, c->device_) + ": LOCAL_RANK " + std::to_string(c->device_) +
-                             " but only " + std::to_string(devices) +
+    throw std::runtime_error(where(c->rank_, c->device_) + ": LOCAL_RANK " + std::to_string(c->device_) + " but only " +
+                             std::to_string(devices) +
                              " CUDA device(s) are visible: start at most that many processes per node "
                              "(--nproc_per_node gpu) or check CUDA_VISIBLE_DEVICES");
   }
@@ -66,8 +66,7 @@ std::unique_ptr<NcclCommunicator> NcclCommunicator::create(const Distributed& di
     }
     std::memcpy(&id, value.data(), sizeof id);
   }
-  check_cuda(cudaStreamCreateWithFlags(&c->stream_, cudaStreamNonBlocking), "cudaStreamCreate", c->rank_,
-             c->device_);
+  check_cuda(cudaStreamCreateWithFlags(&c->stream_, cudaStreamNonBlocking), "cudaStreamCreate", c->rank_, c->device_);
   check_nccl(ncclCommInitRank(&c->comm_, c->size_, id, c->rank_), "ncclCommInitRank", c->rank_, c->device_);
   return c;
 }

@@ -12,12 +12,19 @@
 namespace ddprun::worker::pickle {
 
 const std::map<std::string, at::ScalarType>& storage_types() {
-  static const std::map<std::string, at::ScalarType> types{
-      {"FloatStorage", at::kFloat},       {"DoubleStorage", at::kDouble},  {"HalfStorage", at::kHalf},
-      {"BFloat16Storage", at::kBFloat16}, {"LongStorage", at::kLong},      {"IntStorage", at::kInt},
-      {"ShortStorage", at::kShort},       {"CharStorage", at::kChar},      {"ByteStorage", at::kByte},
-      {"BoolStorage", at::kBool},         {"ComplexFloatStorage", at::kComplexFloat},
-      {"ComplexDoubleStorage", at::kComplexDouble}, {"UntypedStorage", at::kByte}};
+  static const std::map<std::string, at::ScalarType> types{{"FloatStorage", at::kFloat},
+                                                           {"DoubleStorage", at::kDouble},
+                                                           {"HalfStorage", at::kHalf},
+                                                           {"BFloat16Storage", at::kBFloat16},
+                                                           {"LongStorage", at::kLong},
+                                                           {"IntStorage", at::kInt},
+                                                           {"ShortStorage", at::kShort},
+                                                           {"CharStorage", at::kChar},
+                                                           {"ByteStorage", at::kByte},
+                                                           {"BoolStorage", at::kBool},
+                                                           {"ComplexFloatStorage", at::kComplexFloat},
+                                                           {"ComplexDoubleStorage", at::kComplexDouble},
+                                                           {"UntypedStorage", at::kByte}};
   return types;
 }
 
@@ -49,10 +56,10 @@ enum class Global {
 struct Item {
   enum class Kind { kValue, kGlobal, kStorage, kTuple };
   Kind kind = Kind::kValue;
-  c10::IValue value;         // kValue; kStorage: the whole storage as a 1-D tensor
-  Global global{};           // kGlobal
-  at::ScalarType dtype{};    // kGlobal (kStorageType)
-  std::vector<Item> parts;   // kTuple: a tuple holding a global or a storage (arguments, persistent ids)
+  c10::IValue value;        // kValue; kStorage: the whole storage as a 1-D tensor
+  Global global{};          // kGlobal
+  at::ScalarType dtype{};   // kGlobal (kStorageType)
+  std::vector<Item> parts;  // kTuple: a tuple holding a global or a storage (arguments, persistent ids)
 };
 
 class Unpickler {
@@ -67,7 +74,8 @@ class Unpickler {
       if (op == '.') break;  // STOP
       step(op, at);
     }
-    if (stack_.size() != 1) fail("the pickle ends with " + std::to_string(stack_.size()) + " values on its stack, not 1");
+    if (stack_.size() != 1)
+      fail("the pickle ends with " + std::to_string(stack_.size()) + " values on its stack, not 1");
     return value_of(stack_.back(), "the file's value");
   }
 
@@ -133,12 +141,9 @@ class Unpickler {
   // The value an item stands for, where only data may go (a container, the file's result).
   c10::IValue value_of(const Item& it, const char* where) const {
     switch (it.kind) {
-      case Item::Kind::kValue:
-        return it.value;
-      case Item::Kind::kGlobal:
-        fail(std::string("a class or function stands where data must (") + where + ")");
-      case Item::Kind::kStorage:
-        fail(std::string("a bare storage stands where data must (") + where + ")");
+      case Item::Kind::kValue: return it.value;
+      case Item::Kind::kGlobal: fail(std::string("a class or function stands where data must (") + where + ")");
+      case Item::Kind::kStorage: fail(std::string("a bare storage stands where data must (") + where + ")");
       case Item::Kind::kTuple:
         fail(std::string("a tuple of classes or storages stands where data must (") + where + ")");
     }
@@ -249,16 +254,17 @@ class Unpickler {
     const int64_t offset = int_of(a[1], ok);
     if (!ok || offset < 0) fail("a tensor's storage offset is not a count");
     const auto sizes = ints_of(a[2], "size"), strides = ints_of(a[3], "stride");
-    if (sizes.size() != strides.size()) fail("a tensor has " + std::to_string(sizes.size()) + " sizes but " +
-                                             std::to_string(strides.size()) + " strides");
+    if (sizes.size() != strides.size())
+      fail("a tensor has " + std::to_string(sizes.size()) + " sizes but " + std::to_string(strides.size()) +
+           " strides");
     const at::Tensor& base = a[0].value.toTensor();
     int64_t last = offset;  // the last element the view reads
     bool empty = false;
     for (size_t d = 0; d < sizes.size(); ++d) {
       int64_t span = 0;
       if (sizes[d] == 0) empty = true;
-      if (sizes[d] > 0 && (__builtin_mul_overflow(sizes[d] - 1, strides[d], &span) ||
-                           __builtin_add_overflow(last, span, &last))) {
+      if (sizes[d] > 0 &&
+          (__builtin_mul_overflow(sizes[d] - 1, strides[d], &span) || __builtin_add_overflow(last, span, &last))) {
         fail("a tensor's size and stride overflow");
       }
     }
@@ -277,9 +283,7 @@ class Unpickler {
         if (!a.empty()) fail("OrderedDict is built from arguments (ddprun reads the form torch.save writes)");
         out.value = c10::impl::GenericDict(c10::AnyType::get(), c10::AnyType::get());
         return out;
-      case Global::kRebuildTensor:
-        out.value = rebuild_tensor(a);
-        return out;
+      case Global::kRebuildTensor: out.value = rebuild_tensor(a); return out;
       case Global::kRebuildParameter:
       case Global::kPassThrough:
         if (a.empty()) fail("a PyTorch helper is called without arguments");
@@ -297,8 +301,8 @@ class Unpickler {
   // ('storage', storage_type, key, location, numel)
   Item persistent(const Item& pid) {
     const std::vector<Item> p = tuple_parts(pid);
-    if (p.size() != 5 || !(p[0].kind == Item::Kind::kValue && p[0].value.isString() &&
-                           p[0].value.toStringRef() == "storage")) {
+    if (p.size() != 5 ||
+        !(p[0].kind == Item::Kind::kValue && p[0].value.isString() && p[0].value.toStringRef() == "storage")) {
       fail("a persistent id that is not ('storage', type, key, location, numel)");
     }
     if (p[1].kind != Item::Kind::kGlobal || p[1].global != Global::kStorageType) fail("a storage of no storage type");
@@ -322,20 +326,24 @@ class Unpickler {
   void step(uint8_t op, size_t at) {
     op_at_ = at;
     switch (op) {
-      case 0x80: u8(); return;                               // PROTO
-      case 0x95: le(8); return;                              // FRAME
-      case '(': marks_.push_back(stack_.size()); return;     // MARK
-      case '0': pop(); return;                               // POP
-      case '1': pop_mark(); return;                          // POP_MARK
-      case '2': { Item copy = top(); stack_.push_back(std::move(copy)); return; }  // DUP
-      case 'N': push(c10::IValue()); return;                 // NONE
-      case 0x88: push(true); return;                         // NEWTRUE
-      case 0x89: push(false); return;                        // NEWFALSE
+      case 0x80: u8(); return;                            // PROTO
+      case 0x95: le(8); return;                           // FRAME
+      case '(': marks_.push_back(stack_.size()); return;  // MARK
+      case '0': pop(); return;                            // POP
+      case '1': pop_mark(); return;                       // POP_MARK
+      case '2': {
+        Item copy = top();
+        stack_.push_back(std::move(copy));
+        return;
+      }                                                                           // DUP
+      case 'N': push(c10::IValue()); return;                                      // NONE
+      case 0x88: push(true); return;                                              // NEWTRUE
+      case 0x89: push(false); return;                                             // NEWFALSE
       case 'J': push(static_cast<int64_t>(static_cast<int32_t>(le(4)))); return;  // BININT
-      case 'K': push(static_cast<int64_t>(le(1))); return;  // BININT1
-      case 'M': push(static_cast<int64_t>(le(2))); return;  // BININT2
-      case 0x8a:                                             // LONG1
-      case 0x8b: {                                           // LONG4
+      case 'K': push(static_cast<int64_t>(le(1))); return;                        // BININT1
+      case 'M': push(static_cast<int64_t>(le(2))); return;                        // BININT2
+      case 0x8a:                                                                  // LONG1
+      case 0x8b: {                                                                // LONG4
         const uint64_t n = op == 0x8a ? le(1) : le(4);
         if (n > 8) fail("an integer of " + std::to_string(n) + " bytes (ddprun reads 64-bit integers)");
         uint64_t v = n ? le(static_cast<size_t>(n)) : 0;
@@ -353,32 +361,41 @@ class Unpickler {
         push(d);
         return;
       }
-      case 0x8c: case 'U': push(bytes(le(1))); return;  // SHORT_BINUNICODE, SHORT_BINSTRING
-      case 'X': case 'T': push(bytes(le(4))); return;   // BINUNICODE, BINSTRING
-      case 0x8d: push(bytes(le(8))); return;            // BINUNICODE8
-      case ')': stack_.push_back(make_tuple({})); return;  // EMPTY_TUPLE
+      case 0x8c:
+      case 'U': push(bytes(le(1))); return;  // SHORT_BINUNICODE, SHORT_BINSTRING
+      case 'X':
+      case 'T': push(bytes(le(4))); return;                        // BINUNICODE, BINSTRING
+      case 0x8d: push(bytes(le(8))); return;                       // BINUNICODE8
+      case ')': stack_.push_back(make_tuple({})); return;          // EMPTY_TUPLE
       case 't': stack_.push_back(make_tuple(pop_mark())); return;  // TUPLE
-      case 0x85: case 0x86: case 0x87: {                 // TUPLE1..3
+      case 0x85:
+      case 0x86:
+      case 0x87: {  // TUPLE1..3
         std::vector<Item> items(static_cast<size_t>(op - 0x84));
         for (size_t i = items.size(); i-- > 0;) items[i] = pop();
         stack_.push_back(make_tuple(std::move(items)));
         return;
       }
       case ']': push(c10::impl::GenericList(c10::AnyType::get())); return;  // EMPTY_LIST
-      case 'l': {                                                            // LIST
+      case 'l': {                                                           // LIST
         auto items = pop_mark();
         push(c10::impl::GenericList(c10::AnyType::get()));
         for (auto& i : items) append(top().value, i);
         return;
       }
-      case 'a': { Item v = pop(); append(top().value, v); return; }   // APPEND
-      case 'e': {                                                      // APPENDS
+      case 'a': {
+        Item v = pop();
+        append(top().value, v);
+        return;
+      }            // APPEND
+      case 'e': {  // APPENDS
         auto items = pop_mark();
         for (auto& i : items) append(top().value, i);
         return;
       }
       case '}': push(c10::impl::GenericDict(c10::AnyType::get(), c10::AnyType::get())); return;  // EMPTY_DICT
-      case 'd': case 'u': {  // DICT, SETITEMS
+      case 'd':
+      case 'u': {  // DICT, SETITEMS
         auto items = pop_mark();
         if (items.size() % 2) fail("a dict of an odd number of keys and values");
         if (op == 'd') push(c10::impl::GenericDict(c10::AnyType::get(), c10::AnyType::get()));
@@ -421,11 +438,16 @@ class Unpickler {
         }
         return;
       }
-      case 'Q': { const Item pid = pop(); stack_.push_back(persistent(pid)); return; }  // BINPERSID
-      case 'q': memo_[static_cast<uint32_t>(le(1))] = top(); return;                   // BINPUT
-      case 'r': memo_[static_cast<uint32_t>(le(4))] = top(); return;                   // LONG_BINPUT
-      case 0x94: memo_[static_cast<uint32_t>(memo_.size())] = top(); return;           // MEMOIZE
-      case 'h': case 'j': {                                                            // BINGET, LONG_BINGET
+      case 'Q': {
+        const Item pid = pop();
+        stack_.push_back(persistent(pid));
+        return;
+      }                                                                       // BINPERSID
+      case 'q': memo_[static_cast<uint32_t>(le(1))] = top(); return;          // BINPUT
+      case 'r': memo_[static_cast<uint32_t>(le(4))] = top(); return;          // LONG_BINPUT
+      case 0x94: memo_[static_cast<uint32_t>(memo_.size())] = top(); return;  // MEMOIZE
+      case 'h':
+      case 'j': {  // BINGET, LONG_BINGET
         const auto id = static_cast<uint32_t>(op == 'h' ? le(1) : le(4));
         auto it = memo_.find(id);
         if (it == memo_.end()) fail("the pickle reads memo " + std::to_string(id) + ", never stored");

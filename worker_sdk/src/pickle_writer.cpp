@@ -29,7 +29,9 @@ class Pickler {
 
  private:
   void op(char c) { out_.push_back(c); }
-  void raw(const void* p, size_t n) { out_.insert(out_.end(), static_cast<const char*>(p), static_cast<const char*>(p) + n); }
+  void raw(const void* p, size_t n) {
+    out_.insert(out_.end(), static_cast<const char*>(p), static_cast<const char*>(p) + n);
+  }
   void le(uint64_t v, size_t n) {
     for (size_t i = 0; i < n; ++i) out_.push_back(static_cast<char>((v >> (8 * i)) & 0xff));
   }
@@ -144,7 +146,9 @@ class Pickler {
     }
     if (!type || t.is_quantized() || t.is_sparse() || !t.has_storage()) {
       throw std::invalid_argument(std::string("torch_save: cannot save a tensor of ") + c10::toString(t.scalar_type()) +
-                                  (t.is_quantized() ? " (quantized)" : t.is_sparse() ? " (sparse)" : ""));
+                                  (t.is_quantized() ? " (quantized)"
+                                   : t.is_sparse()  ? " (sparse)"
+                                                    : ""));
     }
     const void* id = t.storage().unsafeGetStorageImpl();
     auto it = keys_.find(id);

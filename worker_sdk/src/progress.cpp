@@ -29,7 +29,7 @@ ProgressPage* page() {
     if (!path || !*path) return nullptr;
     const UniqueFd fd(::open(path, O_RDWR | O_CLOEXEC));
     if (!fd) return nullptr;
-    struct stat st{};
+    struct stat st {};
     void* p = MAP_FAILED;
     if (::fstat(fd.get(), &st) == 0 && S_ISREG(st.st_mode) &&
         st.st_size >= static_cast<off_t>(ProgressPage::kFileSize)) {

@@ -172,7 +172,8 @@ LinearImpl::LinearImpl(int64_t in_features, int64_t out_features, const QConfig&
 
 at::Tensor LinearImpl::forward(const at::Tensor& x) {
   if (converted_) {
-    return call_op(relu_ ? "quantized::linear_relu" : "quantized::linear", "", {x, packed_, scale_, zero_point_}).toTensor();
+    return call_op(relu_ ? "quantized::linear_relu" : "quantized::linear", "", {x, packed_, scale_, zero_point_})
+        .toTensor();
   }
   at::Tensor y = at::linear(x, weight_fake_quant(weight), bias);
   if (relu_) y = torch::relu(y);
@@ -221,7 +222,8 @@ at::Tensor Conv2dImpl::conv(const at::Tensor& x, const at::Tensor& w, const at::
 }
 
 Conv2dImpl::BatchNormParts Conv2dImpl::bn_parts() const {
-  if (sync_bn) return {sync_bn->weight, sync_bn->bias, sync_bn->running_mean, sync_bn->running_var, sync_bn->options.eps()};
+  if (sync_bn)
+    return {sync_bn->weight, sync_bn->bias, sync_bn->running_mean, sync_bn->running_var, sync_bn->options.eps()};
   return {bn->weight, bn->bias, bn->running_mean, bn->running_var, bn->options.eps()};
 }
 
@@ -246,9 +248,9 @@ at::Tensor Conv2dImpl::forward(const at::Tensor& x) {
   weight_shape[0] = -1;
   bias_shape[1] = -1;
   const at::Tensor scaled_weight = weight_fake_quant(weight * scale_factor.reshape(weight_shape));
-  const at::Tensor zero_bias = bias.defined()
-                                   ? at::zeros_like(bias, bias.options().dtype(x.scalar_type()))
-                                   : at::zeros({options_.out_channels()}, scaled_weight.options().dtype(x.scalar_type()));
+  const at::Tensor zero_bias =
+      bias.defined() ? at::zeros_like(bias, bias.options().dtype(x.scalar_type()))
+                     : at::zeros({options_.out_channels()}, scaled_weight.options().dtype(x.scalar_type()));
   at::Tensor y = conv(x, scaled_weight, zero_bias) / scale_factor.reshape(bias_shape);
   if (bias.defined()) y = y + bias.reshape(bias_shape);
   y = sync_bn ? sync_bn(y) : bn(y);

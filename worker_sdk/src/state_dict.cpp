@@ -56,7 +56,8 @@ c10::impl::GenericDict state_dict(const torch::nn::Module& model) {
 }
 
 void load_state_dict(torch::nn::Module& model, const c10::IValue& state, bool strict) {
-  if (!state.isGenericDict()) throw std::runtime_error("a model's state dict must be a dict of tensors, not a " + state.tagKind());
+  if (!state.isGenericDict())
+    throw std::runtime_error("a model's state dict must be a dict of tensors, not a " + state.tagKind());
   std::map<std::string, at::Tensor> saved;
   std::vector<std::string> unexpected, missing, mismatched;
   for (const auto& kv : state.toGenericDict()) {
@@ -77,7 +78,8 @@ void load_state_dict(torch::nn::Module& model, const c10::IValue& state, bool st
     for (const auto& b : m.named_buffers(/*recurse=*/false)) resizable.insert(strip_module_prefix(prefix + b.key()));
   };
   note_resizable("", model);
-  for (const auto& item : model.named_modules("", /*include_self=*/false)) note_resizable(item.key() + ".", *item.value());
+  for (const auto& item : model.named_modules("", /*include_self=*/false))
+    note_resizable(item.key() + ".", *item.value());
   std::set<std::string> known;
   for (const auto& [raw, target] : targets) {
     const std::string name = strip_module_prefix(raw);
@@ -200,10 +202,8 @@ c10::IValue param_state(OptimKind kind, const torch::optim::OptimizerParamState&
       d.insert("momentum_buffer", buf.defined() ? c10::IValue(buf.detach()) : c10::IValue());
       return d;
     }
-    case OptimKind::kAdam:
-      return adam_state(static_cast<const torch::optim::AdamParamState&>(state));
-    case OptimKind::kAdamW:
-      return adam_state(static_cast<const torch::optim::AdamWParamState&>(state));
+    case OptimKind::kAdam: return adam_state(static_cast<const torch::optim::AdamParamState&>(state));
+    case OptimKind::kAdamW: return adam_state(static_cast<const torch::optim::AdamWParamState&>(state));
   }
   return {};
 }
@@ -238,7 +238,8 @@ std::tuple<double, double> read_betas(const c10::impl::GenericDict& d, const std
   const c10::IValue v = entry(d, "betas", where);
   std::vector<double> b;
   if (v.isTuple()) {
-    for (const auto& e : v.toTupleRef().elements()) b.push_back(e.isInt() ? static_cast<double>(e.toInt()) : e.toDouble());
+    for (const auto& e : v.toTupleRef().elements())
+      b.push_back(e.isInt() ? static_cast<double>(e.toInt()) : e.toDouble());
   } else if (v.isList()) {
     for (const auto& e : v.toListRef()) b.push_back(e.isInt() ? static_cast<double>(e.toInt()) : e.toDouble());
   }
@@ -248,7 +249,8 @@ std::tuple<double, double> read_betas(const c10::impl::GenericDict& d, const std
 
 void read_group(OptimKind kind, const c10::impl::GenericDict& g, torch::optim::OptimizerOptions& options,
                 const std::string& where) {
-  if (flag(g, "maximize", where, false)) bad_optimizer_state(where + " has maximize=True, which LibTorch's optimizers lack");
+  if (flag(g, "maximize", where, false))
+    bad_optimizer_state(where + " has maximize=True, which LibTorch's optimizers lack");
   if (kind == OptimKind::kSgd) {
     auto& o = static_cast<torch::optim::SGDOptions&>(options);
     o.lr(number(g, "lr", where)).momentum(number(g, "momentum", where)).dampening(number(g, "dampening", where));
@@ -281,8 +283,8 @@ at::Tensor state_tensor(const c10::impl::GenericDict& d, const char* key, const 
 }
 
 template <class State>
-std::unique_ptr<torch::optim::OptimizerParamState> read_adam_state(const c10::impl::GenericDict& d,
-                                                                   const at::Tensor& p, const std::string& where) {
+std::unique_ptr<torch::optim::OptimizerParamState> read_adam_state(const c10::impl::GenericDict& d, const at::Tensor& p,
+                                                                   const std::string& where) {
   auto s = std::make_unique<State>();
   s->step(static_cast<int64_t>(std::llround(number(d, "step", where))));
   s->exp_avg(state_tensor(d, "exp_avg", p, where));
@@ -323,7 +325,8 @@ void load_state_dict(torch::optim::Optimizer& optimizer, const c10::IValue& save
   const auto root = saved.toGenericDict();
   const c10::IValue groups_v = entry(root, "param_groups", "it");
   const c10::IValue state_v = entry(root, "state", "it");
-  if (!groups_v.isList() || !state_v.isGenericDict()) bad_optimizer_state("'param_groups' or 'state' is of the wrong type");
+  if (!groups_v.isList() || !state_v.isGenericDict())
+    bad_optimizer_state("'param_groups' or 'state' is of the wrong type");
   const auto groups = groups_v.toList();
   auto& mine = optimizer.param_groups();
   if (groups.size() != mine.size()) {
@@ -350,7 +353,8 @@ void load_state_dict(torch::optim::Optimizer& optimizer, const c10::IValue& save
   }
   std::vector<std::pair<at::Tensor, std::unique_ptr<torch::optim::OptimizerParamState>>> states;
   for (const auto& kv : state_v.toGenericDict()) {
-    if (!kv.key().isInt() || !param_of.count(kv.key().toInt())) bad_optimizer_state("its state names a parameter it does not list");
+    if (!kv.key().isInt() || !param_of.count(kv.key().toInt()))
+      bad_optimizer_state("its state names a parameter it does not list");
     if (!kv.value().isGenericDict()) bad_optimizer_state("the state of a parameter is not a dict");
     const auto d = kv.value().toGenericDict();
     const at::Tensor& p = param_of.at(kv.key().toInt());
@@ -365,12 +369,8 @@ void load_state_dict(torch::optim::Optimizer& optimizer, const c10::IValue& save
         s = std::move(sgd);
         break;
       }
-      case OptimKind::kAdam:
-        s = read_adam_state<torch::optim::AdamParamState>(d, p, where);
-        break;
-      case OptimKind::kAdamW:
-        s = read_adam_state<torch::optim::AdamWParamState>(d, p, where);
-        break;
+      case OptimKind::kAdam: s = read_adam_state<torch::optim::AdamParamState>(d, p, where); break;
+      case OptimKind::kAdamW: s = read_adam_state<torch::optim::AdamWParamState>(d, p, where); break;
     }
     states.emplace_back(p, std::move(s));
   }

@@ -121,14 +121,15 @@ struct SyncBatchNormFunction : torch::autograd::Function<SyncBatchNormFunction> 
         grad_input = torch::zeros_like(input);
       } else {
         const torch::Tensor scale = weight.defined() ? invstd * weight : invstd;
-        grad_input = (grad_out - per_channel(mean_dy, input) - xmu * per_channel(invstd * invstd * mean_dy_xmu, input)) *
-                     per_channel(scale, input);
+        grad_input =
+            (grad_out - per_channel(mean_dy, input) - xmu * per_channel(invstd * invstd * mean_dy_xmu, input)) *
+            per_channel(scale, input);
       }
     }
     // One gradient per argument of forward: input, weight, bias, running_mean, running_var, eps,
     // momentum, group.
-    return {grad_input, grad_weight, grad_bias, torch::Tensor(), torch::Tensor(),
-            torch::Tensor(), torch::Tensor(), torch::Tensor()};
+    return {grad_input,      grad_weight,     grad_bias,       torch::Tensor(),
+            torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor()};
   }
 };
 
@@ -136,10 +137,12 @@ struct SyncBatchNormFunction : torch::autograd::Function<SyncBatchNormFunction> 
 // CUDA kernels (batch_norm_stats, batch_norm_gather_stats_with_counts, batch_norm_elemt,
 // batch_norm_backward_reduce, batch_norm_backward_elemt), so a CUDA model gets Python's bits.
 struct SyncBatchNormCudaFunction : torch::autograd::Function<SyncBatchNormCudaFunction> {
-  static torch::Tensor forward(AutogradContext* ctx, torch::Tensor input, torch::Tensor weight, const torch::Tensor& bias,
-                               const torch::Tensor& running_mean, const torch::Tensor& running_var, double eps,
-                               double momentum, const ProcessGroupPtr& group) {
-    if (!input.is_contiguous(at::MemoryFormat::ChannelsLast) && !input.is_contiguous(at::MemoryFormat::ChannelsLast3d)) {
+  static torch::Tensor forward(AutogradContext* ctx, torch::Tensor input, torch::Tensor weight,
+                               const torch::Tensor& bias, const torch::Tensor& running_mean,
+                               const torch::Tensor& running_var, double eps, double momentum,
+                               const ProcessGroupPtr& group) {
+    if (!input.is_contiguous(at::MemoryFormat::ChannelsLast) &&
+        !input.is_contiguous(at::MemoryFormat::ChannelsLast3d)) {
       input = input.contiguous();
     }
     if (weight.defined()) weight = weight.contiguous();
@@ -170,7 +173,7 @@ struct SyncBatchNormCudaFunction : torch::autograd::Function<SyncBatchNormCudaFu
       counts = counts.to(running_mean.scalar_type());
     }
     const auto [mean, invstd] = at::batch_norm_gather_stats_with_counts(input, mean_all, invstd_all, running_mean,
-                                                                          running_var, momentum, eps, counts);
+                                                                        running_var, momentum, eps, counts);
     ctx->save_for_backward({input, weight, mean, invstd, count_all.to(torch::kInt32)});
     ctx->saved_data["group"] = c10::IValue(group);
     if (input.numel() == 0) return torch::empty_like(input);
@@ -207,8 +210,8 @@ struct SyncBatchNormCudaFunction : torch::autograd::Function<SyncBatchNormCudaFu
       std::vector<torch::Tensor> combined{torch::zeros({2 * input.size(1)}, input.options())};
       group->allreduce(combined)->wait();
     }
-    return {grad_input, grad_weight, grad_bias, torch::Tensor(), torch::Tensor(),
-            torch::Tensor(), torch::Tensor(), torch::Tensor()};
+    return {grad_input,      grad_weight,     grad_bias,       torch::Tensor(),
+            torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor()};
   }
 };
 

@@ -63,16 +63,19 @@ c10::IValue torch_load_bytes(const std::vector<char>& bytes, const std::string& 
   pickle::StorageLoader load = [&](const std::string& key, at::ScalarType dtype, int64_t numel) {
     const std::string name = "data/" + key;
     if (key.empty() || key.find('/') != std::string::npos || !reader->hasRecord(name)) {
-      throw std::runtime_error(what + ": its pickle names storage '" + pickle::printable(key) + "', which the file does not hold");
+      throw std::runtime_error(what + ": its pickle names storage '" + pickle::printable(key) +
+                               "', which the file does not hold");
     }
     auto [ptr, n] = record(name);
     const size_t item = c10::elementSize(dtype);
     if (static_cast<uint64_t>(numel) > n / item) {
-      throw std::runtime_error(what + ": storage " + pickle::printable(key) + " holds " + std::to_string(n) + " bytes, not the " +
-                               std::to_string(numel) + " elements of " + std::to_string(item) + " bytes it claims");
+      throw std::runtime_error(what + ": storage " + pickle::printable(key) + " holds " + std::to_string(n) +
+                               " bytes, not the " + std::to_string(numel) + " elements of " + std::to_string(item) +
+                               " bytes it claims");
     }
     auto holder = std::make_shared<at::DataPtr>(std::move(ptr));
-    at::Tensor t = at::from_blob(holder->get(), {numel}, [holder](void*) {}, at::TensorOptions().dtype(dtype));
+    at::Tensor t = at::from_blob(
+        holder->get(), {numel}, [holder](void*) {}, at::TensorOptions().dtype(dtype));
     if (map_location && !map_location->is_cpu()) t = t.to(*map_location);
     return t;
   };

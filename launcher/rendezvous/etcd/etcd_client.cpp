@@ -58,7 +58,8 @@ json Client::call(const std::string& path, const std::string& body, Deadline dea
   for (;;) {
     const auto now = Clock::now();
     if (now >= deadline && tried > 0) {
-      throw ConnectionError("etcd (" + endpoints_text() + ") did not answer " + path + " in time; last error: " + last_error);
+      throw ConnectionError("etcd (" + endpoints_text() + ") did not answer " + path +
+                            " in time; last error: " + last_error);
     }
     const Endpoint& ep = endpoints_[current_];
     ++tried;
@@ -73,9 +74,9 @@ json Client::call(const std::string& path, const std::string& body, Deadline dea
       if (status == 200) {
         json j = json::parse(text, nullptr, false);
         if (j.is_object()) return j;
-        throw ProtocolError(ep.text + " answered " + path +
-                            " with something other than etcd's JSON (is this etcd's client port?): " +
-                            printable_start(text));
+        throw ProtocolError(
+            ep.text + " answered " + path +
+            " with something other than etcd's JSON (is this etcd's client port?): " + printable_start(text));
       }
       auto [code, message] = error_of(text, status);
       if (code == kUnauthenticated && !anonymous && !options_.user.empty() && !renewed_token) {
@@ -171,7 +172,8 @@ std::string Client::create_or_get(const std::string& key, const std::string& val
     if (r.succeeded) return value;
     if (!r.ranges.empty() && !r.ranges[0].kvs.empty()) return r.ranges[0].kvs[0].value;
     if (Clock::now() >= deadline) {
-      throw ConnectionError("etcd: " + key + " was neither created nor readable before the deadline (deleted each time"
+      throw ConnectionError("etcd: " + key +
+                            " was neither created nor readable before the deadline (deleted each time"
                             " it was read)");
     }
   }

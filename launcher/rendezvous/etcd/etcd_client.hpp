@@ -44,9 +44,9 @@ class EtcdError : public Error {
 struct Options {
   // "host:port", "http://host:port" or "https://host:port" (IPv6 as [addr]:port).
   std::vector<std::string> endpoints;
-  std::string user;      // etcd authentication (with password)
+  std::string user;  // etcd authentication (with password)
   std::string password;
-  std::string ca_file;   // https: the CA that signed the members' certificates (default: the system's)
+  std::string ca_file;    // https: the CA that signed the members' certificates (default: the system's)
   std::string cert_file;  // https: a client certificate and its key, for etcd's --client-cert-auth
   std::string key_file;
   // One attempt's limit (connect, send, answer); a request's overall deadline is its caller's.
@@ -76,7 +76,9 @@ struct Compare {
   int64_t revision = 0;
   std::string value;
   static Compare absent(std::string key) { return {Target::Create, std::move(key), 0, {}}; }
-  static Compare value_is(std::string key, std::string value) { return {Target::Value, std::move(key), 0, std::move(value)}; }
+  static Compare value_is(std::string key, std::string value) {
+    return {Target::Value, std::move(key), 0, std::move(value)};
+  }
 };
 
 struct Op {
@@ -89,7 +91,9 @@ struct Op {
     return {Kind::Put, std::move(key), std::move(value), {}, lease};
   }
   static Op get(std::string key) { return {Kind::Range, std::move(key), {}, {}, 0}; }
-  static Op erase(std::string key, std::string range_end = {}) { return {Kind::Delete, std::move(key), {}, std::move(range_end), 0}; }
+  static Op erase(std::string key, std::string range_end = {}) {
+    return {Kind::Delete, std::move(key), {}, std::move(range_end), 0};
+  }
 };
 
 struct TxnResult {
@@ -203,7 +207,7 @@ class Watch {
   int64_t next_revision_;
   std::unique_ptr<Connection> conn_;
   size_t endpoint_ = 0;
-  std::string pending_;  // bytes of a message not complete yet
+  std::string pending_;            // bytes of a message not complete yet
   std::set<std::string> present_;  // keys in the range as of next_revision_ - 1
 };
 

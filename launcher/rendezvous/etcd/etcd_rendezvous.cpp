@@ -12,8 +12,8 @@
 
 namespace ddprun::launcher::rendezvous::etcd {
 
-using rendezvous::NodeRendezvous;
 using ddprun::StopSignal;
+using rendezvous::NodeRendezvous;
 
 using json = nlohmann::json;
 using Clock = std::chrono::steady_clock;
@@ -123,8 +123,9 @@ void EtcdRendezvous::keep_lease_alive() {
       if (Clock::now() - last_renewal > options_.lease_ttl) {
         // Nobody may have seen anything (etcd without a quorum lets no lease expire): this node
         // leaves because it cannot tell whether it is still counted in.
-        log::error("ddprun") << "no etcd member renewed this node's lease for " << options_.lease_ttl.count()
-                             << " s (" << e.what() << "): etcd is unreachable or without a quorum, and this node "
+        log::error("ddprun") << "no etcd member renewed this node's lease for " << options_.lease_ttl.count() << " s ("
+                             << e.what()
+                             << "): etcd is unreachable or without a quorum, and this node "
                                 "cannot tell whether its lease still holds";
         lease_lost_ = true;
       }
@@ -138,7 +139,8 @@ int64_t EtcdRendezvous::choose_generation(const StopSignal& stop) {
   const std::string counter = rdzv::jobs::JobKeys::generation_counter(options_.run_id, options_.prefix);
   auto number = [&](const std::string& v) {
     const auto g = to_int(v);
-    if (!g || *g < 1) throw ProtocolError("the etcd key " + counter + " holds '" + v.substr(0, 40) + "', not a generation");
+    if (!g || *g < 1)
+      throw ProtocolError("the etcd key " + counter + " holds '" + v.substr(0, 40) + "', not a generation");
     return *g;
   };
   int64_t g = number(client_->create_or_get(counter, "1", 0, soon()));
@@ -154,9 +156,9 @@ int64_t EtcdRendezvous::choose_generation(const StopSignal& stop) {
     }
     if (!ended && (r.kvs.empty() || live)) return g;
     // That run is over (or all its agents are gone): this is a new run of the job id.
-    const etcd::TxnResult t = client_->txn({etcd::Compare::value_is(counter, std::to_string(g))},
-                                           {etcd::Op::put(counter, std::to_string(g + 1))}, {etcd::Op::get(counter)},
-                                           soon());
+    const etcd::TxnResult t =
+        client_->txn({etcd::Compare::value_is(counter, std::to_string(g))},
+                     {etcd::Op::put(counter, std::to_string(g + 1))}, {etcd::Op::get(counter)}, soon());
     log::info("ddprun") << "job '" << options_.run_id << "': generation " << g
                         << (ended ? " has ended" : " was left by agents that are gone") << "; moving on";
     if (t.succeeded) {
@@ -209,7 +211,8 @@ void EtcdRendezvous::forget_generation() {
 
 void EtcdRendezvous::check_lease() const {
   if (lease_lost_) {
-    throw ConnectionError("this node's etcd lease could not be renewed for " + std::to_string(options_.lease_ttl.count()) +
+    throw ConnectionError("this node's etcd lease could not be renewed for " +
+                          std::to_string(options_.lease_ttl.count()) +
                           " s: it may have expired, and the other nodes then count this node as lost");
   }
 }

@@ -47,6 +47,7 @@
 
 namespace ddprun::launcher::rendezvous::etcd {
 
+using ddprun::StopSignal;
 using rendezvous::Joiner;
 using rendezvous::Membership;
 using rendezvous::NodeRendezvous;
@@ -54,7 +55,6 @@ using rendezvous::ProgressChannel;
 using rendezvous::RoundEnd;
 using rendezvous::WorkerStoreHost;
 using rendezvous::World;
-using ddprun::StopSignal;
 
 struct EtcdRendezvousOptions {
   std::string run_id = "none";

@@ -14,25 +14,26 @@
 
 namespace ddprun::launcher::rendezvous::etcd {
 
+using ddprun::StopSignal;
+using rendezvous::hang_outcome;
 using rendezvous::Joiner;
 using rendezvous::Membership;
-using rendezvous::ProgressChannel;
-using rendezvous::RoundEnd;
-using rendezvous::WorkerStoreHost;
-using rendezvous::World;
-using rendezvous::hang_outcome;
 using rendezvous::order_by_group_rank;
 using rendezvous::parse_round_end;
+using rendezvous::ProgressChannel;
 using rendezvous::read_closed_round;
 using rendezvous::read_worker_store;
+using rendezvous::RoundEnd;
 using rendezvous::this_node;
+using rendezvous::WorkerStoreHost;
+using rendezvous::World;
 using rendezvous::world_of;
-using ddprun::StopSignal;
 
 using json = nlohmann::json;
 using Clock = std::chrono::steady_clock;
 
-std::vector<Joiner> EtcdRendezvous::members_of(const std::vector<etcd::KeyValue>& kvs, const std::string& prefix) const {
+std::vector<Joiner> EtcdRendezvous::members_of(const std::vector<etcd::KeyValue>& kvs,
+                                               const std::string& prefix) const {
   std::vector<Joiner> out;
   for (const auto& kv : kvs) {
     if (kv.key.rfind(prefix, 0) != 0) continue;
@@ -143,7 +144,8 @@ std::variant<World, RoundEnd> EtcdRendezvous::join(int round, int nproc, const W
       if (!elastic() || closed.size() >= options_.nnodes) {
         throw ConfigError("job '" + options_.run_id + "' is running with " + std::to_string(closed.size()) +
                           " node(s) (--nnodes " + std::to_string(options_.min_nodes) + ":" +
-                          std::to_string(options_.nnodes) + "), with no room for this one; give this job its own "
+                          std::to_string(options_.nnodes) +
+                          "), with no room for this one; give this job its own "
                           "--rdzv_id, or start it when the other run has ended");
       }
       // Too late for this round: ask the running nodes to re-rendezvous, and join the next round.
@@ -154,7 +156,8 @@ std::variant<World, RoundEnd> EtcdRendezvous::join(int round, int nproc, const W
     const std::string store_key = rk(round).worker_store();
     if (mine == 0) {
       const uint16_t port = host_worker_store();
-      client_->put(store_key, rdzv::jobs::encode(rdzv::jobs::WorkerStoreRecord{options_.advertise_addr, port}), 0, soon());
+      client_->put(store_key, rdzv::jobs::encode(rdzv::jobs::WorkerStoreRecord{options_.advertise_addr, port}), 0,
+                   soon());
     }
     auto stored = [&](const std::vector<etcd::KeyValue>& kvs) {
       return std::any_of(kvs.begin(), kvs.end(), [&](auto& kv) { return kv.key == store_key; });
@@ -163,8 +166,9 @@ std::variant<World, RoundEnd> EtcdRendezvous::join(int round, int nproc, const W
       return std::string("waiting for node 0 to start the worker store");
     };
     if (auto ended = wait_round(round, stop, stored, waiting_for_store)) return *ended;
-    return adopt(world_of(round, closed, mine, read_worker_store(store_key, client_->get(store_key, soon()).kvs.at(0).value)),
-                 closed);
+    return adopt(
+        world_of(round, closed, mine, read_worker_store(store_key, client_->get(store_key, soon()).kvs.at(0).value)),
+        closed);
   }
 }
 
@@ -206,9 +210,7 @@ class EtcdProgressChannel final : public ProgressChannel {
     return p;
   }
 
-  void publish_rates(const json& record) override {
-    client_.put(rk_.rates(node_), record.dump(), 0, deadline());
-  }
+  void publish_rates(const json& record) override { client_.put(rk_.rates(node_), record.dump(), 0, deadline()); }
 
   std::map<int, json> rates() override { return by_node(rk_.rates_all()); }
 
@@ -218,8 +220,7 @@ class EtcdProgressChannel final : public ProgressChannel {
   }
 
   void put_diagnosis(const json& diagnosis) override {
-    client_.put(rk_.diagnosis(node_), diagnosis.dump(-1, ' ', false, json::error_handler_t::replace),
-                0, deadline());
+    client_.put(rk_.diagnosis(node_), diagnosis.dump(-1, ' ', false, json::error_handler_t::replace), 0, deadline());
   }
 
   std::map<int, json> gather_diagnoses(Clock::time_point until) override {

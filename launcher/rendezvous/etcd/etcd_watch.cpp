@@ -50,8 +50,8 @@ bool Watch::open(Client::Deadline deadline) {
   const auto& eps = client_.endpoints();
   // progress_notify: an idle watch still learns how far etcd's history has gone (every 10 minutes
   // by default), so that resuming it elsewhere seldom needs a compacted revision.
-  json create = {{"key", base64_encode(key_)}, {"start_revision", std::to_string(next_revision_)},
-                 {"progress_notify", true}};
+  json create = {
+      {"key", base64_encode(key_)}, {"start_revision", std::to_string(next_revision_)}, {"progress_notify", true}};
   if (!range_end_.empty()) create["range_end"] = base64_encode(range_end_);
   const std::string body = json{{"create_request", create}}.dump();
   for (size_t i = 0; i < eps.size(); ++i) {
@@ -157,6 +157,5 @@ std::vector<WatchEvent> Watch::next(std::chrono::milliseconds timeout, Client::D
     if (!events.empty() || Clock::now() >= until) return events;
   }
 }
-
 
 }  // namespace ddprun::launcher::rendezvous::etcd

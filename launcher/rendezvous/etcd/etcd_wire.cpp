@@ -55,7 +55,8 @@ int64_t int64_of(const json& j, const char* name) {
   if (it->is_number_integer()) return it->get<int64_t>();
   if (it->is_string()) {
     if (const auto v = to_int(it->get<std::string>())) return *v;
-    throw ProtocolError(std::string("etcd sent a non-numeric ") + name + ": " + printable_start(it->get<std::string>()));
+    throw ProtocolError(std::string("etcd sent a non-numeric ") + name + ": " +
+                        printable_start(it->get<std::string>()));
   }
   return 0;
 }
@@ -106,7 +107,8 @@ json op_json(const Op& op) {
 std::pair<int, std::string> error_of(const std::string& text, int http_status) {
   const json j = json::parse(text, nullptr, false);
   if (j.is_object() && j.contains("code")) {
-    return {static_cast<int>(int64_of(j, "code")), string_field(j, "message", string_field(j, "error", "(no message)"))};
+    return {static_cast<int>(int64_of(j, "code")),
+            string_field(j, "message", string_field(j, "error", "(no message)"))};
   }
   return {http_status == 503 ? kUnavailable : -1, "HTTP " + std::to_string(http_status) + ": " + printable_start(text)};
 }

@@ -12,10 +12,10 @@
 
 namespace ddprun::launcher::rendezvous::store {
 
-using rendezvous::ProgressChannel;
-using rendezvous::RoundEnd;
 using rendezvous::hang_outcome;
 using rendezvous::parse_round_end;
+using rendezvous::ProgressChannel;
+using rendezvous::RoundEnd;
 
 using json = nlohmann::json;
 
@@ -71,8 +71,8 @@ class StoreProgressChannel final : public ProgressChannel {
     for (int k = 0; k < nodes_; ++k) keys.push_back(rk_.diagnosis(k));
     // Waits in slices until every node's part is there or the deadline passes.
     while (std::chrono::steady_clock::now() < deadline) {
-      if (c_->wait_for(keys, std::min<std::chrono::milliseconds>(
-                                 std::chrono::milliseconds(500), std::chrono::duration_cast<std::chrono::milliseconds>(
+      if (c_->wait_for(keys, std::min<std::chrono::milliseconds>(std::chrono::milliseconds(500),
+                                                                 std::chrono::duration_cast<std::chrono::milliseconds>(
                                                                      deadline - std::chrono::steady_clock::now())))) {
         break;
       }
@@ -99,7 +99,6 @@ class StoreProgressChannel final : public ProgressChannel {
   int node() const override { return node_; }
 
  private:
-
   std::shared_ptr<rdzv::Client> c_;
   rdzv::jobs::RoundKeys rk_;
   int node_;

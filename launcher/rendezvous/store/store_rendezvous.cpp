@@ -14,10 +14,10 @@
 
 namespace ddprun::launcher::rendezvous::store {
 
+using ddprun::StopSignal;
 using rendezvous::NodeRendezvous;
 using rendezvous::now_ms;
 using rendezvous::read_number;
-using ddprun::StopSignal;
 
 using json = nlohmann::json;
 
@@ -70,8 +70,9 @@ StoreRendezvous::StoreRendezvous(StoreRendezvousOptions options, const StopSigna
   co.port = external ? options_.endpoint_port : options_.master_port;
   co.timeout = options_.read_timeout;
   if (options_.token) co.credentials = rdzv::credentials_for(*options_.token, options_.run_id, options_.token_file);
-  co.missing_secret_hint = "give this node the rendezvous secret (or this job's token) with --rdzv_conf "
-                           "token_file=PATH, or DDPRUN_TOKEN_FILE=PATH (a file only you can read)";
+  co.missing_secret_hint =
+      "give this node the rendezvous secret (or this job's token) with --rdzv_conf "
+      "token_file=PATH, or DDPRUN_TOKEN_FILE=PATH (a file only you can read)";
   // A daemon that refuses this job's request (its quota, a full store) says why there.
   co.refusal_note_key = rdzv::jobs::refusal_note(options_.run_id);
   co.outage_tolerance = options_.store_reconnect_timeout;
@@ -145,8 +146,8 @@ bool StoreRendezvous::agent_alive(const std::string& agent, const StopSignal& st
       deadline = std::chrono::steady_clock::now() + window;
     }
     // Watching another agent's heartbeat counter for the liveness window.
-    if (stop.sleep_for(std::min<std::chrono::milliseconds>(options_.keep_alive_interval / 4,
-                                                           std::chrono::milliseconds(250)))) {
+    if (stop.sleep_for(
+            std::min<std::chrono::milliseconds>(options_.keep_alive_interval / 4, std::chrono::milliseconds(250)))) {
       throw StopRequested(stop.signo());
     }
     if (beats() != first) return true;
@@ -183,9 +184,9 @@ std::shared_ptr<rdzv::Client> StoreRendezvous::side_connection() const {
   // by then is given up and, against a store that describes itself, sent again over a new
   // connection, which gets through as soon as the path is back (a TCP retransmission after a
   // partition may come many seconds later).
-  co.timeout = std::clamp<std::chrono::milliseconds>(options_.keep_alive_interval, std::chrono::seconds(2),
-                                                     std::max<std::chrono::milliseconds>(co.timeout,
-                                                                                          std::chrono::seconds(2)));
+  co.timeout =
+      std::clamp<std::chrono::milliseconds>(options_.keep_alive_interval, std::chrono::seconds(2),
+                                            std::max<std::chrono::milliseconds>(co.timeout, std::chrono::seconds(2)));
   return std::make_shared<rdzv::Client>(co);
 }
 
@@ -298,14 +299,16 @@ NodeRendezvous::JoinPoll StoreRendezvous::keys_set(int round, std::vector<std::s
 class StoreRendezvous::Watch final : public NodeRendezvous::RoundWatch {
  public:
   Watch(StoreRendezvous& r, std::shared_ptr<rdzv::Client> c, int round)
-      : r_(r), c_(std::move(c)), end_key_(r.rk(round).end()), seen_{-1, std::chrono::steady_clock::now(), c_->reconnects()} {}
+      : r_(r),
+        c_(std::move(c)),
+        end_key_(r.rk(round).end()),
+        seen_{-1, std::chrono::steady_clock::now(), c_->reconnects()} {}
 
   Event next() override {
     Event ev;
     // WAIT has no server timeout; it is re-armed every period so that a store that went silent
     // (its host gone) is noticed, and each node checks the next node's heartbeat between waits.
-    const auto period =
-        std::min<std::chrono::milliseconds>(std::chrono::seconds(1), r_.options_.keep_alive_interval);
+    const auto period = std::min<std::chrono::milliseconds>(std::chrono::seconds(1), r_.options_.keep_alive_interval);
     try {
       c_->wait({end_key_}, period);
       ev.end = c_->get(end_key_);
@@ -314,8 +317,8 @@ class StoreRendezvous::Watch final : public NodeRendezvous::RoundWatch {
     }
     if (auto lost = r_.find_lost_node(*c_, seen_)) {
       ev.lost_node = *lost;
-      ev.lost_why = "sent no heartbeat for " +
-                    seconds_text(r_.options_.keep_alive_interval * r_.options_.keep_alive_max_attempt);
+      ev.lost_why =
+          "sent no heartbeat for " + seconds_text(r_.options_.keep_alive_interval * r_.options_.keep_alive_max_attempt);
     }
     return ev;
   }
@@ -340,9 +343,9 @@ void StoreRendezvous::linger(int nodes, std::chrono::milliseconds timeout, const
   if (!server_) return;
   // The store host stays until everyone has read the outcome (or the timeout: a node that is
   // gone never leaves; after a stop signal, a few seconds are enough for the others to see it).
-  const auto deadline = std::chrono::steady_clock::now() +
-                        (stop.requested() ? std::min<std::chrono::milliseconds>(timeout, std::chrono::seconds(5))
-                                          : timeout);
+  const auto deadline =
+      std::chrono::steady_clock::now() +
+      (stop.requested() ? std::min<std::chrono::milliseconds>(timeout, std::chrono::seconds(5)) : timeout);
   while (!client_->wait_for({keys_.done()}, std::chrono::milliseconds(250))) {
     if (std::chrono::steady_clock::now() >= deadline) {
       log::warn("ddprun") << "end-of-job barrier: " << client_->add(keys_.exited(), 0) << " of " << nodes

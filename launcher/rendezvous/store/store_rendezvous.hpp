@@ -44,13 +44,13 @@
 
 namespace ddprun::launcher::rendezvous::store {
 
+using ddprun::StopSignal;
 using rendezvous::Joiner;
 using rendezvous::NodeRendezvous;
 using rendezvous::ProgressChannel;
 using rendezvous::RoundEnd;
 using rendezvous::WorkerStoreHost;
 using rendezvous::World;
-using ddprun::StopSignal;
 
 struct StoreRendezvousOptions {
   // Called after each heartbeat (lease renewal) the rendezvous took: this node is still counted in.
@@ -145,7 +145,7 @@ class StoreRendezvous final : public NodeRendezvous {
   // WAIT on `end` every period and, between waits, the next node's heartbeat counter.
   std::unique_ptr<RoundWatch> watch_round(int round) override;
   int64_t joined_nodes(int round) override;  // the arrivals counter
-  void forget_generation() override;  // `done`: the daemon's janitor forgets the generation
+  void forget_generation() override;         // `done`: the daemon's janitor forgets the generation
   // The node that hosts the store waits for `done` (the others must read the outcome from it).
   void linger(int nodes, std::chrono::milliseconds timeout, const StopSignal& stop) override;
   void stop_background() override { stop_heartbeat(); }

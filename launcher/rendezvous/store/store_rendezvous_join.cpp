@@ -12,19 +12,18 @@
 
 namespace ddprun::launcher::rendezvous::store {
 
+using ddprun::StopSignal;
 using rendezvous::Joiner;
 using rendezvous::Membership;
-using rendezvous::RoundEnd;
-using rendezvous::WorkerStoreHost;
-using rendezvous::World;
 using rendezvous::order_by_group_rank;
 using rendezvous::read_assignment;
 using rendezvous::read_node_record;
 using rendezvous::read_number;
 using rendezvous::read_worker_store;
+using rendezvous::RoundEnd;
 using rendezvous::this_node;
-using ddprun::StopSignal;
-
+using rendezvous::WorkerStoreHost;
+using rendezvous::World;
 
 std::variant<World, RoundEnd> StoreRendezvous::join(int round, int nproc, const WorkerStoreHost& host_worker_store,
                                                     const StopSignal& stop) {
@@ -33,7 +32,8 @@ std::variant<World, RoundEnd> StoreRendezvous::join(int round, int nproc, const 
                           : join_static(round, nproc, host_worker_store, stop);
 }
 
-std::variant<World, RoundEnd> StoreRendezvous::join_static(int round, int nproc, const WorkerStoreHost& host_worker_store,
+std::variant<World, RoundEnd> StoreRendezvous::join_static(int round, int nproc,
+                                                           const WorkerStoreHost& host_worker_store,
                                                            const StopSignal& stop) {
   const int n = options_.nnodes;
   rdzv::jobs::NodeRecord me = this_node(options_.host, options_.advertise_addr, nproc, n);
@@ -47,7 +47,8 @@ std::variant<World, RoundEnd> StoreRendezvous::join_static(int round, int nproc,
     // Someone holds this node rank in this run of the job.
     const auto other = rdzv::jobs::decode_node_record(held);
     const std::string holder = other ? other->agent : std::string();
-    const std::string where = other ? other->host + " (pid " + std::to_string(other->pid) + ")" : std::string("another agent");
+    const std::string where =
+        other ? other->host + " (pid " + std::to_string(other->pid) + ")" : std::string("another agent");
     const bool ended = client_->check({keys_.ended()});
     if (round == 0 && (ended || holder.empty() || !agent_alive(holder, stop))) {
       // That run is over (or its agents are gone): this is a new run of the job id.
@@ -58,8 +59,8 @@ std::variant<World, RoundEnd> StoreRendezvous::join_static(int round, int nproc,
       keys_ = rdzv::jobs::JobKeys(options_.run_id, g);
       continue;
     }
-    throw ConfigError("node_rank " + std::to_string(options_.node_rank) + " has already joined this job from " +
-                      where + ", which is still running; give every node a different --node_rank, or each job its "
+    throw ConfigError("node_rank " + std::to_string(options_.node_rank) + " has already joined this job from " + where +
+                      ", which is still running; give every node a different --node_rank, or each job its "
                       "own --rdzv_id");
   }
   start_heartbeat();  // from now on: a node that holds a rank is seen to be alive
@@ -67,7 +68,8 @@ std::variant<World, RoundEnd> StoreRendezvous::join_static(int round, int nproc,
                       << keys_.generation() << ") as node_rank " << options_.node_rank << " of " << n;
   if (options_.node_rank == 0) {
     const uint16_t port = host_worker_store();
-    client_->set(rk(round).worker_store(), rdzv::jobs::encode(rdzv::jobs::WorkerStoreRecord{options_.advertise_addr, port}));
+    client_->set(rk(round).worker_store(),
+                 rdzv::jobs::encode(rdzv::jobs::WorkerStoreRecord{options_.advertise_addr, port}));
   }
   if (client_->add(rk(round).joined(), 1) == n) assign(round);
   // Who is missing, by node rank (checked only for jobs small enough to list them).
@@ -121,7 +123,7 @@ World StoreRendezvous::adopt(int round, const rdzv::jobs::Assignment& assigned,
 }
 
 void StoreRendezvous::write_assignments(int round, const std::vector<Joiner>& ordered,
-                                       std::vector<std::pair<std::string, std::string>> extra) {
+                                        std::vector<std::pair<std::string, std::string>> extra) {
   // The membership list (for the heartbeat ring) rides along for jobs of up to 64 nodes.
   std::vector<rdzv::jobs::NodeRecord> records;
   for (const auto& j : ordered) records.push_back(j.record);
@@ -160,7 +162,8 @@ void StoreRendezvous::assign(int round) {
   write_assignments(round, ordered, {{rk(round).complete(), "1"}});
 }
 
-std::variant<World, RoundEnd> StoreRendezvous::join_dynamic(int round, int nproc, const WorkerStoreHost& host_worker_store,
+std::variant<World, RoundEnd> StoreRendezvous::join_dynamic(int round, int nproc,
+                                                            const WorkerStoreHost& host_worker_store,
                                                             const StopSignal& stop) {
   for (;;) {
     rdzv::jobs::NodeRecord me = this_node(options_.host, options_.advertise_addr, nproc, options_.nnodes);
@@ -184,7 +187,8 @@ std::variant<World, RoundEnd> StoreRendezvous::join_dynamic(int round, int nproc
       const auto deadline = std::chrono::steady_clock::now() + options_.last_call_timeout;
       while (std::chrono::steady_clock::now() < deadline && !client_->check({rk(round).closed()})) {
         // The last-call window, in slices so that a full round or a stop is seen promptly.
-        if (stop.sleep_for(std::min<std::chrono::milliseconds>(options_.last_call_timeout, std::chrono::milliseconds(100)))) {
+        if (stop.sleep_for(
+                std::min<std::chrono::milliseconds>(options_.last_call_timeout, std::chrono::milliseconds(100)))) {
           break;  // wait_joining leaves the round cleanly
         }
       }
@@ -212,7 +216,8 @@ std::variant<World, RoundEnd> StoreRendezvous::join_dynamic(int round, int nproc
     const rdzv::jobs::Assignment assigned = read_assignment(assign_key, client_->get(assign_key));
     if (assigned.group_rank == 0) {
       const uint16_t port = host_worker_store();
-      client_->set(rk(round).worker_store(), rdzv::jobs::encode(rdzv::jobs::WorkerStoreRecord{options_.advertise_addr, port}));
+      client_->set(rk(round).worker_store(),
+                   rdzv::jobs::encode(rdzv::jobs::WorkerStoreRecord{options_.advertise_addr, port}));
     }
     const std::string store_key = rk(round).worker_store();
     if (auto ended = wait_joining(round, stop, keys_set(round, {store_key}), progress, missing)) return *ended;

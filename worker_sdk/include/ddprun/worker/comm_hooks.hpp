@@ -62,13 +62,13 @@ struct PowerSGDState {
 
   ProcessGroupPtr process_group;
   int64_t matrix_approximation_rank;
-  int64_t start_powerSGD_iter;     // vanilla all-reduce (allreduce_hook) before this iteration
-  double min_compression_rate;     // a matrix is compressed when (n + m) * rank * this < n * m
+  int64_t start_powerSGD_iter;  // vanilla all-reduce (allreduce_hook) before this iteration
+  double min_compression_rate;  // a matrix is compressed when (n + m) * rank * this < n * m
   bool use_error_feedback;
-  bool warm_start;                 // keep P and Q from step to step (Q is not drawn anew)
+  bool warm_start;  // keep P and Q from step to step (Q is not drawn anew)
   double orthogonalization_epsilon;
   bool batch_tensors_with_same_shape;
-  std::mt19937 rng;                // numpy's RandomState(random_seed): MT19937 seeded the same way
+  std::mt19937 rng;  // numpy's RandomState(random_seed): MT19937 seeded the same way
   std::map<size_t, at::Tensor> error_dict, p_memory_dict, q_memory_dict;  // by bucket index
   int64_t iter = 0;
   int64_t total_numel_before_compression = 0;

@@ -233,11 +233,9 @@ class DistributedDataParallel : public Joinable {
   // hook is an error, as in Python). See comm_hooks.hpp for the built-in hooks.
   template <typename State, typename Hook>
   void register_comm_hook(State state, Hook hook, const std::string& name = "comm_hook") {
-    core_->register_comm_hook(
-        [state = std::move(state), hook = std::move(hook)](c10d::GradBucket& bucket) mutable {
-          return hook(state, bucket);
-        },
-        name);
+    core_->register_comm_hook([state = std::move(state), hook = std::move(hook)](
+                                  c10d::GradBucket& bucket) mutable { return hook(state, bucket); },
+                              name);
   }
   // One of the built-in hooks of default_hooks.py, on this DDP's process group (for allreduce,
   // fp16 and bf16: on CPU with Gloo, the direct ring), named as Python names them.

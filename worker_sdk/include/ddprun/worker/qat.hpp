@@ -50,7 +50,7 @@ struct FakeQuantizeOptions {
   at::ScalarType dtype = at::kQUInt8;
   int64_t quant_min = 0, quant_max = 255;  // the range in use (reduce_range already applied)
   bool reduce_range = false;
-  bool per_channel = false;                // per_channel_symmetric weights: along ch_axis
+  bool per_channel = false;  // per_channel_symmetric weights: along ch_axis
   int64_t ch_axis = 0;
   bool symmetric = false;
   double averaging_constant = 0.01;

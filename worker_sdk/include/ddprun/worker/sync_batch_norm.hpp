@@ -63,6 +63,7 @@ class SyncBatchNormImpl : public torch::nn::Cloneable<SyncBatchNormImpl> {
 TORCH_MODULE(SyncBatchNorm);
 
 // Gives every SyncBatchNorm in `module`'s tree (itself included) `process_group`; returns how many.
-size_t set_sync_batch_norm_group(torch::nn::Module& module, const c10::intrusive_ptr<c10d::ProcessGroup>& process_group);
+size_t set_sync_batch_norm_group(torch::nn::Module& module,
+                                 const c10::intrusive_ptr<c10d::ProcessGroup>& process_group);
 
 }  // namespace ddprun::worker

@@ -43,11 +43,11 @@ namespace ddprun::worker {
 template <typename Optim>
 struct zero_traits;
 // LibTorch names each optimizer's options NameOptions and its per-parameter state NameParamState.
-#define DDPRUN_ZERO_TRAITS(NAME)                          \
-  template <>                                             \
-  struct zero_traits<torch::optim::NAME> {                \
-    using Options = torch::optim::NAME##Options;          \
-    using State = torch::optim::NAME##ParamState;         \
+#define DDPRUN_ZERO_TRAITS(NAME)                  \
+  template <>                                     \
+  struct zero_traits<torch::optim::NAME> {        \
+    using Options = torch::optim::NAME##Options;  \
+    using State = torch::optim::NAME##ParamState; \
   };
 DDPRUN_ZERO_TRAITS(SGD)
 DDPRUN_ZERO_TRAITS(Adam)
@@ -210,8 +210,9 @@ class ZeroRedundancyOptimizer : public Joinable {
   // then renamed into place: a crash leaves the previous file whole).
   void save(const std::string& path) const {
     if (consolidated_.empty()) {
-      throw std::logic_error("ZeroRedundancyOptimizer::save: call consolidate_state_dict(to) first, on every rank, "
-                             "and save on rank `to`");
+      throw std::logic_error(
+          "ZeroRedundancyOptimizer::save: call consolidate_state_dict(to) first, on every rank, "
+          "and save on rank `to`");
     }
     torch::serialize::OutputArchive archive;
     std::vector<int64_t> numels;
@@ -250,7 +251,8 @@ class ZeroRedundancyOptimizer : public Joinable {
     for (int64_t rank = 0;; ++rank) {
       torch::Tensor shard;
       if (!archive.try_read("shard/" + std::to_string(rank), shard)) break;
-      std::istringstream in(std::string(static_cast<const char*>(shard.data_ptr()), static_cast<size_t>(shard.numel())));
+      std::istringstream in(
+          std::string(static_cast<const char*>(shard.data_ptr()), static_cast<size_t>(shard.numel())));
       torch::serialize::InputArchive shard_archive;
       shard_archive.load_from(in);
       for (size_t i = 0; i < params_.size(); ++i) {
