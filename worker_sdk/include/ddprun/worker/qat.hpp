@@ -136,7 +136,8 @@ TORCH_MODULE(DeQuantStub);
 // nn.qat.Linear (relu = false) and nn.intrinsic.qat.LinearReLU, with their output observer.
 class LinearImpl : public torch::nn::Module, public Convertible {
  public:
-  LinearImpl(int64_t in_features, int64_t out_features, const QConfig& qconfig, bool bias = true, bool relu = false);
+  LinearImpl(int64_t in_features, int64_t out_features, const QConfig& qconfig, bool with_bias = true,
+             bool relu = false);
   at::Tensor forward(const at::Tensor& x);
   void convert() override;
   int64_t quantized_bytes() const override;
@@ -154,22 +155,22 @@ TORCH_MODULE(Linear);
 
 class LinearReLUImpl : public LinearImpl {
  public:
-  LinearReLUImpl(int64_t in_features, int64_t out_features, const QConfig& qconfig, bool bias = true)
-      : LinearImpl(in_features, out_features, qconfig, bias, /*relu=*/true) {}
+  LinearReLUImpl(int64_t in_features, int64_t out_features, const QConfig& qconfig, bool with_bias = true)
+      : LinearImpl(in_features, out_features, qconfig, with_bias, /*relu=*/true) {}
 };
 TORCH_MODULE(LinearReLU);
 
 // nn.qat.Conv2d (zeros padding), and the fused Conv2d + BatchNorm2d (+ ReLU) of
 // nn.intrinsic.qat.ConvBn2d / ConvBnReLU2d: BatchNorm folded into the weight before it is
 // fake-quantized, as conv_fused.py's _forward_approximate does; freeze_bn_stats stops BatchNorm's
-// statistics (BatchNorm then runs as in eval) until update_bn_stats. With sync_bn the BatchNorm is
+// statistics (BatchNorm then runs as in eval) until update_bn_stats. With with_sync_bn the BatchNorm is
 // a SyncBatchNorm (Python's convert_sync_batchnorm of the prepared model: the same state-dict
 // names), whose group set_sync_batch_norm_group gives.
 class Conv2dImpl : public torch::nn::Module, public PythonStateVersion, public Convertible {
  public:
   enum class Fused { kNone, kBn, kBnReLU };
   Conv2dImpl(const torch::nn::Conv2dOptions& options, const QConfig& qconfig, Fused fused = Fused::kNone,
-             bool sync_bn = false);
+             bool with_sync_bn = false);
   at::Tensor forward(const at::Tensor& x);
   void freeze_bn_stats(bool frozen = true);
   void train(bool on = true) override;
@@ -202,15 +203,15 @@ TORCH_MODULE(Conv2d);
 
 class ConvBn2dImpl : public Conv2dImpl {
  public:
-  ConvBn2dImpl(const torch::nn::Conv2dOptions& options, const QConfig& qconfig, bool sync_bn = false)
-      : Conv2dImpl(options, qconfig, Fused::kBn, sync_bn) {}
+  ConvBn2dImpl(const torch::nn::Conv2dOptions& options, const QConfig& qconfig, bool with_sync_bn = false)
+      : Conv2dImpl(options, qconfig, Fused::kBn, with_sync_bn) {}
 };
 TORCH_MODULE(ConvBn2d);
 
 class ConvBnReLU2dImpl : public Conv2dImpl {
  public:
-  ConvBnReLU2dImpl(const torch::nn::Conv2dOptions& options, const QConfig& qconfig, bool sync_bn = false)
-      : Conv2dImpl(options, qconfig, Fused::kBnReLU, sync_bn) {}
+  ConvBnReLU2dImpl(const torch::nn::Conv2dOptions& options, const QConfig& qconfig, bool with_sync_bn = false)
+      : Conv2dImpl(options, qconfig, Fused::kBnReLU, with_sync_bn) {}
 };
 TORCH_MODULE(ConvBnReLU2d);
 
