@@ -104,7 +104,7 @@ double accuracy(worker::Distributed& dist, Model& model, const Dataset& test) {
 // One epoch of data-parallel SGD; returns the mean loss over all ranks.
 template <class Impl>
 double train_epoch(worker::Distributed& dist, worker::DistributedDataParallel<Impl>& ddp, torch::optim::SGD& opt,
-                   worker::DistributedSampler& sampler, const Dataset& train, const ExampleFlags& flags, int epoch) {
+                   worker::RankSampler& sampler, const Dataset& train, const ExampleFlags& flags, int epoch) {
   ddp.module().train();
   sampler.set_epoch(static_cast<uint64_t>(epoch));
   const auto indices = torch::tensor(sampler.indices(), torch::kLong);
@@ -161,8 +161,7 @@ int main(int argc, char** argv) {
     auto dist = worker::Distributed::init();
     const auto train = load_fashion_mnist("train", flags.train_limit, flags.data_dir);
     const auto test = load_fashion_mnist("test", flags.test_limit, flags.data_dir);
-    worker::DistributedSampler sampler(train.size(), dist.world_size(), dist.rank(),
-                                       worker::SamplerOptions{true, flags.seed, false});
+    worker::RankSampler sampler(train.size(), dist, worker::SamplerOptions().seed(flags.seed));
     const auto sgd = torch::optim::SGDOptions(flags.lr).momentum(0.9);
     const std::string engine = "qnnpack";  // the QAT qconfig: per-tensor weights run on both engines
     dist.print("fashion_mnist_qat: ", train.size(), " training samples, ", dist.world_size(), " worker(s) x batch ",

@@ -1,5 +1,5 @@
 #pragma once
-// The data-parallel training loop every example shares: DDP-wrapped model, DistributedSampler with
+// The data-parallel training loop every example shares: DDP-wrapped model, RankSampler with
 // set_epoch, per-rank batches, SGD with momentum, loss and accuracy reduced over all ranks, rank-0
 // printing, a checkpoint per epoch, resume, a sharded test evaluation, and a final JSON line:
 //   {"example": ..., "world_size": ..., "epochs": ..., "first_loss": ..., "final_loss": ...,
@@ -74,8 +74,7 @@ int train_classifier(const std::string& name, const ExampleFlags& flags, std::sh
     return loss_kind == Loss::CrossEntropy ? torch::nn::functional::cross_entropy(out, y)
                                            : torch::nn::functional::nll_loss(out, y);
   };
-  worker::DistributedSampler sampler(train.size(), dist.world_size(), dist.rank(),
-                                     worker::SamplerOptions{true, flags.seed, false});
+  worker::RankSampler sampler(train.size(), dist, worker::SamplerOptions().seed(flags.seed));
   dist.print(name, ": ", train.size(), " training samples, ", dist.world_size(), " worker(s) x batch ",
              flags.batch_size, " (global batch ", flags.batch_size * dist.world_size(), "), lr ", flags.lr);
   double first_loss = -1, final_loss = 0, total_seconds = 0, total_samples = 0;

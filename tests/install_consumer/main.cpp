@@ -4,7 +4,7 @@
 
 int main() {
   auto dist = ddprun::worker::Distributed::init();
-  ddprun::worker::DistributedSampler sampler(10, dist.world_size(), dist.rank());
+  ddprun::worker::RankSampler sampler(10, dist);
   dist.print("consumer ok: world ", dist.world_size(), ", ", sampler.size(), " samples on rank 0");
   return 0;
 }

@@ -40,6 +40,10 @@ class SamplerMatchesPyTorch(unittest.TestCase):
             expected = list(s)
             self.assertEqual(c["indices"], expected, c)
             self.assertEqual(c["len"], len(s), c)
+            # RankSampler in a LibTorch data loader: the same pass, and the next pass is the next epoch.
+            self.assertEqual(c["loader"], expected, c)
+            s.set_epoch(c["epoch"] + 1)
+            self.assertEqual(c["loader_next_epoch"], list(s), c)
 
 
 class Net(nn.Module):

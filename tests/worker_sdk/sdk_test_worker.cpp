@@ -73,7 +73,7 @@ int ddp_equivalence(int steps, const std::string& reducer) {
   Net model = rank_seeded_net(dist.rank());
   DdpOptions options = small_buckets();
   options.direct_gloo = reducer != "process-group";
-  DistributedDataParallel<NetImpl> ddp(model.ptr(), dist, options);
+  DistributedDataParallel ddp(model, dist, options);  // the module holder, its type deduced
   Net reference = reference_copy(model);
   const double init_between = diff_vs_rank0(dist, ddp.parameters());
 
@@ -196,6 +196,24 @@ int peer_exits() {
   return 0;
 }
 
+// Batches of a dataset's own indices, for a LibTorch data loader.
+struct IndexDataset : torch::data::datasets::BatchDataset<IndexDataset, std::vector<size_t>> {
+  explicit IndexDataset(size_t n) : n_(n) {}
+  std::vector<size_t> get_batch(c10::ArrayRef<size_t> indices) override { return indices.vec(); }
+  c10::optional<size_t> size() const override { return n_; }
+  size_t n_;
+};
+
+// The indices of one pass of a LibTorch data loader over `loader`, as a JSON list.
+template <typename Loader>
+std::string one_pass(Loader& loader) {
+  std::string out = "[";
+  for (const std::vector<size_t>& batch : loader) {
+    for (size_t i : batch) out += (out.size() > 1 ? "," : "") + std::to_string(i);
+  }
+  return out + "]";
+}
+
 int sampler_grid() {
   for (int64_t size : {0, 1, 7, 10, 33, 100}) {
     for (int replicas : {1, 2, 3, 4}) {
@@ -204,14 +222,19 @@ int sampler_grid() {
           for (bool shuffle : {true, false}) {
             for (bool drop_last : {false, true}) {
               for (int rank = 0; rank < replicas; ++rank) {
-                DistributedSampler s(size, replicas, rank, SamplerOptions{shuffle, seed, drop_last});
+                const auto options = SamplerOptions().shuffle(shuffle).seed(seed).drop_last(drop_last);
+                RankSampler s(size, replicas, rank, options);
                 s.set_epoch(epoch);
                 std::cout << "{\"size\":" << size << ",\"replicas\":" << replicas << ",\"rank\":" << rank
                           << ",\"seed\":" << seed << ",\"epoch\":" << epoch << ",\"shuffle\":" << shuffle
                           << ",\"drop_last\":" << drop_last << ",\"len\":" << s.size() << ",\"indices\":[";
                 const auto idx = s.indices();
                 for (size_t i = 0; i < idx.size(); ++i) std::cout << (i ? "," : "") << idx[i];
-                std::cout << "]}\n";
+                // The same sampler in a LibTorch data loader: this epoch's pass, then the next epoch's.
+                auto loader = torch::data::make_data_loader(IndexDataset(static_cast<size_t>(size)), std::move(s),
+                                                            torch::data::DataLoaderOptions().batch_size(3));
+                const std::string first = one_pass(*loader);
+                std::cout << "],\"loader\":" << first << ",\"loader_next_epoch\":" << one_pass(*loader) << "}\n";
               }
             }
           }
