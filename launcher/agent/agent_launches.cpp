@@ -1,0 +1,152 @@
+// Each round's workers (see agent_state.hpp): the attempt directory, the watchdog over the ranks,
+// and every worker's launch (command, environment, placement, log files).
+#include "common/log.hpp"
+#include "common/system.hpp"
+#include "launcher/agent/agent_state.hpp"
+#include "launcher/watchdog/stacks.hpp"
+
+namespace ddprun::launcher::agent {
+
+using cli::LocalRankArg;
+using rendezvous::World;
+using watchdog::stack_signal;
+using watchdog::Watchdog;
+using watchdog::WatchdogSettings;
+using watchdog::WatchedRank;
+using workers::AttemptContext;
+using workers::Environment;
+using workers::expand_prefix;
+using workers::RankPlacement;
+using workers::substitute_args;
+using workers::to_envp;
+using workers::worker_environment;
+using workers::WorkerLaunch;
+using workers::WorkerPlacement;
+
+fs::path Agent::attempt_directory(const World& world) const {
+  return run_dir_.path / ("attempt_" + std::to_string(restarts_) +
+                          (world.round != restarts_ ? "_round_" + std::to_string(world.round) : ""));
+}
+
+std::unique_ptr<Watchdog> Agent::make_watchdog(const World& world, const fs::path& attempt_dir) {
+  WatchdogSettings ws;
+  ws.hang_timeout = o_.hang_timeout;
+  ws.straggler_factor = o_.straggler_factor;
+  ws.python_stacks = capture_stacks_;
+  ws.file_timer = file_timer_;
+  ws.timer_file = timer_file_;
+  ws.program = o_.program;
+  for (const auto& a : o_.program_args) ws.program += " " + a;
+  if (ws.program.size() > 120) ws.program = ws.program.substr(0, 117) + "...";
+  ws.host = host_;
+  ws.node = multi_node_ ? world.group_rank : -1;
+  ws.attempt_dir = attempt_dir.string();
+  ws.worker_store_port = static_cast<uint16_t>(world.master_port);
+  if (fence_window_.count() > 0) {
+    confirm_membership();  // the rendezvous has just taken this node into the round
+    ws.membership_until_ns = &membership_until_ns_;
+  }
+  ws.rates_period = o_.step_rates_period;
+  std::vector<WatchedRank> ranks;
+  create_private_directory(attempt_dir);
+  for (int lr = 0; lr < o_.nproc_per_node; ++lr) {
+    const fs::path dir = attempt_dir / std::to_string(lr);
+    create_private_directory(dir);
+    ranks.push_back({world.rank_offset + lr, lr, dir.string()});
+  }
+  return std::make_unique<Watchdog>(ws, ranks);
+}
+
+std::vector<WorkerLaunch> Agent::make_launches(const World& world, const fs::path& attempt_dir,
+                                               const Watchdog& watchdog) {
+  AttemptContext ctx;
+  ctx.master_addr = world.master_addr;
+  ctx.master_port = world.master_port;
+  ctx.restart_count = restarts_;
+  ctx.max_restarts = o_.max_restarts;
+  ctx.run_id = o_.run_id;
+  ctx.role = o_.role;
+  ctx.signals_to_handle = signals_text_;
+  ctx.one_gpu_each = gpus_;
+  ctx.gpu_variable = gpu_variable_;
+  std::vector<WorkerLaunch> launches;
+  // One file per stream for every rank of the attempt, as torchrun writes them.
+  std::shared_ptr<FilteredCopy> stdout_filtered, stderr_filtered;
+  if (!o_.duplicate_stdout_filters.empty()) {
+    stdout_filtered =
+        std::make_shared<FilteredCopy>(o_.duplicate_stdout_filters, (attempt_dir / "filtered_stdout.log").string());
+  }
+  if (!o_.duplicate_stderr_filters.empty()) {
+    stderr_filtered =
+        std::make_shared<FilteredCopy>(o_.duplicate_stderr_filters, (attempt_dir / "filtered_stderr.log").string());
+  }
+  // --merge_lines: one merger per console stream for the group (it prints what waits when the
+  // group ends and the last launch holding it goes).
+  std::shared_ptr<LineMerger> stdout_merger, stderr_merger;
+  if (o_.merge_lines.count() > 0 && o_.nproc_per_node > 1) {
+    const workers::Consoles& c = workers::consoles();
+    if (c.out) stdout_merger = std::make_shared<LineMerger>(c.out, o_.merge_lines, o_.log_line_prefix, o_.role, host_);
+    if (c.err) stderr_merger = std::make_shared<LineMerger>(c.err, o_.merge_lines, o_.log_line_prefix, o_.role, host_);
+  }
+  for (int lr = 0; lr < o_.nproc_per_node; ++lr) {
+    WorkerPlacement where;
+    where.local_rank = lr;
+    where.rank = world.rank_offset + lr;
+    where.local_world_size = o_.nproc_per_node;
+    where.world_size = world.world_size;
+    where.group_rank = world.group_rank;
+    where.group_world_size = world.group_world_size;
+    const fs::path rank_dir = attempt_dir / std::to_string(lr);
+    std::error_code ec;
+    fs::remove(rank_dir / "error.json", ec);
+
+    WorkerLaunch l;
+    l.local_rank = lr;
+    l.rank = where.rank;
+    l.error_file = (rank_dir / "error.json").string();
+    Environment env = worker_environment(base_env_, where, ctx, l.error_file);
+    // The watchdog's side of the contract (see watchdog.hpp and stacks.hpp).
+    if (std::string page = watchdog.progress_file(lr); !page.empty()) env["DDPRUN_PROGRESS_FILE"] = std::move(page);
+    if (capture_stacks_) {
+      env["DDPRUN_STACK_DIR"] = rank_dir.string();
+      env["DDPRUN_STACK_SIGNAL"] = std::to_string(stack_signal());
+    }
+    if (!python_hook_dir_.empty()) {
+      auto pp = env.find("PYTHONPATH");
+      env["PYTHONPATH"] = python_hook_dir_ + (pp != env.end() && !pp->second.empty() ? ":" + pp->second : "");
+    }
+    if (file_timer_) env["TORCHELASTIC_TIMER_FILE"] = timer_file_;
+    if (!placements_.empty()) {
+      const RankPlacement& p = placements_[static_cast<size_t>(lr)];
+      l.request.cpus = p.cpus;
+      l.request.preferred_numa_node = p.numa_node;
+      if (omp_threads_per_rank_) env["OMP_NUM_THREADS"] = std::to_string(p.threads);
+    }
+    l.request.argv = worker_command(o_, env);
+    // torch.distributed.launch's convention: right after the script, before its own arguments.
+    if (o_.local_rank_arg != LocalRankArg::None) {
+      l.request.argv.push_back((o_.local_rank_arg == LocalRankArg::Dash ? "--local-rank=" : "--local_rank=") +
+                               env["LOCAL_RANK"]);
+    }
+    for (auto& a : substitute_args(o_.program_args, lr)) l.request.argv.push_back(std::move(a));
+    l.request.envp = to_envp(env);
+    l.prefix = expand_prefix(o_.log_line_prefix, where.rank, lr, o_.role, host_);
+    const int redirect = o_.redirects.for_rank(lr), tee = o_.tee.for_rank(lr);
+    const bool shown = !o_.local_ranks_filter || o_.local_ranks_filter->count(lr) != 0;
+    l.stdout_to_console = shown && (!(redirect & 1) || (tee & 1));
+    l.stderr_to_console = shown && (!(redirect & 2) || (tee & 2));
+    if ((redirect | tee) & 1) l.stdout_file = (rank_dir / "stdout.log").string();
+    if ((redirect | tee) & 2) l.stderr_file = (rank_dir / "stderr.log").string();
+    l.stdout_filtered = stdout_filtered;
+    l.stderr_filtered = stderr_filtered;
+    l.stdout_merger = stdout_merger;
+    l.stderr_merger = stderr_merger;
+    launches.push_back(std::move(l));
+  }
+  if (o_.redirects.any() || o_.tee.any() || stdout_filtered || stderr_filtered) {
+    log::info("ddprun") << "worker logs in " << attempt_dir.string();
+  }
+  return launches;
+}
+
+}  // namespace ddprun::launcher::agent

@@ -1,0 +1,166 @@
+// How the agent meets the other nodes (see agent_state.hpp): the rendezvous backend for its
+// options, the fence that stops its workers before the others count it as lost, and the worker
+// store it hosts for each round.
+#include <netdb.h>
+#include <sys/socket.h>
+#include <time.h>
+
+#include "common/errors.hpp"
+#include "common/log.hpp"
+#include "common/system.hpp"
+#include "launcher/agent/agent_state.hpp"
+#include "launcher/rendezvous/etcd/etcd_rendezvous.hpp"
+#include "launcher/rendezvous/local_rendezvous.hpp"
+#include "launcher/rendezvous/store/store_rendezvous.hpp"
+
+namespace ddprun::launcher::agent {
+
+using cli::RdzvBackend;
+using rendezvous::LocalRendezvous;
+using rendezvous::RendezvousBackend;
+using rendezvous::etcd::EtcdRendezvous;
+using rendezvous::etcd::EtcdRendezvousOptions;
+using rendezvous::store::StoreRendezvous;
+using rendezvous::store::StoreRendezvousOptions;
+
+std::vector<std::string> resolve_all(const std::vector<std::string>& names) {
+  std::vector<std::string> out;
+  for (const std::string& name : names) {
+    if (name.empty()) continue;
+    addrinfo hints{};
+    hints.ai_socktype = SOCK_STREAM;
+    addrinfo* res = nullptr;
+    if (::getaddrinfo(name.c_str(), nullptr, &hints, &res) != 0) {
+      log::warn("ddprun") << "cannot resolve node address '" << name
+                          << "': its workers may be refused by the worker store";
+      continue;
+    }
+    for (addrinfo* ai = res; ai; ai = ai->ai_next) {
+      char text[NI_MAXHOST];
+      if (::getnameinfo(ai->ai_addr, ai->ai_addrlen, text, sizeof text, nullptr, 0, NI_NUMERICHOST) == 0) {
+        out.emplace_back(text);
+      }
+    }
+    ::freeaddrinfo(res);
+  }
+  return out;
+}
+
+std::optional<rdzv::Token> Agent::read_token() const {
+  if (o_.token_file.empty()) return std::nullopt;
+  return rdzv::read_token_file(o_.token_file);
+}
+
+void Agent::arm_fence(std::chrono::milliseconds lost_after) {
+  // The other nodes count this node as lost after `lost_after` without a heartbeat (an expired
+  // lease); its workers are stopped a quarter earlier, so that they never run beside a group
+  // re-formed without them. At least a second: a busy machine's scheduling hiccups are no reason.
+  fence_window_ = std::max<std::chrono::milliseconds>(lost_after * 3 / 4, std::chrono::seconds(1));
+  guard_.arm_fence(fence_window_);
+}
+
+void Agent::confirm_membership() {
+  timespec ts{};
+  ::clock_gettime(CLOCK_MONOTONIC, &ts);
+  const uint64_t now = static_cast<uint64_t>(ts.tv_sec) * 1'000'000'000ULL + static_cast<uint64_t>(ts.tv_nsec);
+  membership_until_ns_.store(now + static_cast<uint64_t>(fence_window_.count()) * 1'000'000ULL,
+                             std::memory_order_release);
+}
+
+std::unique_ptr<RendezvousBackend> Agent::make_backend() {
+  // The address other nodes (and the workers) use for this node: --local_addr; else node 0 of a
+  // static job is --master_addr, and any other node is known by its fully qualified name, as
+  // torchrun's (a Kubernetes pod with a subdomain is reachable by that name only).
+  const bool static_node_zero = o_.rdzv_backend == RdzvBackend::Static && o_.node_rank == 0;
+  std::string fqdn = fully_qualified_host_name();
+  if (fqdn.empty()) fqdn = host_;
+  advertise_addr_ = !o_.local_addr.empty() ? o_.local_addr : (!multi_node_ || static_node_zero ? o_.master_addr : fqdn);
+  if (!multi_node_) return std::make_unique<LocalRendezvous>(advertise_addr_);
+  if (o_.rdzv_backend == RdzvBackend::Etcd) {
+    EtcdRendezvousOptions eo;
+    eo.run_id = o_.run_id;
+    eo.min_nodes = o_.min_nodes;
+    eo.nnodes = o_.max_nodes;
+    eo.node_rank_hint = o_.node_rank_given ? o_.node_rank : -1;
+    eo.last_call_timeout = o_.last_call_timeout;
+    eo.join_timeout = o_.join_timeout;
+    eo.advertise_addr = advertise_addr_;
+    eo.host = host_;
+    eo.etcd.endpoints = o_.etcd.endpoints;
+    eo.etcd.user = o_.etcd.user;
+    if (!o_.etcd.password_file.empty())
+      eo.etcd.password = rdzv::read_private_file(o_.etcd.password_file, "etcd password file");
+    eo.etcd.ca_file = o_.etcd.ca_file;
+    eo.etcd.cert_file = o_.etcd.cert_file;
+    eo.etcd.key_file = o_.etcd.key_file;
+    eo.prefix = o_.etcd.prefix;
+    eo.lease_ttl = o_.etcd.lease_ttl;
+    eo.progress_interval = o_.progress_interval;
+    return std::make_unique<EtcdRendezvous>(eo, stop_);
+  }
+  StoreRendezvousOptions ro;
+  ro.run_id = o_.run_id;
+  ro.dynamic = o_.rdzv_backend == RdzvBackend::C10d;
+  ro.min_nodes = o_.min_nodes;
+  ro.nnodes = o_.max_nodes;
+  ro.node_rank = ro.dynamic && !o_.node_rank_given ? -1 : o_.node_rank;
+  ro.last_call_timeout = o_.last_call_timeout;
+  ro.master_addr = o_.master_addr;
+  ro.master_port = o_.master_port.value_or(29500);
+  ro.endpoint_host = o_.rdzv_endpoint_host;
+  ro.endpoint_port = o_.rdzv_endpoint_port;
+  ro.is_host = o_.rdzv_is_host;
+  ro.read_timeout = o_.rdzv_read_timeout;
+  ro.store_reconnect_timeout = o_.store_reconnect_timeout;
+  ro.advertise_addr = advertise_addr_;
+  ro.host = host_;
+  ro.token = read_token();
+  ro.token_file = o_.token_file;
+  ro.join_timeout = o_.join_timeout;
+  if (ro.dynamic && o_.min_nodes < o_.max_nodes) {
+    // Elastic: the others re-form without a node they count as lost, so its workers must stop
+    // first. (A static job ends when a node is lost: no second group forms.)
+    ro.alive = [this] {
+      guard_.renew();
+      confirm_membership();
+    };
+    arm_fence(o_.keep_alive_interval * o_.keep_alive_max_attempt);
+  }
+  ro.keep_alive_interval = o_.keep_alive_interval;
+  ro.keep_alive_max_attempt = o_.keep_alive_max_attempt;
+  ro.progress_interval = o_.progress_interval;
+  return std::make_unique<StoreRendezvous>(ro, stop_);
+}
+
+uint16_t Agent::host_worker_store() {
+  // A fresh worker store for every round: PyTorch >= 2.6 workers use no per-attempt key prefix.
+  // Single node: on --master_addr:--master_port (kernel-picked by default). Several nodes: the
+  // group-rank-0 node hosts it on a kernel-picked port and publishes it through the rendezvous.
+  // Real PyTorch workers cannot prove a secret, so the store is bound to the address the workers
+  // use (not "::") and admits only this node (loopback and that address) until the rendezvous
+  // names the other nodes (Agent::rendezvous).
+  worker_store_.reset();
+  rdzv::ServerOptions so;
+  so.host = advertise_addr_;
+  so.port = multi_node_ ? 0 : o_.master_port.value_or(0);
+  so.log_lifecycle = false;
+  so.allowed_peers = resolve_all({advertise_addr_});
+  try {
+    worker_store_ = std::make_unique<rdzv::ServerThread>(so);
+  } catch (const ConnectionError& e) {
+    if (!multi_node_ && o_.master_port) throw;  // the user's --master_port: no other port will do
+    // The workers' address is not one this host can bind (behind NAT, say): listen on every
+    // address, with the allow list still in force.
+    log::warn("ddprun") << "worker store: " << e.what() << "; listening on every address instead";
+    so.host = "::";
+    try {
+      worker_store_ = std::make_unique<rdzv::ServerThread>(so);
+    } catch (const ConnectionError&) {
+      so.host = "0.0.0.0";  // no IPv6 on this host
+      worker_store_ = std::make_unique<rdzv::ServerThread>(so);
+    }
+  }
+  return worker_store_->port();
+}
+
+}  // namespace ddprun::launcher::agent
