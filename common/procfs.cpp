@@ -152,7 +152,7 @@ std::optional<std::string> decode_proc_endpoint(const std::string& hex, uint16_t
     for (int i = 0; i < 4; ++i) {
       uint32_t v;
       if (!parse_u32_hex(addr.substr(static_cast<size_t>(i) * 8, 8), v)) return std::nullopt;
-      std::memcpy(&a.s6_addr[i * 4], &v, 4);
+      std::memcpy(&a.s6_addr[static_cast<size_t>(i) * 4], &v, 4);
     }
     if (!::inet_ntop(AF_INET6, &a, text, sizeof text)) return std::nullopt;
     host = std::string("[") + text + "]";

@@ -16,6 +16,7 @@ packages=(
   dataset-fashion-mnist zlib1g-dev
   clang        # the store's fuzzer (libFuzzer); its runtime package is added below
   clang-format # the C++ style check (scripts/check_format.sh; pinned to Debian 12's clang-format 14)
+  clang-tidy   # the lint of the launcher and the store (scripts/tidy.sh; pinned to clang-tidy 14)
   iproute2 procps util-linux
   nftables     # the partition tests cut a network namespace off
   dnsmasq-base # the Kubernetes pods' DNS server in the kubeflow_pods test (it answers late on purpose)

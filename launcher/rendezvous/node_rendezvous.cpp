@@ -52,7 +52,7 @@ RoundEnd NodeRendezvous::report_signal(int round, int signo) {
     gone.detail =
         "node " + std::to_string(node) + " (" + settings_.host + ") left the job: stopped by " + signal_name(signo);
     departed_ = true;
-    const RoundEnd end = decide(round, gone);
+    RoundEnd end = decide(round, gone);
     // Another end decided first (every node stopped, a failure): this node's leave is the ordinary one.
     if (end.kind != RoundEnd::Kind::NodeLost || end.root_node != node) departed_ = false;
     return end;

@@ -22,7 +22,7 @@ namespace ddprun::launcher::watchdog {
 
 namespace {
 
-constexpr size_t kMaxLine = 64 * 1024;
+constexpr size_t kMaxLine = size_t{64} << 10;
 
 double wall_seconds() {
   return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();

@@ -27,7 +27,7 @@ std::vector<std::string> native_main_functions(const std::string& stack, pid_t p
       in_main = line == eu_header || line.find(gdb_marker) != std::string::npos;
       continue;
     }
-    if (!in_main || line.rfind("#", 0) != 0) continue;
+    if (!in_main || line.rfind('#', 0) != 0) continue;
     // eu-stack: "#2  0x00007f.. c10d::Work::wait(...)"; gdb: "#2  0x00007f.. in c10d::Work::wait (...) from ..."
     std::istringstream f(line);
     std::string index, word, rest;

@@ -35,7 +35,7 @@ using workers::SpawnRequest;
 using workers::to_envp;
 namespace {
 
-constexpr size_t kMaxToolOutput = 512 * 1024;
+constexpr size_t kMaxToolOutput = size_t{512} << 10;
 
 std::string read_from(const std::string& path, std::streamoff offset) {
   std::ifstream in(path, std::ios::binary);
@@ -57,11 +57,11 @@ std::string find_on_path(const std::string& name) {
   std::istringstream dirs(path ? path : "/usr/bin:/bin");
   std::string dir;
   while (std::getline(dirs, dir, ':')) {
-    const std::string candidate = (dir.empty() ? "." : dir) + "/" + name;
+    std::string candidate = (dir.empty() ? "." : dir) + "/" + name;
     if (::access(candidate.c_str(), X_OK) == 0) return candidate;
   }
   for (const char* d : {"/usr/bin/", "/usr/local/bin/"}) {
-    const std::string candidate = std::string(d) + name;
+    std::string candidate = std::string(d) + name;
     if (::access(candidate.c_str(), X_OK) == 0) return candidate;
   }
   return "";

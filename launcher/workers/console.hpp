@@ -25,7 +25,7 @@ namespace ddprun::launcher::workers {
 
 class ConsoleWriter {
  public:
-  static constexpr size_t kDefaultCapacity = 4 * 1024 * 1024;
+  static constexpr size_t kDefaultCapacity = size_t{4} << 20;
 
   // `on_first_drop` runs once (on the caller's thread) when output is first dropped.
   ConsoleWriter(int fd, size_t capacity = kDefaultCapacity, std::function<void()> on_first_drop = {});

@@ -63,7 +63,7 @@ class LineWriter {
   const std::deque<std::string>& tail() const { return tail_; }
 
  private:
-  static constexpr size_t kMaxLine = 64 * 1024;  // longer runs without a newline are cut into lines
+  static constexpr size_t kMaxLine = size_t{64} << 10;  // longer runs without a newline are cut into lines
   void emit_line(std::string_view line, std::string& batch, std::string& filtered);
   void write_console(const std::string& batch);
 

@@ -42,9 +42,10 @@ struct Placement {
       for (int c : req.cpus) CPU_SET_S(c, cpus_bytes, cpus);
     }
     if (req.preferred_numa_node >= 0) {
-      constexpr int kBits = 8 * sizeof(unsigned long);
-      nodemask.assign(static_cast<size_t>(req.preferred_numa_node / kBits + 1), 0);
-      nodemask[static_cast<size_t>(req.preferred_numa_node / kBits)] |= 1UL << (req.preferred_numa_node % kBits);
+      constexpr size_t kBits = 8 * sizeof(unsigned long);
+      const auto node = static_cast<size_t>(req.preferred_numa_node);
+      nodemask.assign(node / kBits + 1, 0);
+      nodemask[node / kBits] |= 1UL << (node % kBits);
     }
   }
   ~Placement() {

@@ -98,7 +98,7 @@ std::string read_private_file(const std::string& path, const std::string& what) 
 }
 
 Token read_token_file(const std::string& path) {
-  const std::string text = read_private_file(path, "token file");
+  std::string text = read_private_file(path, "token file");
   Token t;
   if (text.rfind(kJobTokenHeader, 0) == 0) {
     std::istringstream fields(text.substr(kJobTokenHeader.size()));

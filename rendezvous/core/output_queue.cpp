@@ -6,7 +6,7 @@ namespace ddprun::rdzv {
 namespace {
 
 // Copied segments stop growing here, so sending the front of one never moves a large tail.
-constexpr size_t kSegmentBytes = 64 * 1024;
+constexpr size_t kSegmentBytes = size_t{64} << 10;
 
 }  // namespace
 

@@ -96,18 +96,18 @@ std::string_view dialect_name(Dialect dialect);
 // request is also bounded so that one connection cannot make the server buffer without limit, and
 // so is what one request may ask to be sent back and what a client may leave unread.
 struct Limits {
-  uint64_t max_key_bytes = 8 * 1024;
-  uint64_t max_value_bytes = 8 * 1024 * 1024;
-  uint64_t max_keys_per_request = 128 * 1024;
-  uint64_t max_request_bytes = 64 * 1024 * 1024;
+  uint64_t max_key_bytes = uint64_t{8} << 10;
+  uint64_t max_value_bytes = uint64_t{8} << 20;
+  uint64_t max_keys_per_request = uint64_t{128} << 10;
+  uint64_t max_request_bytes = uint64_t{64} << 20;
   // The largest reply one request may produce (counted before it is built): GET, MULTI_GET, LIST.
-  uint64_t max_reply_bytes = 256 * 1024 * 1024;
+  uint64_t max_reply_bytes = uint64_t{256} << 20;
   // While more than this is owed to a client, its next request that has a reply waits (its bytes
   // stay in the kernel's socket buffer: TCP back-pressure).
-  uint64_t output_high_water = 1024 * 1024;
+  uint64_t output_high_water = uint64_t{1} << 20;
   // Wake-ups and watch notifications are not requests and cannot wait: a client that lets more
   // than this pile up unread is disconnected (a 1.13 watcher that never reads).
-  uint64_t max_output_backlog = 64 * 1024 * 1024;
+  uint64_t max_output_backlog = uint64_t{64} << 20;
 };
 
 // One decoded request. The views point into the decoder's input and are valid until that input

@@ -106,7 +106,7 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
   }
 
   beast::tcp_stream stream_;
-  beast::flat_buffer buffer_{8 * 1024};
+  beast::flat_buffer buffer_{size_t{8} << 10};
   http::request_parser<http::empty_body> parser_;
   http::response<http::string_body> response_;
   std::shared_ptr<const std::string> name_;

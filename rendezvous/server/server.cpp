@@ -27,14 +27,13 @@ namespace ddprun::rdzv {
 using namespace server_socket;
 
 namespace asio = boost::asio;
-using asio::ip::tcp;
 
 namespace {
 
-constexpr size_t kReadChunk = 64 * 1024;
+constexpr size_t kReadChunk = size_t{64} << 10;
 // Bytes read from one connection per batch: a client that sends without pause is served in
 // slices, between which every other connection gets its turn.
-constexpr size_t kReadBudget = 256 * 1024;
+constexpr size_t kReadBudget = size_t{256} << 10;
 // Gathering stops after this many epoll rounds even if clients keep sending.
 constexpr int kMaxGatherRounds = 8;
 constexpr int kMaxEvents = 256;
