@@ -34,20 +34,20 @@ std::string env_or(const char* name, const char* fallback) {
 
 DdpOptions options_from_environment() {
   DdpOptions o;
-  if (const char* kb = std::getenv("DDP_BENCH_FIRST_BUCKET_KB")) o.first_bucket_cap_bytes = std::stoul(kb) << 10;
-  if (const char* kb = std::getenv("DDP_BENCH_BUCKET_KB")) o.bucket_cap_bytes = std::stoul(kb) << 10;
-  o.direct_gloo = env_or("DDP_BENCH_REDUCER", "direct") != "process-group";
+  if (const char* kb = std::getenv("DDP_BENCH_FIRST_BUCKET_KB")) o.first_bucket_cap_bytes(std::stoul(kb) << 10);
+  if (const char* kb = std::getenv("DDP_BENCH_BUCKET_KB")) o.bucket_cap_bytes(std::stoul(kb) << 10);
+  o.direct_gloo(env_or("DDP_BENCH_REDUCER", "direct") != "process-group");
   const std::string poll = env_or("DDP_BENCH_BUSY_POLL", "auto");
-  o.busy_poll = poll == "on" ? BusyPoll::On : poll == "off" ? BusyPoll::Off : BusyPoll::Auto;
+  o.busy_poll(poll == "on" ? BusyPoll::On : poll == "off" ? BusyPoll::Off : BusyPoll::Auto);
   const std::string option = env_or("DDP_BENCH_OPTION", "default");
   if (option == "find_unused_parameters") {
-    o.find_unused_parameters = true;
+    o.find_unused_parameters(true);
   } else if (option == "gradient_as_bucket_view") {
-    o.gradient_as_bucket_view = true;
+    o.gradient_as_bucket_view(true);
   } else if (option == "static_graph") {
-    o.static_graph = true;
+    o.static_graph(true);
   } else if (option == "no_broadcast_buffers") {
-    o.broadcast_buffers = false;
+    o.broadcast_buffers(false);
   } else if (option != "default") {
     throw std::invalid_argument("unknown DDP_BENCH_OPTION " + option);
   }

@@ -47,8 +47,10 @@ int train_classifier(const std::string& name, const ExampleFlags& flags, std::sh
   }
   worker::DistributedDataParallel<Impl> ddp(model, dist);
   if (flags.powersgd_rank > 0) {
-    ddp.register_comm_hook(std::make_shared<worker::comm_hooks::PowerSGDState>(ddp.process_group(), flags.powersgd_rank,
-                                                                               kPowerSgdStartIter),
+    const auto powersgd = worker::comm_hooks::PowerSGDOptions()
+                              .matrix_approximation_rank(flags.powersgd_rank)
+                              .start_powerSGD_iter(kPowerSgdStartIter);
+    ddp.register_comm_hook(std::make_shared<worker::comm_hooks::PowerSGDState>(ddp.process_group(), powersgd),
                            worker::comm_hooks::powerSGD_hook, "powerSGD_hook");
   } else if (!flags.comm_hook.empty()) {
     ddp.register_comm_hook(worker::comm_hooks::parse_builtin(flags.comm_hook));

@@ -57,9 +57,9 @@ int main() {
   try {
     InitOptions options;
 #ifdef DDPRUN_WORKER_NCCL
-    options.backend = "nccl";
+    options.backend("nccl");
 #else
-    options.backend = "gloo";  // store and a CPU group; NCCL comes from NcclCommunicator
+    options.backend("gloo");  // store and a CPU group; NCCL comes from NcclCommunicator
 #endif
     auto dist = Distributed::init(options);
     bool ok = check_raw(dist, "ddprun/nccl_smoke");

@@ -227,7 +227,8 @@ Result train(const json& c, const std::string& dir, int rank, const std::string&
   const json& m = c.at("model");
   const json& o = c.at("ddp");
   const torch::Device device = placement_device();
-  auto dist = Distributed::init(InitOptions{env_or("DDPRUN_PARITY_BACKEND", "gloo"), std::chrono::seconds(60)});
+  auto dist = Distributed::init(
+      InitOptions().backend(env_or("DDPRUN_PARITY_BACKEND", "gloo")).timeout(std::chrono::seconds(60)));
   Net net(m, rank);
   if (!m.at("mismatch").get<bool>()) {
     auto init = read_tensors(dir + "/init");
@@ -243,26 +244,33 @@ Result train(const json& c, const std::string& dir, int rank, const std::string&
   net->to(device);
 
   DdpOptions options;
-  options.broadcast_buffers = o.at("broadcast_buffers");
-  options.find_unused_parameters = o.at("find_unused_parameters");
-  options.gradient_as_bucket_view = o.at("gradient_as_bucket_view");
-  options.static_graph = o.at("static_graph");
-  options.direct_gloo = reducer != "process-group";
+  options.broadcast_buffers(o.at("broadcast_buffers"));
+  options.find_unused_parameters(o.at("find_unused_parameters"));
+  options.gradient_as_bucket_view(o.at("gradient_as_bucket_view"));
+  options.static_graph(o.at("static_graph"));
+  options.direct_gloo(reducer != "process-group");
   const size_t first = o.at("first_bucket_bytes");
   if (!o.at("bucket_cap_mb").is_null()) {
-    options.bucket_cap_bytes = static_cast<size_t>(o.at("bucket_cap_mb").get<double>() * (1 << 20));
+    options.bucket_cap_bytes(static_cast<size_t>(o.at("bucket_cap_mb").get<double>() * (1 << 20)));
   }
   // torch.distributed._DEFAULT_FIRST_BUCKET_BYTES: read by 1.x always, by 2.x only without bucket_cap_mb.
-  if (TORCH_VERSION_MAJOR < 2 || o.at("bucket_cap_mb").is_null()) options.first_bucket_cap_bytes = first;
+  if (TORCH_VERSION_MAJOR < 2 || o.at("bucket_cap_mb").is_null()) options.first_bucket_cap_bytes(first);
   DistributedDataParallel<NetImpl> ddp(net, dist, options);
   std::optional<PeriodicModelAverager> averager;
   if (c.at("hook") == "powersgd") {
     const json& a = c.at("powersgd");
-    auto state = std::make_shared<comm_hooks::PowerSGDState>(
-        ddp.process_group(), a.value("matrix_approximation_rank", int64_t{1}),
-        a.value("start_powerSGD_iter", int64_t{1000}), a.value("min_compression_rate", 2.0),
-        a.value("use_error_feedback", true), a.value("warm_start", true), a.value("orthogonalization_epsilon", 0.0),
-        a.value("random_seed", uint32_t{0}), a.value("batch_tensors_with_same_shape", false));
+    // Python's defaults are PowerSGDOptions' own: only what the case sets is passed on.
+    comm_hooks::PowerSGDOptions options;
+    if (a.contains("matrix_approximation_rank")) options.matrix_approximation_rank(a.at("matrix_approximation_rank"));
+    if (a.contains("start_powerSGD_iter")) options.start_powerSGD_iter(a.at("start_powerSGD_iter"));
+    if (a.contains("min_compression_rate")) options.min_compression_rate(a.at("min_compression_rate"));
+    if (a.contains("use_error_feedback")) options.use_error_feedback(a.at("use_error_feedback"));
+    if (a.contains("warm_start")) options.warm_start(a.at("warm_start"));
+    if (a.contains("orthogonalization_epsilon")) options.orthogonalization_epsilon(a.at("orthogonalization_epsilon"));
+    if (a.contains("random_seed")) options.random_seed(a.at("random_seed"));
+    if (a.contains("batch_tensors_with_same_shape"))
+      options.batch_tensors_with_same_shape(a.at("batch_tensors_with_same_shape"));
+    auto state = std::make_shared<comm_hooks::PowerSGDState>(ddp.process_group(), options);
     ddp.register_comm_hook(state, comm_hooks::powerSGD_hook, "powerSGD_hook");
   } else if (c.at("hook") == "post_localsgd") {
     const json& a = c.at("local_sgd");
@@ -361,8 +369,8 @@ Result train(const json& c, const std::string& dir, int rank, const std::string&
   };
   if (schedule == "join") {
     JoinOptions join_options;
-    join_options.throw_on_early_termination = j.at("throw");
-    join_options.divide_by_initial_world_size = j.at("divide_by_initial_world_size");
+    join_options.throw_on_early_termination(j.at("throw"));
+    join_options.divide_by_initial_world_size(j.at("divide_by_initial_world_size"));
     if (zero) {
       Join({ddp, *zero}, join_options).run(loop);  // Python: with Join([ddp, zero], ...)
     } else {

@@ -72,7 +72,7 @@ int ddp_equivalence(int steps, const std::string& reducer) {
   const int world = dist.world_size(), per_rank = 4;
   Net model = rank_seeded_net(dist.rank());
   DdpOptions options = small_buckets();
-  options.direct_gloo = reducer != "process-group";
+  options.direct_gloo(reducer != "process-group");
   DistributedDataParallel ddp(model, dist, options);  // the module holder, its type deduced
   Net reference = reference_copy(model);
   const double init_between = diff_vs_rank0(dist, ddp.parameters());
@@ -150,7 +150,7 @@ int unused_parameter(const std::string& how) {
   auto dist = Distributed::init();
   WithUnused model;
   DdpOptions o;
-  o.find_unused_parameters = how == "find";
+  o.find_unused_parameters(how == "find");
   DistributedDataParallel<WithUnusedImpl> ddp(model.ptr(), dist, o);
   torch::optim::SGD opt(ddp.parameters(), torch::optim::SGDOptions(0.1));
   for (int step = 0; step < 2; ++step) {
@@ -176,7 +176,7 @@ int peer_exits() {
   auto dist = Distributed::init();
   Net model = rank_seeded_net(0);
   DdpOptions o;
-  o.broadcast_buffers = false;
+  o.broadcast_buffers(false);
   DistributedDataParallel<NetImpl> ddp(model.ptr(), dist, o);
   torch::optim::SGD opt(ddp.parameters(), torch::optim::SGDOptions(0.1));
   auto [x, y] = global_batch(0, 1, 4);
@@ -426,7 +426,7 @@ int train(int steps, int stall_rank, int slow_rank, int slow_ms) {
   DdpOptions o;
   // No buffer broadcast: the others then wait in the gradient all-reduce, where the direct Gloo
   // reducer spins (busy polling) when the ranks fit the cores.
-  o.broadcast_buffers = false;
+  o.broadcast_buffers(false);
   DistributedDataParallel<NetImpl> ddp(model.ptr(), dist, o);
   torch::optim::SGD opt(ddp.parameters(), torch::optim::SGDOptions(0.01));
   auto [x, y] = global_batch(0, 1, 8);

@@ -35,8 +35,8 @@ TORCH_MODULE(Net);
 
 inline DdpOptions small_buckets() {
   DdpOptions o;
-  o.first_bucket_cap_bytes = 200;  // odd sizes: buckets close in the middle of layers' tensors
-  o.bucket_cap_bytes = 3000;
+  o.first_bucket_cap_bytes(200);  // odd sizes: buckets close in the middle of layers' tensors
+  o.bucket_cap_bytes(3000);
   return o;
 }
 
@@ -72,7 +72,7 @@ inline bool interop_on_cuda() {
 
 inline Distributed interop_init() {
   InitOptions options;
-  options.backend = interop_on_cuda() ? "auto" : "gloo";
+  options.backend(interop_on_cuda() ? "auto" : "gloo");
   return Distributed::init(options);
 }
 

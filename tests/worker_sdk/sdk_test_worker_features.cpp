@@ -80,8 +80,8 @@ int powersgd() {
   const auto side = static_cast<int64_t>(std::ceil(std::sqrt(static_cast<double>(total))));
   // Everything in one bucket, so that the batched hook's square holds all of it.
   DdpOptions one_bucket;
-  one_bucket.bucket_cap_bytes = 64u << 20;
-  one_bucket.first_bucket_cap_bytes = 64u << 20;
+  one_bucket.bucket_cap_bytes(64u << 20);
+  one_bucket.first_bucket_cap_bytes(64u << 20);
   struct Run {
     std::string name;
     bool batched;
@@ -100,7 +100,10 @@ int powersgd() {
     nets.push_back(reference_copy(base));
     ddps.push_back(std::make_unique<DistributedDataParallel<NetImpl>>(nets.back().ptr(), dist, one_bucket));
     // min_compression_rate 0: every matrix is compressed, vectors included.
-    states.push_back(std::make_shared<comm_hooks::PowerSGDState>(ddps.back()->process_group(), r.rank, 2, 0.0));
+    states.push_back(std::make_shared<comm_hooks::PowerSGDState>(
+        ddps.back()->process_group(),
+        comm_hooks::PowerSGDOptions().matrix_approximation_rank(r.rank).start_powerSGD_iter(2).min_compression_rate(
+            0)));
     ddps.back()->register_comm_hook(states.back(),
                                     r.batched ? comm_hooks::batched_powerSGD_hook : comm_hooks::powerSGD_hook,
                                     r.batched ? "batched_powerSGD_hook" : "powerSGD_hook");
@@ -131,7 +134,7 @@ int powersgd() {
   }
   std::string refused;
   try {
-    comm_hooks::PowerSGDState bad(plain.process_group(), 1, 1);
+    comm_hooks::PowerSGDState bad(plain.process_group(), comm_hooks::PowerSGDOptions().start_powerSGD_iter(1));
   } catch (const std::invalid_argument& e) {
     refused = e.what();
   }

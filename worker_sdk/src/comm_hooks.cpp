@@ -206,18 +206,16 @@ void finish_compressed_bucket(PowerSGDState& state, const c10d::GradBucket& buck
 
 }  // namespace
 
-PowerSGDState::PowerSGDState(ProcessGroupPtr group, int64_t rank, int64_t start_iter, double min_rate,
-                             bool error_feedback, bool warm, double epsilon, uint32_t random_seed,
-                             bool batch_same_shape)
+PowerSGDState::PowerSGDState(ProcessGroupPtr group, const PowerSGDOptions& options)
     : process_group(std::move(group)),
-      matrix_approximation_rank(rank),
-      start_powerSGD_iter(start_iter),
-      min_compression_rate(min_rate),
-      use_error_feedback(error_feedback),
-      warm_start(warm),
-      orthogonalization_epsilon(epsilon),
-      batch_tensors_with_same_shape(batch_same_shape),
-      rng(random_seed) {
+      matrix_approximation_rank(options.matrix_approximation_rank()),
+      start_powerSGD_iter(options.start_powerSGD_iter()),
+      min_compression_rate(options.min_compression_rate()),
+      use_error_feedback(options.use_error_feedback()),
+      warm_start(options.warm_start()),
+      orthogonalization_epsilon(options.orthogonalization_epsilon()),
+      batch_tensors_with_same_shape(options.batch_tensors_with_same_shape()),
+      rng(options.random_seed()) {
   if (!process_group) throw std::invalid_argument("PowerSGDState: process_group is null");
   if (matrix_approximation_rank < 1) {
     throw std::invalid_argument("PowerSGDState: matrix_approximation_rank must be at least 1, got " +

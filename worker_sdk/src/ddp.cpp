@@ -135,17 +135,17 @@ DdpCore::Impl::~Impl() {
 }
 
 size_t DdpCore::Impl::first_bucket_cap() const {
-  if (options.first_bucket_cap_bytes) return *options.first_bucket_cap_bytes;
+  if (options.first_bucket_cap_bytes()) return *options.first_bucket_cap_bytes();
 #if TORCH_VERSION_MAJOR >= 2
   // 2.x: bucket_cap_mb given -> the first bucket has the same cap.
-  return options.bucket_cap_bytes == kDefaultBucketCap ? kDefaultFirstBucketCap : options.bucket_cap_bytes;
+  return options.bucket_cap_bytes() == kDefaultBucketCap ? kDefaultFirstBucketCap : options.bucket_cap_bytes();
 #else
   return kDefaultFirstBucketCap;
 #endif
 }
 
 void DdpCore::Impl::construct(Distributed& dist) {
-  ignored.insert(options.params_and_buffers_to_ignore.begin(), options.params_and_buffers_to_ignore.end());
+  ignored.insert(options.params_and_buffers_to_ignore().begin(), options.params_and_buffers_to_ignore().end());
 
   // _build_params_for_reducer: parameters that require a gradient, module by module, once each.
   std::vector<at::Tensor> params;
@@ -170,14 +170,14 @@ void DdpCore::Impl::construct(Distributed& dist) {
 
   pg = dist.c10d_group();
 #ifdef DDPRUN_WORKER_DIRECT_GLOO
-  if (options.direct_gloo && dist.backend() == "gloo" && dist.world_size() > 1 &&
+  if (options.direct_gloo() && dist.backend() == "gloo" && dist.world_size() > 1 &&
       c10d::debug_level() != c10d::DebugLevel::Detail) {
     static std::atomic<int> instances{0};  // DDP objects are created in the same order on every rank
     // Auto: spin only when this node's ranks with their intra-op threads fit its CPUs, so a
     // spinning rank never takes a core from one that is still computing.
     const int threads_on_node = dist.env().local_world_size * std::max(1, at::get_num_threads());
-    const bool spin =
-        options.busy_poll == BusyPoll::On || (options.busy_poll == BusyPoll::Auto && threads_on_node <= usable_cpus());
+    const bool spin = options.busy_poll() == BusyPoll::On ||
+                      (options.busy_poll() == BusyPoll::Auto && threads_on_node <= usable_cpus());
     CollectiveWait connecting;
     comm = c10::make_intrusive<DdpCommGroup>(dist.process_group(), dist.store(),
                                              "ddprun/ddp/" + std::to_string(instances++) + "/", dist.timeout(), spin);
@@ -185,7 +185,7 @@ void DdpCore::Impl::construct(Distributed& dist) {
   }
 #endif
 
-  if (options.init_sync) {
+  if (options.init_sync()) {
     // _verify_param_shape_across_processes: every rank stops here, naming the first difference.
     verify_same_parameters(pg, params, parameter_names);
     // _sync_module_states: every parameter (requiring a gradient or not) and, on 1.x always and on
@@ -202,10 +202,10 @@ void DdpCore::Impl::construct(Distributed& dist) {
   // _ddp_init_helper: one bucket for the first iteration unless unused parameters are searched
   // for; the reducer rebuilds them in gradient order after it.
   std::vector<size_t> limits;
-  if (options.static_graph || !options.find_unused_parameters) {
+  if (options.static_graph() || !options.find_unused_parameters()) {
     limits = {static_cast<size_t>(LLONG_MAX)};  // sys.maxsize
   } else {
-    limits = {first_bucket_cap(), options.bucket_cap_bytes};
+    limits = {first_bucket_cap(), options.bucket_cap_bytes()};
   }
   auto [bucket_indices, bucket_limits] = c10d::compute_bucket_assignment_by_size(params, limits, expect_sparse);
   std::reverse(bucket_indices.begin(), bucket_indices.end());
@@ -214,12 +214,12 @@ void DdpCore::Impl::construct(Distributed& dist) {
   hook_accumulators(params);  // before the reducer's hooks: see on_gradient()
   reducer =
       make_reducer(params, std::move(bucket_indices), std::move(bucket_limits), pg, expect_sparse,
-                   static_cast<int64_t>(options.bucket_cap_bytes), options.find_unused_parameters,
-                   options.gradient_as_bucket_view, std::move(param_names), static_cast<int64_t>(first_bucket_cap()));
+                   static_cast<int64_t>(options.bucket_cap_bytes()), options.find_unused_parameters(),
+                   options.gradient_as_bucket_view(), std::move(param_names), static_cast<int64_t>(first_bucket_cap()));
   logger = std::make_shared<c10d::Logger>(reducer);
   reducer->set_logger(logger);
-  logger->set_construction_data_and_log(module->name(), {}, -1, options.broadcast_buffers,
-                                        /*has_sync_bn=*/false, options.static_graph);
+  logger->set_construction_data_and_log(module->name(), {}, -1, options.broadcast_buffers(),
+                                        /*has_sync_bn=*/false, options.static_graph());
   sink->reducer = reducer;
   {
     static std::atomic<int64_t> next_sink_id{1};
@@ -235,7 +235,7 @@ DdpCore::DdpCore(torch::nn::Module& module, Distributed& dist, const DdpOptions&
   impl_->options = options;
   try {
     impl_->construct(dist);
-    if (options.static_graph) set_static_graph();
+    if (options.static_graph()) set_static_graph();
   } catch (const c10::Error& e) {
     rethrow_clean(e);
   }
@@ -281,7 +281,7 @@ bool DdpCore::post_forward(std::vector<at::Tensor>& outputs) {
         std::lock_guard lock(s.mutex);
         s.expect_backward = true;
       }
-      if (s.options.find_unused_parameters && !s.static_graph) {
+      if (s.options.find_unused_parameters() && !s.static_graph) {
         s.reducer->prepare_for_backward(outputs);
       } else {
         s.reducer->prepare_for_backward({});
@@ -298,7 +298,7 @@ bool DdpCore::post_forward(std::vector<at::Tensor>& outputs) {
 #else
   const bool first_static = s.static_graph && s.num_iterations == 1;
 #endif
-  if (!((s.options.find_unused_parameters && !s.static_graph) || first_static)) return false;
+  if (!((s.options.find_unused_parameters() && !s.static_graph) || first_static)) return false;
   // Only outputs with a grad_fn are passed through, as Python keeps the others.
   std::vector<size_t> through;
   torch::autograd::variable_list inputs;

@@ -99,7 +99,7 @@ struct DdpCore::Impl : std::enable_shared_from_this<Impl> {
   }
 
   bool will_sync_module_buffers() const {
-    return require_forward_param_sync && options.broadcast_buffers && !buffers().empty();
+    return require_forward_param_sync && options.broadcast_buffers() && !buffers().empty();
   }
 
   void sync_module_buffers(int src) {
@@ -182,7 +182,7 @@ struct DdpCore::Impl : std::enable_shared_from_this<Impl> {
   // Whether _sync_module_states broadcasts the buffers: on 1.x always, on 2.x with broadcast_buffers.
   bool states_with_buffers() const {
 #if TORCH_VERSION_MAJOR >= 2
-    return options.broadcast_buffers;
+    return options.broadcast_buffers();
 #else
     return true;
 #endif

@@ -47,7 +47,7 @@ class DdpJoinHook final : public JoinHook {
           if (f->hasError()) std::rethrow_exception(f->exception_ptr());
         }
       }
-      if (s.options.find_unused_parameters) {  // the others' map of used parameters
+      if (s.options.find_unused_parameters()) {  // the others' map of used parameters
         std::vector<at::Tensor> tensors{s.reducer->get_local_used_map_on_device()};
         CollectiveWait waiting;
         s.pg->allreduce(tensors)->wait();
@@ -76,7 +76,7 @@ class DdpJoinHook final : public JoinHook {
 }  // namespace
 
 std::unique_ptr<JoinHook> DdpCore::join_hook(const JoinOptions& options) {
-  return std::make_unique<DdpJoinHook>(impl_, options.divide_by_initial_world_size);
+  return std::make_unique<DdpJoinHook>(impl_, options.divide_by_initial_world_size());
 }
 
 torch::Device DdpCore::device() const { return impl_->device(); }

@@ -105,15 +105,15 @@ Distributed Distributed::init(const WorkerEnv& env, const InitOptions& options) 
   c10d::setDebugLevelFromEnvironment();  // TORCH_DISTRIBUTED_DEBUG, as importing torch.distributed does
   Distributed d;
   d.env_ = env;
-  d.timeout_ = options.timeout;
-  std::string backend = options.backend;
+  d.timeout_ = options.timeout();
+  std::string backend = options.backend();
   if (backend == "auto") backend = torch::cuda::is_available() ? "nccl" : "gloo";
   if (backend != "gloo" && backend != "nccl") {
-    throw std::invalid_argument("unknown backend '" + options.backend + "': use auto, gloo or nccl");
+    throw std::invalid_argument("unknown backend '" + options.backend() + "': use auto, gloo or nccl");
   }
 #ifndef DDPRUN_WORKER_NCCL
   if (backend == "nccl") {
-    if (options.backend == "nccl") {
+    if (options.backend() == "nccl") {
       throw std::invalid_argument("backend 'nccl' needs a ddprun worker SDK built against a CUDA LibTorch with NCCL");
     }
     backend = "gloo";
@@ -126,7 +126,7 @@ Distributed Distributed::init(const WorkerEnv& env, const InitOptions& options) 
 
   c10::intrusive_ptr<c10d::Store> store;
   if (env.launched) {
-    c10d::TCPStoreOptions opts = tcp_store_client_options(static_cast<uint16_t>(env.master_port), options.timeout);
+    c10d::TCPStoreOptions opts = tcp_store_client_options(static_cast<uint16_t>(env.master_port), options.timeout());
     opts.numWorkers = static_cast<size_t>(env.world_size);
     try {
       store = c10::make_intrusive<c10d::TCPStore>(env.master_addr, opts);
@@ -146,7 +146,7 @@ Distributed Distributed::init(const WorkerEnv& env, const InitOptions& options) 
   CollectiveWait joining;  // from here on this rank waits for the others
 
   if (backend == "nccl") d.device_ = torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(env.local_rank));
-  d.pg_ = make_group(backend, pg_store, env.rank, env.world_size, options.timeout);
+  d.pg_ = make_group(backend, pg_store, env.rank, env.world_size, options.timeout());
 #ifdef DDPRUN_WORKER_NCCL
   if (auto nccl = c10::dynamic_intrusive_pointer_cast<c10d::ProcessGroupNCCL>(d.pg_)) {
     d.nccl_shutdown_ = std::shared_ptr<void>(nullptr, [nccl](void*) {
@@ -168,7 +168,7 @@ Distributed Distributed::init(const WorkerEnv& env, const InitOptions& options) 
     // As Python's _create_process_group_wrapper: a helper Gloo group checks each collective first.
     auto helper_store = c10::make_intrusive<c10d::PrefixStore>(
         "pg_wrapper:0", c10::make_intrusive<c10d::PrefixStore>("default_pg", store));
-    auto helper_opts = c10d::ProcessGroupGloo::Options::create(options.timeout);
+    auto helper_opts = c10d::ProcessGroupGloo::Options::create(options.timeout());
     helper_opts->devices.push_back(detail::make_gloo_device());
     auto helper = c10::make_intrusive<c10d::ProcessGroupGloo>(helper_store, env.rank, env.world_size, helper_opts);
     d.pg_ = c10::make_intrusive<c10d::ProcessGroupWrapper>(d.pg_, helper);
@@ -177,7 +177,8 @@ Distributed Distributed::init(const WorkerEnv& env, const InitOptions& options) 
   d.pg_->setSequenceNumberForGroup();
   d.c10d_group_ = as_c10d_group(d.pg_, pg_store, d.device_);
   if (env.launched) {
-    store_based_barrier(*c10::make_intrusive<c10d::PrefixStore>("default_pg", store), env.world_size, options.timeout);
+    store_based_barrier(*c10::make_intrusive<c10d::PrefixStore>("default_pg", store), env.world_size,
+                        options.timeout());
   }
   progress();
   return d;

@@ -26,7 +26,7 @@ Join::Join(std::vector<std::reference_wrapper<Joinable>> joinables, JoinOptions 
   for (Joinable& j : joinables_) hooks_.push_back(j.join_hook(options_));
   bool first = true;
   for (Joinable& j : joinables_) {
-    j.join_config_ = JoinConfig{options_.enable, options_.throw_on_early_termination, first};
+    j.join_config_ = JoinConfig{options_.enable(), options_.throw_on_early_termination(), first};
     first = false;
   }
   // Python requires one process group; here DDP's (its direct Gloo path) and a ZeRO optimizer's
@@ -47,7 +47,7 @@ Join::Join(std::vector<std::reference_wrapper<Joinable>> joinables, JoinOptions 
 }
 
 Join::~Join() {
-  if (finished_ || !options_.enable || std::uncaught_exceptions() > uncaught_at_start_) return;
+  if (finished_ || !options_.enable() || std::uncaught_exceptions() > uncaught_at_start_) return;
   try {
     finish();
   } catch (const std::exception& e) {
@@ -67,7 +67,7 @@ double Join::all_reduce_one(double value) {
 void Join::finish() {
   if (finished_) return;
   finished_ = true;
-  if (!options_.enable) return;
+  if (!options_.enable()) return;
   bool is_last_joiner = true;
   for (int i = 0;; ++i) {
     if (i == kSkewWarning + 1) {
@@ -79,7 +79,7 @@ void Join::finish() {
     }
     // Matches the notifying all-reduce of the ranks still training.
     if (all_reduce_one(0) == 0) break;
-    if (options_.throw_on_early_termination) {
+    if (options_.throw_on_early_termination()) {
       all_reduce_one(1);  // matches their check, which then throws
       throw std::runtime_error("Rank " + std::to_string(process_group_->getRank()) + " exhausted all inputs.");
     }

@@ -22,17 +22,17 @@ namespace ddprun::worker::qat {
 
 QConfig default_qat_qconfig(const std::string& engine) {
   QConfig q;
-  q.weight.dtype = at::kQInt8;
-  q.weight.quant_min = -128;
-  q.weight.quant_max = 127;
-  q.weight.symmetric = true;
+  q.weight.dtype(at::kQInt8);
+  q.weight.quant_min(-128);
+  q.weight.quant_max(127);
+  q.weight.symmetric(true);
   if (engine == "qnnpack") return q;
   if (engine == "fbgemm" || engine == "x86" || engine == "onednn") {
-    q.weight.per_channel = true;
-    q.weight.ch_axis = 0;
+    q.weight.per_channel(true);
+    q.weight.ch_axis(0);
     if (engine != "onednn") {  // fbgemm's and x86's kernels want 7-bit activations
-      q.activation.reduce_range = true;
-      q.activation.quant_max = 127;
+      q.activation.reduce_range(true);
+      q.activation.quant_max(127);
     }
     return q;
   }
@@ -67,7 +67,7 @@ int64_t qparams_bytes(const at::Tensor& scale) { return scale.numel() * 16; }  /
 
 ObserverImpl::ObserverImpl(const FakeQuantizeOptions& options) {
   eps = register_buffer("eps", torch::tensor({std::numeric_limits<float>::epsilon()}, torch::kFloat));
-  if (options.per_channel) {
+  if (options.per_channel()) {
     min_val = register_buffer("min_val", torch::empty({0}, torch::kFloat));
     max_val = register_buffer("max_val", torch::empty({0}, torch::kFloat));
   } else {
@@ -77,9 +77,9 @@ ObserverImpl::ObserverImpl(const FakeQuantizeOptions& options) {
 }
 
 FakeQuantizeImpl::FakeQuantizeImpl(FakeQuantizeOptions options) : options_(options) {
-  if (options_.quant_min > options_.quant_max) {
-    throw std::invalid_argument("FakeQuantize: quant_min " + std::to_string(options_.quant_min) + " > quant_max " +
-                                std::to_string(options_.quant_max));
+  if (options_.quant_min() > options_.quant_max()) {
+    throw std::invalid_argument("FakeQuantize: quant_min " + std::to_string(options_.quant_min()) + " > quant_max " +
+                                std::to_string(options_.quant_max()));
   }
   fake_quant_enabled = register_buffer("fake_quant_enabled", torch::tensor({int64_t{1}}, torch::kLong));
   observer_enabled = register_buffer("observer_enabled", torch::tensor({int64_t{1}}, torch::kLong));
@@ -91,8 +91,8 @@ FakeQuantizeImpl::FakeQuantizeImpl(FakeQuantizeOptions options) : options_(optio
 at::Tensor FakeQuantizeImpl::forward(const at::Tensor& x) {
   return at::fused_moving_avg_obs_fake_quant(
       x, observer_enabled, fake_quant_enabled, activation_post_process->min_val, activation_post_process->max_val,
-      scale, zero_point, options_.averaging_constant, options_.quant_min, options_.quant_max,
-      options_.per_channel ? options_.ch_axis : -1, options_.per_channel, options_.symmetric);
+      scale, zero_point, options_.averaging_constant(), options_.quant_min(), options_.quant_max(),
+      options_.per_channel() ? options_.ch_axis() : -1, options_.per_channel(), options_.symmetric());
 }
 
 std::pair<at::Tensor, at::Tensor> FakeQuantizeImpl::calculate_qparams() const {
@@ -110,17 +110,17 @@ std::pair<at::Tensor, at::Tensor> FakeQuantizeImpl::calculate_qparams() const {
   if (!at::all(min_val <= max_val).item<bool>()) {
     throw std::runtime_error("FakeQuantize: an observer's min_val exceeds its max_val");
   }
-  const int64_t qmin = options_.quant_min, qmax = options_.quant_max;
+  const int64_t qmin = options_.quant_min(), qmax = options_.quant_max();
   const at::Tensor min_val_neg = at::min(min_val, at::zeros_like(min_val));
   at::Tensor max_val_pos = at::max(max_val, at::zeros_like(max_val));
   at::Tensor q_scale = at::ones(min_val_neg.sizes(), at::kFloat);
   at::Tensor q_zero_point = at::zeros(min_val_neg.sizes(), at::kLong);
   const at::Tensor& eps = activation_post_process->eps;
-  if (options_.symmetric) {
+  if (options_.symmetric()) {
     max_val_pos = at::max(-min_val_neg, max_val_pos);
     q_scale = max_val_pos / (static_cast<double>(qmax - qmin) / 2);
     q_scale = at::max(q_scale, eps);
-    if (options_.dtype == at::kQUInt8) q_zero_point = at::full(q_zero_point.sizes(), (qmin + qmax) / 2, at::kLong);
+    if (options_.dtype() == at::kQUInt8) q_zero_point = at::full(q_zero_point.sizes(), (qmin + qmax) / 2, at::kLong);
   } else {
     q_scale = (max_val_pos - min_val_neg) / static_cast<double>(qmax - qmin);
     q_scale = at::max(q_scale, eps);
@@ -134,11 +134,11 @@ std::pair<at::Tensor, at::Tensor> FakeQuantizeImpl::calculate_qparams() const {
 
 at::Tensor FakeQuantizeImpl::quantize_weight(const at::Tensor& w) const {
   const auto [q_scale, q_zero_point] = calculate_qparams();
-  if (options_.per_channel) {
-    return at::quantize_per_channel(w, q_scale.to(at::kDouble), q_zero_point.to(at::kLong), options_.ch_axis,
-                                    options_.dtype);
+  if (options_.per_channel()) {
+    return at::quantize_per_channel(w, q_scale.to(at::kDouble), q_zero_point.to(at::kLong), options_.ch_axis(),
+                                    options_.dtype());
   }
-  return at::quantize_per_tensor(w, q_scale.item<double>(), q_zero_point.item<int64_t>(), options_.dtype);
+  return at::quantize_per_tensor(w, q_scale.item<double>(), q_zero_point.item<int64_t>(), options_.dtype());
 }
 
 void FakeQuantizeImpl::enable_observer(bool on) { observer_enabled.fill_(on ? 1 : 0); }
@@ -149,7 +149,7 @@ QuantStubImpl::QuantStubImpl(const QConfig& qconfig) {
 }
 
 at::Tensor QuantStubImpl::forward(const at::Tensor& x) {
-  if (converted_) return at::quantize_per_tensor(x, scale_, zero_point_, activation_post_process->options().dtype);
+  if (converted_) return at::quantize_per_tensor(x, scale_, zero_point_, activation_post_process->options().dtype());
   return activation_post_process(x);
 }
 

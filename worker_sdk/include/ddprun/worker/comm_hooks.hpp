@@ -15,6 +15,7 @@
 // ones, register_comm_hook(comm_hooks::Builtin::fp16_compress).
 
 #include <ATen/core/ivalue.h>
+#include <torch/arg.h>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/csrc/distributed/c10d/comm.hpp>
 
@@ -52,13 +53,24 @@ TensorFuture bf16_compress_hook(const ProcessGroupPtr& group, c10d::GradBucket& 
 // Python's PowerSGDState's; so are the random start of Q (numpy's RandomState(random_seed)
 // drawing a torch seed, which std::mt19937 reproduces), the order of the collectives and the
 // arithmetic, so that the same model, data and seed give the same parameters as Python's hook.
+//
+// PowerSGDState's constructor arguments after the process group, with Python's defaults, set as
+// LibTorch's options are: PowerSGDOptions().matrix_approximation_rank(2).start_powerSGD_iter(10).
+struct PowerSGDOptions {
+  TORCH_ARG(int64_t, matrix_approximation_rank) = 1;
+  TORCH_ARG(int64_t, start_powerSGD_iter) = 1000;
+  TORCH_ARG(double, min_compression_rate) = 2;
+  TORCH_ARG(bool, use_error_feedback) = true;
+  TORCH_ARG(bool, warm_start) = true;
+  TORCH_ARG(double, orthogonalization_epsilon) = 0;
+  TORCH_ARG(uint32_t, random_seed) = 0;
+  TORCH_ARG(bool, batch_tensors_with_same_shape) = false;
+};
+
 struct PowerSGDState {
   // Throws std::invalid_argument, as Python's constructor raises ValueError, when error feedback
   // or warm start is on and start_powerSGD_iter <= 1 (DDP rebuilds its buckets after iteration 1).
-  explicit PowerSGDState(ProcessGroupPtr process_group, int64_t matrix_approximation_rank = 1,
-                         int64_t start_powerSGD_iter = 1000, double min_compression_rate = 2,
-                         bool use_error_feedback = true, bool warm_start = true, double orthogonalization_epsilon = 0,
-                         uint32_t random_seed = 0, bool batch_tensors_with_same_shape = false);
+  explicit PowerSGDState(ProcessGroupPtr process_group, const PowerSGDOptions& options = {});
 
   ProcessGroupPtr process_group;
   int64_t matrix_approximation_rank;
@@ -88,7 +100,7 @@ struct PowerSGDState {
 using PowerSGDStatePtr = std::shared_ptr<PowerSGDState>;
 
 // powerSGD_hook: layer by layer; vectors (and matrices not worth it) are all-reduced as they are.
-// Register it with ddp.register_comm_hook(std::make_shared<PowerSGDState>(...), powerSGD_hook,
+// Register it with ddp.register_comm_hook(std::make_shared<PowerSGDState>(group, options), powerSGD_hook,
 // "powerSGD_hook"). Its collectives run one after another on the autograd thread that calls it.
 TensorFuture powerSGD_hook(const PowerSGDStatePtr& state, c10d::GradBucket& bucket);
 // batched_powerSGD_hook: the whole bucket as one square matrix (zero-padded). Faster, coarser.

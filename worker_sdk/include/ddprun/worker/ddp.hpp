@@ -20,6 +20,7 @@
 // threads.
 
 #include <c10/util/Logging.h>
+#include <torch/arg.h>
 #include <torch/csrc/distributed/c10d/comm.hpp>
 #include <torch/nn/module.h>
 #include <torch/nn/pimpl.h>
@@ -48,41 +49,42 @@ enum class BusyPoll {
   Off,   // sleep in recv
 };
 
-// Python DDP's constructor arguments, with its defaults.
+// Python DDP's constructor arguments, with its defaults, set as LibTorch's options are:
+// DdpOptions().find_unused_parameters(true).bucket_cap_bytes(50 << 20).
 struct DdpOptions {
   // bucket_cap_mb, in bytes.
-  size_t bucket_cap_bytes = 25u << 20;
+  TORCH_ARG(size_t, bucket_cap_bytes) = 25u << 20;
   // The first bucket's cap after the rebuild (Python: torch.distributed._DEFAULT_FIRST_BUCKET_BYTES,
   // 1 MiB). Unset: as the release's Python DDP does: 1 MiB on 1.x; on 2.x 1 MiB with the default
   // bucket_cap_bytes and bucket_cap_bytes otherwise (what Python 2.x does when bucket_cap_mb is given).
-  std::optional<size_t> first_bucket_cap_bytes;
+  TORCH_ARG(std::optional<size_t>, first_bucket_cap_bytes);
   // Walk the autograd graph from the forward's outputs after each forward and mark the parameters
   // it does not reach as ready. A parameter unused on every rank keeps its gradient as it was
   // (undefined stays undefined, so optimizers skip it); one unused on some ranks gets the average.
   // Without it, a parameter that gets no gradient is an error at the next forward, naming it.
-  bool find_unused_parameters = false;
+  TORCH_ARG(bool, find_unused_parameters) = false;
   // Broadcast rank 0's buffers (e.g. BatchNorm statistics) before each forward whose backward
   // reduces gradients (and, on 2.x, at construction only when true).
-  bool broadcast_buffers = true;
+  TORCH_ARG(bool, broadcast_buffers) = true;
   // Gradients are views into the buckets from the second iteration on: no copy, and the
   // gradients' memory once rather than twice. Zero them in place (set_to_none false) to keep it.
-  bool gradient_as_bucket_view = false;
+  TORCH_ARG(bool, gradient_as_bucket_view) = false;
   // The set of used parameters and the order of their gradients never changes: the first
   // iteration records it, later ones rely on it. Makes a module run twice per forward (or
   // reentrant backward) work, and finds unused parameters without walking the graph.
-  bool static_graph = false;
+  TORCH_ARG(bool, static_graph) = false;
   // Check every rank's parameter shapes and broadcast rank 0's parameters and buffers at
   // construction (PyTorch 2.7's init_sync).
-  bool init_sync = true;
+  TORCH_ARG(bool, init_sync) = true;
   // Fully qualified names ("fc1.weight", "bn.running_mean") of parameters and buffers DDP neither
   // synchronises nor reduces (Python's _set_params_and_buffers_to_ignore_for_model).
-  std::vector<std::string> params_and_buffers_to_ignore;
+  TORCH_ARG(std::vector<std::string>, params_and_buffers_to_ignore);
   // With the Gloo backend, sum CPU float/double buckets over the SDK's direct Gloo ring instead of
   // the process group's queue (see the file comment). Costs one extra set of connections per DDP
   // object. Off for TORCH_DISTRIBUTED_DEBUG=DETAIL, whose checked process group then does them.
-  bool direct_gloo = true;
+  TORCH_ARG(bool, direct_gloo) = true;
   // With direct_gloo: whether the waiting training thread spins (see BusyPoll).
-  BusyPoll busy_poll = BusyPoll::Auto;
+  TORCH_ARG(BusyPoll, busy_poll) = BusyPoll::Auto;
 };
 
 namespace detail {

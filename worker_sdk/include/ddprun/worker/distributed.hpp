@@ -18,6 +18,7 @@
 // init() sets SIGPIPE to ignored when it is at its default, as the Python interpreter does, so a
 // rank whose peer has gone gets an error from the collective instead of being killed by the signal.
 
+#include <torch/arg.h>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 #include <torch/types.h>
@@ -45,11 +46,12 @@ using CommGroup = c10d::Backend;
 using CommGroup = c10d::ProcessGroup;
 #endif
 
+// Set as LibTorch's options are: Distributed::init(InitOptions().backend("gloo").timeout(std::chrono::minutes(5))).
 struct InitOptions {
   // "auto" (NCCL on GPU when available, else Gloo), "gloo" or "nccl".
-  std::string backend = "auto";
+  TORCH_ARG(std::string, backend) = "auto";
   // Store and collective timeout.
-  std::chrono::milliseconds timeout{std::chrono::minutes(30)};
+  TORCH_ARG(std::chrono::milliseconds, timeout){std::chrono::minutes(30)};
 };
 
 class Distributed {

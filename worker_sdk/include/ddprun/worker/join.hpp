@@ -25,6 +25,7 @@
 // still notify (one small all-reduce each, on every rank alike) until a Join with enable = false
 // replaces it.
 
+#include <torch/arg.h>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/types.h>
 
@@ -34,15 +35,16 @@
 
 namespace ddprun::worker {
 
+// Set as LibTorch's options are: JoinOptions().throw_on_early_termination(true).
 struct JoinOptions {
   // false: the block runs as written (for inputs known to be even), no collective added.
-  bool enable = true;
+  TORCH_ARG(bool, enable) = true;
   // Throw on every rank once one rank runs out of inputs (divide_by_initial_world_size then has no
   // effect).
-  bool throw_on_early_termination = false;
+  TORCH_ARG(bool, throw_on_early_termination) = false;
   // DDP's join hook: divide the gradients by the world size the job started with (true), or by
   // the number of ranks not yet joined (false: the remaining ranks' samples weigh more).
-  bool divide_by_initial_world_size = true;
+  TORCH_ARG(bool, divide_by_initial_world_size) = true;
 };
 
 // What a joinable does once its rank has joined (Python's JoinHook).

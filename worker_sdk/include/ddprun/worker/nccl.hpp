@@ -4,7 +4,7 @@
 // id and publishes it in the job's store; every other rank reads it from there, then all call
 // ncclCommInitRank. Link ddprun::worker_nccl (built when nccl.h and the CUDA runtime are found).
 //
-//   auto dist = Distributed::init({.backend = "gloo"});   // store + a CPU group for the rest
+//   auto dist = Distributed::init(InitOptions().backend("gloo"));  // store + a CPU group for the rest
 //   auto nccl = NcclCommunicator::create(dist);
 //   nccl->all_reduce_sum(device_ptr, count);              // in place, on nccl->stream()
 //   nccl->synchronize();

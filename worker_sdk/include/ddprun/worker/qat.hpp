@@ -30,6 +30,7 @@
 // prepacked for the engine's kernels, outputs requantized with their activation observers'. The
 // model's own forward runs unchanged: each module runs its int8 form from then on.
 
+#include <torch/arg.h>
 #include <torch/nn/module.h>
 #include <torch/nn/modules/batchnorm.h>
 #include <torch/nn/modules/container/sequential.h>
@@ -45,15 +46,17 @@
 namespace ddprun::worker::qat {
 
 // One FusedMovingAvgObsFakeQuantize: a moving-average min/max observer and the fake quantization
-// its statistics give.
+// its statistics give. Set as LibTorch's options are: FakeQuantizeOptions().dtype(at::kQInt8).quant_min(-128).
 struct FakeQuantizeOptions {
-  at::ScalarType dtype = at::kQUInt8;
-  int64_t quant_min = 0, quant_max = 255;  // the range in use (reduce_range already applied)
-  bool reduce_range = false;
-  bool per_channel = false;  // per_channel_symmetric weights: along ch_axis
-  int64_t ch_axis = 0;
-  bool symmetric = false;
-  double averaging_constant = 0.01;
+  TORCH_ARG(at::ScalarType, dtype) = at::kQUInt8;
+  // The range in use (reduce_range already applied).
+  TORCH_ARG(int64_t, quant_min) = 0;
+  TORCH_ARG(int64_t, quant_max) = 255;
+  TORCH_ARG(bool, reduce_range) = false;
+  TORCH_ARG(bool, per_channel) = false;  // per_channel_symmetric weights: along ch_axis
+  TORCH_ARG(int64_t, ch_axis) = 0;
+  TORCH_ARG(bool, symmetric) = false;
+  TORCH_ARG(double, averaging_constant) = 0.01;
 };
 
 struct QConfig {
