@@ -307,13 +307,16 @@ std::string usage_text() {
       out << " (default: " << shown << ")";
     out << "\n";
   }
-  out << "  -h, --help\n      show this help (--help=markdown: the flags as a Markdown table)\n"
+  out << "  -h, --help\n      show this help (--help=markdown: the flags and the --rdzv_conf keys as Markdown tables)\n"
          "  --version\n      print the version\n\n"
          "--rdzv_conf keys (KEY=VALUE,...; a near miss of one is an error, other keys are ignored with a warning):\n";
   for (const RdzvConfKey& k : rdzv_conf_keys()) {
     out << "  " << k.name;
     if (*k.aliases != '\0') out << " (also " << k.aliases << ")";
-    out << "\n      " << k.meaning << "\n";
+    out << "\n      " << command_line::plain(k.help);
+    if (const std::string shown = command_line::plain(k.default_text()); !shown.empty())
+      out << " (default: " << shown << ")";
+    out << "\n";
   }
   out << "\n"
          "Exit status:\n"
@@ -340,8 +343,26 @@ std::string flag_table_markdown() {
            "\n";
   }
   out += command_line::markdown_row({"`-h`, `--help` / `--version`", "",
-                                     "every flag with its default (`--help=markdown`: this table) / the version"}) +
+                                     "every flag with its default (`--help=markdown`: these tables) / the version"}) +
          "\n";
+  out +=
+      "\n### `--rdzv_conf` keys\n\n"
+      "Every key torchrun 2.x accepts is either honoured or accepted with the meaning below; `ddprun --help`\n"
+      "lists them too. Booleans take `1/true/yes/on` or `0/false/no/off`.\n\n"
+      "| key (torchrun's other spellings) | default | meaning in ddprun |\n|---|---|---|\n";
+  for (const RdzvConfKey& k : rdzv_conf_keys()) {
+    std::string names = code(k.name);
+    if (*k.aliases != '\0') {
+      std::string others;
+      for (const std::string& alias : split(k.aliases, ',')) others += (others.empty() ? "" : ", ") + code(alias);
+      names += " (" + others + ")";
+    }
+    std::string meaning = k.help;
+    if (k.see) meaning += std::string("; see ") + k.see;
+    out += command_line::markdown_row(
+               {names, k.shown ? command_line::markdown_default(k.shown(LaunchOptions{})) : k.note, meaning}) +
+           "\n";
+  }
   return out;
 }
 

@@ -49,14 +49,23 @@ struct FlagDef {
   std::string default_text() const;
 };
 
-// A --rdzv_conf key: every key torchrun 2.x accepts, and ddprun's own.
+// A --rdzv_conf key: every key torchrun 2.x accepts, and ddprun's own. --help and the docs' table
+// of keys (--help=markdown) come from the rows, as the flags' do.
 struct RdzvConfKey {
   const char* name;     // canonical spelling
   const char* aliases;  // other spellings (torchrun's), comma-separated, or ""
   bool etcd_only;       // meaningful with --rdzv_backend etcd alone
-  const char* meaning;  // for --help and the docs
+  const char* help;     // what the key does, in `backticks` for names and values
+  // The default as shown, from default-constructed options; nullptr where `note` says it instead.
+  std::string (*shown)(const LaunchOptions& defaults);
+  const char* note;  // the default in words, "" for none
   // What the value does to the options; `where` ("--rdzv_conf KEY") names it in errors.
   void (*apply)(const std::string& where, const std::string& value, LaunchOptions& o);
+  // In the docs' table: where the key is explained at length (a Markdown link), or nullptr.
+  const char* see = nullptr;
+
+  // The default as --help and the docs state it.
+  std::string default_text() const;
 };
 
 // Every --rdzv_conf key, in --help order.
@@ -72,7 +81,7 @@ std::span<const FlagDef> flag_table();
 // or nullptr.
 const FlagDef* find_flag(const std::string& spelled);
 
-// `ddprun --help=markdown`: the flags as the Markdown table of docs/guide.md.
+// `ddprun --help=markdown`: the flags and the --rdzv_conf keys as the Markdown tables of docs/guide.md.
 std::string flag_table_markdown();
 
 }  // namespace ddprun::launcher::cli

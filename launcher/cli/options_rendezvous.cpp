@@ -18,47 +18,68 @@ using options_detail::lower;
 using options_detail::parse_bool;
 using options_detail::parse_int;
 using options_detail::parse_seconds;
+using options_detail::seconds_text;
 
 // Every --rdzv_conf key torchrun 2.x accepts, and ddprun's own, in --help order.
 constexpr RdzvConfKey kRdzvConfKeys[] = {
-    {"join_timeout", "timeout", false, "seconds a rendezvous may take before the node gives up (600)",
+    {"join_timeout", "timeout", false, "seconds a rendezvous may take before the node gives up",
+     [](const LaunchOptions& d) { return seconds_text(d.join_timeout); }, "",
      [](const std::string& where, const std::string& v, LaunchOptions& o) {
        o.join_timeout = parse_seconds(where, v, false);
      }},
-    {"last_call_timeout", "", false, "seconds an elastic rendezvous waits for more nodes once it has --nnodes MIN (30)",
+    {"last_call_timeout", "", false, "seconds an elastic rendezvous waits for more nodes once it has `--nnodes` MIN",
+     [](const LaunchOptions& d) { return seconds_text(d.last_call_timeout); }, "",
      [](const std::string& where, const std::string& v, LaunchOptions& o) {
        o.last_call_timeout = parse_seconds(where, v, false);
      }},
-    {"keep_alive_interval", "", false, "seconds between a node's keep-alives (5)",
+    {"keep_alive_interval", "", false, "seconds between a node's keep-alives",
+     [](const LaunchOptions& d) { return seconds_text(d.keep_alive_interval); }, "",
      [](const std::string& where, const std::string& v, LaunchOptions& o) {
        o.keep_alive_interval = parse_seconds(where, v, false);
      }},
-    {"keep_alive_max_attempt", "", false, "missed keep-alives after which a node is lost (3)",
+    {"keep_alive_max_attempt", "", false, "missed keep-alives after which a node is lost",
+     [](const LaunchOptions& d) { return std::to_string(d.keep_alive_max_attempt); }, "",
      [](const std::string& where, const std::string& v, LaunchOptions& o) {
        o.keep_alive_max_attempt = static_cast<int>(parse_int(where, v, 1, 1000, "a count >= 1"));
      }},
     {"heartbeat_timeout", "", false,
-     "seconds without keep-alives after which a node is lost: sets keep_alive_max_attempt to fit",
+     "seconds without keep-alives after which a node is lost: sets `keep_alive_max_attempt` to as many "
+     "intervals as fit",
+     nullptr, "",
      [](const std::string& where, const std::string& v, LaunchOptions& o) {
        o.heartbeat_timeout = parse_seconds(where, v, false);
      }},
-    {"read_timeout", "", false, "seconds one request to the rendezvous store may take (60)",
+    {"read_timeout", "", false,
+     "seconds one request to the rendezvous store may take (torchrun: the c10d backend's store reads)",
+     [](const LaunchOptions& d) { return seconds_text(d.rdzv_read_timeout); }, "",
      [](const std::string& where, const std::string& v, LaunchOptions& o) {
        o.rdzv_read_timeout = parse_seconds(where, v, false);
      }},
     {"store_reconnect_timeout", "", false,
-     "seconds a node keeps reconnecting to a ddprun-rendezvous daemon that keeps its state (--state-file) "
-     "after losing it, e.g. while it is restarted, before the job fails (30; 0: fail at once)",
+     "seconds a node keeps reconnecting to its rendezvous store (a `ddprun-rendezvous`, or node 0's ddprun) "
+     "after losing it, or after a request got no reply (a partition, a frozen host), before the job fails; "
+     "`0` fails at once. A store without `--state-file` that refuses the reconnection has ended and is not "
+     "waited for",
+     [](const LaunchOptions& d) { return seconds_text(d.store_reconnect_timeout); }, "",
      [](const std::string& where, const std::string& v, LaunchOptions& o) {
        o.store_reconnect_timeout = parse_seconds(where, v, true);
-     }},
+     },
+     "[Partitions](multi-node.md#partitions-and-frozen-hosts) and "
+     "[Restarting the daemon](operations.md#restarting-the-daemon-without-ending-jobs)"},
     {"is_host", "", false,
-     "with c10d: whether this node hosts the store at --rdzv_endpoint (default: when the endpoint is one of "
-     "this host's addresses); false makes it a client of another node's store or a daemon",
+     "with `c10d`: whether this node hosts the store at `--rdzv_endpoint`; `false` makes it a client (of another "
+     "node or a daemon); `true` makes a port already taken an error",
+     nullptr, "when the endpoint is one of this host's names or addresses",
      [](const std::string& where, const std::string& v, LaunchOptions& o) { o.rdzv_is_host = parse_bool(where, v); }},
-    {"close_timeout", "", false, "accepted (torchrun's wait for a closing round): ddprun's rounds close at once",
+    {"close_timeout", "", false,
+     "accepted and checked (a number of seconds): torchrun's wait for a closing round; ddprun's rounds close "
+     "at once",
+     nullptr, "",
      [](const std::string& where, const std::string& v, LaunchOptions&) { parse_seconds(where, v, false); }},
-    {"store_type", "", false, "accepted when 'tcp' (torchrun's default): the rendezvous store is ddprun's TCP store",
+    {"store_type", "", false,
+     "accepted when `tcp`: the rendezvous store is ddprun's TCP store; torchrun's `file` store has no "
+     "counterpart (error)",
+     nullptr, "`tcp`",
      [](const std::string& where, const std::string& v, LaunchOptions&) {
        if (lower(v) != "tcp") {
          bad(where,
@@ -68,9 +89,11 @@ constexpr RdzvConfKey kRdzvConfKeys[] = {
        }
      }},
     {"use_libuv", "", false,
-     "accepted (torchrun's choice of its store's event loop): the rendezvous store is ddprun's own",
-     [](const std::string& where, const std::string& v, LaunchOptions&) { parse_bool(where, v); }},
-    {"rank", "", false, "the node's rank, as --node_rank",
+     "accepted and checked (a boolean): torchrun's choice of its store's event loop; the rendezvous store is "
+     "ddprun's own",
+     nullptr, "", [](const std::string& where, const std::string& v, LaunchOptions&) { parse_bool(where, v); },
+     "[the Python hook](#pytorch-2x-and-debian-13) for the workers' client"},
+    {"rank", "", false, "the node's rank, as `--node_rank` (both given and different: an error)", nullptr, "",
      [](const std::string& where, const std::string& v, LaunchOptions& o) {
        const int rank = static_cast<int>(parse_int(where, v, 0, o.max_nodes - 1, "a node rank"));
        if (o.node_rank_given && rank != o.node_rank) {
@@ -79,31 +102,35 @@ constexpr RdzvConfKey kRdzvConfKeys[] = {
        o.node_rank = rank;
        o.node_rank_given = true;
      }},
-    {"token_file", "", false, "the rendezvous store's secret or this job's token (also DDPRUN_TOKEN_FILE)",
+    {"token_file", "", false, "the rendezvous store's secret or this job's token (also `DDPRUN_TOKEN_FILE`)", nullptr,
+     "",
      [](const std::string& where, const std::string& v, LaunchOptions& o) {
        if (v.empty()) bad(where, "the path of a file holding the secret", v);
        o.token_file = v;
-     }},
-    {"key_prefix", "etcd_prefix", true, "etcd: the prefix of the job's keys (/ddprun/)",
+     },
+     "[the threat model](multi-node.md#who-may-talk-to-a-store-the-threat-model)"},
+    {"key_prefix", "etcd_prefix", true, "etcd: the prefix of the job's keys",
+     [](const LaunchOptions& d) { return d.etcd.prefix; }, "",
      [](const std::string& where, const std::string& v, LaunchOptions& o) {
        if (v.empty()) bad(where, "a key prefix such as /ddprun/", v);
        o.etcd.prefix = v.back() == '/' ? v : v + "/";
      }},
-    {"lease_ttl", "", true, "etcd: seconds of the agents' leases (10)",
+    {"lease_ttl", "", true, "etcd: seconds of the agents' leases",
+     [](const LaunchOptions& d) { return std::to_string(d.etcd.lease_ttl.count()); }, "",
      [](const std::string& where, const std::string& v, LaunchOptions& o) {
        o.etcd.lease_ttl = std::chrono::seconds(parse_int(where, v, 2, 3600, "whole seconds from 2 to 3600"));
      }},
-    {"etcd_user", "", true, "etcd: user name (needs etcd_password_file)",
+    {"etcd_user", "", true, "etcd: user name (needs `etcd_password_file`)", nullptr, "",
      [](const std::string&, const std::string& v, LaunchOptions& o) { o.etcd.user = v; }},
-    {"etcd_password_file", "", true, "etcd: file holding the password",
+    {"etcd_password_file", "", true, "etcd: the file holding the password", nullptr, "",
      [](const std::string&, const std::string& v, LaunchOptions& o) { o.etcd.password_file = v; }},
-    {"etcd_ca_file", "cacert,ca_cert", true, "etcd: CA certificate (PEM)",
+    {"etcd_ca_file", "cacert,ca_cert", true, "etcd: CA certificate (PEM)", nullptr, "",
      [](const std::string&, const std::string& v, LaunchOptions& o) { o.etcd.ca_file = v; }},
-    {"etcd_cert_file", "cert,ssl_cert", true, "etcd: client certificate (PEM)",
+    {"etcd_cert_file", "cert,ssl_cert", true, "etcd: client certificate (PEM)", nullptr, "",
      [](const std::string&, const std::string& v, LaunchOptions& o) { o.etcd.cert_file = v; }},
-    {"etcd_key_file", "key,ssl_cert_key", true, "etcd: client key (PEM)",
+    {"etcd_key_file", "key,ssl_cert_key", true, "etcd: client key (PEM)", nullptr, "",
      [](const std::string&, const std::string& v, LaunchOptions& o) { o.etcd.key_file = v; }},
-    {"protocol", "", true, "etcd: http or https for endpoints given without a scheme",
+    {"protocol", "", true, "etcd: `http` or `https` for endpoints given without a scheme", nullptr, "",
      [](const std::string& where, const std::string& v, LaunchOptions& o) {
        if (v != "http" && v != "https") bad(where, "http or https", v);
        // torchrun's etcd backends: the scheme of endpoints given without one.
@@ -116,6 +143,8 @@ constexpr RdzvConfKey kRdzvConfKeys[] = {
 }  // namespace
 
 std::span<const RdzvConfKey> rdzv_conf_keys() { return kRdzvConfKeys; }
+
+std::string RdzvConfKey::default_text() const { return shown ? shown(LaunchOptions{}) : std::string(note); }
 
 const RdzvConfKey* find_rdzv_conf_key(const std::string& spelled) {
   for (const RdzvConfKey& k : kRdzvConfKeys) {
