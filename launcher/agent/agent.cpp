@@ -249,12 +249,14 @@ int Agent::finish(int round, const World& world, const RoundEnd& end, const Grou
       }
       const std::string report = format_failure_report(o_.program, failures, result.stopped_ranks);
       if (ConsoleWriter* err = consoles().err) err->write(report);
-      if (o_.max_restarts > 0) log::error("ddprun") << "giving up after " << o_.max_restarts << " restart(s)";
+      if (o_.max_restarts > 0 && restarts_ >= o_.max_restarts)
+        log::error("ddprun") << "giving up after " << o_.max_restarts << " restart(s)";
       break;
     }
     case RoundEnd::Kind::Hang:
       // The report is out already (show_hang_report).
-      if (o_.max_restarts > 0) log::error("ddprun") << "giving up after " << o_.max_restarts << " restart(s)";
+      if (o_.max_restarts > 0 && restarts_ >= o_.max_restarts)
+        log::error("ddprun") << "giving up after " << o_.max_restarts << " restart(s)";
       break;
   }
   // A lost node never leaves: give the others a few seconds to read the outcome, not the full wait.
@@ -341,8 +343,20 @@ int Agent::run() {
           backend_->unwatch();
           watching_ = false;
         }
-        const Decision d =
-            decide(end, RestartState{restarts_, o_.max_restarts, backend_->elastic(), stop_.signo(), result.signal});
+        const bool unkillable = !result.unkillable.empty();
+        const Decision d = decide(end, RestartState{restarts_, o_.max_restarts, backend_->elastic(), stop_.signo(),
+                                                    result.signal, unkillable});
+        if (unkillable && d.kind == Decision::Kind::Finish &&
+            decide(end, RestartState{restarts_, o_.max_restarts, backend_->elastic(), stop_.signo(), result.signal})
+                    .kind != Decision::Kind::Finish) {
+          log::error("ddprun") << "not "
+                               << (end.kind == RoundEnd::Kind::Failure || end.kind == RoundEnd::Kind::Hang
+                                       ? "restarting"
+                                       : "joining the next round")
+                               << ": " << result.unkillable.size()
+                               << " worker(s) of this node could not be stopped and still hold what new workers "
+                                  "would need; this node leaves the job";
+        }
         if (d.kind == Decision::Kind::Finish) {
           if (end.kind != RoundEnd::Kind::Hang)
             health(HealthEndpoint::Phase::Ending, "exit code " + std::to_string(d.exit_code));

@@ -65,9 +65,12 @@ Agent::Agent(const LaunchOptions& o, JobReport& report)
       base_env_(current_environment()),
       host_(host_name()),
       run_dir_(o),
-      supervisor_(
-          SupervisorSettings{o.shutdown_timeout, host_name(), multi_node_ ? o.node_rank : -1, 12, o.progress_interval},
-          &guard_),
+      supervisor_(SupervisorSettings{.shutdown_grace = o.shutdown_timeout,
+                                     .host = host_name(),
+                                     .node_rank = multi_node_ ? o.node_rank : -1,
+                                     .progress_interval = o.progress_interval,
+                                     .kill_wait = o.kill_timeout},
+                  &guard_),
       file_timer_(o.file_timer),
       capture_stacks_(o.hang_timeout.count() > 0 || file_timer_) {
   become_subreaper();

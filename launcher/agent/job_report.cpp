@@ -145,6 +145,7 @@ void JobReport::round_ended(const RoundEnd& end, const GroupResult& result) {
   std::sort(a.workers.begin(), a.workers.end(),
             [](const WorkerExit& x, const WorkerExit& y) { return x.rank < y.rank; });
   a.stopped_ranks = std::set<int>(result.stopped_ranks.begin(), result.stopped_ranks.end());
+  a.unkillable = result.unkillable;
   failures_ = result.failures;
 }
 
@@ -163,6 +164,21 @@ json JobReport::attempt_json(const Attempt& a) const {
     const bool failed = w.signal != 0 || w.exit_code != 0;
     const std::string state = a.stopped_ranks.count(w.rank) ? "stopped" : failed ? "failed" : "succeeded";
     workers.push_back(worker_json(w, state));
+  }
+  for (const auto& u : a.unkillable) {
+    WorkerExit e;
+    e.rank = u.rank;
+    e.local_rank = u.local_rank;
+    e.host = host_;
+    e.node_rank = a.world && a.world->group_world_size > 1 ? a.world->group_rank : -1;
+    e.pid = u.pid;
+    json j = worker_json(e, "unkillable");
+    j["exit_code"] = nullptr;
+    j["ended_at"] = nullptr;
+    j["process_state"] = std::string(1, u.state);
+    j["wchan"] = u.wchan.empty() ? json(nullptr) : json(u.wchan);
+    const auto at = std::find_if(workers.begin(), workers.end(), [&](const json& x) { return x["rank"] > u.rank; });
+    workers.insert(at, std::move(j));
   }
   json j = {{"round", a.round},
             {"restart", a.restart},

@@ -75,6 +75,7 @@ class JobReport {
     std::string outcome, detail;
     std::vector<WorkerExit> workers;  // this node's, in rank order
     std::set<int> stopped_ranks;
+    std::vector<workers::UnkillableWorker> unkillable;  // left behind after SIGKILL
   };
   nlohmann::json attempt_json(const Attempt& a) const;
   // The failed job's root cause; the other failures of this node go to `others`.

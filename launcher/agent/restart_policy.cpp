@@ -11,7 +11,7 @@ using workers::shell_exit_code;
 
 Decision decide(const RoundEnd& end, const RestartState& s) {
   const bool stopping = s.stop_signal != 0;
-  const bool may_restart = s.restarts < s.max_restarts && !stopping;
+  const bool may_restart = s.restarts < s.max_restarts && !stopping && !s.unkillable;
   switch (end.kind) {
     case RoundEnd::Kind::Success: return {Decision::Kind::Finish, 0};
     case RoundEnd::Kind::Signal: {
@@ -22,11 +22,12 @@ Decision decide(const RoundEnd& end, const RestartState& s) {
     case RoundEnd::Kind::NodeLost:
       // Elastic: the survivors go on without it if at least MIN of them rendezvous again. Static
       // membership cannot go on without that node.
-      if (s.elastic && !stopping) return {Decision::Kind::Rerendezvous, 0};
+      if (s.elastic && !stopping && !s.unkillable) return {Decision::Kind::Rerendezvous, 0};
       // A node stopped by a signal leaves (an elastic job goes on without it) with 128 + N.
       return {Decision::Kind::Finish, stopping ? 128 + s.stop_signal : 1};
     case RoundEnd::Kind::Membership:
       if (stopping) return {Decision::Kind::Finish, 128 + s.stop_signal};
+      if (s.unkillable) return {Decision::Kind::Finish, 1};
       return {Decision::Kind::Rerendezvous, 0};
     case RoundEnd::Kind::Failure:
       if (may_restart) return {Decision::Kind::Restart, 0};

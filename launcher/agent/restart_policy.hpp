@@ -24,6 +24,9 @@ struct RestartState {
   bool elastic = false;  // the backend lets the survivors go on without a lost node
   int stop_signal = 0;   // the signal that asked ddprun to stop; 0: none
   int group_signal = 0;  // the signal that stopped this node's group; 0: none
+  // Workers of this node that SIGKILL did not end (uninterruptible sleep) still hold what new ones
+  // would need (a GPU, its memory, ports): this node starts no more workers and leaves the job.
+  bool unkillable = false;
 };
 
 Decision decide(const RoundEnd& end, const RestartState& s);

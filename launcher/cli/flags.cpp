@@ -224,6 +224,13 @@ constexpr FlagDef kFlagTable[] = {
      [](const LaunchOptions& d) { return seconds_text(d.shutdown_timeout); }, "",
      [](const FlagInput& in, LaunchOptions& o) { o.shutdown_timeout = parse_seconds(in.flag, trim(in.text), true); },
      "TORCH_ELASTIC_SHUTDOWN_TIMEOUT"},
+    {"--kill_timeout", nullptr, "SECONDS",
+     "seconds a worker may take to exit after SIGKILL (tearing down a large address space or a GPU context takes "
+     "seconds) before ddprun reports it as unkillable (asleep in the kernel, state `D`: a hung driver, NFS or FUSE "
+     "server), leaves it behind, and ends without restarting on this node",
+     [](const LaunchOptions& d) { return seconds_text(d.kill_timeout); }, "",
+     [](const FlagInput& in, LaunchOptions& o) { o.kill_timeout = parse_seconds(in.flag, trim(in.text), false); },
+     nullptr, false, "[unkillable workers](#workers-that-sigkill-does-not-end)"},
     {"--virtual_local_rank", nullptr, nullptr,
      "each worker sees exactly one GPU and gets `LOCAL_RANK=0`, so no rank creates a context on GPU 0: in "
      "`CUDA_VISIBLE_DEVICES` on NVIDIA, `HIP_VISIBLE_DEVICES` on AMD (within `ROCR_VISIBLE_DEVICES`, left as it "

@@ -135,6 +135,7 @@ struct LaunchOptions {
   std::string local_addr;
   std::vector<int> signals_to_handle{SIGTERM, SIGINT, SIGHUP, SIGQUIT};  // signal numbers
   std::chrono::milliseconds shutdown_timeout{std::chrono::seconds(30)};
+  std::chrono::milliseconds kill_timeout{std::chrono::seconds(30)};  // after SIGKILL, before giving a worker up
   bool virtual_local_rank = false;
   NumaBinding numa_binding = NumaBinding::Off;  // --numa_binding
   std::string topology_root = "/";              // DDPRUN_TOPOLOGY_ROOT: where sys/ (and proc/driver/nvidia) are read

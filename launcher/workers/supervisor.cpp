@@ -13,6 +13,7 @@
 
 #include "common/errors.hpp"
 #include "common/log.hpp"
+#include "common/procfs.hpp"
 #include "common/system.hpp"
 #include "launcher/workers/console.hpp"
 #include "launcher/workers/signals.hpp"
@@ -71,7 +72,8 @@ Supervisor::Supervisor(SupervisorSettings settings, OrphanGuard* guard)
       grace_timer_(io_),
       drain_timer_(io_),
       progress_timer_(io_),
-      hold_timer_(io_) {
+      hold_timer_(io_),
+      kill_timer_(io_) {
   arm_sigchld();
 }
 
@@ -113,8 +115,7 @@ void Supervisor::on_signal(int signo) {
     maybe_finish();
   } else if (state_ == State::Stopping && signo == SIGINT && sigint_count_ >= 2) {
     log::warn("ddprun") << "second SIGINT: killing every worker now";
-    kill_all(SIGKILL);
-    killed_ = true;
+    kill_now();
   }
 }
 
@@ -147,8 +148,7 @@ void Supervisor::begin_stop(int signo, GroupOutcome outcome) {
       log::warn("ddprun") << alive << " worker(s) still running after the "
                           << static_cast<double>(settings_.shutdown_grace.count()) / 1000.0
                           << "s grace: sending SIGKILL";
-      kill_all(SIGKILL);
-      killed_ = true;
+      kill_now();
     }
   });
   report_stop_progress();
@@ -178,6 +178,45 @@ void Supervisor::report_stop_progress() {
     if (!killed_) line << " of " << seconds_text(settings_.shutdown_grace) << ", then SIGKILL";
     report_stop_progress();
   });
+}
+
+void Supervisor::kill_now() {
+  kill_all(SIGKILL);
+  if (killed_) return;  // the wait runs from the first SIGKILL
+  killed_ = true;
+  kill_timer_.expires_after(settings_.kill_wait);
+  kill_timer_.async_wait([this](const boost::system::error_code& ec) {
+    if (!ec) give_up_unkillable();
+  });
+}
+
+void Supervisor::give_up_unkillable() {
+  reap();  // one that has just ended is an exit, not a process left behind
+  bool gave_up = false;
+  for (auto& w : workers_) {
+    if (w->exited) continue;
+    const auto st = procfs::read_stat(w->pid);
+    if (st && st->state == 'Z') continue;  // dead, its exit status on its way (SIGCHLD)
+    UnkillableWorker u{w->launch.rank, w->launch.local_rank, w->pid, st ? st->state : '?',
+                       procfs::wait_channel(w->pid)};
+    auto line = log::error("ddprun");
+    line << "worker rank " << u.rank << " (pid " << u.pid << ") did not exit " << seconds_text(settings_.kill_wait)
+         << " after SIGKILL: it is " << procfs::state_name(u.state);
+    if (!u.wchan.empty()) line << " in the kernel's " << u.wchan;
+    line << ", a wait no signal ends (a hung GPU driver, an NFS or FUSE server that does not answer, RDMA). "
+            "ddprun leaves it behind and does not start workers here again; what it holds (GPU memory, "
+            "ports, files) stays held until the kernel lets it go, which may take a reboot of this host";
+    result_.unkillable.push_back(std::move(u));
+    // Given up: no longer waited for, nor its output (it holds the pipes open).
+    w->exited = true;
+    if (guard_) guard_->forget_group(w->pid);
+    boost::system::error_code ignored;
+    if (w->out_open) w->out_pipe.close(ignored);
+    if (w->err_open) w->err_pipe.close(ignored);
+    w->out_open = w->err_open = false;
+    gave_up = true;
+  }
+  if (gave_up) maybe_finish();
 }
 
 void Supervisor::kill_all(int signo) {
@@ -329,6 +368,7 @@ void Supervisor::maybe_finish() {
   grace_timer_.cancel();
   progress_timer_.cancel();
   hold_timer_.cancel();
+  kill_timer_.cancel();
   // The tails are complete now: attach them to the failures.
   for (auto& f : result_.failures) {
     for (auto& w : workers_) {

@@ -55,12 +55,24 @@ enum class GroupOutcome {
   StoppedByRequest,  // request_stop() was called (e.g. another node failed)
 };
 
+// A worker that SIGKILL did not end within SupervisorSettings::kill_wait: asleep in the kernel where
+// no signal reaches it (uninterruptible sleep, "D": a hung GPU driver, an NFS or FUSE server that does
+// not answer, RDMA). ddprun leaves it behind rather than wait for it without end.
+struct UnkillableWorker {
+  int rank = -1;
+  int local_rank = -1;
+  pid_t pid = -1;
+  char state = '?';   // /proc/<pid>/stat's state when ddprun gave up on it
+  std::string wchan;  // the kernel function it sleeps in, "" when unknown
+};
+
 struct GroupResult {
   GroupOutcome outcome = GroupOutcome::Succeeded;
-  std::vector<WorkerExit> failures;  // in order of occurrence
-  std::vector<int> stopped_ranks;    // ranks ddprun terminated
-  std::vector<WorkerExit> exits;     // every worker's end (one that could not start included), in order
-  int signal = 0;                    // for Signalled
+  std::vector<WorkerExit> failures;          // in order of occurrence
+  std::vector<int> stopped_ranks;            // ranks ddprun terminated
+  std::vector<WorkerExit> exits;             // every worker's end (one that could not start included), in order
+  int signal = 0;                            // for Signalled
+  std::vector<UnkillableWorker> unkillable;  // left behind, still alive, after SIGKILL
 };
 
 struct SupervisorSettings {
@@ -77,6 +89,9 @@ struct SupervisorSettings {
   // rank that failed because a peer went away (a collective's "Connection closed by peer") often
   // ends before that peer does: the peer's own failure in that time comes first in the report.
   std::chrono::milliseconds stop_signal_hold{std::chrono::seconds(1)};
+  // After SIGKILL: how long a worker may take to exit (a large address space or a GPU context takes
+  // seconds to tear down) before it is reported as unkillable and left behind (--kill_timeout).
+  std::chrono::milliseconds kill_wait{std::chrono::seconds(30)};
 };
 
 class Supervisor {
@@ -128,6 +143,9 @@ class Supervisor {
   void begin_stop(int signo, GroupOutcome outcome);
   void report_stop_progress();
   void kill_all(int signo);
+  // SIGKILL to every worker left, and the kill_wait after which those still alive are given up.
+  void kill_now();
+  void give_up_unkillable();
   void maybe_finish();
   void set_state(State state) {
     state_ = state;
@@ -143,6 +161,7 @@ class Supervisor {
   boost::asio::steady_timer drain_timer_;
   boost::asio::steady_timer progress_timer_;
   boost::asio::steady_timer hold_timer_;
+  boost::asio::steady_timer kill_timer_;
   std::vector<WorkerExit> held_;  // failures waiting for the verdict, in order
   std::chrono::steady_clock::time_point stop_began_;
   int stop_signo_ = 0;

@@ -83,6 +83,16 @@ TEST(RestartPolicyTest, AHangRestartsLikeAFailureThenExitsWith124) {
   EXPECT_EQ(decide(end_of(RoundEnd::Kind::Hang), {.restarts = 1, .max_restarts = 1}), finish(124));
 }
 
+// pytorch#185414: workers SIGKILL could not end (uninterruptible sleep) still hold their GPU and
+// ports; new workers on this node would compete with them, so the node finishes instead.
+TEST(RestartPolicyTest, UnkillableWorkersEndTheNodesPartWhateverTheRestartsLeft) {
+  EXPECT_EQ(decide(failure(3), {.max_restarts = 5, .unkillable = true}), finish(3));
+  EXPECT_EQ(decide(end_of(RoundEnd::Kind::Hang), {.max_restarts = 5, .unkillable = true}), finish(kHangExitCode));
+  EXPECT_EQ(decide(end_of(RoundEnd::Kind::NodeLost), {.elastic = true, .unkillable = true}), finish(1));
+  EXPECT_EQ(decide(end_of(RoundEnd::Kind::Membership), {.elastic = true, .unkillable = true}), finish(1));
+  EXPECT_EQ(decide(end_of(RoundEnd::Kind::Success), {.unkillable = true}), finish(0));
+}
+
 TEST(RestartPolicyTest, LosingTheStoreEndsTheJobWithOneEvenWithRestartsLeft) {
   EXPECT_EQ(decide(end_of(RoundEnd::Kind::StoreLost), {.max_restarts = 3, .elastic = true}), finish(1));
 }

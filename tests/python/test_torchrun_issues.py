@@ -216,6 +216,69 @@ class TorchrunElasticIssues(unittest.TestCase):
         self.assertIsNone(report["root_cause"], "rank 0 lost its peer: it is not the cause")
 
 
+class UnkillableWorker(unittest.TestCase):
+    """pytorch#185414: a worker asleep in the kernel (state D: a hung GPU driver, NFS, RDMA) ignores
+    SIGKILL. torchrun's agent waits for it without end (an unbounded proc.join()/wait()) and never
+    exits. ddprun gives it --kill_timeout after SIGKILL, reports it, does not restart, and exits."""
+
+    def setUp(self):
+        self.work = tempfile.mkdtemp(prefix="ddprun-dstate-")
+        self.mnt = os.path.join(self.work, "mnt")
+        os.mkdir(self.mnt)
+        self.marker = os.path.join(self.work, "read-arrived")
+        self.server = subprocess.Popen([sys.executable, os.path.join(HERE, "stuck_fuse.py"), self.mnt, self.marker],
+                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        first = self.server.stdout.readline()
+        if first.strip() != "mounted":
+            err = self.server.communicate(timeout=30)[1]
+            shutil.rmtree(self.work, ignore_errors=True)
+            if self.server.returncode == 77:
+                self.skipTest(f"no FUSE mount here: {err.strip()}")
+            self.fail(f"stuck_fuse.py did not mount: {err}")
+
+    def tearDown(self):
+        # The server's end aborts the connection: the stuck read fails and the pending SIGKILL lands.
+        self.server.kill()
+        self.server.wait()
+        stuck = worker_pids(self.work, "stuck")
+        gone = wait_until_gone(stuck, 30)
+        subprocess.run(["umount", "-l", self.mnt], capture_output=True)
+        shutil.rmtree(self.work, ignore_errors=True)
+        self.assertEqual(gone, [], "the stuck worker did not end once its file server went away")
+
+    def test_pytorch_185414_a_worker_that_sigkill_cannot_end_is_reported_and_ddprun_exits(self):
+        report_file = os.path.join(self.work, "report.json")
+        argv = [DDPRUN, "--nproc_per_node", "2", "--max_restarts", "2", "--shutdown_timeout", "1",
+                "--kill_timeout", "2", "--report_file", report_file, os.path.join(HERE, "stuck_worker.py"),
+                os.path.join(self.mnt, "stuck"), self.marker, self.work]
+        ddprun = subprocess.Popen(argv, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        try:
+            output = ddprun.communicate(timeout=180)[0]
+        except subprocess.TimeoutExpired:
+            ddprun.kill()
+            output = ddprun.communicate()[0]
+            self.fail(f"ddprun waited without end for a worker SIGKILL cannot end:\n{output[-4000:]}")
+        stuck = worker_pids(self.work, "stuck")
+        self.assertEqual(len(stuck), 1, output)
+        # The scenario really is one SIGKILL cannot end: the worker outlives ddprun, asleep in the kernel.
+        with open(f"/proc/{stuck[0]}/stat") as f:
+            self.assertEqual(f.read().split(")")[-1].split()[0], "D", "the worker is not in uninterruptible sleep")
+        self.assertEqual(ddprun.returncode, 3, output[-4000:])  # rank 1's failure, the root cause
+        self.assertIn(f"worker rank 0 (pid {stuck[0]}) did not exit 2s after SIGKILL", output)
+        self.assertIn("uninterruptible", output)
+        self.assertIn("not restarting", output)
+        self.assertNotIn("restarting the worker group", output)
+        with open(report_file) as f:
+            report = json.load(f)
+        self.assertEqual(report["restarts"], 0, report)
+        workers = {w["rank"]: w for w in report["attempts"][-1]["workers"]}
+        self.assertEqual(workers[0]["state"], "unkillable", report)
+        self.assertEqual(workers[0]["pid"], stuck[0], report)
+        self.assertEqual(workers[0]["process_state"], "D", report)
+        self.assertEqual(workers[1]["state"], "failed", report)
+        self.assertEqual(report["root_cause"]["rank"], 1, report)
+
+
 if __name__ == "__main__":
     DDPRUN = os.path.abspath(sys.argv.pop(1))
     unittest.main(verbosity=2)
