@@ -124,57 +124,59 @@ std::string run_bounded(const std::vector<std::string>& argv, std::chrono::stead
 
 int stack_signal() { return SIGRTMIN + 7; }
 
-RankStacks capture_stacks(pid_t pid, pid_t group, const std::vector<pid_t>& tree, const std::string& stack_dir,
-                          std::chrono::milliseconds limit) {
-  RankStacks s;
-  // Python: signal every armed process of the tree, then collect what each wrote.
+namespace {
+
+// Python: signal every armed process of the worker's tree (faulthandler writes its tracebacks to
+// its file in the stack directory), then collect what each wrote.
+void python_stacks(pid_t group, const std::vector<pid_t>& tree, const std::string& stack_dir,
+                   std::chrono::milliseconds limit, RankStacks& s) {
   struct Armed {
     pid_t pid;
     std::string file;
     off_t before;
   };
   std::vector<Armed> armed;
-  if (!stack_dir.empty()) {
-    for (pid_t p : tree) {
-      const std::string file = stack_dir + "/python." + std::to_string(p) + ".txt";
-      const off_t size = file_size(file);
-      if (size < 0) continue;
-      auto st = procfs::read_stat(p);
-      if (!st || st->pgid != group) continue;  // not (or no longer) a process of this worker
-      if (::kill(p, stack_signal()) == 0) armed.push_back({p, file, size});
-    }
+  for (pid_t p : tree) {
+    const std::string file = stack_dir + "/python." + std::to_string(p) + ".txt";
+    const off_t size = file_size(file);
+    if (size < 0) continue;
+    auto st = procfs::read_stat(p);
+    if (!st || st->pgid != group) continue;  // not (or no longer) a process of this worker
+    if (::kill(p, stack_signal()) == 0) armed.push_back({p, file, size});
   }
-  if (!armed.empty()) {
-    // faulthandler writes from its signal handler, in one go: wait until every file has grown and
-    // stopped growing.
-    const auto deadline = std::chrono::steady_clock::now() + limit;
-    std::vector<off_t> last(armed.size(), -1);
-    int stable_rounds = 0;
-    while (std::chrono::steady_clock::now() < deadline && stable_rounds < 2) {
-      std::this_thread::sleep_for(
-          std::chrono::milliseconds(50));  // sleep override: polling a file another process writes
-      bool all_grown = true, unchanged = true;
-      for (size_t i = 0; i < armed.size(); ++i) {
-        const off_t now = file_size(armed[i].file);
-        all_grown = all_grown && now > armed[i].before;
-        unchanged = unchanged && now == last[i];
-        last[i] = now;
-      }
-      stable_rounds = all_grown && unchanged ? stable_rounds + 1 : 0;
+  if (armed.empty()) return;
+  // faulthandler writes from its signal handler, in one go: wait until every file has grown and
+  // stopped growing.
+  const auto deadline = std::chrono::steady_clock::now() + limit;
+  std::vector<off_t> last(armed.size(), -1);
+  int stable_rounds = 0;
+  while (std::chrono::steady_clock::now() < deadline && stable_rounds < 2) {
+    std::this_thread::sleep_for(
+        std::chrono::milliseconds(50));  // sleep override: polling a file another process writes
+    bool all_grown = true, unchanged = true;
+    for (size_t i = 0; i < armed.size(); ++i) {
+      const off_t now = file_size(armed[i].file);
+      all_grown = all_grown && now > armed[i].before;
+      unchanged = unchanged && now == last[i];
+      last[i] = now;
     }
-    for (const Armed& a : armed) {
-      std::string text = read_from(a.file, a.before);
-      if (text.empty()) {
-        s.problems.push_back("Python process " + std::to_string(a.pid) + " did not write its tracebacks within " +
-                             std::to_string(static_cast<double>(limit.count()) / 1000.0).substr(0, 4) +
-                             " s (busy in code that holds off signals?)");
-        continue;
-      }
-      if (armed.size() > 1 || a.pid != group) s.python += "Process " + std::to_string(a.pid) + ":\n";
-      s.python += text;
-    }
+    stable_rounds = all_grown && unchanged ? stable_rounds + 1 : 0;
   }
-  // Native frames of the worker's main process.
+  for (const Armed& a : armed) {
+    std::string text = read_from(a.file, a.before);
+    if (text.empty()) {
+      s.problems.push_back("Python process " + std::to_string(a.pid) + " did not write its tracebacks within " +
+                           std::to_string(static_cast<double>(limit.count()) / 1000.0).substr(0, 4) +
+                           " s (busy in code that holds off signals?)");
+      continue;
+    }
+    if (armed.size() > 1 || a.pid != group) s.python += "Process " + std::to_string(a.pid) + ":\n";
+    s.python += text;
+  }
+}
+
+// Native frames of the worker's main process, by eu-stack or else gdb, bounded by `limit`.
+void native_stacks(pid_t pid, std::chrono::milliseconds limit, RankStacks& s) {
   std::vector<std::string> argv;
   if (std::string tool = find_on_path("eu-stack"); !tool.empty()) {
     s.native_tool = "eu-stack";
@@ -184,7 +186,7 @@ RankStacks capture_stacks(pid_t pid, pid_t group, const std::vector<pid_t>& tree
     argv = {gdb, "-nx", "-batch", "-p", std::to_string(pid), "-ex", "thread apply all bt"};
   } else {
     s.problems.push_back("no native stacks: neither eu-stack (apt install elfutils) nor gdb is installed");
-    return s;
+    return;
   }
   try {
     bool timed_out = false;
@@ -196,6 +198,15 @@ RankStacks capture_stacks(pid_t pid, pid_t group, const std::vector<pid_t>& tree
   } catch (const std::exception& e) {
     s.problems.push_back(s.native_tool + ": " + e.what());
   }
+}
+
+}  // namespace
+
+RankStacks capture_stacks(pid_t pid, pid_t group, const std::vector<pid_t>& tree, const std::string& stack_dir,
+                          std::chrono::milliseconds limit) {
+  RankStacks s;
+  if (!stack_dir.empty()) python_stacks(group, tree, stack_dir, limit, s);
+  native_stacks(pid, limit, s);
   return s;
 }
 

@@ -167,36 +167,69 @@ bool Watchdog::cpu_progress(Rank& r, Clock::time_point now) {
   return used >= kBusyShare * secs(now - then);
 }
 
+Watchdog::PageReading Watchdog::read_page(Rank& r, Clock::time_point now) {
+  PageReading p;
+  // The page outlives the worker: its last counts are read even after it exited.
+  if (!r.page) return p;
+  const uint64_t beats = r.page->beats.load(std::memory_order_relaxed);
+  const uint64_t steps = r.page->steps.load(std::memory_order_relaxed);
+  p.waiting = r.page->waiting_since_ns.load(std::memory_order_relaxed) != 0;
+  p.moved = beats != r.beats || steps != r.steps;
+  r.reports = r.reports || beats > 0 || steps > 0;
+  r.beats = beats;
+  r.steps = steps;
+  if (r.reports && p.moved) {
+    // When the last step ended, by the worker's clock (CLOCK_MONOTONIC, steady_clock's): exact
+    // rates whatever the sampling period.
+    const uint64_t at_ns = r.page->last_step_ns.load(std::memory_order_relaxed);
+    const auto at = at_ns ? Clock::time_point(std::chrono::nanoseconds(at_ns)) : now;
+    const uint64_t first_ns = r.page->first_step_ns.load(std::memory_order_relaxed);
+    if (!r.rates.started() && first_ns != 0) {
+      // The first step is the run's origin, so even a run shorter than a tick has its rate.
+      r.rates.sample(Clock::time_point(std::chrono::nanoseconds(first_ns)), 1,
+                     r.page->first_step_wait_ns.load(std::memory_order_relaxed), true);
+    }
+    r.rates.sample(at, steps, r.page->wait_ns.load(std::memory_order_relaxed), true);
+  }
+  return p;
+}
+
+bool Watchdog::sample_store(Clock::time_point now) {
+  bool changed = false;
+  const uint64_t changes = tap_->changes.load(std::memory_order_relaxed);
+  if (changes != store_changes_) {
+    store_changes_ = changes;
+    changed = true;
+  }
+  std::map<int, int64_t> beats;
+  {
+    std::lock_guard lock(tap_->mutex);
+    beats = tap_->heartbeats;
+  }
+  if (!beats.empty() && !heartbeat_mode_) {
+    heartbeat_mode_ = true;
+    log::info("ddprun") << "ranks heartbeat through the worker store (ddprun/progress/<rank>): their CPU time is no "
+                           "longer taken for progress";
+  }
+  for (const auto& [rank, count] : beats) {
+    auto& seen = heartbeats_seen_[rank];
+    if (seen != count) {
+      seen = count;
+      for (auto& r : ranks_) {
+        if (r->w.rank == rank) r->last_progress = now;
+      }
+    }
+    heartbeat_rates_[rank].sample(now, static_cast<uint64_t>(std::max<int64_t>(count, 0)), 0, false);
+  }
+  return changed;
+}
+
 bool Watchdog::sample(Clock::time_point now) {
   bool progressed = false;
   for (auto& rp : ranks_) {
     Rank& r = *rp;
     if (r.pid <= 0) continue;
-    bool moved = false;
-    bool waiting = false;
-    // The page outlives the worker: its last counts are read even after it exited.
-    if (r.page) {
-      const uint64_t beats = r.page->beats.load(std::memory_order_relaxed);
-      const uint64_t steps = r.page->steps.load(std::memory_order_relaxed);
-      waiting = r.page->waiting_since_ns.load(std::memory_order_relaxed) != 0;
-      moved = beats != r.beats || steps != r.steps;
-      r.reports = r.reports || beats > 0 || steps > 0;
-      r.beats = beats;
-      r.steps = steps;
-      if (r.reports && moved) {
-        // When the last step ended, by the worker's clock (CLOCK_MONOTONIC, steady_clock's): exact
-        // rates whatever the sampling period.
-        const uint64_t at_ns = r.page->last_step_ns.load(std::memory_order_relaxed);
-        const auto at = at_ns ? Clock::time_point(std::chrono::nanoseconds(at_ns)) : now;
-        const uint64_t first_ns = r.page->first_step_ns.load(std::memory_order_relaxed);
-        if (!r.rates.started() && first_ns != 0) {
-          // The first step is the run's origin, so even a run shorter than a tick has its rate.
-          r.rates.sample(Clock::time_point(std::chrono::nanoseconds(first_ns)), 1,
-                         r.page->first_step_wait_ns.load(std::memory_order_relaxed), true);
-        }
-        r.rates.sample(at, steps, r.page->wait_ns.load(std::memory_order_relaxed), true);
-      }
-    }
+    auto [moved, waiting] = read_page(r, now);
     if (!r.exited) {
       const auto st = procfs::read_stat(r.pid);
       r.exited = !st || st->state == 'Z' || st->state == 'X';
@@ -208,33 +241,7 @@ bool Watchdog::sample(Clock::time_point now) {
       progressed = true;
     }
   }
-  if (tap_) {
-    const uint64_t changes = tap_->changes.load(std::memory_order_relaxed);
-    if (changes != store_changes_) {
-      store_changes_ = changes;
-      progressed = true;
-    }
-    std::map<int, int64_t> beats;
-    {
-      std::lock_guard lock(tap_->mutex);
-      beats = tap_->heartbeats;
-    }
-    if (!beats.empty() && !heartbeat_mode_) {
-      heartbeat_mode_ = true;
-      log::info("ddprun") << "ranks heartbeat through the worker store (ddprun/progress/<rank>): their CPU time is no "
-                             "longer taken for progress";
-    }
-    for (const auto& [rank, count] : beats) {
-      auto& seen = heartbeats_seen_[rank];
-      if (seen != count) {
-        seen = count;
-        for (auto& r : ranks_) {
-          if (r->w.rank == rank) r->last_progress = now;
-        }
-      }
-      heartbeat_rates_[rank].sample(now, static_cast<uint64_t>(std::max<int64_t>(count, 0)), 0, false);
-    }
-  }
+  if (tap_ && sample_store(now)) progressed = true;
   return progressed;
 }
 

@@ -119,6 +119,15 @@ class Watchdog {
   void run();
   // One tick's readings; true if any rank of this node made progress.
   bool sample(std::chrono::steady_clock::time_point now);
+  // A rank's progress page: whether its beats or steps moved since the last tick (its step rates
+  // sampled), and whether it waits in a collective now.
+  struct PageReading {
+    bool moved = false;
+    bool waiting = false;
+  };
+  PageReading read_page(Rank& r, std::chrono::steady_clock::time_point now);
+  // The worker store's changes and the ranks' heartbeats through it; true if the store changed.
+  bool sample_store(std::chrono::steady_clock::time_point now);
   void copy_membership();
   void pulse(std::chrono::steady_clock::time_point now, bool progressed);
   void publish_rates(std::chrono::steady_clock::time_point now, bool final);

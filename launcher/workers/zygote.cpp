@@ -137,9 +137,7 @@ std::string Zygote::receive(std::chrono::milliseconds timeout) {
   return msg;
 }
 
-bool Zygote::ready(std::chrono::milliseconds timeout) {
-  if (ready_known_) return ready_;
-  const auto deadline = Clock::now() + timeout;
+bool Zygote::accept_zygote(Clock::time_point deadline, std::chrono::milliseconds timeout) {
   while (!sock_) {
     pollfd fds[3] = {{listen_fd_.get(), POLLIN, 0}, {out_fd_.get(), POLLIN, 0}, {err_fd_.get(), POLLIN, 0}};
     retry_eintr([&] { return ::poll(fds, 3, remaining_ms(deadline)); });
@@ -167,18 +165,42 @@ bool Zygote::ready(std::chrono::milliseconds timeout) {
       return false;
     }
   }
+  return true;
+}
+
+std::string Zygote::await_answer(Clock::time_point deadline, std::chrono::milliseconds timeout) {
+  for (;;) {
+    // Import warnings are relayed while the imports run.
+    pollfd fds[3] = {{sock_.get(), POLLIN, 0}, {out_fd_.get(), POLLIN, 0}, {err_fd_.get(), POLLIN, 0}};
+    retry_eintr([&] { return ::poll(fds, 3, remaining_ms(deadline)); });
+    if (fds[1].revents) relay_output(out_fd_);
+    if (fds[2].revents) relay_output(err_fd_);
+    if (fds[0].revents) break;
+    if (Clock::now() >= deadline) throw ProcessError("the imports took longer than " + seconds_text(timeout));
+  }
+  return receive(std::chrono::seconds(1));
+}
+
+void Zygote::drain_output() {
+  // What it printed before it went quiet (its stdio is /dev/null now): read to the end, bounded.
+  const auto drain_until = Clock::now() + std::chrono::seconds(1);
+  while ((out_fd_ || err_fd_) && Clock::now() < drain_until) {
+    pollfd fds[2] = {{out_fd_.get(), POLLIN, 0}, {err_fd_.get(), POLLIN, 0}};
+    retry_eintr([&] { return ::poll(fds, 2, remaining_ms(drain_until)); });
+    if (fds[0].revents) relay_output(out_fd_);
+    if (fds[1].revents) relay_output(err_fd_);
+  }
+  out_fd_.reset();
+  err_fd_.reset();
+}
+
+bool Zygote::ready(std::chrono::milliseconds timeout) {
+  if (ready_known_) return ready_;
+  const auto deadline = Clock::now() + timeout;
+  if (!accept_zygote(deadline, timeout)) return false;
   json answer;
   try {
-    for (;;) {
-      // Import warnings are relayed while the imports run.
-      pollfd fds[3] = {{sock_.get(), POLLIN, 0}, {out_fd_.get(), POLLIN, 0}, {err_fd_.get(), POLLIN, 0}};
-      retry_eintr([&] { return ::poll(fds, 3, remaining_ms(deadline)); });
-      if (fds[1].revents) relay_output(out_fd_);
-      if (fds[2].revents) relay_output(err_fd_);
-      if (fds[0].revents) break;
-      if (Clock::now() >= deadline) throw ProcessError("the imports took longer than " + seconds_text(timeout));
-    }
-    answer = json::parse(receive(std::chrono::seconds(1)), nullptr, false);
+    answer = json::parse(await_answer(deadline, timeout), nullptr, false);
   } catch (const ProcessError& e) {
     fail(e.what());
     return false;
@@ -190,16 +212,7 @@ bool Zygote::ready(std::chrono::milliseconds timeout) {
     return false;
   }
   import_seconds_ = answer.value("seconds", 0.0);
-  // What it printed before it went quiet (its stdio is /dev/null now): read to the end, bounded.
-  const auto drain_until = Clock::now() + std::chrono::seconds(1);
-  while ((out_fd_ || err_fd_) && Clock::now() < drain_until) {
-    pollfd fds[2] = {{out_fd_.get(), POLLIN, 0}, {err_fd_.get(), POLLIN, 0}};
-    retry_eintr([&] { return ::poll(fds, 2, remaining_ms(drain_until)); });
-    if (fds[0].revents) relay_output(out_fd_);
-    if (fds[1].revents) relay_output(err_fd_);
-  }
-  out_fd_.reset();
-  err_fd_.reset();
+  drain_output();
   ready_known_ = ready_ = true;
   return true;
 }

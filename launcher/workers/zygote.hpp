@@ -53,6 +53,12 @@ class Zygote {
   // stderr; false when its pipes are closed.
   void relay_output(UniqueFd& fd);
   std::string receive(std::chrono::milliseconds timeout);
+  // The steps of ready(): the interpreter's connection (checked to come from the zygote's pid),
+  // relaying its output meanwhile; its answer once the imports are done (throws ProcessError); what
+  // it printed before it went quiet.
+  bool accept_zygote(std::chrono::steady_clock::time_point deadline, std::chrono::milliseconds timeout);
+  std::string await_answer(std::chrono::steady_clock::time_point deadline, std::chrono::milliseconds timeout);
+  void drain_output();
 
   std::string socket_path_;
   OrphanGuard* guard_;

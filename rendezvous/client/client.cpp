@@ -143,6 +143,61 @@ void Client::learn_durability_locked(Clock::time_point deadline) {
 
 std::string Client::next_once_token() { return token_prefix_ + std::to_string(++token_seq_); }
 
+void Client::open_socket_locked(Clock::time_point deadline, bool refused_is_final, std::string& last_error) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* res = nullptr;
+  const int gai = ::getaddrinfo(options_.host.c_str(), std::to_string(options_.port).c_str(), &hints, &res);
+  if (gai != 0) {
+    last_error = std::string("cannot resolve host: ") + ::gai_strerror(gai);
+    return;
+  }
+  // Every address the name has (IPv6 and IPv4). An attempt lasts a few seconds at most: the
+  // kernel's SYN retries back off to many seconds, and a fresh attempt gets through as soon as a
+  // path to the store is back (a healed partition).
+  const auto attempt_deadline = std::min(deadline, Clock::now() + kConnectAttempt);
+  bool refused = false;
+  for (addrinfo* ai = res; ai != nullptr && !fd_; ai = ai->ai_next) {
+    int err = 0;
+    fd_ = try_connect(ai, attempt_deadline, err);
+    if (!fd_) last_error = std::strerror(err);
+    refused = refused || (!fd_ && err == ECONNREFUSED);
+  }
+  ::freeaddrinfo(res);
+  if (!fd_ && refused && refused_is_final) {
+    throw ConnectionError("store " + endpoint() + " refused the connection (nothing listens there any more)");
+  }
+}
+
+void Client::handshake_locked(Clock::time_point deadline) {
+  if (options_.dialect == Dialect::Legacy) return;  // 1.13 has no handshake
+  // 2.x handshake: VALIDATE (no reply), then PING, whose echo proves a store is listening, then
+  // (one round trip for both) ddprun's AUTH_HELLO.
+  std::string hello = request(Op::Validate);
+  put_u32(hello, kValidateMagic);
+  const uint32_t nonce = static_cast<uint32_t>(::getpid());
+  hello += request(Op::Ping);
+  put_u32(hello, nonce);
+  const std::string client_nonce = options_.negotiate_auth ? random_nonce() : std::string();
+  if (options_.negotiate_auth) {
+    hello += request(Op::AuthHello);
+    put_u32(hello, kAuthVersion);
+    put_bytes(hello, options_.credentials ? std::string_view(options_.credentials->scope) : std::string_view());
+    put_bytes(hello, client_nonce);
+  }
+  const auto hello_deadline = std::max(deadline, Clock::now() + std::chrono::seconds(5));
+  send_locked(hello, hello_deadline, "handshake");
+  char echo[4];
+  recv_locked(echo, 4, hello_deadline, "handshake");
+  if (load_u32(echo) != nonce) {
+    close_locked();
+    throw ProtocolError("the server at " + endpoint() + " answered PING with a wrong nonce; is it a store?");
+  }
+  if (options_.negotiate_auth) prove_locked(client_nonce, hello_deadline);
+  learn_durability_locked(hello_deadline);
+}
+
 void Client::connect_locked(std::optional<Clock::time_point> until, bool refused_is_final) {
   const auto start = Clock::now();
   const auto deadline = until.value_or(start + options_.connect_timeout);
@@ -153,57 +208,10 @@ void Client::connect_locked(std::optional<Clock::time_point> until, bool refused
   std::string last_error = "no attempt made";
   for (;;) {
     ++attempts;
-    addrinfo hints{};
-    hints.ai_family = AF_UNSPEC;
-    hints.ai_socktype = SOCK_STREAM;
-    addrinfo* res = nullptr;
-    const int gai = ::getaddrinfo(options_.host.c_str(), std::to_string(options_.port).c_str(), &hints, &res);
-    if (gai != 0) {
-      last_error = std::string("cannot resolve host: ") + ::gai_strerror(gai);
-    } else {
-      // Every address the name has (IPv6 and IPv4). An attempt lasts a few seconds at most: the
-      // kernel's SYN retries back off to many seconds, and a fresh attempt gets through as soon as
-      // a path to the store is back (a healed partition).
-      const auto attempt_deadline = std::min(deadline, Clock::now() + kConnectAttempt);
-      bool refused = false;
-      for (addrinfo* ai = res; ai != nullptr && !fd_; ai = ai->ai_next) {
-        int err = 0;
-        fd_ = try_connect(ai, attempt_deadline, err);
-        if (!fd_) last_error = std::strerror(err);
-        refused = refused || (!fd_ && err == ECONNREFUSED);
-      }
-      ::freeaddrinfo(res);
-      if (!fd_ && refused && refused_is_final) {
-        throw ConnectionError("store " + endpoint() + " refused the connection (nothing listens there any more)");
-      }
-    }
+    open_socket_locked(deadline, refused_is_final, last_error);
     if (fd_) {
       try {
-        if (options_.dialect == Dialect::Legacy) return;  // 1.13 has no handshake
-        // 2.x handshake: VALIDATE (no reply), then PING, whose echo proves a store is listening,
-        // then (one round trip for both) ddprun's AUTH_HELLO.
-        std::string hello = request(Op::Validate);
-        put_u32(hello, kValidateMagic);
-        const uint32_t nonce = static_cast<uint32_t>(::getpid());
-        hello += request(Op::Ping);
-        put_u32(hello, nonce);
-        const std::string client_nonce = options_.negotiate_auth ? random_nonce() : std::string();
-        if (options_.negotiate_auth) {
-          hello += request(Op::AuthHello);
-          put_u32(hello, kAuthVersion);
-          put_bytes(hello, options_.credentials ? std::string_view(options_.credentials->scope) : std::string_view());
-          put_bytes(hello, client_nonce);
-        }
-        const auto hello_deadline = std::max(deadline, Clock::now() + std::chrono::seconds(5));
-        send_locked(hello, hello_deadline, "handshake");
-        char echo[4];
-        recv_locked(echo, 4, hello_deadline, "handshake");
-        if (load_u32(echo) != nonce) {
-          close_locked();
-          throw ProtocolError("the server at " + endpoint() + " answered PING with a wrong nonce; is it a store?");
-        }
-        if (options_.negotiate_auth) prove_locked(client_nonce, hello_deadline);
-        learn_durability_locked(hello_deadline);
+        handshake_locked(deadline);
         return;
       } catch (const ConnectionError& e) {
         last_error = e.what();

@@ -138,6 +138,13 @@ class Client {
   // `refused_is_final`, a refused connection (nothing listens on the port) ends the attempts at once
   // (ConnectionError): a store that kept no state is not coming back.
   void connect_locked(std::optional<Clock::time_point> deadline = std::nullopt, bool refused_is_final = false);
+  // One attempt: resolves the host and tries each of its addresses until `deadline`; on failure
+  // fd_ stays closed and `last_error` says why. Throws ConnectionError for a refusal with
+  // `refused_is_final`.
+  void open_socket_locked(Clock::time_point deadline, bool refused_is_final, std::string& last_error);
+  // On a fresh socket: VALIDATE and PING (whose echo proves a store listens), AUTH_HELLO and the
+  // proof when negotiating, then learn_durability_locked(). Nothing on the 1.13 dialect.
+  void handshake_locked(Clock::time_point deadline);
   // Reads jobs::kStoreInfoKey on a fresh connection: durable_ and boot_.
   void learn_durability_locked(Clock::time_point deadline);
   // Runs `fn` (one request), connecting first; a lost connection (or a request without a reply)

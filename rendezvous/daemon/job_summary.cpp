@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <map>
+#include <optional>
 
 #include "common/numbers.hpp"
 #include "rendezvous/jobs/job_keys.hpp"
@@ -35,101 +36,121 @@ const std::string* find(const std::map<std::string, std::string>& names, std::st
   return it == names.end() ? nullptr : &it->second;
 }
 
+using RoundNames = std::map<std::string, std::string>;  // a round's key names -> values
+
+// The latest round that has members (a round that has just opened may hold only counters).
+const std::pair<const int64_t, RoundNames>* latest_round(const Generation& g) {
+  auto it = g.rounds.rbegin();
+  while (it != g.rounds.rend() && std::next(it) != g.rounds.rend() &&
+         std::none_of(it->second.begin(), it->second.end(), [](const auto& kv) { return is_member_key(kv.first); })) {
+    ++it;
+  }
+  return it == g.rounds.rend() ? nullptr : &*it;
+}
+
+// A node's record in the round (a static node or an elastic member), with its node rank, arrival
+// and heartbeats added; nullopt (and a line in `skipped`) for a malformed one.
+std::optional<json> node_record(const std::string& name, const std::string& value, const RoundNames& names,
+                                const Generation& g, int64_t now_ms, const std::string& prefix, json& skipped) {
+  json info = json::parse(value, nullptr, false);
+  if (!info.is_object()) {
+    skipped.push_back({{"key", prefix + name}, {"reason", "the node record is not a JSON object"}});
+    return std::nullopt;
+  }
+  const std::string id = name.substr(name.find('/') + 1);
+  const auto number = to_int(id);
+  if (!number) {
+    skipped.push_back({{"key", prefix + name}, {"reason", "the node number is not a number"}});
+    return std::nullopt;
+  }
+  if (starts_with(name, names_of::kMember)) {
+    info["arrival"] = *number;
+    if (const std::string* a = find(names, std::string(names_of::kAssign) + id)) {
+      const json assigned = json::parse(*a, nullptr, false);
+      if (assigned.is_object() && assigned.contains("group_rank")) info["node_rank"] = assigned["group_rank"];
+    }
+  } else {
+    info["node_rank"] = *number;
+  }
+  // Heartbeats: a counter, and the wall-clock time (the node's clock) of the last one.
+  const std::string agent = info.contains("agent") && info["agent"].is_string() ? info["agent"].get<std::string>() : "";
+  auto hb = g.own.find(heartbeat_name(agent));
+  if (!agent.empty() && hb != g.own.end()) {
+    if (auto beats = to_int(hb->second)) info["heartbeats"] = *beats;
+    auto t = g.own.find(heartbeat_time_name(agent));
+    if (t != g.own.end()) {
+      if (auto last = to_int(t->second)) {
+        info["last_heartbeat_ms"] = *last;
+        info["last_heartbeat_age_s"] = static_cast<double>(now_ms - *last) / 1000.0;
+      }
+    }
+  }
+  return info;
+}
+
+// Step rates, as each node last published them (every 10 s while the job runs).
+json step_rates(const RoundNames& names, const std::string& prefix, json& skipped) {
+  json rates = json::array();
+  for (const auto& [name, value] : names) {
+    if (!starts_with(name, names_of::kRates)) continue;
+    const json record = json::parse(value, nullptr, false);
+    if (!record.is_object() || !record.contains("ranks") || !record["ranks"].is_array()) {
+      skipped.push_back({{"key", prefix + name}, {"reason", "the step rates record is not a JSON object with ranks"}});
+      continue;
+    }
+    for (const json& r : record["ranks"]) rates.push_back(r);
+  }
+  return rates;
+}
+
+// The round's state ("joining", "running", or how it ended), with its end, its hang and its
+// worker store added to `out`.
+std::string round_state(const RoundNames& names, const std::string& prefix, json& out, json& skipped) {
+  const std::string* end = find(names, names_of::kEnd);
+  if (const std::string* hang = find(names, names_of::kHang); hang && !end) out["hang_diagnosed_by"] = *hang;
+  if (const std::string* ws = find(names, names_of::kWorkerStore)) {
+    const json store = json::parse(*ws, nullptr, false);
+    if (store.is_object()) out["worker_store"] = store;
+    else skipped.push_back({{"key", prefix + std::string(names_of::kWorkerStore)}, {"reason", "not a JSON object"}});
+  }
+  if (!end) return find(names, names_of::kComplete) || find(names, names_of::kClosed) ? "running" : "joining";
+  const Outcome o = decode_outcome(*end);
+  switch (o.kind) {
+    case Outcome::Kind::Success: break;
+    case Outcome::Kind::Failure: out["end"] = o.failure.empty() ? json(o.detail) : o.failure; break;
+    case Outcome::Kind::Hang:  // the full report stays in the store; status shows its summary
+      out["end"] = {{"detail", o.detail}, {"node", o.node}};
+      break;
+    case Outcome::Kind::Signal:
+    case Outcome::Kind::NodeLost:
+    case Outcome::Kind::Membership: out["end"] = o.detail; break;
+  }
+  return std::string(state_name(o.kind));
+}
+
 json summarize_generation(const std::string& run_id, int64_t gen, const Generation& g, const Job& job, int64_t now_ms,
                           json& skipped) {
   json out = {{"run_id", run_id}, {"generation", gen}};
   if (job.counter) {
     if (auto c = to_int(*job.counter)) out["current_generation"] = *c;
   }
-  // The latest round that has members (a round that has just opened may hold only counters).
-  auto it = g.rounds.rbegin();
-  while (it != g.rounds.rend() && std::next(it) != g.rounds.rend() &&
-         std::none_of(it->second.begin(), it->second.end(), [](const auto& kv) { return is_member_key(kv.first); })) {
-    ++it;
-  }
   json nodes = json::array();
   int world = 0, nnodes = 0;
   std::string state = "joining";
-  if (it != g.rounds.rend()) {
-    const auto& [round, names] = *it;
+  if (const auto* latest = latest_round(g)) {
+    const auto& [round, names] = *latest;
     out["round"] = round;
     const std::string prefix = JobKeys(run_id, gen).round(round).prefix();
     for (const auto& [name, value] : names) {
       if (!is_member_key(name)) continue;
-      json info = json::parse(value, nullptr, false);
-      if (!info.is_object()) {
-        skipped.push_back({{"key", prefix + name}, {"reason", "the node record is not a JSON object"}});
-        continue;
-      }
-      const std::string id = name.substr(name.find('/') + 1);
-      const auto number = to_int(id);
-      if (!number) {
-        skipped.push_back({{"key", prefix + name}, {"reason", "the node number is not a number"}});
-        continue;
-      }
-      if (starts_with(name, names_of::kMember)) {
-        info["arrival"] = *number;
-        if (const std::string* a = find(names, std::string(names_of::kAssign) + id)) {
-          const json assigned = json::parse(*a, nullptr, false);
-          if (assigned.is_object() && assigned.contains("group_rank")) info["node_rank"] = assigned["group_rank"];
-        }
-      } else {
-        info["node_rank"] = *number;
-      }
-      // Heartbeats: a counter, and the wall-clock time (the node's clock) of the last one.
-      const std::string agent =
-          info.contains("agent") && info["agent"].is_string() ? info["agent"].get<std::string>() : "";
-      auto hb = g.own.find(heartbeat_name(agent));
-      if (!agent.empty() && hb != g.own.end()) {
-        if (auto beats = to_int(hb->second)) info["heartbeats"] = *beats;
-        auto t = g.own.find(heartbeat_time_name(agent));
-        if (t != g.own.end()) {
-          if (auto last = to_int(t->second)) {
-            info["last_heartbeat_ms"] = *last;
-            info["last_heartbeat_age_s"] = static_cast<double>(now_ms - *last) / 1000.0;
-          }
-        }
-      }
-      if (info.contains("nproc") && info["nproc"].is_number_integer()) world += info["nproc"].get<int>();
-      if (info.contains("nnodes") && info["nnodes"].is_number_integer()) nnodes = info["nnodes"].get<int>();
-      nodes.push_back(std::move(info));
+      auto info = node_record(name, value, names, g, now_ms, prefix, skipped);
+      if (!info) continue;
+      if (info->contains("nproc") && (*info)["nproc"].is_number_integer()) world += (*info)["nproc"].get<int>();
+      if (info->contains("nnodes") && (*info)["nnodes"].is_number_integer()) nnodes = (*info)["nnodes"].get<int>();
+      nodes.push_back(std::move(*info));
     }
-    // Step rates, as each node last published them (every 10 s while the job runs).
-    json rates = json::array();
-    for (const auto& [name, value] : names) {
-      if (!starts_with(name, names_of::kRates)) continue;
-      const json record = json::parse(value, nullptr, false);
-      if (!record.is_object() || !record.contains("ranks") || !record["ranks"].is_array()) {
-        skipped.push_back(
-            {{"key", prefix + name}, {"reason", "the step rates record is not a JSON object with ranks"}});
-        continue;
-      }
-      for (const json& r : record["ranks"]) rates.push_back(r);
-    }
-    if (!rates.empty()) out["step_rates"] = std::move(rates);
-    const std::string* end = find(names, names_of::kEnd);
-    if (const std::string* hang = find(names, names_of::kHang); hang && !end) out["hang_diagnosed_by"] = *hang;
-    if (const std::string* ws = find(names, names_of::kWorkerStore)) {
-      const json store = json::parse(*ws, nullptr, false);
-      if (store.is_object()) out["worker_store"] = store;
-      else skipped.push_back({{"key", prefix + std::string(names_of::kWorkerStore)}, {"reason", "not a JSON object"}});
-    }
-    if (end) {
-      const Outcome o = decode_outcome(*end);
-      state = std::string(state_name(o.kind));
-      switch (o.kind) {
-        case Outcome::Kind::Success: break;
-        case Outcome::Kind::Failure: out["end"] = o.failure.empty() ? json(o.detail) : o.failure; break;
-        case Outcome::Kind::Hang:  // the full report stays in the store; status shows its summary
-          out["end"] = {{"detail", o.detail}, {"node", o.node}};
-          break;
-        case Outcome::Kind::Signal:
-        case Outcome::Kind::NodeLost:
-        case Outcome::Kind::Membership: out["end"] = o.detail; break;
-      }
-    } else if (find(names, names_of::kComplete) || find(names, names_of::kClosed)) {
-      state = "running";
-    }
+    if (json rates = step_rates(names, prefix, skipped); !rates.empty()) out["step_rates"] = std::move(rates);
+    state = round_state(names, prefix, out, skipped);
   }
   out["state"] = state;
   out["nnodes"] = nnodes;

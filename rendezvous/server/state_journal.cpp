@@ -108,6 +108,58 @@ std::string parent_dir(const std::string& path) {
   throw std::system_error(errno, std::generic_category(), what);
 }
 
+// What a state file holds: each key's latest value and queue, and the ADD_ONCE tokens, read record
+// by record up to the first one that is incomplete or damaged (`end`: the bytes before it).
+struct Records {
+  struct Entry {
+    std::optional<std::string> value;
+    std::vector<std::string> items;
+  };
+  std::unordered_map<std::string, Entry> keys;
+  std::vector<std::pair<std::string, int64_t>> tokens;
+  size_t end = 0;
+};
+
+Records read_records(const std::string& data) {
+  Records out;
+  size_t pos = kMagic.size();
+  while (pos < data.size()) {
+    if (data.size() - pos < 8) break;
+    const uint32_t len = load_u32(data.data() + pos);
+    if (len > data.size() - pos - 8) break;
+    const std::string_view payload(data.data() + pos + 4, len);
+    if (load_u32(data.data() + pos + 4 + len) != fnv1a(payload)) break;
+    PayloadReader r(payload);
+    uint8_t type = 0;
+    bool ok = r.u8(type);
+    if (ok && type == kKeyRecord) {
+      std::string_view key, value;
+      uint8_t has_value = 0;
+      uint64_t n = 0;
+      ok = r.str(key) && r.u8(has_value) && (has_value == 0 || r.str(value)) && r.u64(n);
+      Records::Entry e;
+      if (has_value) e.value.emplace(value);
+      for (uint64_t i = 0; ok && i < n; ++i) {
+        std::string_view item;
+        ok = r.str(item);
+        e.items.emplace_back(item);
+      }
+      if (ok && r.done()) out.keys[std::string(key)] = std::move(e);
+    } else if (ok && type == kTokenRecord) {
+      std::string_view token;
+      uint64_t result = 0;
+      ok = r.str(token) && r.u64(result) && r.done();
+      if (ok) out.tokens.emplace_back(token, static_cast<int64_t>(result));
+    } else {
+      ok = false;
+    }
+    if (!ok) break;
+    pos += 8 + len;
+  }
+  out.end = pos;
+  return out;
+}
+
 }  // namespace
 
 StateJournal::StateJournal(std::string path, KvStore& store) : path_(std::move(path)), store_(store) {
@@ -143,46 +195,8 @@ uint64_t StateJournal::load() {
                       std::string(kMagic.substr(0, kMagic.size() - 1)) +
                       "'); give --state-file a new path or the file a previous daemon wrote");
   }
-  struct Entry {
-    std::optional<std::string> value;
-    std::vector<std::string> items;
-  };
-  std::unordered_map<std::string, Entry> keys;
-  std::vector<std::pair<std::string, int64_t>> tokens;
-  size_t pos = kMagic.size();
-  while (pos < data.size()) {
-    if (data.size() - pos < 8) break;
-    const uint32_t len = load_u32(data.data() + pos);
-    if (len > data.size() - pos - 8) break;
-    const std::string_view payload(data.data() + pos + 4, len);
-    if (load_u32(data.data() + pos + 4 + len) != fnv1a(payload)) break;
-    PayloadReader r(payload);
-    uint8_t type = 0;
-    bool ok = r.u8(type);
-    if (ok && type == kKeyRecord) {
-      std::string_view key, value;
-      uint8_t has_value = 0;
-      uint64_t n = 0;
-      ok = r.str(key) && r.u8(has_value) && (has_value == 0 || r.str(value)) && r.u64(n);
-      Entry e;
-      if (has_value) e.value.emplace(value);
-      for (uint64_t i = 0; ok && i < n; ++i) {
-        std::string_view item;
-        ok = r.str(item);
-        e.items.emplace_back(item);
-      }
-      if (ok && r.done()) keys[std::string(key)] = std::move(e);
-    } else if (ok && type == kTokenRecord) {
-      std::string_view token;
-      uint64_t result = 0;
-      ok = r.str(token) && r.u64(result) && r.done();
-      if (ok) tokens.emplace_back(token, static_cast<int64_t>(result));
-    } else {
-      ok = false;
-    }
-    if (!ok) break;
-    pos += 8 + len;
-  }
+  const Records records = read_records(data);
+  const size_t pos = records.end;
   loaded_.dropped_bytes = data.size() - pos;
   if (loaded_.dropped_bytes > 0) {
     log::warn("store") << "the state file " << path_ << " ends with " << loaded_.dropped_bytes
@@ -195,7 +209,7 @@ uint64_t StateJournal::load() {
   none.max_total_keys = std::numeric_limits<uint64_t>::max();
   none.max_store_bytes = std::numeric_limits<uint64_t>::max();
   store_.set_limits(none);
-  for (auto& [key, e] : keys) {
+  for (const auto& [key, e] : records.keys) {
     if (e.value) {
       store_.set(key, *e.value);
       ++loaded_.keys;
@@ -204,8 +218,8 @@ uint64_t StateJournal::load() {
     if (!e.items.empty()) ++loaded_.queues;
   }
   store_.set_limits(limits);
-  for (const auto& [token, result] : tokens) store_.remember_once(token, result);
-  loaded_.tokens = tokens.size();
+  for (const auto& [token, result] : records.tokens) store_.remember_once(token, result);
+  loaded_.tokens = records.tokens.size();
   return pos;
 }
 
