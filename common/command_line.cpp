@@ -13,6 +13,28 @@ std::string canonical(std::string_view spelled) {
   return name;
 }
 
+std::optional<FlagShape> StandardFlags::shape(const std::string& name) {
+  if (name == "--help") return FlagShape{Takes::InlineValue, "help"};  // --help=markdown
+  if (name == "-h" || name == "--version") return FlagShape{};
+  return std::nullopt;
+}
+
+bool StandardFlags::take(const std::string& name, const std::optional<std::string>& value) {
+  if (name == "-h" || name == "--help") {
+    if (value && *value != "markdown") {
+      throw ConfigError(name + ": expected no value, or 'markdown' (the flag table of the docs), got '" + *value + "'");
+    }
+    help = true;
+    markdown = value.has_value();
+    return true;
+  }
+  if (name == "--version") {
+    version = true;
+    return true;
+  }
+  return false;
+}
+
 size_t walk(const std::vector<std::string>& args, size_t first, const FlagLookup& lookup,
             const std::function<bool(const std::string& name, const std::optional<std::string>& value)>& on_flag,
             const std::string& unknown_hint) {

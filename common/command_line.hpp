@@ -44,6 +44,20 @@ size_t walk(const std::vector<std::string>& args, size_t first, const FlagLookup
             const std::function<bool(const std::string& name, const std::optional<std::string>& value)>& on_flag,
             const std::string& unknown_hint = "");
 
+// The flags every program takes besides its own table's: -h, --help[=markdown], --version.
+struct StandardFlags {
+  bool help = false;
+  bool markdown = false;  // --help=markdown: the flag table of the docs
+  bool version = false;
+  // Their shapes, for a lookup to try before its table; nullopt for any other name.
+  static std::optional<FlagShape> shape(const std::string& name);
+  // Takes one of them (true), or returns false for any other name. Throws ConfigError for a --help
+  // value other than "markdown".
+  bool take(const std::string& name, const std::optional<std::string>& value);
+  // Whether the walk goes on after the flags taken so far (not after --help or --version).
+  bool go_on() const { return !help && !version; }
+};
+
 // One option of a --help text: "  NAMES  HELP (default: DEFAULT)", the help wrapped to `width`
 // columns and indented under the names' column (or on the next line when the names are long), as
 // plain text (see plain()).

@@ -177,9 +177,9 @@ Given tokenize(const std::vector<std::string>& args) {
   using command_line::FlagShape;
   using command_line::Takes;
   Given g;
+  command_line::StandardFlags standard;
   auto lookup = [](const std::string& name) -> std::optional<FlagShape> {
-    if (name == "--help") return FlagShape{Takes::InlineValue, "help"};  // --help=markdown
-    if (name == "-h" || name == "--version") return FlagShape{};
+    if (auto shape = command_line::StandardFlags::shape(name)) return shape;
     const FlagDef* f = find_flag(name);
     if (!f) return std::nullopt;
     return FlagShape{f->takes_value()    ? Takes::Value
@@ -188,18 +188,13 @@ Given tokenize(const std::vector<std::string>& args) {
                      f->help};
   };
   auto on_flag = [&](const std::string& name, const std::optional<std::string>& value) {
-    if (name == "-h" || name == "--help") {
-      g.help = true;
-      if (value && *value != "markdown") bad(name, "no value, or 'markdown' (the flag table of the docs)", *value);
-      g.help_markdown = value.has_value();
-    } else if (name == "--version") {
-      g.version = true;
-    } else {
-      g.set(find_flag(name)->dest(), value.value_or("1"), name);
-    }
-    return !g.help && !g.version;
+    if (!standard.take(name, value)) g.set(find_flag(name)->dest(), value.value_or("1"), name);
+    return standard.go_on();
   };
   const size_t rest = command_line::walk(args, 0, lookup, on_flag, " (see ddprun --help for the list)");
+  g.help = standard.help;
+  g.help_markdown = standard.markdown;
+  g.version = standard.version;
   if (g.help || g.version || rest >= args.size()) return g;
   g.program = args[rest];
   g.program_args.assign(args.begin() + static_cast<long>(rest) + 1, args.end());

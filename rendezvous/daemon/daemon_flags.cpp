@@ -227,30 +227,27 @@ ServeConfig serve_defaults() {
 
 ServeConfig parse_serve_flags(const std::vector<std::string>& args) {
   ServeConfig c = serve_defaults();
+  command_line::StandardFlags standard;
   auto lookup = [](const std::string& name) -> std::optional<FlagShape> {
-    if (name == "--help") return FlagShape{Takes::InlineValue, "help"};  // --help=markdown
-    if (name == "-h" || name == "--version") return FlagShape{};
+    if (auto shape = command_line::StandardFlags::shape(name)) return shape;
     const ServeFlag* f = find_serve_flag(name);
     if (!f) return std::nullopt;
     return FlagShape{f->value ? Takes::Value : Takes::Nothing, f->help};
   };
   bool job_keys_given = false, job_bytes_given = false;
   auto on_flag = [&](const std::string& name, const std::optional<std::string>& value) {
-    if (name == "-h" || name == "--help") {
-      c.help = true;
-      if (value && *value != "markdown") expected(name, "no value, or 'markdown' (the flag table of the docs)", *value);
-      c.help_markdown = value.has_value();
-    } else if (name == "--version") {
-      c.version = true;
-    } else {
+    if (!standard.take(name, value)) {
       const ServeFlag* f = find_serve_flag(name);
       job_keys_given |= std::string_view(f->name) == "--job-max-keys";
       job_bytes_given |= std::string_view(f->name) == "--job-max-bytes";
       f->apply(name, value.value_or(""), c);
     }
-    return !c.help && !c.version;
+    return standard.go_on();
   };
   const size_t rest = command_line::walk(args, 0, lookup, on_flag);
+  c.help = standard.help;
+  c.help_markdown = standard.markdown;
+  c.version = standard.version;
   // Per-job quotas not given: a share of the store-wide limits, so that smaller limits still leave
   // room for several jobs (a quota above the store's would let one job's token fill it).
   StoreLimits& limits = c.options.store_limits;

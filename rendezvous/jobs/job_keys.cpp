@@ -23,15 +23,15 @@ constexpr std::string_view kHang = "hang:";
 }  // namespace
 
 JobKeys::JobKeys(std::string run_id, int64_t generation, std::string_view root)
-    : run_id_(std::move(run_id)),
-      generation_(generation),
-      prefix_(job_prefix(run_id_, root) + "g" + std::to_string(generation_) + "/") {}
+    : KeysUnder(job_prefix(run_id, root) + "g" + std::to_string(generation) + "/"),
+      run_id_(std::move(run_id)),
+      generation_(generation) {}
 
 std::string JobKeys::generation_counter(std::string_view run_id, std::string_view root) {
   return job_prefix(run_id, root) + std::string(job_names::kGeneration);
 }
 
-RoundKeys JobKeys::round(int64_t round) const { return RoundKeys(prefix_ + "r" + std::to_string(round) + "/"); }
+RoundKeys JobKeys::round(int64_t round) const { return RoundKeys(prefix() + "r" + std::to_string(round) + "/"); }
 
 std::string heartbeat_name(std::string_view agent) { return std::string(job_names::kHeartbeat).append(agent); }
 
@@ -39,9 +39,9 @@ std::string heartbeat_time_name(std::string_view agent) {
   return heartbeat_name(agent).append(job_names::kHeartbeatTime);
 }
 
-std::string JobKeys::heartbeat(std::string_view agent) const { return prefix_ + heartbeat_name(agent); }
+std::string JobKeys::heartbeat(std::string_view agent) const { return prefix() + heartbeat_name(agent); }
 
-std::string JobKeys::heartbeat_time(std::string_view agent) const { return prefix_ + heartbeat_time_name(agent); }
+std::string JobKeys::heartbeat_time(std::string_view agent) const { return prefix() + heartbeat_time_name(agent); }
 
 std::optional<ParsedKey> parse_key(std::string_view key, std::string* why) {
   auto fail = [&](std::string reason) -> std::optional<ParsedKey> {

@@ -72,11 +72,27 @@ inline constexpr std::string_view kHang = "hang";             // the node diagno
 inline constexpr std::string_view kDiagnosis = "diagnosis/";  // a node's part of the diagnosis
 }  // namespace round_names
 
-// The keys of one round under its prefix (".../g<G>/r<R>/"), named: a typo is a compile error.
-class RoundKeys {
+// A prefix and the keys named under it: "<prefix><name><suffix>".
+class KeysUnder {
  public:
-  explicit RoundKeys(std::string prefix) : prefix_(std::move(prefix)) {}
   const std::string& prefix() const { return prefix_; }
+
+ protected:
+  explicit KeysUnder(std::string prefix) : prefix_(std::move(prefix)) {}
+  std::string at(std::string_view name, std::string_view suffix = {}) const {
+    std::string k = prefix_;
+    k.append(name).append(suffix);
+    return k;
+  }
+
+ private:
+  std::string prefix_;
+};
+
+// The keys of one round under its prefix (".../g<G>/r<R>/"), named: a typo is a compile error.
+class RoundKeys : public KeysUnder {
+ public:
+  explicit RoundKeys(std::string prefix) : KeysUnder(std::move(prefix)) {}
 
   std::string node(int k) const { return at(round_names::kNode, std::to_string(k)); }
   std::string nodes() const { return at(round_names::kNode); }
@@ -100,19 +116,11 @@ class RoundKeys {
   std::string hang() const { return at(round_names::kHang); }
   std::string diagnosis(int node) const { return at(round_names::kDiagnosis, std::to_string(node)); }
   std::string diagnoses() const { return at(round_names::kDiagnosis); }
-
- private:
-  std::string at(std::string_view name, std::string_view suffix = {}) const {
-    std::string k = prefix_;
-    k.append(name).append(suffix);
-    return k;
-  }
-  std::string prefix_;
 };
 
 // The keys of one generation of one job, under `root` (/ddprun/ on a store; the etcd backend's
 // key_prefix there).
-class JobKeys {
+class JobKeys : public KeysUnder {
  public:
   JobKeys(std::string run_id, int64_t generation, std::string_view root = kRoot);
   const std::string& run_id() const { return run_id_; }
@@ -121,7 +129,7 @@ class JobKeys {
   // <root><run_id>/gen
   static std::string generation_counter(std::string_view run_id, std::string_view root = kRoot);
 
-  std::string prefix() const { return prefix_; }  // <root><run_id>/g<G>/
+  // prefix(): <root><run_id>/g<G>/
   RoundKeys round(int64_t round) const;
   std::string heartbeat(std::string_view agent) const;
   std::string heartbeat_time(std::string_view agent) const;
@@ -133,14 +141,8 @@ class JobKeys {
   std::string done() const { return at(job_names::kDone); }
 
  private:
-  std::string at(std::string_view name, std::string_view suffix = {}) const {
-    std::string k = prefix_;
-    k.append(name).append(suffix);
-    return k;
-  }
   std::string run_id_;
   int64_t generation_;
-  std::string prefix_;
 };
 
 // The names of an agent's heartbeat keys within a generation (ParsedKey::name): "hb/<agent>" and
