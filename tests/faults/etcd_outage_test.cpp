@@ -46,8 +46,8 @@ std::unique_ptr<Subprocess> node(const EtcdCluster& cluster, int n, int lease_tt
 
 // Two of the three members frozen for `outage`, once both nodes run their workers.
 void lose_quorum(EtcdCluster& cluster, Subprocess& n0, Subprocess& n1, std::chrono::seconds outage) {
-  ASSERT_TRUE(n0.wait_for_output("started 1 worker", 60s)) << n0.err();
-  ASSERT_TRUE(n1.wait_for_output("started 1 worker", 60s)) << n1.err();
+  ASSERT_TRUE(n0.wait_for_workers(1, 60s)) << n0.err();
+  ASSERT_TRUE(n1.wait_for_workers(1, 60s)) << n1.err();
   std::this_thread::sleep_for(5s);  // sleep override: the job runs a while before the fault
   cluster.pause(1);
   cluster.pause(2);

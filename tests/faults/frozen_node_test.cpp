@@ -53,7 +53,7 @@ TEST(FrozenNodeTest, AFrozenNodesWorkersAreFencedBeforeTheOthersGoOnWithoutIt) {
   auto a = agent(port, "127.0.0.2", ready0, "12");
   ASSERT_TRUE(a->wait_for_output("hosting the rendezvous store", 10s)) << a->err();
   auto b = agent(port, "127.0.0.3", ready1, "15");
-  ASSERT_TRUE(b->wait_for_output("started 1 worker", 30s)) << b->err();
+  ASSERT_TRUE(b->wait_for_workers(1, 30s)) << b->err();
   ASSERT_TRUE(wait_until([&] { return read_pid(ready1) > 0; }, 10s));
   const pid_t frozen_worker = read_pid(ready1);
   ASSERT_TRUE(running(frozen_worker));

@@ -126,7 +126,7 @@ TEST(ElasticTest, SurvivorsReRendezvousWhenANodeIsKilled) {
   ASSERT_TRUE(a->wait_for_output("hosting the rendezvous store", 10s));
   auto b = agent(port, "2:3", 1, "127.0.0.3", kFast, {"sleep", "3"}, {"--max_restarts", "0"});
   auto c = agent(port, "2:3", 1, "127.0.0.4", kFast, {"sleep", "3"}, {"--max_restarts", "0"});
-  ASSERT_TRUE(c->wait_for_output("started 1 worker", 30s)) << c->err();
+  ASSERT_TRUE(c->wait_for_workers(1, 30s)) << c->err();
   c->signal(SIGKILL);
   const Finished fa = a->wait(60s), fb = b->wait(60s);
   ASSERT_EQ(fa.exit_code, 0) << fa.err;
@@ -149,7 +149,7 @@ TEST(ElasticTest, ALateNodeIsAdmittedIntoTheRunningJob) {
   auto a = agent(port, "2:3", 1, "127.0.0.2", kFast, {"sleep", "2"}, reports.flags(0));
   ASSERT_TRUE(a->wait_for_output("hosting the rendezvous store", 10s));
   auto b = agent(port, "2:3", 1, "127.0.0.3", kFast, {"sleep", "2"});
-  ASSERT_TRUE(a->wait_for_output("started 1 worker", 30s));
+  ASSERT_TRUE(a->wait_for_workers(1, 30s));
   auto late = agent(port, "2:3", 1, "127.0.0.4", kFast, {"sleep", "2"}, reports.flags(2));
   const Finished fl = late->wait(60s), fa = a->wait(60s), fb = b->wait(60s);
   ASSERT_EQ(fa.exit_code, 0) << fa.err;

@@ -284,8 +284,8 @@ TEST(EtcdRendezvousTest, ASigkilledNodeEndsAStaticJobWithAReportWhenItsLeaseExpi
   Reports reports;
   auto n0 = node(cluster.endpoints(), "kill-static", "2", 0, test_worker({"sleep", "60"}), "", reports.flags(0));
   auto n1 = node(cluster.endpoints(), "kill-static", "2", 1, test_worker({"sleep", "60"}));
-  ASSERT_TRUE(n1->wait_for_output("started 1 worker", 60s)) << n1->err();
-  ASSERT_TRUE(n0->wait_for_output("started 1 worker", 60s)) << n0->err();
+  ASSERT_TRUE(n1->wait_for_workers(1, 60s)) << n1->err();
+  ASSERT_TRUE(n0->wait_for_workers(1, 60s)) << n0->err();
   n1->signal(SIGKILL);  // its workers die with it (the orphan guard); its lease lives 3 s
   const Finished f0 = n0->wait(60s);
   ASSERT_FALSE(f0.timed_out) << f0.err;
@@ -303,8 +303,8 @@ TEST(EtcdRendezvousTest, ASigkilledNodeOfAnElasticJobLeavesTheSurvivorsToGoOn) {
   Reports reports;
   auto n0 = node(cluster.endpoints(), "kill-elastic", "1:2", 0, worker, "", reports.flags(0));
   auto n1 = node(cluster.endpoints(), "kill-elastic", "1:2", 1, worker);
-  ASSERT_TRUE(n1->wait_for_output("started 1 worker", 60s)) << n1->err();
-  ASSERT_TRUE(n0->wait_for_output("started 1 worker", 60s)) << n0->err();
+  ASSERT_TRUE(n1->wait_for_workers(1, 60s)) << n1->err();
+  ASSERT_TRUE(n0->wait_for_workers(1, 60s)) << n0->err();
   n1->signal(SIGKILL);
   const Finished f0 = n0->wait(90s);
   ASSERT_FALSE(f0.timed_out) << f0.err;
@@ -352,8 +352,8 @@ TEST(EtcdRendezvousTest, AJobRidesOutTheDeathOfTheEtcdMemberItTalksTo) {
   // that has taken over 3 s, so the leases get the room a production TTL (10 s) gives.
   auto n0 = node(cluster.endpoints(), "failover", "2", 0, test_worker({"sleep", "6"}), "lease_ttl=8");
   auto n1 = node(cluster.endpoints(), "failover", "2", 1, test_worker({"sleep", "6"}), "lease_ttl=8");
-  ASSERT_TRUE(n0->wait_for_output("started 1 worker", 60s)) << n0->err();
-  ASSERT_TRUE(n1->wait_for_output("started 1 worker", 60s)) << n1->err();
+  ASSERT_TRUE(n0->wait_for_workers(1, 60s)) << n0->err();
+  ASSERT_TRUE(n1->wait_for_workers(1, 60s)) << n1->err();
   cluster.kill(0);  // the first endpoint: the one both agents talk to
   const Finished f0 = n0->wait(90s), f1 = n1->wait(90s);
   EXPECT_EQ(f0.exit_code, 0) << f0.err;
@@ -368,8 +368,8 @@ TEST(EtcdRendezvousTest, AWatchResumedPastACompactionReadsTheRoundAfreshAndTheJo
   // As above: the killed member may have been the leader, so the leases get an election's room.
   auto n0 = node(cluster.endpoints(), "compacted", "2", 0, test_worker({"sleep", "6"}), "lease_ttl=8");
   auto n1 = node(cluster.endpoints(), "compacted", "2", 1, test_worker({"sleep", "6"}), "lease_ttl=8");
-  ASSERT_TRUE(n0->wait_for_output("started 1 worker", 60s)) << n0->err();
-  ASSERT_TRUE(n1->wait_for_output("started 1 worker", 60s)) << n1->err();
+  ASSERT_TRUE(n0->wait_for_workers(1, 60s)) << n0->err();
+  ASSERT_TRUE(n1->wait_for_workers(1, 60s)) << n1->err();
   // Revisions the agents' watches never saw (another prefix), then compact up to the newest.
   std::string put;
   for (int i = 0; i < 3; ++i) put = cluster.etcdctl("put /elsewhere/k" + std::to_string(i) + " v -w json");

@@ -165,7 +165,7 @@ TEST(MultiNodeTest, DuplicateNodeRankIsRejected) {
   const int port = free_port();
   auto a = node(port, 0, 1, fast_heartbeat(), {"sleep", "20"});
   auto b = node(port, 1, 1, fast_heartbeat(), {"sleep", "20"});
-  ASSERT_TRUE(b->wait_for_output("started 1 worker", 30s)) << b->err();
+  ASSERT_TRUE(b->wait_for_workers(1, 30s)) << b->err();
   // Node rank 1's holder is alive (its heartbeat moves): a duplicate, not a dead earlier run.
   auto dup = node(port, 1, 1, fast_heartbeat(), {"sleep", "0"});
   const Finished d = dup->wait(30s);
@@ -214,7 +214,7 @@ TEST(MultiNodeTest, NodeWhoseDdprunIsKilledIsDetectedByHeartbeat) {
   auto n0 = node(port, 0, 1, reports.flags(0, fast), {"wait-signal"});
   auto n1 = node(port, 1, 1, fast, {"sleep", "120"});
   ASSERT_TRUE(n0->wait_for_output("[rank0]: ready", 30s));
-  ASSERT_TRUE(n1->wait_for_output("started 1 worker", 30s));
+  ASSERT_TRUE(n1->wait_for_workers(1, 30s));
   n1->signal(SIGKILL);
   const Finished f0 = n0->wait(30s);
   EXPECT_FALSE(f0.timed_out);
@@ -344,7 +344,7 @@ TEST(MultiNodeTest, AJobWhoseAgentsWereKilledIsForgottenAndItsIdRunsAgain) {
                                  endpoint, "--rdzv_id", "crashy", "--master_addr", "127.0.0.1", "--rdzv_conf",
                                  "keep_alive_interval=0.2", TEST_WORKER_BIN, "sleep", "60"}));
   }
-  for (auto& n : nodes) ASSERT_TRUE(n->wait_for_output("started 1 worker", 30s)) << n->err();
+  for (auto& n : nodes) ASSERT_TRUE(n->wait_for_workers(1, 30s)) << n->err();
   for (auto& n : nodes) n->signal(SIGKILL);
   for (auto& n : nodes) n->wait(10s);
   // Run again at once: the dead agents' node ranks are taken over (their heartbeats do not move).

@@ -8,14 +8,30 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <functional>
 #include <map>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace ddprun::test {
+
+// The children of every thread of `pid` (/proc/<pid>/task/*/children).
+inline std::vector<pid_t> children_of(pid_t pid) {
+  std::vector<pid_t> out;
+  std::error_code ec;
+  for (const auto& task : std::filesystem::directory_iterator("/proc/" + std::to_string(pid) + "/task", ec)) {
+    std::ifstream in(task.path() / "children");
+    for (pid_t child; in >> child;) out.push_back(child);
+  }
+  return out;
+}
 
 struct Finished {
   int exit_code = -1;  // -1 when killed by a signal or timed out
@@ -80,6 +96,33 @@ class Subprocess {
       if (!pump(deadline)) return false;
     }
     return true;
+  }
+
+  // Reads output while `pred` does not hold, until `timeout`: for waiting on a fact (a process, a
+  // port, a file) rather than on a sentence of the log.
+  bool wait_for(const std::function<bool()>& pred, std::chrono::milliseconds timeout) {
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    while (!pred()) {
+      const auto now = std::chrono::steady_clock::now();
+      if (now >= deadline) return false;
+      const auto slice = std::min(deadline, now + std::chrono::milliseconds(20));
+      if (!pump(slice) && out_fd_ < 0 && err_fd_ < 0) {
+        std::this_thread::sleep_until(slice);  // sleep override: output closed, the fact still polled
+      }
+    }
+    return true;
+  }
+
+  // The workers this ddprun runs now (without --preload): its children that lead a process group
+  // of their own within its session (ddprun starts each worker so; its orphan guard has a session
+  // of its own).
+  size_t worker_count() const {
+    size_t n = 0;
+    for (pid_t child : children_of(pid_)) n += ::getpgid(child) == child && ::getsid(child) != child ? 1 : 0;
+    return n;
+  }
+  bool wait_for_workers(size_t n, std::chrono::milliseconds timeout) {
+    return wait_for([&] { return worker_count() >= n; }, timeout);
   }
 
   // Reads everything until EOF and reaps; on timeout kills it.
