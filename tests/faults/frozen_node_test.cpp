@@ -51,7 +51,7 @@ TEST(FrozenNodeTest, AFrozenNodesWorkersAreFencedBeforeTheOthersGoOnWithoutIt) {
   const int port = free_port();
   const std::string ready0 = (dir.path / "w0").string(), ready1 = (dir.path / "w1").string();
   auto a = agent(port, "127.0.0.2", ready0, "12");
-  ASSERT_TRUE(a->wait_for_output("hosting the rendezvous store", 10s)) << a->err();
+  ASSERT_TRUE(a->wait_for([&] { return port_taken(port); }, 10s)) << a->err();
   auto b = agent(port, "127.0.0.3", ready1, "15");
   ASSERT_TRUE(b->wait_for_workers(1, 30s)) << b->err();
   ASSERT_TRUE(wait_until([&] { return read_pid(ready1) > 0; }, 10s));

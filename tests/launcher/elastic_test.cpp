@@ -55,7 +55,7 @@ TEST(ElasticTest, NodesJoinWithoutRanksAndTheEndpointHostGetsRankZero) {
   const int port = free_port();
   Reports reports;
   auto a = agent(port, "2", 2, "127.0.0.2", kFast, {"store-barrier"}, reports.flags(0));
-  ASSERT_TRUE(a->wait_for_output("hosting the rendezvous store", 10s)) << a->err();
+  ASSERT_TRUE(a->wait_for([&] { return port_taken(port); }, 10s)) << a->err();
   auto b = agent(port, "2", 2, "127.0.0.3", kFast, {"store-barrier"}, reports.flags(1));
   const Finished fb = b->wait(60s), fa = a->wait(60s);
   ASSERT_EQ(fa.exit_code, 0) << fa.err;
@@ -75,7 +75,7 @@ TEST(ElasticTest, NodeRankHintOrdersTheOtherNodes) {
   const int port = free_port();
   Reports reports;
   auto host = agent(port, "3", 1, "127.0.0.2", kFast, {"sleep", "0"});
-  ASSERT_TRUE(host->wait_for_output("hosting the rendezvous store", 10s));
+  ASSERT_TRUE(host->wait_for([&] { return port_taken(port); }, 10s));
   auto late_hint0 = agent(port, "3", 1, "127.0.0.3", kFast, {"sleep", "0"}, reports.flags(1, {"--node_rank", "1"}));
   auto hint2 = agent(port, "3", 1, "127.0.0.4", kFast, {"sleep", "0"}, reports.flags(2, {"--node_rank", "2"}));
   const Finished f1 = late_hint0->wait(60s), f2 = hint2->wait(60s), f0 = host->wait(60s);
@@ -108,7 +108,7 @@ TEST(ElasticTest, MinNodesStartAfterTheLastCallWithoutWaitingForMax) {
   const int port = free_port();
   Reports reports;
   auto a = agent(port, "1:3", 1, "127.0.0.2", kFast, {"store-barrier"}, reports.flags(0));
-  ASSERT_TRUE(a->wait_for_output("hosting the rendezvous store", 10s));
+  ASSERT_TRUE(a->wait_for([&] { return port_taken(port); }, 10s));
   auto b = agent(port, "1:3", 1, "127.0.0.3", kFast, {"store-barrier"});
   const Finished fa = a->wait(60s), fb = b->wait(60s);
   ASSERT_EQ(fa.exit_code, 0) << fa.err;
@@ -123,7 +123,7 @@ TEST(ElasticTest, SurvivorsReRendezvousWhenANodeIsKilled) {
   const int port = free_port();
   Reports reports;
   auto a = agent(port, "2:3", 1, "127.0.0.2", kFast, {"sleep", "3"}, reports.flags(0, {"--max_restarts", "0"}));
-  ASSERT_TRUE(a->wait_for_output("hosting the rendezvous store", 10s));
+  ASSERT_TRUE(a->wait_for([&] { return port_taken(port); }, 10s));
   auto b = agent(port, "2:3", 1, "127.0.0.3", kFast, {"sleep", "3"}, {"--max_restarts", "0"});
   auto c = agent(port, "2:3", 1, "127.0.0.4", kFast, {"sleep", "3"}, {"--max_restarts", "0"});
   ASSERT_TRUE(c->wait_for_workers(1, 30s)) << c->err();
@@ -147,7 +147,7 @@ TEST(ElasticTest, ALateNodeIsAdmittedIntoTheRunningJob) {
   const int port = free_port();
   Reports reports;
   auto a = agent(port, "2:3", 1, "127.0.0.2", kFast, {"sleep", "2"}, reports.flags(0));
-  ASSERT_TRUE(a->wait_for_output("hosting the rendezvous store", 10s));
+  ASSERT_TRUE(a->wait_for([&] { return port_taken(port); }, 10s));
   auto b = agent(port, "2:3", 1, "127.0.0.3", kFast, {"sleep", "2"});
   ASSERT_TRUE(a->wait_for_workers(1, 30s));
   auto late = agent(port, "2:3", 1, "127.0.0.4", kFast, {"sleep", "2"}, reports.flags(2));

@@ -54,6 +54,10 @@ inline bool bindable(int port) {
 
 }  // namespace port_detail
 
+// Whether a process has bound `port` (e.g. a ddprun now hosting its rendezvous store there): a
+// probe by bind, which the process does not see (a connection would reach its store).
+inline bool port_taken(int port) { return !port_detail::bindable(port); }
+
 inline int free_port() {
   static std::mutex mu;
   static int next = -1;
