@@ -100,10 +100,10 @@ int main(int argc, char** argv) {
     return 2;
   }
   test::EtcdCluster cluster(members);
-  rdzv::ServerOptions so;
+  rdzv::server::ServerOptions so;
   so.log_lifecycle = false;
   so.host = "127.0.0.1";
-  rdzv::ServerThread daemon(so);
+  rdzv::server::ServerThread daemon(so);
 
   std::printf(
       "| agents | ddprun store: s, median (min-max) of %d | etcd, %d member%s: s, median (min-max) | "

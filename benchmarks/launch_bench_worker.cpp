@@ -14,12 +14,12 @@ int main(int argc, char** argv) {
     std::cerr << "usage: launch_bench_worker exit|barrier\n";
     return 2;
   }
-  ddprun::rdzv::ClientOptions o;
+  ddprun::rdzv::client::ClientOptions o;
   o.host = std::getenv("MASTER_ADDR");
   o.port = static_cast<uint16_t>(std::atoi(std::getenv("MASTER_PORT")));
-  o.dialect = ddprun::rdzv::Dialect::Legacy;
+  o.dialect = ddprun::rdzv::core::Dialect::Legacy;
   o.timeout = std::chrono::seconds(120);
-  ddprun::rdzv::Client c(o);
+  ddprun::rdzv::client::Client c(o);
   const std::string prefix = "/bench/attempt_" + std::string(std::getenv("TORCHELASTIC_RESTART_COUNT"));
   if (c.add(prefix + "/arrived", 1) == std::atoi(std::getenv("WORLD_SIZE"))) c.set(prefix + "/go", "1");
   c.wait({prefix + "/go"});

@@ -45,15 +45,15 @@ double process_cpu() { return static_cast<double>(ddprun::process_cpu_time().cou
 
 Round run_round(bool dynamic, int n, bool secured, int repeat) {
   const double cpu0 = process_cpu();
-  rdzv::ServerOptions so;
+  rdzv::server::ServerOptions so;
   so.log_lifecycle = false;
   so.host = "::";
   const std::string secret = "benchmark-cluster-secret-0123456789";
   if (secured) {
-    so.secret = rdzv::StoreSecret{};
+    so.secret = rdzv::core::StoreSecret{};
     so.secret->cluster = secret;
   }
-  rdzv::ServerThread daemon(so);
+  rdzv::server::ServerThread daemon(so);
   std::atomic<int64_t> first_join_ns{INT64_MAX}, last_done_ns{0};
   std::atomic<int> wrong{0}, failed{0};
   std::mutex error_mutex;
@@ -62,9 +62,10 @@ Round run_round(bool dynamic, int n, bool secured, int repeat) {
   std::latch go(n + 1);
   const uint64_t before = daemon.stats().requests;
   auto per_op = [&] {
-    std::vector<uint64_t> v(rdzv::kOpCount);
-    daemon.with_server([&](rdzv::Server& server) {
-      for (size_t op = 0; op < rdzv::kOpCount; ++op) v[op] = server.store().requests(static_cast<rdzv::Op>(op));
+    std::vector<uint64_t> v(rdzv::core::kOpCount);
+    daemon.with_server([&](rdzv::server::Server& server) {
+      for (size_t op = 0; op < rdzv::core::kOpCount; ++op)
+        v[op] = server.store().requests(static_cast<rdzv::core::Op>(op));
     });
     return v;
   };
@@ -92,7 +93,7 @@ Round run_round(bool dynamic, int n, bool secured, int repeat) {
       o.host = "agent" + std::to_string(k);
       o.join_timeout = std::chrono::seconds(120);
       if (secured) {
-        rdzv::Token t;
+        rdzv::core::Token t;
         t.cluster_secret = secret;
         o.token = t;
       }
@@ -128,11 +129,11 @@ Round run_round(bool dynamic, int n, bool secured, int repeat) {
   r.seconds = static_cast<double>(last_done_ns - first_join_ns) / 1e9;
   r.requests_per_agent = static_cast<double>(daemon.stats().requests - before) / n;
   const std::vector<uint64_t> ops_after = per_op();
-  for (size_t op = 0; op < rdzv::kOpCount; ++op) {
+  for (size_t op = 0; op < rdzv::core::kOpCount; ++op) {
     if (ops_after[op] == ops_before[op]) continue;
     char item[64];
     std::snprintf(item, sizeof item, "%s%s %.2f", r.by_op.empty() ? "" : ", ",
-                  std::string(rdzv::op_name(static_cast<rdzv::Op>(op))).c_str(),
+                  std::string(rdzv::core::op_name(static_cast<rdzv::core::Op>(op))).c_str(),
                   static_cast<double>(ops_after[op] - ops_before[op]) / n);
     r.by_op += item;
   }

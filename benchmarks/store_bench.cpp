@@ -41,11 +41,11 @@ using namespace std::chrono_literals;
 
 int serve(const std::string& impl) {
   ddprun::raise_open_file_limit();
-  std::unique_ptr<ddprun::rdzv::ServerThread> ours;
+  std::unique_ptr<ddprun::rdzv::server::ServerThread> ours;
   c10::intrusive_ptr<c10d::TCPStore> theirs;
   uint16_t port = 0;
   if (impl == "ours") {
-    ours = std::make_unique<ddprun::rdzv::ServerThread>(ddprun::rdzv::ServerOptions{});
+    ours = std::make_unique<ddprun::rdzv::server::ServerThread>(ddprun::rdzv::server::ServerOptions{});
     port = ours->port();
   } else {
     theirs = ddprun::worker::make_tcp_store_server("127.0.0.1", 0, 600s);

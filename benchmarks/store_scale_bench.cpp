@@ -48,10 +48,10 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 using ddprun::bench::ServerProcess;
-using ddprun::rdzv::put_bytes;
-using ddprun::rdzv::put_i64;
-using ddprun::rdzv::put_u64;
-using ddprun::rdzv::put_u8;
+using ddprun::rdzv::core::put_bytes;
+using ddprun::rdzv::core::put_i64;
+using ddprun::rdzv::core::put_u64;
+using ddprun::rdzv::core::put_u8;
 
 std::vector<std::string> split_words(const std::string& list) {
   std::vector<std::string> out;
@@ -99,24 +99,24 @@ struct RunResult {
   std::string error;
 };
 
-ddprun::rdzv::Dialect g_dialect = ddprun::rdzv::Dialect::V2;
+ddprun::rdzv::core::Dialect g_dialect = ddprun::rdzv::core::Dialect::V2;
 
-void put_op(std::string& r, ddprun::rdzv::Op op) { put_u8(r, *ddprun::rdzv::op_to_wire(g_dialect, op)); }
+void put_op(std::string& r, ddprun::rdzv::core::Op op) { put_u8(r, *ddprun::rdzv::core::op_to_wire(g_dialect, op)); }
 
 // A 2.x client's first bytes, as PyTorch 2.5+'s sends them: VALIDATE, then PING (it waits for the
 // echo before its first request).
 std::string hello_request() {
   std::string r;
-  put_op(r, ddprun::rdzv::Op::Validate);
-  ddprun::rdzv::put_u32(r, ddprun::rdzv::kValidateMagic);
-  put_op(r, ddprun::rdzv::Op::Ping);
-  ddprun::rdzv::put_u32(r, 4242);
+  put_op(r, ddprun::rdzv::core::Op::Validate);
+  ddprun::rdzv::core::put_u32(r, ddprun::rdzv::core::kValidateMagic);
+  put_op(r, ddprun::rdzv::core::Op::Ping);
+  ddprun::rdzv::core::put_u32(r, 4242);
   return r;
 }
 
 std::string add_request(int64_t delta) {
   std::string r;
-  put_op(r, ddprun::rdzv::Op::Add);
+  put_op(r, ddprun::rdzv::core::Op::Add);
   put_bytes(r, "scale/counter");
   put_i64(r, delta);
   return r;
@@ -136,13 +136,13 @@ RunResult drive(uint16_t port, int n, std::chrono::seconds timeout) {
   const std::string add = add_request(1);
   const std::string hello = hello_request();
   std::string set_req, wait_req, get_req;
-  put_op(set_req, ddprun::rdzv::Op::Set);
+  put_op(set_req, ddprun::rdzv::core::Op::Set);
   put_bytes(set_req, "scale/go");
   put_bytes(set_req, "go");
-  put_op(wait_req, ddprun::rdzv::Op::Wait);
+  put_op(wait_req, ddprun::rdzv::core::Op::Wait);
   put_u64(wait_req, 1);
   put_bytes(wait_req, "scale/go");
-  put_op(get_req, ddprun::rdzv::Op::Get);
+  put_op(get_req, ddprun::rdzv::core::Op::Get);
   put_bytes(get_req, "scale/go");
 
   auto send_all = [](Rank& r, const std::string& bytes) {
@@ -212,7 +212,7 @@ RunResult drive(uint16_t port, int n, std::chrono::seconds timeout) {
         ev.data.u32 = events[i].data.u32;
         ::epoll_ctl(ep, EPOLL_CTL_MOD, r.fd, &ev);
         --connecting;
-        if (g_dialect == ddprun::rdzv::Dialect::V2) {
+        if (g_dialect == ddprun::rdzv::core::Dialect::V2) {
           if (!send_all(r, hello)) res.error = "send VALIDATE+PING failed";
           expect(r, Rank::State::Ping, 4);
         } else {
@@ -245,7 +245,7 @@ RunResult drive(uint16_t port, int n, std::chrono::seconds timeout) {
             expect(r, Rank::State::Add, 8);
             break;
           case Rank::State::Add: {
-            const int64_t v = static_cast<int64_t>(ddprun::rdzv::load_u64(r.buf));
+            const int64_t v = static_cast<int64_t>(ddprun::rdzv::core::load_u64(r.buf));
             if (v == n && !send_all(r, set_req)) res.error = "send SET failed";
             if (!send_all(r, wait_req)) res.error = "send WAIT failed";
             expect(r, Rank::State::Wait, 1);
@@ -256,7 +256,7 @@ RunResult drive(uint16_t port, int n, std::chrono::seconds timeout) {
             expect(r, Rank::State::GetLength, 8);
             break;
           case Rank::State::GetLength:
-            r.value_left = ddprun::rdzv::load_u64(r.buf);
+            r.value_left = ddprun::rdzv::core::load_u64(r.buf);
             r.state = Rank::State::GetValue;
             break;
           case Rank::State::GetValue: break;
@@ -322,7 +322,7 @@ int main(int argc, char** argv) {
     if (p) ::pclose(p);
   }
   if (dialect_flag == "legacy") {
-    g_dialect = ddprun::rdzv::Dialect::Legacy;
+    g_dialect = ddprun::rdzv::core::Dialect::Legacy;
   } else if (!dialect_flag.empty() && dialect_flag != "v2") {
     std::cerr << "store_scale_bench: --dialect must be legacy (PyTorch 1.x) or v2 (2.x), got '" << dialect_flag
               << "'\n";
@@ -348,7 +348,8 @@ int main(int argc, char** argv) {
   std::printf(
       "Store scale: N ranks, one connection each (one epoll loop): connect, ADD, last rank SETs, all WAIT, GET;"
       " %s dialect; %d source address%s\n",
-      g_dialect == ddprun::rdzv::Dialect::V2 ? "2.x (VALIDATE first)" : "1.13", g_sources, g_sources == 1 ? "" : "es");
+      g_dialect == ddprun::rdzv::core::Dialect::V2 ? "2.x (VALIDATE first)" : "1.13", g_sources,
+      g_sources == 1 ? "" : "es");
   std::printf(
       "| ranks | load | server | finished | seconds | us per rank | server peak RSS MiB | server RSS growth MiB |"
       " server CPU s |\n");

@@ -13,6 +13,10 @@ Includes, in every folder of the repository:
 - tests/ and benchmarks/ include anything but another folder's test files; no file includes a
   .cpp (a shared suite is a header and one instantiation per binary);
 - a quoted include names a file that exists (else it is a typo or a file since moved).
+Namespaces, in rendezvous/ and launcher/: the code of rendezvous/X/ is in ddprun::rdzv::X (the
+folder's short name: ddprun::launcher::rendezvous is the launcher's), of launcher/X[/Y]/ in
+ddprun::launcher::X[::Y], or in namespaces nested in it; a block of another namespace may only
+declare classes ahead (class X;).
 Link edges, from the CMakeLists of common/, rendezvous/ and launcher/: a library links only
 libraries of lower layers (or of its own folder), never the daemon's, and only libraries whose
 headers its own files include.
@@ -222,15 +226,61 @@ def check_links(root: pathlib.Path, graph: dict, bad: list):
     return checked
 
 
+NAMESPACE_OPEN = re.compile(r"^namespace (ddprun[\w:]*) \{", re.M)
+FORWARD_ONLY = re.compile(r"^(\s*(class|struct) \w+;\s*)+$")
+
+
+def namespace_of(folder: str):
+    """The namespace a layer folder's code is in, or None (common/ and the launcher's main)."""
+    parts = folder.split("/")
+    if parts[0] == "rendezvous" and len(parts) == 2:
+        return "ddprun::rdzv::" + parts[1]
+    if parts[0] == "launcher" and len(parts) >= 2:
+        return "ddprun::" + "::".join(parts)
+    return None
+
+
+def namespace_blocks(text: str):
+    """(name, body) of each top-level `namespace ddprun... {` block, its end found by counting braces."""
+    for m in NAMESPACE_OPEN.finditer(text):
+        depth, i = 1, m.end()
+        while i < len(text) and depth:
+            depth += {"{": 1, "}": -1}.get(text[i], 0)
+            i += 1
+        yield m.group(1), text[m.end():i - 1]
+
+
+def check_namespaces(root: pathlib.Path, bad: list):
+    checked = 0
+    for top in ("rendezvous", "launcher"):
+        for f in sorted((root / top).rglob("*")):
+            if f.suffix not in (".hpp", ".cpp"):
+                continue
+            rel = f.relative_to(root).as_posix()
+            want = namespace_of(folder_of(rel) or "")
+            if want is None:
+                continue
+            text = f.read_text()
+            for name, body in namespace_blocks(text):
+                checked += 1
+                if name == want or name.startswith(want + "::"):
+                    continue
+                if FORWARD_ONLY.match(body):
+                    continue
+                bad.append(f"{rel}: its code is in namespace {name}, not {want} (its folder's)")
+    return checked
+
+
 def main() -> int:
     root = pathlib.Path(sys.argv[1] if len(sys.argv) > 1 else pathlib.Path(__file__).resolve().parent.parent)
     bad = []
     checked, graph = check_includes(root, bad)
     links = check_links(root, graph, bad)
+    namespaces = check_namespaces(root, bad)
     for line in bad:
         print(line)
-    print(f"check_layers: {checked} includes in {len(graph)} files and {links} link edges checked, "
-          f"{len(bad)} not allowed")
+    print(f"check_layers: {checked} includes in {len(graph)} files, {links} link edges and {namespaces} namespace "
+          f"blocks checked, {len(bad)} not allowed")
     return 1 if bad else 0
 
 

@@ -70,8 +70,8 @@ std::variant<World, RoundEnd> Agent::rendezvous(int round) {
                           << ", MASTER_ADDR=" << w->master_addr << " MASTER_PORT=" << w->master_port;
     } else {
       log::info("ddprun") << "attempt " << restarts_ << ": worker store on "
-                          << rdzv::format_endpoint(worker_store_->endpoint()) << ", MASTER_ADDR=" << w->master_addr
-                          << " MASTER_PORT=" << w->master_port;
+                          << rdzv::server::format_endpoint(worker_store_->endpoint())
+                          << ", MASTER_ADDR=" << w->master_addr << " MASTER_PORT=" << w->master_port;
     }
   }
   return joined;
@@ -109,7 +109,7 @@ GroupResult Agent::running(const World& world) {
     start_watch(world.round);
   }
   // The worker store's changes are progress signals; it lives on the node of group rank 0.
-  rdzv::ServerThread* store = !multi_node_ || world.group_rank == 0 ? worker_store_.get() : nullptr;
+  rdzv::server::ServerThread* store = !multi_node_ || world.group_rank == 0 ? worker_store_.get() : nullptr;
   GroupResult result = supervisor_.run(launches, [&](const std::vector<pid_t>& pids) {
     health(HealthEndpoint::Phase::Running, std::to_string(pids.size()) + " workers, round " +
                                                std::to_string(world.round) + " (restart " + std::to_string(restarts_) +

@@ -46,9 +46,9 @@ std::vector<std::string> resolve_all(const std::vector<std::string>& names) {
   return out;
 }
 
-std::optional<rdzv::Token> Agent::read_token() const {
+std::optional<rdzv::core::Token> Agent::read_token() const {
   if (o_.token_file.empty()) return std::nullopt;
-  return rdzv::read_token_file(o_.token_file);
+  return rdzv::core::read_token_file(o_.token_file);
 }
 
 void Agent::arm_fence(std::chrono::milliseconds lost_after) {
@@ -89,7 +89,7 @@ std::unique_ptr<RendezvousBackend> Agent::make_backend() {
     eo.etcd.endpoints = o_.etcd.endpoints;
     eo.etcd.user = o_.etcd.user;
     if (!o_.etcd.password_file.empty())
-      eo.etcd.password = rdzv::read_private_file(o_.etcd.password_file, "etcd password file");
+      eo.etcd.password = rdzv::core::read_private_file(o_.etcd.password_file, "etcd password file");
     eo.etcd.ca_file = o_.etcd.ca_file;
     eo.etcd.cert_file = o_.etcd.cert_file;
     eo.etcd.key_file = o_.etcd.key_file;
@@ -140,13 +140,13 @@ uint16_t Agent::host_worker_store() {
   // use (not "::") and admits only this node (loopback and that address) until the rendezvous
   // names the other nodes (Agent::rendezvous).
   worker_store_.reset();
-  rdzv::ServerOptions so;
+  rdzv::server::ServerOptions so;
   so.host = advertise_addr_;
   so.port = multi_node_ ? 0 : o_.master_port.value_or(0);
   so.log_lifecycle = false;
   so.allowed_peers = resolve_all({advertise_addr_});
   try {
-    worker_store_ = std::make_unique<rdzv::ServerThread>(so);
+    worker_store_ = std::make_unique<rdzv::server::ServerThread>(so);
   } catch (const ConnectionError& e) {
     if (!multi_node_ && o_.master_port) throw;  // the user's --master_port: no other port will do
     // The workers' address is not one this host can bind (behind NAT, say): listen on every
@@ -154,10 +154,10 @@ uint16_t Agent::host_worker_store() {
     log::warn("ddprun") << "worker store: " << e.what() << "; listening on every address instead";
     so.host = "::";
     try {
-      worker_store_ = std::make_unique<rdzv::ServerThread>(so);
+      worker_store_ = std::make_unique<rdzv::server::ServerThread>(so);
     } catch (const ConnectionError&) {
       so.host = "0.0.0.0";  // no IPv6 on this host
-      worker_store_ = std::make_unique<rdzv::ServerThread>(so);
+      worker_store_ = std::make_unique<rdzv::server::ServerThread>(so);
     }
   }
   return worker_store_->port();

@@ -102,7 +102,7 @@ class Agent {
   // Multi-node jobs: the guard stops this node's workers when no heartbeat got through for most of
   // `lost_after`, the time after which the other nodes count this node as lost.
   void arm_fence(std::chrono::milliseconds lost_after);
-  std::optional<rdzv::Token> read_token() const;
+  std::optional<rdzv::core::Token> read_token() const;
   void plan_numa_binding();
   // --preload: the zygote starts importing now (overlapping the rendezvous); spawn_worker forks
   // workers from it, or starts them the normal way when it cannot serve (said once).
@@ -148,7 +148,7 @@ class Agent {
   Supervisor supervisor_;
   std::unique_ptr<SignalWatcher> signals_;  // after supervisor_: destroyed (joined) before it
   std::unique_ptr<RendezvousBackend> backend_;
-  std::unique_ptr<rdzv::ServerThread> worker_store_;
+  std::unique_ptr<rdzv::server::ServerThread> worker_store_;
   std::string advertise_addr_;  // the address other nodes (and the workers) use for this node
   // Stack capture (for --hang_timeout and torchelastic's file timer): the workers' Python hook.
   const bool file_timer_;

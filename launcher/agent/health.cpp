@@ -10,14 +10,14 @@ namespace ddprun::launcher::agent {
 
 HealthEndpoint::HealthEndpoint(uint16_t port) : io_(std::make_unique<boost::asio::io_context>()) {
   auto handler = [this](std::string_view) {
-    rdzv::HttpReply reply;
+    rdzv::server::HttpReply reply;
     reply.body = answer(reply.status);
     return reply;
   };
   try {
-    http_ = std::make_unique<rdzv::HttpServer>(*io_, "::", port, "ddprun", handler);
+    http_ = std::make_unique<rdzv::server::HttpServer>(*io_, "::", port, "ddprun", handler);
   } catch (const ConnectionError&) {
-    http_ = std::make_unique<rdzv::HttpServer>(*io_, "0.0.0.0", port, "ddprun", handler);  // no IPv6 here
+    http_ = std::make_unique<rdzv::server::HttpServer>(*io_, "0.0.0.0", port, "ddprun", handler);  // no IPv6 here
   }
   port_ = http_->port();
   http_->start();

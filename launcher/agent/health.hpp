@@ -19,7 +19,7 @@ namespace boost::asio {
 class io_context;
 }
 
-namespace ddprun::rdzv {
+namespace ddprun::rdzv::server {
 class HttpServer;
 }
 
@@ -46,7 +46,7 @@ class HealthEndpoint {
   std::string detail_ = "starting";
   std::chrono::steady_clock::time_point since_ = std::chrono::steady_clock::now();
   std::unique_ptr<boost::asio::io_context> io_;
-  std::unique_ptr<rdzv::HttpServer> http_;
+  std::unique_ptr<rdzv::server::HttpServer> http_;
   uint16_t port_ = 0;
   std::thread thread_;
 };

@@ -73,7 +73,7 @@ constexpr FlagDef kFlagTable[] = {
      [](const FlagInput& in, LaunchOptions& o) {
        o.run_id = trim(in.text);
        std::string why;
-       if (!rdzv::jobs::valid_run_id(o.run_id, &why)) {
+       if (!rdzv::core::valid_run_id(o.run_id, &why)) {
          throw ConfigError(in.flag + ": '" + o.run_id + "' cannot name a job: " + why);
        }
      }},

@@ -16,7 +16,7 @@
 #include "launcher/rendezvous/rendezvous_backend.hpp"  // RoundEnd
 #include "launcher/workers/worker_exit.hpp"
 #include "rendezvous/jobs/job_keys.hpp"
-#include "rendezvous/core/json_fields.hpp"
+#include "common/json_fields.hpp"
 #include "rendezvous/jobs/records.hpp"
 
 namespace ddprun::launcher::rendezvous {

@@ -4,7 +4,7 @@
 
 #include "common/numbers.hpp"
 #include "launcher/watchdog/hang_report.hpp"
-#include "rendezvous/core/json_fields.hpp"
+#include "common/json_fields.hpp"
 
 namespace ddprun::launcher::watchdog {
 

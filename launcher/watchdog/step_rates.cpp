@@ -4,7 +4,7 @@
 #include <cstdio>
 #include <sstream>
 
-#include "rendezvous/core/json_fields.hpp"
+#include "common/json_fields.hpp"
 
 namespace ddprun::launcher::watchdog {
 

@@ -98,7 +98,7 @@ std::string Watchdog::progress_file(int local_rank) const {
   return "";
 }
 
-void Watchdog::start(const std::vector<pid_t>& pids, rdzv::ServerThread* worker_store,
+void Watchdog::start(const std::vector<pid_t>& pids, rdzv::server::ServerThread* worker_store,
                      std::unique_ptr<ProgressChannel> channel, std::function<void(const RoundEnd&)> on_hang,
                      std::function<bool()> group_running) {
   {
@@ -114,7 +114,7 @@ void Watchdog::start(const std::vector<pid_t>& pids, rdzv::ServerThread* worker_
   group_running_ = std::move(group_running);
   if (worker_store_) {
     tap_ = std::make_unique<StoreTap>();
-    worker_store_->with_server([this](rdzv::Server& s) { s.store().set_observer(tap_.get()); });
+    worker_store_->with_server([this](rdzv::server::Server& s) { s.store().set_observer(tap_.get()); });
   }
   started_at_ = last_job_progress_ = Clock::now();
   next_rates_ = started_at_ + s_.rates_period;
@@ -135,7 +135,7 @@ void Watchdog::stop() {
   wake_.notify_all();
   if (thread_.joinable()) thread_.join();
   if (tap_ && worker_store_) {
-    worker_store_->with_server([](rdzv::Server& s) { s.store().set_observer(nullptr); });
+    worker_store_->with_server([](rdzv::server::Server& s) { s.store().set_observer(nullptr); });
   }
   if (started_) {
     sample(Clock::now());

@@ -46,7 +46,7 @@
 #include "launcher/rendezvous/rendezvous_backend.hpp"
 #include "launcher/watchdog/step_rates.hpp"
 
-namespace ddprun::rdzv {
+namespace ddprun::rdzv::server {
 class ServerThread;
 }
 
@@ -99,8 +99,9 @@ class Watchdog {
   // progress channel on several nodes, else nullptr. `on_hang` runs on the watchdog's thread with
   // the round's end when a hang was diagnosed; `group_running` says whether the workers still run
   // (nothing is reported for a group that is being stopped anyway).
-  void start(const std::vector<pid_t>& pids, rdzv::ServerThread* worker_store, std::unique_ptr<ProgressChannel> channel,
-             std::function<void(const RoundEnd&)> on_hang, std::function<bool()> group_running);
+  void start(const std::vector<pid_t>& pids, rdzv::server::ServerThread* worker_store,
+             std::unique_ptr<ProgressChannel> channel, std::function<void(const RoundEnd&)> on_hang,
+             std::function<bool()> group_running);
   // Stops watching and publishes the final step rates. Idempotent.
   void stop();
 
@@ -142,7 +143,7 @@ class Watchdog {
   WatchdogSettings s_;
   std::vector<std::unique_ptr<Rank>> ranks_;
   std::unique_ptr<FileTimerServer> timer_;
-  rdzv::ServerThread* worker_store_ = nullptr;
+  rdzv::server::ServerThread* worker_store_ = nullptr;
   std::unique_ptr<StoreTap> tap_;
   std::unique_ptr<ProgressChannel> channel_;
   std::function<void(const RoundEnd&)> on_hang_;

@@ -73,9 +73,9 @@ NodeDiagnosis Watchdog::diagnose_local(Clock::time_point now) {
   d.ranks = std::move(states);
   if (worker_store_) {
     StoreView v;
-    v.endpoint = rdzv::format_endpoint(worker_store_->endpoint());
-    std::vector<rdzv::ClientInfo> clients;
-    worker_store_->with_server([&](rdzv::Server& s) { clients = s.clients(); });
+    v.endpoint = rdzv::server::format_endpoint(worker_store_->endpoint());
+    std::vector<rdzv::server::ClientInfo> clients;
+    worker_store_->with_server([&](rdzv::server::Server& s) { clients = s.clients(); });
     for (const auto& c : clients) {
       v.clients.push_back(c.peer);
       if (!c.waiting.empty()) v.waits.push_back({c.peer, c.waiting, secs(now - c.waiting_since)});

@@ -43,7 +43,7 @@ inline std::optional<int> heartbeat_rank(std::string_view key) {
 namespace ddprun::launcher::watchdog {
 
 // The worker store's changes, as the watchdog needs them (called on the store's thread).
-class Watchdog::StoreTap final : public rdzv::ChangeObserver {
+class Watchdog::StoreTap final : public rdzv::core::ChangeObserver {
  public:
   void on_change(std::string_view key, const int64_t* counter) override {
     changes.fetch_add(1, std::memory_order_relaxed);

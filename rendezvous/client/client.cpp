@@ -21,7 +21,7 @@
 #include "rendezvous/core/job_namespace.hpp"
 #include "rendezvous/core/protocol.hpp"
 
-namespace ddprun::rdzv {
+namespace ddprun::rdzv::client {
 
 namespace {
 
@@ -108,20 +108,20 @@ bool Client::rides_out_outages() {
 }
 
 void Client::learn_durability_locked(Clock::time_point deadline) {
-  if (options_.outage_tolerance.count() <= 0 || options_.dialect == Dialect::Legacy || no_info_) return;
-  const std::string_view key = jobs::kStoreInfoKey;
-  std::string check = request(Op::Check);
-  put_u64(check, 1);
-  put_bytes(check, key);
+  if (options_.outage_tolerance.count() <= 0 || options_.dialect == core::Dialect::Legacy || no_info_) return;
+  const std::string_view key = core::kStoreInfoKey;
+  std::string check = request(core::Op::Check);
+  core::put_u64(check, 1);
+  core::put_bytes(check, key);
   send_locked(check, deadline, "CHECK");
   // The handshake's proof went out with the CHECK: its answer comes first, and a connection lost
   // there says nothing about the store's age.
   settle_proof_locked(deadline);
   std::string info;
   try {
-    if (recv_u8(deadline, "CHECK") == kCheckReady) {
-      std::string get = request(Op::Get);
-      put_bytes(get, key);
+    if (recv_u8(deadline, "CHECK") == core::kCheckReady) {
+      std::string get = request(core::Op::Get);
+      core::put_bytes(get, key);
       send_locked(get, deadline, "GET");
       info = recv_bytes(deadline, "GET");
     }
@@ -138,7 +138,7 @@ void Client::learn_durability_locked(Clock::time_point deadline) {
   durable_ = object && j.contains("durable") && j["durable"].is_boolean() && j["durable"].get<bool>();
   boot_ = object && j.contains("boot") && j["boot"].is_string() ? j["boot"].get<std::string>() : std::string();
   // Tokens that make a retried ADD count once (ADD_ONCE): unique to this client.
-  if (!boot_.empty() && token_prefix_.empty()) token_prefix_ = to_hex(random_nonce().substr(0, 12)) + ":";
+  if (!boot_.empty() && token_prefix_.empty()) token_prefix_ = to_hex(core::random_nonce().substr(0, 12)) + ":";
 }
 
 std::string Client::next_once_token() { return token_prefix_ + std::to_string(++token_seq_); }
@@ -171,26 +171,26 @@ void Client::open_socket_locked(Clock::time_point deadline, bool refused_is_fina
 }
 
 void Client::handshake_locked(Clock::time_point deadline) {
-  if (options_.dialect == Dialect::Legacy) return;  // 1.13 has no handshake
+  if (options_.dialect == core::Dialect::Legacy) return;  // 1.13 has no handshake
   // 2.x handshake: VALIDATE (no reply), then PING, whose echo proves a store is listening, then
   // (one round trip for both) ddprun's AUTH_HELLO.
-  std::string hello = request(Op::Validate);
-  put_u32(hello, kValidateMagic);
+  std::string hello = request(core::Op::Validate);
+  core::put_u32(hello, core::kValidateMagic);
   const uint32_t nonce = static_cast<uint32_t>(::getpid());
-  hello += request(Op::Ping);
-  put_u32(hello, nonce);
-  const std::string client_nonce = options_.negotiate_auth ? random_nonce() : std::string();
+  hello += request(core::Op::Ping);
+  core::put_u32(hello, nonce);
+  const std::string client_nonce = options_.negotiate_auth ? core::random_nonce() : std::string();
   if (options_.negotiate_auth) {
-    hello += request(Op::AuthHello);
-    put_u32(hello, kAuthVersion);
-    put_bytes(hello, options_.credentials ? std::string_view(options_.credentials->scope) : std::string_view());
-    put_bytes(hello, client_nonce);
+    hello += request(core::Op::AuthHello);
+    core::put_u32(hello, core::kAuthVersion);
+    core::put_bytes(hello, options_.credentials ? std::string_view(options_.credentials->scope) : std::string_view());
+    core::put_bytes(hello, client_nonce);
   }
   const auto hello_deadline = std::max(deadline, Clock::now() + std::chrono::seconds(5));
   send_locked(hello, hello_deadline, "handshake");
   char echo[4];
   recv_locked(echo, 4, hello_deadline, "handshake");
-  if (load_u32(echo) != nonce) {
+  if (core::load_u32(echo) != nonce) {
     close_locked();
     throw ProtocolError("the server at " + endpoint() + " answered PING with a wrong nonce; is it a store?");
   }
@@ -244,29 +244,29 @@ void Client::prove_locked(const std::string& client_nonce, Clock::time_point dea
                         " closed the connection at ddprun's handshake: is it an "
                         "older ddprun, or another program's store?");
   }
-  if (mode == kAuthOpen) return;
-  refusal_said_ = mode == kAuthProveSaysRefusal;
+  if (mode == core::kAuthOpen) return;
+  refusal_said_ = mode == core::kAuthProveSaysRefusal;
   if (!options_.credentials) {
     close_locked();
     throw ConfigError("the store at " + endpoint() + " is protected by a secret, and this client has none" +
                       (options_.missing_secret_hint.empty() ? "" : ": " + options_.missing_secret_hint));
   }
-  const Credentials& c = *options_.credentials;
-  unsent_proof_ = request(Op::AuthProof);
-  put_bytes(unsent_proof_, client_mac(c.key, c.scope, client_nonce, server_nonce));
-  expected_server_mac_ = server_mac(c.key, c.scope, client_nonce, server_nonce);
+  const core::Credentials& c = *options_.credentials;
+  unsent_proof_ = request(core::Op::AuthProof);
+  core::put_bytes(unsent_proof_, core::client_mac(c.key, c.scope, client_nonce, server_nonce));
+  expected_server_mac_ = core::server_mac(c.key, c.scope, client_nonce, server_nonce);
 }
 
 void Client::settle_proof_locked(Clock::time_point deadline) {
   if (!expected_server_mac_) return;
   const std::string expected = std::move(*expected_server_mac_);
   expected_server_mac_.reset();  // before reading: recv_locked comes back here
-  const Credentials& c = *options_.credentials;
+  const core::Credentials& c = *options_.credentials;
   std::string theirs;
   bool refused = false;
   const bool refusal_said = refusal_said_;  // a lost connection clears it
   try {
-    refused = recv_u8(deadline, "AUTH_PROOF") != kProofAccepted;
+    refused = recv_u8(deadline, "AUTH_PROOF") != core::kProofAccepted;
     if (!refused) theirs = recv_bytes(deadline, "AUTH_PROOF");
   } catch (const ConnectionError&) {
     // A store that says its refusals did not refuse: the connection was lost (a partition, a
@@ -277,10 +277,10 @@ void Client::settle_proof_locked(Clock::time_point deadline) {
   if (refused) {
     close_locked();
     throw ConfigError("the store at " + endpoint() + " refused this client's secret for " +
-                      (c.scope == kAllJobs ? std::string("every job") : "job '" + c.scope + "'") +
+                      (c.scope == core::kAllJobs ? std::string("every job") : "job '" + c.scope + "'") +
                       ": is the token file the store's own secret, or a token for this job?");
   }
-  if (!same_mac(theirs, expected)) {
+  if (!core::same_mac(theirs, expected)) {
     close_locked();
     throw ProtocolError("the store at " + endpoint() +
                         " could not prove that it holds the secret: it is not the "
@@ -408,13 +408,13 @@ uint8_t Client::recv_u8(Clock::time_point deadline, std::string_view what) {
 int64_t Client::recv_i64(Clock::time_point deadline, std::string_view what) {
   char b[8];
   recv_locked(b, 8, deadline, what);
-  return static_cast<int64_t>(load_u64(b));
+  return static_cast<int64_t>(core::load_u64(b));
 }
 
 std::string Client::recv_bytes(Clock::time_point deadline, std::string_view what) {
   char b[8];
   recv_locked(b, 8, deadline, what);
-  const uint64_t len = load_u64(b);
+  const uint64_t len = core::load_u64(b);
   if (len > (uint64_t{1} << 34)) {
     close_locked();
     throw ProtocolError("store " + endpoint() + " sent a " + std::to_string(len) + "-byte value for " +
@@ -425,4 +425,4 @@ std::string Client::recv_bytes(Clock::time_point deadline, std::string_view what
   return v;
 }
 
-}  // namespace ddprun::rdzv
+}  // namespace ddprun::rdzv::client

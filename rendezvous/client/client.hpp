@@ -23,7 +23,7 @@
 #include "rendezvous/core/auth.hpp"
 #include "rendezvous/core/protocol.hpp"
 
-namespace ddprun::rdzv {
+namespace ddprun::rdzv::client {
 
 // Connecting gave up at its deadline; cause() is what the last attempt met (a name that does not
 // resolve, a refused connection, a failed handshake), for callers that retry and report it.
@@ -48,7 +48,7 @@ struct ClientOptions {
   // V2 (default) works with ddprun's server and PyTorch >= 2.2. Legacy talks to PyTorch 1.13 servers:
   // no handshake, no APPEND/MULTI_*/queues/LIST/PING, and a timed-out WAIT closes the connection
   // (the 1.13 protocol cannot cancel one).
-  Dialect dialect = Dialect::V2;
+  core::Dialect dialect = core::Dialect::V2;
   // After a lost connection, connect again on the next call (true), or fail it with
   // ConnectionError (false: for watchers, to whom a lost store is the news).
   bool reconnect = true;
@@ -56,7 +56,7 @@ struct ClientOptions {
   // store is protected and, if it is, prove `credentials` and check the store's proof in turn.
   // Off for stores that are not ddprun's (the 1.13 dialect never negotiates).
   bool negotiate_auth = true;
-  std::optional<Credentials> credentials;
+  std::optional<core::Credentials> credentials;
   // Appended to the error when a protected store meets a client without a secret: how to give one.
   std::string missing_secret_hint;
   // Where a store that refused a request leaves its reason (ddprun-rendezvous writes
@@ -64,7 +64,7 @@ struct ClientOptions {
   // connection during a request, the client reads it over a new connection and adds it to the
   // error. Empty: not asked.
   std::string refusal_note_key;
-  // Ride out an outage of a ddprun store (one that describes itself under jobs::kStoreInfoKey,
+  // Ride out an outage of a ddprun store (one that describes itself under core::kStoreInfoKey,
   // read at each connection): when the connection is lost, or a request gets no reply before its
   // deadline (a partition, a frozen host), connect again with backoff for up to this long and send
   // the request again, instead of failing it. Coming back to the same store (same boot id) goes on
@@ -145,7 +145,7 @@ class Client {
   // On a fresh socket: VALIDATE and PING (whose echo proves a store listens), AUTH_HELLO and the
   // proof when negotiating, then learn_durability_locked(). Nothing on the 1.13 dialect.
   void handshake_locked(Clock::time_point deadline);
-  // Reads jobs::kStoreInfoKey on a fresh connection: durable_ and boot_.
+  // Reads core::kStoreInfoKey on a fresh connection: durable_ and boot_.
   void learn_durability_locked(Clock::time_point deadline);
   // Runs `fn` (one request), connecting first; a lost connection (or a request without a reply)
   // is ridden out when tolerant_locked(): reconnect, then run `fn` again.
@@ -181,7 +181,7 @@ class Client {
   bool timed_wait_locked(const std::vector<std::string>& keys, Clock::time_point deadline);
   std::vector<std::string> multi_get_locked(const std::vector<std::string>& keys, Clock::time_point deadline);
   Clock::time_point deadline(std::optional<Duration> timeout) const;
-  std::string request(Op op) const;
+  std::string request(core::Op op) const;
 
   ClientOptions options_;
   std::mutex mutex_;
@@ -200,4 +200,4 @@ class Client {
   uint64_t token_seq_ = 0;
 };
 
-}  // namespace ddprun::rdzv
+}  // namespace ddprun::rdzv::client

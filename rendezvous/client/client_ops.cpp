@@ -7,21 +7,21 @@
 #include "common/system.hpp"
 #include "rendezvous/core/protocol.hpp"
 
-namespace ddprun::rdzv {
+namespace ddprun::rdzv::client {
 
 Client::Clock::time_point Client::deadline(std::optional<Duration> timeout) const {
   return Clock::now() + timeout.value_or(options_.timeout);
 }
 
-std::string Client::request(Op op) const {
-  const auto code = op_to_wire(options_.dialect, op);
+std::string Client::request(core::Op op) const {
+  const auto code = core::op_to_wire(options_.dialect, op);
   if (!code) {
-    throw ProtocolError(std::string(op_name(op)) + " is not available in the " +
-                        std::string(dialect_name(options_.dialect)) + " store protocol");
+    throw ProtocolError(std::string(core::op_name(op)) + " is not available in the " +
+                        std::string(core::dialect_name(options_.dialect)) + " store protocol");
   }
   std::string req;
   req.reserve(64);
-  put_u8(req, *code);
+  core::put_u8(req, *code);
   return req;
 }
 
@@ -81,14 +81,14 @@ void Client::send_write_locked(std::string req, Clock::time_point dl, std::strin
   const bool confirm = tolerant_locked();
   constexpr uint32_t kNonce = 0xC0FF1E;
   if (confirm) {
-    req += request(Op::Ping);
-    put_u32(req, kNonce);
+    req += request(core::Op::Ping);
+    core::put_u32(req, kNonce);
   }
   send_locked(req, dl, what);
   if (!confirm) return;
   char echo[4];
   recv_locked(echo, 4, dl, what);
-  if (load_u32(echo) != kNonce) {
+  if (core::load_u32(echo) != kNonce) {
     close_locked();
     throw ProtocolError("store " + endpoint() + " confirmed " + std::string(what) + " with a wrong PING nonce");
   }
@@ -97,9 +97,9 @@ void Client::send_write_locked(std::string req, Clock::time_point dl, std::strin
 void Client::set(std::string_view key, std::string_view value) {
   std::lock_guard lock(mutex_);
   retrying([&] {
-    std::string req = request(Op::Set);
-    put_bytes(req, key);
-    put_bytes(req, value);
+    std::string req = request(core::Op::Set);
+    core::put_bytes(req, key);
+    core::put_bytes(req, value);
     send_write_locked(std::move(req), deadline(std::nullopt), "SET");
   });
 }
@@ -109,8 +109,8 @@ std::string Client::get(std::string_view key, std::optional<Duration> timeout) {
   return retrying([&] {
     const auto dl = deadline(timeout);
     wait_locked({std::string(key)}, dl, timeout.value_or(options_.timeout));
-    std::string req = request(Op::Get);
-    put_bytes(req, key);
+    std::string req = request(core::Op::Get);
+    core::put_bytes(req, key);
     send_locked(req, dl, "GET");
     return recv_bytes(dl, "GET");
   });
@@ -122,12 +122,12 @@ int64_t Client::add(std::string_view key, int64_t delta) {
   return retrying([&] {
     const auto dl = deadline(std::nullopt);
     const bool once = delta != 0 && tolerant_locked();
-    std::string req = request(once ? Op::AddOnce : Op::Add);
-    put_bytes(req, key);
-    put_i64(req, delta);
+    std::string req = request(once ? core::Op::AddOnce : core::Op::Add);
+    core::put_bytes(req, key);
+    core::put_i64(req, delta);
     if (once) {
       if (token.empty()) token = next_once_token();
-      put_bytes(req, token);
+      core::put_bytes(req, token);
     }
     send_locked(req, dl, "ADD");
     return recv_i64(dl, "ADD");
@@ -138,10 +138,10 @@ std::string Client::compare_set(std::string_view key, std::string_view expected,
   std::lock_guard lock(mutex_);
   return retrying([&] {
     const auto dl = deadline(std::nullopt);
-    std::string req = request(Op::CompareSet);
-    put_bytes(req, key);
-    put_bytes(req, expected);
-    put_bytes(req, desired);
+    std::string req = request(core::Op::CompareSet);
+    core::put_bytes(req, key);
+    core::put_bytes(req, expected);
+    core::put_bytes(req, desired);
     send_locked(req, dl, "COMPARE_SET");
     return recv_bytes(dl, "COMPARE_SET");
   });
@@ -151,11 +151,11 @@ bool Client::check(const std::vector<std::string>& keys) {
   std::lock_guard lock(mutex_);
   return retrying([&] {
     const auto dl = deadline(std::nullopt);
-    std::string req = request(Op::Check);
-    put_u64(req, keys.size());
-    for (const auto& k : keys) put_bytes(req, k);
+    std::string req = request(core::Op::Check);
+    core::put_u64(req, keys.size());
+    for (const auto& k : keys) core::put_bytes(req, k);
     send_locked(req, dl, "CHECK");
-    return recv_u8(dl, "CHECK") == kCheckReady;
+    return recv_u8(dl, "CHECK") == core::kCheckReady;
   });
 }
 
@@ -165,19 +165,19 @@ void Client::wait(const std::vector<std::string>& keys, std::optional<Duration> 
 }
 
 bool Client::timed_wait_locked(const std::vector<std::string>& keys, Clock::time_point dl) {
-  std::string req = request(Op::Wait);
-  put_u64(req, keys.size());
-  for (const auto& k : keys) put_bytes(req, k);
+  std::string req = request(core::Op::Wait);
+  core::put_u64(req, keys.size());
+  for (const auto& k : keys) core::put_bytes(req, k);
   send_locked(req, dl, "WAIT");
   settle_proof_locked(dl);  // so that readiness below means the WAIT's answer
   if (readable_locked(dl)) {
-    if (recv_u8(dl, "WAIT") != kStopWaiting) {
+    if (recv_u8(dl, "WAIT") != core::kStopWaiting) {
       close_locked();
       throw ProtocolError("store " + endpoint() + " answered WAIT with an unexpected byte");
     }
     return true;
   }
-  if (options_.dialect == Dialect::Legacy) {
+  if (options_.dialect == core::Dialect::Legacy) {
     // No CANCEL_WAIT in 1.13: a late STOP_WAITING would desynchronise the connection, so drop it.
     close_locked();
     throw TimeoutError("waited on store " + endpoint() + " for " + std::to_string(keys.size()) +
@@ -186,11 +186,11 @@ bool Client::timed_wait_locked(const std::vector<std::string>& keys, Clock::time
   // Deadline passed: cancel on the server. A STOP_WAITING that raced the cancel means the keys
   // did arrive; WAIT_CANCELED always follows.
   const auto cancel_deadline = Clock::now() + std::chrono::seconds(10);
-  send_locked(request(Op::CancelWait), cancel_deadline, "CANCEL_WAIT");
+  send_locked(request(core::Op::CancelWait), cancel_deadline, "CANCEL_WAIT");
   uint8_t reply = recv_u8(cancel_deadline, "CANCEL_WAIT");
-  const bool arrived = reply == kStopWaiting;
+  const bool arrived = reply == core::kStopWaiting;
   if (arrived) reply = recv_u8(cancel_deadline, "CANCEL_WAIT");
-  if (reply != kWaitCanceled) {
+  if (reply != core::kWaitCanceled) {
     close_locked();
     throw ProtocolError("store " + endpoint() + " answered CANCEL_WAIT with an unexpected byte");
   }
@@ -209,11 +209,11 @@ void Client::wait_locked(const std::vector<std::string>& keys, Clock::time_point
   std::string missing;
   size_t n_missing = 0;
   for (const auto& k : keys) {
-    std::string chk = request(Op::Check);
-    put_u64(chk, 1);
-    put_bytes(chk, k);
+    std::string chk = request(core::Op::Check);
+    core::put_u64(chk, 1);
+    core::put_bytes(chk, k);
     send_locked(chk, cancel_deadline, "CHECK");
-    if (recv_u8(cancel_deadline, "CHECK") == kCheckReady) continue;
+    if (recv_u8(cancel_deadline, "CHECK") == core::kCheckReady) continue;
     if (n_missing++ < 8) missing += (missing.empty() ? "" : ", ") + k;
   }
   if (n_missing > 8) missing += ", ...";
@@ -226,8 +226,8 @@ bool Client::delete_key(std::string_view key) {
   std::lock_guard lock(mutex_);
   return retrying([&] {
     const auto dl = deadline(std::nullopt);
-    std::string req = request(Op::DeleteKey);
-    put_bytes(req, key);
+    std::string req = request(core::Op::DeleteKey);
+    core::put_bytes(req, key);
     send_locked(req, dl, "DELETE_KEY");
     return recv_i64(dl, "DELETE_KEY") == 1;
   });
@@ -237,7 +237,7 @@ int64_t Client::num_keys() {
   std::lock_guard lock(mutex_);
   return retrying([&] {
     const auto dl = deadline(std::nullopt);
-    send_locked(request(Op::GetNumKeys), dl, "GETNUMKEYS");
+    send_locked(request(core::Op::GetNumKeys), dl, "GETNUMKEYS");
     return recv_i64(dl, "GETNUMKEYS");
   });
 }
@@ -245,9 +245,9 @@ int64_t Client::num_keys() {
 void Client::append(std::string_view key, std::string_view data) {
   std::lock_guard lock(mutex_);
   retrying([&] {
-    std::string req = request(Op::Append);
-    put_bytes(req, key);
-    put_bytes(req, data);
+    std::string req = request(core::Op::Append);
+    core::put_bytes(req, key);
+    core::put_bytes(req, data);
     send_write_locked(std::move(req), deadline(std::nullopt), "APPEND");
   });
 }
@@ -267,9 +267,9 @@ std::vector<std::string> Client::multi_get_now(const std::vector<std::string>& k
 }
 
 std::vector<std::string> Client::multi_get_locked(const std::vector<std::string>& keys, Clock::time_point dl) {
-  std::string req = request(Op::MultiGet);
-  put_u64(req, keys.size());
-  for (const auto& k : keys) put_bytes(req, k);
+  std::string req = request(core::Op::MultiGet);
+  core::put_u64(req, keys.size());
+  for (const auto& k : keys) core::put_bytes(req, k);
   send_locked(req, dl, "MULTI_GET");
   std::vector<std::string> values;
   values.reserve(keys.size());
@@ -280,11 +280,11 @@ std::vector<std::string> Client::multi_get_locked(const std::vector<std::string>
 void Client::multi_set(const std::vector<std::pair<std::string, std::string>>& entries) {
   std::lock_guard lock(mutex_);
   retrying([&] {
-    std::string req = request(Op::MultiSet);
-    put_i64(req, static_cast<int64_t>(entries.size()));
+    std::string req = request(core::Op::MultiSet);
+    core::put_i64(req, static_cast<int64_t>(entries.size()));
     for (const auto& [k, v] : entries) {
-      put_bytes(req, k);
-      put_bytes(req, v);
+      core::put_bytes(req, k);
+      core::put_bytes(req, v);
     }
     send_write_locked(std::move(req), deadline(std::nullopt), "MULTI_SET");
   });
@@ -293,9 +293,9 @@ void Client::multi_set(const std::vector<std::pair<std::string, std::string>>& e
 void Client::queue_push(std::string_view key, std::string_view value) {
   std::lock_guard lock(mutex_);
   retrying([&] {
-    std::string req = request(Op::QueuePush);
-    put_bytes(req, key);
-    put_bytes(req, value);
+    std::string req = request(core::Op::QueuePush);
+    core::put_bytes(req, key);
+    core::put_bytes(req, value);
     send_write_locked(std::move(req), deadline(std::nullopt), "QUEUE_PUSH");
   });
 }
@@ -304,8 +304,8 @@ std::optional<std::string> Client::queue_pop(std::string_view key) {
   std::lock_guard lock(mutex_);
   return retrying([&]() -> std::optional<std::string> {
     const auto dl = deadline(std::nullopt);
-    std::string req = request(Op::QueuePop);
-    put_bytes(req, key);
+    std::string req = request(core::Op::QueuePop);
+    core::put_bytes(req, key);
     send_locked(req, dl, "QUEUE_POP");
     if (recv_i64(dl, "QUEUE_POP") <= 0) return std::nullopt;
     return recv_bytes(dl, "QUEUE_POP");
@@ -316,8 +316,8 @@ int64_t Client::queue_len(std::string_view key) {
   std::lock_guard lock(mutex_);
   return retrying([&] {
     const auto dl = deadline(std::nullopt);
-    std::string req = request(Op::QueueLen);
-    put_bytes(req, key);
+    std::string req = request(core::Op::QueueLen);
+    core::put_bytes(req, key);
     send_locked(req, dl, "QUEUE_LEN");
     return recv_i64(dl, "QUEUE_LEN");
   });
@@ -327,7 +327,7 @@ std::vector<std::string> Client::list() {
   std::lock_guard lock(mutex_);
   return retrying([&] {
     const auto dl = deadline(std::nullopt);
-    send_locked(request(Op::List), dl, "LIST");
+    send_locked(request(core::Op::List), dl, "LIST");
     const int64_t n = recv_i64(dl, "LIST");
     std::vector<std::string> keys;
     for (int64_t i = 0; i < n; ++i) keys.push_back(recv_bytes(dl, "LIST"));
@@ -340,15 +340,15 @@ Client::Duration Client::ping() {
   return retrying([&] {
     const auto start = Clock::now();
     const auto dl = deadline(std::nullopt);
-    std::string req = request(Op::Ping);
+    std::string req = request(core::Op::Ping);
     const uint32_t nonce = 0x5eed;
-    put_u32(req, nonce);
+    core::put_u32(req, nonce);
     send_locked(req, dl, "PING");
     char echo[4];
     recv_locked(echo, 4, dl, "PING");
-    if (load_u32(echo) != nonce) throw ProtocolError("store " + endpoint() + " echoed a wrong PING nonce");
+    if (core::load_u32(echo) != nonce) throw ProtocolError("store " + endpoint() + " echoed a wrong PING nonce");
     return std::chrono::duration_cast<Duration>(Clock::now() - start);
   });
 }
 
-}  // namespace ddprun::rdzv
+}  // namespace ddprun::rdzv::client

@@ -16,7 +16,7 @@
 #include "common/errors.hpp"
 #include "common/hex.hpp"
 
-namespace ddprun::rdzv {
+namespace ddprun::rdzv::core {
 namespace {
 
 constexpr std::string_view kJobTokenHeader = "ddprun-job-token v1 ";
@@ -142,7 +142,7 @@ std::optional<std::string> StoreSecret::key_for(std::string_view scope) const {
     auto it = derived_.find(std::string(scope));
     if (it != derived_.end()) return it->second;
     if (derived_.size() >= 4096) derived_.clear();  // bounded: job ids come from clients
-    return derived_.emplace(std::string(scope), rdzv::job_key(*cluster, scope)).first->second;
+    return derived_.emplace(std::string(scope), rdzv::core::job_key(*cluster, scope)).first->second;
   }
   if (!job_id.empty() && scope == job_id) return job_key;
   return std::nullopt;
@@ -164,4 +164,4 @@ Credentials status_credentials(const Token& token) {
   return Credentials{std::string(kAllJobs), token.cluster_secret};
 }
 
-}  // namespace ddprun::rdzv
+}  // namespace ddprun::rdzv::core

@@ -28,7 +28,7 @@
 #include <string_view>
 #include <unordered_map>
 
-namespace ddprun::rdzv {
+namespace ddprun::rdzv::core {
 
 inline constexpr uint32_t kAuthVersion = 1;
 inline constexpr uint8_t kAuthOpen = 0;
@@ -98,4 +98,4 @@ Credentials status_credentials(const Token& token);
 // What a store hosted with `token` accepts.
 StoreSecret store_secret(const Token& token);
 
-}  // namespace ddprun::rdzv
+}  // namespace ddprun::rdzv::core

@@ -1,6 +1,6 @@
 #include "rendezvous/core/job_namespace.hpp"
 
-namespace ddprun::rdzv::jobs {
+namespace ddprun::rdzv::core {
 namespace {
 
 constexpr std::string_view kRefusalNote = "store_refusal";
@@ -51,4 +51,4 @@ std::string_view job_of_key(std::string_view key) {
   return rest.substr(0, slash);
 }
 
-}  // namespace ddprun::rdzv::jobs
+}  // namespace ddprun::rdzv::core

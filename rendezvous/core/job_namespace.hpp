@@ -7,7 +7,7 @@
 #include <string>
 #include <string_view>
 
-namespace ddprun::rdzv::jobs {
+namespace ddprun::rdzv::core {
 
 inline constexpr std::string_view kRoot = "/ddprun/";
 // What ddprun-rendezvous says about itself, outside every job and readable by every client (JSON:
@@ -30,4 +30,4 @@ bool is_refusal_note(std::string_view key);
 // every other key.
 std::string_view job_of_key(std::string_view key);
 
-}  // namespace ddprun::rdzv::jobs
+}  // namespace ddprun::rdzv::core

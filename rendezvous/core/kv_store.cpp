@@ -10,7 +10,7 @@
 #include "rendezvous/core/job_namespace.hpp"
 #include "rendezvous/core/protocol.hpp"
 
-namespace ddprun::rdzv {
+namespace ddprun::rdzv::core {
 
 namespace {
 
@@ -24,7 +24,7 @@ std::string shown(std::string_view key) { return std::string(key.substr(0, 64)) 
 
 void KvStore::account(std::string_view key, int64_t keys, int64_t bytes) {
   stored_bytes_ = static_cast<uint64_t>(static_cast<int64_t>(stored_bytes_) + bytes);
-  const std::string_view job = jobs::job_of_key(key);
+  const std::string_view job = core::job_of_key(key);
   if (job.empty()) return;
   auto it = jobs_.find(job);
   if (it == jobs_.end()) it = jobs_.emplace(std::string(job), JobUsage{}).first;
@@ -36,7 +36,7 @@ void KvStore::account(std::string_view key, int64_t keys, int64_t bytes) {
 void KvStore::refuse(std::string_view job, const std::string& why) {
   if (!job.empty()) {
     // Where the job's agents look when the store closes their connection (rdzv::Client).
-    const std::string note = jobs::refusal_note(job);
+    const std::string note = core::refusal_note(job);
     if (map_.count(note) != 0 || notes_ < kMaxNotes) {
       const auto now = std::chrono::system_clock::to_time_t(std::chrono::system_clock::now());
       char when[32];
@@ -53,14 +53,14 @@ void KvStore::refuse(std::string_view job, const std::string& why) {
 
 void KvStore::reserve(size_t new_keys, int64_t more_bytes, std::string_view what, std::string_view key) {
   reserve_in_store(new_keys, more_bytes, what, key);
-  if (const std::string_view job = jobs::job_of_key(key); !job.empty()) {
+  if (const std::string_view job = core::job_of_key(key); !job.empty()) {
     reserve_for_job(job, new_keys, more_bytes, what, key);
   }
 }
 
 void KvStore::reserve_in_store(size_t new_keys, int64_t more_bytes, std::string_view what, std::string_view key) {
   if (unlimited_) return;
-  const std::string_view job = jobs::job_of_key(key);
+  const std::string_view job = core::job_of_key(key);
   if (new_keys > 0 && total_keys() + new_keys > limits_.max_total_keys) {
     refuse(job, "store full: " + std::string(what) + " of key '" + shown(key) + "' would make " +
                     std::to_string(total_keys() + new_keys) + " keys, over the store's limit of " +
@@ -238,7 +238,7 @@ void KvStore::multi_set(std::span<const std::string_view> keys, std::span<const 
                                          : static_cast<int64_t>(values[i].size()) - static_cast<int64_t>(old->size());
     total.new_keys += n;
     total.bytes += bytes;
-    if (const std::string_view job = jobs::job_of_key(keys[i]); !job.empty()) {
+    if (const std::string_view job = core::job_of_key(keys[i]); !job.empty()) {
       Share& s = per_job[job];
       if (s.first_key.empty()) s.first_key = keys[i];
       s.new_keys += n;
@@ -258,7 +258,7 @@ bool KvStore::remove(std::string_view key) {
   changed(key, nullptr);
   account(key, -1, -static_cast<int64_t>(it->first.size() + it->second->size()));
   key_bytes_ -= it->first.size();
-  if (jobs::is_refusal_note(key)) --notes_;
+  if (core::is_refusal_note(key)) --notes_;
   if (!watchers_.empty() && watchers_.count(key) != 0) {
     const Value old = std::move(it->second);
     const std::string name = it->first;
@@ -443,4 +443,4 @@ int64_t KvStore::queue_len(std::string_view key) const {
   return it == queues_.end() ? 0 : static_cast<int64_t>(it->second.size());
 }
 
-}  // namespace ddprun::rdzv
+}  // namespace ddprun::rdzv::core

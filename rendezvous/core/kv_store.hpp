@@ -27,7 +27,7 @@
 #include "rendezvous/core/output_queue.hpp"
 #include "rendezvous/core/protocol.hpp"
 
-namespace ddprun::rdzv {
+namespace ddprun::rdzv::core {
 
 // What the store calls back into for a client: wake-ups and (1.13) watch notifications. The
 // object must outlive its registrations; call KvStore::forget() before destroying it.
@@ -222,4 +222,4 @@ class KvStore {
   ChangeObserver* observer_ = nullptr;
 };
 
-}  // namespace ddprun::rdzv
+}  // namespace ddprun::rdzv::core

@@ -2,7 +2,7 @@
 
 #include <cstring>
 
-namespace ddprun::rdzv {
+namespace ddprun::rdzv::core {
 namespace {
 
 // Copied segments stop growing here, so sending the front of one never moves a large tail.
@@ -99,4 +99,4 @@ std::string OutputQueue::take_all() {
   return out;
 }
 
-}  // namespace ddprun::rdzv
+}  // namespace ddprun::rdzv::core

@@ -16,7 +16,7 @@
 #include <string_view>
 #include <vector>
 
-namespace ddprun::rdzv {
+namespace ddprun::rdzv::core {
 
 // A stored value handed out without a copy; never modified while anyone else holds it.
 using SharedBytes = std::shared_ptr<const std::string>;
@@ -62,4 +62,4 @@ class OutputQueue {
   size_t size_ = 0;
 };
 
-}  // namespace ddprun::rdzv
+}  // namespace ddprun::rdzv::core

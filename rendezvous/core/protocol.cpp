@@ -3,7 +3,7 @@
 #include <cstring>
 #include <span>
 
-namespace ddprun::rdzv {
+namespace ddprun::rdzv::core {
 namespace {
 
 static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
@@ -353,4 +353,4 @@ uint32_t load_u32(const char* in) {
   return v;
 }
 
-}  // namespace ddprun::rdzv
+}  // namespace ddprun::rdzv::core

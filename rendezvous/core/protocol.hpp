@@ -31,7 +31,7 @@
 #include <string_view>
 #include <vector>
 
-namespace ddprun::rdzv {
+namespace ddprun::rdzv::core {
 
 // Every operation either dialect can carry, named independently of its wire number.
 enum class Op : uint8_t {
@@ -211,4 +211,4 @@ void put_bytes(std::string& out, std::string_view bytes);  // u64 length + bytes
 uint64_t load_u64(const char* in);
 uint32_t load_u32(const char* in);
 
-}  // namespace ddprun::rdzv
+}  // namespace ddprun::rdzv::core

@@ -7,7 +7,7 @@
 #include "rendezvous/core/auth.hpp"
 #include "rendezvous/core/job_namespace.hpp"
 
-namespace ddprun::rdzv {
+namespace ddprun::rdzv::core {
 
 StoreConnection::StoreConnection(KvStore& store, const Limits& limits, std::function<void()> on_async_output,
                                  const StoreSecret* secret)
@@ -128,7 +128,7 @@ void StoreConnection::authenticate(const Request& req) {
   // AUTH_PROOF
   if (auth_ == AuthState::Open) throw AccessDenied("AUTH_PROOF to a store that needs none");
   if (auth_ != AuthState::Challenged) throw AccessDenied("AUTH_PROOF without AUTH_HELLO first");
-  if (scope_ != kAllJobs && !jobs::valid_run_id(scope_)) {
+  if (scope_ != kAllJobs && !core::valid_run_id(scope_)) {
     out_.put_u8(kProofRefused);
     throw AccessDenied("AUTH_PROOF for scope '" + scope_.substr(0, 64) + "', which is no job id");
   }
@@ -180,10 +180,10 @@ void StoreConnection::check_access(const Request& req) const {
     case AuthState::Authenticated: break;
   }
   if (scope_ == kAllJobs) return;
-  const std::string prefix = jobs::job_prefix(scope_);
+  const std::string prefix = core::job_prefix(scope_);
   const bool reads = req.op == Op::Check || req.op == Op::Get || req.op == Op::MultiGet || req.op == Op::Wait;
   for (std::string_view key : req.keys) {
-    if (reads && key == jobs::kStoreInfoKey) continue;  // the store's own description, for everyone
+    if (reads && key == core::kStoreInfoKey) continue;  // the store's own description, for everyone
     if (key.substr(0, prefix.size()) != prefix) {
       throw AccessDenied("authenticated for job '" + scope_ + "' but sent " + std::string(op_name(req.op)) +
                          " on key '" + std::string(key.substr(0, 80)) + "', outside that job");
@@ -192,10 +192,10 @@ void StoreConnection::check_access(const Request& req) const {
 }
 
 std::span<const std::string_view> StoreConnection::stored_keys(const std::vector<std::string_view>& keys) {
-  if (!description_ || std::find(keys.begin(), keys.end(), jobs::kStoreInfoKey) == keys.end()) return keys;
+  if (!description_ || std::find(keys.begin(), keys.end(), core::kStoreInfoKey) == keys.end()) return keys;
   described_others_.clear();
   for (std::string_view k : keys) {
-    if (k != jobs::kStoreInfoKey) described_others_.push_back(k);
+    if (k != core::kStoreInfoKey) described_others_.push_back(k);
   }
   return described_others_;
 }
@@ -232,7 +232,7 @@ void StoreConnection::execute(const Request& req) {
     case Op::Set: store_.set(req.keys[0], req.values[0]); break;
     case Op::CompareSet: out_.put_value(store_.compare_set(req.keys[0], req.values[0], req.values[1])); break;
     case Op::Get:
-      if (description_ && req.keys[0] == jobs::kStoreInfoKey) {
+      if (description_ && req.keys[0] == core::kStoreInfoKey) {
         out_.put_value(description_);
         break;
       }
@@ -260,7 +260,7 @@ void StoreConnection::execute(const Request& req) {
     case Op::GetNumKeys:
       if (auth_ == AuthState::Authenticated && scope_ != kAllJobs) {
         int64_t n = 0;  // a job sees its own keys only
-        store_.for_each(jobs::job_prefix(scope_), [&](std::string_view, const std::string&) { ++n; });
+        store_.for_each(core::job_prefix(scope_), [&](std::string_view, const std::string&) { ++n; });
         out_.put_i64(n);
       } else {
         out_.put_i64(static_cast<int64_t>(store_.num_keys()));
@@ -292,7 +292,7 @@ void StoreConnection::execute(const Request& req) {
     case Op::List: {
       std::vector<std::string> keys = store_.list();
       if (auth_ == AuthState::Authenticated && scope_ != kAllJobs) {
-        const std::string prefix = jobs::job_prefix(scope_);
+        const std::string prefix = core::job_prefix(scope_);
         std::erase_if(keys, [&](const std::string& k) { return k.rfind(prefix, 0) != 0; });
       }
       out_.put_i64(static_cast<int64_t>(keys.size()));
@@ -324,4 +324,4 @@ void StoreConnection::on_watch_event(uint8_t event, std::string_view key, const 
   async_output();
 }
 
-}  // namespace ddprun::rdzv
+}  // namespace ddprun::rdzv::core

@@ -23,7 +23,7 @@
 #include "rendezvous/core/output_queue.hpp"
 #include "rendezvous/core/protocol.hpp"
 
-namespace ddprun::rdzv {
+namespace ddprun::rdzv::core {
 
 class StoreConnection final : public Waiter {
  public:
@@ -63,7 +63,7 @@ class StoreConnection final : public Waiter {
   void release();
 
   // A store that describes itself (ServerOptions::describe_self): CHECK and GET of
-  // jobs::kStoreInfoKey answer `description`, which is no key of the store, so that PyTorch clients
+  // core::kStoreInfoKey answer `description`, which is no key of the store, so that PyTorch clients
   // that count or list keys see nothing new.
   void describe_store(SharedBytes description) { description_ = std::move(description); }
 
@@ -88,7 +88,7 @@ class StoreConnection final : public Waiter {
   // The gate (handshake, access, a stale WAIT, the reply's size), then execute.
   void apply(const Request& req);
   void execute(const Request& req);
-  // `keys` without jobs::kStoreInfoKey when the store describes itself (that key is always there).
+  // `keys` without core::kStoreInfoKey when the store describes itself (that key is always there).
   std::span<const std::string_view> stored_keys(const std::vector<std::string_view>& keys);
   // The handshake, and the gate every other request passes first.
   void authenticate(const Request& req);
@@ -123,4 +123,4 @@ class StoreConnection final : public Waiter {
   bool released_ = false;
 };
 
-}  // namespace ddprun::rdzv
+}  // namespace ddprun::rdzv::core

@@ -100,7 +100,7 @@ constexpr ServeFlag kServeFlags[] = {
     {"--max-value-bytes", "N", "largest value accepted",
      [](const ServeConfig& d) { return std::to_string(d.options.limits.max_value_bytes); },
      [](const std::string& f, const std::string& v, ServeConfig& c) {
-       Limits& l = c.options.limits;
+       core::Limits& l = c.options.limits;
        l.max_value_bytes = number(f, v, uint64_t{1} << 32);
        l.max_request_bytes = std::max(l.max_request_bytes, l.max_value_bytes * 2);
      }},
@@ -250,7 +250,7 @@ ServeConfig parse_serve_flags(const std::vector<std::string>& args) {
   c.version = standard.version;
   // Per-job quotas not given: a share of the store-wide limits, so that smaller limits still leave
   // room for several jobs (a quota above the store's would let one job's token fill it).
-  StoreLimits& limits = c.options.store_limits;
+  core::StoreLimits& limits = c.options.store_limits;
   if (!job_keys_given)
     limits.max_job_keys = std::max<uint64_t>(1, std::min(kDefaultJobKeys, limits.max_total_keys / 4));
   if (!job_bytes_given) {

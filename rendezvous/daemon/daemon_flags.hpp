@@ -15,7 +15,7 @@ namespace ddprun::rdzv::daemon {
 
 // What the server's flags say.
 struct ServeConfig {
-  ServerOptions options;
+  server::ServerOptions options;
   std::string port_file;
   std::optional<std::string> token_file;
   std::optional<uint16_t> metrics_port;

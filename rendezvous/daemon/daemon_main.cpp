@@ -70,7 +70,7 @@ int status_main(int argc, char** argv) {
     port = host.substr(host.find(':') + 1);
     host = host.substr(0, host.find(':'));
   }
-  rdzv::ClientOptions o;
+  rdzv::client::ClientOptions o;
   o.host = host;
   const auto port_number = to_uint(port);
   if (!port_number || *port_number > 65535)
@@ -80,9 +80,9 @@ int status_main(int argc, char** argv) {
   o.timeout = std::chrono::seconds(10);
   o.missing_secret_hint = "give status the daemon's token file with --token-file PATH (or DDPRUN_TOKEN_FILE)";
   try {
-    if (token_file) o.credentials = rdzv::status_credentials(rdzv::read_token_file(*token_file));
-    rdzv::Client client(o);
-    const auto status = rdzv::store_status(client);
+    if (token_file) o.credentials = rdzv::core::status_credentials(rdzv::core::read_token_file(*token_file));
+    rdzv::client::Client client(o);
+    const auto status = rdzv::daemon::store_status(client);
     std::cout << status.dump(2) << std::endl;
     if (status.contains("skipped")) {
       std::cerr << "ddprun-rendezvous status: skipped " << status["skipped"].size()
@@ -106,11 +106,11 @@ int token_main(int argc, char** argv) {
   const std::string& run_id = flags.run_id;
   const std::string& output = flags.output;
   std::string why;
-  if (!rdzv::jobs::valid_run_id(run_id, &why)) usage_error("token needs --rdzv_id ID: '" + run_id + "': " + why);
+  if (!rdzv::core::valid_run_id(run_id, &why)) usage_error("token needs --rdzv_id ID: '" + run_id + "': " + why);
   try {
-    const rdzv::Token t = rdzv::read_token_file(token_file);
+    const rdzv::core::Token t = rdzv::core::read_token_file(token_file);
     if (t.run_id) throw ConfigError(token_file + " holds a job token, not the daemon's secret");
-    const std::string line = rdzv::format_job_token(t.cluster_secret, run_id);
+    const std::string line = rdzv::core::format_job_token(t.cluster_secret, run_id);
     if (output.empty()) {
       std::cout << line;
       return 0;
@@ -149,9 +149,9 @@ void write_port_file(const std::string& path, uint16_t port) {
 // The secret from --token-file, or protected mode (as Redis has it): no secret, no network.
 void load_secret(ServeConfig& c) {
   if (c.token_file) {
-    const rdzv::Token t = rdzv::read_token_file(*c.token_file);
+    const rdzv::core::Token t = rdzv::core::read_token_file(*c.token_file);
     if (t.run_id) throw ConfigError(*c.token_file + " holds a job token; the daemon needs the cluster secret itself");
-    c.options.secret = rdzv::store_secret(t);
+    c.options.secret = rdzv::core::store_secret(t);
   } else if (!loopback_host(c.options.host) && !c.insecure) {
     throw ConfigError("refusing to listen on " + c.options.host + " without a secret: anyone who can reach port " +
                       std::to_string(c.options.port) +
@@ -165,16 +165,17 @@ void load_secret(ServeConfig& c) {
 void serve(const ServeConfig& c) {
   raise_open_file_limit();
   boost::asio::io_context io(1);
-  rdzv::Server server(io, c.options);
+  rdzv::server::Server server(io, c.options);
   if (!c.port_file.empty()) write_port_file(c.port_file, server.port());
-  std::cout << "listening on " << rdzv::format_endpoint(server.endpoint()) << std::endl;
+  std::cout << "listening on " << rdzv::server::format_endpoint(server.endpoint()) << std::endl;
   if (c.options.secret) log::info("rendezvous") << "protected: clients must prove the secret in " << *c.token_file;
   else if (c.insecure)
     log::warn("rendezvous") << "--insecure: anyone who can reach this port can read and end every job";
-  std::unique_ptr<rdzv::MetricsServer> metrics;
+  std::unique_ptr<rdzv::daemon::MetricsServer> metrics;
   if (c.metrics_port) {
-    metrics = std::make_unique<rdzv::MetricsServer>(io, server.endpoint().address().to_string(), *c.metrics_port,
-                                                    [&server] { return rdzv::render_metrics(server); });
+    metrics =
+        std::make_unique<rdzv::daemon::MetricsServer>(io, server.endpoint().address().to_string(), *c.metrics_port,
+                                                      [&server] { return rdzv::daemon::render_metrics(server); });
     std::cout << "metrics on " << server.endpoint().address().to_string() << ":" << metrics->port() << std::endl;
   }
   boost::asio::signal_set signals(io, SIGINT, SIGTERM);

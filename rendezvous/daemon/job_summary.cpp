@@ -7,7 +7,7 @@
 #include "common/numbers.hpp"
 #include "rendezvous/jobs/job_keys.hpp"
 
-namespace ddprun::rdzv::jobs {
+namespace ddprun::rdzv::daemon {
 
 using json = nlohmann::json;
 
@@ -24,7 +24,7 @@ struct Job {
   std::map<int64_t, Generation> generations;
 };
 
-namespace names_of = round_names;
+namespace names_of = jobs::round_names;
 
 bool starts_with(const std::string& name, std::string_view prefix) { return name.rfind(prefix, 0) == 0; }
 bool is_member_key(const std::string& name) {
@@ -74,10 +74,10 @@ std::optional<json> node_record(const std::string& name, const std::string& valu
   }
   // Heartbeats: a counter, and the wall-clock time (the node's clock) of the last one.
   const std::string agent = info.contains("agent") && info["agent"].is_string() ? info["agent"].get<std::string>() : "";
-  auto hb = g.own.find(heartbeat_name(agent));
+  auto hb = g.own.find(jobs::heartbeat_name(agent));
   if (!agent.empty() && hb != g.own.end()) {
     if (auto beats = to_int(hb->second)) info["heartbeats"] = *beats;
-    auto t = g.own.find(heartbeat_time_name(agent));
+    auto t = g.own.find(jobs::heartbeat_time_name(agent));
     if (t != g.own.end()) {
       if (auto last = to_int(t->second)) {
         info["last_heartbeat_ms"] = *last;
@@ -114,18 +114,18 @@ std::string round_state(const RoundNames& names, const std::string& prefix, json
     else skipped.push_back({{"key", prefix + std::string(names_of::kWorkerStore)}, {"reason", "not a JSON object"}});
   }
   if (!end) return find(names, names_of::kComplete) || find(names, names_of::kClosed) ? "running" : "joining";
-  const Outcome o = decode_outcome(*end);
+  const jobs::Outcome o = jobs::decode_outcome(*end);
   switch (o.kind) {
-    case Outcome::Kind::Success: break;
-    case Outcome::Kind::Failure: out["end"] = o.failure.empty() ? json(o.detail) : o.failure; break;
-    case Outcome::Kind::Hang:  // the full report stays in the store; status shows its summary
+    case jobs::Outcome::Kind::Success: break;
+    case jobs::Outcome::Kind::Failure: out["end"] = o.failure.empty() ? json(o.detail) : o.failure; break;
+    case jobs::Outcome::Kind::Hang:  // the full report stays in the store; status shows its summary
       out["end"] = {{"detail", o.detail}, {"node", o.node}};
       break;
-    case Outcome::Kind::Signal:
-    case Outcome::Kind::NodeLost:
-    case Outcome::Kind::Membership: out["end"] = o.detail; break;
+    case jobs::Outcome::Kind::Signal:
+    case jobs::Outcome::Kind::NodeLost:
+    case jobs::Outcome::Kind::Membership: out["end"] = o.detail; break;
   }
-  return std::string(state_name(o.kind));
+  return std::string(jobs::state_name(o.kind));
 }
 
 json summarize_generation(const std::string& run_id, int64_t gen, const Generation& g, const Job& job, int64_t now_ms,
@@ -140,7 +140,7 @@ json summarize_generation(const std::string& run_id, int64_t gen, const Generati
   if (const auto* latest = latest_round(g)) {
     const auto& [round, names] = *latest;
     out["round"] = round;
-    const std::string prefix = JobKeys(run_id, gen).round(round).prefix();
+    const std::string prefix = jobs::JobKeys(run_id, gen).round(round).prefix();
     for (const auto& [name, value] : names) {
       if (!is_member_key(name)) continue;
       auto info = node_record(name, value, names, g, now_ms, prefix, skipped);
@@ -157,7 +157,7 @@ json summarize_generation(const std::string& run_id, int64_t gen, const Generati
   out["joined"] = nodes.size();
   out["world_size"] = world;
   out["nodes"] = std::move(nodes);
-  if (g.own.count(std::string(job_names::kDone))) out["all_nodes_left"] = true;
+  if (g.own.count(std::string(jobs::job_names::kDone))) out["all_nodes_left"] = true;
   if (job.refusal) out["store_refusal"] = *job.refusal;
   return out;
 }
@@ -168,12 +168,12 @@ json summarize_jobs(const std::vector<std::pair<std::string, std::string>>& entr
   std::map<std::string, Job> jobs;
   json skipped = json::array();
   for (const auto& [key, value] : entries) {
-    if (is_refusal_note(key)) {
-      jobs[std::string(job_of_key(key))].refusal = value;
+    if (core::is_refusal_note(key)) {
+      jobs[std::string(core::job_of_key(key))].refusal = value;
       continue;
     }
     std::string why;
-    const auto parsed = parse_key(key, &why);
+    const auto parsed = jobs::parse_key(key, &why);
     if (!parsed) {
       skipped.push_back({{"key", key.substr(0, 300)}, {"reason", why}});
       continue;
@@ -199,4 +199,4 @@ json summarize_jobs(const std::vector<std::pair<std::string, std::string>>& entr
   }
   return out;
 }
-}  // namespace ddprun::rdzv::jobs
+}  // namespace ddprun::rdzv::daemon

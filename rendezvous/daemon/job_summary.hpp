@@ -8,7 +8,7 @@
 #include <utility>
 #include <vector>
 
-namespace ddprun::rdzv::jobs {
+namespace ddprun::rdzv::daemon {
 
 // Summary of every job found among `entries` (keys under /ddprun/ with their values), as
 // `ddprun-rendezvous status` prints it:
@@ -21,4 +21,4 @@ namespace ddprun::rdzv::jobs {
 // gives heartbeat ages.
 nlohmann::json summarize_jobs(const std::vector<std::pair<std::string, std::string>>& entries, int64_t now_ms);
 
-}  // namespace ddprun::rdzv::jobs
+}  // namespace ddprun::rdzv::daemon

@@ -16,7 +16,7 @@
 #include "rendezvous/jobs/job_keys.hpp"
 #include "rendezvous/daemon/job_summary.hpp"
 
-namespace ddprun::rdzv {
+namespace ddprun::rdzv::daemon {
 
 namespace asio = boost::asio;
 
@@ -85,9 +85,9 @@ std::string label(const char* key, std::string_view value) {
 
 }  // namespace
 
-std::string render_metrics(const Server& server) {
-  const ServerStats st = server.stats();
-  const KvStore& store = server.store();
+std::string render_metrics(const server::Server& server) {
+  const server::ServerStats st = server.stats();
+  const core::KvStore& store = server.store();
   Exposition e;
   e.single("ddprun_store_connections", "gauge", "Client connections open now.", st.connections);
   e.single("ddprun_store_connections_accepted_total", "counter", "Client connections accepted since the start.",
@@ -98,14 +98,14 @@ std::string render_metrics(const Server& server) {
   e.sample("ddprun_store_connections_refused_total", st.refused_not_allowed, label("reason", "not_allowed"));
   e.family("ddprun_store_connections_closed_total", "counter",
            "Client connections closed, by reason (bad_request and over_limit are closed by the daemon for bad input).");
-  for (size_t r = 0; r < kCloseReasonCount; ++r) {
+  for (size_t r = 0; r < server::kCloseReasonCount; ++r) {
     e.sample("ddprun_store_connections_closed_total", st.closed[r],
-             label("reason", close_reason_name(static_cast<CloseReason>(r))));
+             label("reason", server::close_reason_name(static_cast<server::CloseReason>(r))));
   }
   e.family("ddprun_store_requests_total", "counter", "Requests served, by operation.");
-  for (size_t op = 0; op < kOpCount; ++op) {
-    e.sample("ddprun_store_requests_total", store.requests(static_cast<Op>(op)),
-             label("op", op_name(static_cast<Op>(op))));
+  for (size_t op = 0; op < core::kOpCount; ++op) {
+    e.sample("ddprun_store_requests_total", store.requests(static_cast<core::Op>(op)),
+             label("op", core::op_name(static_cast<core::Op>(op))));
   }
   e.single("ddprun_store_received_bytes_total", "counter", "Bytes received from clients.", st.bytes_received);
   e.single("ddprun_store_sent_bytes_total", "counter", "Bytes sent to clients.", st.bytes_sent);
@@ -120,7 +120,7 @@ std::string render_metrics(const Server& server) {
 
   // ddprun jobs, by state (every state listed, so that a dashboard sees zeros too).
   std::vector<std::pair<std::string, std::string>> entries;
-  store.for_each(jobs::kRoot, [&](std::string_view k, const std::string& v) { entries.emplace_back(k, v); });
+  store.for_each(core::kRoot, [&](std::string_view k, const std::string& v) { entries.emplace_back(k, v); });
   const auto now_ms =
       std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
           .count();
@@ -128,7 +128,7 @@ std::string render_metrics(const Server& server) {
   for (const char* s : {"joining", "running", "succeeded", "failed", "stopped", "node_lost", "re-rendezvous", "hung"}) {
     by_state[s] = 0;
   }
-  const auto summary = jobs::summarize_jobs(entries, now_ms);
+  const auto summary = summarize_jobs(entries, now_ms);
   for (const auto& job : summary["jobs"]) ++by_state[job.value("state", "joining")];
   e.family("ddprun_store_jobs", "gauge", "ddprun jobs (one per run of a job id) known to the store, by state.");
   for (const auto& [state, n] : by_state) e.sample("ddprun_store_jobs", n, label("state", state));
@@ -154,7 +154,7 @@ std::string render_metrics(const Server& server) {
 MetricsServer::MetricsServer(asio::io_context& io, const std::string& host, uint16_t port,
                              std::function<std::string()> render)
     : http_(io, host, port, "ddprun-rendezvous", [render = std::move(render)](std::string_view target) {
-        HttpReply reply;
+        server::HttpReply reply;
         if (target == "/metrics" || target.substr(0, 9) == "/metrics?") {
           reply.content_type = "text/plain; version=0.0.4; charset=utf-8";
           reply.body = render();
@@ -170,10 +170,10 @@ MetricsServer::MetricsServer(asio::io_context& io, const std::string& host, uint
 MetricsServer::~MetricsServer() = default;
 
 void MetricsServer::start() {
-  log::info("store") << "metrics on http://" << format_endpoint(http_.local_endpoint()) << "/metrics";
+  log::info("store") << "metrics on http://" << server::format_endpoint(http_.local_endpoint()) << "/metrics";
   http_.start();
 }
 
 void MetricsServer::stop() { http_.stop(); }
 
-}  // namespace ddprun::rdzv
+}  // namespace ddprun::rdzv::daemon

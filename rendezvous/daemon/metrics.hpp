@@ -19,10 +19,10 @@
 #include "rendezvous/server/http_server.hpp"
 #include "rendezvous/server/server.hpp"
 
-namespace ddprun::rdzv {
+namespace ddprun::rdzv::daemon {
 
 // The exposition text for `server` (call on its thread).
-std::string render_metrics(const Server& server);
+std::string render_metrics(const server::Server& server);
 
 // Serves GET /metrics (and a short index at /) over HTTP/1.1 (HttpServer: one response per
 // connection, bounded in size, time and number). Not thread-safe: the io_context's thread.
@@ -37,7 +37,7 @@ class MetricsServer {
   uint16_t port() const { return http_.port(); }
 
  private:
-  HttpServer http_;
+  server::HttpServer http_;
 };
 
-}  // namespace ddprun::rdzv
+}  // namespace ddprun::rdzv::daemon

@@ -5,16 +5,16 @@
 #include "rendezvous/jobs/job_keys.hpp"
 #include "rendezvous/daemon/job_summary.hpp"
 
-namespace ddprun::rdzv {
+namespace ddprun::rdzv::daemon {
 
 using json = nlohmann::json;
 
-json store_status(Client& client) {
+json store_status(client::Client& client) {
   const std::vector<std::string> keys = client.list();
   std::vector<std::string> ours;
   for (const auto& k : keys) {
     // A hang diagnosis (every rank's stacks) is large and not part of the summary.
-    if (k.rfind(jobs::kRoot, 0) == 0 && k.find("/diagnosis/") == std::string::npos) ours.push_back(k);
+    if (k.rfind(core::kRoot, 0) == 0 && k.find("/diagnosis/") == std::string::npos) ours.push_back(k);
   }
   // Read in slices, each well under the server's reply limit; a key deleted since LIST reads empty
   // (and is reported as skipped if it matters).
@@ -30,10 +30,10 @@ json store_status(Client& client) {
   const int64_t now_ms =
       std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
           .count();
-  json summary = jobs::summarize_jobs(entries, now_ms);
+  json summary = summarize_jobs(entries, now_ms);
   json out = {{"endpoint", client.endpoint()}, {"keys", keys.size()}, {"jobs", std::move(summary["jobs"])}};
   if (!summary["skipped"].empty()) out["skipped"] = std::move(summary["skipped"]);
   return out;
 }
 
-}  // namespace ddprun::rdzv
+}  // namespace ddprun::rdzv::daemon

@@ -8,9 +8,9 @@
 
 #include "rendezvous/client/client.hpp"
 
-namespace ddprun::rdzv {
+namespace ddprun::rdzv::daemon {
 
 // {"endpoint": ..., "keys": N, "jobs": [...], "skipped": [...]}; see jobs::summarize_jobs.
-nlohmann::json store_status(Client& client);
+nlohmann::json store_status(client::Client& client);
 
-}  // namespace ddprun::rdzv
+}  // namespace ddprun::rdzv::daemon

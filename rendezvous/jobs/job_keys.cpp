@@ -23,12 +23,12 @@ constexpr std::string_view kHang = "hang:";
 }  // namespace
 
 JobKeys::JobKeys(std::string run_id, int64_t generation, std::string_view root)
-    : KeysUnder(job_prefix(run_id, root) + "g" + std::to_string(generation) + "/"),
+    : KeysUnder(core::job_prefix(run_id, root) + "g" + std::to_string(generation) + "/"),
       run_id_(std::move(run_id)),
       generation_(generation) {}
 
 std::string JobKeys::generation_counter(std::string_view run_id, std::string_view root) {
-  return job_prefix(run_id, root) + std::string(job_names::kGeneration);
+  return core::job_prefix(run_id, root) + std::string(job_names::kGeneration);
 }
 
 RoundKeys JobKeys::round(int64_t round) const { return RoundKeys(prefix() + "r" + std::to_string(round) + "/"); }
@@ -48,14 +48,14 @@ std::optional<ParsedKey> parse_key(std::string_view key, std::string* why) {
     if (why) *why = std::move(reason);
     return std::nullopt;
   };
-  if (key.substr(0, kRoot.size()) != kRoot) return fail("not a ddprun key");
-  std::string_view rest = key.substr(kRoot.size());
+  if (key.substr(0, core::kRoot.size()) != core::kRoot) return fail("not a ddprun key");
+  std::string_view rest = key.substr(core::kRoot.size());
   const auto slash = rest.find('/');
   if (slash == std::string_view::npos) return fail("no job part after the run id");
   ParsedKey out;
   out.run_id = std::string(rest.substr(0, slash));
   std::string reason;
-  if (!valid_run_id(out.run_id, &reason)) return fail("run id not valid: " + reason);
+  if (!core::valid_run_id(out.run_id, &reason)) return fail("run id not valid: " + reason);
   rest = rest.substr(slash + 1);
   if (rest == job_names::kGeneration) {
     out.name = std::string(job_names::kGeneration);

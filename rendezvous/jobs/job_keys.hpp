@@ -122,12 +122,12 @@ class RoundKeys : public KeysUnder {
 // key_prefix there).
 class JobKeys : public KeysUnder {
  public:
-  JobKeys(std::string run_id, int64_t generation, std::string_view root = kRoot);
+  JobKeys(std::string run_id, int64_t generation, std::string_view root = core::kRoot);
   const std::string& run_id() const { return run_id_; }
   int64_t generation() const { return generation_; }
 
   // <root><run_id>/gen
-  static std::string generation_counter(std::string_view run_id, std::string_view root = kRoot);
+  static std::string generation_counter(std::string_view run_id, std::string_view root = core::kRoot);
 
   // prefix(): <root><run_id>/g<G>/
   RoundKeys round(int64_t round) const;

@@ -1,6 +1,6 @@
 #include "rendezvous/jobs/records.hpp"
 
-#include "rendezvous/core/json_fields.hpp"
+#include "common/json_fields.hpp"
 
 namespace ddprun::rdzv::jobs {
 

@@ -13,7 +13,7 @@
 #include "common/errors.hpp"
 #include "rendezvous/server/server.hpp"
 
-namespace ddprun::rdzv {
+namespace ddprun::rdzv::server {
 
 namespace asio = boost::asio;
 namespace beast = boost::beast;
@@ -169,4 +169,4 @@ void HttpServer::accept() {
   });
 }
 
-}  // namespace ddprun::rdzv
+}  // namespace ddprun::rdzv::server

@@ -17,7 +17,7 @@
 #include <string>
 #include <string_view>
 
-namespace ddprun::rdzv {
+namespace ddprun::rdzv::server {
 
 struct HttpReply {
   unsigned status = 200;
@@ -50,4 +50,4 @@ class HttpServer {
   std::shared_ptr<Sessions> sessions_;  // connections being served (bounded)
 };
 
-}  // namespace ddprun::rdzv
+}  // namespace ddprun::rdzv::server

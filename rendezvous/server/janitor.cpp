@@ -6,7 +6,7 @@
 #include "common/log.hpp"
 #include "rendezvous/jobs/job_keys.hpp"
 
-namespace ddprun::rdzv {
+namespace ddprun::rdzv::server {
 
 bool JobJanitor::quiet(const std::string& id, uint64_t fingerprint, Clock::time_point now,
                        std::map<std::string, Seen>& next) {
@@ -17,7 +17,7 @@ bool JobJanitor::quiet(const std::string& id, uint64_t fingerprint, Clock::time_
   return now - s.since >= ttl_;
 }
 
-JobJanitor::Sweep JobJanitor::sweep(KvStore& store, Clock::time_point now) {
+JobJanitor::Sweep JobJanitor::sweep(core::KvStore& store, Clock::time_point now) {
   struct Generation {
     std::vector<std::string> keys;
     uint64_t fingerprint = 0;
@@ -30,13 +30,13 @@ JobJanitor::Sweep JobJanitor::sweep(KvStore& store, Clock::time_point now) {
     Generation stray;  // keys under the job's prefix that are no part of ddprun's layout
   };
   std::map<std::string, Job> jobs;
-  store.for_each(jobs::kRoot, [&](std::string_view key, const std::string& value) {
+  store.for_each(core::kRoot, [&](std::string_view key, const std::string& value) {
     const auto parsed = jobs::parse_key(key, nullptr);
     if (!parsed) {
       // Under a job's prefix all the same (a client with the job's token wrote it): the job's.
-      const std::string_view rest = key.substr(jobs::kRoot.size());
+      const std::string_view rest = key.substr(core::kRoot.size());
       const std::string_view run_id = rest.substr(0, rest.find('/'));
-      if (run_id.size() == rest.size() || !jobs::valid_run_id(run_id)) return;  // not ours to forget
+      if (run_id.size() == rest.size() || !core::valid_run_id(run_id)) return;  // not ours to forget
       Generation& g = jobs[std::string(run_id)].stray;
       g.keys.emplace_back(key);
       g.fingerprint += std::hash<std::string_view>{}(key)*31 + std::hash<std::string>{}(value);
@@ -96,4 +96,4 @@ JobJanitor::Sweep JobJanitor::sweep(KvStore& store, Clock::time_point now) {
   return result;
 }
 
-}  // namespace ddprun::rdzv
+}  // namespace ddprun::rdzv::server

@@ -18,7 +18,7 @@
 
 #include "rendezvous/core/kv_store.hpp"
 
-namespace ddprun::rdzv {
+namespace ddprun::rdzv::server {
 
 class JobJanitor {
  public:
@@ -29,7 +29,7 @@ class JobJanitor {
     size_t generations_forgotten = 0;
     size_t keys_deleted = 0;
   };
-  Sweep sweep(KvStore& store, Clock::time_point now);
+  Sweep sweep(core::KvStore& store, Clock::time_point now);
   std::chrono::milliseconds ttl() const { return ttl_; }
 
  private:
@@ -44,4 +44,4 @@ class JobJanitor {
   std::map<std::string, Seen> seen_;  // "run_id/g<G>" or "run_id" -> last fingerprint
 };
 
-}  // namespace ddprun::rdzv
+}  // namespace ddprun::rdzv::server

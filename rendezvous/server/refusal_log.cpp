@@ -4,7 +4,7 @@
 
 #include "common/log.hpp"
 
-namespace ddprun::rdzv {
+namespace ddprun::rdzv::server {
 
 RefusalLog::RefusalLog(std::chrono::seconds window, size_t max_addresses)
     : window_(window), max_addresses_(max_addresses) {}
@@ -48,4 +48,4 @@ std::string peer_host(const std::string& peer) {
   return colon == std::string::npos ? peer : peer.substr(0, colon);
 }
 
-}  // namespace ddprun::rdzv
+}  // namespace ddprun::rdzv::server

@@ -10,7 +10,7 @@
 #include <map>
 #include <string>
 
-namespace ddprun::rdzv {
+namespace ddprun::rdzv::server {
 
 class RefusalLog {
  public:
@@ -38,4 +38,4 @@ class RefusalLog {
 // The address part of "127.0.0.1:41234" or "[::1]:41234".
 std::string peer_host(const std::string& peer);
 
-}  // namespace ddprun::rdzv
+}  // namespace ddprun::rdzv::server

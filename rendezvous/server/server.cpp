@@ -22,9 +22,7 @@
 #include "rendezvous/server/server_socket.hpp"
 #include "rendezvous/server/session.hpp"
 
-namespace ddprun::rdzv {
-
-using namespace server_socket;
+namespace ddprun::rdzv::server {
 
 namespace asio = boost::asio;
 
@@ -108,11 +106,11 @@ void Server::describe_self() {
   // Clients that ride out an outage read this on each connection (rdzv::ClientOptions): the same
   // boot id means the same store, its contents intact; another one with "durable" a restart that
   // kept them.
-  const nlohmann::json info{{"durable", journal_ != nullptr}, {"boot", to_hex(random_nonce().substr(0, 8))}};
+  const nlohmann::json info{{"durable", journal_ != nullptr}, {"boot", to_hex(core::random_nonce().substr(0, 8))}};
   description_ = std::make_shared<const std::string>(info.dump());
   // Answered by each connection, not kept as a key (StoreConnection::describe_store); a state file
   // of an earlier version may hold it as one.
-  store_.remove(jobs::kStoreInfoKey);
+  store_.remove(core::kStoreInfoKey);
 }
 
 Server::~Server() { stop(); }
@@ -165,13 +163,13 @@ void Server::run_batch() {
       if (!gather_round()) break;
     }
     // 2. Apply: first the requests nobody waits for an answer to, then the rest.
-    for (Session* s : batch_) apply(*s, StoreConnection::Stage::NoReply);
+    for (Session* s : batch_) apply(*s, core::StoreConnection::Stage::NoReply);
     // Each connection's replies leave as soon as its requests are applied: its client goes on with
     // its next request while the others' are served, rather than after the whole batch (under CPU
     // contention the batch can be preempted many times before it ends).
     for (size_t i = 0; i < batch_.size(); ++i) {
       Session& s = *batch_[i];
-      apply(s, StoreConnection::Stage::All);
+      apply(s, core::StoreConnection::Stage::All);
       if (!s.flags.closing && !s.conn().output().empty()) send(s);
     }
     // 3. Send, and settle each connection's state.
@@ -267,7 +265,7 @@ void Server::on_readable(Session& s) {
   if (s.flags.peer_closed) update_interest(s);
 }
 
-void Server::apply(Session& s, StoreConnection::Stage stage) {
+void Server::apply(Session& s, core::StoreConnection::Stage stage) {
   if (s.flags.closing) return;
   try {
     const size_t used = s.conn().consume(s.input(), stage);
@@ -373,9 +371,9 @@ void Server::close_session(Session& s, CloseReason reason, const std::string& wh
 }
 
 std::vector<ClientInfo> Server::clients() const {
-  std::unordered_map<const Waiter*, const PendingWaitInfo*> waits;
-  const std::vector<PendingWaitInfo> pending = store_.pending_waits();
-  for (const PendingWaitInfo& w : pending) waits[w.waiter] = &w;
+  std::unordered_map<const core::Waiter*, const core::PendingWaitInfo*> waits;
+  const std::vector<core::PendingWaitInfo> pending = store_.pending_waits();
+  for (const core::PendingWaitInfo& w : pending) waits[w.waiter] = &w;
   std::vector<ClientInfo> out;
   out.reserve(sessions_.size());
   for (const auto& [ptr, session] : sessions_) {
@@ -425,4 +423,4 @@ void Server::stop() {
   else DDPRUN_LOG_DEBUG("store") << "stopped serving " << format_endpoint(endpoint_);
 }
 
-}  // namespace ddprun::rdzv
+}  // namespace ddprun::rdzv::server

@@ -56,7 +56,7 @@
 #include "rendezvous/core/protocol.hpp"
 #include "rendezvous/core/store_connection.hpp"
 
-namespace ddprun::rdzv {
+namespace ddprun::rdzv::server {
 
 class Session;
 
@@ -65,8 +65,8 @@ struct ServerOptions {
   std::string host = "127.0.0.1";
   // 0 lets the kernel pick a free port; read it back with port().
   uint16_t port = 0;
-  Limits limits;
-  StoreLimits store_limits;
+  core::Limits limits;
+  core::StoreLimits store_limits;
   // Log "listening on" / "stopped" at INFO (the daemon) or DEBUG (embedded in the launcher).
   bool log_lifecycle = true;
   // TCP keepalive of accepted connections: first probe after `keepalive_idle` of silence, then every
@@ -80,7 +80,7 @@ struct ServerOptions {
   std::chrono::milliseconds job_ttl{0};
   // A protected store: clients must prove this secret before any key operation, and are bound to
   // one job's keys (rendezvous/core/auth.hpp). Without it the store is open, as PyTorch's is.
-  std::optional<StoreSecret> secret;
+  std::optional<core::StoreSecret> secret;
   // Only these peer addresses (numeric, plus loopback) may connect; others are closed before a
   // byte is read. Unset: anyone. Can be replaced later with Server::allow_peers.
   std::optional<std::vector<std::string>> allowed_peers;
@@ -100,7 +100,7 @@ struct ServerOptions {
   // Keep the store's contents in this file across restarts (StateJournal): loaded before the
   // server listens, every change written before the reply that tells of it. Empty: memory only.
   std::string state_file;
-  // Answer CHECK and GET of jobs::kStoreInfoKey (whether the store keeps its state, and an id of
+  // Answer CHECK and GET of core::kStoreInfoKey (whether the store keeps its state, and an id of
   // this start; no key of the store, so PyTorch clients that count keys see nothing new), so that
   // ddprun's clients ride out a lost connection (rdzv::ClientOptions::outage_tolerance):
   // ddprun-rendezvous and the rendezvous store an agent hosts. Always with a state_file.
@@ -161,8 +161,8 @@ class Server {
   ServerStats stats() const;
   // Every connected client, with its pending wait if any.
   std::vector<ClientInfo> clients() const;
-  KvStore& store() { return store_; }
-  const KvStore& store() const { return store_; }
+  core::KvStore& store() { return store_; }
+  const core::KvStore& store() const { return store_; }
   // Replaces the allowed peers (numeric addresses; loopback is always allowed). Connections open
   // already are not affected.
   void allow_peers(const std::vector<std::string>& addresses);
@@ -174,7 +174,7 @@ class Server {
   // One epoll_wait(0) and the reads it allows; true if any bytes arrived or a client connected.
   bool gather_round();
   void on_readable(Session& s);
-  void apply(Session& s, StoreConnection::Stage stage);
+  void apply(Session& s, core::StoreConnection::Stage stage);
   void send(Session& s);
   void update_interest(Session& s);
   void accept_pending();
@@ -201,7 +201,7 @@ class Server {
   void arm_housekeeping();
   // --state-file: restores the store from the file and journals it from now on.
   void open_state();
-  // Makes the description that jobs::kStoreInfoKey reads as (ServerOptions::describe_self).
+  // Makes the description that core::kStoreInfoKey reads as (ServerOptions::describe_self).
   void describe_self();
 
   boost::asio::io_context& io_;
@@ -219,8 +219,8 @@ class Server {
   std::unique_ptr<JobJanitor> janitor_;
   boost::asio::ip::tcp::endpoint endpoint_;
   uint16_t port_ = 0;
-  KvStore store_;
-  SharedBytes description_;                // what jobs::kStoreInfoKey reads as (describe_self), or none
+  core::KvStore store_;
+  core::SharedBytes description_;          // what core::kStoreInfoKey reads as (describe_self), or none
   std::unique_ptr<StateJournal> journal_;  // after store_: destroyed (and flushed) before it
   std::unordered_map<Session*, std::unique_ptr<Session>> sessions_;
   std::vector<std::unique_ptr<Session>> closed_;  // destroyed at the end of the batch
@@ -267,4 +267,4 @@ class ServerThread {
 // "127.0.0.1:29500" or "[::1]:29500".
 std::string format_endpoint(const boost::asio::ip::tcp::endpoint& ep);
 
-}  // namespace ddprun::rdzv
+}  // namespace ddprun::rdzv::server

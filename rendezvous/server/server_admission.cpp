@@ -17,9 +17,7 @@
 #include "rendezvous/server/server_socket.hpp"
 #include "rendezvous/server/session.hpp"
 
-namespace ddprun::rdzv {
-
-using namespace server_socket;
+namespace ddprun::rdzv::server {
 
 namespace {
 
@@ -223,4 +221,4 @@ void Server::allow_peers(const std::vector<std::string>& addresses) {
   allowed_ = std::move(allowed);
 }
 
-}  // namespace ddprun::rdzv
+}  // namespace ddprun::rdzv::server

@@ -14,7 +14,7 @@
 #include "common/errors.hpp"
 #include "common/unique_fd.hpp"
 
-namespace ddprun::rdzv::server_socket {
+namespace ddprun::rdzv::server {
 
 using boost::asio::ip::tcp;
 
@@ -107,13 +107,13 @@ uint64_t open_file_limit() {
   return ::getrlimit(RLIMIT_NOFILE, &lim) == 0 ? lim.rlim_cur : 0;
 }
 
-}  // namespace ddprun::rdzv::server_socket
+}  // namespace ddprun::rdzv::server
 
-namespace ddprun::rdzv {
+namespace ddprun::rdzv::server {
 
 std::string format_endpoint(const boost::asio::ip::tcp::endpoint& ep) {
   const std::string addr = ep.address().to_string();
   return (ep.address().is_v6() ? "[" + addr + "]" : addr) + ":" + std::to_string(ep.port());
 }
 
-}  // namespace ddprun::rdzv
+}  // namespace ddprun::rdzv::server

@@ -12,7 +12,7 @@
 #include "common/unique_fd.hpp"
 #include "rendezvous/server/server.hpp"
 
-namespace ddprun::rdzv::server_socket {
+namespace ddprun::rdzv::server {
 
 boost::asio::ip::tcp::endpoint to_endpoint(const sockaddr_storage& ss, socklen_t len);
 // A non-blocking, close-on-exec listening socket on host:port (port 0: the kernel picks); what it
@@ -26,4 +26,4 @@ std::string normalize_address(const std::string& a);
 UniqueFd open_spare();
 uint64_t open_file_limit();
 
-}  // namespace ddprun::rdzv::server_socket
+}  // namespace ddprun::rdzv::server

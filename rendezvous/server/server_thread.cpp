@@ -7,7 +7,7 @@
 
 #include "common/log.hpp"
 
-namespace ddprun::rdzv {
+namespace ddprun::rdzv::server {
 
 namespace asio = boost::asio;
 
@@ -59,4 +59,4 @@ void ServerThread::stop() {
   thread_.join();
 }
 
-}  // namespace ddprun::rdzv
+}  // namespace ddprun::rdzv::server

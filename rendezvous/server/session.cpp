@@ -7,7 +7,7 @@
 
 #include <cerrno>
 
-namespace ddprun::rdzv {
+namespace ddprun::rdzv::server {
 
 std::string format_sockaddr(const void* addr) {
   const auto* sa = static_cast<const sockaddr*>(addr);
@@ -25,8 +25,8 @@ std::string format_sockaddr(const void* addr) {
   return "<unknown peer>";
 }
 
-Session::Session(UniqueFd fd, std::string peer, KvStore& store, const Limits& limits,
-                 std::function<void(Session&)> on_async_output, const StoreSecret* secret)
+Session::Session(UniqueFd fd, std::string peer, core::KvStore& store, const core::Limits& limits,
+                 std::function<void(Session&)> on_async_output, const core::StoreSecret* secret)
     : fd_(std::move(fd)),
       peer_(std::move(peer)),
       conn_(
@@ -58,7 +58,7 @@ Session::ReadStatus Session::read(std::span<char> scratch, size_t budget, size_t
 
 bool Session::flush(size_t& sent, int& error) {
   sent = 0;
-  OutputQueue& out = conn_.output();
+  core::OutputQueue& out = conn_.output();
   while (!out.empty()) {
     iovec iov[64];
     msghdr msg{};
@@ -82,4 +82,4 @@ void Session::trim_input() {
   if (input_.empty() && input_.capacity() > 4096) std::string().swap(input_);
 }
 
-}  // namespace ddprun::rdzv
+}  // namespace ddprun::rdzv::server

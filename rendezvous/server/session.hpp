@@ -18,14 +18,14 @@
 #include "common/unique_fd.hpp"
 #include "rendezvous/core/store_connection.hpp"
 
-namespace ddprun::rdzv {
+namespace ddprun::rdzv::server {
 
 class Session {
  public:
   // `on_async_output` runs when a wake-up or watch event queued bytes for this client.
   // `secret` (not owned): the store is protected (see StoreConnection).
-  Session(UniqueFd fd, std::string peer, KvStore& store, const Limits& limits,
-          std::function<void(Session&)> on_async_output, const StoreSecret* secret = nullptr);
+  Session(UniqueFd fd, std::string peer, core::KvStore& store, const core::Limits& limits,
+          std::function<void(Session&)> on_async_output, const core::StoreSecret* secret = nullptr);
   ~Session();  // closes the socket
   Session(const Session&) = delete;
   Session& operator=(const Session&) = delete;
@@ -45,7 +45,7 @@ class Session {
 
   int fd() const { return fd_.get(); }
   const std::string& peer() const { return peer_; }
-  StoreConnection& conn() { return conn_; }
+  core::StoreConnection& conn() { return conn_; }
   std::string& input() { return input_; }
 
   // The server's bookkeeping for this connection.
@@ -73,11 +73,11 @@ class Session {
  private:
   UniqueFd fd_;
   std::string peer_;
-  StoreConnection conn_;
+  core::StoreConnection conn_;
   std::string input_;
 };
 
 // "127.0.0.1:41234" or "[::1]:41234" for a socket address.
 std::string format_sockaddr(const void* addr);
 
-}  // namespace ddprun::rdzv
+}  // namespace ddprun::rdzv::server

@@ -18,7 +18,7 @@
 #include "common/unique_fd.hpp"
 #include "rendezvous/core/protocol.hpp"
 
-namespace ddprun::rdzv {
+namespace ddprun::rdzv::server {
 
 namespace {
 
@@ -43,9 +43,9 @@ void close_record(std::string& out, size_t start) {
   const std::string_view payload(out.data() + start + 4, out.size() - start - 4);
   const uint32_t checksum = fnv1a(payload);
   std::string len;
-  put_u32(len, static_cast<uint32_t>(payload.size()));
+  core::put_u32(len, static_cast<uint32_t>(payload.size()));
   out.replace(start, 4, len);
-  put_u32(out, checksum);
+  core::put_u32(out, checksum);
 }
 
 // Reads the fields of one payload; false when it is malformed.
@@ -59,7 +59,7 @@ class PayloadReader {
   }
   bool u64(uint64_t& v) {
     if (pos_ + 8 > p_.size()) return false;
-    v = load_u64(p_.data() + pos_);
+    v = core::load_u64(p_.data() + pos_);
     pos_ += 8;
     return true;
   }
@@ -125,10 +125,10 @@ Records read_records(const std::string& data) {
   size_t pos = kMagic.size();
   while (pos < data.size()) {
     if (data.size() - pos < 8) break;
-    const uint32_t len = load_u32(data.data() + pos);
+    const uint32_t len = core::load_u32(data.data() + pos);
     if (len > data.size() - pos - 8) break;
     const std::string_view payload(data.data() + pos + 4, len);
-    if (load_u32(data.data() + pos + 4 + len) != fnv1a(payload)) break;
+    if (core::load_u32(data.data() + pos + 4 + len) != fnv1a(payload)) break;
     PayloadReader r(payload);
     uint8_t type = 0;
     bool ok = r.u8(type);
@@ -162,7 +162,7 @@ Records read_records(const std::string& data) {
 
 }  // namespace
 
-StateJournal::StateJournal(std::string path, KvStore& store) : path_(std::move(path)), store_(store) {
+StateJournal::StateJournal(std::string path, core::KvStore& store) : path_(std::move(path)), store_(store) {
   const uint64_t valid = load();
   try {
     snapshot();
@@ -204,8 +204,8 @@ uint64_t StateJournal::load() {
                           "loading what comes before";
   }
   // What was stored is restored even where today's limits are lower.
-  const StoreLimits limits = store_.limits();
-  StoreLimits none;
+  const core::StoreLimits limits = store_.limits();
+  core::StoreLimits none;
   none.max_total_keys = std::numeric_limits<uint64_t>::max();
   none.max_store_bytes = std::numeric_limits<uint64_t>::max();
   store_.set_limits(none);
@@ -227,14 +227,14 @@ void StateJournal::append_key_record(std::string& out, std::string_view key) con
   const size_t start = out.size();
   out.append(4, '\0');
   out.push_back(kKeyRecord);
-  put_bytes(out, key);
+  core::put_bytes(out, key);
   const std::string* value = store_.get(key);
-  put_u8(out, value != nullptr ? 1 : 0);
-  if (value != nullptr) put_bytes(out, *value);
+  core::put_u8(out, value != nullptr ? 1 : 0);
+  if (value != nullptr) core::put_bytes(out, *value);
   const std::deque<std::string>* items = store_.queue_items(key);
-  put_u64(out, items != nullptr ? items->size() : 0);
+  core::put_u64(out, items != nullptr ? items->size() : 0);
   if (items != nullptr) {
-    for (const std::string& item : *items) put_bytes(out, item);
+    for (const std::string& item : *items) core::put_bytes(out, item);
   }
   close_record(out, start);
 }
@@ -249,8 +249,8 @@ void StateJournal::snapshot() {
     const size_t start = out.size();
     out.append(4, '\0');
     out.push_back(kTokenRecord);
-    put_bytes(out, token);
-    put_u64(out, static_cast<uint64_t>(result));
+    core::put_bytes(out, token);
+    core::put_u64(out, static_cast<uint64_t>(result));
     close_record(out, start);
   });
   const std::string tmp = path_ + ".tmp";
@@ -294,8 +294,8 @@ void StateJournal::on_once(std::string_view token, int64_t result) {
   const size_t start = tokens_.size();
   tokens_.append(4, '\0');
   tokens_.push_back(kTokenRecord);
-  put_bytes(tokens_, token);
-  put_u64(tokens_, static_cast<uint64_t>(result));
+  core::put_bytes(tokens_, token);
+  core::put_u64(tokens_, static_cast<uint64_t>(result));
   close_record(tokens_, start);
 }
 
@@ -350,4 +350,4 @@ void StateJournal::retry_if_broken() {
   }
 }
 
-}  // namespace ddprun::rdzv
+}  // namespace ddprun::rdzv::server

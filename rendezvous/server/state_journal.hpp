@@ -29,9 +29,9 @@
 #include "common/unique_fd.hpp"
 #include "rendezvous/core/kv_store.hpp"
 
-namespace ddprun::rdzv {
+namespace ddprun::rdzv::server {
 
-class StateJournal final : public ChangeObserver {
+class StateJournal final : public core::ChangeObserver {
  public:
   struct Loaded {
     size_t keys = 0;
@@ -43,7 +43,7 @@ class StateJournal final : public ChangeObserver {
   // Loads `path` (when it exists) into `store`, which must be empty, and rewrites the file as a
   // snapshot (on a disk without room for that, appends to it as it is). Throws ConfigError naming the path if it cannot be read or written, or holds
   // something other than a state file.
-  StateJournal(std::string path, KvStore& store);
+  StateJournal(std::string path, core::KvStore& store);
   ~StateJournal() override;
   StateJournal(const StateJournal&) = delete;
   StateJournal& operator=(const StateJournal&) = delete;
@@ -69,11 +69,11 @@ class StateJournal final : public ChangeObserver {
   void append_key_record(std::string& out, std::string_view key) const;
 
   std::string path_;
-  KvStore& store_;
+  core::KvStore& store_;
   UniqueFd fd_;
   Loaded loaded_;
   std::vector<std::string> dirty_;  // keys changed since the last flush, in order
-  std::unordered_set<std::string, StringHash, std::equal_to<>> dirty_set_;
+  std::unordered_set<std::string, core::StringHash, std::equal_to<>> dirty_set_;
   std::string tokens_;  // 'O' records not flushed yet
   uint64_t file_bytes_ = 0;
   uint64_t snapshot_bytes_ = 0;
@@ -81,4 +81,4 @@ class StateJournal final : public ChangeObserver {
   std::chrono::steady_clock::time_point last_retry_{};
 };
 
-}  // namespace ddprun::rdzv
+}  // namespace ddprun::rdzv::server

@@ -216,11 +216,11 @@ TEST(ChaosSoakTest, JobsOnOneDaemonEndAsTheirFaultsSayAndLeaveNothingBehind) {
   std::cout << "chaos soak: " << rounds << " rounds, " << jobs << " jobs, the daemon killed " << daemon_kills
             << " time(s)\n";
   // Nothing of any job is left once the TTL (3 s) has passed.
-  rdzv::ClientOptions co;
+  rdzv::client::ClientOptions co;
   co.port = soak.daemon().port();
   co.connect_timeout = 10s;
   co.timeout = 10s;
-  rdzv::Client c(co);
+  rdzv::client::Client c(co);
   int64_t keys = -1;
   EXPECT_TRUE(wait_until([&] { return (keys = c.num_keys()) == 0; }, 30s))
       << "seed " << seed << ": " << keys << " key(s) left after the jobs' TTL: " << [&] {

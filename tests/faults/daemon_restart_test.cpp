@@ -128,11 +128,11 @@ TEST(DaemonRestartTest, AFullDiskUnderTheStateFileIsSaidOnceAndCaughtUpWithLater
   auto daemon = start_daemon(state);
   const uint16_t port = daemon->port();
   disk.fill();
-  rdzv::ClientOptions o;
+  rdzv::client::ClientOptions o;
   o.host = "127.0.0.1";
   o.port = port;
   o.timeout = 10s;
-  rdzv::Client c(o);
+  rdzv::client::Client c(o);
   const std::string value(64 * 1024, 'v');
   for (int i = 0; i < 20; ++i) c.set("/ddprun/full/k" + std::to_string(i), value);
   for (int i = 0; i < 20; ++i) EXPECT_EQ(c.get("/ddprun/full/k" + std::to_string(i)), value);  // served on
@@ -141,7 +141,7 @@ TEST(DaemonRestartTest, AFullDiskUnderTheStateFileIsSaidOnceAndCaughtUpWithLater
   EXPECT_NE(daemon->log_with("is written again", 20s).find("is written again"), std::string::npos) << daemon->log();
   daemon->stop(SIGKILL);
   daemon = start_daemon(state, port);
-  rdzv::Client after(o);
+  rdzv::client::Client after(o);
   for (int i = 0; i < 20; ++i) EXPECT_EQ(after.get("/ddprun/full/k" + std::to_string(i), 2s), value);
 }
 

@@ -24,8 +24,8 @@ namespace ddprun::test {
 namespace {
 
 using namespace std::chrono_literals;
-using rdzv::Dialect;
-using rdzv::Op;
+using rdzv::core::Dialect;
+using rdzv::core::Op;
 
 constexpr const char* kSecret = "this-is-the-cluster-secret-0123456789";
 
@@ -45,25 +45,25 @@ struct ProtectedDaemon {
   }
 };
 
-uint8_t wire(Op op) { return *rdzv::op_to_wire(Dialect::V2, op); }
+uint8_t wire(Op op) { return *rdzv::core::op_to_wire(Dialect::V2, op); }
 
 // A 2.x client's first frame.
 std::string validate() {
   std::string s;
-  rdzv::put_u8(s, wire(Op::Validate));
-  rdzv::put_u32(s, rdzv::kValidateMagic);
+  rdzv::core::put_u8(s, wire(Op::Validate));
+  rdzv::core::put_u32(s, rdzv::core::kValidateMagic);
   return s;
 }
 
 // The daemon serves a client that holds the secret: a PING, a set and a get.
 void expect_serving(uint16_t port) {
-  rdzv::ClientOptions o;
+  rdzv::client::ClientOptions o;
   o.host = "127.0.0.1";
   o.port = port;
   o.connect_timeout = 10s;
   o.timeout = 10s;
-  o.credentials = rdzv::Credentials{"*", kSecret};
-  rdzv::Client c(o);
+  o.credentials = rdzv::core::Credentials{"*", kSecret};
+  rdzv::client::Client c(o);
   c.ping();
   c.set("handshake_test/key", "value");
   EXPECT_EQ(c.get("handshake_test/key"), "value");
@@ -80,13 +80,13 @@ TEST(HandshakeTest, BeforeTheHandshakeARequestOtherThanItsOwnIsRefusedAtItsFirst
   for (int i = 0; i < 10; ++i) {
     auto s = std::make_unique<RawSocket>(d.port());
     std::string frame = validate();
-    rdzv::put_u8(frame, wire(Op::MultiSet));
-    rdzv::put_u64(frame, 8);  // eight keys of 7 MiB each, each under the value limit; the last never comes
+    rdzv::core::put_u8(frame, wire(Op::MultiSet));
+    rdzv::core::put_u64(frame, 8);  // eight keys of 7 MiB each, each under the value limit; the last never comes
     bool open = s->send(frame);
     for (int k = 0; k < 7 && open; ++k) {
       std::string item;
-      rdzv::put_bytes(item, "k" + std::to_string(k));
-      rdzv::put_u64(item, value.size());
+      rdzv::core::put_bytes(item, "k" + std::to_string(k));
+      rdzv::core::put_u64(item, value.size());
       open = s->send(item) && s->send(value);
     }
     socks.push_back(std::move(s));
@@ -107,9 +107,9 @@ TEST(HandshakeTest, AnOversizedHandshakeFrameIsRefusedFromItsLength) {
   Daemon& d = *pd.daemon;
   RawSocket s(d.port());
   std::string frame = validate();
-  rdzv::put_u8(frame, wire(Op::AuthHello));
-  rdzv::put_u32(frame, 1);
-  rdzv::put_u64(frame, 4096);  // a scope under the key limit but over the handshake's; it never follows
+  rdzv::core::put_u8(frame, wire(Op::AuthHello));
+  rdzv::core::put_u32(frame, 1);
+  rdzv::core::put_u64(frame, 4096);  // a scope under the key limit but over the handshake's; it never follows
   s.send(frame);
   EXPECT_TRUE(s.read_until_eof(nullptr, 10s)) << d.log();
   expect_serving(d.port());
@@ -125,8 +125,8 @@ TEST(HandshakeTest, AConnectionThatDoesNotAuthenticateInTimeIsClosed) {
   // PING is allowed before the handshake, but does not extend it.
   for (int i = 0; i < 3; ++i) {
     std::string ping;
-    rdzv::put_u8(ping, wire(Op::Ping));
-    rdzv::put_u32(ping, static_cast<uint32_t>(i));
+    rdzv::core::put_u8(ping, wire(Op::Ping));
+    rdzv::core::put_u32(ping, static_cast<uint32_t>(i));
     if (!pinging.send(ping)) break;
     if (pinging.recv_exact(4, 5s).size() != 4) break;
   }
@@ -179,13 +179,13 @@ TEST(HandshakeTest, ABurstOfClientsWithTheSecretLargerThanTheCapIsAllAdmitted) {
     clients.emplace_back([&, i] {
       go.arrive_and_wait();
       try {
-        rdzv::ClientOptions o;
+        rdzv::client::ClientOptions o;
         o.host = "127.0.0.1";
         o.port = d.port();
         o.connect_timeout = 60s;
         o.timeout = 60s;
-        o.credentials = rdzv::Credentials{"*", kSecret};
-        rdzv::Client c(o);
+        o.credentials = rdzv::core::Credentials{"*", kSecret};
+        rdzv::client::Client c(o);
         c.set("burst/" + std::to_string(i), "x");
         ++served;
       } catch (const std::exception& e) {
@@ -205,9 +205,9 @@ TEST(HandshakeTest, RefusedConnectionsFromOneAddressAreLoggedOnceAndCounted) {
   ProtectedDaemon pd;
   Daemon& d = *pd.daemon;
   std::string set = validate();
-  rdzv::put_u8(set, wire(Op::Set));
-  rdzv::put_bytes(set, "k");
-  rdzv::put_bytes(set, "v");
+  rdzv::core::put_u8(set, wire(Op::Set));
+  rdzv::core::put_bytes(set, "k");
+  rdzv::core::put_bytes(set, "v");
   for (int i = 0; i < 300; ++i) {
     RawSocket s(d.port());
     s.send(set);

@@ -28,8 +28,8 @@ namespace {
 
 using namespace std::chrono_literals;
 
-rdzv::ClientOptions options(uint16_t port) {
-  rdzv::ClientOptions o;
+rdzv::client::ClientOptions options(uint16_t port) {
+  rdzv::client::ClientOptions o;
   o.host = "127.0.0.1";
   o.port = port;
   o.connect_timeout = 5s;
@@ -42,7 +42,7 @@ rdzv::ClientOptions options(uint16_t port) {
 // over a new connection once the daemon runs, and counts once.
 TEST(StoreOutageTest, AFrozenStoreIsWaitedForAndARetriedAddCountsOnce) {
   Daemon daemon(DAEMON_BIN);
-  rdzv::Client c(options(daemon.port()));
+  rdzv::client::Client c(options(daemon.port()));
   ASSERT_TRUE(c.rides_out_outages()) << "ddprun-rendezvous describes itself, state file or not";
   EXPECT_EQ(c.add("counter", 1), 1);
   ASSERT_EQ(::kill(daemon.pid(), SIGSTOP), 0);
@@ -53,9 +53,9 @@ TEST(StoreOutageTest, AFrozenStoreIsWaitedForAndARetriedAddCountsOnce) {
   EXPECT_EQ(c.add("counter", 1), 2);
   thaw.get();
   EXPECT_GE(c.reconnects(), 1u);
-  rdzv::ClientOptions plain = options(daemon.port());
+  rdzv::client::ClientOptions plain = options(daemon.port());
   plain.outage_tolerance = 0ms;
-  rdzv::Client other(plain);
+  rdzv::client::Client other(plain);
   EXPECT_EQ(other.add("counter", 0), 2) << "the ADD sent twice was applied twice";
   EXPECT_TRUE(daemon.alive());
 }
@@ -64,9 +64,9 @@ TEST(StoreOutageTest, AFrozenStoreIsWaitedForAndARetriedAddCountsOnce) {
 // call fails at once with why.
 TEST(StoreOutageTest, AStoreWithoutStateThatEndedIsNotWaitedFor) {
   auto daemon = std::make_unique<Daemon>(DAEMON_BIN);
-  rdzv::ClientOptions o = options(daemon->port());
+  rdzv::client::ClientOptions o = options(daemon->port());
   o.timeout = 5s;
-  rdzv::Client c(o);
+  rdzv::client::Client c(o);
   c.set("k", "v");
   daemon->stop(SIGKILL);
   try {
@@ -129,8 +129,8 @@ class ClosingAtTheProof {
       const std::string hello = read_some(conn, 2s);
       if (hello.size() >= 10) {
         std::string reply = hello.substr(6, 4);  // the PING's nonce, echoed
-        rdzv::put_u8(reply, mode_);
-        rdzv::put_bytes(reply, std::string(rdzv::kNonceBytes, 'n'));
+        rdzv::core::put_u8(reply, mode_);
+        rdzv::core::put_bytes(reply, std::string(rdzv::core::kNonceBytes, 'n'));
         ::send(conn, reply.data(), reply.size(), MSG_NOSIGNAL);
         read_some(conn, 2s);  // the proof, with the first request
       }
@@ -146,19 +146,19 @@ class ClosingAtTheProof {
   std::thread thread_;
 };
 
-rdzv::ClientOptions protected_client(uint16_t port) {
-  rdzv::ClientOptions o = options(port);
+rdzv::client::ClientOptions protected_client(uint16_t port) {
+  rdzv::client::ClientOptions o = options(port);
   o.connect_timeout = 2s;
-  o.credentials = rdzv::Credentials{"job", std::string(32, 'k')};
+  o.credentials = rdzv::core::Credentials{"job", std::string(32, 'k')};
   return o;
 }
 
 // A store that says its refusals (mode 2) and closes without one lost the connection: the client
 // keeps trying until its connect timeout, and never says the secret was refused.
 TEST(StoreOutageTest, AConnectionLostAtTheProofIsNoRefusedSecret) {
-  ClosingAtTheProof store(rdzv::kAuthProveSaysRefusal);
+  ClosingAtTheProof store(rdzv::core::kAuthProveSaysRefusal);
   try {
-    rdzv::Client c(protected_client(store.port()));
+    rdzv::client::Client c(protected_client(store.port()));
     FAIL() << "connected to a store that closes every connection";
   } catch (const ConfigError& e) {
     FAIL() << "a lost connection was taken for a refused secret: " << e.what();
@@ -170,9 +170,9 @@ TEST(StoreOutageTest, AConnectionLostAtTheProofIsNoRefusedSecret) {
 
 // An older store (mode 1) refuses by closing: that stays a refused secret, said at once.
 TEST(StoreOutageTest, AnOlderStoresCloseAtTheProofIsARefusedSecret) {
-  ClosingAtTheProof store(rdzv::kAuthProve);
+  ClosingAtTheProof store(rdzv::core::kAuthProve);
   try {
-    rdzv::Client c(protected_client(store.port()));
+    rdzv::client::Client c(protected_client(store.port()));
     FAIL() << "connected to a store that closes every connection";
   } catch (const ConfigError& e) {
     EXPECT_NE(std::string(e.what()).find("refused this client's secret for job 'job'"), std::string::npos) << e.what();

@@ -13,7 +13,7 @@
 #include "common/errors.hpp"
 #include "rendezvous/core/store_connection.hpp"
 
-using namespace ddprun::rdzv;
+using namespace ddprun::rdzv::core;
 
 namespace {
 

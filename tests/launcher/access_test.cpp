@@ -23,9 +23,9 @@ namespace {
 
 namespace fs = std::filesystem;
 using namespace std::chrono_literals;
-using rdzv::put_bytes;
-using rdzv::put_u32;
-using rdzv::put_u8;
+using rdzv::core::put_bytes;
+using rdzv::core::put_u32;
+using rdzv::core::put_u8;
 
 constexpr const char* kSecret = "this-is-the-cluster-secret-0123456789";
 
@@ -60,8 +60,8 @@ std::unique_ptr<Subprocess> daemon_node(uint16_t daemon_port, int rank, const st
   return std::make_unique<Subprocess>(argv);
 }
 
-rdzv::ClientOptions client_to(uint16_t port) {
-  rdzv::ClientOptions o;
+rdzv::client::ClientOptions client_to(uint16_t port) {
+  rdzv::client::ClientOptions o;
   o.host = "127.0.0.1";
   o.port = port;
   o.connect_timeout = 5s;
@@ -70,10 +70,10 @@ rdzv::ClientOptions client_to(uint16_t port) {
 }
 
 // A client with the cluster secret: sees every job.
-rdzv::Client admin(uint16_t port) {
+rdzv::client::Client admin(uint16_t port) {
   auto o = client_to(port);
-  o.credentials = rdzv::Credentials{"*", kSecret};
-  return rdzv::Client(o);
+  o.credentials = rdzv::core::Credentials{"*", kSecret};
+  return rdzv::client::Client(o);
 }
 
 TEST(AccessTest, ProtectedModeRefusesANetworkAddressWithoutASecretAndInsecureStarts) {
@@ -128,7 +128,7 @@ TEST(AccessTest, StrangersInBothDialectsCannotReadWriteStatusOrEndAJob) {
     RawSocket v2(d.port());
     std::string get;
     put_u8(get, 0);
-    put_u32(get, rdzv::kValidateMagic);
+    put_u32(get, rdzv::core::kValidateMagic);
     put_u8(get, 3);  // 2.x GET
     put_bytes(get, before.front());
     v2.send(get);
@@ -138,10 +138,10 @@ TEST(AccessTest, StrangersInBothDialectsCannotReadWriteStatusOrEndAJob) {
   }
   // ddprun's client without a secret, or with a wrong one: refused with a reason (a wrong proof
   // at the first reply the client reads: the proof is pipelined with the first request).
-  EXPECT_THROW(rdzv::Client c(client_to(d.port())), ConfigError);
+  EXPECT_THROW(rdzv::client::Client c(client_to(d.port())), ConfigError);
   auto wrong = client_to(d.port());
-  wrong.credentials = rdzv::Credentials{"*", "not-the-secret-at-all-0123"};
-  rdzv::Client refused(wrong);
+  wrong.credentials = rdzv::core::Credentials{"*", "not-the-secret-at-all-0123"};
+  rdzv::client::Client refused(wrong);
   EXPECT_THROW(refused.ping(), ConfigError);
   // status without the secret gets nothing.
   Subprocess status({DAEMON_BIN, "status", "--endpoint", "127.0.0.1:" + std::to_string(d.port())});
@@ -192,8 +192,8 @@ TEST(AccessTest, TwoJobsOnOneDaemonCannotTouchEachOther) {
   EXPECT_NE(f.err.find("is for job 'beta', not 'alpha'"), std::string::npos) << f.err;
   // beta's agents, authenticated for beta, cannot read or end alpha.
   auto o_beta = client_to(d.port());
-  o_beta.credentials = rdzv::credentials_for(rdzv::read_token_file(beta), "beta", beta);
-  rdzv::Client b(o_beta);
+  o_beta.credentials = rdzv::core::credentials_for(rdzv::core::read_token_file(beta), "beta", beta);
+  rdzv::client::Client b(o_beta);
   b.set("/ddprun/beta/gen", "1");                   // its own keys: fine
   b.set("/ddprun/alpha/g1/r0/end", "signal:beta");  // SET has no reply...
   EXPECT_THROW(b.ping(), ConnectionError);          // ...but the store closed the connection on it
@@ -240,7 +240,7 @@ TEST(AccessTest, TheWorkerStoreAdmitsOnlyTheJobsNodes) {
   const auto worker_port = static_cast<uint16_t>(std::stoi(line.substr(12)));
   std::string ping;
   put_u8(ping, 0);
-  put_u32(ping, rdzv::kValidateMagic);
+  put_u32(ping, rdzv::core::kValidateMagic);
   put_u8(ping, 13);
   put_u32(ping, 42);
   // From an address that is not one of the job's nodes: closed before a byte is read.

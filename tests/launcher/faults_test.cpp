@@ -256,10 +256,10 @@ TEST(FaultsTest, OutOfDescriptorsWhileSpawningStopsWhatWasStartedAndReportsIt) {
 TEST(FaultsTest, AMalformedStoreValueIsAClearErrorNamingTheKey) {
   Daemon d(DAEMON_BIN);
   {
-    rdzv::ClientOptions o;
+    rdzv::client::ClientOptions o;
     o.host = "127.0.0.1";
     o.port = d.port();
-    rdzv::Client c(o);
+    rdzv::client::Client c(o);
     c.set("/ddprun/bad/gen", "garbage");      // this layout's generation counter
     c.set("/ddprun/bad/current", "garbage");  // what an older layout read as the current round
   }

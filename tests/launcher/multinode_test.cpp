@@ -300,8 +300,8 @@ std::vector<Finished> run_daemon_job(uint16_t port, const std::string& run_id, s
   return out;
 }
 
-rdzv::ClientOptions daemon_client(uint16_t port) {
-  rdzv::ClientOptions o;
+rdzv::client::ClientOptions daemon_client(uint16_t port) {
+  rdzv::client::ClientOptions o;
   o.host = "127.0.0.1";
   o.port = port;
   o.connect_timeout = 10s;
@@ -311,7 +311,7 @@ rdzv::ClientOptions daemon_client(uint16_t port) {
 
 // The daemon's key count once its janitor has caught up (it sweeps every second).
 int64_t settled_keys(uint16_t port, int64_t at_most) {
-  rdzv::Client c(daemon_client(port));
+  rdzv::client::Client c(daemon_client(port));
   int64_t n = 0;
   wait_until([&] { return (n = c.num_keys()) <= at_most; }, 20s, 100ms);
   return n;
@@ -360,7 +360,7 @@ TEST(MultiNodeTest, AJobWhoseAgentsWereKilledIsForgottenAndItsIdRunsAgain) {
 TEST(MultiNodeTest, StatusSkipsKeysItCannotParseAndSaysSo) {
   Daemon d(DAEMON_BIN);
   {
-    rdzv::Client c(daemon_client(d.port()));
+    rdzv::client::Client c(daemon_client(d.port()));
     c.set("/ddprun/big/g1/r99999999999999999999/node/0", "{}");
     c.set("/ddprun/bad/g1/r0/node/0", "{not json");
     c.set("/ddprun/bad/g1/r0/worker_store", "[1,2]");

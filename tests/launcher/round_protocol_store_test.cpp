@@ -18,9 +18,9 @@ using rendezvous::store::StoreRendezvousOptions;
 class StoreBackend final : public Backend {
  public:
   StoreBackend() {
-    rdzv::ServerOptions so;
+    rdzv::server::ServerOptions so;
     so.log_lifecycle = false;
-    server_ = std::make_unique<rdzv::ServerThread>(so);
+    server_ = std::make_unique<rdzv::server::ServerThread>(so);
   }
   std::unique_ptr<RendezvousBackend> node(int rank, int nnodes, std::chrono::milliseconds join_timeout,
                                           const StopSignal& stop) override {
@@ -38,10 +38,10 @@ class StoreBackend final : public Backend {
     return std::make_unique<StoreRendezvous>(o, stop);
   }
   int joined(RendezvousBackend& any) override {
-    rdzv::ClientOptions co;
+    rdzv::client::ClientOptions co;
     co.host = "127.0.0.1";
     co.port = server_->port();
-    rdzv::Client c(co);
+    rdzv::client::Client c(co);
     const std::string k = rdzv::jobs::JobKeys("job", generation(any)).round(0).joined();
     return static_cast<int>(c.add(k, 0));
   }
@@ -50,7 +50,7 @@ class StoreBackend final : public Backend {
   std::string missing_says() const override { return "1 of 2 nodes joined; missing node_rank 1"; }
 
  private:
-  std::unique_ptr<rdzv::ServerThread> server_;
+  std::unique_ptr<rdzv::server::ServerThread> server_;
 };
 
 INSTANTIATE_TEST_SUITE_P(Store, RoundProtocolTest,

@@ -97,7 +97,7 @@ TEST(StepRatesTest, StatusShowsEachNodesLatestRates) {
       {"/ddprun/j/g1/r0/rates/1", "not json"},
       {"/ddprun/j/g1/r0/hang", "1"},
   };
-  const auto job = rdzv::jobs::summarize_jobs(kv, 0)["jobs"][0];
+  const auto job = rdzv::daemon::summarize_jobs(kv, 0)["jobs"][0];
   ASSERT_TRUE(job.contains("step_rates")) << job.dump();
   EXPECT_EQ(job["step_rates"][0]["steps_per_s"], 4.5);
   EXPECT_EQ(job["hang_diagnosed_by"], "1");

@@ -105,11 +105,11 @@ int main(int argc, char** argv) {
       std::cout << "got " << (g_signal == SIGUSR1 ? "SIGUSR1" : "SIGTERM") << std::endl;
       return 0;
     } else if (cmd == "store-barrier") {
-      ddprun::rdzv::ClientOptions o;
+      ddprun::rdzv::client::ClientOptions o;
       o.host = env("MASTER_ADDR");
       o.port = static_cast<uint16_t>(std::stoi(env("MASTER_PORT")));
       o.timeout = std::chrono::seconds(60);
-      ddprun::rdzv::Client c(o);
+      ddprun::rdzv::client::Client c(o);
       const int world = std::stoi(env("WORLD_SIZE"));
       if (c.add("barrier", 1) == world) c.set("barrier/done", "1");
       c.wait({"barrier/done"});

@@ -11,7 +11,7 @@
 #include "rendezvous/core/store_connection.hpp"
 #include "tests/support/temp_dir.hpp"
 
-namespace ddprun::rdzv {
+namespace ddprun::rdzv::core {
 namespace {
 
 std::string v2(uint8_t op) {
@@ -74,7 +74,7 @@ struct Handshake {
   }
 };
 
-StoreSecret cluster(const std::string& s) {
+core::StoreSecret cluster(const std::string& s) {
   StoreSecret sec;
   sec.cluster = s;
   return sec;
@@ -161,4 +161,4 @@ TEST(AuthTest, TokenFilesMustBePrivateAndWellFormed) {
 }
 
 }  // namespace
-}  // namespace ddprun::rdzv
+}  // namespace ddprun::rdzv::core

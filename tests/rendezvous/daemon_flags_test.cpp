@@ -16,7 +16,7 @@ namespace {
 
 // Everything a flag of the server can set.
 auto settings(const ServeConfig& c) {
-  const ServerOptions& o = c.options;
+  const server::ServerOptions& o = c.options;
   return std::make_tuple(o.host, o.port, o.handshake_timeout, o.max_pending_handshakes, o.limits.max_key_bytes,
                          o.limits.max_value_bytes, o.limits.max_request_bytes, o.limits.max_keys_per_request,
                          o.limits.max_reply_bytes, o.store_limits.max_total_keys, o.store_limits.max_store_bytes,
@@ -69,14 +69,14 @@ TEST(DaemonFlagsTest, TheLogLevelShownIsTheOneInEffect) {
 // Per-job quotas follow smaller store-wide limits unless given: --max-total-keys 5000 used to
 // leave a per-job quota of 131072 keys, so one job's token could fill the store and refuse the next.
 TEST(DaemonFlagsTest, PerJobQuotasDefaultToAShareOfTheStoreWideLimits) {
-  const StoreLimits plain = parse_serve_flags({}).options.store_limits;
+  const core::StoreLimits plain = parse_serve_flags({}).options.store_limits;
   EXPECT_EQ(plain.max_job_keys, 131072u);
   EXPECT_EQ(plain.max_job_bytes, uint64_t{256} << 20);
-  const StoreLimits small =
+  const core::StoreLimits small =
       parse_serve_flags({"--max-total-keys", "5000", "--max-store-bytes", "1000000"}).options.store_limits;
   EXPECT_EQ(small.max_job_keys, 1250u);
   EXPECT_EQ(small.max_job_bytes, 250000u);
-  const StoreLimits given =
+  const core::StoreLimits given =
       parse_serve_flags({"--job-max-keys", "3000", "--max-total-keys", "5000", "--job_max_bytes=0"})
           .options.store_limits;
   EXPECT_EQ(given.max_job_keys, 3000u);

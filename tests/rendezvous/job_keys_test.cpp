@@ -61,9 +61,9 @@ TEST(JobKeysTest, OddKeysAreRejectedWithAReasonNeverAnException) {
   EXPECT_FALSE(jobs::parse_key("/ddprun/a b/gen", &why));
   EXPECT_NE(why.find("run id"), std::string::npos) << why;
   EXPECT_FALSE(jobs::parse_key("/default_pg/0", &why));
-  EXPECT_FALSE(jobs::valid_run_id("a/b"));
-  EXPECT_FALSE(jobs::valid_run_id(""));
-  EXPECT_TRUE(jobs::valid_run_id("slurm-1234.step:0_x"));
+  EXPECT_FALSE(core::valid_run_id("a/b"));
+  EXPECT_FALSE(core::valid_run_id(""));
+  EXPECT_TRUE(core::valid_run_id("slurm-1234.step:0_x"));
 }
 
 TEST(JobKeysTest, EveryOutcomeKindSurvivesEncoding) {
@@ -105,7 +105,7 @@ TEST(JobKeysTest, SummaryListsJobsAndSkipsWhatItCannotParse) {
       {k.round(1).end(), "lost:1:node 1 (b) sent no heartbeat for 15s"},
       {"/ddprun/other/g1/r99999999999999999999/node/0", "{}"},
   };
-  const json s = jobs::summarize_jobs(kv, 3000);
+  const json s = daemon::summarize_jobs(kv, 3000);
   ASSERT_EQ(s["jobs"].size(), 1u) << s.dump(2);
   const json& job = s["jobs"][0];
   EXPECT_EQ(job["run_id"], "job");
@@ -117,9 +117,9 @@ TEST(JobKeysTest, SummaryListsJobsAndSkipsWhatItCannotParse) {
   EXPECT_EQ(s["skipped"][1]["key"], k.round(1).node(0));
 
   // Why the store refused a job's request is shown with the job, not as an odd key.
-  kv.push_back({jobs::refusal_note("job"), "at 2026-11-24T05:10:05Z: job 'job' over its quota: ..."});
-  kv.push_back({jobs::refusal_note("late"), "at 2026-11-24T05:10:06Z: store full: ..."});
-  const json refused = jobs::summarize_jobs(kv, 3000);
+  kv.push_back({core::refusal_note("job"), "at 2026-11-24T05:10:05Z: job 'job' over its quota: ..."});
+  kv.push_back({core::refusal_note("late"), "at 2026-11-24T05:10:06Z: store full: ..."});
+  const json refused = daemon::summarize_jobs(kv, 3000);
   ASSERT_EQ(refused["jobs"].size(), 2u) << refused.dump(2);
   EXPECT_EQ(refused["skipped"].size(), 2u) << refused.dump(2);
   EXPECT_EQ(refused["jobs"][0]["store_refusal"], "at 2026-11-24T05:10:05Z: job 'job' over its quota: ...");
@@ -127,25 +127,25 @@ TEST(JobKeysTest, SummaryListsJobsAndSkipsWhatItCannotParse) {
   EXPECT_EQ(refused["jobs"][1]["state"], "refused");
 
   kv.resize(6);  // round 0 only: running, with heartbeats
-  const json running = jobs::summarize_jobs(kv, 3000)["jobs"][0];
+  const json running = daemon::summarize_jobs(kv, 3000)["jobs"][0];
   EXPECT_EQ(running["state"], "running");
   EXPECT_EQ(running["world_size"], 4);
   EXPECT_EQ(running["nodes"][0]["heartbeats"], 7);
   EXPECT_DOUBLE_EQ(running["nodes"][0]["last_heartbeat_age_s"].get<double>(), 2.0);
 }
 
-std::vector<std::string> keys_of(const KvStore& s) { return s.list(); }
+std::vector<std::string> keys_of(const core::KvStore& s) { return s.list(); }
 
 TEST(JobJanitorTest, DoneGenerationsGoAtOnceTheCounterAfterTheTtl) {
-  KvStore store;
+  core::KvStore store;
   const jobs::JobKeys g1("job", 1), g2("job", 2);
   store.set("/ddprun/job/gen", "2");
   store.set(g1.round(0).node(0), "{}");
   store.set(g1.done(), "1");
   store.set(g2.round(0).node(0), "{}");
   store.set("/default_pg/0", "not ours");
-  JobJanitor janitor(10s);
-  auto t = JobJanitor::Clock::now();
+  server::JobJanitor janitor(10s);
+  auto t = server::JobJanitor::Clock::now();
   EXPECT_EQ(janitor.sweep(store, t).generations_forgotten, 1u);
   EXPECT_EQ(keys_of(store), (std::vector<std::string>{"/ddprun/job/g2/r0/node/0", "/ddprun/job/gen", "/default_pg/0"}));
   store.set(g2.done(), "1");
@@ -158,12 +158,12 @@ TEST(JobJanitorTest, DoneGenerationsGoAtOnceTheCounterAfterTheTtl) {
 }
 
 TEST(JobJanitorTest, AGenerationGoesOnlyAfterATtlWithoutAnyChange) {
-  KvStore store;
+  core::KvStore store;
   const jobs::JobKeys g("job", 1);
   store.set(g.round(0).node(0), "{}");
   store.set(g.heartbeat("a"), "1");
-  JobJanitor janitor(10s);
-  const auto t = JobJanitor::Clock::now();
+  server::JobJanitor janitor(10s);
+  const auto t = server::JobJanitor::Clock::now();
   janitor.sweep(store, t);
   store.set(g.heartbeat("a"), "2");  // alive
   janitor.sweep(store, t + 8s);
@@ -177,13 +177,13 @@ TEST(JobJanitorTest, AGenerationGoesOnlyAfterATtlWithoutAnyChange) {
 // holder of the job's token): before, the janitor skipped them ("generation 'junk' is not a
 // number") and they stayed for good, counted against the store's limits.
 TEST(JobJanitorTest, StrayKeysUnderAJobsPrefixGoAfterATtlWithoutAnyChange) {
-  KvStore store;
+  core::KvStore store;
   store.set("/ddprun/job/junk", "x");
   store.set("/ddprun/job/g1x/r0/node/0", "y");
   store.set("/ddprun/job/g7/r0/n", "z");  // a round key ddprun never writes
   store.set("/ddprun/!bad id/x", "not a job's");
-  JobJanitor janitor(10s);
-  const auto t = JobJanitor::Clock::now();
+  server::JobJanitor janitor(10s);
+  const auto t = server::JobJanitor::Clock::now();
   EXPECT_EQ(janitor.sweep(store, t).keys_deleted, 0u);
   store.set("/ddprun/job/junk", "x2");  // still being written
   janitor.sweep(store, t + 8s);

@@ -6,7 +6,7 @@
 
 #include "common/errors.hpp"
 
-namespace ddprun::rdzv {
+namespace ddprun::rdzv::core {
 namespace {
 
 struct RecordingWaiter : Waiter {
@@ -225,4 +225,4 @@ TEST(KvStoreTest, AFullStoreSaysSoInItsRefusal) {
 }
 
 }  // namespace
-}  // namespace ddprun::rdzv
+}  // namespace ddprun::rdzv::core

@@ -4,7 +4,7 @@
 
 #include "tests/support/hex.hpp"
 
-namespace ddprun::rdzv {
+namespace ddprun::rdzv::core {
 namespace {
 
 using test::hex;
@@ -192,4 +192,4 @@ TEST(ProtocolTest, EncodersWriteLittleEndianFields) {
 }
 
 }  // namespace
-}  // namespace ddprun::rdzv
+}  // namespace ddprun::rdzv::core

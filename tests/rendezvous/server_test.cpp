@@ -28,8 +28,8 @@ using namespace std::chrono_literals;
 using test::unhex;
 using test::wait_until;
 
-ClientOptions client_options(uint16_t port) {
-  ClientOptions o;
+client::ClientOptions client_options(uint16_t port) {
+  client::ClientOptions o;
   o.host = "127.0.0.1";
   o.port = port;
   o.connect_timeout = 5s;
@@ -81,9 +81,9 @@ class RawSocket {
 bool eventually(const std::function<bool()>& pred) { return wait_until(pred, 5s, 0ms); }
 
 TEST(ServerTest, BindsKernelPickedPortAndServesEveryV2Operation) {
-  ServerThread server(ServerOptions{});
+  server::ServerThread server(server::ServerOptions{});
   ASSERT_NE(server.port(), 0);
-  Client c(client_options(server.port()));
+  client::Client c(client_options(server.port()));
   EXPECT_FALSE(c.check({"absent"}));  // connected and answered: nothing of it left to count below
   const uint64_t served = server.stats().requests;
   EXPECT_NO_THROW(c.ping()) << "the server echoes PING's nonce";
@@ -113,9 +113,9 @@ TEST(ServerTest, BindsKernelPickedPortAndServesEveryV2Operation) {
 }
 
 TEST(ServerTest, GetBlocksUntilAnotherClientSetsTheKey) {
-  ServerThread server(ServerOptions{});
-  Client waiter(client_options(server.port()));
-  Client setter(client_options(server.port()));
+  server::ServerThread server(server::ServerOptions{});
+  client::Client waiter(client_options(server.port()));
+  client::Client setter(client_options(server.port()));
   auto value = std::async(std::launch::async, [&] { return waiter.get("late"); });
   EXPECT_TRUE(eventually([&] { return server.stats().waiting_clients == 1; }));
   setter.set("late", "here");
@@ -124,8 +124,8 @@ TEST(ServerTest, GetBlocksUntilAnotherClientSetsTheKey) {
 }
 
 TEST(ServerTest, WaitTimeoutCancelsOnServerAndNamesMissingKeys) {
-  ServerThread server(ServerOptions{});
-  Client c(client_options(server.port()));
+  server::ServerThread server(server::ServerOptions{});
+  client::Client c(client_options(server.port()));
   c.set("present", "1");
   try {
     c.wait({"present", "absent"}, 50ms);
@@ -139,8 +139,8 @@ TEST(ServerTest, WaitTimeoutCancelsOnServerAndNamesMissingKeys) {
 }
 
 TEST(ServerTest, BadFrameClosesOnlyThatConnection) {
-  ServerThread server(ServerOptions{});
-  Client good(client_options(server.port()));
+  server::ServerThread server(server::ServerOptions{});
+  client::Client good(client_options(server.port()));
   good.set("k", "v");
   RawSocket bad(server.port());
   bad.send(unhex("ff 00 00"));
@@ -151,9 +151,9 @@ TEST(ServerTest, BadFrameClosesOnlyThatConnection) {
 }
 
 TEST(ServerTest, OversizedKeyAndNonNumericAddAreRejected) {
-  ServerOptions opts;
+  server::ServerOptions opts;
   opts.limits.max_key_bytes = 64;
-  ServerThread server(opts);
+  server::ServerThread server(opts);
   {
     RawSocket raw(server.port());
     raw.send(unhex("02 4100000000000000"));  // GET with a 65-byte key
@@ -161,7 +161,7 @@ TEST(ServerTest, OversizedKeyAndNonNumericAddAreRejected) {
     raw.read_until_eof(&eof);
     EXPECT_TRUE(eof);
   }
-  Client c(client_options(server.port()));
+  client::Client c(client_options(server.port()));
   c.set("text", "abc");
   EXPECT_THROW(c.add("text", 1), ConnectionError);
   // The client reconnects on the next call and the value is untouched.
@@ -169,7 +169,7 @@ TEST(ServerTest, OversizedKeyAndNonNumericAddAreRejected) {
 }
 
 TEST(ServerTest, DisconnectMidWaitAndMidRequestLeaveNoState) {
-  ServerThread server(ServerOptions{});
+  server::ServerThread server(server::ServerOptions{});
   {
     RawSocket raw(server.port());
     raw.send(unhex("05 0100000000000000 0100000000000000 6b"));  // WAIT k
@@ -181,23 +181,23 @@ TEST(ServerTest, DisconnectMidWaitAndMidRequestLeaveNoState) {
     raw.send(unhex("00 0100000000000000 6b 0010000000000000 78"));  // SET k with 4 KiB promised, 1 sent
   }
   EXPECT_TRUE(eventually([&] { return server.stats().connections == 0; }));
-  Client c(client_options(server.port()));
+  client::Client c(client_options(server.port()));
   EXPECT_FALSE(c.check({"k"}));
 }
 
 TEST(ServerTest, ManyClientThreadsKeepCountersExact) {
-  ServerThread server(ServerOptions{});
+  server::ServerThread server(server::ServerOptions{});
   constexpr int kThreads = 32, kAdds = 200;
   std::vector<std::thread> threads;
   for (int t = 0; t < kThreads; ++t) {
     threads.emplace_back([&] {
-      Client c(client_options(server.port()));
+      client::Client c(client_options(server.port()));
       for (int i = 0; i < kAdds; ++i) c.add("counter", 1);
       c.add("done", 1);
       c.wait({"all-done"});
     });
   }
-  Client main_client(client_options(server.port()));
+  client::Client main_client(client_options(server.port()));
   while (main_client.add("done", 0) < kThreads) main_client.wait({"done"});
   main_client.set("all-done", "1");
   for (auto& t : threads) t.join();
@@ -205,10 +205,10 @@ TEST(ServerTest, ManyClientThreadsKeepCountersExact) {
 }
 
 TEST(ServerTest, ClientWithoutReconnectReportsTheLostStore) {
-  auto server = std::make_unique<ServerThread>(ServerOptions{});
-  ClientOptions o = client_options(server->port());
+  auto server = std::make_unique<server::ServerThread>(server::ServerOptions{});
+  client::ClientOptions o = client_options(server->port());
   o.reconnect = false;
-  Client c(o);
+  client::Client c(o);
   c.set("k", "v");
   server.reset();
   EXPECT_THROW(c.get("k"), ConnectionError);
@@ -223,13 +223,13 @@ TEST(ServerTest, ClientWithoutReconnectReportsTheLostStore) {
 TEST(ServerTest, ConnectToClosedPortTimesOutNamingAttempts) {
   uint16_t port;
   {
-    ServerThread server(ServerOptions{});
+    server::ServerThread server(server::ServerOptions{});
     port = server.port();
   }
-  ClientOptions o = client_options(port);
+  client::ClientOptions o = client_options(port);
   o.connect_timeout = 200ms;
   try {
-    Client c(o);
+    client::Client c(o);
     FAIL() << "connect should fail";
   } catch (const TimeoutError& e) {
     const std::string msg = e.what();
@@ -239,27 +239,27 @@ TEST(ServerTest, ConnectToClosedPortTimesOutNamingAttempts) {
 }
 
 TEST(ServerTest, ServesIpv6Loopback) {
-  ServerOptions opts;
+  server::ServerOptions opts;
   opts.host = "::1";
-  std::unique_ptr<ServerThread> server;
+  std::unique_ptr<server::ServerThread> server;
   try {
-    server = std::make_unique<ServerThread>(opts);
+    server = std::make_unique<server::ServerThread>(opts);
   } catch (const ConnectionError& e) {
     GTEST_SKIP() << "no IPv6 loopback here: " << e.what();
   }
-  ClientOptions o = client_options(server->port());
+  client::ClientOptions o = client_options(server->port());
   o.host = "::1";
-  Client c(o);
+  client::Client c(o);
   c.set("v6", "yes");
   EXPECT_EQ(c.get("v6"), "yes");
 }
 
 TEST(ServerTest, SecondServerOnTheSamePortFailsWithAClearError) {
-  ServerThread first(ServerOptions{});
-  ServerOptions opts;
+  server::ServerThread first(server::ServerOptions{});
+  server::ServerOptions opts;
   opts.port = first.port();
   try {
-    ServerThread second(opts);
+    server::ServerThread second(opts);
     FAIL() << "bind should fail";
   } catch (const ConnectionError& e) {
     EXPECT_NE(std::string(e.what()).find("cannot listen on 127.0.0.1:" + std::to_string(first.port())),
@@ -287,8 +287,8 @@ int server_side_socket(uint16_t port) {
 }
 
 TEST(ServerTest, AcceptedConnectionsHaveTcpKeepaliveSoDeadPeersAreReclaimed) {
-  ServerThread server(ServerOptions{});
-  Client c(client_options(server.port()));
+  server::ServerThread server(server::ServerOptions{});
+  client::Client c(client_options(server.port()));
   c.ping();
   const int fd = server_side_socket(server.port());
   ASSERT_GE(fd, 0);
@@ -306,8 +306,8 @@ TEST(ServerTest, AcceptedConnectionsHaveTcpKeepaliveSoDeadPeersAreReclaimed) {
 // A set() returns once its bytes are written; a request that another connection sends afterwards
 // must see it (the server reads every ready socket before applying anything).
 TEST(ServerTest, SetIsVisibleToTheNextRequestOfAnotherConnection) {
-  ServerThread server(ServerOptions{});
-  Client a(client_options(server.port())), b(client_options(server.port()));
+  server::ServerThread server(server::ServerOptions{});
+  client::Client a(client_options(server.port())), b(client_options(server.port()));
   int stale = 0;
   for (int i = 0; i < 2000; ++i) {
     const std::string key = "k" + std::to_string(i);

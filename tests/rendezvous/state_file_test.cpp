@@ -29,7 +29,7 @@ namespace {
 using namespace std::chrono_literals;
 
 TEST(AddOnceTest, ATokenSeenBeforeReturnsTheFirstResultAndAddsNothing) {
-  KvStore store;
+  core::KvStore store;
   EXPECT_EQ(store.add_once("c", 1, "t1"), 1);
   EXPECT_EQ(store.add_once("c", 1, "t2"), 2);
   EXPECT_EQ(store.add_once("c", 1, "t1"), 1);  // a retry of the first
@@ -37,20 +37,20 @@ TEST(AddOnceTest, ATokenSeenBeforeReturnsTheFirstResultAndAddsNothing) {
 }
 
 TEST(AddOnceTest, OnlyTheLatestTokensAreRemembered) {
-  KvStore store;
+  core::KvStore store;
   store.add_once("c", 1, "first");
-  for (size_t i = 0; i < KvStore::kOnceTokens; ++i) store.add_once("c", 1, "t" + std::to_string(i));
+  for (size_t i = 0; i < core::KvStore::kOnceTokens; ++i) store.add_once("c", 1, "t" + std::to_string(i));
   const int64_t now = store.add("c", 0);
   EXPECT_EQ(store.add_once("c", 1, "first"), now + 1);  // forgotten: a new ADD
-  EXPECT_EQ(store.add_once("c", 1, "t" + std::to_string(KvStore::kOnceTokens - 1)), now);
+  EXPECT_EQ(store.add_once("c", 1, "t" + std::to_string(core::KvStore::kOnceTokens - 1)), now);
 }
 
 TEST(StateJournalTest, WhatWasStoredComesBackInANewStore) {
   test::TempDir dir;
   const std::string path = dir.str() + "/state";
   {
-    KvStore store;
-    StateJournal journal(path, store);
+    core::KvStore store;
+    server::StateJournal journal(path, store);
     store.set_observer(&journal);
     store.set("a", "1");
     store.set("b", std::string("\0x\xff", 3));
@@ -67,8 +67,8 @@ TEST(StateJournalTest, WhatWasStoredComesBackInANewStore) {
     // No orderly shutdown: what the file holds is what a killed daemon leaves.
     store.set_observer(nullptr);
   }
-  KvStore again;
-  StateJournal journal(path, again);
+  core::KvStore again;
+  server::StateJournal journal(path, again);
   EXPECT_EQ(journal.loaded().keys, 3u);
   EXPECT_EQ(journal.loaded().queues, 1u);
   EXPECT_EQ(journal.loaded().dropped_bytes, 0u);
@@ -85,8 +85,8 @@ TEST(StateJournalTest, ATornLastRecordIsDroppedAndTheRestLoaded) {
   test::TempDir dir;
   const std::string path = dir.str() + "/state";
   {
-    KvStore store;
-    StateJournal journal(path, store);
+    core::KvStore store;
+    server::StateJournal journal(path, store);
     store.set_observer(&journal);
     store.set("kept", "yes");
     journal.flush();
@@ -96,14 +96,14 @@ TEST(StateJournalTest, ATornLastRecordIsDroppedAndTheRestLoaded) {
   }
   const auto size = std::filesystem::file_size(path);
   ASSERT_EQ(::truncate(path.c_str(), static_cast<off_t>(size - 10)), 0);  // died mid-write
-  KvStore again;
-  StateJournal journal(path, again);
+  core::KvStore again;
+  server::StateJournal journal(path, again);
   EXPECT_GT(journal.loaded().dropped_bytes, 0u);
   ASSERT_NE(again.get("kept"), nullptr);
   EXPECT_EQ(again.get("torn"), nullptr);
   // Rewritten as a snapshot: the next start loads cleanly.
-  KvStore third;
-  StateJournal reread(path, third);
+  core::KvStore third;
+  server::StateJournal reread(path, third);
   EXPECT_EQ(reread.loaded().dropped_bytes, 0u);
   EXPECT_NE(third.get("kept"), nullptr);
 }
@@ -112,9 +112,9 @@ TEST(StateJournalTest, AFileThatIsNoStateFileIsRefusedWithItsPath) {
   test::TempDir dir;
   const std::string path = dir.str() + "/notes.txt";
   std::ofstream(path) << "my notes\n";
-  KvStore store;
+  core::KvStore store;
   try {
-    StateJournal journal(path, store);
+    server::StateJournal journal(path, store);
     FAIL() << "loaded a file that is no state file";
   } catch (const ConfigError& e) {
     EXPECT_NE(std::string(e.what()).find(path), std::string::npos) << e.what();
@@ -126,8 +126,8 @@ TEST(StateJournalTest, AFileThatIsNoStateFileIsRefusedWithItsPath) {
 TEST(StateJournalTest, ChangesOutgrowingTheSnapshotAreNotKeptForever) {
   test::TempDir dir;
   const std::string path = dir.str() + "/state";
-  KvStore store;
-  StateJournal journal(path, store);
+  core::KvStore store;
+  server::StateJournal journal(path, store);
   store.set_observer(&journal);
   const std::string value(64 * 1024, 'v');
   for (int i = 0; i < 3000; ++i) {  // ~190 MiB of changes to one key
@@ -136,13 +136,13 @@ TEST(StateJournalTest, ChangesOutgrowingTheSnapshotAreNotKeptForever) {
   }
   EXPECT_LT(std::filesystem::file_size(path), uint64_t{80} << 20);
   store.set_observer(nullptr);
-  KvStore again;
-  StateJournal reread(path, again);
+  core::KvStore again;
+  server::StateJournal reread(path, again);
   EXPECT_EQ(*again.get("hot"), value + "2999");
 }
 
-ServerOptions durable_options(const std::string& state, uint16_t port = 0) {
-  ServerOptions o;
+server::ServerOptions durable_options(const std::string& state, uint16_t port = 0) {
+  server::ServerOptions o;
   o.host = "127.0.0.1";
   o.port = port;
   o.log_lifecycle = false;
@@ -150,8 +150,8 @@ ServerOptions durable_options(const std::string& state, uint16_t port = 0) {
   return o;
 }
 
-ClientOptions client_options(uint16_t port, std::chrono::milliseconds tolerance) {
-  ClientOptions o;
+client::ClientOptions client_options(uint16_t port, std::chrono::milliseconds tolerance) {
+  client::ClientOptions o;
   o.host = "127.0.0.1";
   o.port = port;
   o.connect_timeout = 5s;
@@ -163,58 +163,58 @@ ClientOptions client_options(uint16_t port, std::chrono::milliseconds tolerance)
 TEST(DurableServerTest, ARestartedServerAnswersAsTheOneThatStopped) {
   test::TempDir dir;
   const std::string state = dir.str() + "/state";
-  auto first = std::make_unique<ServerThread>(durable_options(state));
+  auto first = std::make_unique<server::ServerThread>(durable_options(state));
   const uint16_t port = first->port();
   {
-    Client c(client_options(port, 0ms));
+    client::Client c(client_options(port, 0ms));
     c.set("/ddprun/job/g1/r0/node/0", "record");
     EXPECT_EQ(c.add("/ddprun/job/g1/r0/joined", 2), 2);
   }
   first.reset();
-  ServerThread second(durable_options(state, port));
-  Client c(client_options(port, 0ms));
+  server::ServerThread second(durable_options(state, port));
+  client::Client c(client_options(port, 0ms));
   EXPECT_EQ(c.get("/ddprun/job/g1/r0/node/0"), "record");
   EXPECT_EQ(c.add("/ddprun/job/g1/r0/joined", 0), 2);
-  const nlohmann::json info = nlohmann::json::parse(c.get(std::string(jobs::kStoreInfoKey)));
+  const nlohmann::json info = nlohmann::json::parse(c.get(std::string(core::kStoreInfoKey)));
   EXPECT_TRUE(info.at("durable").get<bool>());
 }
 
 TEST(DurableServerTest, AClientRidesOutARestartAndAddsOnce) {
   test::TempDir dir;
   const std::string state = dir.str() + "/state";
-  auto first = std::make_unique<ServerThread>(durable_options(state));
+  auto first = std::make_unique<server::ServerThread>(durable_options(state));
   const uint16_t port = first->port();
-  Client c(client_options(port, 10s));
+  client::Client c(client_options(port, 10s));
   ASSERT_TRUE(c.rides_out_outages());
   EXPECT_EQ(c.add("counter", 1), 1);
   c.set("written", "before");
   first.reset();  // the store goes away with the client connected
-  std::unique_ptr<ServerThread> second;
+  std::unique_ptr<server::ServerThread> second;
   auto restart = std::async(std::launch::async, [&] {
     std::this_thread::sleep_for(700ms);  // sleep override: the store's downtime
-    second = std::make_unique<ServerThread>(durable_options(state, port));
+    second = std::make_unique<server::ServerThread>(durable_options(state, port));
   });
   // Issued while the store is down: it waits for the store to come back, then goes through.
   EXPECT_EQ(c.add("counter", 1), 2);
   restart.get();
   EXPECT_EQ(c.get("written"), "before");
   EXPECT_EQ(c.reconnects(), 1u);
-  Client other(client_options(port, 0ms));
+  client::Client other(client_options(port, 0ms));
   EXPECT_EQ(other.add("counter", 0), 2);
 }
 
 TEST(DurableServerTest, AWaitPendingAcrossTheRestartEndsWhenTheKeyArrives) {
   test::TempDir dir;
   const std::string state = dir.str() + "/state";
-  auto first = std::make_unique<ServerThread>(durable_options(state));
+  auto first = std::make_unique<server::ServerThread>(durable_options(state));
   const uint16_t port = first->port();
-  Client waiter(client_options(port, 10s));
+  client::Client waiter(client_options(port, 10s));
   auto waited = std::async(std::launch::async, [&] { waiter.wait({"late"}, 20s); });
   // The WAIT has reached the first store: it holds a client that waits.
   ASSERT_TRUE(test::wait_until([&] { return first->stats().waiting_clients == 1; }, 10s));
   first.reset();
-  ServerThread second(durable_options(state, port));
-  Client setter(client_options(port, 0ms));
+  server::ServerThread second(durable_options(state, port));
+  client::Client setter(client_options(port, 0ms));
   setter.set("late", "1");
   EXPECT_EQ(waited.wait_for(10s), std::future_status::ready);
   waited.get();
@@ -222,12 +222,12 @@ TEST(DurableServerTest, AWaitPendingAcrossTheRestartEndsWhenTheKeyArrives) {
 
 TEST(DurableServerTest, AStoreThatComesBackWithoutItsStateFailsTheCallAndSaysSo) {
   test::TempDir dir;
-  auto first = std::make_unique<ServerThread>(durable_options(dir.str() + "/state"));
+  auto first = std::make_unique<server::ServerThread>(durable_options(dir.str() + "/state"));
   const uint16_t port = first->port();
-  Client c(client_options(port, 10s));
+  client::Client c(client_options(port, 10s));
   c.set("k", "v");
   first.reset();
-  ServerThread memory_only(durable_options("", port));
+  server::ServerThread memory_only(durable_options("", port));
   try {
     c.get("k", 2s);
     FAIL() << "a store that lost its state was taken for the one that kept it";
@@ -237,9 +237,9 @@ TEST(DurableServerTest, AStoreThatComesBackWithoutItsStateFailsTheCallAndSaysSo)
 }
 
 TEST(DurableServerTest, AStoreThatKeepsNoStateIsNotWaitedFor) {
-  auto first = std::make_unique<ServerThread>(durable_options(""));
+  auto first = std::make_unique<server::ServerThread>(durable_options(""));
   const uint16_t port = first->port();
-  Client c(client_options(port, 10s));
+  client::Client c(client_options(port, 10s));
   EXPECT_FALSE(c.rides_out_outages());
   first.reset();
   const auto start = std::chrono::steady_clock::now();
@@ -249,19 +249,19 @@ TEST(DurableServerTest, AStoreThatKeepsNoStateIsNotWaitedFor) {
 
 TEST(DurableServerTest, AJobScopedClientReadsTheStoreInfoButCannotWriteIt) {
   test::TempDir dir;
-  ServerOptions o = durable_options(dir.str() + "/state");
-  Token cluster;
+  server::ServerOptions o = durable_options(dir.str() + "/state");
+  core::Token cluster;
   cluster.cluster_secret = "0123456789abcdef0123456789abcdef";
-  o.secret = store_secret(cluster);
-  ServerThread server(o);
-  ClientOptions co = client_options(server.port(), 10s);
-  co.credentials = Credentials{"job", job_key(cluster.cluster_secret, "job")};
-  Client c(co);
+  o.secret = core::store_secret(cluster);
+  server::ServerThread server(o);
+  client::ClientOptions co = client_options(server.port(), 10s);
+  co.credentials = core::Credentials{"job", core::job_key(cluster.cluster_secret, "job")};
+  client::Client c(co);
   EXPECT_TRUE(c.rides_out_outages());
-  Client writer(co);
+  client::Client writer(co);
   EXPECT_THROW(
       {
-        writer.set(std::string(jobs::kStoreInfoKey), "{}");
+        writer.set(std::string(core::kStoreInfoKey), "{}");
         writer.check({"/ddprun/job/x"});
       },
       ConnectionError);

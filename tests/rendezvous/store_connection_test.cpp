@@ -10,7 +10,7 @@
 #include "rendezvous/core/job_namespace.hpp"
 #include "tests/support/hex.hpp"
 
-namespace ddprun::rdzv {
+namespace ddprun::rdzv::core {
 namespace {
 
 using test::hex;
@@ -163,13 +163,13 @@ TEST(StoreConnectionTest, DisconnectReleasesWaits) {
   EXPECT_EQ(store.waiting_clients(), 0u);
 }
 
-// ddprun-rendezvous answers what it is (durable, boot id) under jobs::kStoreInfoKey without
+// ddprun-rendezvous answers what it is (durable, boot id) under kStoreInfoKey without
 // keeping it as a key: PyTorch clients that count the keys see none of it.
 TEST(StoreConnectionTest, AStoreThatDescribesItselfAnswersItsInfoKeyWithoutStoringIt) {
   KvStore store;
   Conn conn(store);
   conn.c.describe_store(std::make_shared<const std::string>(R"({"durable":false,"boot":"b1"})"));
-  const std::string info(jobs::kStoreInfoKey);
+  const std::string info(kStoreInfoKey);
   auto request = [](uint8_t op, const std::vector<std::string>& keys, bool counted) {
     std::string r;
     put_u8(r, op);
@@ -198,4 +198,4 @@ TEST(StoreConnectionTest, AStoreThatDescribesItselfAnswersItsInfoKeyWithoutStori
 }
 
 }  // namespace
-}  // namespace ddprun::rdzv
+}  // namespace ddprun::rdzv::core

@@ -23,10 +23,10 @@ namespace ddprun::test {
 namespace {
 
 using namespace std::chrono_literals;
-using rdzv::put_bytes;
-using rdzv::put_u32;
-using rdzv::put_u64;
-using rdzv::put_u8;
+using rdzv::core::put_bytes;
+using rdzv::core::put_u32;
+using rdzv::core::put_u64;
+using rdzv::core::put_u8;
 
 constexpr uint64_t kMiB = 1024 * 1024;
 
@@ -34,7 +34,7 @@ constexpr uint64_t kMiB = 1024 * 1024;
 std::string v2_hello() {
   std::string s;
   put_u8(s, 0);
-  put_u32(s, rdzv::kValidateMagic);
+  put_u32(s, rdzv::core::kValidateMagic);
   return s;
 }
 std::string v2_set(const std::string& key, const std::string& value) {
@@ -65,8 +65,8 @@ std::string v2_ping(uint32_t nonce) {
 }
 constexpr uint8_t kV2Wait = 6, kV2MultiGet = 10, kV2CancelWait = 12;
 
-rdzv::ClientOptions client_options(uint16_t port) {
-  rdzv::ClientOptions o;
+rdzv::client::ClientOptions client_options(uint16_t port) {
+  rdzv::client::ClientOptions o;
   o.host = "127.0.0.1";
   o.port = port;
   o.connect_timeout = 10s;
@@ -77,7 +77,7 @@ rdzv::ClientOptions client_options(uint16_t port) {
 // The daemon answers another client: a PING round trip and a read.
 void expect_serving(Daemon& d) {
   ASSERT_TRUE(d.alive()) << "the daemon exited (status " << d.exit_status() << "):\n" << d.log();
-  rdzv::Client c(client_options(d.port()));
+  rdzv::client::Client c(client_options(d.port()));
   c.ping();
   c.set("still-serving", "yes");
   EXPECT_EQ(c.get("still-serving"), "yes");
@@ -102,7 +102,7 @@ TEST(StoreServiceTest, MultiGetWithAHugeReplyIsRefusedAndTheDaemonServesOn) {
   EXPECT_TRUE(evil.read_until_eof(&got, 30s)) << "the connection should be closed";
   EXPECT_EQ(got, "");
   expect_serving(d);
-  rdzv::Client c(client_options(d.port()));
+  rdzv::client::Client c(client_options(d.port()));
   EXPECT_EQ(c.get("big"), big) << "nothing stored may be lost";
   EXPECT_EQ(d.log_count("over the limit"), 1u) << d.log();
   EXPECT_LT(d.rss_kib(true), 256 * 1024u) << "peak RSS in KiB";
@@ -122,7 +122,7 @@ TEST(StoreServiceTest, PipelinedGetsOfAHugeValueWaitForTheClientToRead) {
   for (int i = 0; i < 3; ++i) {
     const std::string len = evil.recv_exact(8);
     ASSERT_EQ(len.size(), 8u);
-    EXPECT_EQ(rdzv::load_u64(len.data()), big.size());
+    EXPECT_EQ(rdzv::core::load_u64(len.data()), big.size());
     EXPECT_EQ(evil.recv_exact(big.size(), 30s), big);
   }
   evil.close();
@@ -139,7 +139,7 @@ TEST(StoreServiceTest, WatchClientThatNeverReadsIsDisconnectedNotBuffered) {
   ASSERT_TRUE(watcher.send(watch));
   ASSERT_EQ(watcher.recv_exact(1), std::string(1, '\x03'));  // KEY_CALLBACK_REGISTERED
   const uint64_t before = d.rss_kib();
-  rdzv::Client setter(client_options(d.port()));
+  rdzv::client::Client setter(client_options(d.port()));
   for (int i = 0; i < 100; ++i) setter.set("/w", std::string(4 * kMiB, static_cast<char>('a' + i % 26)));
   setter.ping();  // every SET has been applied
   EXPECT_LT(d.rss_kib(), before + 200 * 1024) << "RSS in KiB grew with unread notifications";
@@ -153,12 +153,12 @@ TEST(StoreServiceTest, StoreWideLimitsRefuseTheRequestAndKeepWhatIsStored) {
   o.args = {"--max-total-keys", "10", "--max-store-bytes", "4096"};
   Daemon d(DAEMON_BIN, o);
   {
-    rdzv::Client c(client_options(d.port()));
+    rdzv::client::Client c(client_options(d.port()));
     for (int i = 0; i < 10; ++i) c.set("k" + std::to_string(i), "value" + std::to_string(i));
     c.set("k11", "x");  // an 11th key: refused, and the connection closed
     EXPECT_THROW(c.num_keys(), ConnectionError);
   }
-  rdzv::Client c(client_options(d.port()));
+  rdzv::client::Client c(client_options(d.port()));
   EXPECT_EQ(c.num_keys(), 10);
   for (int i = 0; i < 10; ++i) EXPECT_EQ(c.get("k" + std::to_string(i)), "value" + std::to_string(i));
   EXPECT_FALSE(c.check({"k11"}));
@@ -312,7 +312,7 @@ TEST(StoreServiceTest, MetricsEndpointPassesPromtoolAndCountsWhatHappened) {
   ASSERT_NE(at, std::string::npos) << log;
   const auto metrics_port = static_cast<uint16_t>(std::stoi(log.substr(at + 21)));
 
-  rdzv::Client c(client_options(d.port()));
+  rdzv::client::Client c(client_options(d.port()));
   for (int i = 0; i < 3; ++i) c.set("k" + std::to_string(i), "v");
   c.set("/ddprun/job/g1/r0/node/0", R"({"host":"h","nproc":1,"nnodes":1,"agent":"a"})");
   c.set("/ddprun/job/g1/r0/complete", "1");
@@ -390,7 +390,7 @@ TEST(StoreServiceTest, UnderscoresSpellTheSameFlags) {
   options.args = {"--max_key_bytes", "64", "--job_ttl=5"};
   Daemon d(DAEMON_BIN, options);
   expect_serving(d);
-  rdzv::Client c(client_options(d.port()));
+  rdzv::client::Client c(client_options(d.port()));
   // SET has no reply: the refusal (the connection closed) shows at the next request.
   EXPECT_THROW(
       {

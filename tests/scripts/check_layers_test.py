@@ -46,6 +46,8 @@ class CheckLayersFindsEachBreach(unittest.TestCase):
         self.plant("worker_sdk/src/env.cpp", '#include "launcher/cli/options.hpp"')
         self.plant("examples/mlp.cpp", '#include "launcher/workers/numa.hpp"')
         self.plant("tests/launcher/agent_test.cpp", '#include "tests/launcher/round_protocol_test.cpp"')
+        self.plant("rendezvous/server/janitor.cpp", "namespace ddprun::rdzv::core {\nint stray() { return 1; }\n}  // namespace ddprun::rdzv::core")
+        self.plant("launcher/agent/health.hpp", "namespace ddprun::rdzv::server {\nclass Ahead;\n}  // namespace ddprun::rdzv::server")
         cm = self.copy / "launcher/CMakeLists.txt"
         cm.write_text(cm.read_text().replace(
             "target_link_libraries(ddprun_launcher_workers PUBLIC ddprun::common",
@@ -68,8 +70,10 @@ class CheckLayersFindsEachBreach(unittest.TestCase):
             "ddprun_launcher_workers (launcher/workers) links ddprun_launcher_agent (launcher/agent): not a lower layer",
             "ddprun_launcher_workers (launcher/workers) links ddprun_store_daemon: the daemon's alone",
             "ddprun_launcher_cli (launcher/cli) links ddprun_launcher_store, whose headers none of its files include",
+            "rendezvous/server/janitor.cpp: its code is in namespace ddprun::rdzv::core, not ddprun::rdzv::server",
         ]:
             self.assertIn(expected, out)
+        self.assertNotIn("launcher/agent/health.hpp: its code", out, "a class declared ahead is no breach")
 
 
 if __name__ == "__main__":

@@ -33,7 +33,7 @@ c10::intrusive_ptr<c10d::TCPStore> torch_client(uint16_t port, std::optional<siz
 }
 
 TEST(TorchStoreClientTest, EveryClientOperationWorks) {
-  ServerThread server(ServerOptions{});
+  server::ServerThread server(server::ServerOptions{});
   auto store = torch_client(server.port(), 1);  // ADD init/ +1 on connect
   store->set("key", bytes("value"));
   EXPECT_EQ(str(store->get("key")), "value");
@@ -57,7 +57,7 @@ TEST(TorchStoreClientTest, EveryClientOperationWorks) {
 }
 
 TEST(TorchStoreClientTest, WaitTimesOutThenTheConnectionStillWorks) {
-  ServerThread server(ServerOptions{});
+  server::ServerThread server(server::ServerOptions{});
   auto store = torch_client(server.port());
   EXPECT_THROW(store->wait({"never"}, 100ms), std::exception);
   // 1.13 sends no cancel: the server must drop the stale wait when the next request arrives.
@@ -70,7 +70,7 @@ TEST(TorchStoreClientTest, WaitTimesOutThenTheConnectionStillWorks) {
 }
 
 TEST(TorchStoreClientTest, GetWaitsForAnotherClientsSet) {
-  ServerThread server(ServerOptions{});
+  server::ServerThread server(server::ServerOptions{});
   auto reader = torch_client(server.port());
   auto writer = torch_client(server.port());
   auto got = std::async(std::launch::async, [&] { return str(reader->get("later")); });
@@ -81,7 +81,7 @@ TEST(TorchStoreClientTest, GetWaitsForAnotherClientsSet) {
 }
 
 TEST(TorchStoreClientTest, WatchKeyCallbacksFire) {
-  ServerThread server(ServerOptions{});
+  server::ServerThread server(server::ServerOptions{});
   auto watcher = torch_client(server.port());
   auto writer = torch_client(server.port());
   std::mutex m;
@@ -103,7 +103,7 @@ TEST(TorchStoreClientTest, WatchKeyCallbacksFire) {
 }
 
 TEST(TorchStoreClientTest, PrefixStoreKeysAreIsolated) {
-  ServerThread server(ServerOptions{});
+  server::ServerThread server(server::ServerOptions{});
   auto base = torch_client(server.port());
   c10d::PrefixStore attempt0("/worker/attempt_0", base);
   c10d::PrefixStore attempt1("/worker/attempt_1", base);
@@ -114,7 +114,7 @@ TEST(TorchStoreClientTest, PrefixStoreKeysAreIsolated) {
 }
 
 TEST(TorchStoreClientTest, ManyClientThreadsBarrierAndCount) {
-  ServerThread server(ServerOptions{});
+  server::ServerThread server(server::ServerOptions{});
   constexpr int kClients = 48, kAdds = 50;
   std::vector<std::thread> threads;
   std::atomic<int> failures{0};
@@ -148,12 +148,12 @@ namespace {
 // Our client against LibTorch's own server, in that LibTorch's dialect (1.13's, or 2.x's).
 TEST(OurClientTest, TalksToLibTorchServer) {
   auto server = ddprun::worker::make_tcp_store_server("127.0.0.1", 0, 10s);
-  ClientOptions co;
+  client::ClientOptions co;
   co.port = server->getPort();
   co.timeout = 10s;
-  co.dialect = TORCH_VERSION_MAJOR >= 2 ? Dialect::V2 : Dialect::Legacy;
+  co.dialect = TORCH_VERSION_MAJOR >= 2 ? core::Dialect::V2 : core::Dialect::Legacy;
   co.negotiate_auth = false;  // not a ddprun store: no secret handshake
-  Client c(co);
+  client::Client c(co);
   c.set("/k", "v");
   EXPECT_EQ(c.get("/k"), "v");
   EXPECT_EQ(str(server->get("k")), "v");  // PyTorch's client adds the "/" prefix

@@ -25,7 +25,7 @@
 #include "common/errors.hpp"
 #include "common/log.hpp"
 #include "launcher/rendezvous/etcd/etcd_client.hpp"
-#include "rendezvous/core/json_fields.hpp"
+#include "common/json_fields.hpp"
 
 namespace ddprun::launcher::rendezvous::etcd {
 
@@ -41,7 +41,7 @@ constexpr int kUnavailable = 14;
 constexpr int kUnauthenticated = 16;
 
 // An int64 field of etcd's JSON answers (they travel as strings), read without throwing: a
-// missing field is etcd's way of saying zero. Other fields: rendezvous/core/json_fields.hpp.
+// missing field is etcd's way of saying zero. Other fields: common/json_fields.hpp.
 int64_t int64_of(const json& j, const char* name);
 // The start of an answer that is not what was expected, fit for an error message: at most
 // `max` characters, control characters shown as spaces.

@@ -23,7 +23,7 @@ namespace {
 
 class StoreProgressChannel final : public ProgressChannel {
  public:
-  StoreProgressChannel(std::shared_ptr<rdzv::Client> client, rdzv::jobs::RoundKeys keys, int node, int nodes)
+  StoreProgressChannel(std::shared_ptr<rdzv::client::Client> client, rdzv::jobs::RoundKeys keys, int node, int nodes)
       : c_(std::move(client)), rk_(std::move(keys)), node_(node), nodes_(nodes) {}
 
   Pulse pulse(bool progressed, bool heartbeat_mode) override {
@@ -99,7 +99,7 @@ class StoreProgressChannel final : public ProgressChannel {
   int node() const override { return node_; }
 
  private:
-  std::shared_ptr<rdzv::Client> c_;
+  std::shared_ptr<rdzv::client::Client> c_;
   rdzv::jobs::RoundKeys rk_;
   int node_;
   int nodes_;

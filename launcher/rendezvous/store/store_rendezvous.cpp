@@ -45,18 +45,18 @@ StoreRendezvous::StoreRendezvous(StoreRendezvousOptions options, const StopSigna
                             ? options_.is_host.value_or(endpoint_is_local(options_.endpoint_host, options_))
                             : (options_.node_rank == 0 && !external);
   if (try_host) {
-    rdzv::ServerOptions so;
+    rdzv::server::ServerOptions so;
     so.host = "::";
     so.port = options_.dynamic ? options_.endpoint_port : options_.master_port;
     so.log_lifecycle = false;
     so.describe_self = true;  // the agents ride out a partition from it (outage_tolerance)
-    if (options_.token) so.secret = rdzv::store_secret(*options_.token);
+    if (options_.token) so.secret = rdzv::core::store_secret(*options_.token);
     try {
       try {
-        server_ = std::make_unique<rdzv::ServerThread>(so);
+        server_ = std::make_unique<rdzv::server::ServerThread>(so);
       } catch (const ConnectionError&) {
         so.host = "0.0.0.0";  // no IPv6 on this host
-        server_ = std::make_unique<rdzv::ServerThread>(so);
+        server_ = std::make_unique<rdzv::server::ServerThread>(so);
       }
       log::info("ddprun") << "hosting the rendezvous store of job '" << options_.run_id << "' on port "
                           << server_->port();
@@ -65,16 +65,17 @@ StoreRendezvous::StoreRendezvous(StoreRendezvousOptions options, const StopSigna
       // Another agent (or a ddprun-rendezvous daemon) on this host serves it already.
     }
   }
-  rdzv::ClientOptions co;
+  rdzv::client::ClientOptions co;
   co.host = external ? options_.endpoint_host : options_.master_addr;
   co.port = external ? options_.endpoint_port : options_.master_port;
   co.timeout = options_.read_timeout;
-  if (options_.token) co.credentials = rdzv::credentials_for(*options_.token, options_.run_id, options_.token_file);
+  if (options_.token)
+    co.credentials = rdzv::core::credentials_for(*options_.token, options_.run_id, options_.token_file);
   co.missing_secret_hint =
       "give this node the rendezvous secret (or this job's token) with --rdzv_conf "
       "token_file=PATH, or DDPRUN_TOKEN_FILE=PATH (a file only you can read)";
   // A daemon that refuses this job's request (its quota, a full store) says why there.
-  co.refusal_note_key = rdzv::jobs::refusal_note(options_.run_id);
+  co.refusal_note_key = rdzv::core::refusal_note(options_.run_id);
   co.outage_tolerance = options_.store_reconnect_timeout;
   // Connect in slices of a second, so that a stop signal is acted on while the store is not up yet.
   const auto started = std::chrono::steady_clock::now();
@@ -87,9 +88,9 @@ StoreRendezvous::StoreRendezvous(StoreRendezvousOptions options, const StopSigna
         std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now()),
         std::chrono::milliseconds(1), std::chrono::seconds(1));
     try {
-      client_ = std::make_unique<rdzv::Client>(co);
+      client_ = std::make_unique<rdzv::client::Client>(co);
       break;
-    } catch (const rdzv::ConnectTimeout& e) {
+    } catch (const rdzv::client::ConnectTimeout& e) {
       if (stop.requested()) throw StopRequested(stop.signo());
       // A name that does not resolve yet (a Kubernetes pod's, until the pod is ready), a store not
       // up yet: tried again until the join timeout, with a line now and then.
@@ -173,11 +174,11 @@ void StoreRendezvous::stop_heartbeat() {
   if (heartbeat_.joinable()) heartbeat_.join();
 }
 
-std::shared_ptr<rdzv::Client> StoreRendezvous::side_connection() const {
+std::shared_ptr<rdzv::client::Client> StoreRendezvous::side_connection() const {
   // Connected by the caller, not on the thread that uses it: a store that is already gone is
   // reported at once, and the thread never sits in a connect retry loop that shutdown would have
   // to wait for. It never reconnects: to a watcher, a lost store is the news.
-  rdzv::ClientOptions co = client_->options();
+  rdzv::client::ClientOptions co = client_->options();
   co.reconnect = false;
   co.connect_timeout = std::chrono::seconds(5);
   // A heartbeat that takes longer than its period is as good as missed: a request without a reply
@@ -187,12 +188,12 @@ std::shared_ptr<rdzv::Client> StoreRendezvous::side_connection() const {
   co.timeout =
       std::clamp<std::chrono::milliseconds>(options_.keep_alive_interval, std::chrono::seconds(2),
                                             std::max<std::chrono::milliseconds>(co.timeout, std::chrono::seconds(2)));
-  return std::make_shared<rdzv::Client>(co);
+  return std::make_shared<rdzv::client::Client>(co);
 }
 
 void StoreRendezvous::start_heartbeat() {
   if (heartbeat_.joinable()) return;
-  std::shared_ptr<rdzv::Client> c;
+  std::shared_ptr<rdzv::client::Client> c;
   try {
     c = side_connection();
   } catch (const std::exception& e) {
@@ -218,7 +219,7 @@ void StoreRendezvous::start_heartbeat() {
   });
 }
 
-std::optional<int> StoreRendezvous::find_lost_node(rdzv::Client& c, HeartbeatSeen& seen) {
+std::optional<int> StoreRendezvous::find_lost_node(rdzv::client::Client& c, HeartbeatSeen& seen) {
   const Place p = place();
   const int n = static_cast<int>(p.agents.size());
   if (n < 2) return std::nullopt;
@@ -266,7 +267,7 @@ namespace {
 
 class StoreKeyWait final : public NodeRendezvous::KeyWait {
  public:
-  StoreKeyWait(rdzv::Client& client, std::string key) : client_(client), key_(std::move(key)) {}
+  StoreKeyWait(rdzv::client::Client& client, std::string key) : client_(client), key_(std::move(key)) {}
 
   std::optional<std::string> next(std::chrono::milliseconds slice) override {
     if (!client_.connected() && !client_.rides_out_outages()) {
@@ -277,7 +278,7 @@ class StoreKeyWait final : public NodeRendezvous::KeyWait {
   }
 
  private:
-  rdzv::Client& client_;
+  rdzv::client::Client& client_;
   std::string key_;
 };
 
@@ -298,7 +299,7 @@ NodeRendezvous::JoinPoll StoreRendezvous::keys_set(int round, std::vector<std::s
 
 class StoreRendezvous::Watch final : public NodeRendezvous::RoundWatch {
  public:
-  Watch(StoreRendezvous& r, std::shared_ptr<rdzv::Client> c, int round)
+  Watch(StoreRendezvous& r, std::shared_ptr<rdzv::client::Client> c, int round)
       : r_(r),
         c_(std::move(c)),
         end_key_(r.rk(round).end()),
@@ -329,7 +330,7 @@ class StoreRendezvous::Watch final : public NodeRendezvous::RoundWatch {
 
  private:
   StoreRendezvous& r_;
-  std::shared_ptr<rdzv::Client> c_;
+  std::shared_ptr<rdzv::client::Client> c_;
   std::string end_key_;
   HeartbeatSeen seen_;
 };

@@ -86,7 +86,7 @@ struct StoreRendezvousOptions {
   int keep_alive_max_attempt = 3;
   // The rendezvous secret (or this job's token) and where it came from: the store this node hosts
   // is protected with it, and every connection proves it.
-  std::optional<rdzv::Token> token;
+  std::optional<rdzv::core::Token> token;
   std::string token_file;
 };
 
@@ -155,7 +155,7 @@ class StoreRendezvous final : public NodeRendezvous {
   void start_heartbeat();
   void stop_heartbeat();
   // A second connection to the rendezvous store for the watcher or heartbeat thread.
-  std::shared_ptr<rdzv::Client> side_connection() const;
+  std::shared_ptr<rdzv::client::Client> side_connection() const;
   // The next node in group-rank order whose heartbeat has not moved for too long, if any.
   // The watched node's heartbeat counter as last read, since when, and the connection it was read on.
   struct HeartbeatSeen {
@@ -163,12 +163,12 @@ class StoreRendezvous final : public NodeRendezvous {
     std::chrono::steady_clock::time_point since;
     uint64_t reconnects = 0;
   };
-  std::optional<int> find_lost_node(rdzv::Client& c, HeartbeatSeen& seen);
+  std::optional<int> find_lost_node(rdzv::client::Client& c, HeartbeatSeen& seen);
   class Watch;  // the watcher's view of a round: its end, or the next node's heartbeat stopping
 
   StoreRendezvousOptions options_;
-  std::unique_ptr<rdzv::ServerThread> server_;  // the node that hosts the rendezvous store
-  std::unique_ptr<rdzv::Client> client_;
+  std::unique_ptr<rdzv::server::ServerThread> server_;  // the node that hosts the rendezvous store
+  std::unique_ptr<rdzv::client::Client> client_;
   // Tells the heartbeat thread to end (wakes it from its period's wait); does not wait for it.
   void request_heartbeat_stop();
   std::thread heartbeat_;
