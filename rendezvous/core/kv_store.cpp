@@ -35,7 +35,7 @@ void KvStore::account(std::string_view key, int64_t keys, int64_t bytes) {
 
 void KvStore::refuse(std::string_view job, const std::string& why) {
   if (!job.empty()) {
-    // Where the job's agents look when the store closes their connection (rdzv::Client).
+    // Where the job's agents look when the store closes their connection (rdzv::client::Client).
     const std::string note = core::refusal_note(job);
     if (map_.count(note) != 0 || notes_ < kMaxNotes) {
       const auto now = std::chrono::system_clock::to_time_t(std::chrono::system_clock::now());

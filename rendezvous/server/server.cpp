@@ -103,7 +103,7 @@ void Server::open_state() {
 }
 
 void Server::describe_self() {
-  // Clients that ride out an outage read this on each connection (rdzv::ClientOptions): the same
+  // Clients that ride out an outage read this on each connection (rdzv::client::ClientOptions): the same
   // boot id means the same store, its contents intact; another one with "durable" a restart that
   // kept them.
   const nlohmann::json info{{"durable", journal_ != nullptr}, {"boot", to_hex(core::random_nonce().substr(0, 8))}};

@@ -102,7 +102,7 @@ struct ServerOptions {
   std::string state_file;
   // Answer CHECK and GET of core::kStoreInfoKey (whether the store keeps its state, and an id of
   // this start; no key of the store, so PyTorch clients that count keys see nothing new), so that
-  // ddprun's clients ride out a lost connection (rdzv::ClientOptions::outage_tolerance):
+  // ddprun's clients ride out a lost connection (rdzv::client::ClientOptions::outage_tolerance):
   // ddprun-rendezvous and the rendezvous store an agent hosts. Always with a state_file.
   bool describe_self = false;
 };

@@ -147,7 +147,7 @@ int64_t EtcdRendezvous::choose_generation(const StopSignal& stop) {
   for (;;) {
     if (stop.requested()) throw StopRequested(stop.signo());
     const rdzv::jobs::JobKeys run = keys(g);
-    const std::string prefix = run.prefix();
+    const std::string& prefix = run.prefix();
     const etcd::RangeResult r = client_->get_prefix(prefix, soon(), /*keys_only=*/true);
     bool ended = false, live = false;
     for (const auto& kv : r.kvs) {

@@ -74,7 +74,7 @@ struct StoreRendezvousOptions {
   std::optional<bool> is_host;
   std::chrono::milliseconds read_timeout{std::chrono::seconds(60)};  // one request to the store
   // How long a store that keeps its state (ddprun-rendezvous --state-file) may be gone, e.g. while
-  // it restarts, before this node counts it as lost (rdzv::ClientOptions::outage_tolerance).
+  // it restarts, before this node counts it as lost (rdzv::client::ClientOptions::outage_tolerance).
   std::chrono::milliseconds store_reconnect_timeout{std::chrono::seconds(30)};
   std::string advertise_addr;  // how other nodes reach this one
   std::string host;
