@@ -166,18 +166,13 @@ json JobReport::attempt_json(const Attempt& a) const {
     workers.push_back(worker_json(w, state));
   }
   for (const auto& u : a.unkillable) {
-    WorkerExit e;
-    e.rank = u.rank;
-    e.local_rank = u.local_rank;
-    e.host = host_;
-    e.node_rank = a.world && a.world->group_world_size > 1 ? a.world->group_rank : -1;
-    e.pid = u.pid;
-    json j = worker_json(e, "unkillable");
+    json j = worker_json(u.worker, "unkillable");
     j["exit_code"] = nullptr;
     j["ended_at"] = nullptr;
     j["process_state"] = std::string(1, u.state);
     j["wchan"] = u.wchan.empty() ? json(nullptr) : json(u.wchan);
-    const auto at = std::find_if(workers.begin(), workers.end(), [&](const json& x) { return x["rank"] > u.rank; });
+    const auto at =
+        std::find_if(workers.begin(), workers.end(), [&](const json& x) { return x["rank"] > u.worker.rank; });
     workers.insert(at, std::move(j));
   }
   json j = {{"round", a.round},

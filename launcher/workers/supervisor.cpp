@@ -197,11 +197,10 @@ void Supervisor::give_up_unkillable() {
     if (w->exited) continue;
     const auto st = procfs::read_stat(w->pid);
     if (st && st->state == 'Z') continue;  // dead, its exit status on its way (SIGCHLD)
-    UnkillableWorker u{w->launch.rank, w->launch.local_rank, w->pid, st ? st->state : '?',
-                       procfs::wait_channel(w->pid)};
+    UnkillableWorker u{exit_record(w->launch, w->pid), st ? st->state : '?', procfs::wait_channel(w->pid)};
     auto line = log::error("ddprun");
-    line << "worker rank " << u.rank << " (pid " << u.pid << ") did not exit " << seconds_text(settings_.kill_wait)
-         << " after SIGKILL: it is " << procfs::state_name(u.state);
+    line << "worker rank " << u.worker.rank << " (pid " << u.worker.pid << ") did not exit "
+         << seconds_text(settings_.kill_wait) << " after SIGKILL: it is " << procfs::state_name(u.state);
     if (!u.wchan.empty()) line << " in the kernel's " << u.wchan;
     line << ", a wait no signal ends (a hung GPU driver, an NFS or FUSE server that does not answer, RDMA). "
             "ddprun leaves it behind and does not start workers here again; what it holds (GPU memory, "
@@ -217,6 +216,16 @@ void Supervisor::give_up_unkillable() {
     gave_up = true;
   }
   if (gave_up) maybe_finish();
+}
+
+WorkerExit Supervisor::exit_record(const WorkerLaunch& launch, pid_t pid) const {
+  WorkerExit e;
+  e.rank = launch.rank;
+  e.local_rank = launch.local_rank;
+  e.host = settings_.host;
+  e.node_rank = settings_.node_rank;
+  e.pid = pid;
+  return e;
 }
 
 void Supervisor::kill_all(int signo) {
@@ -250,12 +259,7 @@ void Supervisor::on_worker_exit(Worker& w, int status) {
   // Grandchildren die with their worker.
   ::kill(-w.pid, SIGKILL);
   if (guard_) guard_->forget_group(w.pid);
-  WorkerExit e;
-  e.rank = w.launch.rank;
-  e.local_rank = w.launch.local_rank;
-  e.host = settings_.host;
-  e.node_rank = settings_.node_rank;
-  e.pid = w.pid;
+  WorkerExit e = exit_record(w.launch, w.pid);
   e.time = now;
   e.error_file = w.launch.error_file;
   if (WIFSIGNALED(status)) e.signal = WTERMSIG(status);
@@ -380,12 +384,7 @@ void Supervisor::maybe_finish() {
 }
 
 void Supervisor::spawn_failed(const WorkerLaunch& l, const std::string& why) {
-  WorkerExit e;
-  e.rank = l.rank;
-  e.local_rank = l.local_rank;
-  e.host = settings_.host;
-  e.node_rank = settings_.node_rank;
-  e.pid = -1;
+  WorkerExit e = exit_record(l, -1);
   e.exit_code = 127;  // the shell's "could not be run"
   e.time = std::chrono::system_clock::now();
   e.error_text = "could not be started: " + why;

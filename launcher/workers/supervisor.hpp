@@ -59,9 +59,7 @@ enum class GroupOutcome {
 // no signal reaches it (uninterruptible sleep, "D": a hung GPU driver, an NFS or FUSE server that does
 // not answer, RDMA). ddprun leaves it behind rather than wait for it without end.
 struct UnkillableWorker {
-  int rank = -1;
-  int local_rank = -1;
-  pid_t pid = -1;
+  WorkerExit worker;  // who it is (rank, host, node, pid); it has not ended
   char state = '?';   // /proc/<pid>/stat's state when ddprun gave up on it
   std::string wchan;  // the kernel function it sleeps in, "" when unknown
 };
@@ -143,6 +141,8 @@ class Supervisor {
   void begin_stop(int signo, GroupOutcome outcome);
   void report_stop_progress();
   void kill_all(int signo);
+  // The record of `launch`'s worker (pid -1: none was started): who and where, its end still blank.
+  WorkerExit exit_record(const WorkerLaunch& launch, pid_t pid) const;
   // SIGKILL to every worker left, and the kill_wait after which those still alive are given up.
   void kill_now();
   void give_up_unkillable();
