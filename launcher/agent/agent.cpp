@@ -111,9 +111,10 @@ GroupResult Agent::running(const World& world) {
   // The worker store's changes are progress signals; it lives on the node of group rank 0.
   rdzv::server::ServerThread* store = !multi_node_ || world.group_rank == 0 ? worker_store_.get() : nullptr;
   GroupResult result = supervisor_.run(launches, [&](const std::vector<pid_t>& pids) {
-    health(HealthEndpoint::Phase::Running, std::to_string(pids.size()) + " workers, round " +
-                                               std::to_string(world.round) + " (restart " + std::to_string(restarts_) +
-                                               ")");
+    health(HealthEndpoint::Phase::Running,
+           std::to_string(pids.size()) + " workers, round " + std::to_string(world.round) + " (restart " +
+               std::to_string(restarts_) + ")",
+           world.round);
     watchdog_->start(
         pids, store, std::move(channel), [this](const RoundEnd& end) { on_hang(end); },
         [this] {
@@ -182,7 +183,10 @@ void Agent::print_rates() {
 RoundEnd Agent::agree_on_end(int round, const GroupResult& result) {
   switch (result.outcome) {
     case GroupOutcome::Succeeded:
-      if (multi_node_) log::info("ddprun") << "this node's workers all finished; waiting for the other nodes to finish";
+      if (multi_node_) {
+        log::info("ddprun") << "this node's workers all finished; waiting for the other nodes to finish";
+        health(HealthEndpoint::Phase::Finishing, "this node's workers all finished; waiting for the other nodes");
+      }
       return backend_->report_success(round, stop_);
     case GroupOutcome::Failed:
       // Fenced workers did not fail: this node fell out of the job. What the others decide (this
@@ -295,7 +299,11 @@ int Agent::run() {
     return 128 + signo;
   };
   try {
+    if (multi_node_) health(HealthEndpoint::Phase::Connecting, "to the rendezvous");
     backend_ = make_backend();
+    backend_->on_joined([this](int joined_round, const std::string& detail) {
+      health(HealthEndpoint::Phase::Joined, detail + "; waiting for the other nodes", joined_round);
+    });
     round = backend_->first_round(stop_);
   } catch (const StopRequested& s) {
     return stopped_early(s.signal(),
@@ -306,7 +314,7 @@ int Agent::run() {
       case State::Rendezvous: {
         std::variant<World, RoundEnd> joined;
         report_.rendezvous_began(round, restarts_);
-        health(HealthEndpoint::Phase::Rendezvous, "round " + std::to_string(round));
+        health(HealthEndpoint::Phase::Rendezvous, "round " + std::to_string(round), round);
         backend_->set_restarts(restarts_);
         try {
           joined = rendezvous(round);

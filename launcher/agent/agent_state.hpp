@@ -157,8 +157,8 @@ class Agent {
   std::string python_hook_dir_;
   std::unique_ptr<Watchdog> watchdog_;      // the current round's
   std::unique_ptr<HealthEndpoint> health_;  // TORCHELASTIC_HEALTH_CHECK_PORT
-  void health(HealthEndpoint::Phase phase, std::string detail) {
-    if (health_) health_->set(phase, std::move(detail));
+  void health(HealthEndpoint::Phase phase, std::string detail, int round = -1) {
+    if (health_) health_->set(phase, std::move(detail), round);
   }
   fs::path attempt_dir_;
   int restarts_ = 0;

@@ -3,15 +3,17 @@
 #include <boost/asio/executor_work_guard.hpp>
 #include <boost/asio/io_context.hpp>
 
+#include <nlohmann/json.hpp>
+
 #include "common/errors.hpp"
 #include "rendezvous/server/http_server.hpp"
 
 namespace ddprun::launcher::agent {
 
 HealthEndpoint::HealthEndpoint(uint16_t port) : io_(std::make_unique<boost::asio::io_context>()) {
-  auto handler = [this](std::string_view) {
+  auto handler = [this](std::string_view target) {
     rdzv::server::HttpReply reply;
-    reply.body = answer(reply.status);
+    reply.body = answer(target, reply.status, reply.content_type);
     return reply;
   };
   try {
@@ -33,28 +35,46 @@ HealthEndpoint::~HealthEndpoint() {
   http_.reset();
 }
 
-void HealthEndpoint::set(Phase phase, std::string detail) {
+const char* HealthEndpoint::name(Phase phase) {
+  switch (phase) {
+    case Phase::Connecting: return "connecting";
+    case Phase::Rendezvous: return "rendezvous";
+    case Phase::Joined: return "joined";
+    case Phase::Running: return "running";
+    case Phase::Finishing: return "finishing";
+    case Phase::Restarting: return "restarting";
+    case Phase::Hung: return "hung";
+    case Phase::Ending: return "ending";
+  }
+  return "unknown";
+}
+
+void HealthEndpoint::set(Phase phase, std::string detail, int round) {
   std::lock_guard lock(mutex_);
-  if (phase_ == Phase::Hung && phase == Phase::Running) return;  // a hang stands until the round ends
+  // A hang stands until the round ends.
+  if (phase_ == Phase::Hung && (phase == Phase::Running || phase == Phase::Finishing)) return;
   if (phase != phase_) since_ = std::chrono::steady_clock::now();
   phase_ = phase;
   detail_ = std::move(detail);
+  if (round >= 0) round_ = round;
 }
 
-std::string HealthEndpoint::answer(unsigned& status) {
+std::string HealthEndpoint::answer(std::string_view target, unsigned& status, std::string& content_type) {
   std::lock_guard lock(mutex_);
   const auto seconds =
       std::chrono::duration_cast<std::chrono::seconds>(std::chrono::steady_clock::now() - since_).count();
-  const std::string for_text = ", for " + std::to_string(seconds) + " s\n";
-  switch (phase_) {
-    case Phase::Rendezvous: status = 200; return "ok: rendezvous, " + detail_ + for_text;
-    case Phase::Running: status = 200; return "ok: running " + detail_ + for_text;
-    case Phase::Restarting: status = 200; return "ok: restarting, " + detail_ + for_text;
-    case Phase::Hung: status = 503; return "hung: " + detail_ + for_text;
-    case Phase::Ending: status = 503; return "ending: " + detail_ + for_text;
+  const bool ok = phase_ != Phase::Hung && phase_ != Phase::Ending;
+  status = ok ? 200 : 503;
+  const auto query = target.find('?');
+  if (query != std::string_view::npos && target.find("format=json", query) != std::string_view::npos) {
+    content_type = "application/json";
+    return nlohmann::json{
+               {"ok", ok}, {"phase", name(phase_)}, {"round", round_}, {"seconds", seconds}, {"detail", detail_}}
+               .dump() +
+           "\n";
   }
-  status = 500;
-  return "unknown\n";
+  return std::string(ok ? "ok: " : "") + name(phase_) + (ok ? ", " : ": ") + detail_ + ", for " +
+         std::to_string(seconds) + " s\n";
 }
 
 }  // namespace ddprun::launcher::agent

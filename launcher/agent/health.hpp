@@ -1,18 +1,22 @@
 #pragma once
 // TORCHELASTIC_HEALTH_CHECK_PORT: the agent's health endpoint, for a Kubernetes liveness probe
-// (torchrun reserves the variable; its open-source server is a stub). Any GET on the port answers:
-//   200 "ok: rendezvous, round 0" / "ok: running 8 workers, round 0, for 52 s" / "ok: restarting ..."
-//       while the agent joins, runs and restarts its workers;
+// (torchrun reserves the variable; its open-source server is a stub). Any GET on the port answers
+//   200 "ok: PHASE, DETAIL, for N s" while the agent connects, joins, runs and restarts its
+//       workers (PHASE: connecting, rendezvous, joined, running, finishing, restarting);
 //   503 "hung: ..." once the hang watchdog (--hang_timeout) has seen no progress, and
 //   503 "ending: ..." once the job is over and ddprun is about to exit,
-// so a probe restarts a pod whose job hangs, not one that is merely restarting its workers. Served
-// by a thread of its own on every address of the host (the probe comes from the node).
+// so a probe restarts a pod whose job hangs, not one that is merely restarting its workers. A GET
+// with the query `format=json` answers the same as one object for programs:
+//   {"ok": true, "phase": "joined", "round": 0, "seconds": 2, "detail": "as node_rank 1 of 2"}
+// (round: the round being joined or run; -1 before the first). Served by a thread of its own on
+// every address of the host (the probe comes from the node).
 
 #include <chrono>
 #include <cstdint>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <string_view>
 #include <thread>
 
 namespace boost::asio {
@@ -27,23 +31,27 @@ namespace ddprun::launcher::agent {
 
 class HealthEndpoint {
  public:
-  enum class Phase { Rendezvous, Running, Restarting, Hung, Ending };
+  // Connecting: to the rendezvous (its store, etcd); Rendezvous: joining a round; Joined: in the
+  // round, waiting for the other nodes; Finishing: this node's workers are done, the others' not.
+  enum class Phase { Connecting, Rendezvous, Joined, Running, Finishing, Restarting, Hung, Ending };
+  static const char* name(Phase phase);
   // Listens on `port` (0: the kernel picks); throws ConnectionError when it cannot.
   explicit HealthEndpoint(uint16_t port);
   ~HealthEndpoint();
   HealthEndpoint(const HealthEndpoint&) = delete;
   HealthEndpoint& operator=(const HealthEndpoint&) = delete;
 
-  // Thread-safe.
-  void set(Phase phase, std::string detail);
+  // Thread-safe. `round`: the round the phase belongs to (unchanged when -1).
+  void set(Phase phase, std::string detail, int round = -1);
   uint16_t port() const { return port_; }
 
  private:
-  std::string answer(unsigned& status);
+  std::string answer(std::string_view target, unsigned& status, std::string& content_type);
 
   std::mutex mutex_;
   Phase phase_ = Phase::Rendezvous;
   std::string detail_ = "starting";
+  int round_ = -1;
   std::chrono::steady_clock::time_point since_ = std::chrono::steady_clock::now();
   std::unique_ptr<boost::asio::io_context> io_;
   std::unique_ptr<rdzv::server::HttpServer> http_;

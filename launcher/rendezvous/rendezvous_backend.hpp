@@ -136,6 +136,20 @@ class RendezvousBackend {
   // The job-wide progress channel of `round` (after join), on a connection of its own; nullptr
   // for a single-node job, whose watchdog needs none.
   virtual std::unique_ptr<ProgressChannel> progress_channel(int round) = 0;
+
+  // Told, on the agent's thread, when this node has joined a round and waits for the others to
+  // complete it (for the agent's health endpoint): the round and a line that says where this node
+  // stands ("as node_rank 1 of 2").
+  using JoinedObserver = std::function<void(int round, const std::string& detail)>;
+  void on_joined(JoinedObserver observer) { joined_observer_ = std::move(observer); }
+
+ protected:
+  void joined(int round, const std::string& detail) const {
+    if (joined_observer_) joined_observer_(round, detail);
+  }
+
+ private:
+  JoinedObserver joined_observer_;
 };
 
 }  // namespace ddprun::launcher::rendezvous

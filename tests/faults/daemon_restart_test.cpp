@@ -16,6 +16,8 @@
 #include "tests/support/daemon.hpp"
 #include "rendezvous/client/client.hpp"
 #include "tests/support/ddprun_bin.hpp"
+#include "tests/support/free_port.hpp"
+#include "tests/support/health.hpp"
 #include "tests/support/small_disk.hpp"
 #include "tests/support/subprocess.hpp"
 #include "tests/support/temp_dir.hpp"
@@ -40,11 +42,13 @@ std::unique_ptr<Daemon> start_daemon(const std::string& state_file, uint16_t por
 
 // One node of a 2-node job through the daemon; its one worker writes its pid to `ready` and sleeps.
 std::unique_ptr<Subprocess> node(uint16_t port, const std::string& run_id, const std::string& ready,
-                                 const std::string& seconds) {
-  return std::make_unique<Subprocess>(std::vector<std::string>{
-      ddprun_bin(), "--nnodes", "2", "--rdzv_backend", "c10d", "--rdzv_endpoint", "127.0.0.1:" + std::to_string(port),
-      "--rdzv_id", run_id, "--max_restarts", "3", "--rdzv_conf", "join_timeout=60,keep_alive_interval=1",
-      TEST_WORKER_BIN, "ready-file", ready, "sleep", seconds});
+                                 const std::string& seconds, const std::map<std::string, std::string>& env = {}) {
+  return std::make_unique<Subprocess>(
+      std::vector<std::string>{ddprun_bin(), "--nnodes", "2", "--rdzv_backend", "c10d", "--rdzv_endpoint",
+                               "127.0.0.1:" + std::to_string(port), "--rdzv_id", run_id, "--max_restarts", "3",
+                               "--rdzv_conf", "join_timeout=60,keep_alive_interval=1", TEST_WORKER_BIN, "ready-file",
+                               ready, "sleep", seconds},
+      env);
 }
 
 std::string read_file(const std::string& path) {
@@ -88,9 +92,16 @@ TEST(DaemonRestartTest, ANodeWaitingToJoinJoinsAfterARestart) {
   const std::string state = (dir.path / "state").string();
   auto daemon = start_daemon(state);
   const uint16_t port = daemon->port();
-  auto n0 = node(port, "joiner", (dir.path / "ready0").string(), "0");
+  const int health0 = free_port();
+  auto n0 = node(port, "joiner", (dir.path / "ready0").string(), "0", health_env(health0));
   // Node 0 has joined round 0 and waits for node 1.
-  ASSERT_TRUE(n0->wait_for_output("joined round 0 of job 'joiner'", 30s));
+  ASSERT_TRUE(n0->wait_for(
+      [&] {
+        const Health h = health_of(health0);
+        return h.phase == "joined" && h.round == 0;
+      },
+      30s))
+      << n0->err();
   daemon->stop(SIGKILL);
   std::this_thread::sleep_for(kDowntime);  // sleep override: the daemon's downtime
   daemon = start_daemon(state, port);

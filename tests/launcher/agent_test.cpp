@@ -185,7 +185,7 @@ TEST(HealthEndpointTest, AnswersOkUntilAHangOrTheEndThen503WithTheReason) {
   EXPECT_NE(r.find("ok: rendezvous, starting"), std::string::npos) << r;
   health.set(agent::HealthEndpoint::Phase::Running, "8 workers, round 0 (restart 0)");
   r = http(health.port(), get);
-  EXPECT_NE(r.find("ok: running 8 workers, round 0 (restart 0), for 0 s"), std::string::npos) << r;
+  EXPECT_NE(r.find("ok: running, 8 workers, round 0 (restart 0), for 0 s"), std::string::npos) << r;
   health.set(agent::HealthEndpoint::Phase::Hung, "no rank made progress for 300 s; behind: rank 3");
   health.set(agent::HealthEndpoint::Phase::Running, "8 workers");  // a hang stands until the round ends
   r = http(health.port(), get);
@@ -199,6 +199,45 @@ TEST(HealthEndpointTest, AnswersOkUntilAHangOrTheEndThen503WithTheReason) {
   EXPECT_EQ(r.find("ending:"), std::string::npos) << "HEAD has no body: " << r;
   r = http(health.port(), "POST / HTTP/1.1\r\nHost: probe\r\nContent-Length: 0\r\n\r\n");
   EXPECT_EQ(r.rfind("HTTP/1.1 405", 0), 0u) << r;
+}
+
+// The body of a reply, after its header.
+std::string body_of(const std::string& reply) {
+  const auto at = reply.find("\r\n\r\n");
+  return at == std::string::npos ? "" : reply.substr(at + 4);
+}
+
+TEST(HealthEndpointTest, SaysThePhaseAndRoundAsJsonForPrograms) {
+  agent::HealthEndpoint health(0);
+  const std::string get = "GET /healthz?format=json HTTP/1.1\r\nHost: probe\r\n\r\n";
+  std::string r = http(health.port(), get);
+  EXPECT_NE(r.find("Content-Type: application/json"), std::string::npos) << r;
+  json j = json::parse(body_of(r));
+  EXPECT_EQ(j["ok"], true);
+  EXPECT_EQ(j["phase"], "rendezvous");
+  EXPECT_EQ(j["round"], -1) << "no round before the first";
+  health.set(agent::HealthEndpoint::Phase::Connecting, "to the rendezvous");
+  EXPECT_EQ(json::parse(body_of(http(health.port(), get)))["phase"], "connecting");
+  health.set(agent::HealthEndpoint::Phase::Joined, "as node_rank 1 of 2; waiting for the other nodes", 3);
+  j = json::parse(body_of(http(health.port(), get)));
+  EXPECT_EQ(j["phase"], "joined");
+  EXPECT_EQ(j["round"], 3);
+  EXPECT_EQ(j["detail"], "as node_rank 1 of 2; waiting for the other nodes");
+  health.set(agent::HealthEndpoint::Phase::Finishing, "this node's workers all finished");
+  j = json::parse(body_of(http(health.port(), get)));
+  EXPECT_EQ(j["phase"], "finishing");
+  EXPECT_EQ(j["round"], 3) << "a phase without a round keeps the last one";
+  health.set(agent::HealthEndpoint::Phase::Hung, "no rank made progress for 300 s");
+  health.set(agent::HealthEndpoint::Phase::Finishing, "this node's workers all finished");  // the hang stands
+  r = http(health.port(), get);
+  EXPECT_EQ(r.rfind("HTTP/1.1 503", 0), 0u) << r;
+  j = json::parse(body_of(r));
+  EXPECT_EQ(j["ok"], false);
+  EXPECT_EQ(j["phase"], "hung");
+  // The text form names the phase the same way.
+  health.set(agent::HealthEndpoint::Phase::Ending, "exit code 0");
+  EXPECT_NE(http(health.port(), "GET / HTTP/1.1\r\nHost: probe\r\n\r\n").find("ending: exit code 0, for 0 s"),
+            std::string::npos);
 }
 
 }  // namespace

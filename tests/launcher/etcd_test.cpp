@@ -20,6 +20,8 @@
 
 #include "launcher/rendezvous/etcd/etcd_client.hpp"
 #include "tests/support/etcd_cluster.hpp"
+#include "tests/support/free_port.hpp"
+#include "tests/support/health.hpp"
 #include "tests/support/report.hpp"
 #include "tests/support/subprocess.hpp"
 #include "tests/support/temp_dir.hpp"
@@ -43,7 +45,7 @@ size_t count(const std::string& text, const std::string& what) {
 // `conf`: more --rdzv_conf settings; `flags`: more flags.
 std::unique_ptr<Subprocess> node(const std::string& endpoints, const std::string& id, const std::string& nnodes, int n,
                                  std::vector<std::string> worker, const std::string& conf = "",
-                                 std::vector<std::string> flags = {}) {
+                                 std::vector<std::string> flags = {}, int health_port = 0) {
   std::vector<std::string> argv{DDPRUN_BIN,
                                 "--rdzv_backend",
                                 "etcd",
@@ -62,6 +64,7 @@ std::unique_ptr<Subprocess> node(const std::string& endpoints, const std::string
   argv.insert(argv.end(), worker.begin(), worker.end());
   env.emplace("OMP_NUM_THREADS", "1");
   env.emplace("PYTHON_EXEC", TORCH_PYTHON);
+  if (health_port != 0) env.merge(health_env(health_port));
   return std::make_unique<Subprocess>(argv, env);
 }
 
@@ -249,7 +252,16 @@ TEST(EtcdRendezvousTest, AnElasticJobStartsWithTheNodesThereAfterTheLastCall) {
   if (::access(TORCH_PYTHON, X_OK) != 0) GTEST_SKIP() << TORCH_PYTHON << " is not here";
   EtcdCluster cluster(1);
   // --nnodes 2:3 with two nodes: the round closes 2 s (last call) after the second joins.
-  auto n0 = node(cluster.endpoints(), "elastic", "2:3", 0, gloo_worker());
+  const int health0 = free_port();
+  auto n0 = node(cluster.endpoints(), "elastic", "2:3", 0, gloo_worker(), "", {}, health0);
+  // The first node has joined round 0 on etcd and waits for more (its health endpoint says so).
+  ASSERT_TRUE(n0->wait_for(
+      [&] {
+        const Health h = health_of(health0);
+        return h.phase == "joined" && h.round == 0;
+      },
+      60s))
+      << n0->err();
   auto n1 = node(cluster.endpoints(), "elastic", "2:3", 1, gloo_worker());
   const Finished f0 = n0->wait(180s), f1 = n1->wait(180s);
   ASSERT_EQ(f0.exit_code, 0) << f0.err;

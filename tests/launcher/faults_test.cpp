@@ -17,6 +17,7 @@
 #include "tests/support/ddprun_bin.hpp"
 #include "tests/support/daemon.hpp"
 #include "tests/support/free_port.hpp"
+#include "tests/support/health.hpp"
 #include "tests/support/subprocess.hpp"
 #include "tests/support/temp_dir.hpp"
 #include "tests/support/wait_until.hpp"
@@ -28,7 +29,8 @@ namespace fs = std::filesystem;
 using namespace std::chrono_literals;
 
 std::unique_ptr<Subprocess> node(int port, int rank, int nnodes, std::vector<std::string> worker,
-                                 std::vector<std::string> extra = {}) {
+                                 std::vector<std::string> extra = {},
+                                 const std::map<std::string, std::string>& env = {}) {
   std::vector<std::string> argv{ddprun_bin(),
                                 "--nnodes",
                                 std::to_string(nnodes),
@@ -45,18 +47,18 @@ std::unique_ptr<Subprocess> node(int port, int rank, int nnodes, std::vector<std
   argv.insert(argv.end(), extra.begin(), extra.end());
   argv.push_back(TEST_WORKER_BIN);
   argv.insert(argv.end(), worker.begin(), worker.end());
-  return std::make_unique<Subprocess>(argv);
+  return std::make_unique<Subprocess>(argv, env);
 }
 
 // --- 1. A stop signal in every state ----------------------------------------------------------
 
 TEST(FaultsTest, StopSignalDuringTheRendezvousLeavesItAndTheOtherNodesLearnAtOnce) {
-  const int port = free_port();
+  const int port = free_port(), health0 = free_port(), health1 = free_port();
   // Node 2 never comes: nodes 0 and 1 wait in the rendezvous (join timeout 60 s).
-  auto n0 = node(port, 0, 3, {"print", "1"});
-  auto n1 = node(port, 1, 3, {"print", "1"});
-  ASSERT_TRUE(n1->wait_for_output("joined round 0", 30s)) << n1->err();
-  ASSERT_TRUE(n0->wait_for_output("joined round 0", 30s)) << n0->err();
+  auto n0 = node(port, 0, 3, {"print", "1"}, {}, health_env(health0));
+  auto n1 = node(port, 1, 3, {"print", "1"}, {}, health_env(health1));
+  ASSERT_TRUE(n1->wait_for([&] { return health_of(health1).phase == "joined"; }, 30s)) << n1->err();
+  ASSERT_TRUE(n0->wait_for([&] { return health_of(health0).phase == "joined"; }, 30s)) << n0->err();
   n1->signal(SIGTERM);
   // Within the test's deadline, far below the join timeout.
   const Finished f1 = n1->wait(20s), f0 = n0->wait(20s);
@@ -71,9 +73,9 @@ TEST(FaultsTest, StopSignalDuringTheRendezvousLeavesItAndTheOtherNodesLearnAtOnc
 }
 
 TEST(FaultsTest, StopSignalWhileConnectingToAStoreThatIsNotThereYet) {
-  const int port = free_port();
-  auto n1 = node(port, 1, 2, {"print", "1"});  // node 0 (the store's host) never starts
-  ASSERT_TRUE(n1->wait_for_output("connecting to the rendezvous store", 30s)) << n1->err();
+  const int port = free_port(), health1 = free_port();
+  auto n1 = node(port, 1, 2, {"print", "1"}, {}, health_env(health1));  // node 0 (the store's host) never starts
+  ASSERT_TRUE(n1->wait_for([&] { return health_of(health1).phase == "connecting"; }, 30s)) << n1->err();
   n1->signal(SIGINT);
   const Finished f = n1->wait(20s);
   EXPECT_FALSE(f.timed_out);
@@ -81,12 +83,12 @@ TEST(FaultsTest, StopSignalWhileConnectingToAStoreThatIsNotThereYet) {
 }
 
 TEST(FaultsTest, StopSignalWhileWaitingForTheOtherNodesToFinish) {
-  const int port = free_port();
-  auto n0 = node(port, 0, 2, {"exit-if-rank", "0", "0"});  // done at once: waits for node 1
+  const int port = free_port(), health0 = free_port();
+  auto n0 = node(port, 0, 2, {"exit-if-rank", "0", "0"}, {}, health_env(health0));  // done at once: waits for node 1
   auto n1 = node(port, 1, 2, {"wait-signal"});
   ASSERT_TRUE(n1->wait_for_output("[rank1]: ready", 30s)) << n1->err();
   // Node 0's worker has exited 0; node 0 now waits for the others. Stopping it stops the job.
-  ASSERT_TRUE(n0->wait_for_output("waiting for the other nodes to finish", 30s)) << n0->err();
+  ASSERT_TRUE(n0->wait_for([&] { return health_of(health0).phase == "finishing"; }, 30s)) << n0->err();
   n0->signal(SIGTERM);
   const Finished f0 = n0->wait(20s), f1 = n1->wait(20s);
   EXPECT_FALSE(f0.timed_out);

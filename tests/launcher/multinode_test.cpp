@@ -13,6 +13,7 @@
 #include "rendezvous/client/client.hpp"
 #include "tests/support/daemon.hpp"
 #include "tests/support/free_port.hpp"
+#include "tests/support/health.hpp"
 #include "tests/support/report.hpp"
 #include "tests/support/subprocess.hpp"
 #include "tests/support/temp_dir.hpp"
@@ -25,7 +26,8 @@ using namespace std::chrono_literals;
 
 // A port free right now, for --master_port (node 0 must listen on a port the others know).
 std::unique_ptr<Subprocess> node(int port, int rank, int nproc, std::vector<std::string> extra,
-                                 std::vector<std::string> worker_args, int nnodes = 2) {
+                                 std::vector<std::string> worker_args, int nnodes = 2,
+                                 const std::map<std::string, std::string>& env = {}) {
   std::vector<std::string> argv{DDPRUN_BIN,
                                 "--nnodes",
                                 std::to_string(nnodes),
@@ -44,7 +46,7 @@ std::unique_ptr<Subprocess> node(int port, int rank, int nproc, std::vector<std:
   argv.insert(argv.end(), extra.begin(), extra.end());
   argv.push_back(TEST_WORKER_BIN);
   argv.insert(argv.end(), worker_args.begin(), worker_args.end());
-  return std::make_unique<Subprocess>(argv);
+  return std::make_unique<Subprocess>(argv, env);
 }
 
 // Heartbeats every 0.2 s, so liveness is judged in well under a second.
@@ -143,9 +145,10 @@ TEST(MultiNodeTest, AllNodesRestartTogether) {
 
 TEST(MultiNodeTest, NodeThatStartsBeforeNodeZeroWaitsForIt) {
   TempDir dir;
-  const int port = free_port();
-  auto n1 = node(port, 1, 1, {}, {"env", dir.str()});
-  ASSERT_TRUE(n1->wait_for_output("connecting to the rendezvous store", 30s)) << n1->err();  // node 0 is not there yet
+  const int port = free_port(), health1 = free_port();
+  auto n1 = node(port, 1, 1, {}, {"env", dir.str()}, 2, health_env(health1));
+  // Node 0 is not there yet.
+  ASSERT_TRUE(n1->wait_for([&] { return health_of(health1).phase == "connecting"; }, 30s)) << n1->err();
   auto n0 = node(port, 0, 1, {}, {"env", dir.str()});
   const Finished f0 = n0->wait(60s), f1 = n1->wait(60s);
   EXPECT_EQ(f0.exit_code, 0) << f0.err;
@@ -233,10 +236,14 @@ TEST(MultiNodeTest, TwoJobsShareOneRendezvousDaemonAndStatusShowsThem) {
   const std::string port_file = (dir.path / "port").string();
   // --job-ttl 0: finished jobs stay, so that status can show how they ended.
   Subprocess daemon({DAEMON_BIN, "--host", "127.0.0.1", "--port", "0", "--port-file", port_file, "--job-ttl", "0"});
-  ASSERT_TRUE(daemon.wait_for_output("listening on", 10s));
-  std::ifstream in(port_file);
   int daemon_port = 0;
-  ASSERT_TRUE(in >> daemon_port);
+  ASSERT_TRUE(daemon.wait_for(
+      [&] {
+        std::ifstream in(port_file);  // written atomically once the daemon listens
+        return static_cast<bool>(in >> daemon_port);
+      },
+      10s))
+      << daemon.err();
   const std::string endpoint = "127.0.0.1:" + std::to_string(daemon_port);
   std::vector<std::unique_ptr<Subprocess>> nodes;
   for (const char* job : {"job-a", "job-b"}) {

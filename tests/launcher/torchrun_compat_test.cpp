@@ -162,7 +162,7 @@ TEST(LauncherTest, HealthCheckPortAnswersWhileTheWorkersRun) {
         } catch (const std::exception&) {
           return false;
         }
-        return reply.find("ok: running 2 workers") != std::string::npos;
+        return reply.find("ok: running, 2 workers") != std::string::npos;
       },
       30s))
       << reply;

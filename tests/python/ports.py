@@ -54,3 +54,9 @@ def free_port():
         _held.append(f)
         return port
     raise RuntimeError("free_port: no port below the ephemeral range could be reserved")
+
+
+def port_taken(port):
+    """Whether a process has bound `port` (a ddprun now hosting its store there): a probe by bind,
+    which that process does not see (a connection would reach its store)."""
+    return not _bindable(port)

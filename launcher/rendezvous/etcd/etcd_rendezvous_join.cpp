@@ -110,6 +110,8 @@ std::variant<World, RoundEnd> EtcdRendezvous::join(int round, int nproc, const W
     client_->put(keys().current_round(), std::to_string(round), 0, soon());
     log::info("ddprun") << "joined round " << round << " of job '" << options_.run_id << "' (generation " << generation_
                         << ") on etcd (--nnodes " << options_.min_nodes << ":" << options_.nnodes << ")";
+    joined(round,
+           "on etcd (--nnodes " + std::to_string(options_.min_nodes) + ":" + std::to_string(options_.nnodes) + ")");
     const std::string member_prefix = rk(round).members();
     const std::string closed_key = rk(round).closed();
     std::optional<Clock::time_point> enough_since;

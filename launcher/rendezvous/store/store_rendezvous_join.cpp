@@ -66,6 +66,7 @@ std::variant<World, RoundEnd> StoreRendezvous::join_static(int round, int nproc,
   start_heartbeat();  // from now on: a node that holds a rank is seen to be alive
   log::info("ddprun") << "joined round " << round << " of job '" << options_.run_id << "' (generation "
                       << keys_.generation() << ") as node_rank " << options_.node_rank << " of " << n;
+  joined(round, "as node_rank " + std::to_string(options_.node_rank) + " of " + std::to_string(n));
   if (options_.node_rank == 0) {
     const uint16_t port = host_worker_store();
     client_->set(rk(round).worker_store(),
@@ -180,6 +181,8 @@ std::variant<World, RoundEnd> StoreRendezvous::join_dynamic(int round, int nproc
     log::info("ddprun") << "joined round " << round << " of job '" << options_.run_id << "' (generation "
                         << keys_.generation() << ") as arrival " << idx << " (--nnodes " << options_.min_nodes << ":"
                         << options_.nnodes << ")";
+    joined(round, "as arrival " + std::to_string(idx) + " (--nnodes " + std::to_string(options_.min_nodes) + ":" +
+                      std::to_string(options_.nnodes) + ")");
     if (idx == options_.nnodes) {
       close_dynamic(round);  // full
     } else if (idx == options_.min_nodes) {
