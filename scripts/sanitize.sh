@@ -4,7 +4,13 @@
 # sanitizer report fails the test that caused it (-fno-sanitize-recover).
 #   scripts/sanitize.sh thread|address|undefined|address,undefined [ctest arguments, e.g. -L unit]
 # Targets: which binaries to build (default: all; e.g. DDPRUN_SANITIZE_TARGETS="test_rendezvous").
+# Time box: DDPRUN_SANITIZE_TIME_BOX=MINUTES bounds the whole run, build included: the selected
+# tests of the unit tier run first and always; the others follow in batches of
+# DDPRUN_SANITIZE_BATCH (default 4), and none starts once fewer than DDPRUN_SANITIZE_BATCH_RESERVE
+# minutes (default 5) of the box are left. A build the box cuts short runs no test. The tests that
+# did not run are named, and the run fails only on a failed test (or build), not on the box.
 set -euo pipefail
+started=$(date +%s)
 root=$(cd "$(dirname "$0")/.." && pwd)
 san=${1:?usage: scripts/sanitize.sh thread|address|undefined|address,undefined [ctest arguments]}
 shift
@@ -14,11 +20,53 @@ command -v ninja > /dev/null && generator=(-G Ninja)
 mkdir -p "$build"
 cmake -S "$root" -B "$build" "${generator[@]}" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDDPRUN_WITH_TORCH=OFF \
   -DDDPRUN_SANITIZE="$san" > "$build/configure.log" 2>&1 || { tail -20 "$build/configure.log"; exit 1; }
+box_end=$((started + ${DDPRUN_SANITIZE_TIME_BOX:-0} * 60))
+build_limit=()
+if [[ -n "${DDPRUN_SANITIZE_TIME_BOX:-}" ]]; then
+  build_limit=(timeout --foreground "$((box_end - $(date +%s)))s")
+  ((box_end > $(date +%s))) || build_limit=(false)  # `timeout 0s` would mean no limit
+fi
+build_rc=0
 # shellcheck disable=SC2086
-cmake --build "$build" --parallel "$(nproc)" ${DDPRUN_SANITIZE_TARGETS:+--target $DDPRUN_SANITIZE_TARGETS}
+"${build_limit[@]}" cmake --build "$build" --parallel "$(nproc)" ${DDPRUN_SANITIZE_TARGETS:+--target $DDPRUN_SANITIZE_TARGETS} ||
+  build_rc=$?
+if [[ -n "${DDPRUN_SANITIZE_TIME_BOX:-}" ]] && ((build_rc == 124 || $(date +%s) >= box_end)); then
+  echo "sanitize: the time box (${DDPRUN_SANITIZE_TIME_BOX} min) was spent building; no test ran"
+  exit 0
+fi
+((build_rc == 0)) || exit "$build_rc"
 cd "$build"
 # Reports name the source line; a thread report shows both stacks in full.
 export TSAN_OPTIONS="${TSAN_OPTIONS:-halt_on_error=1 second_deadlock_stack=1 history_size=4}"
 export ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=1 abort_on_error=0}"
 export UBSAN_OPTIONS="${UBSAN_OPTIONS:-print_stacktrace=1 halt_on_error=1}"
-ctest --output-on-failure --no-tests=error --timeout 900 -j "${DDPRUN_TEST_JOBS:-2}" "$@"
+run_tests() { ctest --output-on-failure --no-tests=error --timeout 900 -j "${DDPRUN_TEST_JOBS:-2}" "$@"; }
+if [[ -z "${DDPRUN_SANITIZE_TIME_BOX:-}" ]]; then
+  run_tests "$@"
+  exit
+fi
+reserve=$((${DDPRUN_SANITIZE_BATCH_RESERVE:-5} * 60))
+# The selected tests, by number: the unit tier's, then the others.
+numbers() { ctest -N "$@" | sed -n 's/^ *Test *#\([0-9]*\): .*/\1/p'; }
+mapfile -t unit < <(numbers -L unit "$@")
+mapfile -t rest < <(comm -23 <(numbers "$@" | sort) <(printf '%s\n' "${unit[@]}" | sort) | sort -n)
+echo "sanitize: ${#unit[@]} tests of the unit tier, then ${#rest[@]} more within a time box of ${DDPRUN_SANITIZE_TIME_BOX} min"
+by_number() { local IFS=,; echo "0,0,0,$*"; }
+rc=0
+if ((${#unit[@]} > 0)); then run_tests -I "$(by_number "${unit[@]}")" || rc=1; fi
+batch=${DDPRUN_SANITIZE_BATCH:-4}
+ran=${#unit[@]}
+for ((i = 0; i < ${#rest[@]}; i += batch)); do
+  if (($(date +%s) + reserve > box_end)); then
+    left=("${rest[@]:i}")
+    echo "sanitize: the time box is spent; ${#left[@]} of $((${#unit[@]} + ${#rest[@]})) tests did not run:"
+    ctest -N -I "$(by_number "${left[@]}")" | sed -n 's/^ *Test *#[0-9]*: /  /p'
+    break
+  fi
+  chunk=("${rest[@]:i:batch}")
+  run_tests -I "$(by_number "${chunk[@]}")" || rc=1
+  ran=$((ran + ${#chunk[@]}))
+done
+echo "sanitize: ran $ran of $((${#unit[@]} + ${#rest[@]})) tests in $((($(date +%s) - started) / 60)) min, build included;" \
+  "$([[ $rc == 0 ]] && echo "all passed" || echo "some FAILED")"
+exit "$rc"
