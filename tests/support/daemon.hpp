@@ -28,8 +28,27 @@ namespace ddprun::test {
 struct DaemonOptions {
   std::vector<std::string> args;        // extra command-line arguments
   std::optional<rlim_t> nofile;         // RLIMIT_NOFILE (soft and hard) for the daemon
-  std::optional<rlim_t> address_space;  // RLIMIT_AS for the daemon
+  std::optional<rlim_t> address_space;  // RLIMIT_AS for the daemon (see kAddressSpaceLimitWorks)
 };
+
+// Whether RLIMIT_AS can bound a daemon of this build: AddressSanitizer and ThreadSanitizer reserve
+// terabytes of address space for their shadow memory at start, so under a limit of a few GiB a
+// daemon built with them cannot start at all.
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+inline constexpr bool kAddressSpaceLimitWorks = false;
+#else
+inline constexpr bool kAddressSpaceLimitWorks = true;
+#endif
+
+// Whether a daemon of this build can be run out of descriptors: UBSan's vptr check probes memory
+// through a pipe, and in a process with no descriptor left it fails falsely, ending the daemon
+// ("member call on address ... which does not point to an object of type ...: invalid vptr").
+// DDPRUN_UBSAN_VPTR comes from tests/CMakeLists.txt.
+#ifdef DDPRUN_UBSAN_VPTR
+inline constexpr bool kDescriptorExhaustionWorks = false;
+#else
+inline constexpr bool kDescriptorExhaustionWorks = true;
+#endif
 
 class Daemon {
  public:
