@@ -162,8 +162,9 @@ TEST(ChaosSoakTest, JobsOnOneDaemonEndAsTheirFaultsSayAndLeaveNothingBehind) {
     const bool kill_daemon = std::uniform_int_distribution<int>(0, 2)(rng) == 0;
     for (Job& job : round) {
       for (auto& n : job.node) {
-        ASSERT_TRUE(n->wait_for_workers(1, 60s)) << "seed " << seed << ", job " << job.id << " did not start:\n"
-                                                 << n->err();
+        ASSERT_TRUE(n->wait_for_output("started 1 worker", 60s))
+            << "seed " << seed << ", job " << job.id << " did not start:\n"
+            << n->err();
       }
     }
     for (Job& job : round) {
