@@ -110,6 +110,7 @@ GroupResult Agent::running(const World& world) {
   }
   // The worker store's changes are progress signals; it lives on the node of group rank 0.
   rdzv::server::ServerThread* store = !multi_node_ || world.group_rank == 0 ? worker_store_.get() : nullptr;
+  if (store) start_relay(world);
   GroupResult result = supervisor_.run(launches, [&](const std::vector<pid_t>& pids) {
     health(HealthEndpoint::Phase::Running,
            std::to_string(pids.size()) + " workers, round " + std::to_string(world.round) + " (restart " +
@@ -123,6 +124,7 @@ GroupResult Agent::running(const World& world) {
         });
   });
   watchdog_->stop();
+  stop_relay();
   fenced_ = false;
   if (const auto window = guard_.take_fenced()) {
     fenced_ = true;
@@ -301,6 +303,7 @@ int Agent::run() {
   try {
     if (multi_node_) health(HealthEndpoint::Phase::Connecting, "to the rendezvous");
     backend_ = make_backend();
+    if (o_.replica_group) make_coordinator();
     backend_->on_joined([this](int joined_round, const std::string& detail) {
       health(HealthEndpoint::Phase::Joined, detail + "; waiting for the other nodes", joined_round);
     });

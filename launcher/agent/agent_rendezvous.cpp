@@ -12,6 +12,7 @@
 #include "launcher/rendezvous/etcd/etcd_rendezvous.hpp"
 #include "launcher/rendezvous/local_rendezvous.hpp"
 #include "launcher/rendezvous/store/store_rendezvous.hpp"
+#include "rendezvous/client/client.hpp"
 
 namespace ddprun::launcher::agent {
 
@@ -99,7 +100,8 @@ std::unique_ptr<RendezvousBackend> Agent::make_backend() {
     return std::make_unique<EtcdRendezvous>(eo, stop_);
   }
   StoreRendezvousOptions ro;
-  ro.run_id = o_.run_id;
+  // A replica group is a world of its own, beside the other groups of the job.
+  ro.run_id = o_.replica_group ? rdzv::jobs::replica_group_run_id(o_.run_id, *o_.replica_group) : o_.run_id;
   ro.dynamic = o_.rdzv_backend == RdzvBackend::C10d;
   ro.min_nodes = o_.min_nodes;
   ro.nnodes = o_.max_nodes;
@@ -161,6 +163,65 @@ uint16_t Agent::host_worker_store() {
     }
   }
   return worker_store_->port();
+}
+
+void Agent::make_coordinator() {
+  // The quorum lives in the job's own namespace on the rendezvous store, reached as the group's
+  // rendezvous is (after the backend, which may host that store on this node), on two connections
+  // of its own: one for the heartbeat, one for the requests.
+  const auto client = [this] {
+    rdzv::client::ClientOptions co;
+    co.host = o_.rdzv_endpoint_host;
+    co.port = o_.rdzv_endpoint_port;
+    co.timeout = o_.rdzv_read_timeout;
+    co.connect_timeout = o_.join_timeout;
+    if (const auto token = read_token()) co.credentials = rdzv::core::credentials_for(*token, o_.run_id, o_.token_file);
+    co.refusal_note_key = rdzv::core::refusal_note(o_.run_id);
+    co.outage_tolerance = o_.store_reconnect_timeout;
+    return std::make_unique<ft::StoreQuorumKv>(std::make_unique<rdzv::client::Client>(co));
+  };
+  ft::CoordinatorOptions co;
+  co.run_id = o_.run_id;
+  co.group = *o_.replica_group;
+  co.rules.min_groups = o_.min_replica_groups;
+  co.rules.join_timeout = o_.quorum_join_timeout;
+  co.heartbeat_timeout = o_.quorum_heartbeat_timeout;
+  co.heartbeat_interval =
+      std::max<std::chrono::milliseconds>(o_.quorum_heartbeat_timeout / 10, std::chrono::milliseconds(50));
+  co.progress_interval = o_.progress_interval;
+  coordinator_ = std::make_unique<ft::Coordinator>(co, client(), client());
+  // Where this node's workers serve their state to healing peers and meet the other groups.
+  base_env_["DDPRUN_NODE_ADDR"] = advertise_addr_;
+  log::info("ddprun") << "replica group " << co.group << " of job '" << o_.run_id << "': at least "
+                      << co.rules.min_groups << " group(s) train each step";
+}
+
+void Agent::start_relay(const World& world) {
+  if (!coordinator_ || !worker_store_) return;
+  // A new incarnation for every round: the quorum tells a group back from a restart from the one
+  // that was there before.
+  coordinator_->set_incarnation(advertise_addr_ + ":" + std::to_string(::getpid()) + ":" + std::to_string(world.round));
+  ft::RelayOptions ro;
+  ro.store_host = advertise_addr_;
+  ro.store_port = worker_store_->port();
+  ro.store_address = world.master_addr + ":" + std::to_string(world.master_port);
+  ro.world_size = world.world_size;
+  ro.addresses = world.peer_addresses;
+  ro.addresses.push_back(advertise_addr_);
+  ro.quorum_timeout = o_.join_timeout;
+  std::vector<std::string> own = ro.addresses;
+  ro.allow_peers = [this, own](const std::vector<std::string>& others) {
+    std::vector<std::string> all = own;
+    all.insert(all.end(), others.begin(), others.end());
+    if (worker_store_) worker_store_->allow_peers(resolve_all(all));
+  };
+  relay_ = std::make_unique<ft::Relay>(*coordinator_, ro);
+}
+
+void Agent::stop_relay() {
+  if (!coordinator_) return;
+  relay_.reset();
+  coordinator_->withdraw();
 }
 
 }  // namespace ddprun::launcher::agent

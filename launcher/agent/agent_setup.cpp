@@ -74,6 +74,13 @@ Agent::Agent(const LaunchOptions& o, JobReport& report)
       file_timer_(o.file_timer),
       capture_stacks_(o.hang_timeout.count() > 0 || file_timer_) {
   become_subreaper();
+  if (o.replica_group) {
+    // The workers' side of the quorum (docs/fault-tolerance.md): which group they are, and that
+    // their agent relays quorum requests through the worker store.
+    base_env_["DDPRUN_REPLICA_GROUP"] = std::to_string(*o.replica_group);
+    base_env_["DDPRUN_MIN_REPLICA_GROUPS"] = std::to_string(o.min_replica_groups);
+    base_env_["DDPRUN_FT_RUN_ID"] = o.run_id;
+  }
   if (o.health_check_port) {
     try {
       health_ = std::make_unique<HealthEndpoint>(*o.health_check_port);

@@ -19,6 +19,8 @@
 #include "launcher/agent/job_report.hpp"
 #include "launcher/agent/restart_policy.hpp"
 #include "launcher/cli/options.hpp"
+#include "launcher/ft/coordinator.hpp"
+#include "launcher/ft/relay.hpp"
 #include "launcher/workers/process.hpp"
 #include "launcher/rendezvous/rendezvous_backend.hpp"
 #include "launcher/workers/signals.hpp"
@@ -165,7 +167,15 @@ class Agent {
   bool watching_ = false;
   std::mutex seen_mutex_;
   std::optional<RoundEnd> seen_end_;  // the round's end as the watcher saw it
-  std::unique_ptr<Zygote> zygote_;    // --preload; last: gone before the run directory
+  // --replica_group: this group's member of the job's quorum (for the agent's life), and the relay
+  // between its workers and the quorum (for a round, on the node that hosts the worker store).
+  std::unique_ptr<ft::Coordinator> coordinator_;
+  std::unique_ptr<ft::Relay> relay_;
+  void make_coordinator();
+  void start_relay(const World& world);
+  // The round's workers are gone: the relay stops and the quorum counts this group out at once.
+  void stop_relay();
+  std::unique_ptr<Zygote> zygote_;  // --preload; last: gone before the run directory
   bool zygote_announced_ = false;
 };
 

@@ -87,6 +87,20 @@ constexpr FlagDef kFlagTable[] = {
      [](const FlagInput& in, LaunchOptions& o) {
        o.max_restarts = static_cast<int>(parse_int(in.flag, trim(in.text), 0, 1 << 20, "a whole number >= 0"));
      }},
+    {"--replica_group", nullptr, "ID",
+     "run one replica group of a fault-tolerant job: its own world that fails and restarts alone, while the "
+     "other groups of the job (the same `--rdzv_id`) go on training; needs `--rdzv_backend c10d`",
+     nullptr, "none: an ordinary job",
+     [](const FlagInput& in, LaunchOptions& o) {
+       o.replica_group = static_cast<int>(parse_int(in.flag, trim(in.text), 0, 1 << 20, "a whole number >= 0"));
+     },
+     nullptr, false, "[fault tolerance](fault-tolerance.md)"},
+    {"--min_replica_groups", nullptr, "K", "the fewest replica groups that may train a step (with `--replica_group`)",
+     [](const LaunchOptions& d) { return std::to_string(d.min_replica_groups); }, "",
+     [](const FlagInput& in, LaunchOptions& o) {
+       o.min_replica_groups = static_cast<int>(parse_int(in.flag, trim(in.text), 1, 1 << 20, "a whole number >= 1"));
+     },
+     nullptr, false, "[fault tolerance](fault-tolerance.md)"},
     {"--hang_timeout", nullptr, "SECONDS",
      "seconds without progress from any rank after which the job is hung: every rank's stacks are captured and "
      "reported, then the job stops (exit code 124) or restarts (`--max_restarts`); 0 or at least 2",

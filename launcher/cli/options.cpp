@@ -310,6 +310,11 @@ void validate(LaunchOptions& o) {
         "--rdzv_backend c10d needs --rdzv_endpoint HOST[:PORT]: the store every node joins (a "
         "ddprun-rendezvous daemon, or the ddprun on that host serves it)");
   }
+  if (o.replica_group && o.rdzv_backend != RdzvBackend::C10d) {
+    throw ConfigError(
+        "--replica_group needs --rdzv_backend c10d --rdzv_endpoint HOST:PORT: the store that holds the job's "
+        "quorum (a ddprun-rendezvous daemon, so that no group is its single point of failure)");
+  }
   if (o.program.empty()) {
     throw ConfigError("missing the program to run: ddprun [options] PROGRAM [ARGS...] (see ddprun --help)");
   }

@@ -95,7 +95,14 @@ struct LaunchOptions {
     bool operator==(const Etcd&) const = default;
   } etcd;
   int max_restarts = 0;
-  std::chrono::milliseconds hang_timeout{0};  // 0: hangs are not looked for
+  // --replica_group: this ddprun runs one replica group of a fault-tolerant job (launcher/ft): its
+  // own world (run id "<run_id>.rg<ID>") that fails and restarts alone, and a member of the job's
+  // quorum under run_id. Unset: an ordinary job.
+  std::optional<int> replica_group;
+  int min_replica_groups = 1;  // --min_replica_groups: the fewest groups that may train
+  std::chrono::milliseconds quorum_join_timeout{std::chrono::seconds(30)};      // rdzv_conf quorum_join_timeout
+  std::chrono::milliseconds quorum_heartbeat_timeout{std::chrono::seconds(5)};  // rdzv_conf quorum_heartbeat_timeout
+  std::chrono::milliseconds hang_timeout{0};                                    // 0: hangs are not looked for
   // DDPRUN_PROGRESS_INTERVAL: how often long waits (rendezvous, a slow shutdown) say where they are.
   std::chrono::milliseconds progress_interval{std::chrono::seconds(10)};
   // DDPRUN_STEP_RATES_PERIOD: how often the workers' step rates are published and compared.

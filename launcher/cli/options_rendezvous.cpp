@@ -32,6 +32,20 @@ constexpr RdzvConfKey kRdzvConfKeys[] = {
      [](const std::string& where, const std::string& v, LaunchOptions& o) {
        o.last_call_timeout = parse_seconds(where, v, false);
      }},
+    {"quorum_join_timeout", "", false,
+     "replica groups: seconds a quorum waits for heartbeating groups that have not asked yet before it goes on "
+     "without them",
+     [](const LaunchOptions& d) { return seconds_text(d.quorum_join_timeout); }, "",
+     [](const std::string& where, const std::string& v, LaunchOptions& o) {
+       o.quorum_join_timeout = parse_seconds(where, v, true);
+     }},
+    {"quorum_heartbeat_timeout", "", false,
+     "replica groups: seconds without a heartbeat after which a group no longer counts for the quorum (a group "
+     "whose workers died is out at once)",
+     [](const LaunchOptions& d) { return seconds_text(d.quorum_heartbeat_timeout); }, "",
+     [](const std::string& where, const std::string& v, LaunchOptions& o) {
+       o.quorum_heartbeat_timeout = parse_seconds(where, v, false);
+     }},
     {"keep_alive_interval", "", false, "seconds between a node's keep-alives",
      [](const LaunchOptions& d) { return seconds_text(d.keep_alive_interval); }, "",
      [](const std::string& where, const std::string& v, LaunchOptions& o) {

@@ -20,10 +20,14 @@
 
 namespace ddprun::launcher::workers {
 
-// Writes DIR/sitecustomize.py. Throws ProcessError if it cannot be written.
+// Writes DIR/sitecustomize.py, and DIR/ddprun_ft.py (python_hook/ddprun_ft.py: the workers' side
+// of fault-tolerant replica groups, imported by a worker that asks for it). Throws ProcessError if
+// they cannot be written.
 void write_python_hook(const std::string& dir);
 
 // The text of python_hook/sitecustomize.py, built in (python_hook_source.cpp, made by CMake).
 const char* python_hook_source();
+// The text of python_hook/ddprun_ft.py.
+const char* python_ft_source();
 
 }  // namespace ddprun::launcher::workers

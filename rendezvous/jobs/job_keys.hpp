@@ -145,6 +145,31 @@ class JobKeys : public KeysUnder {
   int64_t generation_;
 };
 
+// The quorum of a fault-tolerant job's replica groups (launcher/ft/coordinator.hpp), under the job's
+// own namespace (each group's world runs as the job "<run_id>.rg<ID>"):
+//   /ddprun/<run_id>/ft/groups           the replica groups that ever asked (APPEND: "2,0,1,")
+//   /ddprun/<run_id>/ft/beat/<group>     a group's heartbeat: "<incarnation> <counter>", or "gone"
+//   /ddprun/<run_id>/ft/ask/<seq>/<g>    group g's request for quorum <seq> (a Member, as JSON)
+//   /ddprun/<run_id>/ft/q/<seq>          quorum <seq> as decided (the first proposal wins)
+//   /ddprun/<run_id>/ft/latest           the latest quorum's seq (a hint: q/<latest + 1> may exist)
+class QuorumKeys : public KeysUnder {
+ public:
+  explicit QuorumKeys(std::string_view run_id, std::string_view root = core::kRoot)
+      : KeysUnder(core::job_prefix(run_id, root) + "ft/") {}
+  std::string groups() const { return at("groups"); }
+  std::string beat(int group) const { return at("beat/", std::to_string(group)); }
+  std::string ask(int64_t seq, int group) const {
+    return at("ask/", std::to_string(seq) + "/" + std::to_string(group));
+  }
+  std::string quorum(int64_t seq) const { return at("q/", std::to_string(seq)); }
+  std::string latest() const { return at("latest"); }
+};
+
+// The run id of replica group `group`'s own world in job `run_id`.
+inline std::string replica_group_run_id(std::string_view run_id, int group) {
+  return std::string(run_id) + ".rg" + std::to_string(group);
+}
+
 // The names of an agent's heartbeat keys within a generation (ParsedKey::name): "hb/<agent>" and
 // "hb/<agent>/time".
 std::string heartbeat_name(std::string_view agent);

@@ -1,0 +1,291 @@
+#include "launcher/ft/coordinator.hpp"
+
+#include <algorithm>
+#include <charconv>
+
+#include "common/errors.hpp"
+#include "common/log.hpp"
+#include "rendezvous/client/client.hpp"
+
+namespace ddprun::launcher::ft {
+
+using nlohmann::json;
+
+namespace {
+
+constexpr std::string_view kGone = "gone";
+
+std::optional<int64_t> to_i64(std::string_view s) {
+  int64_t v = 0;
+  const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+  if (ec != std::errc() || end != s.data() + s.size()) return std::nullopt;
+  return v;
+}
+
+}  // namespace
+
+// ---- StoreQuorumKv -------------------------------------------------------------------------------
+
+StoreQuorumKv::StoreQuorumKv(std::unique_ptr<rdzv::client::Client> client) : client_(std::move(client)) {}
+StoreQuorumKv::~StoreQuorumKv() = default;
+
+void StoreQuorumKv::put(const std::string& key, const std::string& value) { client_->set(key, value); }
+
+std::vector<std::optional<std::string>> StoreQuorumKv::read(const std::vector<std::string>& keys) {
+  std::vector<std::optional<std::string>> out;
+  if (keys.empty()) return out;
+  // A missing key reads as empty; no value of the protocol is empty.
+  for (std::string& v : client_->multi_get_now(keys)) {
+    out.push_back(v.empty() ? std::nullopt : std::optional<std::string>(std::move(v)));
+  }
+  return out;
+}
+
+std::string StoreQuorumKv::create_or_get(const std::string& key, const std::string& value) {
+  return client_->compare_set(key, "", value);
+}
+
+bool StoreQuorumKv::wait_for(const std::string& key, std::chrono::milliseconds slice) {
+  return client_->wait_for({key}, slice);
+}
+
+void StoreQuorumKv::erase(const std::string& key) { client_->delete_key(key); }
+
+void StoreQuorumKv::register_group(const std::string& registry, int group) {
+  const auto known = groups(registry);
+  if (std::find(known.begin(), known.end(), group) == known.end())
+    client_->append(registry, std::to_string(group) + ",");
+}
+
+std::vector<int> StoreQuorumKv::groups(const std::string& registry) {
+  std::vector<int> out;
+  const auto value = read({registry}).front();
+  if (!value) return out;
+  std::string_view rest = *value;
+  while (!rest.empty()) {
+    const auto comma = rest.find(',');
+    const auto g = to_i64(rest.substr(0, comma));
+    if (g && std::find(out.begin(), out.end(), static_cast<int>(*g)) == out.end()) out.push_back(static_cast<int>(*g));
+    if (comma == std::string_view::npos) break;
+    rest = rest.substr(comma + 1);
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+// ---- Coordinator ---------------------------------------------------------------------------------
+
+Coordinator::Coordinator(CoordinatorOptions options, std::unique_ptr<QuorumKv> kv, std::unique_ptr<QuorumKv> beat_kv)
+    : options_(std::move(options)), keys_(options_.run_id), kv_(std::move(kv)), beat_kv_(std::move(beat_kv)) {
+  kv_->register_group(keys_.groups(), options_.group);
+  beat_thread_ = std::thread([this] { heartbeat_loop(); });
+}
+
+Coordinator::~Coordinator() {
+  {
+    std::lock_guard lock(mutex_);
+    stopping_ = true;
+  }
+  cv_.notify_all();
+  if (beat_thread_.joinable()) beat_thread_.join();
+}
+
+void Coordinator::set_incarnation(const std::string& incarnation) {
+  std::lock_guard lock(mutex_);
+  incarnation_ = incarnation;
+  withdrawn_ = false;
+}
+
+void Coordinator::withdraw() {
+  {
+    std::lock_guard lock(mutex_);
+    withdrawn_ = true;
+  }
+  try {
+    kv_->put(keys_.beat(options_.group), std::string(kGone));
+  } catch (const Error& e) {
+    log::warn("ddprun") << "replica group " << options_.group << ": could not tell the quorum it left: " << e.what();
+  }
+}
+
+void Coordinator::heartbeat_loop() {
+  std::unique_lock lock(mutex_);
+  while (!stopping_) {
+    const std::string incarnation = incarnation_;
+    const bool withdrawn = withdrawn_;
+    const uint64_t n = ++beats_;
+    lock.unlock();
+    try {
+      if (!incarnation.empty() && !withdrawn)
+        beat_kv_->put(keys_.beat(options_.group), incarnation + " " + std::to_string(n));
+      const std::vector<int> groups = beat_kv_->groups(keys_.groups());
+      std::vector<std::string> keys;
+      for (int g : groups) keys.push_back(keys_.beat(g));
+      observe(groups, beat_kv_->read(keys));
+    } catch (const Error& e) {
+      // The store is away (a daemon restarting): the others see no beat either; try again.
+      log::debug("ddprun") << "replica group " << options_.group << ": heartbeat: " << e.what();
+    }
+    lock.lock();
+    cv_.wait_for(lock, options_.heartbeat_interval, [this] { return stopping_; });
+  }
+}
+
+void Coordinator::observe(const std::vector<int>& groups, const std::vector<std::optional<std::string>>& beats) {
+  const auto now = Clock::now();
+  std::lock_guard lock(mutex_);
+  for (size_t i = 0; i < groups.size() && i < beats.size(); ++i) {
+    const std::string value = beats[i].value_or(std::string(kGone));
+    auto it = seen_.find(groups[i]);
+    if (it == seen_.end()) {
+      // First sight: a group that heartbeats counts as fresh from now.
+      seen_[groups[i]] = {value, now};
+    } else if (it->second.value != value) {
+      it->second = {value, now};
+    }
+  }
+}
+
+std::set<int> Coordinator::healthy() const {
+  const auto now = Clock::now();
+  std::lock_guard lock(mutex_);
+  std::set<int> out;
+  for (const auto& [g, seen] : seen_) {
+    if (seen.value != kGone && now - seen.changed < options_.heartbeat_timeout) out.insert(g);
+  }
+  return out;
+}
+
+int64_t Coordinator::latest_seq() {
+  int64_t seq = 0;
+  if (const auto v = kv_->read({keys_.latest()}).front()) seq = to_i64(*v).value_or(0);
+  // The hint may lag (its writes race): walk forward to the last quorum decided.
+  while (kv_->read({keys_.quorum(seq + 1)}).front()) ++seq;
+  return seq;
+}
+
+std::optional<Quorum> Coordinator::read_quorum(int64_t seq) {
+  if (seq <= 0) return std::nullopt;
+  if (previous_cache_ && previous_cache_->seq == seq) return previous_cache_;
+  const auto v = kv_->read({keys_.quorum(seq)}).front();
+  if (!v) return std::nullopt;
+  try {
+    Quorum q = json::parse(*v).get<Quorum>();
+    previous_cache_ = q;
+    return q;
+  } catch (const json::exception& e) {
+    log::warn("ddprun") << "quorum " << seq << " of job '" << options_.run_id << "' cannot be read (" << e.what()
+                        << "): deciding the next one without it";
+    return std::nullopt;
+  }
+}
+
+std::string Coordinator::try_decide(int64_t seq, Clock::duration waited) {
+  const std::vector<int> groups = kv_->groups(keys_.groups());
+  // The asks and the heartbeats in one read: a group's heartbeat as fresh as its ask (a group back
+  // as a new incarnation beats before it asks, so it is never taken for the one that left).
+  std::vector<std::string> keys;
+  for (int g : groups) keys.push_back(keys_.ask(seq, g));
+  for (int g : groups) keys.push_back(keys_.beat(g));
+  auto read = kv_->read(keys);
+  const std::vector<std::optional<std::string>> beats(read.begin() + static_cast<std::ptrdiff_t>(groups.size()),
+                                                      read.end());
+  read.resize(groups.size());
+  observe(groups, beats);
+  Candidates c;
+  const auto& asks = read;
+  for (size_t i = 0; i < asks.size(); ++i) {
+    if (!asks[i]) continue;
+    try {
+      Member m = json::parse(*asks[i]).get<Member>();
+      if (m.group != groups[i]) continue;  // a record under another group's key: not a request
+      c.asking.push_back(std::move(m));
+    } catch (const json::exception& e) {
+      log::warn("ddprun") << "quorum " << seq << ": replica group " << groups[i] << "'s request cannot be read ("
+                          << e.what() << "): ignored";
+    }
+  }
+  c.healthy = healthy();
+  c.waited = std::chrono::duration_cast<std::chrono::milliseconds>(waited);
+  Decision d = decide(read_quorum(seq - 1), seq, c, options_.rules);
+  if (!d.quorum) return d.waiting;
+  const std::string mine = json(*d.quorum).dump();
+  if (kv_->create_or_get(keys_.quorum(seq), mine) == mine) {
+    for (const std::string& why : d.quorum->left_out) log::warn("ddprun") << "quorum " << seq << ": " << why;
+    collect_garbage(seq);
+  }
+  return {};
+}
+
+void Coordinator::collect_garbage(int64_t seq) {
+  const int64_t old = seq - options_.keep;
+  if (old <= 0) return;
+  try {
+    for (int g : kv_->groups(keys_.groups())) kv_->erase(keys_.ask(old, g));
+    kv_->erase(keys_.quorum(old));
+  } catch (const Error& e) {
+    log::debug("ddprun") << "quorum " << old << ": not erased: " << e.what();
+  }
+}
+
+Quorum Coordinator::next(Member self, const StopSignal& stop, std::chrono::milliseconds timeout) {
+  {
+    std::lock_guard lock(mutex_);
+    self.incarnation = incarnation_;
+  }
+  self.group = options_.group;
+  std::string beat;
+  {
+    std::lock_guard lock(mutex_);
+    if (!withdrawn_ && !self.incarnation.empty()) beat = self.incarnation + " " + std::to_string(++beats_);
+  }
+  if (!beat.empty()) kv_->put(keys_.beat(self.group), beat);
+  const auto start = Clock::now();
+  auto said = start;
+  // The quorum after the latest decided, which is after this group's last unless the others went on
+  // without it (the quorums it missed may be erased by now).
+  int64_t seq = std::max(last_seq_ + 1, latest_seq() + 1);
+  for (;;) {
+    kv_->put(keys_.ask(seq, self.group), json(self).dump());
+    const auto asked = Clock::now();
+    std::string waiting;
+    for (;;) {
+      if (stop.requested()) throw StopRequested(stop.signo());
+      waiting = try_decide(seq, Clock::now() - asked);
+      if (waiting.empty() || kv_->wait_for(keys_.quorum(seq), options_.poll)) break;
+      // Decided and erased while this group looked away (a slow connection, a stopped process).
+      if (latest_seq() >= seq) break;
+      const auto now = Clock::now();
+      if (now - start >= timeout)
+        throw TimeoutError("replica group " + std::to_string(self.group) + " got no quorum " + std::to_string(seq) +
+                           " of job '" + options_.run_id + "' in " +
+                           std::to_string(std::chrono::duration_cast<std::chrono::seconds>(timeout).count()) +
+                           " s: " + waiting);
+      if (now - said >= options_.progress_interval) {
+        log::info("ddprun") << "replica group " << self.group << ": quorum " << seq << ": " << waiting;
+        said = now;
+      }
+    }
+    const auto q = read_quorum(seq);
+    if (!q) {
+      // Decided and already erased: the others are several quorums further on.
+      seq = std::max(seq + 1, latest_seq() + 1);
+      continue;
+    }
+    if (const auto v = kv_->read({keys_.latest()}).front(); !v || to_i64(*v).value_or(0) < seq)
+      kv_->put(keys_.latest(), std::to_string(seq));
+    const Member* me = q->member(self.group);
+    if (me && me->incarnation == self.incarnation) {
+      last_seq_ = seq;
+      return *q;
+    }
+    std::string why = "it asked too late";
+    for (const std::string& reason : q->left_out)
+      if (reason.rfind("group " + std::to_string(self.group) + " ", 0) == 0) why = reason;
+    log::info("ddprun") << "replica group " << self.group << ": quorum " << seq << " formed without it (" << why
+                        << "); asking for the next one";
+    seq = std::max(seq + 1, latest_seq() + 1);
+  }
+}
+
+}  // namespace ddprun::launcher::ft

@@ -1,0 +1,191 @@
+#include "launcher/ft/quorum.hpp"
+
+#include <algorithm>
+#include <map>
+
+namespace ddprun::launcher::ft {
+
+void to_json(nlohmann::json& j, const Member& m) {
+  j = nlohmann::json{
+      {"group", m.group}, {"incarnation", m.incarnation}, {"step", m.step},           {"world_size", m.world_size},
+      {"store", m.store}, {"recovery", m.recovery},       {"addresses", m.addresses}, {"shrink_only", m.shrink_only},
+      {"pg_ok", m.pg_ok}};
+}
+
+void from_json(const nlohmann::json& j, Member& m) {
+  m.group = j.at("group").get<int>();
+  m.incarnation = j.at("incarnation").get<std::string>();
+  m.step = j.at("step").get<int64_t>();
+  m.world_size = j.value("world_size", 1);
+  m.store = j.value("store", std::string());
+  m.recovery = j.value("recovery", std::vector<std::string>{});
+  m.addresses = j.value("addresses", std::vector<std::string>{});
+  m.shrink_only = j.value("shrink_only", false);
+  m.pg_ok = j.value("pg_ok", true);
+}
+
+int64_t Quorum::max_step() const {
+  int64_t best = 0;
+  for (const Member& m : members) best = std::max(best, m.step);
+  return best;
+}
+
+const Member* Quorum::member(int group) const {
+  for (const Member& m : members)
+    if (m.group == group) return &m;
+  return nullptr;
+}
+
+void to_json(nlohmann::json& j, const Quorum& q) {
+  j = nlohmann::json{{"seq", q.seq}, {"id", q.id}, {"members", q.members}, {"left_out", q.left_out}};
+}
+
+void from_json(const nlohmann::json& j, Quorum& q) {
+  q.seq = j.at("seq").get<int64_t>();
+  q.id = j.at("id").get<int64_t>();
+  q.members = j.at("members").get<std::vector<Member>>();
+  q.left_out = j.value("left_out", std::vector<std::string>{});
+}
+
+namespace {
+
+std::string list_groups(const std::set<int>& groups) {
+  std::string out;
+  for (int g : groups) {
+    if (!out.empty()) out += ", ";
+    out += std::to_string(g);
+  }
+  return out;
+}
+
+std::set<std::string> ids_of(const std::vector<Member>& members) {
+  std::set<std::string> ids;
+  for (const Member& m : members) ids.insert(m.id());
+  return ids;
+}
+
+}  // namespace
+
+Decision decide(const std::optional<Quorum>& previous, int64_t seq, const Candidates& candidates, const Rules& rules) {
+  Decision d;
+  std::vector<std::string> left_out;
+  // The participants: asked and heartbeating, one record per group, by group.
+  std::map<int, Member> participants;
+  for (const Member& m : candidates.asking) {
+    if (!candidates.healthy.count(m.group)) continue;  // asked, then went quiet
+    if (previous && m.step > previous->max_step() + 1) {
+      // Every commit takes a quorum, and a quorum lets its members commit one step: no group can
+      // be further ahead than that.
+      left_out.push_back("group " + std::to_string(m.group) + " reports step " + std::to_string(m.step) +
+                         ", but the job can have committed at most step " + std::to_string(previous->max_step() + 1) +
+                         ": left out");
+      continue;
+    }
+    participants[m.group] = m;
+  }
+  const bool shrink_only = previous && std::any_of(participants.begin(), participants.end(),
+                                                   [](const auto& p) { return p.second.shrink_only; });
+  if (shrink_only) {
+    for (auto it = participants.begin(); it != participants.end();) {
+      if (previous->member(it->first) == nullptr) {
+        left_out.push_back("group " + std::to_string(it->first) + " is not a member of quorum " +
+                           std::to_string(previous->seq) + " and the quorum only shrinks: left out");
+        it = participants.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+  std::set<int> asked;
+  for (const auto& [g, m] : participants) asked.insert(g);
+  const auto ready = [&] {
+    Quorum q;
+    q.seq = seq;
+    for (auto& [g, m] : participants) q.members.push_back(m);
+    q.left_out = left_out;
+    q.id = previous ? (ids_of(q.members) == ids_of(previous->members) ? previous->id : previous->id + 1) : 1;
+    d.quorum = std::move(q);
+    return d;
+  };
+  if (static_cast<int>(participants.size()) < rules.min_groups) {
+    d.waiting = std::to_string(participants.size()) + " of the " + std::to_string(rules.min_groups) +
+                " replica groups needed have asked (asked: " + (asked.empty() ? "none" : list_groups(asked)) + ")";
+    return d;
+  }
+  if (previous && !previous->members.empty()) {
+    bool all_back = true;
+    for (const Member& m : previous->members)
+      if (!participants.count(m.group) || participants.at(m.group).id() != m.id()) all_back = false;
+    if (all_back) return ready();  // fast quorum
+  }
+  std::set<int> heartbeating = candidates.healthy;
+  heartbeating.insert(asked.begin(), asked.end());
+  if (participants.size() * 2 <= heartbeating.size()) {
+    d.waiting = "only " + std::to_string(participants.size()) + " of " + std::to_string(heartbeating.size()) +
+                " heartbeating replica groups have asked (" + list_groups(asked) +
+                "); a quorum needs more than half of them";
+    return d;
+  }
+  std::set<int> missing;
+  std::set_difference(heartbeating.begin(), heartbeating.end(), asked.begin(), asked.end(),
+                      std::inserter(missing, missing.end()));
+  if (shrink_only) {
+    // Groups outside the previous quorum may not join: nobody waits for them.
+    for (auto it = missing.begin(); it != missing.end();)
+      it = previous->member(*it) ? std::next(it) : missing.erase(it);
+  }
+  if (missing.empty() || candidates.waited >= rules.join_timeout) return ready();
+  d.waiting =
+      "waiting for replica group(s) " + list_groups(missing) + " (heartbeating, not asked yet) up to the join timeout";
+  return d;
+}
+
+void to_json(nlohmann::json& j, const GroupView& v) {
+  j = nlohmann::json{{"seq", v.seq},
+                     {"quorum_id", v.quorum_id},
+                     {"replica_rank", v.replica_rank},
+                     {"replica_world_size", v.replica_world_size},
+                     {"max_step", v.max_step},
+                     {"participants", v.participants},
+                     {"heal", v.heal},
+                     {"recover_from", v.recover_from},
+                     {"recover_addresses", v.recover_addresses},
+                     {"serves", v.serves},
+                     {"store", v.store},
+                     {"groups", v.groups},
+                     {"reconfigure", v.reconfigure}};
+}
+
+GroupView view_of(const Quorum& quorum, int group) {
+  GroupView v;
+  v.seq = quorum.seq;
+  v.quorum_id = quorum.id;
+  v.replica_world_size = static_cast<int>(quorum.members.size());
+  v.max_step = quorum.max_step();
+  std::vector<const Member*> up_to_date;
+  std::vector<const Member*> behind;
+  for (size_t i = 0; i < quorum.members.size(); ++i) {
+    const Member& m = quorum.members[i];
+    if (m.group == group) v.replica_rank = static_cast<int>(i);
+    v.groups.push_back(m.group);
+    v.addresses.insert(v.addresses.end(), m.addresses.begin(), m.addresses.end());
+    if (!m.pg_ok) v.reconfigure = true;
+    (m.step == v.max_step ? up_to_date : behind).push_back(&m);
+  }
+  v.participants = static_cast<int>(up_to_date.size());
+  // The cross-group store: the first member at max_step (never a group that is about to heal).
+  v.store = up_to_date.front()->store;
+  // Groups behind heal from the up-to-date ones in turn, so that no one group serves them all.
+  for (size_t i = 0; i < behind.size(); ++i) {
+    const Member* source = up_to_date[i % up_to_date.size()];
+    if (behind[i]->group == group) {
+      v.heal = true;
+      v.recover_from = source->group;
+      v.recover_addresses = source->recovery;
+    }
+    if (source->group == group) v.serves.push_back(behind[i]->group);
+  }
+  return v;
+}
+
+}  // namespace ddprun::launcher::ft

@@ -1,0 +1,297 @@
+"""ddprun's fault-tolerant replica groups, for PyTorch workers (1.13 and 2.x).
+
+ddprun writes this module beside its Python hook and puts it on the workers' PYTHONPATH: a worker
+of a job started with --replica_group imports it as `ddprun_ft`. docs/fault-tolerance.md has the
+design and the guarantees. In a training loop:
+
+    manager = ddprun_ft.Manager(state_dict=lambda: {"model": model.state_dict(), "optim": opt.state_dict()},
+                                load_state_dict=load)
+    ddp = ddprun_ft.DistributedDataParallel(model, manager)  # inside the group: Python DDP as always
+    while manager.step < steps:
+        manager.start_quorum()                           # heals this group first if it is behind
+        loss = ddp(x).sum(); loss.backward()             # gradients averaged over the group, then the groups
+        if manager.should_commit(): opt.step()           # every rank of every taking part group agrees
+        opt.zero_grad()
+
+The quorum itself is the agent's (ddprun relays the group's requests to the job's quorum); the
+worker speaks to its own group's worker store only, through PyTorch's TCPStore. The process group
+across the groups is a fresh Gloo group whenever the quorum's membership changes or a member's
+last collective failed, so no hung or broken collective has to be aborted.
+"""
+
+import datetime
+import hashlib
+import hmac
+import http.server
+import io
+import json
+import os
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+
+import torch
+import torch.distributed as dist
+
+__all__ = ["Manager", "DistributedDataParallel", "allreduce_hook"]
+
+
+def _store(host, port, timeout):
+    # PyTorch >= 2.4 defaults to the libuv client, which a PyTorch built without libuv refuses.
+    try:
+        return dist.TCPStore(host, port, is_master=False, timeout=timeout, use_libuv=False)
+    except TypeError:
+        return dist.TCPStore(host, port, is_master=False, timeout=timeout)
+
+
+def _split(address):
+    host, _, port = address.rpartition(":")
+    return host.strip("[]"), int(port)
+
+
+class _StateServer:
+    """Serves this rank's state of one committed step to healing peers (HTTP GET /state/<step>).
+
+    Every answer carries HMAC-SHA256(key, body) in X-Ddprun-Mac, with a key of this process's that
+    travels only inside the quorum (the rendezvous store, then the peers' worker stores): a healing
+    peer unpickles nothing that this rank did not send. `address` is "host:port#key-in-hex"."""
+
+    def __init__(self, host):
+        self._lock = threading.Lock()
+        self._step = None
+        self._blob = b""
+        self._mac = ""
+        self._key = os.urandom(32)
+        owner = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self):
+                with owner._lock:
+                    step, blob = owner._step, owner._blob
+                if step is None or self.path != "/state/%d" % step:
+                    self.send_error(404, "this rank serves step %s" % step)
+                    return
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(blob)))
+                self.send_header("X-Ddprun-Mac", owner._mac)
+                self.end_headers()
+                self.wfile.write(blob)
+
+            def log_message(self, *args):
+                pass
+
+        self._server = http.server.ThreadingHTTPServer((host, 0), Handler)
+        self._server.daemon_threads = True
+        self.address = "%s:%d#%s" % (host if ":" not in host else "[%s]" % host, self._server.server_address[1],
+                                     self._key.hex())
+        self._thread = threading.Thread(target=self._server.serve_forever, name="ddprun_ft state", daemon=True)
+        self._thread.start()
+
+    def offer(self, step, state):
+        buf = io.BytesIO()
+        torch.save(state, buf)
+        blob = buf.getvalue()
+        mac = hmac.new(self._key, blob, hashlib.sha256).hexdigest()
+        with self._lock:
+            self._step, self._blob, self._mac = step, blob, mac
+
+    def close(self):
+        self._server.shutdown()
+        self._server.server_close()
+
+
+class Manager:
+    """One rank's side of its replica group's quorum.
+
+    state_dict(): what a healing peer needs (model and optimizer state); load_state_dict(d) puts it
+    back. step: the steps this group has committed. Thread-safety: the training thread only.
+    """
+
+    def __init__(self, state_dict=None, load_state_dict=None, timeout=datetime.timedelta(seconds=60),
+                 shrink_only=False):
+        if "DDPRUN_REPLICA_GROUP" not in os.environ:
+            raise RuntimeError("ddprun_ft.Manager needs a worker of a replica group: start it with "
+                               "ddprun --replica_group ID --rdzv_backend c10d --rdzv_endpoint HOST:PORT ...")
+        self.group = int(os.environ["DDPRUN_REPLICA_GROUP"])
+        self.rank = int(os.environ["RANK"])
+        self.world_size = int(os.environ["WORLD_SIZE"])
+        self.step = 0
+        self.quorum = None  # the latest quorum as this group sees it (a dict)
+        self.healed = 0  # times this rank fetched its state from a peer
+        self._state_dict = state_dict
+        self._load_state_dict = load_state_dict
+        self._timeout = timeout
+        self._shrink_only = shrink_only
+        self._node = os.environ.get("DDPRUN_NODE_ADDR", os.environ["MASTER_ADDR"])
+        self._store = _store(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), timeout)
+        self._server = _StateServer(self._node) if state_dict is not None else None
+        self._n = 0
+        self._pg = None
+        self._pg_quorum_id = None
+        self._error = None
+        self._last_ok = True
+
+    # -- the quorum -----------------------------------------------------------------------------
+    def start_quorum(self):
+        """Asks for the next quorum (every rank of the group calls it before its step); heals
+        this rank first when the group is behind the quorum's highest committed step."""
+        self._n += 1
+        ask = {"step": self.step, "recovery": self._server.address if self._server else "",
+               "shrink_only": self._shrink_only, "pg_ok": self._last_ok}
+        self._store.set("ddprun_ft/ask/%d/%d" % (self._n, self.rank), json.dumps(ask))
+        view = json.loads(self._store.get("ddprun_ft/quorum/%d" % self._n))
+        if "error" in view:
+            raise RuntimeError("replica group %d got no quorum: %s" % (self.group, view["error"]))
+        self.quorum = view
+        self._error = None
+        if view["serves"] and self._server:
+            self._server.offer(self.step, self._state_dict())
+        # What depends on the peers (healing, the process group across the groups) never raises
+        # here: a failure means this step is not committed, and the next quorum tries again (a
+        # rank that raised would end its group, and the peers waiting on it in a collective).
+        try:
+            if view["heal"]:
+                self._heal(view)
+        except Exception as e:
+            self._error = e
+        if self._pg is None or view["quorum_id"] != self._pg_quorum_id or view.get("reconfigure", False):
+            try:
+                self._configure(view)
+            except Exception as e:
+                self._pg, self._pg_quorum_id = None, None
+                self._error = self._error or e
+        return view
+
+    def _heal(self, view):
+        if self._load_state_dict is None:
+            raise RuntimeError("replica group %d is behind (step %d of %d) and its Manager has no "
+                               "load_state_dict to heal with" % (self.group, self.step, view["max_step"]))
+        address = view["recover_addresses"][self.rank] if self.rank < len(view["recover_addresses"]) else ""
+        address, _, key = address.partition("#")
+        if not address or not key:
+            raise RuntimeError("replica group %d must heal from group %d, whose rank %d serves no state"
+                               % (self.group, view["recover_from"], self.rank))
+        host, port = _split(address)
+        url = "http://%s:%d/state/%d" % (host if ":" not in host else "[%s]" % host, port, view["max_step"])
+        deadline = time.monotonic() + self._timeout.total_seconds()
+        while True:
+            # The peer offers its state once it has read the same quorum: until then it answers 404.
+            try:
+                with urllib.request.urlopen(url, timeout=self._timeout.total_seconds()) as reply:
+                    blob, mac = reply.read(), reply.headers.get("X-Ddprun-Mac", "")
+                break
+            except urllib.error.HTTPError as e:
+                if e.code != 404 or time.monotonic() > deadline:
+                    raise
+            time.sleep(0.01)  # sleep override: the peer has not read the quorum yet
+        # A pickle can run code: only bytes the peer rank sent (its key's MAC) are loaded.
+        if not hmac.compare_digest(mac, hmac.new(bytes.fromhex(key), blob, hashlib.sha256).hexdigest()):
+            raise RuntimeError("the state served at %s:%d for step %d does not carry its peer's MAC: not loaded"
+                               % (host, port, view["max_step"]))
+        self._load_state_dict(torch.load(io.BytesIO(blob), map_location="cpu", weights_only=False))
+        self.step = view["max_step"]
+        self.healed += 1
+
+    def _configure(self, view):
+        self._pg = None
+        if view["replica_world_size"] > 1:
+            host, port = _split(view["store"])
+            prefix = "ddprun_ft/pg/%d/%d/%d" % (view["quorum_id"], view["seq"], self.rank)
+            store = dist.PrefixStore(prefix, _store(host, port, self._timeout))
+            try:
+                opts = dist.ProcessGroupGloo._Options()
+                opts._devices = [dist.ProcessGroupGloo.create_device(hostname=self._node)]
+                opts._timeout = self._timeout
+                self._pg = dist.ProcessGroupGloo(store, view["replica_rank"], view["replica_world_size"], opts)
+            except AttributeError:
+                self._pg = dist.ProcessGroupGloo(store, view["replica_rank"], view["replica_world_size"],
+                                                 self._timeout)
+        self._pg_quorum_id = view["quorum_id"]
+
+    # -- collectives across the groups -----------------------------------------------------------
+    def allreduce_(self, tensor):
+        """Averages `tensor` in place over the groups of the quorum that are at its highest step. A
+        failure is remembered (this step will not be committed) instead of raised."""
+        view = self.quorum
+        if view is None or view["replica_world_size"] <= 1:
+            return tensor
+        try:
+            if self._pg is None:
+                raise RuntimeError("no process group across the replica groups (see the previous error)")
+            # A group that heals this step (or failed to) adds nothing: its gradients come from
+            # another state than its peers'. It applies the average of those at max_step.
+            if view["heal"] or self._error is not None:
+                tensor.zero_()
+            self._pg.allreduce([tensor]).wait()
+            tensor.div_(max(view.get("participants", view["replica_world_size"]), 1))
+        except Exception as e:  # a peer group died mid-collective: no commit this step
+            self._error = self._error or e
+        return tensor
+
+    def report_error(self, error):
+        """Something of this step failed: it will not be committed."""
+        self._error = error
+
+    # -- the commit vote -------------------------------------------------------------------------
+    def should_commit(self):
+        """True when every rank of the group finished the step's collectives: then the caller
+        steps its optimizer and the group's step counts. Every rank must call it."""
+        ok = self._error is None
+        self._store.set("ddprun_ft/commit/%d/%d" % (self._n, self.rank), "1" if ok else "0")
+        keys = ["ddprun_ft/commit/%d/%d" % (self._n, r) for r in range(self.world_size)]
+        self._store.wait(keys)
+        commit = all(self._store.get(k) == b"1" for k in keys)
+        self._last_ok = commit
+        if not ok:
+            self._say("step %d not committed: %s" % (self.step + 1, self._error))
+        elif not commit:
+            self._say("step %d not committed: another rank of the group failed its step" % (self.step + 1))
+        if commit:
+            self.step += 1
+        return commit
+
+    def _say(self, text):
+        # One line per event on stderr (ddprun prefixes it with the rank); the same words twice in a
+        # row are said once.
+        if text != getattr(self, "_said", None):
+            print("ddprun_ft: replica group %d: %s" % (self.group, text), file=sys.stderr, flush=True)
+        self._said = text
+
+    def close(self):
+        if self._server:
+            self._server.close()
+        self._pg = None
+
+
+def allreduce_hook(manager, bucket):
+    """A DDP communication hook: the gradients averaged over the group (as Python DDP does), then
+    over the replica groups of the quorum."""
+    buffer = bucket.buffer() if hasattr(bucket, "buffer") else bucket.get_tensor()
+    group_size = dist.get_world_size()
+    fut = dist.all_reduce(buffer, async_op=True).get_future()
+
+    def across(f):
+        t = f.value()[0]
+        t.div_(group_size)
+        return manager.allreduce_(t)
+
+    return fut.then(across)
+
+
+def DistributedDataParallel(module, manager, **kwargs):
+    """torch's DistributedDataParallel inside the group, with allreduce_hook across the groups.
+
+    Its gradient buckets keep the layout they are built with (find_unused_parameters=True: DDP
+    rebuilds them after the first step otherwise, in the order gradients became ready): a group
+    back from a restart has fresh buckets, and the groups' buckets must hold the same parameters
+    in the same order for one all-reduce across them to add up what belongs together.
+    """
+    if kwargs.get("find_unused_parameters") is False:
+        raise ValueError("ddprun_ft.DistributedDataParallel keeps its buckets' first layout, which "
+                         "takes find_unused_parameters=True")
+    kwargs["find_unused_parameters"] = True
+    ddp = torch.nn.parallel.DistributedDataParallel(module, **kwargs)
+    ddp.register_comm_hook(manager, allreduce_hook)
+    return ddp

@@ -1,0 +1,194 @@
+// The quorum protocol (launcher/ft/coordinator.hpp) between several groups' agents, over a real
+// ddprun store on loopback: one Coordinator per group, each on its own thread and connections.
+#include "launcher/ft/coordinator.hpp"
+
+#include <gtest/gtest.h>
+
+#include <csignal>
+#include <future>
+
+#include "common/errors.hpp"
+#include "rendezvous/client/client.hpp"
+#include "rendezvous/server/server.hpp"
+
+namespace ddprun::launcher::ft {
+namespace {
+
+using std::chrono::milliseconds;
+using std::chrono::seconds;
+
+class CoordinatorTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    rdzv::server::ServerOptions so;
+    so.host = "127.0.0.1";
+    so.port = 0;
+    so.log_lifecycle = false;
+    server_ = std::make_unique<rdzv::server::ServerThread>(so);
+  }
+
+  std::unique_ptr<QuorumKv> kv() {
+    rdzv::client::ClientOptions co;
+    co.host = "127.0.0.1";
+    co.port = server_->port();
+    co.timeout = seconds(30);
+    return std::make_unique<StoreQuorumKv>(std::make_unique<rdzv::client::Client>(co));
+  }
+
+  std::unique_ptr<Coordinator> group(int g, const std::string& incarnation, int min_groups,
+                                     milliseconds heartbeat_timeout = seconds(60)) {
+    CoordinatorOptions o;
+    o.run_id = "ftjob";
+    o.group = g;
+    o.rules.min_groups = min_groups;
+    o.rules.join_timeout = seconds(60);
+    o.heartbeat_interval = milliseconds(50);
+    o.heartbeat_timeout = heartbeat_timeout;
+    o.poll = milliseconds(20);
+    auto c = std::make_unique<Coordinator>(o, kv(), kv());
+    c->set_incarnation(incarnation);
+    return c;
+  }
+
+  // Waits until `c` sees exactly `groups` heartbeating (a fact, not a sleep).
+  static void wait_healthy(const Coordinator& c, const std::set<int>& groups) {
+    const auto deadline = std::chrono::steady_clock::now() + seconds(30);
+    while (c.healthy() != groups) {
+      ASSERT_LT(std::chrono::steady_clock::now(), deadline) << "heartbeats never seen";
+      std::this_thread::sleep_for(milliseconds(10));  // sleep override: polling a fact with a deadline
+    }
+  }
+
+  // Waits until group `g`'s request for quorum `seq` is in the store.
+  void wait_asked(int64_t seq, int g) {
+    rdzv::client::ClientOptions co;
+    co.host = "127.0.0.1";
+    co.port = server_->port();
+    rdzv::client::Client client(co);
+    ASSERT_TRUE(client.wait_for({rdzv::jobs::QuorumKeys("ftjob").ask(seq, g)}, seconds(30)));
+  }
+
+  static Member at(int64_t step) {
+    Member m;
+    m.step = step;
+    m.store = "127.0.0.1:1";
+    m.recovery = {"127.0.0.1:2"};
+    return m;
+  }
+
+  std::unique_ptr<rdzv::server::ServerThread> server_;
+  StopSignal stop_;
+};
+
+TEST_F(CoordinatorTest, ThreeGroupsAgreeOnOneQuorumPerStepWithAStableId) {
+  std::vector<std::unique_ptr<Coordinator>> groups;
+  for (int g = 0; g < 3; ++g) groups.push_back(group(g, "a", 2));
+  for (auto& c : groups) wait_healthy(*c, {0, 1, 2});
+  for (int64_t step = 0; step < 5; ++step) {
+    std::vector<std::future<Quorum>> asks;
+    for (auto& c : groups)
+      asks.push_back(std::async(std::launch::async, [&, step] { return c->next(at(step), stop_, seconds(30)); }));
+    std::vector<Quorum> got;
+    for (auto& f : asks) got.push_back(f.get());
+    for (const Quorum& q : got) {
+      EXPECT_EQ(q.seq, got[0].seq);
+      EXPECT_EQ(q.id, 1) << "the membership never changed";
+      EXPECT_EQ(q.members.size(), 3u);
+      EXPECT_EQ(q.max_step(), step);
+    }
+    EXPECT_EQ(got[0].seq, step + 1);
+  }
+}
+
+TEST_F(CoordinatorTest, AGroupWhoseWorkersDiedIsCountedOutAtOnceAndComesBackAsANewMember) {
+  // The heartbeat timeout is a minute: only the withdrawal can let the others go on.
+  std::vector<std::unique_ptr<Coordinator>> groups;
+  for (int g = 0; g < 3; ++g) groups.push_back(group(g, "a", 2));
+  for (auto& c : groups) wait_healthy(*c, {0, 1, 2});
+  {
+    std::vector<std::future<Quorum>> asks;
+    for (auto& c : groups)
+      asks.push_back(std::async(std::launch::async, [&] { return c->next(at(0), stop_, seconds(30)); }));
+    for (auto& f : asks) EXPECT_EQ(f.get().id, 1);
+  }
+  groups[2]->withdraw();
+  auto a0 = std::async(std::launch::async, [&] { return groups[0]->next(at(1), stop_, seconds(30)); });
+  auto a1 = std::async(std::launch::async, [&] { return groups[1]->next(at(1), stop_, seconds(30)); });
+  const Quorum q0 = a0.get();
+  const Quorum q1 = a1.get();
+  EXPECT_EQ(q0.seq, q1.seq);
+  ASSERT_EQ(q0.members.size(), 2u);
+  EXPECT_EQ(q0.member(2), nullptr);
+  EXPECT_EQ(q0.id, 2);
+  // Group 2's workers start again, at step 0: it joins, as a new member, and heals.
+  // (It asks first: a fast quorum of the previous members does not wait for a newcomer.)
+  groups[2]->set_incarnation("b");
+  auto back = std::async(std::launch::async, [&] { return groups[2]->next(at(0), stop_, seconds(30)); });
+  wait_asked(3, 2);  // quorum 2 formed without it: it asks for the next one
+  auto b0 = std::async(std::launch::async, [&] { return groups[0]->next(at(2), stop_, seconds(30)); });
+  auto b1 = std::async(std::launch::async, [&] { return groups[1]->next(at(2), stop_, seconds(30)); });
+  const Quorum q = back.get();
+  EXPECT_EQ(b0.get().seq, q.seq);
+  EXPECT_EQ(b1.get().seq, q.seq);
+  ASSERT_NE(q.member(2), nullptr);
+  EXPECT_EQ(q.member(2)->incarnation, "b");
+  EXPECT_GT(q.id, 2);
+  const GroupView v = view_of(q, 2);
+  EXPECT_TRUE(v.heal);
+  EXPECT_EQ(v.max_step, 2);
+  EXPECT_NE(v.recover_from, 2);
+}
+
+TEST_F(CoordinatorTest, ASilentGroupIsCountedOutAfterTheHeartbeatTimeout) {
+  std::vector<std::unique_ptr<Coordinator>> groups;
+  for (int g = 0; g < 3; ++g) groups.push_back(group(g, "a", 2, milliseconds(1500)));
+  for (auto& c : groups) wait_healthy(*c, {0, 1, 2});
+  groups[2].reset();  // its agent is gone (SIGKILL, a dead host): no withdrawal, no heartbeat
+  auto a0 = std::async(std::launch::async, [&] { return groups[0]->next(at(0), stop_, seconds(30)); });
+  auto a1 = std::async(std::launch::async, [&] { return groups[1]->next(at(0), stop_, seconds(30)); });
+  const Quorum q = a0.get();
+  EXPECT_EQ(a1.get().seq, q.seq);
+  ASSERT_EQ(q.members.size(), 2u);
+  EXPECT_EQ(q.member(2), nullptr);
+}
+
+TEST_F(CoordinatorTest, TooFewGroupsTimeOutSayingWhatTheyWaitFor) {
+  auto only = group(0, "a", 2);
+  wait_healthy(*only, {0});
+  try {
+    only->next(at(0), stop_, milliseconds(500));
+    FAIL() << "a quorum of one formed, though two are needed";
+  } catch (const TimeoutError& e) {
+    EXPECT_NE(std::string(e.what()).find("1 of the 2 replica groups"), std::string::npos) << e.what();
+  }
+}
+
+TEST_F(CoordinatorTest, AStopEndsTheWaitForAQuorum) {
+  auto only = group(0, "a", 2);
+  auto waiting = std::async(std::launch::async, [&] { return only->next(at(0), stop_, seconds(60)); });
+  stop_.request(SIGTERM);
+  EXPECT_THROW(waiting.get(), StopRequested);
+}
+
+TEST_F(CoordinatorTest, AGroupThatAsksLateGetsTheNextQuorum) {
+  std::vector<std::unique_ptr<Coordinator>> groups;
+  for (int g = 0; g < 2; ++g) groups.push_back(group(g, "a", 1));
+  for (auto& c : groups) wait_healthy(*c, {0, 1});
+  groups[1]->withdraw();
+  // Group 0 trains alone for two steps, then group 1 comes back and asks for the quorum it knew.
+  EXPECT_EQ(groups[0]->next(at(0), stop_, seconds(30)).members.size(), 1u);
+  EXPECT_EQ(groups[0]->next(at(1), stop_, seconds(30)).members.size(), 1u);
+  groups[1]->set_incarnation("b");
+  wait_healthy(*groups[0], {0, 1});
+  auto late = std::async(std::launch::async, [&] { return groups[1]->next(at(0), stop_, seconds(30)); });
+  wait_asked(3, 1);
+  auto a0 = std::async(std::launch::async, [&] { return groups[0]->next(at(2), stop_, seconds(30)); });
+  const Quorum q = late.get();
+  EXPECT_EQ(a0.get().seq, q.seq);
+  EXPECT_EQ(q.seq, 3);
+  EXPECT_EQ(q.members.size(), 2u);
+  EXPECT_EQ(q.max_step(), 2);
+}
+
+}  // namespace
+}  // namespace ddprun::launcher::ft

@@ -1,0 +1,205 @@
+// The quorum's rules (launcher/ft/quorum.hpp) as pure functions: who trains the next step, and
+// what each group must do.
+#include "launcher/ft/quorum.hpp"
+
+#include <gtest/gtest.h>
+
+namespace ddprun::launcher::ft {
+namespace {
+
+using std::chrono::milliseconds;
+using std::chrono::seconds;
+
+Member member(int group, int64_t step, std::string incarnation = "a") {
+  Member m;
+  m.group = group;
+  m.incarnation = std::move(incarnation);
+  m.step = step;
+  m.store = "10.0.0." + std::to_string(group) + ":29500";
+  m.recovery = {"10.0.0." + std::to_string(group) + ":7000", "10.0.0." + std::to_string(group) + ":7001"};
+  m.addresses = {"10.0.0." + std::to_string(group)};
+  return m;
+}
+
+Rules rules(int min_groups, milliseconds join = seconds(30)) {
+  Rules r;
+  r.min_groups = min_groups;
+  r.join_timeout = join;
+  return r;
+}
+
+std::vector<int> groups_of(const Quorum& q) {
+  std::vector<int> out;
+  for (const Member& m : q.members) out.push_back(m.group);
+  return out;
+}
+
+TEST(QuorumRulesTest, FirstQuorumFormsAtOnceWhenEveryHeartbeatingGroupAsked) {
+  Candidates c{{member(2, 0), member(0, 0), member(1, 0)}, {0, 1, 2}, milliseconds(0)};
+  const Decision d = decide(std::nullopt, 1, c, rules(2));
+  ASSERT_TRUE(d.quorum) << d.waiting;
+  EXPECT_EQ(d.quorum->seq, 1);
+  EXPECT_EQ(d.quorum->id, 1);
+  EXPECT_EQ(groups_of(*d.quorum), (std::vector<int>{0, 1, 2}));  // by group, whatever order they asked in
+}
+
+TEST(QuorumRulesTest, WaitsForTheFewestGroupsThatMayTrain) {
+  Candidates c{{member(0, 0)}, {0}, seconds(3600)};
+  const Decision d = decide(std::nullopt, 1, c, rules(2));
+  EXPECT_FALSE(d.quorum);
+  EXPECT_NE(d.waiting.find("1 of the 2"), std::string::npos) << d.waiting;
+}
+
+TEST(QuorumRulesTest, WaitsForAHeartbeatingStragglerUntilTheJoinTimeout) {
+  Candidates c{{member(0, 5), member(1, 5)}, {0, 1, 2}, seconds(1)};
+  Decision d = decide(std::nullopt, 1, c, rules(2, seconds(10)));
+  EXPECT_FALSE(d.quorum);
+  EXPECT_NE(d.waiting.find("2"), std::string::npos) << d.waiting;  // names the straggler
+  c.waited = seconds(10);
+  d = decide(std::nullopt, 1, c, rules(2, seconds(10)));
+  ASSERT_TRUE(d.quorum);
+  EXPECT_EQ(groups_of(*d.quorum), (std::vector<int>{0, 1}));
+}
+
+TEST(QuorumRulesTest, FastQuorumWhenEveryPreviousMemberIsBackEvenIfOthersHeartbeat) {
+  Quorum prev;
+  prev.seq = 7;
+  prev.id = 3;
+  prev.members = {member(0, 6), member(1, 6)};
+  // Group 2 heartbeats but has not asked: the previous members need not wait for it.
+  Candidates c{{member(0, 7), member(1, 7)}, {0, 1, 2}, milliseconds(0)};
+  const Decision d = decide(prev, 8, c, rules(1));
+  ASSERT_TRUE(d.quorum) << d.waiting;
+  EXPECT_EQ(d.quorum->id, 3);  // same members: same id, so no process group is rebuilt
+  EXPECT_EQ(d.quorum->seq, 8);
+}
+
+TEST(QuorumRulesTest, IdChangesWithTheMembershipAndWithANewIncarnation) {
+  Quorum prev;
+  prev.seq = 4;
+  prev.id = 2;
+  prev.members = {member(0, 3), member(1, 3)};
+  Candidates shrunk{{member(0, 4)}, {0}, milliseconds(0)};
+  Decision d = decide(prev, 5, shrunk, rules(1));
+  ASSERT_TRUE(d.quorum) << d.waiting;
+  EXPECT_EQ(d.quorum->id, 3);
+  // Group 1 back as a new process: a new member, though its group id is the same.
+  Candidates back{{member(0, 4), member(1, 0, "b")}, {0, 1}, milliseconds(0)};
+  d = decide(prev, 5, back, rules(1));
+  ASSERT_TRUE(d.quorum) << d.waiting;
+  EXPECT_EQ(d.quorum->id, 3);
+}
+
+TEST(QuorumRulesTest, AMinorityNeverTrainsAlone) {
+  // Five groups heartbeat; two ask (the other three are cut off from them, say): not a majority,
+  // whatever min_groups allows and however long they wait.
+  Candidates c{{member(0, 0), member(1, 0)}, {0, 1, 2, 3, 4}, seconds(3600)};
+  Decision d = decide(std::nullopt, 1, c, rules(1));
+  EXPECT_FALSE(d.quorum);
+  EXPECT_NE(d.waiting.find("more than half"), std::string::npos) << d.waiting;
+  // The three of the other side make a majority.
+  Candidates other{{member(2, 0), member(3, 0), member(4, 0)}, {0, 1, 2, 3, 4}, seconds(3600)};
+  d = decide(std::nullopt, 1, other, rules(1));
+  ASSERT_TRUE(d.quorum) << d.waiting;
+  EXPECT_EQ(groups_of(*d.quorum), (std::vector<int>{2, 3, 4}));
+  // An exact half is no majority either.
+  Candidates half{{member(0, 0), member(1, 0)}, {0, 1, 2, 3}, seconds(3600)};
+  EXPECT_FALSE(decide(std::nullopt, 1, half, rules(1)).quorum);
+}
+
+TEST(QuorumRulesTest, AGroupThatAskedAndThenWentQuietIsLeftOut) {
+  Candidates c{{member(0, 2), member(1, 2), member(2, 2)}, {0, 1}, milliseconds(0)};
+  const Decision d = decide(std::nullopt, 1, c, rules(2));
+  ASSERT_TRUE(d.quorum) << d.waiting;
+  EXPECT_EQ(groups_of(*d.quorum), (std::vector<int>{0, 1}));
+}
+
+TEST(QuorumRulesTest, AStepFromTheFutureIsLeftOutWithTheReason) {
+  Quorum prev;
+  prev.seq = 10;
+  prev.id = 1;
+  prev.members = {member(0, 9), member(1, 9), member(2, 9)};
+  // One step past the previous quorum's highest is fine (it committed); 1000 is not.
+  Candidates c{{member(0, 10), member(1, 10), member(2, 1000)}, {0, 1, 2}, seconds(60)};
+  const Decision d = decide(prev, 11, c, rules(2, seconds(30)));
+  ASSERT_TRUE(d.quorum) << d.waiting;
+  EXPECT_EQ(groups_of(*d.quorum), (std::vector<int>{0, 1}));
+  ASSERT_EQ(d.quorum->left_out.size(), 1u);
+  EXPECT_NE(d.quorum->left_out[0].find("group 2 reports step 1000"), std::string::npos) << d.quorum->left_out[0];
+  EXPECT_EQ(d.quorum->max_step(), 10);
+}
+
+TEST(QuorumRulesTest, ShrinkOnlyLetsGroupsLeaveButNoneJoin) {
+  Quorum prev;
+  prev.seq = 3;
+  prev.id = 2;
+  prev.members = {member(0, 2), member(1, 2), member(2, 2)};
+  Member zero = member(0, 3);
+  zero.shrink_only = true;
+  // Group 2 is gone, group 5 is new: only 0 and 1 go on, and nobody waits for 5.
+  Candidates c{{zero, member(1, 3), member(5, 0)}, {0, 1, 5}, milliseconds(0)};
+  const Decision d = decide(prev, 4, c, rules(1));
+  ASSERT_TRUE(d.quorum) << d.waiting;
+  EXPECT_EQ(groups_of(*d.quorum), (std::vector<int>{0, 1}));
+  ASSERT_EQ(d.quorum->left_out.size(), 1u);
+  EXPECT_NE(d.quorum->left_out[0].find("group 5"), std::string::npos);
+  // Without shrink-only, group 5 joins.
+  Candidates open{{member(0, 3), member(1, 3), member(5, 0)}, {0, 1, 5}, milliseconds(0)};
+  EXPECT_EQ(groups_of(*decide(prev, 4, open, rules(1)).quorum), (std::vector<int>{0, 1, 5}));
+}
+
+TEST(QuorumRulesTest, GroupsBehindHealFromUpToDateOnesInTurn) {
+  Quorum q;
+  q.seq = 9;
+  q.id = 4;
+  q.members = {member(0, 0), member(1, 8), member(2, 8), member(3, 5), member(4, 2)};
+  const GroupView v0 = view_of(q, 0);
+  EXPECT_TRUE(v0.heal);
+  EXPECT_EQ(v0.recover_from, 1);
+  EXPECT_EQ(v0.recover_addresses, member(1, 8).recovery);
+  EXPECT_EQ(v0.max_step, 8);
+  EXPECT_EQ(v0.replica_rank, 0);
+  EXPECT_EQ(v0.replica_world_size, 5);
+  EXPECT_EQ(v0.participants, 2);             // only the groups at max_step contribute gradients
+  EXPECT_EQ(view_of(q, 3).recover_from, 2);  // the next one behind heals from the next up-to-date
+  EXPECT_EQ(view_of(q, 4).recover_from, 1);
+  const GroupView v1 = view_of(q, 1);
+  EXPECT_FALSE(v1.heal);
+  EXPECT_EQ(v1.recover_from, -1);
+  EXPECT_EQ(v1.serves, (std::vector<int>{0, 4}));
+  EXPECT_EQ(view_of(q, 2).serves, (std::vector<int>{3}));
+  // The cross-group store is an up-to-date member's, never a healing one's.
+  EXPECT_EQ(v0.store, member(1, 8).store);
+  EXPECT_EQ(v0.groups, (std::vector<int>{0, 1, 2, 3, 4}));
+  EXPECT_FALSE(v0.reconfigure);
+}
+
+TEST(QuorumRulesTest, AFailedStepOfAnyMemberRebuildsTheCrossGroupProcessGroup) {
+  Quorum q;
+  q.seq = 2;
+  q.id = 1;
+  q.members = {member(0, 1), member(1, 1)};
+  q.members[1].pg_ok = false;
+  EXPECT_TRUE(view_of(q, 0).reconfigure);
+  EXPECT_TRUE(view_of(q, 1).reconfigure);
+}
+
+TEST(QuorumRulesTest, QuorumRoundTripsThroughJson) {
+  Quorum q;
+  q.seq = 12;
+  q.id = 5;
+  q.members = {member(0, 11), member(3, 11, "x:1:2")};
+  q.members[1].shrink_only = true;
+  q.left_out = {"group 7: why"};
+  const Quorum back = nlohmann::json(q).get<Quorum>();
+  EXPECT_EQ(back.seq, 12);
+  EXPECT_EQ(back.id, 5);
+  ASSERT_EQ(back.members.size(), 2u);
+  EXPECT_EQ(back.members[1].id(), "3/x:1:2");
+  EXPECT_TRUE(back.members[1].shrink_only);
+  EXPECT_EQ(back.members[1].recovery, q.members[1].recovery);
+  EXPECT_EQ(back.left_out, q.left_out);
+}
+
+}  // namespace
+}  // namespace ddprun::launcher::ft

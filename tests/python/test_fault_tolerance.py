@@ -1,0 +1,237 @@
+"""Fault-tolerant replica groups end to end: real ddprun agents, one per replica group, a real
+ddprun-rendezvous daemon holding the job's quorum, real PyTorch workers (Gloo) training with
+ddprun_ft. A group's worker is SIGKILLed in the middle of training: the other groups keep their
+processes and go on; the killed group is restarted by its own ddprun, heals from a peer and trains
+on, bit-identical to the others.
+
+usage: /usr/bin/python3 test_fault_tolerance.py PATH/TO/ddprun PATH/TO/ddprun-rendezvous
+"""
+import collections
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import unittest
+
+from daemon import Daemon
+from launched import Launched
+
+DDPRUN = DAEMON = None
+HERE = os.path.dirname(os.path.abspath(__file__))
+WORKER = os.path.join(HERE, "ft_worker.py")
+ENV = dict(os.environ, PYTHON_EXEC=sys.executable, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", DDPRUN_PROGRESS_INTERVAL="1")
+
+
+def read_log(path):
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.endswith("\n")]
+
+
+class Group(Launched):
+    """One replica group: a ddprun with --replica_group."""
+
+    def __init__(self, work, group, port, steps, nproc=1, min_groups=2, pause=0.1, max_restarts=2, hold=0,
+                 join_timeout=20):
+        self.work, self.group, self.nproc = work, group, nproc
+        self.name = "replica group %d" % group
+        self.err_path = os.path.join(work, "ddprun%d.err" % group)
+        argv = [DDPRUN, "--nproc_per_node", str(nproc), "--rdzv_backend", "c10d",
+                "--rdzv_endpoint", "127.0.0.1:%d" % port, "--rdzv_id", "ftjob",
+                "--replica_group", str(group), "--min_replica_groups", str(min_groups),
+                "--max_restarts", str(max_restarts), "--local_addr", "127.0.0.1",
+                "--rdzv_conf", "join_timeout=60,quorum_join_timeout=%d,quorum_heartbeat_timeout=5" % join_timeout,
+                WORKER, str(steps), work, str(pause), str(hold)]
+        with open(self.err_path, "w") as err:
+            self.proc = subprocess.Popen(argv, env=ENV, stdout=subprocess.DEVNULL, stderr=err)
+
+    def events(self, rank=0):
+        return read_log(os.path.join(self.work, "g%dr%d.log" % (self.group, rank)))
+
+    def commits(self, rank=0):
+        return [e for e in self.events(rank) if e["event"] == "commit"]
+
+    def starts(self, rank=0):
+        return [e for e in self.events(rank) if e["event"] == "start"]
+
+    def output(self):
+        with open(self.err_path) as f:
+            return f.read()
+
+    def kill(self):
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+
+class FaultTolerance(unittest.TestCase):
+    def setUp(self):
+        self.work = tempfile.mkdtemp(prefix="ddprun_ft_")
+        self.daemon = Daemon(DAEMON)
+        self.groups = []
+        self.passed = False  # set at the end of a test: a failed one keeps its directory
+
+    def tearDown(self):
+        for g in self.groups:
+            g.kill()
+        if self.daemon.proc.poll() is None:
+            self.daemon.stop()
+        if self.passed:
+            shutil.rmtree(self.work, ignore_errors=True)
+        else:
+            print("kept for a look: " + self.work, file=sys.stderr)
+
+    def check_commits_agree(self, steps):
+        """Every step committed by several groups was committed under one quorum and left them all
+        with the same parameters; every rank of every group reached `steps`."""
+        by_step = collections.defaultdict(list)
+        for g in self.groups:
+            for rank in range(g.nproc):
+                commits = g.commits(rank)
+                self.assertTrue(commits, "group %d rank %d committed nothing" % (g.group, rank))
+                self.assertEqual(commits[-1]["step"], steps, "group %d rank %d" % (g.group, rank))
+                for c in commits:
+                    by_step[c["step"]].append((g.group, rank, c))
+        shared = 0
+        for step, entries in sorted(by_step.items()):
+            hashes = {c["hash"] for _, _, c in entries}
+            seqs = {c["seq"] for _, _, c in entries}
+            self.assertEqual(len(hashes), 1, "step %d committed with different parameters: %s" % (step, entries))
+            self.assertEqual(len(seqs), 1, "step %d committed under two quorums: %s" % (step, entries))
+            shared += len({g for g, _, _ in entries}) > 1
+        self.assertGreater(shared, steps // 2, "the groups trained mostly apart")
+        return by_step
+
+    def run_kill_one_group(self, nproc):
+        # The survivors train on without the victim from step 8 or so to step 20, then wait there
+        # until the restarted victim is up (a restart takes seconds here: PyTorch's import).
+        steps, hold = 30, 20
+        for g in range(3):
+            self.groups.append(Group(self.work, g, self.daemon.port, steps, nproc=nproc, hold=hold))
+        victim, survivors = self.groups[1], [self.groups[0], self.groups[2]]
+        self.assertTrue(victim.wait_until(lambda: len(victim.commits()) >= 8, timeout=120),
+                        "group 1 never committed 8 steps:\n" + victim.output()[-4000:])
+        os.kill(victim.starts()[0]["pid"], signal.SIGKILL)
+        self.assertTrue(victim.wait_until(lambda: all(len(victim.starts(r)) == 2 for r in range(nproc))),
+                        "group 1 was not restarted:\n" + victim.output()[-4000:])
+        with open(os.path.join(self.work, "release"), "w"):
+            pass
+        for g in self.groups:
+            self.assertEqual(g.wait(), 0, "group %d:\n%s" % (g.group, g.output()[-4000:]))
+        self.check_commits_agree(steps)
+        for g in survivors:
+            for rank in range(nproc):
+                self.assertEqual(len(g.starts(rank)), 1, "group %d rank %d was restarted" % (g.group, rank))
+                self.assertEqual({c["pid"] for c in g.commits(rank)}, {g.starts(rank)[0]["pid"]})
+            # The survivors trained on without the victim while it was away.
+            self.assertTrue(any(1 not in c["groups"] for c in g.commits()),
+                            "group %d never committed a step without group 1" % g.group)
+        for rank in range(nproc):
+            starts = victim.starts(rank)
+            self.assertEqual(len(starts), 2, "group 1 rank %d: %s" % (rank, starts))
+            self.assertEqual(starts[1]["restart"], 1)
+            after = [c for c in victim.commits(rank) if c["pid"] == starts[1]["pid"]]
+            self.assertTrue(after, "the restarted group 1 rank %d never committed" % rank)
+            # Its first commit came right after healing from a peer, at the peers' step.
+            self.assertTrue(after[0]["healed"], after[0])
+            self.assertGreater(after[0]["step"], 8)
+        self.assertIn("replica group 1", victim.output())
+        self.passed = True
+
+    def test_a_killed_group_heals_while_the_others_train_on(self):
+        self.run_kill_one_group(nproc=1)
+
+    def test_a_killed_group_of_two_ranks_heals_while_the_others_train_on(self):
+        self.run_kill_one_group(nproc=2)
+
+    def test_the_quorum_survives_a_restart_of_its_daemon(self):
+        # The daemon is SIGKILLed mid-training and started again with its state file, on its port:
+        # every group rides it out, no worker restarts, and no step is committed twice or apart.
+        self.daemon.stop()
+        state = os.path.join(self.work, "state")
+        port_file = os.path.join(self.work, "port")
+        log = open(os.path.join(self.work, "daemon.log"), "a")
+
+        def start(port):
+            if os.path.exists(port_file):
+                os.unlink(port_file)
+            proc = subprocess.Popen([DAEMON, "--host", "127.0.0.1", "--port", str(port), "--port-file", port_file,
+                                     "--state-file", state], stdout=subprocess.DEVNULL, stderr=log)
+            deadline = time.monotonic() + 10
+            while not os.path.exists(port_file):
+                self.assertIsNone(proc.poll(), "the daemon exited")
+                self.assertLess(time.monotonic(), deadline, "the daemon wrote no port file")
+                time.sleep(0.01)  # sleep override: waiting for another process's file
+            with open(port_file) as f:
+                return proc, int(f.read())
+
+        daemon, port = start(0)
+        try:
+            steps = 30
+            for g in range(3):
+                self.groups.append(Group(self.work, g, port, steps))
+            first = self.groups[0]
+            self.assertTrue(first.wait_until(lambda: len(first.commits()) >= 8), first.output()[-3000:])
+            daemon.kill()
+            daemon.wait()
+            daemon, _ = start(port)
+            for g in self.groups:
+                self.assertEqual(g.wait(), 0, "group %d:\n%s" % (g.group, g.output()[-4000:]))
+            self.check_commits_agree(steps)
+            for g in self.groups:
+                self.assertEqual(len(g.starts()), 1, "group %d was restarted" % g.group)
+        finally:
+            daemon.kill()
+            daemon.wait()
+            log.close()
+        self.passed = True
+
+    def test_a_frozen_group_is_left_behind_then_heals_and_never_commits_a_stale_step(self):
+        # Group 2's worker is stopped (SIGSTOP) for longer than the quorum's join timeout while its
+        # agent still heartbeats: the others go on without it; continued, it heals and trains on.
+        steps = 40
+        for g in range(3):
+            self.groups.append(Group(self.work, g, self.daemon.port, steps, join_timeout=2))
+        frozen, others = self.groups[2], self.groups[:2]
+        self.assertTrue(frozen.wait_until(lambda: len(frozen.commits()) >= 5), frozen.output()[-3000:])
+        pid = frozen.starts()[0]["pid"]
+        os.kill(pid, signal.SIGSTOP)
+        at = len(frozen.commits())
+        try:
+            self.assertTrue(others[0].wait_until(lambda: sum(2 not in c["groups"] for c in others[0].commits()) >= 5),
+                            "the others did not go on without the frozen group:\n" + others[0].output()[-3000:])
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        for g in self.groups:
+            self.assertEqual(g.wait(), 0, "group %d:\n%s" % (g.group, g.output()[-4000:]))
+        self.check_commits_agree(steps)
+        commits = frozen.commits()
+        self.assertEqual({c["pid"] for c in commits}, {pid}, "the frozen group was restarted")
+        later = commits[at:]
+        self.assertTrue(later and any(c["healed"] for c in later), "the frozen group never healed: %s" % later[:3])
+        self.passed = True
+
+    def test_the_quorum_waits_for_the_fewest_groups_that_may_train(self):
+        # min 2 groups: one group alone commits nothing until a second one joins.
+        steps = 6
+        first = Group(self.work, 0, self.daemon.port, steps, min_groups=2, pause=0.0)
+        self.groups.append(first)
+        self.assertTrue(first.wait_until(lambda: "1 of the 2 replica groups needed" in first.output(), timeout=60),
+                        first.output()[-3000:])
+        self.assertEqual(first.commits(), [])
+        self.groups.append(Group(self.work, 1, self.daemon.port, steps, min_groups=2, pause=0.0))
+        for g in self.groups:
+            self.assertEqual(g.wait(), 0, g.output()[-3000:])
+        self.check_commits_agree(steps)
+        self.passed = True
+
+
+if __name__ == "__main__":
+    DDPRUN, DAEMON = sys.argv[1], sys.argv[2]
+    del sys.argv[1:3]
+    unittest.main(verbosity=2)
