@@ -16,6 +16,7 @@ import tempfile
 import time
 import unittest
 
+from launched import Launched
 from ports import free_port, port_taken
 
 DDPRUN = None
@@ -26,7 +27,7 @@ ENV = dict(os.environ, PYTHON_EXEC=sys.executable, PYTHONUNBUFFERED="1", OMP_NUM
 FAST = "join_timeout=60,last_call_timeout=0.5,keep_alive_interval=0.2,keep_alive_max_attempt=3"
 
 
-class Agent:
+class Agent(Launched):
     """One ddprun node; its output goes to files (read while it runs)."""
 
     def __init__(self, work, name, port, address, steps, max_restarts=0, node_rank=None):
@@ -53,25 +54,6 @@ class Agent:
     def wait_for(self, text, timeout=60, times=1):
         """Whether `text` appears `times` times in the output before `timeout` seconds or the agent's end."""
         return self.wait_until(lambda: self.output().count(text) >= times, timeout)
-
-    def wait_until(self, fact, timeout=60):
-        """Whether `fact()` holds before `timeout` seconds or the agent's end."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if fact():
-                return True
-            if self.proc.poll() is not None:
-                return fact()
-            time.sleep(0.1)
-        return False
-
-    def wait(self, timeout=120):
-        try:
-            return self.proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-            raise AssertionError(f"{self.name} did not end within {timeout} s:\n{self.output()[-3000:]}")
 
     def stop(self):
         if self.proc.poll() is None:
