@@ -164,13 +164,17 @@ GroupView view_of(const Quorum& quorum, int group) {
   v.max_step = quorum.max_step();
   std::vector<const Member*> up_to_date;
   std::vector<const Member*> behind;
+  // Before the first commit every member but the first takes the first's state, as DDP broadcasts
+  // rank 0's parameters: groups that started from different initial states never train apart.
+  const bool init_sync = v.max_step == 0;
   for (size_t i = 0; i < quorum.members.size(); ++i) {
     const Member& m = quorum.members[i];
     if (m.group == group) v.replica_rank = static_cast<int>(i);
     v.groups.push_back(m.group);
     v.addresses.insert(v.addresses.end(), m.addresses.begin(), m.addresses.end());
     if (!m.pg_ok) v.reconfigure = true;
-    (m.step == v.max_step ? up_to_date : behind).push_back(&m);
+    const bool current = m.step == v.max_step && !(init_sync && !up_to_date.empty());
+    (current ? up_to_date : behind).push_back(&m);
   }
   v.participants = static_cast<int>(up_to_date.size());
   // The cross-group store: the first member at max_step (never a group that is about to heal).

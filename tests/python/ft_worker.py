@@ -34,19 +34,19 @@ def say(**event):
     log.write(json.dumps(event) + "\n")
 
 
-say(event="start", pid=os.getpid(), restart=int(os.environ["TORCHELASTIC_RESTART_COUNT"]))
+say(event="start", pid=os.getpid(), restart=int(os.environ["TORCHELASTIC_RESTART_COUNT"]), lang="python")
 torch.manual_seed(0)
 model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
 opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
 
 
 def state_dict():
-    return {"model": model.state_dict(), "optim": opt.state_dict()}
+    return {"model": model.state_dict(), "optimizer": opt.state_dict()}
 
 
 def load_state_dict(state):
     model.load_state_dict(state["model"])
-    opt.load_state_dict(state["optim"])
+    opt.load_state_dict(state["optimizer"])
 
 
 manager = ddprun_ft.Manager(state_dict=state_dict, load_state_dict=load_state_dict,

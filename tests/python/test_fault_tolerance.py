@@ -4,7 +4,10 @@ ddprun_ft. A group's worker is SIGKILLed in the middle of training: the other gr
 processes and go on; the killed group is restarted by its own ddprun, heals from a peer and trains
 on, bit-identical to the others.
 
-usage: /usr/bin/python3 test_fault_tolerance.py PATH/TO/ddprun PATH/TO/ddprun-rendezvous
+C++ groups run tests/ft/ft_worker.cpp (the worker SDK's ft::Manager), the Python one's twin: the same
+model, batches and log, so a job of both is checked bit for bit, healing across the languages.
+
+usage: /usr/bin/python3 test_fault_tolerance.py PATH/TO/ddprun PATH/TO/ddprun-rendezvous [PATH/TO/ft_worker]
 """
 import collections
 import json
@@ -20,7 +23,7 @@ import unittest
 from daemon import Daemon
 from launched import Launched
 
-DDPRUN = DAEMON = None
+DDPRUN = DAEMON = CPP_WORKER = None
 HERE = os.path.dirname(os.path.abspath(__file__))
 WORKER = os.path.join(HERE, "ft_worker.py")
 ENV = dict(os.environ, PYTHON_EXEC=sys.executable, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", DDPRUN_PROGRESS_INTERVAL="1")
@@ -37,7 +40,7 @@ class Group(Launched):
     """One replica group: a ddprun with --replica_group."""
 
     def __init__(self, work, group, port, steps, nproc=1, min_groups=2, pause=0.1, max_restarts=2, hold=0,
-                 join_timeout=20):
+                 join_timeout=20, lang="python"):
         self.work, self.group, self.nproc = work, group, nproc
         self.name = "replica group %d" % group
         self.err_path = os.path.join(work, "ddprun%d.err" % group)
@@ -46,7 +49,7 @@ class Group(Launched):
                 "--replica_group", str(group), "--min_replica_groups", str(min_groups),
                 "--max_restarts", str(max_restarts), "--local_addr", "127.0.0.1",
                 "--rdzv_conf", "join_timeout=60,quorum_join_timeout=%d,quorum_heartbeat_timeout=5" % join_timeout,
-                WORKER, str(steps), work, str(pause), str(hold)]
+                WORKER if lang == "python" else CPP_WORKER, str(steps), work, str(pause), str(hold)]
         with open(self.err_path, "w") as err:
             self.proc = subprocess.Popen(argv, env=ENV, stdout=subprocess.DEVNULL, stderr=err)
 
@@ -107,12 +110,12 @@ class FaultTolerance(unittest.TestCase):
         self.assertGreater(shared, steps // 2, "the groups trained mostly apart")
         return by_step
 
-    def run_kill_one_group(self, nproc):
+    def run_kill_one_group(self, nproc, langs=("python", "python", "python")):
         # The survivors train on without the victim from step 8 or so to step 20, then wait there
         # until the restarted victim is up (a restart takes seconds here: PyTorch's import).
         steps, hold = 30, 20
         for g in range(3):
-            self.groups.append(Group(self.work, g, self.daemon.port, steps, nproc=nproc, hold=hold))
+            self.groups.append(Group(self.work, g, self.daemon.port, steps, nproc=nproc, hold=hold, lang=langs[g]))
         victim, survivors = self.groups[1], [self.groups[0], self.groups[2]]
         self.assertTrue(victim.wait_until(lambda: len(victim.commits()) >= 8, timeout=120),
                         "group 1 never committed 8 steps:\n" + victim.output()[-4000:])
@@ -148,6 +151,17 @@ class FaultTolerance(unittest.TestCase):
 
     def test_a_killed_group_of_two_ranks_heals_while_the_others_train_on(self):
         self.run_kill_one_group(nproc=2)
+
+    def test_cpp_groups_a_killed_one_heals_while_the_others_train_on(self):
+        if not CPP_WORKER:
+            self.skipTest("no C++ worker given (the worker SDK was not built)")
+        self.run_kill_one_group(nproc=1, langs=("c++", "c++", "c++"))
+
+    def test_a_mixed_job_a_killed_cpp_group_heals_from_python_groups(self):
+        # Groups 0 and 2 are Python, group 1 C++: one quorum, one average, one state layout.
+        if not CPP_WORKER:
+            self.skipTest("no C++ worker given (the worker SDK was not built)")
+        self.run_kill_one_group(nproc=1, langs=("python", "c++", "python"))
 
     def test_the_quorum_survives_a_restart_of_its_daemon(self):
         # The daemon is SIGKILLed mid-training and started again with its state file, on its port:
@@ -233,5 +247,7 @@ class FaultTolerance(unittest.TestCase):
 
 if __name__ == "__main__":
     DDPRUN, DAEMON = sys.argv[1], sys.argv[2]
+    if len(sys.argv) > 3 and os.path.isfile(sys.argv[3]):  # the C++ worker, else a test's name
+        CPP_WORKER = sys.argv.pop(3)
     del sys.argv[1:3]
     unittest.main(verbosity=2)

@@ -4,7 +4,7 @@ ddprun writes this module beside its Python hook and puts it on the workers' PYT
 of a job started with --replica_group imports it as `ddprun_ft`. docs/fault-tolerance.md has the
 design and the guarantees. In a training loop:
 
-    manager = ddprun_ft.Manager(state_dict=lambda: {"model": model.state_dict(), "optim": opt.state_dict()},
+    manager = ddprun_ft.Manager(state_dict=lambda: {"model": model.state_dict(), "optimizer": opt.state_dict()},
                                 load_state_dict=load)
     ddp = ddprun_ft.DistributedDataParallel(model, manager)  # inside the group: Python DDP as always
     while manager.step < steps:

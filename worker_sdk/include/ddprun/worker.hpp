@@ -5,6 +5,7 @@
 #include "ddprun/worker/ddp.hpp"
 #include "ddprun/worker/distributed.hpp"
 #include "ddprun/worker/env.hpp"
+#include "ddprun/worker/fault_tolerance.hpp"
 #include "ddprun/worker/join.hpp"
 #include "ddprun/worker/model_averaging.hpp"
 #include "ddprun/worker/progress.hpp"

@@ -1,0 +1,98 @@
+// The C++ twin of tests/python/ft_worker.py: a worker of a fault-tolerant replica group with the
+// worker SDK's ft::Manager, the same model, batches, log lines and parameter hash, so that one job
+// may mix C++ and Python groups and their commits be compared bit for bit.
+//   ft_worker STEPS OUT_DIR [SECONDS_PER_STEP [HOLD_STEP]]
+#include <openssl/evp.h>
+#include <torch/torch.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <iomanip>
+#include <iostream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <thread>
+
+#include "ddprun/worker/ddp.hpp"
+#include "ddprun/worker/distributed.hpp"
+#include "ddprun/worker/fault_tolerance.hpp"
+
+namespace fs = std::filesystem;
+using namespace ddprun::worker;
+using nlohmann::json;
+
+namespace {
+
+std::string params_hash(torch::nn::Module& model) {
+  std::string bytes;
+  for (const auto& p : model.parameters()) {
+    const at::Tensor t = p.detach().contiguous();
+    bytes.append(static_cast<const char*>(t.data_ptr()), static_cast<size_t>(t.numel()) * t.element_size());
+  }
+  unsigned char digest[EVP_MAX_MD_SIZE];
+  unsigned int len = 0;
+  EVP_Digest(bytes.data(), bytes.size(), digest, &len, EVP_sha256(), nullptr);
+  std::ostringstream out;
+  for (int i = 0; i < 8; ++i) out << std::hex << std::setw(2) << std::setfill('0') << static_cast<int>(digest[i]);
+  return out.str();
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 3) {
+    std::cerr << "usage: ft_worker STEPS OUT_DIR [SECONDS_PER_STEP [HOLD_STEP]]\n";
+    return 2;
+  }
+  const int64_t steps = std::stoll(argv[1]);
+  const fs::path out_dir = argv[2];
+  const double pause = argc > 3 ? std::stod(argv[3]) : 0.05;
+  const int64_t hold = argc > 4 ? std::stoll(argv[4]) : 0;
+  torch::set_num_threads(1);
+  Distributed dist = Distributed::init(InitOptions().backend("gloo"));
+  const int rank = dist.rank();
+  const int group = std::stoi(std::getenv("DDPRUN_REPLICA_GROUP"));
+  std::ofstream log(out_dir / ("g" + std::to_string(group) + "r" + std::to_string(rank) + ".log"), std::ios::app);
+  const auto say = [&log](const json& event) { log << event.dump() << std::endl; };
+  say(json{{"event", "start"}, {"pid", ::getpid()}, {"restart", dist.env().restart_count}, {"lang", "c++"}});
+
+  torch::manual_seed(0);
+  // One statement per layer: a function's arguments are evaluated in no set order, and each layer
+  // draws its initial parameters from the generator in turn, as Python's do.
+  torch::nn::Linear fc1(16, 32);
+  torch::nn::Linear fc2(32, 4);
+  torch::nn::Sequential model(fc1, torch::nn::ReLU(), fc2);
+  torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
+  auto manager = std::make_shared<ft::Manager>(dist, ft::model_state(*model, opt), ft::load_model_state(*model, opt),
+                                               ft::ManagerOptions().timeout(std::chrono::seconds(20)));
+  DistributedDataParallel ddp(model, dist, DdpOptions().find_unused_parameters(true));
+  ft::register_hook(ddp, manager);
+  while (manager->step() < steps) {
+    while (hold > 0 && manager->step() == hold && !fs::exists(out_dir / "release"))
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));  // sleep override: waiting for the test's file
+    const ft::Quorum& q = manager->start_quorum();
+    // The batch follows the committed step (and this rank's place), as in ft_worker.py.
+    auto gen =
+        at::detail::createCPUGenerator(static_cast<uint64_t>(manager->step() * 1000 + q.replica_rank * 10 + rank));
+    const at::Tensor x = torch::randn({8, 16}, gen);
+    const at::Tensor y = torch::randn({8, 4}, gen);
+    const at::Tensor loss = (ddp.forward(x) - y).pow(2).mean();
+    loss.backward();
+    if (manager->should_commit()) {
+      opt.step();
+      say(json{{"event", "commit"},
+               {"step", manager->step()},
+               {"seq", q.seq},
+               {"quorum_id", q.quorum_id},
+               {"groups", q.groups},
+               {"healed", q.heal},
+               {"hash", params_hash(*model)},
+               {"pid", ::getpid()}});
+    }
+    opt.zero_grad();
+    std::this_thread::sleep_for(std::chrono::duration<double>(pause));  // sleep override: the step's length
+  }
+  return 0;
+}

@@ -1,0 +1,126 @@
+#pragma once
+// Fault-tolerant replica groups for C++ workers (docs/fault-tolerance.md): the worker's side of
+// ddprun --replica_group, as Python's ddprun_ft has it, on the same wire, so one job may mix C++
+// and Python groups.
+//
+//   auto manager = std::make_shared<ft::Manager>(dist, ft::model_state(model, opt), ft::load_model_state(model, opt));
+//   DistributedDataParallel ddp(model, dist, DdpOptions().find_unused_parameters(true));
+//   ft::register_hook(ddp, manager);             // averaged over the group, then over the groups
+//   while (manager->step() < steps) {
+//     const ft::Quorum& q = manager->start_quorum();   // heals first when this group is behind
+//     ... forward and backward on the batch of (manager->step(), q.replica_rank) ...
+//     if (manager->should_commit()) opt.step();        // every rank of the group agrees
+//     opt.zero_grad();
+//   }
+//
+// The group's agent relays the quorum through the group's worker store (MASTER_ADDR:MASTER_PORT);
+// the process group across the groups is a fresh Gloo group whenever the quorum id changes or a
+// member's last step failed. A group behind the quorum's highest step fetches its peer rank's
+// state (a torch.save file, the checkpoint layout {"model": ..., "optimizer": ...} when made with
+// model_state) over HTTP, authenticated by a key only the quorum carries, and takes part in that
+// step with zero gradients: it applies the average of the groups that were up to date, and is
+// bit-identical to them once it steps.
+//
+// DDP must keep its first bucket layout (find_unused_parameters(true)): a restarted group's fresh
+// buckets must hold the same parameters at the same offsets as its peers' (register_hook checks).
+//
+// Thread-safety: one training thread; allreduce_ may be called from DDP's hook threads.
+
+#include <torch/nn/module.h>
+#include <torch/optim/optimizer.h>
+#include <torch/types.h>
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "ddprun/worker/ddp.hpp"
+#include "ddprun/worker/distributed.hpp"
+
+namespace ddprun::worker::ft {
+
+struct ManagerOptions {
+  // How long a quorum, a healing fetch and the collectives across the groups may take.
+  TORCH_ARG(std::chrono::milliseconds, timeout){std::chrono::seconds(60)};
+  // Ask for a quorum that only loses groups (torchft's shrink_only).
+  TORCH_ARG(bool, shrink_only) = false;
+};
+
+// The quorum as this group sees it (the relay's answer; docs/fault-tolerance.md has the fields).
+struct Quorum {
+  int64_t seq = 0;
+  int64_t quorum_id = 0;
+  int replica_rank = 0;
+  int replica_world_size = 1;
+  int participants = 1;  // groups at max_step: their gradients count
+  int64_t max_step = 0;
+  bool heal = false;
+  int recover_from = -1;
+  std::vector<std::string> recover_addresses;
+  std::vector<int> serves;
+  std::string store;
+  std::vector<int> groups;
+  bool reconfigure = false;
+};
+
+class Manager {
+ public:
+  using StateFn = std::function<c10::IValue()>;
+  using LoadFn = std::function<void(const c10::IValue&)>;
+
+  // `dist`: this worker's group (its rank and world are the group's). `state` gives what a healing
+  // peer needs, `load` takes it. Throws std::invalid_argument outside a replica group (no
+  // DDPRUN_REPLICA_GROUP: start it with ddprun --replica_group).
+  Manager(const Distributed& dist, StateFn state, LoadFn load, const ManagerOptions& options = {});
+  ~Manager();
+  Manager(const Manager&) = delete;
+  Manager& operator=(const Manager&) = delete;
+
+  // Asks for the next quorum; heals this rank first when its group is behind. Throws
+  // std::runtime_error only when no quorum can be had (the agent says why); a failure to heal or
+  // to build the group across the groups makes this step's should_commit() false instead.
+  const Quorum& start_quorum();
+  // Averages `t` in place over the groups at the quorum's highest step (zeros from a healing
+  // group); a failure is remembered (no commit this step), not thrown.
+  void allreduce_(at::Tensor& t);
+  // Something of this step failed: it will not be committed.
+  void report_error(const std::string& what);
+  // Every rank of the group votes; true when all finished their step: step it, and step() counts.
+  bool should_commit();
+
+  int64_t step() const;
+  int group() const;
+  const Quorum& quorum() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+namespace detail {
+using Hook = std::function<comm_hooks::TensorFuture(c10d::GradBucket&)>;
+// The hook of register_hook for a DDP whose logging data is `ddp_data` and whose gradients are
+// reduced on `group`.
+Hook allreduce_hook(const c10::DDPLoggingData& ddp_data, c10::intrusive_ptr<c10d::ProcessGroup> group,
+                    std::shared_ptr<Manager> manager);
+}  // namespace detail
+
+// Python's ddprun_ft.allreduce_hook on a ddprun DDP: each bucket summed over the group and divided
+// by its size (Python's order of operations), then averaged across the groups by `manager`.
+// Throws std::invalid_argument for a DDP without find_unused_parameters(true).
+template <typename ModuleType>
+void register_hook(DistributedDataParallel<ModuleType>& ddp, std::shared_ptr<Manager> manager) {
+  ddp.register_comm_hook(
+      detail::allreduce_hook(ddp.logging_data(), ddp.process_group(), std::move(manager)),
+      [](detail::Hook& hook, c10d::GradBucket& bucket) { return hook(bucket); }, "ddprun_ft.allreduce_hook");
+}
+
+// {"model": model.state_dict(), "optimizer": optimizer.state_dict()} and the way back: the layout
+// of ddprun's checkpoints and of Python's ddprun_ft workers that use the same keys.
+Manager::StateFn model_state(torch::nn::Module& model, torch::optim::Optimizer& optimizer);
+Manager::LoadFn load_model_state(torch::nn::Module& model, torch::optim::Optimizer& optimizer);
+
+}  // namespace ddprun::worker::ft

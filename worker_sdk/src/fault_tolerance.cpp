@@ -1,0 +1,261 @@
+// The C++ worker's side of ddprun's replica groups (include/ddprun/worker/fault_tolerance.hpp): the
+// same keys, JSON and wire as Python's ddprun_ft (launcher/workers/python_hook/ddprun_ft.py).
+#include "ddprun/worker/fault_tolerance.hpp"
+
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
+#include <cstdlib>
+#include <iostream>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <stdexcept>
+
+#include "ddprun/worker/serialize.hpp"
+#include "ddprun/worker/tcp_store.hpp"
+#include "state_transfer.hpp"
+
+namespace ddprun::worker::ft {
+
+using nlohmann::json;
+
+namespace {
+
+std::string env_or(const char* name, const std::string& fallback) {
+  const char* v = std::getenv(name);
+  return v && *v ? std::string(v) : fallback;
+}
+
+std::vector<uint8_t> bytes_of(const std::string& s) { return {s.begin(), s.end()}; }
+std::string text_of(const std::vector<uint8_t>& v) { return {v.begin(), v.end()}; }
+
+// "host:port" (host may be "[v6]") -> its parts.
+std::pair<std::string, uint16_t> split_address(const std::string& address) {
+  const auto colon = address.rfind(':');
+  if (colon == std::string::npos || colon == 0) throw std::runtime_error("not host:port: '" + address + "'");
+  std::string host = address.substr(0, colon);
+  if (host.size() > 1 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
+  return {host, static_cast<uint16_t>(std::stoi(address.substr(colon + 1)))};
+}
+
+Quorum quorum_of(const json& j) {
+  Quorum q;
+  q.seq = j.at("seq").get<int64_t>();
+  q.quorum_id = j.at("quorum_id").get<int64_t>();
+  q.replica_rank = j.at("replica_rank").get<int>();
+  q.replica_world_size = j.at("replica_world_size").get<int>();
+  q.participants = j.value("participants", q.replica_world_size);
+  q.max_step = j.at("max_step").get<int64_t>();
+  q.heal = j.at("heal").get<bool>();
+  q.recover_from = j.value("recover_from", -1);
+  q.recover_addresses = j.value("recover_addresses", std::vector<std::string>{});
+  q.serves = j.value("serves", std::vector<int>{});
+  q.store = j.at("store").get<std::string>();
+  q.groups = j.value("groups", std::vector<int>{});
+  q.reconfigure = j.value("reconfigure", false);
+  return q;
+}
+
+}  // namespace
+
+struct Manager::Impl {
+  StateFn state;
+  LoadFn load;
+  ManagerOptions options;
+  int group = 0;
+  int rank = 0;
+  int world_size = 1;
+  std::string node;
+  c10::intrusive_ptr<c10d::Store> store;  // the group's worker store, without prefixes
+  std::unique_ptr<detail::StateServer> server;
+  int64_t n = 0;  // quorums asked for
+  int64_t step = 0;
+  Quorum quorum;
+  bool have_quorum = false;
+  c10::intrusive_ptr<CommGroup> across;  // the process group across the groups
+  int64_t across_id = -1;
+  std::optional<std::string> error;  // what failed in this step
+  bool last_ok = true;
+  std::string said;
+
+  void say(const std::string& text) {
+    if (text != said) std::cerr << "ddprun_ft: replica group " << group << ": " << text << std::endl;
+    said = text;
+  }
+
+  void heal() {
+    const auto address = quorum.recover_addresses.size() > static_cast<size_t>(rank)
+                             ? quorum.recover_addresses[static_cast<size_t>(rank)]
+                             : std::string();
+    if (address.empty())
+      throw std::runtime_error("replica group " + std::to_string(group) + " must heal from group " +
+                               std::to_string(quorum.recover_from) + ", whose rank " + std::to_string(rank) +
+                               " serves no state");
+    std::vector<char> bytes = detail::fetch_state(address, quorum.max_step, options.timeout());
+    load(torch_load_bytes(bytes, "the state of replica group " + std::to_string(quorum.recover_from)));
+    step = quorum.max_step;
+  }
+
+  void configure() {
+    across.reset();
+    across_id = -1;
+    if (quorum.replica_world_size > 1) {
+      const auto [host, port] = split_address(quorum.store);
+      auto leader = c10::make_intrusive<c10d::TCPStore>(host, tcp_store_client_options(port, options.timeout()));
+      const std::string prefix = "ddprun_ft/pg/" + std::to_string(quorum.quorum_id) + "/" + std::to_string(quorum.seq) +
+                                 "/" + std::to_string(rank);
+      auto prefixed = c10::make_intrusive<c10d::PrefixStore>(prefix, leader);
+      auto opts = c10d::ProcessGroupGloo::Options::create(options.timeout());
+      opts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname(node));
+      across =
+          c10::make_intrusive<c10d::ProcessGroupGloo>(prefixed, quorum.replica_rank, quorum.replica_world_size, opts);
+    }
+    across_id = quorum.quorum_id;
+  }
+};
+
+Manager::Manager(const Distributed& dist, StateFn state, LoadFn load, const ManagerOptions& options)
+    : impl_(std::make_unique<Impl>()) {
+  const char* group = std::getenv("DDPRUN_REPLICA_GROUP");
+  if (group == nullptr || *group == '\0')
+    throw std::invalid_argument(
+        "ft::Manager needs a worker of a replica group: start it with ddprun --replica_group ID --rdzv_backend c10d "
+        "--rdzv_endpoint HOST:PORT ...");
+  Impl& m = *impl_;
+  m.state = std::move(state);
+  m.load = std::move(load);
+  m.options = options;
+  m.group = std::stoi(group);
+  m.rank = dist.rank();
+  m.world_size = dist.world_size();
+  m.node = env_or("DDPRUN_NODE_ADDR", dist.env().master_addr);
+  m.store = c10::make_intrusive<c10d::TCPStore>(dist.env().master_addr,
+                                                tcp_store_client_options(dist.env().master_port, options.timeout()));
+  if (m.state) m.server = std::make_unique<detail::StateServer>(m.node);
+}
+
+Manager::~Manager() = default;
+
+const Quorum& Manager::start_quorum() {
+  Impl& m = *impl_;
+  ++m.n;
+  const json ask{{"step", m.step},
+                 {"recovery", m.server ? m.server->address() : std::string()},
+                 {"shrink_only", m.options.shrink_only()},
+                 {"pg_ok", m.last_ok}};
+  m.store->set("ddprun_ft/ask/" + std::to_string(m.n) + "/" + std::to_string(m.rank), bytes_of(ask.dump()));
+  const json view = json::parse(text_of(m.store->get("ddprun_ft/quorum/" + std::to_string(m.n))));
+  if (view.contains("error"))
+    throw std::runtime_error("replica group " + std::to_string(m.group) +
+                             " got no quorum: " + view["error"].get<std::string>());
+  m.quorum = quorum_of(view);
+  m.have_quorum = true;
+  m.error.reset();
+  if (!m.quorum.serves.empty() && m.server) m.server->offer(m.step, torch_save_bytes(m.state()));
+  // What depends on the peers never throws here: a failure means no commit this step, and the
+  // next quorum tries again (a rank that threw would end its group, and stall its peers).
+  try {
+    if (m.quorum.heal) m.heal();
+  } catch (const std::exception& e) {
+    m.error = std::string("healing: ") + e.what();
+  }
+  // Rebuilt on every member at the same quorum: when the membership changed, or when a member's
+  // last step failed (its collectives may have left the old group broken).
+  if (!m.across || m.quorum.quorum_id != m.across_id || m.quorum.reconfigure) {
+    try {
+      m.configure();
+    } catch (const std::exception& e) {
+      m.across.reset();
+      m.across_id = -1;
+      if (!m.error) m.error = std::string("the process group across the replica groups: ") + e.what();
+    }
+  }
+  return m.quorum;
+}
+
+void Manager::allreduce_(at::Tensor& t) {
+  Impl& m = *impl_;
+  if (!m.have_quorum || m.quorum.replica_world_size <= 1) return;
+  try {
+    if (!m.across) throw std::runtime_error("no process group across the replica groups");
+    // A group that heals this step (or failed to) adds nothing: its gradients come from another
+    // state than its peers'. It applies the average of those at max_step.
+    if (m.quorum.heal || m.error) t.zero_();
+    std::vector<at::Tensor> tensors{t};
+    m.across->allreduce(tensors)->wait();
+    t.div_(std::max(m.quorum.participants, 1));
+  } catch (const std::exception& e) {
+    if (!m.error) m.error = std::string("all-reduce across the replica groups: ") + e.what();
+  }
+}
+
+void Manager::report_error(const std::string& what) {
+  if (!impl_->error) impl_->error = what;
+}
+
+bool Manager::should_commit() {
+  Impl& m = *impl_;
+  const bool ok = !m.error.has_value();
+  const std::string prefix = "ddprun_ft/commit/" + std::to_string(m.n) + "/";
+  m.store->set(prefix + std::to_string(m.rank), bytes_of(ok ? "1" : "0"));
+  std::vector<std::string> keys;
+  for (int r = 0; r < m.world_size; ++r) keys.push_back(prefix + std::to_string(r));
+  m.store->wait(keys);
+  bool commit = true;
+  for (const auto& k : keys) commit = commit && text_of(m.store->get(k)) == "1";
+  m.last_ok = commit;
+  if (!ok) {
+    m.say("step " + std::to_string(m.step + 1) + " not committed: " + *m.error);
+  } else if (!commit) {
+    m.say("step " + std::to_string(m.step + 1) + " not committed: another rank of the group failed its step");
+  }
+  if (commit) ++m.step;
+  return commit;
+}
+
+int64_t Manager::step() const { return impl_->step; }
+int Manager::group() const { return impl_->group; }
+const Quorum& Manager::quorum() const { return impl_->quorum; }
+
+detail::Hook detail::allreduce_hook(const c10::DDPLoggingData& ddp_data, c10::intrusive_ptr<c10d::ProcessGroup> group,
+                                    std::shared_ptr<Manager> manager) {
+  const auto it = ddp_data.ints_map.find("find_unused_parameters");
+  if (it == ddp_data.ints_map.end() || it->second == 0)
+    throw std::invalid_argument(
+        "ft::register_hook: the DDP must keep its first bucket layout (DdpOptions().find_unused_parameters(true)), "
+        "so that every replica group's buckets hold the same parameters in the same order");
+  return [group = std::move(group), manager = std::move(manager)](c10d::GradBucket& bucket) {
+    std::vector<at::Tensor> tensors{bucket.getBufferRef()};
+    const int size = group->getSize();
+    auto future = group->allreduce(tensors)->getFuture();
+    return future->then(
+        [size, manager](c10::ivalue::Future& done) {
+          const c10::IValue& v = done.value();
+          at::Tensor t = v.isTensor() ? v.toTensor() : v.toTensorVector().at(0);
+          t.div_(size);
+          manager->allreduce_(t);
+          return c10::IValue(t);
+        },
+        c10::TensorType::get());
+  };
+}
+
+Manager::StateFn model_state(torch::nn::Module& model, torch::optim::Optimizer& optimizer) {
+  return [&model, &optimizer] {
+    c10::impl::GenericDict d(c10::StringType::get(), c10::AnyType::get());
+    d.insert("model", state_dict(model));
+    d.insert("optimizer", state_dict(optimizer));
+    return c10::IValue(d);
+  };
+}
+
+Manager::LoadFn load_model_state(torch::nn::Module& model, torch::optim::Optimizer& optimizer) {
+  return [&model, &optimizer](const c10::IValue& v) {
+    const auto d = v.toGenericDict();
+    load_state_dict(model, d.at("model"));
+    load_state_dict(optimizer, d.at("optimizer"));
+  };
+}
+
+}  // namespace ddprun::worker::ft
