@@ -38,7 +38,7 @@ LAYERS = {
     "launcher/rendezvous": 6,
     "launcher/rendezvous/store": 7,
     "launcher/rendezvous/etcd": 7,
-    "launcher/ft": 7,
+    "launcher/ft": 8,
     "launcher/watchdog": 8,
     "launcher/cli": 9,
     "launcher/agent": 10,

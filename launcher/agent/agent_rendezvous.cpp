@@ -9,6 +9,7 @@
 #include "common/log.hpp"
 #include "common/system.hpp"
 #include "launcher/agent/agent_state.hpp"
+#include "launcher/ft/etcd_quorum_kv.hpp"
 #include "launcher/rendezvous/etcd/etcd_rendezvous.hpp"
 #include "launcher/rendezvous/local_rendezvous.hpp"
 #include "launcher/rendezvous/store/store_rendezvous.hpp"
@@ -68,6 +69,18 @@ void Agent::confirm_membership() {
                              std::memory_order_release);
 }
 
+rendezvous::etcd::Options Agent::etcd_client_options() const {
+  rendezvous::etcd::Options eo;
+  eo.endpoints = o_.etcd.endpoints;
+  eo.user = o_.etcd.user;
+  if (!o_.etcd.password_file.empty())
+    eo.password = rdzv::core::read_private_file(o_.etcd.password_file, "etcd password file");
+  eo.ca_file = o_.etcd.ca_file;
+  eo.cert_file = o_.etcd.cert_file;
+  eo.key_file = o_.etcd.key_file;
+  return eo;
+}
+
 std::unique_ptr<RendezvousBackend> Agent::make_backend() {
   // The address other nodes (and the workers) use for this node: --local_addr; else node 0 of a
   // static job is --master_addr, and any other node is known by its fully qualified name, as
@@ -79,7 +92,7 @@ std::unique_ptr<RendezvousBackend> Agent::make_backend() {
   if (!multi_node_) return std::make_unique<LocalRendezvous>(advertise_addr_);
   if (o_.rdzv_backend == RdzvBackend::Etcd) {
     EtcdRendezvousOptions eo;
-    eo.run_id = o_.run_id;
+    eo.run_id = o_.replica_group ? rdzv::jobs::replica_group_run_id(o_.run_id, *o_.replica_group) : o_.run_id;
     eo.min_nodes = o_.min_nodes;
     eo.nnodes = o_.max_nodes;
     eo.node_rank_hint = o_.node_rank_given ? o_.node_rank : -1;
@@ -87,13 +100,7 @@ std::unique_ptr<RendezvousBackend> Agent::make_backend() {
     eo.join_timeout = o_.join_timeout;
     eo.advertise_addr = advertise_addr_;
     eo.host = host_;
-    eo.etcd.endpoints = o_.etcd.endpoints;
-    eo.etcd.user = o_.etcd.user;
-    if (!o_.etcd.password_file.empty())
-      eo.etcd.password = rdzv::core::read_private_file(o_.etcd.password_file, "etcd password file");
-    eo.etcd.ca_file = o_.etcd.ca_file;
-    eo.etcd.cert_file = o_.etcd.cert_file;
-    eo.etcd.key_file = o_.etcd.key_file;
+    eo.etcd = etcd_client_options();
     eo.prefix = o_.etcd.prefix;
     eo.lease_ttl = o_.etcd.lease_ttl;
     eo.progress_interval = o_.progress_interval;
@@ -166,10 +173,12 @@ uint16_t Agent::host_worker_store() {
 }
 
 void Agent::make_coordinator() {
-  // The quorum lives in the job's own namespace on the rendezvous store, reached as the group's
-  // rendezvous is (after the backend, which may host that store on this node), on two connections
-  // of its own: one for the heartbeat, one for the requests.
-  const auto client = [this] {
+  // The quorum lives in the job's own namespace on the rendezvous store (or etcd), reached as the
+  // group's rendezvous is (after the backend, which may host that store on this node), on two
+  // connections of its own: one for the heartbeat, one for the requests.
+  const auto client = [this]() -> std::unique_ptr<ft::QuorumKv> {
+    if (o_.rdzv_backend == RdzvBackend::Etcd)
+      return std::make_unique<ft::EtcdQuorumKv>(etcd_client_options(), o_.rdzv_read_timeout);
     rdzv::client::ClientOptions co;
     co.host = o_.rdzv_endpoint_host;
     co.port = o_.rdzv_endpoint_port;
@@ -182,6 +191,7 @@ void Agent::make_coordinator() {
   };
   ft::CoordinatorOptions co;
   co.run_id = o_.run_id;
+  if (o_.rdzv_backend == RdzvBackend::Etcd) co.root = o_.etcd.prefix;
   co.group = *o_.replica_group;
   co.rules.min_groups = o_.min_replica_groups;
   co.rules.join_timeout = o_.quorum_join_timeout;

@@ -21,6 +21,7 @@
 #include "launcher/cli/options.hpp"
 #include "launcher/ft/coordinator.hpp"
 #include "launcher/ft/relay.hpp"
+#include "launcher/rendezvous/etcd/etcd_client.hpp"
 #include "launcher/workers/process.hpp"
 #include "launcher/rendezvous/rendezvous_backend.hpp"
 #include "launcher/workers/signals.hpp"
@@ -101,6 +102,8 @@ class Agent {
  private:
   void on_signal(int signo);
   std::unique_ptr<RendezvousBackend> make_backend();
+  // --rdzv_backend etcd: the client's endpoints, credentials and TLS files.
+  rendezvous::etcd::Options etcd_client_options() const;
   // Multi-node jobs: the guard stops this node's workers when no heartbeat got through for most of
   // `lost_after`, the time after which the other nodes count this node as lost.
   void arm_fence(std::chrono::milliseconds lost_after);

@@ -89,7 +89,7 @@ constexpr FlagDef kFlagTable[] = {
      }},
     {"--replica_group", nullptr, "ID",
      "run one replica group of a fault-tolerant job: its own world that fails and restarts alone, while the "
-     "other groups of the job (the same `--rdzv_id`) go on training; needs `--rdzv_backend c10d`",
+     "other groups of the job (the same `--rdzv_id`) go on training; needs `--rdzv_backend c10d` or `etcd`",
      nullptr, "none: an ordinary job",
      [](const FlagInput& in, LaunchOptions& o) {
        o.replica_group = static_cast<int>(parse_int(in.flag, trim(in.text), 0, 1 << 20, "a whole number >= 0"));

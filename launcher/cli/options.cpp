@@ -310,10 +310,10 @@ void validate(LaunchOptions& o) {
         "--rdzv_backend c10d needs --rdzv_endpoint HOST[:PORT]: the store every node joins (a "
         "ddprun-rendezvous daemon, or the ddprun on that host serves it)");
   }
-  if (o.replica_group && o.rdzv_backend != RdzvBackend::C10d) {
+  if (o.replica_group && o.rdzv_backend == RdzvBackend::Static) {
     throw ConfigError(
-        "--replica_group needs --rdzv_backend c10d --rdzv_endpoint HOST:PORT: the store that holds the job's "
-        "quorum (a ddprun-rendezvous daemon, so that no group is its single point of failure)");
+        "--replica_group needs --rdzv_backend c10d --rdzv_endpoint HOST:PORT (a ddprun-rendezvous daemon) or "
+        "--rdzv_backend etcd: where the job's quorum lives, outside every group");
   }
   if (o.program.empty()) {
     throw ConfigError("missing the program to run: ddprun [options] PROGRAM [ARGS...] (see ddprun --help)");

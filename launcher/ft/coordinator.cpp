@@ -76,7 +76,10 @@ std::vector<int> StoreQuorumKv::groups(const std::string& registry) {
 // ---- Coordinator ---------------------------------------------------------------------------------
 
 Coordinator::Coordinator(CoordinatorOptions options, std::unique_ptr<QuorumKv> kv, std::unique_ptr<QuorumKv> beat_kv)
-    : options_(std::move(options)), keys_(options_.run_id), kv_(std::move(kv)), beat_kv_(std::move(beat_kv)) {
+    : options_(std::move(options)),
+      keys_(options_.run_id, options_.root),
+      kv_(std::move(kv)),
+      beat_kv_(std::move(beat_kv)) {
   kv_->register_group(keys_.groups(), options_.group);
   beat_thread_ = std::thread([this] { heartbeat_loop(); });
 }

@@ -67,8 +67,9 @@ class StoreQuorumKv : public QuorumKv {
 };
 
 struct CoordinatorOptions {
-  std::string run_id;  // the job (every group's --rdzv_id)
-  int group = 0;       // this agent's --replica_group
+  std::string run_id;                   // the job (every group's --rdzv_id)
+  std::string root{rdzv::core::kRoot};  // where jobs' keys live: /ddprun/ on a store, the key_prefix on etcd
+  int group = 0;                        // this agent's --replica_group
   Rules rules;
   // A group heartbeats this often; one whose heartbeat has not changed for `heartbeat_timeout`
   // counts as gone.

@@ -1,6 +1,9 @@
 // The quorum protocol (launcher/ft/coordinator.hpp) between several groups' agents, over a real
-// ddprun store on loopback: one Coordinator per group, each on its own thread and connections.
+// ddprun store on loopback and over a real etcd cluster of three members: one Coordinator per
+// group, each on its own thread and connections.
 #include "launcher/ft/coordinator.hpp"
+
+#include "launcher/ft/etcd_quorum_kv.hpp"
 
 #include <gtest/gtest.h>
 
@@ -10,6 +13,7 @@
 #include "common/errors.hpp"
 #include "rendezvous/client/client.hpp"
 #include "rendezvous/server/server.hpp"
+#include "tests/support/etcd_cluster.hpp"
 
 namespace ddprun::launcher::ft {
 namespace {
@@ -17,9 +21,16 @@ namespace {
 using std::chrono::milliseconds;
 using std::chrono::seconds;
 
-class CoordinatorTest : public ::testing::Test {
+// Every test runs on a ddprun store and on a real etcd cluster of three members.
+class CoordinatorTest : public ::testing::TestWithParam<std::string> {
  protected:
+  bool on_etcd() const { return GetParam() == "etcd"; }
+
   void SetUp() override {
+    if (on_etcd()) {
+      etcd_ = std::make_unique<test::EtcdCluster>(3);
+      return;
+    }
     rdzv::server::ServerOptions so;
     so.host = "127.0.0.1";
     so.port = 0;
@@ -28,6 +39,11 @@ class CoordinatorTest : public ::testing::Test {
   }
 
   std::unique_ptr<QuorumKv> kv() {
+    if (on_etcd()) {
+      rendezvous::etcd::Options eo;
+      for (int i = 0; i < 3; ++i) eo.endpoints.push_back(etcd_->endpoint(i));
+      return std::make_unique<EtcdQuorumKv>(eo, seconds(30));
+    }
     rdzv::client::ClientOptions co;
     co.host = "127.0.0.1";
     co.port = server_->port();
@@ -61,11 +77,8 @@ class CoordinatorTest : public ::testing::Test {
 
   // Waits until group `g`'s request for quorum `seq` is in the store.
   void wait_asked(int64_t seq, int g) {
-    rdzv::client::ClientOptions co;
-    co.host = "127.0.0.1";
-    co.port = server_->port();
-    rdzv::client::Client client(co);
-    ASSERT_TRUE(client.wait_for({rdzv::jobs::QuorumKeys("ftjob").ask(seq, g)}, seconds(30)));
+    auto reader = kv();
+    ASSERT_TRUE(reader->wait_for(rdzv::jobs::QuorumKeys("ftjob").ask(seq, g), seconds(30)));
   }
 
   static Member at(int64_t step) {
@@ -77,10 +90,14 @@ class CoordinatorTest : public ::testing::Test {
   }
 
   std::unique_ptr<rdzv::server::ServerThread> server_;
+  std::unique_ptr<test::EtcdCluster> etcd_;
   StopSignal stop_;
 };
 
-TEST_F(CoordinatorTest, ThreeGroupsAgreeOnOneQuorumPerStepWithAStableId) {
+INSTANTIATE_TEST_SUITE_P(OnEachStore, CoordinatorTest, ::testing::Values("store", "etcd"),
+                         [](const ::testing::TestParamInfo<std::string>& info) { return info.param; });
+
+TEST_P(CoordinatorTest, ThreeGroupsAgreeOnOneQuorumPerStepWithAStableId) {
   std::vector<std::unique_ptr<Coordinator>> groups;
   for (int g = 0; g < 3; ++g) groups.push_back(group(g, "a", 2));
   for (auto& c : groups) wait_healthy(*c, {0, 1, 2});
@@ -100,7 +117,7 @@ TEST_F(CoordinatorTest, ThreeGroupsAgreeOnOneQuorumPerStepWithAStableId) {
   }
 }
 
-TEST_F(CoordinatorTest, AGroupWhoseWorkersDiedIsCountedOutAtOnceAndComesBackAsANewMember) {
+TEST_P(CoordinatorTest, AGroupWhoseWorkersDiedIsCountedOutAtOnceAndComesBackAsANewMember) {
   // The heartbeat timeout is a minute: only the withdrawal can let the others go on.
   std::vector<std::unique_ptr<Coordinator>> groups;
   for (int g = 0; g < 3; ++g) groups.push_back(group(g, "a", 2));
@@ -139,7 +156,7 @@ TEST_F(CoordinatorTest, AGroupWhoseWorkersDiedIsCountedOutAtOnceAndComesBackAsAN
   EXPECT_NE(v.recover_from, 2);
 }
 
-TEST_F(CoordinatorTest, ASilentGroupIsCountedOutAfterTheHeartbeatTimeout) {
+TEST_P(CoordinatorTest, ASilentGroupIsCountedOutAfterTheHeartbeatTimeout) {
   std::vector<std::unique_ptr<Coordinator>> groups;
   for (int g = 0; g < 3; ++g) groups.push_back(group(g, "a", 2, milliseconds(1500)));
   for (auto& c : groups) wait_healthy(*c, {0, 1, 2});
@@ -152,7 +169,7 @@ TEST_F(CoordinatorTest, ASilentGroupIsCountedOutAfterTheHeartbeatTimeout) {
   EXPECT_EQ(q.member(2), nullptr);
 }
 
-TEST_F(CoordinatorTest, TooFewGroupsTimeOutSayingWhatTheyWaitFor) {
+TEST_P(CoordinatorTest, TooFewGroupsTimeOutSayingWhatTheyWaitFor) {
   auto only = group(0, "a", 2);
   wait_healthy(*only, {0});
   try {
@@ -163,14 +180,14 @@ TEST_F(CoordinatorTest, TooFewGroupsTimeOutSayingWhatTheyWaitFor) {
   }
 }
 
-TEST_F(CoordinatorTest, AStopEndsTheWaitForAQuorum) {
+TEST_P(CoordinatorTest, AStopEndsTheWaitForAQuorum) {
   auto only = group(0, "a", 2);
   auto waiting = std::async(std::launch::async, [&] { return only->next(at(0), stop_, seconds(60)); });
   stop_.request(SIGTERM);
   EXPECT_THROW(waiting.get(), StopRequested);
 }
 
-TEST_F(CoordinatorTest, AGroupThatAsksLateGetsTheNextQuorum) {
+TEST_P(CoordinatorTest, AGroupThatAsksLateGetsTheNextQuorum) {
   std::vector<std::unique_ptr<Coordinator>> groups;
   for (int g = 0; g < 2; ++g) groups.push_back(group(g, "a", 1));
   for (auto& c : groups) wait_healthy(*c, {0, 1});
@@ -188,6 +205,28 @@ TEST_F(CoordinatorTest, AGroupThatAsksLateGetsTheNextQuorum) {
   EXPECT_EQ(q.seq, 3);
   EXPECT_EQ(q.members.size(), 2u);
   EXPECT_EQ(q.max_step(), 2);
+}
+
+// etcd alone: a ddprun store is one process (its restart with its state file is python.fault_tolerance's).
+class EtcdCoordinatorTest : public CoordinatorTest {};
+INSTANTIATE_TEST_SUITE_P(OnEtcd, EtcdCoordinatorTest, ::testing::Values("etcd"));
+
+TEST_P(EtcdCoordinatorTest, TheQuorumGoesOnThroughTheLossOfAnEtcdMember) {
+  std::vector<std::unique_ptr<Coordinator>> groups;
+  for (int g = 0; g < 3; ++g) groups.push_back(group(g, "a", 2));
+  for (auto& c : groups) wait_healthy(*c, {0, 1, 2});
+  for (int64_t step = 0; step < 6; ++step) {
+    if (step == 3) etcd_->kill(0);  // the member the clients talk to first
+    std::vector<std::future<Quorum>> asks;
+    for (auto& c : groups)
+      asks.push_back(std::async(std::launch::async, [&, step] { return c->next(at(step), stop_, seconds(60)); }));
+    for (auto& f : asks) {
+      const Quorum q = f.get();
+      EXPECT_EQ(q.seq, step + 1);
+      EXPECT_EQ(q.members.size(), 3u);
+      EXPECT_EQ(q.id, 1);
+    }
+  }
 }
 
 }  // namespace

@@ -19,9 +19,11 @@ import sys
 import tempfile
 import time
 import unittest
+import urllib.request
 
 from daemon import Daemon
 from launched import Launched
+from ports import free_port
 
 DDPRUN = DAEMON = CPP_WORKER = None
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -40,12 +42,13 @@ class Group(Launched):
     """One replica group: a ddprun with --replica_group."""
 
     def __init__(self, work, group, port, steps, nproc=1, min_groups=2, pause=0.1, max_restarts=2, hold=0,
-                 join_timeout=20, lang="python"):
+                 join_timeout=20, lang="python", etcd=None):
         self.work, self.group, self.nproc = work, group, nproc
         self.name = "replica group %d" % group
         self.err_path = os.path.join(work, "ddprun%d.err" % group)
-        argv = [DDPRUN, "--nproc_per_node", str(nproc), "--rdzv_backend", "c10d",
-                "--rdzv_endpoint", "127.0.0.1:%d" % port, "--rdzv_id", "ftjob",
+        where = ["--rdzv_backend", "etcd", "--rdzv_endpoint", etcd] if etcd else \
+            ["--rdzv_backend", "c10d", "--rdzv_endpoint", "127.0.0.1:%d" % port]
+        argv = [DDPRUN, "--nproc_per_node", str(nproc), *where, "--rdzv_id", "ftjob",
                 "--replica_group", str(group), "--min_replica_groups", str(min_groups),
                 "--max_restarts", str(max_restarts), "--local_addr", "127.0.0.1",
                 "--rdzv_conf", "join_timeout=60,quorum_join_timeout=%d,quorum_heartbeat_timeout=5" % join_timeout,
@@ -110,12 +113,13 @@ class FaultTolerance(unittest.TestCase):
         self.assertGreater(shared, steps // 2, "the groups trained mostly apart")
         return by_step
 
-    def run_kill_one_group(self, nproc, langs=("python", "python", "python")):
+    def run_kill_one_group(self, nproc, langs=("python", "python", "python"), etcd=None):
         # The survivors train on without the victim from step 8 or so to step 20, then wait there
         # until the restarted victim is up (a restart takes seconds here: PyTorch's import).
         steps, hold = 30, 20
         for g in range(3):
-            self.groups.append(Group(self.work, g, self.daemon.port, steps, nproc=nproc, hold=hold, lang=langs[g]))
+            self.groups.append(Group(self.work, g, self.daemon.port, steps, nproc=nproc, hold=hold, lang=langs[g],
+                                     etcd=etcd))
         victim, survivors = self.groups[1], [self.groups[0], self.groups[2]]
         self.assertTrue(victim.wait_until(lambda: len(victim.commits()) >= 8, timeout=120),
                         "group 1 never committed 8 steps:\n" + victim.output()[-4000:])
@@ -162,6 +166,35 @@ class FaultTolerance(unittest.TestCase):
         if not CPP_WORKER:
             self.skipTest("no C++ worker given (the worker SDK was not built)")
         self.run_kill_one_group(nproc=1, langs=("python", "c++", "python"))
+
+    def test_on_etcd_a_killed_group_heals_while_the_others_train_on(self):
+        # The quorum on etcd (a real etcd server) instead of ddprun-rendezvous.
+        if not os.path.exists("/usr/bin/etcd"):
+            self.skipTest("no /usr/bin/etcd (Debian's etcd-server)")
+        client, peer = free_port(), free_port()
+        url = "http://127.0.0.1:%d" % client
+        with open(os.path.join(self.work, "etcd.log"), "w") as log:
+            etcd = subprocess.Popen(["/usr/bin/etcd", "--name", "ft", "--data-dir", os.path.join(self.work, "etcd"),
+                                     "--listen-client-urls", url, "--advertise-client-urls", url,
+                                     "--listen-peer-urls", "http://127.0.0.1:%d" % peer,
+                                     "--initial-advertise-peer-urls", "http://127.0.0.1:%d" % peer,
+                                     "--initial-cluster", "ft=http://127.0.0.1:%d" % peer],
+                                    stdout=log, stderr=log)
+        try:
+            deadline = time.monotonic() + 30
+            while True:
+                try:
+                    with urllib.request.urlopen(url + "/health", timeout=2) as r:
+                        if b"true" in r.read():
+                            break
+                except OSError:
+                    pass
+                self.assertLess(time.monotonic(), deadline, "etcd did not start")
+                time.sleep(0.1)  # sleep override: etcd starting
+            self.run_kill_one_group(nproc=1, etcd=url)
+        finally:
+            etcd.kill()
+            etcd.wait()
 
     def test_the_quorum_survives_a_restart_of_its_daemon(self):
         # The daemon is SIGKILLed mid-training and started again with its state file, on its port:
