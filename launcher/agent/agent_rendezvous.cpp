@@ -200,6 +200,9 @@ void Agent::make_coordinator() {
       std::max<std::chrono::milliseconds>(o_.quorum_heartbeat_timeout / 10, std::chrono::milliseconds(50));
   co.progress_interval = o_.progress_interval;
   coordinator_ = std::make_unique<ft::Coordinator>(co, client(), client());
+  // A worker that fails takes its group out of the quorum at once: the other groups need not wait
+  // for the failure report, the worker group's shutdown or the heartbeat timeout.
+  supervisor_.set_on_failure([this](const workers::WorkerExit&) { coordinator_->withdraw(); });
   // Where this node's workers serve their state to healing peers and meet the other groups.
   base_env_["DDPRUN_NODE_ADDR"] = advertise_addr_;
   log::info("ddprun") << "replica group " << co.group << " of job '" << o_.run_id << "': at least "

@@ -270,6 +270,7 @@ void Supervisor::on_worker_exit(Worker& w, int status) {
     (failed && !w.stopped_by_us ? log::warn("ddprun") : log::info("ddprun"))
         << "worker rank " << e.rank << " (pid " << e.pid << ") ended with " << describe_exit(e);
   }
+  if (failed && !w.stopped_by_us && on_failure_) on_failure_(e);
   if (failed && !w.stopped_by_us && state_ == State::Running) {
     hold_failure(std::move(e));
   } else if (failed && !w.stopped_by_us) {

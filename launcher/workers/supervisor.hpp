@@ -106,6 +106,10 @@ class Supervisor {
   // How workers are started: spawn_process unless set (--preload forks them from a zygote).
   using Spawner = std::function<SpawnedProcess(const SpawnRequest&)>;
   void set_spawner(Spawner spawner) { spawner_ = std::move(spawner); }
+  // Told at once, on the supervisor's thread, when a worker fails on its own (before the failure is
+  // held a moment for a root cause among others): what outside the group must learn it early (a
+  // replica group leaves its job's quorum). It must not block for long.
+  void set_on_failure(std::function<void(const WorkerExit&)> fn) { on_failure_ = std::move(fn); }
 
   // Thread-safe. Whether a group runs and is not being stopped.
   bool group_running() const { return running_.load(std::memory_order_acquire); }
@@ -155,6 +159,7 @@ class Supervisor {
   SupervisorSettings settings_;
   OrphanGuard* guard_;
   Spawner spawner_;
+  std::function<void(const WorkerExit&)> on_failure_;
   boost::asio::io_context io_{1};
   boost::asio::signal_set sigchld_;
   boost::asio::steady_timer grace_timer_;

@@ -61,13 +61,14 @@ int main(int argc, char** argv) {
   torch::manual_seed(0);
   // One statement per layer: a function's arguments are evaluated in no set order, and each layer
   // draws its initial parameters from the generator in turn, as Python's do.
-  torch::nn::Linear fc1(16, 32);
-  torch::nn::Linear fc2(32, 4);
+  // 1.1 MB of parameters in buckets of 256 KB, as ft_worker.py: several buckets.
+  torch::nn::Linear fc1(64, 4096);
+  torch::nn::Linear fc2(4096, 4);
   torch::nn::Sequential model(fc1, torch::nn::ReLU(), fc2);
   torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
   auto manager = std::make_shared<ft::Manager>(dist, ft::model_state(*model, opt), ft::load_model_state(*model, opt),
                                                ft::ManagerOptions().timeout(std::chrono::seconds(20)));
-  DistributedDataParallel ddp(model, dist, DdpOptions().find_unused_parameters(true));
+  DistributedDataParallel ddp(model, dist, DdpOptions().find_unused_parameters(true).bucket_cap_bytes(256 << 10));
   ft::register_hook(ddp, manager);
   while (manager->step() < steps) {
     while (hold > 0 && manager->step() == hold && !fs::exists(out_dir / "release"))
@@ -76,7 +77,7 @@ int main(int argc, char** argv) {
     // The batch follows the committed step (and this rank's place), as in ft_worker.py.
     auto gen =
         at::detail::createCPUGenerator(static_cast<uint64_t>(manager->step() * 1000 + q.replica_rank * 10 + rank));
-    const at::Tensor x = torch::randn({8, 16}, gen);
+    const at::Tensor x = torch::randn({8, 64}, gen);
     const at::Tensor y = torch::randn({8, 4}, gen);
     const at::Tensor loss = (ddp.forward(x) - y).pow(2).mean();
     loss.backward();

@@ -36,7 +36,9 @@ def say(**event):
 
 say(event="start", pid=os.getpid(), restart=int(os.environ["TORCHELASTIC_RESTART_COUNT"]), lang="python")
 torch.manual_seed(0)
-model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
+# 1.1 MB of parameters in buckets of 256 KB: several buckets, whose collectives across the groups
+# must start in the same order on every group.
+model = torch.nn.Sequential(torch.nn.Linear(64, 4096), torch.nn.ReLU(), torch.nn.Linear(4096, 4))
 opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
 
 
@@ -51,14 +53,14 @@ def load_state_dict(state):
 
 manager = ddprun_ft.Manager(state_dict=state_dict, load_state_dict=load_state_dict,
                             timeout=datetime.timedelta(seconds=20))
-ddp = ddprun_ft.DistributedDataParallel(model, manager)
+ddp = ddprun_ft.DistributedDataParallel(model, manager, bucket_cap_mb=0.25)
 while manager.step < steps:
     while hold and manager.step == hold and not os.path.exists(os.path.join(out_dir, "release")):
         time.sleep(0.05)  # sleep override: waiting for the test's file
     view = manager.start_quorum()
     # The batch follows the committed step (and this rank's place), never the process's history.
     gen = torch.Generator().manual_seed(manager.step * 1000 + view["replica_rank"] * 10 + rank)
-    x, y = torch.randn(8, 16, generator=gen), torch.randn(8, 4, generator=gen)
+    x, y = torch.randn(8, 64, generator=gen), torch.randn(8, 4, generator=gen)
     loss = ((ddp(x) - y) ** 2).mean()
     loss.backward()
     if manager.should_commit():

@@ -174,21 +174,40 @@ const Quorum& Manager::start_quorum() {
   return m.quorum;
 }
 
-void Manager::allreduce_(at::Tensor& t) {
+c10::intrusive_ptr<c10::ivalue::Future> Manager::allreduce_async(at::Tensor t) {
   Impl& m = *impl_;
-  if (!m.have_quorum || m.quorum.replica_world_size <= 1) return;
+  auto done = c10::make_intrusive<c10::ivalue::Future>(c10::TensorType::get());
+  if (!m.have_quorum || m.quorum.replica_world_size <= 1) {
+    done->markCompleted(c10::IValue(t));
+    return done;
+  }
+  c10::intrusive_ptr<c10d::Work> work;
   try {
     if (!m.across) throw std::runtime_error("no process group across the replica groups");
     // A group that heals this step (or failed to) adds nothing: its gradients come from another
     // state than its peers'. It applies the average of those at max_step.
     if (m.quorum.heal || m.error) t.zero_();
     std::vector<at::Tensor> tensors{t};
-    m.across->allreduce(tensors)->wait();
-    t.div_(std::max(m.quorum.participants, 1));
+    work = m.across->allreduce(tensors);
   } catch (const std::exception& e) {
     if (!m.error) m.error = std::string("all-reduce across the replica groups: ") + e.what();
+    done->markCompleted(c10::IValue(t));
+    return done;
   }
+  const int participants = std::max(m.quorum.participants, 1);
+  return work->getFuture()->then(
+      [this, t, participants](c10::ivalue::Future& f) mutable {
+        if (f.hasError()) {
+          if (!impl_->error) impl_->error = "all-reduce across the replica groups: " + f.tryRetrieveErrorMessage();
+        } else {
+          t.div_(participants);
+        }
+        return c10::IValue(t);
+      },
+      c10::TensorType::get());
 }
+
+void Manager::allreduce_(at::Tensor& t) { allreduce_async(t)->wait(); }
 
 void Manager::report_error(const std::string& what) {
   if (!impl_->error) impl_->error = what;
@@ -225,19 +244,18 @@ detail::Hook detail::allreduce_hook(const c10::DDPLoggingData& ddp_data, c10::in
     throw std::invalid_argument(
         "ft::register_hook: the DDP must keep its first bucket layout (DdpOptions().find_unused_parameters(true)), "
         "so that every replica group's buckets hold the same parameters in the same order");
+  // The collective across the groups starts here, on the thread that runs DDP's hooks in bucket
+  // order, so that every group starts its buckets' in the same order (they match by order); the
+  // group's own sum is waited for first.
   return [group = std::move(group), manager = std::move(manager)](c10d::GradBucket& bucket) {
-    std::vector<at::Tensor> tensors{bucket.getBufferRef()};
+    at::Tensor buffer = bucket.getBufferRef();
     const int size = group->getSize();
-    auto future = group->allreduce(tensors)->getFuture();
-    return future->then(
-        [size, manager](c10::ivalue::Future& done) {
-          const c10::IValue& v = done.value();
-          at::Tensor t = v.isTensor() ? v.toTensor() : v.toTensorVector().at(0);
-          t.div_(size);
-          manager->allreduce_(t);
-          return c10::IValue(t);
-        },
-        c10::TensorType::get());
+    if (size > 1) {
+      std::vector<at::Tensor> tensors{buffer};
+      group->allreduce(tensors)->wait();
+      buffer.div_(size);
+    }
+    return manager->allreduce_async(buffer);
   };
 }
 

@@ -120,6 +120,7 @@ class Manager:
         self.step = 0
         self.quorum = None  # the latest quorum as this group sees it (a dict)
         self.healed = 0  # times this rank fetched its state from a peer
+        self.last_heal = None  # the latest healing: {"step", "seconds", "bytes"}
         self._state_dict = state_dict
         self._load_state_dict = load_state_dict
         self._timeout = timeout
@@ -175,7 +176,8 @@ class Manager:
                                % (self.group, view["recover_from"], self.rank))
         host, port = _split(address)
         url = "http://%s:%d/state/%d" % (host if ":" not in host else "[%s]" % host, port, view["max_step"])
-        deadline = time.monotonic() + self._timeout.total_seconds()
+        started = time.monotonic()
+        deadline = started + self._timeout.total_seconds()
         while True:
             # The peer offers its state once it has read the same quorum: until then it answers 404.
             try:
@@ -193,6 +195,7 @@ class Manager:
         self._load_state_dict(torch.load(io.BytesIO(blob), map_location="cpu", weights_only=False))
         self.step = view["max_step"]
         self.healed += 1
+        self.last_heal = {"step": self.step, "seconds": time.monotonic() - started, "bytes": len(blob)}
 
     def _configure(self, view):
         self._pg = None
@@ -211,12 +214,16 @@ class Manager:
         self._pg_quorum_id = view["quorum_id"]
 
     # -- collectives across the groups -----------------------------------------------------------
-    def allreduce_(self, tensor):
-        """Averages `tensor` in place over the groups of the quorum that are at its highest step. A
-        failure is remembered (this step will not be committed) instead of raised."""
+    def allreduce_async(self, tensor):
+        """Starts averaging `tensor` in place over the groups of the quorum that are at its highest
+        step; a torch Future of it. The future never fails: a failure is remembered (this step will
+        not be committed). Call it in the same order on every group (DDP's hooks run in bucket
+        order): the collectives across the groups match by their order."""
         view = self.quorum
+        done = torch.futures.Future()
         if view is None or view["replica_world_size"] <= 1:
-            return tensor
+            done.set_result(tensor)
+            return done
         try:
             if self._pg is None:
                 raise RuntimeError("no process group across the replica groups (see the previous error)")
@@ -224,11 +231,26 @@ class Manager:
             # another state than its peers'. It applies the average of those at max_step.
             if view["heal"] or self._error is not None:
                 tensor.zero_()
-            self._pg.allreduce([tensor]).wait()
-            tensor.div_(max(view.get("participants", view["replica_world_size"]), 1))
-        except Exception as e:  # a peer group died mid-collective: no commit this step
+            work = self._pg.allreduce([tensor])
+        except Exception as e:
             self._error = self._error or e
-        return tensor
+            done.set_result(tensor)
+            return done
+        participants = max(view.get("participants", view["replica_world_size"]), 1)
+
+        def finish(f):
+            try:
+                f.value()  # raises what the collective met (a peer group died in the middle of it)
+                tensor.div_(participants)
+            except Exception as e:
+                self._error = self._error or e
+            return tensor
+
+        return work.get_future().then(finish)
+
+    def allreduce_(self, tensor):
+        """allreduce_async, waited for."""
+        return self.allreduce_async(tensor).wait()
 
     def report_error(self, error):
         """Something of this step failed: it will not be committed."""
@@ -267,17 +289,17 @@ class Manager:
 
 def allreduce_hook(manager, bucket):
     """A DDP communication hook: the gradients averaged over the group (as Python DDP does), then
-    over the replica groups of the quorum."""
+    over the replica groups of the quorum.
+
+    The collective across the groups is started here, on the thread that runs DDP's hooks in bucket
+    order, so that every group starts its buckets' in the same order (they match by order); the
+    group's own sum is therefore waited for first (it does not overlap the rest of the backward)."""
     buffer = bucket.buffer() if hasattr(bucket, "buffer") else bucket.get_tensor()
     group_size = dist.get_world_size()
-    fut = dist.all_reduce(buffer, async_op=True).get_future()
-
-    def across(f):
-        t = f.value()[0]
-        t.div_(group_size)
-        return manager.allreduce_(t)
-
-    return fut.then(across)
+    if group_size > 1:
+        dist.all_reduce(buffer)
+        buffer.div_(group_size)
+    return manager.allreduce_async(buffer)
 
 
 def DistributedDataParallel(module, manager, **kwargs):

@@ -83,8 +83,11 @@ class Manager {
   // std::runtime_error only when no quorum can be had (the agent says why); a failure to heal or
   // to build the group across the groups makes this step's should_commit() false instead.
   const Quorum& start_quorum();
-  // Averages `t` in place over the groups at the quorum's highest step (zeros from a healing
-  // group); a failure is remembered (no commit this step), not thrown.
+  // Starts averaging `t` in place over the groups at the quorum's highest step (zeros from a
+  // healing group); a future of it that never fails: a failure is remembered (no commit this
+  // step). Every group must start its collectives in the same order (they match by order).
+  c10::intrusive_ptr<c10::ivalue::Future> allreduce_async(at::Tensor t);
+  // The same, waited for.
   void allreduce_(at::Tensor& t);
   // Something of this step failed: it will not be committed.
   void report_error(const std::string& what);

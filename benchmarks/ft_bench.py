@@ -1,0 +1,167 @@
+"""Fault-tolerant replica groups against a restart of the world, side by side in one run.
+
+Three data-parallel workers train the same MLP (benchmarks/ft_bench_worker.py, --mb megabytes of
+parameters) on this machine, 1 rank each:
+  - plain: one ddprun job of 3 ranks, Python DDP (steps/s without faults: the reference);
+  - restart: the same job checkpointing every step (a durable replace) and resuming after a restart
+    (--max_restarts 1): what a job without fault tolerance does to lose as little as it can;
+  - ft: 3 replica groups (ddprun --replica_group, ddprun_ft), the quorum on a ddprun-rendezvous.
+Steps/s without faults, plain against ft; then a worker SIGKILLed at step --kill-at, and the time
+from the kill to the next step the job commits (restart: a surviving rank's first step after it,
+which comes after the restart; ft: the survivors' first commit after it), with the ratio. Last, a replica group of --heal-mb megabytes of parameters is
+killed and the time its restarted rank takes to fetch and load its peer's state (parameters and
+momentum: twice the parameters) is reported.
+
+The killed worker's restart must find the others still training: keep --steps well above --kill-at
+(a group that comes back after the others finished waits for a quorum that never comes).
+
+usage: /usr/bin/python3 benchmarks/ft_bench.py BUILD_DIR [--mb 4] [--steps 200] [--kill-at 20] [--heal-mb 100]
+"""
+import argparse
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+WORKER = os.path.join(HERE, "ft_bench_worker.py")
+sys.path.insert(0, os.path.join(HERE, "..", "tests", "python"))
+from daemon import Daemon  # noqa: E402  (the tests' helper: a daemon on a kernel-picked port)
+
+ENV = dict(os.environ, PYTHON_EXEC=sys.executable, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
+
+
+def events(path):
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.endswith("\n")]
+
+
+def wait_for(fact, timeout, what):
+    deadline = time.monotonic() + timeout
+    while not fact():
+        if time.monotonic() > deadline:
+            raise RuntimeError("timed out waiting for " + what)
+        time.sleep(0.02)  # sleep override: polling the workers' logs
+
+
+def steps_per_second(log):
+    t = [e["t"] for e in events(log) if e["event"] == "step"]
+    return (len(t) - 1) / (t[-1] - t[0]) if len(t) > 1 else 0.0
+
+
+class Run:
+    """One job: the restart baseline (one ddprun of 3 ranks) or 3 replica groups."""
+
+    def __init__(self, build, mode, steps, mb, work):
+        self.mode, self.work, self.procs = mode, work, []
+        ddprun = os.path.join(build, "launcher", "ddprun")
+        common = ["--local_addr", "127.0.0.1"]
+        if mode in ("plain", "restart"):
+            argv = [ddprun, "--nproc_per_node", "3", "--max_restarts", "1", *common,
+                    WORKER, mode, str(steps), work, str(mb)]
+            self.procs.append(subprocess.Popen(argv, env=ENV, stdout=subprocess.DEVNULL,
+                                               stderr=open(os.path.join(work, "ddprun.err"), "w")))
+            self.logs = [os.path.join(work, "plainr%d.log" % r) for r in range(3)]
+        else:
+            self.daemon = Daemon(os.path.join(build, "rendezvous", "ddprun-rendezvous"))
+            for g in range(3):
+                argv = [ddprun, "--nproc_per_node", "1", "--rdzv_backend", "c10d", "--rdzv_endpoint",
+                        "127.0.0.1:%d" % self.daemon.port, "--rdzv_id", "bench", "--replica_group", str(g),
+                        "--min_replica_groups", "2", "--max_restarts", "1", *common,
+                        "--rdzv_conf", "quorum_join_timeout=30,quorum_heartbeat_timeout=5",
+                        WORKER, "ft", str(steps), work, str(mb)]
+                self.procs.append(subprocess.Popen(argv, env=ENV, stdout=subprocess.DEVNULL,
+                                                   stderr=open(os.path.join(work, "ddprun%d.err" % g), "w")))
+            self.logs = [os.path.join(work, "g%dr0.log" % g) for g in range(3)]
+
+    def steps_of(self, i):
+        return [e for e in events(self.logs[i]) if e["event"] == "step"]
+
+    def kill_at(self, step):
+        """SIGKILLs worker 1 once it has made `step` steps; returns the kill's wall-clock time."""
+        wait_for(lambda: len(self.steps_of(1)) >= step, 300, "step %d" % step)
+        self.before = {e["pid"] for i in range(3) for e in self.steps_of(i)}
+        pid = self.steps_of(1)[-1]["pid"]
+        os.kill(pid, signal.SIGKILL)
+        return time.time()
+
+    def stall_after(self, killed):
+        """Seconds from the kill to the next step the job committed: for the restart baseline the
+        first step of a restarted rank (a step the old ranks finish after the kill is lost with the
+        restart), for replica groups a survivor's first commit."""
+        if self.mode == "ft":
+            after = [e["t"] for i in (0, 2) for e in self.steps_of(i) if e["t"] > killed]
+        else:
+            after = [e["t"] for i in range(3) for e in self.steps_of(i) if e["pid"] not in self.before]
+        return min(after) - killed if after else float("nan")
+
+    def finish(self):
+        for p in self.procs:
+            if p.wait(timeout=600) != 0:
+                raise RuntimeError("%s job failed: see %s" % (self.mode, self.work))
+        if self.mode == "ft":
+            self.daemon.stop()
+
+
+def run(build, mode, steps, mb, kill_at=None):
+    work = tempfile.mkdtemp(prefix="ddprun_ft_bench_")
+    r = Run(build, mode, steps, mb, work)
+    if True:
+        out = {}
+        if kill_at is not None:
+            killed = r.kill_at(kill_at)
+            step_time = 1.0 / max(steps_per_second(r.logs[0]), 1e-9)
+            r.finish()
+            out["stall"] = r.stall_after(killed)
+            out["step"] = step_time
+            # The restarted group's healing (a first one, before the first commit, moved the first
+            # group's initial state only).
+            heals = [e for e in events(r.logs[1]) if e["event"] == "heal" and e["pid"] not in r.before]
+            if heals:
+                out["heal"] = heals[0]
+        else:
+            r.finish()
+            out["steps_per_s"] = steps_per_second(r.logs[0])
+    shutil.rmtree(work, ignore_errors=True)  # kept when the run failed, for a look
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("build")
+    ap.add_argument("--mb", type=float, default=4)
+    ap.add_argument("--steps", type=int, default=200)
+    ap.add_argument("--kill-at", type=int, default=20)
+    ap.add_argument("--heal-mb", type=float, default=100)
+    a = ap.parse_args()
+    plain = run(a.build, "plain", a.steps, a.mb)
+    ft = run(a.build, "ft", a.steps, a.mb)
+    print("| without faults, %g MB of parameters | Python DDP | replica groups | ratio |" % a.mb)
+    print("|---|---:|---:|---:|")
+    print("| steps/s | %.1f | %.1f | %.2fx |" % (plain["steps_per_s"], ft["steps_per_s"],
+                                                 ft["steps_per_s"] / plain["steps_per_s"]))
+    plain_k = run(a.build, "restart", a.steps, a.mb, kill_at=a.kill_at)
+    ft_k = run(a.build, "ft", a.steps, a.mb, kill_at=a.kill_at)
+    print()
+    print("| a worker SIGKILLed at step %d | restart of the world | replica groups | restart / groups |" % a.kill_at)
+    print("|---|---:|---:|---:|")
+    print("| kill to the next committed step, s | %.2f | %.2f | %.1fx |" % (plain_k["stall"], ft_k["stall"],
+                                                                             plain_k["stall"] / ft_k["stall"]))
+    print("| one step without faults, s | %.3f | %.3f | |" % (plain_k["step"], ft_k["step"]))
+    heal = run(a.build, "ft", a.steps, a.heal_mb, kill_at=a.kill_at // 2).get("heal")
+    print()
+    if heal:
+        print("healing a replica group of %g MB of parameters: %.1f MB of state (parameters and momentum) "
+              "fetched and loaded in %.2f s" % (a.heal_mb, heal["bytes"] / 2 ** 20, heal["seconds"]))
+    else:
+        print("healing: the killed group never healed (see the logs)")
+
+
+if __name__ == "__main__":
+    main()
