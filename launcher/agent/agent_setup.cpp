@@ -99,7 +99,7 @@ Agent::Agent(const LaunchOptions& o, JobReport& report)
   python_hook_dir_ = (run_dir_.path / "python").string();
   try {
     create_private_directory(python_hook_dir_);
-    write_python_hook(python_hook_dir_);
+    write_python_hook(python_hook_dir_, o.replica_group.has_value());
   } catch (const Error& e) {
     // A full disk, say: the workers start without the hook, and a PyTorch that needs it says what
     // to do (python_hook.hpp).

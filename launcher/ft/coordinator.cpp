@@ -97,30 +97,38 @@ void Coordinator::set_incarnation(const std::string& incarnation) {
   std::lock_guard lock(mutex_);
   incarnation_ = incarnation;
   withdrawn_ = false;
+  gone_said_ = false;
 }
 
 void Coordinator::withdraw() {
+  // Said by the heartbeat thread, on its connection after its last beat: a beat still in flight
+  // can never land after the "gone" and make the group look alive until the timeout. Never blocks
+  // the caller (the supervisor's thread, when a worker has just died).
   {
     std::lock_guard lock(mutex_);
     withdrawn_ = true;
+    gone_said_ = false;
   }
-  try {
-    kv_->put(keys_.beat(options_.group), std::string(kGone));
-  } catch (const Error& e) {
-    log::warn("ddprun") << "replica group " << options_.group << ": could not tell the quorum it left: " << e.what();
-  }
+  cv_.notify_all();
 }
 
 void Coordinator::heartbeat_loop() {
   std::unique_lock lock(mutex_);
-  while (!stopping_) {
+  for (;;) {
     const std::string incarnation = incarnation_;
-    const bool withdrawn = withdrawn_;
+    const bool say_gone = withdrawn_ && !gone_said_;
+    const bool beat = !incarnation.empty() && !withdrawn_ && !stopping_;
     const uint64_t n = ++beats_;
+    if (stopping_ && !say_gone) break;
     lock.unlock();
+    bool said = false;
     try {
-      if (!incarnation.empty() && !withdrawn)
+      if (say_gone) {
+        beat_kv_->put(keys_.beat(options_.group), std::string(kGone));
+        said = true;
+      } else if (beat) {
         beat_kv_->put(keys_.beat(options_.group), incarnation + " " + std::to_string(n));
+      }
       const std::vector<int> groups = beat_kv_->groups(keys_.groups());
       std::vector<std::string> keys;
       for (int g : groups) keys.push_back(keys_.beat(g));
@@ -130,7 +138,9 @@ void Coordinator::heartbeat_loop() {
       log::debug("ddprun") << "replica group " << options_.group << ": heartbeat: " << e.what();
     }
     lock.lock();
-    cv_.wait_for(lock, options_.heartbeat_interval, [this] { return stopping_; });
+    if (said && withdrawn_) gone_said_ = true;
+    if (stopping_ && said) break;
+    cv_.wait_for(lock, options_.heartbeat_interval, [this] { return stopping_ || (withdrawn_ && !gone_said_); });
   }
 }
 

@@ -6,8 +6,9 @@
 // absent), everyone reads it back. So the quorum lives as long as the store does (a daemon with
 // --state-file keeps it across its restarts) and no agent is a single point of failure.
 //
-// Thread-safety: next() and withdraw() from one thread (the group's relay); the heartbeat runs on
-// a thread of its own, on a connection of its own.
+// Thread-safety: next() from one thread (the group's relay); withdraw() and set_incarnation() from
+// any; the heartbeat (and the "gone" of a withdrawal) runs on a thread of its own, on a connection
+// of its own.
 
 #include <atomic>
 #include <chrono>
@@ -94,6 +95,7 @@ class Coordinator {
   // The group's workers started again: a new member for the quorum, heartbeating as such.
   void set_incarnation(const std::string& incarnation);
   // The group's workers are gone: the others stop counting on it at once (not after the timeout).
+  // Returns at once; the heartbeat thread says it.
   void withdraw();
   // Asks for the next quorum as `self` (group and incarnation filled in here) and waits until one
   // that includes this group is decided; quorums decided without it (it asked too late, it was
@@ -126,6 +128,7 @@ class Coordinator {
   bool stopping_ = false;
   std::string incarnation_;  // "" until set: no heartbeat
   bool withdrawn_ = false;
+  bool gone_said_ = false;  // the heartbeat thread has written "gone" since the withdrawal
   uint64_t beats_ = 0;
   struct Seen {
     std::string value;

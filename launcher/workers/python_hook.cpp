@@ -25,9 +25,9 @@ void write_private_file(const std::string& path, std::string_view text) {
 
 }  // namespace
 
-void write_python_hook(const std::string& dir) {
+void write_python_hook(const std::string& dir, bool fault_tolerance) {
   write_private_file(dir + "/sitecustomize.py", python_hook_source());
-  write_private_file(dir + "/ddprun_ft.py", python_ft_source());
+  if (fault_tolerance) write_private_file(dir + "/ddprun_ft.py", python_ft_source());
 }
 
 }  // namespace ddprun::launcher::workers

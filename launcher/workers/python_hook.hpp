@@ -20,10 +20,10 @@
 
 namespace ddprun::launcher::workers {
 
-// Writes DIR/sitecustomize.py, and DIR/ddprun_ft.py (python_hook/ddprun_ft.py: the workers' side
-// of fault-tolerant replica groups, imported by a worker that asks for it). Throws ProcessError if
-// they cannot be written.
-void write_python_hook(const std::string& dir);
+// Writes DIR/sitecustomize.py and, with `fault_tolerance` (ddprun --replica_group), DIR/ddprun_ft.py
+// (python_hook/ddprun_ft.py: the workers' side of fault-tolerant replica groups, imported by a
+// worker that asks for it). Throws ProcessError if they cannot be written.
+void write_python_hook(const std::string& dir, bool fault_tolerance = false);
 
 // The text of python_hook/sitecustomize.py, built in (python_hook_source.cpp, made by CMake).
 const char* python_hook_source();

@@ -95,7 +95,7 @@ class CoordinatorTest : public ::testing::TestWithParam<std::string> {
 };
 
 INSTANTIATE_TEST_SUITE_P(OnEachStore, CoordinatorTest, ::testing::Values("store", "etcd"),
-                         [](const ::testing::TestParamInfo<std::string>& info) { return info.param; });
+                         [](const ::testing::TestParamInfo<std::string>& store) { return store.param; });
 
 TEST_P(CoordinatorTest, ThreeGroupsAgreeOnOneQuorumPerStepWithAStableId) {
   std::vector<std::unique_ptr<Coordinator>> groups;

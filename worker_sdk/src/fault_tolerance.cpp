@@ -196,7 +196,7 @@ c10::intrusive_ptr<c10::ivalue::Future> Manager::allreduce_async(at::Tensor t) {
   }
   const int participants = std::max(m.quorum.participants, 1);
   return work->getFuture()->then(
-      [this, t, participants](c10::ivalue::Future& f) mutable {
+      [this, t, participants](c10::ivalue::Future& f) {
         if (f.hasError()) {
           if (!impl_->error) impl_->error = "all-reduce across the replica groups: " + f.tryRetrieveErrorMessage();
         } else {
