@@ -102,11 +102,18 @@ class Run:
         return min(after) - killed if after else float("nan")
 
     def finish(self):
-        for p in self.procs:
-            if p.wait(timeout=600) != 0:
-                raise RuntimeError("%s job failed: see %s" % (self.mode, self.work))
-        if self.mode == "ft":
-            self.daemon.stop()
+        try:
+            for p in self.procs:
+                if p.wait(timeout=600) != 0:
+                    raise RuntimeError("%s job failed: see %s" % (self.mode, self.work))
+        finally:
+            # A failed run leaves nothing behind: its ddprun processes and its daemon end here.
+            for p in self.procs:
+                if p.poll() is None:
+                    p.kill()
+                    p.wait()
+            if self.mode == "ft" and self.daemon.proc.poll() is None:
+                self.daemon.stop()
 
 
 def run(build, mode, steps, mb, kill_at=None):
