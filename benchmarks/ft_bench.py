@@ -107,19 +107,22 @@ class Run:
                 if p.wait(timeout=600) != 0:
                     raise RuntimeError("%s job failed: see %s" % (self.mode, self.work))
         finally:
-            # A failed run leaves nothing behind: its ddprun processes and its daemon end here.
-            for p in self.procs:
-                if p.poll() is None:
-                    p.kill()
-                    p.wait()
-            if self.mode == "ft" and self.daemon.proc.poll() is None:
-                self.daemon.stop()
+            self.cleanup()
+
+    def cleanup(self):
+        """A failed run leaves nothing behind: its ddprun processes and its daemon end here."""
+        for p in self.procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        if self.mode == "ft" and self.daemon.proc.poll() is None:
+            self.daemon.stop()
 
 
 def run(build, mode, steps, mb, kill_at=None):
     work = tempfile.mkdtemp(prefix="ddprun_ft_bench_")
     r = Run(build, mode, steps, mb, work)
-    if True:
+    try:
         out = {}
         if kill_at is not None:
             killed = r.kill_at(kill_at)
@@ -135,6 +138,8 @@ def run(build, mode, steps, mb, kill_at=None):
         else:
             r.finish()
             out["steps_per_s"] = steps_per_second(r.logs[0])
+    finally:
+        r.cleanup()
     shutil.rmtree(work, ignore_errors=True)  # kept when the run failed, for a look
     return out
 
