@@ -1,10 +1,10 @@
 #include "launcher/ft/coordinator.hpp"
 
 #include <algorithm>
-#include <charconv>
 
 #include "common/errors.hpp"
 #include "common/log.hpp"
+#include "common/numbers.hpp"
 #include "rendezvous/client/client.hpp"
 
 namespace ddprun::launcher::ft {
@@ -14,13 +14,6 @@ using nlohmann::json;
 namespace {
 
 constexpr std::string_view kGone = "gone";
-
-std::optional<int64_t> to_i64(std::string_view s) {
-  int64_t v = 0;
-  const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
-  if (ec != std::errc() || end != s.data() + s.size()) return std::nullopt;
-  return v;
-}
 
 }  // namespace
 
@@ -64,7 +57,7 @@ std::vector<int> StoreQuorumKv::groups(const std::string& registry) {
   std::string_view rest = *value;
   while (!rest.empty()) {
     const auto comma = rest.find(',');
-    const auto g = to_i64(rest.substr(0, comma));
+    const auto g = to_int(rest.substr(0, comma));
     if (g && std::find(out.begin(), out.end(), static_cast<int>(*g)) == out.end()) out.push_back(static_cast<int>(*g));
     if (comma == std::string_view::npos) break;
     rest = rest.substr(comma + 1);
@@ -171,7 +164,7 @@ std::set<int> Coordinator::healthy() const {
 
 int64_t Coordinator::latest_seq() {
   int64_t seq = 0;
-  if (const auto v = kv_->read({keys_.latest()}).front()) seq = to_i64(*v).value_or(0);
+  if (const auto v = kv_->read({keys_.latest()}).front()) seq = to_int(*v).value_or(0);
   // The hint may lag (its writes race): walk forward to the last quorum decided.
   while (kv_->read({keys_.quorum(seq + 1)}).front()) ++seq;
   return seq;
@@ -200,7 +193,10 @@ std::string Coordinator::try_decide(int64_t seq, Clock::duration waited) {
   std::vector<std::string> keys;
   for (int g : groups) keys.push_back(keys_.ask(seq, g));
   for (int g : groups) keys.push_back(keys_.beat(g));
+  keys.push_back(keys_.latest());  // and the latest quorum's seq, for next()'s wait
   auto read = kv_->read(keys);
+  hinted_latest_ = read.back() ? to_int(*read.back()).value_or(0) : 0;
+  read.pop_back();
   const std::vector<std::optional<std::string>> beats(read.begin() + static_cast<std::ptrdiff_t>(groups.size()),
                                                       read.end());
   read.resize(groups.size());
@@ -266,8 +262,9 @@ Quorum Coordinator::next(Member self, const StopSignal& stop, std::chrono::milli
       if (stop.requested()) throw StopRequested(stop.signo());
       waiting = try_decide(seq, Clock::now() - asked);
       if (waiting.empty() || kv_->wait_for(keys_.quorum(seq), options_.poll)) break;
-      // Decided and erased while this group looked away (a slow connection, a stopped process).
-      if (latest_seq() >= seq) break;
+      // Decided and erased while this group looked away (a slow connection, a stopped process): the
+      // latest quorum, as try_decide read it, is this one or later.
+      if (hinted_latest_ >= seq) break;
       const auto now = Clock::now();
       if (now - start >= timeout)
         throw TimeoutError("replica group " + std::to_string(self.group) + " got no quorum " + std::to_string(seq) +
@@ -285,7 +282,7 @@ Quorum Coordinator::next(Member self, const StopSignal& stop, std::chrono::milli
       seq = std::max(seq + 1, latest_seq() + 1);
       continue;
     }
-    if (const auto v = kv_->read({keys_.latest()}).front(); !v || to_i64(*v).value_or(0) < seq)
+    if (const auto v = kv_->read({keys_.latest()}).front(); !v || to_int(*v).value_or(0) < seq)
       kv_->put(keys_.latest(), std::to_string(seq));
     const Member* me = q->member(self.group);
     if (me && me->incarnation == self.incarnation) {

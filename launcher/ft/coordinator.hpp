@@ -122,6 +122,7 @@ class Coordinator {
   std::unique_ptr<QuorumKv> beat_kv_;
   int64_t last_seq_ = 0;  // the latest quorum this group was a member of
   std::optional<Quorum> previous_cache_;
+  int64_t hinted_latest_ = 0;  // the latest quorum's seq as try_decide last read it
 
   mutable std::mutex mutex_;
   std::condition_variable cv_;

@@ -15,6 +15,8 @@
 #include <limits>
 #include <stdexcept>
 
+#include "common/hex.hpp"
+
 namespace ddprun::worker::ft::detail {
 
 namespace asio = boost::asio;
@@ -26,25 +28,6 @@ namespace {
 
 constexpr const char* kMacHeader = "X-Ddprun-Mac";
 
-std::string hex(const unsigned char* data, size_t n) {
-  static const char digits[] = "0123456789abcdef";
-  std::string out;
-  out.reserve(n * 2);
-  for (size_t i = 0; i < n; ++i) {
-    out.push_back(digits[data[i] >> 4]);
-    out.push_back(digits[data[i] & 15]);
-  }
-  return out;
-}
-
-std::string unhex(const std::string& text) {
-  if (text.size() % 2 != 0) throw std::runtime_error("a state key must be hex digits");
-  std::string out;
-  for (size_t i = 0; i < text.size(); i += 2)
-    out.push_back(static_cast<char>(std::stoi(text.substr(i, 2), nullptr, 16)));
-  return out;
-}
-
 std::string mac_of(const std::string& key, const char* data, size_t n) {
   unsigned char out[EVP_MAX_MD_SIZE];
   unsigned int len = 0;
@@ -52,7 +35,7 @@ std::string mac_of(const std::string& key, const char* data, size_t n) {
            &len) == nullptr) {
     throw std::runtime_error("HMAC-SHA256 failed");
   }
-  return hex(out, len);
+  return to_hex(std::string_view(reinterpret_cast<const char*>(out), len));
 }
 
 // "[v6]" or "v4" -> the address as Asio reads it.
@@ -136,7 +119,7 @@ StateServer::StateServer(const std::string& host) : impl_(std::make_unique<Impl>
   ::fcntl(impl_->acceptor.native_handle(), F_SETFD, FD_CLOEXEC);
   const uint16_t port = impl_->acceptor.local_endpoint().port();
   address_ =
-      (ip.is_v6() ? "[" + address_text + "]" : address_text) + ":" + std::to_string(port) + "#" + hex(raw, sizeof raw);
+      (ip.is_v6() ? "[" + address_text + "]" : address_text) + ":" + std::to_string(port) + "#" + to_hex(impl_->key);
   impl_->accept();
   impl_->thread = std::thread([this] { impl_->io.run(); });
 }
@@ -166,7 +149,9 @@ std::vector<char> fetch_state(const std::string& address, int64_t step, std::chr
     throw std::runtime_error("a peer's state address must be host:port#key, not '" + address + "'");
   const std::string host = bare_host(address.substr(0, colon));
   const std::string port = address.substr(colon + 1, hash - colon - 1);
-  const std::string key = unhex(address.substr(hash + 1));
+  const auto key_bytes = from_hex(address.substr(hash + 1));
+  if (!key_bytes) throw std::runtime_error("a peer's state key must be hex digits, in '" + address + "'");
+  const std::string& key = *key_bytes;
   const std::string where = address.substr(0, hash);
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   for (;;) {
