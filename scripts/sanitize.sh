@@ -21,15 +21,23 @@ mkdir -p "$build"
 cmake -S "$root" -B "$build" "${generator[@]}" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDDPRUN_WITH_TORCH=OFF \
   -DDDPRUN_SANITIZE="$san" > "$build/configure.log" 2>&1 || { tail -20 "$build/configure.log"; exit 1; }
 box_end=$((started + ${DDPRUN_SANITIZE_TIME_BOX:-0} * 60))
-build_limit=()
-if [[ -n "${DDPRUN_SANITIZE_TIME_BOX:-}" ]]; then
-  build_limit=(timeout --foreground "$((box_end - $(date +%s)))s")
-  ((box_end > $(date +%s))) || build_limit=(false)  # `timeout 0s` would mean no limit
-fi
 build_rc=0
 # shellcheck disable=SC2086
-"${build_limit[@]}" cmake --build "$build" --parallel "$(nproc)" ${DDPRUN_SANITIZE_TARGETS:+--target $DDPRUN_SANITIZE_TARGETS} ||
-  build_rc=$?
+build_command=(cmake --build "$build" --parallel "$(nproc)" ${DDPRUN_SANITIZE_TARGETS:+--target $DDPRUN_SANITIZE_TARGETS})
+if [[ -z "${DDPRUN_SANITIZE_TIME_BOX:-}" ]]; then
+  "${build_command[@]}" || build_rc=$?
+elif ((box_end > $(date +%s))); then
+  # timeout (without --foreground) runs the build in a process group of its own and signals the
+  # whole group when the box ends: ninja and the compilers stop with cmake, none is left running
+  # into what comes next. Stopping this script stops that group too.
+  timeout --kill-after=30s "$((box_end - $(date +%s)))s" "${build_command[@]}" &
+  build_pid=$!
+  trap 'kill -TERM -- "-$build_pid" 2>/dev/null; exit 130' INT TERM
+  wait "$build_pid" || build_rc=$?
+  trap - INT TERM
+else
+  build_rc=124  # no time left to build
+fi
 if [[ -n "${DDPRUN_SANITIZE_TIME_BOX:-}" ]] && ((build_rc == 124 || $(date +%s) >= box_end)); then
   echo "sanitize: the time box (${DDPRUN_SANITIZE_TIME_BOX} min) was spent building; no test ran"
   exit 0
