@@ -5,9 +5,20 @@
 Reads Debian's dataset-fashion-mnist (gzip'd IDX files) as they are. Each rank trains on its shard
 (DistributedSampler); rank 0 alone prints progress, the test accuracy, and a final JSON line.
 Runs alone too (world size 1) when started without a launcher.
+
+--fault-tolerant: one replica group of a job that trains on through failures (docs/fault-tolerance.md);
+each group is one ddprun, e.g. for group 0 of 2:
+
+    ddprun --nproc_per_node 1 --rdzv_backend c10d --rdzv_endpoint HOST:PORT --rdzv_id JOB \
+        --replica_group 0 --min_replica_groups 1 examples/python/fashion_mnist_ddp.py --fault-tolerant
+
+DDP inside the group, ddprun_ft across the groups; the batches follow the committed steps
+(ddprun_ft.Sampler), so a group that dies, comes back and heals from a peer neither trains a sample
+twice nor skips one. --commit-log FILE appends one JSON line per committed step.
 """
 import argparse
 import gzip
+import hashlib
 import json
 import os
 import struct
@@ -56,6 +67,79 @@ class LeNet(nn.Module):
         return self.fc3(F.relu(self.fc2(F.relu(self.fc1(x)))))
 
 
+def evaluate(model, test, rank, world, distributed):
+    """Each rank scores its share of the test set; the counts are summed."""
+    model.eval()
+    test_sampler = DistributedSampler(test, num_replicas=world, rank=rank, shuffle=False)
+    correct = torch.zeros(2, dtype=torch.float64)
+    with torch.no_grad():
+        for x, y in DataLoader(test, batch_size=500, sampler=test_sampler):
+            correct += torch.tensor([(model(x).argmax(1) == y).sum().item(), len(y)], dtype=torch.float64)
+    if distributed:
+        dist.all_reduce(correct)
+    return correct
+
+
+def train_fault_tolerant(args, train, rank, world):
+    """This replica group's part of a job that trains on through failures: returns the model and
+    what to add to the final JSON line."""
+    import ddprun_ft  # on PYTHONPATH in a worker of ddprun --replica_group
+
+    model = LeNet()
+    opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
+    sampler = ddprun_ft.Sampler(len(train), args.batch_size, seed=0)
+
+    def state_dict():
+        return {"model": model.state_dict(), "optimizer": opt.state_dict(), "sampler": sampler.state_dict()}
+
+    def load_state_dict(state):
+        model.load_state_dict(state["model"])
+        opt.load_state_dict(state["optimizer"])
+        sampler.load_state_dict(state["sampler"])
+
+    manager = ddprun_ft.Manager(state_dict=state_dict, load_state_dict=load_state_dict)
+    ddp = ddprun_ft.DistributedDataParallel(model, manager)
+    log = open(args.commit_log, "a", buffering=1) if args.commit_log else None
+    images, labels = train.tensors
+    epoch, epoch_start, total, seen = 0, time.time(), 0.0, 0
+    while True:
+        view = manager.start_quorum()
+        # Where this step's samples start; every group of the quorum reads the same (its state is
+        # what they committed), so they all end an epoch, and the training, on the same step.
+        position, samples = sampler.position(manager), sampler.step_samples(manager)
+        if position[0] != epoch:
+            if rank == 0:
+                print(f"replica group {manager.group}: epoch {epoch + 1}/{args.epochs}: loss "
+                      f"{total / max(seen, 1):.4f} (rank 0's samples), {time.time() - epoch_start:.1f}s, "
+                      f"step {manager.step}", flush=True)
+            epoch, epoch_start, total, seen = position[0], time.time(), 0.0, 0
+        if epoch >= args.epochs:
+            break
+        indices = sampler.indices(manager)
+        # A healing group trains on none of the step's samples: its gradients are replaced by its
+        # peers' average, so any batch does for its forward and backward.
+        batch = torch.tensor(indices if indices else range(args.batch_size))
+        model.train()
+        loss = F.cross_entropy(ddp(images[batch]), labels[batch])
+        loss.backward()
+        if manager.should_commit():
+            opt.step()
+            sampler.commit(manager)
+            if indices:
+                total, seen = total + loss.item() * len(indices), seen + len(indices)
+            if log:
+                digest = hashlib.sha256(b"".join(p.detach().numpy().tobytes() for p in model.parameters()))
+                log.write(json.dumps({"step": manager.step, "group": manager.group, "rank": rank,
+                                      "pid": os.getpid(), "quorum_id": view["quorum_id"],
+                                      "groups": view["groups"], "healed": view["heal"],
+                                      "participant_rank": view["participant_rank"],
+                                      "epoch": position[0], "first": position[1], "samples": samples,
+                                      "indices": indices, "hash": digest.hexdigest()[:16]}) + "\n")
+        opt.zero_grad()
+    manager.close()
+    return model, {"replica_group": manager.group, "committed_steps": manager.step, "healed": manager.healed}
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--epochs", type=int, default=2)
@@ -63,7 +147,13 @@ def main():
     ap.add_argument("--lr", type=float, default=0.05)
     ap.add_argument("--train-limit", type=int, default=60000)
     ap.add_argument("--test-limit", type=int, default=10000)
+    ap.add_argument("--fault-tolerant", action="store_true",
+                    help="train as one replica group of a fault-tolerant job (ddprun --replica_group)")
+    ap.add_argument("--commit-log", help="with --fault-tolerant: append a JSON line per committed step")
     args = ap.parse_args()
+    if args.fault_tolerant and "DDPRUN_REPLICA_GROUP" not in os.environ:
+        ap.error("--fault-tolerant trains one replica group of a job: start it with ddprun --replica_group ID "
+                 "--rdzv_backend c10d --rdzv_endpoint HOST:PORT --rdzv_id JOB (docs/fault-tolerance.md)")
 
     distributed = "RANK" in os.environ
     if distributed:
@@ -74,6 +164,17 @@ def main():
 
     train = load("train", args.train_limit)
     test = load("test", args.test_limit)
+    if args.fault_tolerant:
+        model, extra = train_fault_tolerant(args, train, rank, world)
+        correct = evaluate(model, test, rank, world, distributed)
+        accuracy = (correct[0] / correct[1]).item()
+        if rank == 0:
+            print(f"replica group {extra['replica_group']}: test accuracy: {accuracy:.4f} "
+                  f"({int(correct[0])}/{int(correct[1])})", flush=True)
+            print(json.dumps({"example": "fashion_mnist_ddp", "fault_tolerant": True, "world_size": world,
+                              "epochs": args.epochs, "test_accuracy": round(accuracy, 4), **extra}), flush=True)
+        dist.destroy_process_group()
+        return
     sampler = DistributedSampler(train, num_replicas=world, rank=rank, shuffle=True, seed=0)
     loader = DataLoader(train, batch_size=args.batch_size, sampler=sampler)
     model = LeNet()
@@ -100,15 +201,7 @@ def main():
             print(f"epoch {epoch + 1}/{args.epochs}: loss {stats[0] / stats[1]:.4f}, {elapsed:.1f}s, "
                   f"{stats[1] / elapsed:.0f} samples/s", flush=True)
 
-    # Each rank scores its share of the test set; the counts are summed.
-    model.eval()
-    test_sampler = DistributedSampler(test, num_replicas=world, rank=rank, shuffle=False)
-    correct = torch.zeros(2, dtype=torch.float64)
-    with torch.no_grad():
-        for x, y in DataLoader(test, batch_size=500, sampler=test_sampler):
-            correct += torch.tensor([(model(x).argmax(1) == y).sum().item(), len(y)], dtype=torch.float64)
-    if distributed:
-        dist.all_reduce(correct)
+    correct = evaluate(model, test, rank, world, distributed)
     accuracy = (correct[0] / correct[1]).item()
     if rank == 0:
         print(f"test accuracy: {accuracy:.4f} ({int(correct[0])}/{int(correct[1])})", flush=True)

@@ -24,7 +24,7 @@ try:
 except ImportError:  # PyTorch 1.13
     import torch.nn.intrinsic.qat as nniqat
 
-from fashion_mnist_ddp import load
+from fashion_mnist_ddp import evaluate, load
 
 QAT_EPOCHS, OBSERVER_EPOCHS, BATCH_NORM_EPOCHS = 5, 4, 3
 
@@ -78,14 +78,7 @@ def main():
             opt.step()
 
     def accuracy(model):
-        model.eval()
-        s = DistributedSampler(test, num_replicas=world, rank=rank, shuffle=False)
-        correct = torch.zeros(2, dtype=torch.float64)
-        with torch.no_grad():
-            for x, y in DataLoader(test, batch_size=500, sampler=s):
-                correct += torch.tensor([(model(x).argmax(1) == y).sum().item(), len(y)], dtype=torch.float64)
-        if distributed:
-            dist.all_reduce(correct)
+        correct = evaluate(model, test, rank, world, distributed)
         return (correct[0] / correct[1]).item()
 
     def say(*a):

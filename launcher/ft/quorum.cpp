@@ -147,6 +147,7 @@ void to_json(nlohmann::json& j, const GroupView& v) {
                      {"replica_world_size", v.replica_world_size},
                      {"max_step", v.max_step},
                      {"participants", v.participants},
+                     {"participant_rank", v.participant_rank},
                      {"heal", v.heal},
                      {"recover_from", v.recover_from},
                      {"recover_addresses", v.recover_addresses},
@@ -174,6 +175,7 @@ GroupView view_of(const Quorum& quorum, int group) {
     v.addresses.insert(v.addresses.end(), m.addresses.begin(), m.addresses.end());
     if (!m.pg_ok) v.reconfigure = true;
     const bool current = m.step == v.max_step && !(init_sync && !up_to_date.empty());
+    if (current && m.group == group) v.participant_rank = static_cast<int>(up_to_date.size());
     (current ? up_to_date : behind).push_back(&m);
   }
   v.participants = static_cast<int>(up_to_date.size());

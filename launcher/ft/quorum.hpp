@@ -92,6 +92,9 @@ struct GroupView {
   // Members at max_step: the groups whose gradients count this step (a healing group takes part in
   // the collectives with zeros and applies the average the others computed).
   int participants = 0;
+  // This group's place among the participants (by replica rank), or -1 when it heals this step:
+  // what a sampler that follows the committed steps splits the step's samples by.
+  int participant_rank = -1;
   bool heal = false;                           // behind max_step: fetch the state from `recover_from`
   int recover_from = -1;                       // the group to heal from (one at max_step), or -1
   std::vector<std::string> recover_addresses;  // its ranks' recovery addresses

@@ -168,6 +168,13 @@ TEST(QuorumRulesTest, GroupsBehindHealFromUpToDateOnesInTurn) {
   EXPECT_EQ(v1.recover_from, -1);
   EXPECT_EQ(v1.serves, (std::vector<int>{0, 4}));
   EXPECT_EQ(view_of(q, 2).serves, (std::vector<int>{3}));
+  // The participants' places, which split a step's samples: the up-to-date groups in order; a
+  // healing group trains on none.
+  EXPECT_EQ(v1.participant_rank, 0);
+  EXPECT_EQ(view_of(q, 2).participant_rank, 1);
+  EXPECT_EQ(v0.participant_rank, -1);
+  EXPECT_EQ(view_of(q, 3).participant_rank, -1);
+  EXPECT_EQ(nlohmann::json(v1).at("participant_rank"), 0);
   // The cross-group store is an up-to-date member's, never a healing one's.
   EXPECT_EQ(v0.store, member(1, 8).store);
   EXPECT_EQ(v0.groups, (std::vector<int>{0, 1, 2, 3, 4}));

@@ -28,6 +28,7 @@ from ports import free_port
 DDPRUN = DAEMON = CPP_WORKER = None
 HERE = os.path.dirname(os.path.abspath(__file__))
 WORKER = os.path.join(HERE, "ft_worker.py")
+EXAMPLE = os.path.join(HERE, "..", "..", "examples", "python", "fashion_mnist_ddp.py")
 ENV = dict(os.environ, PYTHON_EXEC=sys.executable, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", DDPRUN_PROGRESS_INTERVAL="1")
 
 
@@ -42,7 +43,7 @@ class Group(Launched):
     """One replica group: a ddprun with --replica_group."""
 
     def __init__(self, work, group, port, steps, nproc=1, min_groups=2, pause=0.1, max_restarts=2, hold=0,
-                 join_timeout=20, lang="python", etcd=None):
+                 join_timeout=20, lang="python", etcd=None, program=None):
         self.work, self.group, self.nproc = work, group, nproc
         self.name = "replica group %d" % group
         self.err_path = os.path.join(work, "ddprun%d.err" % group)
@@ -52,9 +53,10 @@ class Group(Launched):
                 "--replica_group", str(group), "--min_replica_groups", str(min_groups),
                 "--max_restarts", str(max_restarts), "--local_addr", "127.0.0.1",
                 "--rdzv_conf", "join_timeout=60,quorum_join_timeout=%d,quorum_heartbeat_timeout=5" % join_timeout,
-                WORKER if lang == "python" else CPP_WORKER, str(steps), work, str(pause), str(hold)]
-        with open(self.err_path, "w") as err:
-            self.proc = subprocess.Popen(argv, env=ENV, stdout=subprocess.DEVNULL, stderr=err)
+                *(program or [WORKER if lang == "python" else CPP_WORKER, str(steps), work, str(pause), str(hold)])]
+        self.out_path = os.path.join(work, "ddprun%d.out" % group)
+        with open(self.err_path, "w") as err, open(self.out_path, "w") as out:
+            self.proc = subprocess.Popen(argv, env=ENV, stdout=out, stderr=err)
 
     def events(self, rank=0):
         return read_log(os.path.join(self.work, "g%dr%d.log" % (self.group, rank)))
@@ -288,6 +290,71 @@ class FaultTolerance(unittest.TestCase):
         for g in self.groups:
             self.assertEqual(g.wait(), 0, g.output()[-3000:])
         self.check_commits_agree(steps)
+        self.passed = True
+
+    def test_the_example_heals_a_killed_group_and_trains_every_sample_of_an_epoch_once(self):
+        # examples/python/fashion_mnist_ddp.py --fault-tolerant, two groups of one rank, at least
+        # two training: the survivor waits (its process kept) while the killed group restarts, then
+        # the group heals from it and both finish the epochs on the same parameters.
+        import torch  # the test's interpreter is the workers' (DDPRUN_TORCH_PYTHON)
+        train_limit, batch, epochs = 2000, 25, 2
+        logs = [os.path.join(self.work, "commits%d.log" % g) for g in range(2)]
+        for g in range(2):
+            program = [EXAMPLE, "--fault-tolerant", "--epochs", str(epochs), "--train-limit", str(train_limit),
+                       "--test-limit", "1000", "--batch-size", str(batch), "--commit-log", logs[g]]
+            self.groups.append(Group(self.work, g, self.daemon.port, 0, min_groups=2, program=program))
+        survivor, victim = self.groups
+        self.assertTrue(victim.wait_until(lambda: len(read_log(logs[1])) >= 10, timeout=120),
+                        "group 1 never committed 10 steps:\n" + victim.output()[-4000:])
+        os.kill(read_log(logs[1])[0]["pid"], signal.SIGKILL)
+        for g in self.groups:
+            self.assertEqual(g.wait(timeout=300), 0, "group %d:\n%s" % (g.group, g.output()[-4000:]))
+        commits = [read_log(path) for path in logs]
+        # The survivor committed every step, in one process.
+        self.assertEqual([c["step"] for c in commits[0]], list(range(1, len(commits[0]) + 1)))
+        self.assertEqual(len({c["pid"] for c in commits[0]}), 1, "the survivor was restarted")
+        # The victim: two processes; the second's first commit came right after healing, at the
+        # survivor's step, with its parameters; from there on both hold the same ones.
+        pids = sorted({c["pid"] for c in commits[1]}, key=[c["pid"] for c in commits[1]].index)
+        self.assertEqual(len(pids), 2, commits[1][-1])
+        after = [c for c in commits[1] if c["pid"] == pids[1]]
+        self.assertTrue(after[0]["healed"], after[0])
+        self.assertGreaterEqual(after[0]["step"], 10)
+        survivor_at = {c["step"]: c for c in commits[0]}
+        for c in commits[1]:
+            self.assertEqual(c["hash"], survivor_at[c["step"]]["hash"], "step %d" % c["step"])
+            self.assertEqual((c["epoch"], c["first"]), (survivor_at[c["step"]]["epoch"],
+                                                        survivor_at[c["step"]]["first"]))
+        # Every sample of an epoch once: the committed steps' slices of the epoch's permutation
+        # follow one another from 0 and stop only short of a step's worth at the end.
+        by_epoch = collections.defaultdict(list)
+        for c in commits[0]:
+            by_epoch[c["epoch"]].append(c)
+        self.assertEqual(sorted(by_epoch), list(range(epochs)))
+        for epoch, steps in by_epoch.items():
+            cursor = 0
+            for c in steps:
+                self.assertEqual(c["first"], cursor, "epoch %d step %d" % (epoch, c["step"]))
+                cursor += c["samples"]
+            self.assertLess(train_limit - cursor, 2 * batch, "epoch %d left samples untrained" % epoch)
+            # And each rank trained on its own slice of the seeded permutation (a healing group on none).
+            order = torch.randperm(train_limit, generator=torch.Generator().manual_seed(epoch)).tolist()
+            for c in [c for log in commits for c in log if c["epoch"] == epoch]:
+                if c["healed"]:
+                    self.assertEqual(c["indices"], [])
+                else:
+                    first = c["first"] + c["participant_rank"] * batch
+                    self.assertEqual(c["indices"], order[first:first + batch], "group %d step %d" % (c["group"], c["step"]))
+        # Both groups end with the same model, which learned.
+        results = []
+        for g in self.groups:
+            with open(g.out_path) as f:
+                lines = [line for line in f if '"fault_tolerant"' in line]
+            self.assertTrue(lines, "group %d printed no result:\n%s" % (g.group, g.output()[-3000:]))
+            results.append(json.loads(lines[-1][lines[-1].index("{"):]))
+        self.assertEqual(results[0]["test_accuracy"], results[1]["test_accuracy"])
+        self.assertEqual(results[0]["committed_steps"], results[1]["committed_steps"])
+        self.assertGreater(results[0]["test_accuracy"], 0.6, results[0])
         self.passed = True
 
 

@@ -46,6 +46,7 @@ Quorum quorum_of(const json& j) {
   q.replica_rank = j.at("replica_rank").get<int>();
   q.replica_world_size = j.at("replica_world_size").get<int>();
   q.participants = j.value("participants", q.replica_world_size);
+  q.participant_rank = j.value("participant_rank", q.replica_rank);
   q.max_step = j.at("max_step").get<int64_t>();
   q.heal = j.at("heal").get<bool>();
   q.recover_from = j.value("recover_from", -1);

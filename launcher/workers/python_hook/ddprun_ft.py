@@ -13,6 +13,8 @@ design and the guarantees. In a training loop:
         if manager.should_commit(): opt.step()           # every rank of every taking part group agrees
         opt.zero_grad()
 
+Sampler draws each step's batch from where the committed steps left off (see its doc).
+
 The quorum itself is the agent's (ddprun relays the group's requests to the job's quorum); the
 worker speaks to its own group's worker store only, through PyTorch's TCPStore. The process group
 across the groups is a fresh Gloo group whenever the quorum's membership changes or a member's
@@ -35,7 +37,7 @@ import urllib.request
 import torch
 import torch.distributed as dist
 
-__all__ = ["Manager", "DistributedDataParallel", "allreduce_hook"]
+__all__ = ["Manager", "DistributedDataParallel", "Sampler", "allreduce_hook"]
 
 
 def _store(host, port, timeout):
@@ -317,3 +319,77 @@ def DistributedDataParallel(module, manager, **kwargs):
     ddp = torch.nn.parallel.DistributedDataParallel(module, **kwargs)
     ddp.register_comm_hook(manager, allreduce_hook)
     return ddp
+
+
+class Sampler:
+    """Which samples each rank trains on, following the committed steps.
+
+    A cursor over a seeded permutation of the dataset (one per epoch) that only a committed step
+    moves: each step the participants (the groups at the quorum's highest step) take consecutive
+    slices of batch_size samples, group by group (participant_rank), rank by rank within a group; a
+    healing group takes none (its gradients are zero that step). Its state (epoch, cursor) goes in
+    the state a healing peer fetches, so after any failure no sample of a committed step is trained
+    twice and none is skipped; a step that is not committed is drawn again by the next. An epoch
+    ends when the next step's samples would run past its end (its tail is left, as drop_last).
+    Every rank of every group must use the same length, batch_size and seed, and groups of the same
+    size.
+
+        sampler = ddprun_ft.Sampler(len(dataset), batch_size)
+        ... state_dict: {..., "sampler": sampler.state_dict()}, load: sampler.load_state_dict(...)
+        manager.start_quorum(); x, y = collate(dataset[i] for i in sampler.indices(manager))
+        if manager.should_commit(): opt.step(); sampler.commit(manager)
+    """
+
+    def __init__(self, length, batch_size, seed=0):
+        if length <= 0 or batch_size <= 0:
+            raise ValueError("ddprun_ft.Sampler needs a dataset and a batch size above 0 (got %d and %d)"
+                             % (length, batch_size))
+        self.length, self.batch_size, self.seed = length, batch_size, seed
+        self.epoch, self.cursor = 0, 0
+        self._order = None  # (epoch, the permutation)
+
+    def step_samples(self, manager):
+        """How many samples the step manager.start_quorum() just began trains on, over the groups."""
+        return max(manager.quorum.get("participants", 1), 1) * manager.world_size * self.batch_size
+
+    def position(self, manager):
+        """(epoch, cursor) of this step's first sample: the next epoch's start when this step
+        would run past the end of the current one."""
+        total = self.step_samples(manager)
+        if total > self.length:
+            raise ValueError("ddprun_ft.Sampler: a step takes %d samples (%d groups x %d ranks x %d), more than "
+                             "the dataset's %d" % (total, manager.quorum.get("participants", 1), manager.world_size,
+                                                   self.batch_size, self.length))
+        if self.cursor + total > self.length:
+            return self.epoch + 1, 0
+        return self.epoch, self.cursor
+
+    def _permutation(self, epoch):
+        if self._order is None or self._order[0] != epoch:
+            gen = torch.Generator().manual_seed(self.seed + epoch)
+            self._order = (epoch, torch.randperm(self.length, generator=gen))
+        return self._order[1]
+
+    def indices(self, manager):
+        """This rank's samples for the step manager.start_quorum() just began: a list of indices,
+        empty for a group that heals this step."""
+        view = manager.quorum
+        if view is None:
+            raise RuntimeError("ddprun_ft.Sampler.indices: call manager.start_quorum() first")
+        place = view.get("participant_rank", view["replica_rank"])
+        if place < 0:
+            return []
+        epoch, cursor = self.position(manager)
+        first = cursor + (place * manager.world_size + manager.rank) * self.batch_size
+        return self._permutation(epoch)[first:first + self.batch_size].tolist()
+
+    def commit(self, manager):
+        """The step is committed (manager.should_commit() was True): the cursor moves past it."""
+        epoch, cursor = self.position(manager)
+        self.epoch, self.cursor = epoch, cursor + self.step_samples(manager)
+
+    def state_dict(self):
+        return {"epoch": self.epoch, "cursor": self.cursor}
+
+    def load_state_dict(self, state):
+        self.epoch, self.cursor = int(state["epoch"]), int(state["cursor"])

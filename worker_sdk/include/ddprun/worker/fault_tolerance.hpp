@@ -56,6 +56,8 @@ struct Quorum {
   int replica_rank = 0;
   int replica_world_size = 1;
   int participants = 1;  // groups at max_step: their gradients count
+  // This group's place among them (what splits a step's samples), -1 while it heals.
+  int participant_rank = 0;
   int64_t max_step = 0;
   bool heal = false;
   int recover_from = -1;
