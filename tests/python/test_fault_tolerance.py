@@ -303,7 +303,7 @@ class FaultTolerance(unittest.TestCase):
             program = [EXAMPLE, "--fault-tolerant", "--epochs", str(epochs), "--train-limit", str(train_limit),
                        "--test-limit", "1000", "--batch-size", str(batch), "--commit-log", logs[g]]
             self.groups.append(Group(self.work, g, self.daemon.port, 0, min_groups=2, program=program))
-        survivor, victim = self.groups
+        victim = self.groups[1]
         self.assertTrue(victim.wait_until(lambda: len(read_log(logs[1])) >= 10, timeout=120),
                         "group 1 never committed 10 steps:\n" + victim.output()[-4000:])
         os.kill(read_log(logs[1])[0]["pid"], signal.SIGKILL)
