@@ -28,6 +28,10 @@ ExampleFlags parse_example_flags(int argc, char** argv, const std::string& name,
         << "                      after " << kPowerSgdStartIter << " plain iterations\n"
         << "  --sync-bn           batch norm statistics over every rank's batch (models with batch norm)\n"
         << "  --zero              shard the optimizer's state over the ranks (ZeroRedundancyOptimizer)\n";
+    if (d.offers_fault_tolerant)
+      out << "  --fault-tolerant    train as one replica group of a job that trains on through failures:\n"
+          << "                      start it with ddprun --replica_group ID (docs/fault-tolerance.md)\n"
+          << "  --commit-log FILE   with --fault-tolerant: append a JSON line per committed step\n";
   };
   auto fail = [&](const std::string& msg) {
     std::cerr << name << ": " << msg << "\n";
@@ -46,6 +50,12 @@ ExampleFlags parse_example_flags(int argc, char** argv, const std::string& name,
     }
     if (flag == "--sync-bn" || flag == "--zero") {
       (flag == "--zero" ? f.zero : f.sync_bn) = true;
+      continue;
+    }
+    if ((flag == "--fault-tolerant" || flag.rfind("--commit-log", 0) == 0) && !d.offers_fault_tolerant)
+      fail(flag + ": " + name + " has no fault-tolerant mode (fashion_mnist_lenet has one)");
+    if (flag == "--fault-tolerant") {
+      f.fault_tolerant = true;
       continue;
     }
     const auto eq = flag.find('=');
@@ -69,6 +79,7 @@ ExampleFlags parse_example_flags(int argc, char** argv, const std::string& name,
     else if (flag == "--lr") f.lr = number(0);
     else if (flag == "--checkpoint-dir") f.checkpoint_dir = value;
     else if (flag == "--data-dir") f.data_dir = value;
+    else if (flag == "--commit-log") f.commit_log = value;
     else if (flag == "--max-steps") f.max_steps = static_cast<int64_t>(number(0));
     else if (flag == "--train-limit") f.train_limit = static_cast<int64_t>(number(0));
     else if (flag == "--test-limit") f.test_limit = static_cast<int64_t>(number(0));
@@ -89,6 +100,12 @@ ExampleFlags parse_example_flags(int argc, char** argv, const std::string& name,
       f.comm_hook = value;
     } else fail("unknown flag " + flag);
   }
+  if (!f.commit_log.empty() && !f.fault_tolerant) fail("--commit-log needs --fault-tolerant");
+  if (f.fault_tolerant &&
+      (!f.comm_hook.empty() || f.zero || f.sync_bn || !f.checkpoint_dir.empty() || f.resume || f.max_steps > 0))
+    fail(
+        "--fault-tolerant takes none of --comm-hook, --zero, --sync-bn, --checkpoint-dir, --resume and --max-steps: "
+        "its own hook averages over the groups, and a restarted group heals from its peers, not a checkpoint");
   return f;
 }
 

@@ -24,6 +24,11 @@ struct ExampleFlags {
   int64_t powersgd_rank = 0;  // RANK of powersgd:RANK (0 otherwise)
   bool sync_bn = false;       // batch statistics over every rank (the model's SyncBatchNorm modules)
   bool zero = false;          // the optimizer's state sharded over the ranks (ZeroRedundancyOptimizer)
+  // One replica group of a job that trains on through failures (ddprun --replica_group); only the
+  // examples that set offers_fault_tolerant in their defaults take --fault-tolerant.
+  bool offers_fault_tolerant = false;
+  bool fault_tolerant = false;
+  std::string commit_log;  // with fault_tolerant: a JSON line per committed step is appended here
 };
 
 // Parses argv over `defaults`; prints usage and exits on --help or a bad flag.

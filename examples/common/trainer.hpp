@@ -34,6 +34,28 @@ inline torch::Tensor rows(const torch::Tensor& t, const torch::Tensor& index, to
   return t.defined() ? t.index_select(0, index).to(device) : torch::Tensor();
 }
 
+inline torch::Tensor classifier_loss(Loss kind, const torch::Tensor& out, const torch::Tensor& y) {
+  return kind == Loss::CrossEntropy ? torch::nn::functional::cross_entropy(out, y)
+                                    : torch::nn::functional::nll_loss(out, y);
+}
+
+// Test accuracy: each rank scores a contiguous shard of `test`; the counts are summed over `dist`.
+template <typename Impl>
+double test_accuracy(Impl& model, const Dataset& test, worker::Distributed& dist, torch::Device device) {
+  model.eval();
+  torch::NoGradGuard no_grad;
+  const int64_t total = test.size();
+  const int64_t begin = total * dist.rank() / dist.world_size(), end = total * (dist.rank() + 1) / dist.world_size();
+  double right = 0;
+  for (int64_t at = begin; at < end; at += 512) {
+    const auto idx = torch::arange(at, std::min<int64_t>(at + 512, end), torch::kLong);
+    const auto out = forward_batch<Impl>([&](auto&&... a) { return model.forward(a...); },
+                                         rows(test.inputs, idx, device), rows(test.lengths, idx, device));
+    right += out.argmax(1).eq(rows(test.labels, idx, device)).sum().template item<double>();
+  }
+  return dist.sum(right) / static_cast<double>(std::max<int64_t>(total, 1));
+}
+
 template <typename Impl>
 int train_classifier(const std::string& name, const ExampleFlags& flags, std::shared_ptr<Impl> model,
                      const Dataset& train, const Dataset& test, Loss loss_kind) {
@@ -72,10 +94,6 @@ int train_classifier(const std::string& name, const ExampleFlags& flags, std::sh
       dist.print("resumed from ", ckpt, " after epoch ", *done + 1);
     }
   }
-  auto loss_fn = [&](const torch::Tensor& out, const torch::Tensor& y) {
-    return loss_kind == Loss::CrossEntropy ? torch::nn::functional::cross_entropy(out, y)
-                                           : torch::nn::functional::nll_loss(out, y);
-  };
   worker::RankSampler sampler(train.size(), dist, worker::SamplerOptions().seed(flags.seed));
   dist.print(name, ": ", train.size(), " training samples, ", dist.world_size(), " worker(s) x batch ",
              flags.batch_size, " (global batch ", flags.batch_size * dist.world_size(), "), lr ", flags.lr);
@@ -94,7 +112,7 @@ int train_classifier(const std::string& name, const ExampleFlags& flags, std::sh
       const auto x = rows(train.inputs, idx, device), y = rows(train.labels, idx, device);
       zero ? zero->zero_grad(false) : opt.zero_grad();
       const auto out = forward_batch<Impl>(ddp, x, rows(train.lengths, idx, device));
-      const auto loss = loss_fn(out, y);
+      const auto loss = classifier_loss(loss_kind, out, y);
       loss.backward();
       zero ? zero->step() : static_cast<void>(opt.step());
       loss_sum += loss.template item<double>() * static_cast<double>(y.size(0));
@@ -123,19 +141,7 @@ int train_classifier(const std::string& name, const ExampleFlags& flags, std::sh
     }
   }
 
-  // Test accuracy: each rank scores a contiguous shard; the counts are summed.
-  model->eval();
-  torch::NoGradGuard no_grad;
-  const int64_t total = test.size();
-  const int64_t begin = total * dist.rank() / dist.world_size(), end = total * (dist.rank() + 1) / dist.world_size();
-  double right = 0;
-  for (int64_t at = begin; at < end; at += 512) {
-    const auto idx = torch::arange(at, std::min<int64_t>(at + 512, end), torch::kLong);
-    const auto out = forward_batch<Impl>([&](auto&&... a) { return model->forward(a...); },
-                                         rows(test.inputs, idx, device), rows(test.lengths, idx, device));
-    right += out.argmax(1).eq(rows(test.labels, idx, device)).sum().template item<double>();
-  }
-  const double accuracy = dist.sum(right) / static_cast<double>(std::max<int64_t>(total, 1));
+  const double accuracy = test_accuracy(*model, test, dist, device);
   char json[512];
   std::snprintf(json, sizeof json,
                 "{\"example\": \"%s\", \"world_size\": %d, \"epochs\": %d, \"batch_size_per_rank\": %d, "

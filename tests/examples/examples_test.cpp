@@ -175,5 +175,32 @@ TEST(ExampleFlagsTest, BadFlagExitsWithUsage) {
   EXPECT_NE(f.err.find("mlp: --epochs: expected a number"), std::string::npos) << f.err;
 }
 
+// --fault-tolerant: only the LeNet example has it, it needs ddprun --replica_group, and it takes
+// none of the flags that its own hook and healing replace; each misuse exits 2 and says why.
+TEST(ExampleFlagsTest, FaultTolerantMisusesSayWhatIsWrong) {
+  const auto alone = [](const std::string& name, std::vector<std::string> args) {
+    args.insert(args.begin(), std::string(EXAMPLES_DIR) + "/" + name);
+    Subprocess p(args, {{"OMP_NUM_THREADS", "1"}});
+    return p.wait(60s);
+  };
+  const Finished no_group = alone("fashion_mnist_lenet", {"--fault-tolerant", "--train-limit", "100"});
+  EXPECT_EQ(no_group.exit_code, 2) << no_group.err;
+  EXPECT_NE(
+      no_group.err.find("--fault-tolerant trains one replica group of a job: start it with ddprun --replica_group"),
+      std::string::npos)
+      << no_group.err;
+  const Finished mlp = alone("mlp", {"--fault-tolerant"});
+  EXPECT_EQ(mlp.exit_code, 2);
+  EXPECT_NE(mlp.err.find("--fault-tolerant: mlp has no fault-tolerant mode (fashion_mnist_lenet has one)"),
+            std::string::npos)
+      << mlp.err;
+  const Finished hook = alone("fashion_mnist_lenet", {"--fault-tolerant", "--comm-hook", "fp16"});
+  EXPECT_EQ(hook.exit_code, 2);
+  EXPECT_NE(hook.err.find("--fault-tolerant takes none of --comm-hook"), std::string::npos) << hook.err;
+  const Finished log = alone("fashion_mnist_lenet", {"--commit-log", "commits.log"});
+  EXPECT_EQ(log.exit_code, 2);
+  EXPECT_NE(log.err.find("--commit-log needs --fault-tolerant"), std::string::npos) << log.err;
+}
+
 }  // namespace
 }  // namespace ddprun::test

@@ -2,17 +2,14 @@
 // worker SDK's ft::Manager, the same model, batches, log lines and parameter hash, so that one job
 // may mix C++ and Python groups and their commits be compared bit for bit.
 //   ft_worker STEPS OUT_DIR [SECONDS_PER_STEP [HOLD_STEP]]
-#include <openssl/evp.h>
 #include <torch/torch.h>
 #include <unistd.h>
 
 #include <chrono>
 #include <filesystem>
 #include <fstream>
-#include <iomanip>
 #include <iostream>
 #include <nlohmann/json.hpp>
-#include <sstream>
 #include <thread>
 
 #include "ddprun/worker/ddp.hpp"
@@ -22,24 +19,6 @@
 namespace fs = std::filesystem;
 using namespace ddprun::worker;
 using nlohmann::json;
-
-namespace {
-
-std::string params_hash(torch::nn::Module& model) {
-  std::string bytes;
-  for (const auto& p : model.parameters()) {
-    const at::Tensor t = p.detach().contiguous();
-    bytes.append(static_cast<const char*>(t.data_ptr()), static_cast<size_t>(t.numel()) * t.element_size());
-  }
-  unsigned char digest[EVP_MAX_MD_SIZE];
-  unsigned int len = 0;
-  EVP_Digest(bytes.data(), bytes.size(), digest, &len, EVP_sha256(), nullptr);
-  std::ostringstream out;
-  for (int i = 0; i < 8; ++i) out << std::hex << std::setw(2) << std::setfill('0') << static_cast<int>(digest[i]);
-  return out.str();
-}
-
-}  // namespace
 
 int main(int argc, char** argv) {
   if (argc < 3) {
@@ -89,7 +68,7 @@ int main(int argc, char** argv) {
                {"quorum_id", q.quorum_id},
                {"groups", q.groups},
                {"healed", q.heal},
-               {"hash", params_hash(*model)},
+               {"hash", ft::parameters_digest(*model)},
                {"pid", ::getpid()}});
     }
     opt.zero_grad();

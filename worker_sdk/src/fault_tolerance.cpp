@@ -2,16 +2,21 @@
 // same keys, JSON and wire as Python's ddprun_ft (launcher/workers/python_hook/ddprun_ft.py).
 #include "ddprun/worker/fault_tolerance.hpp"
 
+#include <ATen/CPUGeneratorImpl.h>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
+#include <openssl/evp.h>
+
+#include <algorithm>
 #include <cstdlib>
 #include <iostream>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <stdexcept>
 
+#include "common/hex.hpp"
 #include "ddprun/worker/serialize.hpp"
 #include "ddprun/worker/tcp_store.hpp"
 #include "state_transfer.hpp"
@@ -72,6 +77,7 @@ struct Manager::Impl {
   std::unique_ptr<detail::StateServer> server;
   int64_t n = 0;  // quorums asked for
   int64_t step = 0;
+  int healed = 0;
   Quorum quorum;
   bool have_quorum = false;
   c10::intrusive_ptr<CommGroup> across;  // the process group across the groups
@@ -96,6 +102,7 @@ struct Manager::Impl {
     std::vector<char> bytes = detail::fetch_state(address, quorum.max_step, options.timeout());
     load(torch_load_bytes(bytes, "the state of replica group " + std::to_string(quorum.recover_from)));
     step = quorum.max_step;
+    ++healed;
   }
 
   void configure() {
@@ -236,6 +243,10 @@ bool Manager::should_commit() {
 
 int64_t Manager::step() const { return impl_->step; }
 int Manager::group() const { return impl_->group; }
+int Manager::rank() const { return impl_->rank; }
+int Manager::world_size() const { return impl_->world_size; }
+bool Manager::has_quorum() const { return impl_->have_quorum; }
+int Manager::healed() const { return impl_->healed; }
 const Quorum& Manager::quorum() const { return impl_->quorum; }
 
 detail::Hook detail::allreduce_hook(const c10::DDPLoggingData& ddp_data, c10::intrusive_ptr<c10d::ProcessGroup> group,
@@ -260,20 +271,109 @@ detail::Hook detail::allreduce_hook(const c10::DDPLoggingData& ddp_data, c10::in
   };
 }
 
-Manager::StateFn model_state(torch::nn::Module& model, torch::optim::Optimizer& optimizer) {
-  return [&model, &optimizer] {
+Sampler::Sampler(int64_t length, int64_t batch_size, uint64_t seed)
+    : length_(length), batch_size_(batch_size), seed_(seed) {
+  if (length <= 0 || batch_size <= 0)
+    throw std::invalid_argument("ft::Sampler needs a dataset and a batch size above 0 (got " + std::to_string(length) +
+                                " and " + std::to_string(batch_size) + ")");
+}
+
+int64_t Sampler::step_samples(const Manager& manager) const {
+  return std::max(manager.quorum().participants, 1) * static_cast<int64_t>(manager.world_size()) * batch_size_;
+}
+
+SamplerPosition Sampler::position(const Manager& manager) const {
+  const int64_t total = step_samples(manager);
+  if (total > length_)
+    throw std::invalid_argument("ft::Sampler: a step takes " + std::to_string(total) + " samples (" +
+                                std::to_string(std::max(manager.quorum().participants, 1)) + " groups x " +
+                                std::to_string(manager.world_size()) + " ranks x " + std::to_string(batch_size_) +
+                                "), more than the dataset's " + std::to_string(length_));
+  if (cursor_ + total > length_) return {epoch_ + 1, 0};
+  return {epoch_, cursor_};
+}
+
+std::vector<int64_t> Sampler::indices(const Manager& manager) {
+  if (!manager.has_quorum()) throw std::logic_error("ft::Sampler::indices: call manager.start_quorum() first");
+  const Quorum& q = manager.quorum();
+  if (q.participant_rank < 0) return {};
+  const SamplerPosition at = position(manager);
+  if (order_epoch_ != at.epoch) {
+    // Python's torch.randperm(length, generator=torch.Generator().manual_seed(seed + epoch)).
+    at::Generator gen = at::detail::createCPUGenerator(seed_ + static_cast<uint64_t>(at.epoch));
+    order_ = at::randperm(length_, gen, at::TensorOptions().dtype(at::kLong));
+    order_epoch_ = at.epoch;
+  }
+  const int64_t first =
+      at.cursor + (q.participant_rank * static_cast<int64_t>(manager.world_size()) + manager.rank()) * batch_size_;
+  const int64_t count = std::min(batch_size_, length_ - first);
+  if (count <= 0) return {};
+  const int64_t* data = order_.data_ptr<int64_t>();
+  return {data + first, data + first + count};
+}
+
+void Sampler::commit(const Manager& manager) {
+  const SamplerPosition at = position(manager);
+  epoch_ = at.epoch;
+  cursor_ = at.cursor + step_samples(manager);
+}
+
+c10::IValue Sampler::state_dict() const {
+  c10::impl::GenericDict d(c10::StringType::get(), c10::IntType::get());
+  d.insert("epoch", epoch_);
+  d.insert("cursor", cursor_);
+  return d;
+}
+
+void Sampler::load_state_dict(const c10::IValue& state) {
+  const auto d = state.toGenericDict();
+  const int64_t epoch = d.at("epoch").toInt(), cursor = d.at("cursor").toInt();
+  if (epoch < 0 || cursor < 0 || cursor > length_)
+    throw std::invalid_argument("ft::Sampler::load_state_dict: epoch " + std::to_string(epoch) + ", cursor " +
+                                std::to_string(cursor) + " is no position in a dataset of " + std::to_string(length_));
+  epoch_ = epoch;
+  cursor_ = cursor;
+}
+
+std::string parameters_digest(const torch::nn::Module& model) {
+  EVP_MD_CTX* ctx = EVP_MD_CTX_new();
+  if (ctx == nullptr || EVP_DigestInit_ex(ctx, EVP_sha256(), nullptr) != 1) {
+    EVP_MD_CTX_free(ctx);
+    throw std::runtime_error("parameters_digest: OpenSSL has no SHA-256 here");
+  }
+  for (const auto& p : model.parameters()) {
+    const at::Tensor t = p.detach().to(at::kCPU).contiguous();
+    EVP_DigestUpdate(ctx, t.data_ptr(), static_cast<size_t>(t.numel()) * t.element_size());
+  }
+  unsigned char digest[EVP_MAX_MD_SIZE];
+  unsigned int len = 0;
+  EVP_DigestFinal_ex(ctx, digest, &len);
+  EVP_MD_CTX_free(ctx);
+  return to_hex(std::string_view(reinterpret_cast<const char*>(digest), std::min(len, 8u)));
+}
+
+Manager::StateFn model_state(torch::nn::Module& model, torch::optim::Optimizer& optimizer, Sampler* sampler) {
+  return [&model, &optimizer, sampler] {
     c10::impl::GenericDict d(c10::StringType::get(), c10::AnyType::get());
     d.insert("model", state_dict(model));
     d.insert("optimizer", state_dict(optimizer));
+    if (sampler) d.insert("sampler", sampler->state_dict());
     return c10::IValue(d);
   };
 }
 
-Manager::LoadFn load_model_state(torch::nn::Module& model, torch::optim::Optimizer& optimizer) {
-  return [&model, &optimizer](const c10::IValue& v) {
+Manager::LoadFn load_model_state(torch::nn::Module& model, torch::optim::Optimizer& optimizer, Sampler* sampler) {
+  return [&model, &optimizer, sampler](const c10::IValue& v) {
     const auto d = v.toGenericDict();
     load_state_dict(model, d.at("model"));
     load_state_dict(optimizer, d.at("optimizer"));
+    if (sampler) {
+      if (!d.contains("sampler"))
+        throw std::runtime_error(
+            "the peer's state has no \"sampler\": its workers must put their sampler's "
+            "state_dict() there, as this group's do");
+      sampler->load_state_dict(d.at("sampler"));
+    }
   };
 }
 

@@ -98,11 +98,69 @@ class Manager {
 
   int64_t step() const;
   int group() const;
+  // This rank and the number of ranks in its group.
+  int rank() const;
+  int world_size() const;
+  // Whether start_quorum() has returned once.
+  bool has_quorum() const;
+  // How many times this rank fetched its state from a peer.
+  int healed() const;
   const Quorum& quorum() const;
 
  private:
   struct Impl;
   std::unique_ptr<Impl> impl_;
+};
+
+// Where a step's samples start: the epoch and the place in that epoch's permutation.
+struct SamplerPosition {
+  int64_t epoch = 0;
+  int64_t cursor = 0;
+};
+
+// Which samples each rank trains on, following the committed steps: the twin of Python's
+// ddprun_ft.Sampler (the same permutations, slices and state), so C++ and Python groups of one job
+// draw the same batches. A cursor over a seeded permutation of the dataset (one per epoch,
+// torch.randperm with a generator seeded with seed + epoch) that only commit() moves: each step the
+// participants (the groups at the quorum's highest step) take consecutive slices of batch_size
+// samples, group by group (participant_rank), rank by rank within a group; a healing group takes
+// none. An epoch ends when the next step's samples would run past its end (its tail is left, as
+// drop_last). Put state_dict() in the state a peer heals from (model_state(model, opt, &sampler)):
+// no sample of a committed step is then trained twice or skipped after a failure. Every rank of
+// every group must use the same length, batch_size and seed, and groups of the same size.
+//
+//   ft::Sampler sampler(train.size(), batch_size);
+//   manager->start_quorum();
+//   if (sampler.position(*manager).epoch >= epochs) break;   // every group ends on the same step
+//   const auto idx = sampler.indices(*manager);               // empty while this group heals
+//   ... if (manager->should_commit()) { opt.step(); sampler.commit(*manager); }
+class Sampler {
+ public:
+  // Throws std::invalid_argument unless length and batch_size are above 0.
+  Sampler(int64_t length, int64_t batch_size, uint64_t seed = 0);
+  // How many samples the step manager.start_quorum() began trains on, over the groups.
+  int64_t step_samples(const Manager& manager) const;
+  // Where this step's samples start: the next epoch's start when the step would run past the end of
+  // the current one. Throws std::invalid_argument when one step takes more samples than there are.
+  SamplerPosition position(const Manager& manager) const;
+  // This rank's samples for the step manager.start_quorum() began; empty while its group heals.
+  // Throws std::logic_error before the first start_quorum().
+  std::vector<int64_t> indices(const Manager& manager);
+  // The step was committed (should_commit() said true): the cursor moves past it.
+  void commit(const Manager& manager);
+  // {"epoch": int, "cursor": int}, as Python's Sampler.state_dict().
+  c10::IValue state_dict() const;
+  void load_state_dict(const c10::IValue& state);
+  SamplerPosition committed() const { return {epoch_, cursor_}; }
+
+ private:
+  int64_t length_;
+  int64_t batch_size_;
+  uint64_t seed_;
+  int64_t epoch_ = 0;
+  int64_t cursor_ = 0;
+  int64_t order_epoch_ = -1;
+  at::Tensor order_;  // the permutation of order_epoch_
 };
 
 namespace detail {
@@ -123,9 +181,18 @@ void register_hook(DistributedDataParallel<ModuleType>& ddp, std::shared_ptr<Man
       [](detail::Hook& hook, c10d::GradBucket& bucket) { return hook(bucket); }, "ddprun_ft.allreduce_hook");
 }
 
+// The first 16 hex digits of the SHA-256 of the module's parameters' bytes, in parameters() order
+// (copied to the host first): Python's hashlib.sha256(b"".join(p.detach().cpu().numpy().tobytes()
+// for p in model.parameters())).hexdigest()[:16]. Equal in every group that committed a step, so
+// commit logs can be compared across groups and languages.
+std::string parameters_digest(const torch::nn::Module& model);
+
 // {"model": model.state_dict(), "optimizer": optimizer.state_dict()} and the way back: the layout
-// of ddprun's checkpoints and of Python's ddprun_ft workers that use the same keys.
-Manager::StateFn model_state(torch::nn::Module& model, torch::optim::Optimizer& optimizer);
-Manager::LoadFn load_model_state(torch::nn::Module& model, torch::optim::Optimizer& optimizer);
+// of ddprun's checkpoints and of Python's ddprun_ft workers that use the same keys. With a
+// sampler, "sampler": sampler.state_dict() too (as examples/python/fashion_mnist_ddp.py has it).
+// Each keeps a reference to what it is given: they must outlive the Manager.
+Manager::StateFn model_state(torch::nn::Module& model, torch::optim::Optimizer& optimizer, Sampler* sampler = nullptr);
+Manager::LoadFn load_model_state(torch::nn::Module& model, torch::optim::Optimizer& optimizer,
+                                 Sampler* sampler = nullptr);
 
 }  // namespace ddprun::worker::ft
