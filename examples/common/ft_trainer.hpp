@@ -52,7 +52,12 @@ int train_fault_tolerant(const std::string& name, const ExampleFlags& flags, std
   double total = 0, seen = 0;
   auto epoch_start = Clock::now();
   while (true) {
-    const ft::Quorum& view = manager->start_quorum();
+    ft::Quorum view;
+    try {
+      view = manager->start_quorum();
+    } catch (const ft::JobFinished&) {
+      return 0;  // the manager said why; another group holds the trained model
+    }
     // Where this step's samples start; every group of the quorum reads the same (its state is what
     // they committed), so they all end an epoch, and the training, on the same step.
     const ft::SamplerPosition position = sampler.position(*manager);

@@ -124,6 +124,15 @@ GroupResult Agent::running(const World& world) {
         });
   });
   watchdog_->stop();
+  if (relay_ && result.outcome == GroupOutcome::Succeeded) {
+    // Groups that come back after this one finished learn that the job is over, and from when.
+    try {
+      relay_->finish_job();
+    } catch (const Error& e) {
+      log::warn("ddprun") << "replica group " << *o_.replica_group << ": the job's end could not be recorded ("
+                          << e.what() << "): a group that comes back later waits for a quorum until its timeout";
+    }
+  }
   stop_relay();
   fenced_ = false;
   if (const auto window = guard_.take_fenced()) {
@@ -289,6 +298,11 @@ void Agent::announce_next_round(Decision::Kind kind, const RoundEnd& end, const 
   }
 }
 
+std::optional<ft::Finished> Agent::job_finished_elsewhere(const RoundEnd& end) const {
+  if (!coordinator_ || end.kind != RoundEnd::Kind::Failure) return std::nullopt;
+  return coordinator_->over();
+}
+
 int Agent::run() {
   enum class State { Rendezvous, Running, Ending } state = State::Rendezvous;
   int round = 0;
@@ -353,6 +367,12 @@ int Agent::run() {
         if (watching_) {
           backend_->unwatch();
           watching_ = false;
+        }
+        if (const auto over = job_finished_elsewhere(end)) {
+          log::warn("ddprun") << "replica group " << *o_.replica_group << ": " << over->describe()
+                              << " while this group was away, and its workers ended with an error rather than "
+                                 "leave when told so: not restarting them";
+          return finish(round, world, end, result, 0);
         }
         const bool unkillable = !result.unkillable.empty();
         const Decision d = decide(end, RestartState{restarts_, o_.max_restarts, backend_->elastic(), stop_.signo(),

@@ -178,6 +178,10 @@ class Agent {
   void start_relay(const World& world);
   // The round's workers are gone: the relay stops and the quorum counts this group out at once.
   void stop_relay();
+  // The job's end, when this round's workers were told that the job was over (another replica
+  // group finished it) and the round ended in a failure (a worker that did not leave when told so):
+  // nothing to restart.
+  std::optional<ft::Finished> job_finished_elsewhere(const RoundEnd& end) const;
   std::unique_ptr<Zygote> zygote_;  // --preload; last: gone before the run directory
   bool zygote_announced_ = false;
 };

@@ -5,6 +5,7 @@
 #include "common/errors.hpp"
 #include "common/log.hpp"
 #include "common/numbers.hpp"
+#include "common/system.hpp"
 #include "rendezvous/client/client.hpp"
 
 namespace ddprun::launcher::ft {
@@ -16,6 +17,19 @@ namespace {
 constexpr std::string_view kGone = "gone";
 
 }  // namespace
+
+std::string Finished::describe() const {
+  return "the job finished at step " + std::to_string(step) + " (replica group " + std::to_string(group) +
+         (at.empty() ? "" : ", " + at) + ")";
+}
+
+void to_json(json& j, const Finished& f) { j = json{{"step", f.step}, {"group", f.group}, {"at", f.at}}; }
+
+void from_json(const json& j, Finished& f) {
+  f.step = j.at("step").get<int64_t>();
+  f.group = j.at("group").get<int>();
+  f.at = j.value("at", std::string());
+}
 
 // ---- StoreQuorumKv -------------------------------------------------------------------------------
 
@@ -193,9 +207,20 @@ std::string Coordinator::try_decide(int64_t seq, Clock::duration waited) {
   std::vector<std::string> keys;
   for (int g : groups) keys.push_back(keys_.ask(seq, g));
   for (int g : groups) keys.push_back(keys_.beat(g));
-  keys.push_back(keys_.latest());  // and the latest quorum's seq, for next()'s wait
+  keys.push_back(keys_.finished());  // the job's end, if a group recorded it
+  keys.push_back(keys_.latest());    // and the latest quorum's seq, for next()'s wait
   auto read = kv_->read(keys);
   hinted_latest_ = read.back() ? to_int(*read.back()).value_or(0) : 0;
+  read.pop_back();
+  if (read.back()) {
+    try {
+      Finished f = json::parse(*read.back()).get<Finished>();
+      std::lock_guard lock(mutex_);
+      finished_ = std::move(f);
+    } catch (const json::exception& e) {
+      log::warn("ddprun") << "the job's end record cannot be read (" << e.what() << "): ignored";
+    }
+  }
   read.pop_back();
   const std::vector<std::optional<std::string>> beats(read.begin() + static_cast<std::ptrdiff_t>(groups.size()),
                                                       read.end());
@@ -215,6 +240,17 @@ std::string Coordinator::try_decide(int64_t seq, Clock::duration waited) {
     }
   }
   c.healthy = healthy();
+  // A group behind the job's recorded end, with no other group left to heal from or train with,
+  // has nothing to do: it would otherwise wait for a quorum until its timeout, or (at least one
+  // group may train) start the job again alone from where it is.
+  for (const Member& m : c.asking) {
+    if (m.group != options_.group) continue;
+    if (const auto done = job_over(m.step, c.healthy)) {
+      std::lock_guard lock(mutex_);
+      over_ = done;
+      throw JobFinished(*done);
+    }
+  }
   c.waited = std::chrono::duration_cast<std::chrono::milliseconds>(waited);
   Decision d = decide(read_quorum(seq - 1), seq, c, options_.rules);
   if (!d.quorum) return d.waiting;
@@ -235,6 +271,41 @@ void Coordinator::collect_garbage(int64_t seq) {
   } catch (const Error& e) {
     log::debug("ddprun") << "quorum " << old << ": not erased: " << e.what();
   }
+}
+
+std::optional<Finished> Coordinator::job_over(int64_t step, const std::set<int>& alive) const {
+  std::lock_guard lock(mutex_);
+  if (!finished_ || step >= finished_->step) return std::nullopt;
+  for (int g : alive)
+    if (g != options_.group) return std::nullopt;  // another group trains on: join it
+  return finished_;
+}
+
+Finished Coordinator::finish(int64_t step) {
+  Finished mine;
+  mine.step = step;
+  mine.group = options_.group;
+  mine.at = utc_timestamp(std::chrono::system_clock::now());
+  const std::string held = kv_->create_or_get(keys_.finished(), json(mine).dump());
+  Finished record = mine;
+  try {
+    record = json::parse(held).get<Finished>();
+  } catch (const json::exception&) {
+    log::warn("ddprun") << "the job's end record cannot be read: " << held;
+  }
+  std::lock_guard lock(mutex_);
+  finished_ = record;
+  return record;
+}
+
+std::optional<Finished> Coordinator::finished() const {
+  std::lock_guard lock(mutex_);
+  return finished_;
+}
+
+std::optional<Finished> Coordinator::over() const {
+  std::lock_guard lock(mutex_);
+  return over_;
 }
 
 Quorum Coordinator::next(Member self, const StopSignal& stop, std::chrono::milliseconds timeout) {

@@ -21,6 +21,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/errors.hpp"
 #include "common/stop_signal.hpp"
 #include "launcher/ft/quorum.hpp"
 #include "rendezvous/jobs/job_keys.hpp"
@@ -67,6 +68,30 @@ class StoreQuorumKv : public QuorumKv {
   std::unique_ptr<rdzv::client::Client> client_;
 };
 
+// The job's end: the first group whose workers all finished records its committed step.
+struct Finished {
+  int64_t step = 0;
+  int group = 0;
+  std::string at;  // UTC, ISO 8601
+
+  // "the job finished at step 81 (replica group 0, 2026-11-27T06:00:00Z)"
+  std::string describe() const;
+};
+void to_json(nlohmann::json& j, const Finished& f);
+void from_json(const nlohmann::json& j, Finished& f);
+
+// next() found the job over: another group finished it, and no other group is left to train with.
+class JobFinished : public Error {
+ public:
+  explicit JobFinished(Finished record)
+      : Error(record.describe() + " and no other replica group is left: nothing to train"),
+        record_(std::move(record)) {}
+  const Finished& record() const { return record_; }
+
+ private:
+  Finished record_;
+};
+
 struct CoordinatorOptions {
   std::string run_id;                   // the job (every group's --rdzv_id)
   std::string root{rdzv::core::kRoot};  // where jobs' keys live: /ddprun/ on a store, the key_prefix on etcd
@@ -100,8 +125,17 @@ class Coordinator {
   // Asks for the next quorum as `self` (group and incarnation filled in here) and waits until one
   // that includes this group is decided; quorums decided without it (it asked too late, it was
   // left out) are skipped, each said in the log. Throws StopRequested on a stop, TimeoutError
-  // after `timeout` with what the quorum waits for.
+  // after `timeout` with what the quorum waits for, JobFinished when the job's end is recorded
+  // beyond self.step and no other group heartbeats (a group back after the others finished; a new
+  // job under a finished job's id).
   Quorum next(Member self, const StopSignal& stop, std::chrono::milliseconds timeout);
+  // This group's workers all finished at `step`: records the job's end unless a group did first;
+  // returns the record that holds.
+  Finished finish(int64_t step);
+  // The job's end, once this agent has read it (next() or finish()).
+  std::optional<Finished> finished() const;
+  // The job's end, once next() found the job over (threw JobFinished).
+  std::optional<Finished> over() const;
   int group() const { return options_.group; }
   // The groups whose heartbeat is fresh now.
   std::set<int> healthy() const;
@@ -115,6 +149,8 @@ class Coordinator {
   // Looks at the asks of `seq` and proposes the quorum when the rules are met; what it waits for.
   std::string try_decide(int64_t seq, Clock::duration waited);
   void collect_garbage(int64_t seq);
+  // The job's end when it is recorded beyond `step` and no group of `alive` but this one is left.
+  std::optional<Finished> job_over(int64_t step, const std::set<int>& alive) const;
 
   CoordinatorOptions options_;
   rdzv::jobs::QuorumKeys keys_;
@@ -122,7 +158,9 @@ class Coordinator {
   std::unique_ptr<QuorumKv> beat_kv_;
   int64_t last_seq_ = 0;  // the latest quorum this group was a member of
   std::optional<Quorum> previous_cache_;
-  int64_t hinted_latest_ = 0;  // the latest quorum's seq as try_decide last read it
+  int64_t hinted_latest_ = 0;         // the latest quorum's seq as try_decide last read it
+  std::optional<Finished> finished_;  // guarded by mutex_
+  std::optional<Finished> over_;      // guarded by mutex_
 
   mutable std::mutex mutex_;
   std::condition_variable cv_;

@@ -16,6 +16,22 @@ std::string worker_ask_key(int64_t n, int rank) {
 
 std::string worker_quorum_key(int64_t n) { return "/ddprun_ft/quorum/" + std::to_string(n); }
 
+std::string worker_commit_key(int64_t n, int rank) {
+  return "/ddprun_ft/commit/" + std::to_string(n) + "/" + std::to_string(rank);
+}
+
+namespace {
+
+rdzv::client::ClientOptions store_client(const RelayOptions& o) {
+  rdzv::client::ClientOptions co;
+  co.host = o.store_host;
+  co.port = o.store_port;
+  co.connect_timeout = std::chrono::seconds(10);
+  return co;
+}
+
+}  // namespace
+
 Relay::Relay(Coordinator& coordinator, RelayOptions options)
     : coordinator_(coordinator), options_(std::move(options)), thread_([this] { run(); }) {}
 
@@ -38,11 +54,7 @@ bool Relay::gather(rdzv::client::Client& store, int64_t n, std::vector<std::stri
 
 void Relay::run() {
   try {
-    rdzv::client::ClientOptions co;
-    co.host = options_.store_host;
-    co.port = options_.store_port;
-    co.connect_timeout = std::chrono::seconds(10);
-    rdzv::client::Client store(co);
+    rdzv::client::Client store(store_client(options_));
     for (int64_t n = 1; !stop_.requested(); ++n) {
       std::vector<std::string> asks;
       if (!gather(store, n, asks)) return;
@@ -70,8 +82,14 @@ void Relay::run() {
         const GroupView view = view_of(q, coordinator_.group());
         if (options_.allow_peers) options_.allow_peers(view.addresses);
         answer = json(view).dump();
+        last_step_ = self.step;
+        last_n_ = n;
       } catch (const StopRequested&) {
         return;
+      } catch (const JobFinished& e) {
+        log::warn("ddprun") << "replica group " << coordinator_.group() << ": " << e.what()
+                            << "; its workers are told so (a new job needs a new --rdzv_id)";
+        answer = json{{"finished", e.record()}}.dump();
       } catch (const json::exception& e) {
         answer = json{{"error", std::string("a rank's request cannot be read: ") + e.what()}}.dump();
       } catch (const Error& e) {
@@ -87,6 +105,20 @@ void Relay::run() {
     // The worker store is gone with its round: the workers are gone too.
     if (!stop_.requested()) log::warn("ddprun") << "replica group relay stopped: " << e.what();
   }
+}
+
+std::optional<Finished> Relay::finish_job() {
+  const int64_t n = last_n_;
+  if (n == 0 || coordinator_.over()) return coordinator_.finished();
+  rdzv::client::Client store(store_client(options_));
+  std::vector<std::string> keys;
+  for (int r = 0; r < options_.world_size; ++r) keys.push_back(worker_commit_key(n, r));
+  bool committed = true;
+  for (const std::string& vote : store.multi_get_now(keys)) committed = committed && vote == "1";
+  const Finished record = coordinator_.finish(last_step_ + (committed ? 1 : 0));
+  log::info("ddprun") << "replica group " << coordinator_.group() << ": " << record.describe()
+                      << (record.group == coordinator_.group() ? ": recorded for groups that come back later" : "");
+  return record;
 }
 
 }  // namespace ddprun::launcher::ft

@@ -8,13 +8,19 @@
 //                               {"step": committed steps, "recovery": "host:port" where this rank
 //                               serves its state to a healing peer or "", "shrink_only": false}
 //   /ddprun_ft/quorum/<n>       the answer, once every rank of the group asked (a GroupView as
-//                               JSON, see quorum.hpp), or {"error": "..."} when none could be had
+//                               JSON, see quorum.hpp), {"finished": {"step", "group", "at"}} when
+//                               the job is over (another group finished it and none is left to
+//                               train with), or {"error": "..."} when none could be had
+//   /ddprun_ft/commit/<n>/<rank> rank <rank>'s vote on the step of its n-th quorum ("1" or "0"):
+//                               read here only to learn the step the group ended on
 //
 // (PyTorch's client adds the leading "/": a worker sets "ddprun_ft/ask/<n>/<rank>".)
 //
 // Thread: one of its own, from construction to destruction; the destructor stops and joins it.
 
+#include <atomic>
 #include <chrono>
+#include <optional>
 #include <functional>
 #include <memory>
 #include <string>
@@ -29,6 +35,7 @@ namespace ddprun::launcher::ft {
 // The worker store's keys of the contract above, as they are on the wire.
 std::string worker_ask_key(int64_t n, int rank);
 std::string worker_quorum_key(int64_t n);
+std::string worker_commit_key(int64_t n, int rank);
 
 struct RelayOptions {
   std::string store_host;  // the group's worker store, as this agent reaches it
@@ -48,6 +55,12 @@ class Relay {
   Relay(const Relay&) = delete;
   Relay& operator=(const Relay&) = delete;
 
+  // The group's workers all finished: records the job's end at the step they committed (the step
+  // of their last quorum, plus one when they all voted to commit it), unless they never asked for a
+  // quorum or were told that the job was over. Returns the record that holds. Throws Error when
+  // the store cannot be reached.
+  std::optional<Finished> finish_job();
+
  private:
   void run();
   // Waits for every rank's n-th ask; false when stopped.
@@ -55,6 +68,10 @@ class Relay {
 
   Coordinator& coordinator_;
   RelayOptions options_;
+  // The last quorum answered (its n and the step the group asked it at); read by finish_job()
+  // once the workers are gone.
+  std::atomic<int64_t> last_n_{0};
+  std::atomic<int64_t> last_step_{0};
   StopSignal stop_;
   std::thread thread_;
 };

@@ -163,6 +163,8 @@ class QuorumKeys : public KeysUnder {
   }
   std::string quorum(int64_t seq) const { return at("q/", std::to_string(seq)); }
   std::string latest() const { return at("latest"); }
+  // The job's end, recorded by the first group whose workers all finished.
+  std::string finished() const { return at("finished"); }
 };
 
 // The run id of replica group `group`'s own world in job `run_id`.

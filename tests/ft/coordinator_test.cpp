@@ -207,6 +207,50 @@ TEST_P(CoordinatorTest, AGroupThatAsksLateGetsTheNextQuorum) {
   EXPECT_EQ(q.max_step(), 2);
 }
 
+// The job's end: the first group to finish records it; a group behind it with nobody left to
+// train with is told that the job is over (not left to wait, nor to start again alone), while a
+// group behind it that another group still trains beside joins that group as always.
+TEST_P(CoordinatorTest, AGroupBehindTheRecordedEndIsToldTheJobIsOverUnlessAnotherGroupTrainsOn) {
+  std::vector<std::unique_ptr<Coordinator>> groups;
+  for (int g = 0; g < 3; ++g) groups.push_back(group(g, "a", 1, milliseconds(1500)));
+  for (auto& c : groups) wait_healthy(*c, {0, 1, 2});
+  // Group 2 trains on (at step 7) while group 0 finishes at step 7 and leaves.
+  const Finished first = groups[0]->finish(7);
+  EXPECT_EQ(first.step, 7);
+  EXPECT_EQ(first.group, 0);
+  EXPECT_FALSE(first.at.empty());
+  EXPECT_EQ(groups[2]->finish(9).step, 7) << "a second record replaced the first";
+  groups[0]->withdraw();
+  groups[1]->withdraw();
+  wait_healthy(*groups[2], {2});
+  // Group 2 at the recorded step is not behind it: it trains on alone.
+  EXPECT_EQ(groups[2]->next(at(7), stop_, seconds(30)).members.size(), 1u);
+  EXPECT_FALSE(groups[2]->over());
+  // Group 1 back at step 0 beside group 2: it joins group 2 (and heals), the job is not over.
+  groups[1]->set_incarnation("b");
+  wait_healthy(*groups[2], {1, 2});
+  auto back = std::async(std::launch::async, [&] { return groups[1]->next(at(0), stop_, seconds(30)); });
+  wait_asked(2, 1);
+  auto a2 = std::async(std::launch::async, [&] { return groups[2]->next(at(8), stop_, seconds(30)); });
+  EXPECT_EQ(back.get().members.size(), 2u);
+  EXPECT_EQ(a2.get().members.size(), 2u);
+  // Both leave; group 1 comes back once more, alone, behind the end: the job is over for it.
+  groups[1]->withdraw();
+  groups[2]->withdraw();
+  groups[1]->set_incarnation("c");
+  wait_healthy(*groups[1], {1});
+  try {
+    groups[1]->next(at(0), stop_, seconds(30));
+    ADD_FAILURE() << "a group alone behind the job's end got a quorum";
+  } catch (const JobFinished& e) {
+    EXPECT_EQ(e.record().step, 7);
+    EXPECT_EQ(e.record().group, 0);
+    EXPECT_NE(std::string(e.what()).find("the job finished at step 7 (replica group 0"), std::string::npos) << e.what();
+  }
+  ASSERT_TRUE(groups[1]->over());
+  EXPECT_EQ(groups[1]->over()->step, 7);
+}
+
 // etcd alone: a ddprun store is one process (its restart with its state file is python.fault_tolerance's).
 class EtcdCoordinatorTest : public CoordinatorTest {};
 INSTANTIATE_TEST_SUITE_P(OnEtcd, EtcdCoordinatorTest, ::testing::Values("etcd"));

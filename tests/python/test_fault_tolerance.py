@@ -296,6 +296,36 @@ class FaultTolerance(unittest.TestCase):
         self.check_commits_agree(steps)
         self.passed = True
 
+    def test_a_group_back_after_the_job_finished_learns_that_it_is_over(self):
+        # Group 0 trains the whole job alone (min 1 group) and finishes: its agent records the end.
+        # A group that comes later (back from a restart, or started late) has nobody to heal from:
+        # it is told that the job is over instead of waiting for a quorum until its timeout, and
+        # its ddprun exits 0 without restarting it. A Python worker leaves (ddprun_ft.JobFinished,
+        # a SystemExit of status 0); a C++ one that does not catch ft::JobFinished dies of it, and
+        # its agent says so and does not restart it either.
+        steps = 8
+        first = Group(self.work, 0, self.daemon.port, steps, min_groups=1, pause=0.0, join_timeout=2)
+        self.groups.append(first)
+        self.assertEqual(first.wait(), 0, first.output()[-3000:])
+        self.assertIn("the job finished at step %d (replica group 0" % steps, first.output())
+        self.assertIn("recorded for groups that come back later", first.output())
+        self.assertEqual(first.commits()[-1]["step"], steps)
+        for g, lang in [(1, "python"), (2, "c++")]:
+            if lang == "c++" and not CPP_WORKER:
+                continue
+            late = Group(self.work, g, self.daemon.port, steps, min_groups=1, pause=0.0, join_timeout=2, lang=lang)
+            self.groups.append(late)
+            started = time.monotonic()
+            self.assertEqual(late.wait(timeout=60), 0, late.output()[-3000:])
+            self.assertLess(time.monotonic() - started, 50, "the late group waited for a quorum")
+            out = late.output()
+            self.assertIn("replica group %d: the job finished at step %d (replica group 0" % (g, steps), out)
+            self.assertEqual(late.commits(), [], "a late group trained alone from scratch")
+            self.assertEqual(len(late.starts()), 1, "the late group was restarted:\n" + out[-3000:])
+            if lang == "c++":
+                self.assertIn("not restarting them", out)
+        self.passed = True
+
     def test_the_examples_heal_a_killed_group_and_train_every_sample_of_an_epoch_once(self):
         # examples/python/fashion_mnist_ddp.py --fault-tolerant as group 0 and its C++ twin,
         # examples/fashion_mnist_lenet --fault-tolerant, as group 1 (both Python when the C++ one

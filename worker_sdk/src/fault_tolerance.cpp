@@ -154,6 +154,17 @@ const Quorum& Manager::start_quorum() {
                  {"pg_ok", m.last_ok}};
   m.store->set("ddprun_ft/ask/" + std::to_string(m.n) + "/" + std::to_string(m.rank), bytes_of(ask.dump()));
   const json view = json::parse(text_of(m.store->get("ddprun_ft/quorum/" + std::to_string(m.n))));
+  if (view.contains("finished")) {
+    const json& f = view["finished"];
+    const int64_t step = f.at("step").get<int64_t>();
+    const int by = f.at("group").get<int>();
+    const std::string what = "the job finished at step " + std::to_string(step) + " (replica group " +
+                             std::to_string(by) + ", " + f.value("at", std::string()) +
+                             ") and no other group is left: nothing to train";
+    m.say(what);
+    m.server.reset();
+    throw JobFinished("replica group " + std::to_string(m.group) + ": " + what, step, by);
+  }
   if (view.contains("error"))
     throw std::runtime_error("replica group " + std::to_string(m.group) +
                              " got no quorum: " + view["error"].get<std::string>());

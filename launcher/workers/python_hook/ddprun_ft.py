@@ -37,7 +37,25 @@ import urllib.request
 import torch
 import torch.distributed as dist
 
-__all__ = ["Manager", "DistributedDataParallel", "Sampler", "allreduce_hook"]
+__all__ = ["Manager", "DistributedDataParallel", "Sampler", "JobFinished", "allreduce_hook"]
+
+
+class JobFinished(SystemExit):
+    """start_quorum() found the job over: another replica group finished its training while this
+    one was away (killed, frozen, started late), and no group is left to train with. Its state is
+    behind and there is nobody to heal from: the worker has nothing left to do. A SystemExit with
+    status 0, so that a worker that does not catch it ends cleanly (Python prints nothing for it);
+    catch it to do something else first. `finished` is {"step", "group", "at"}."""
+
+    def __init__(self, group, finished):
+        super().__init__(0)
+        self.finished = finished
+        self.group = group
+        self.message = ("the job finished at step %d (replica group %d, %s) and no other group is left: nothing "
+                        "to train" % (finished["step"], finished["group"], finished.get("at", "")))
+
+    def __str__(self):
+        return "replica group %d: %s" % (self.group, self.message)
 
 
 def _store(host, port, timeout):
@@ -139,12 +157,18 @@ class Manager:
     # -- the quorum -----------------------------------------------------------------------------
     def start_quorum(self):
         """Asks for the next quorum (every rank of the group calls it before its step); heals
-        this rank first when the group is behind the quorum's highest committed step."""
+        this rank first when the group is behind the quorum's highest committed step. Raises
+        JobFinished (a SystemExit of status 0) when the job is over without this group."""
         self._n += 1
         ask = {"step": self.step, "recovery": self._server.address if self._server else "",
                "shrink_only": self._shrink_only, "pg_ok": self._last_ok}
         self._store.set("ddprun_ft/ask/%d/%d" % (self._n, self.rank), json.dumps(ask))
         view = json.loads(self._store.get("ddprun_ft/quorum/%d" % self._n))
+        if "finished" in view:
+            done = JobFinished(self.group, view["finished"])
+            self._say(done.message)
+            self.close()
+            raise done
         if "error" in view:
             raise RuntimeError("replica group %d got no quorum: %s" % (self.group, view["error"]))
         self.quorum = view

@@ -34,6 +34,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -68,6 +69,22 @@ struct Quorum {
   bool reconfigure = false;
 };
 
+// start_quorum() found the job over: another replica group finished its training while this one
+// was away (killed, frozen, started late), and no group is left to train with; its state is behind
+// and there is nobody to heal from. Python's ddprun_ft.JobFinished. Catch it and return 0 from
+// main (ddprun does not restart a group whose workers fail after being told, but says so).
+class JobFinished : public std::runtime_error {
+ public:
+  JobFinished(const std::string& what, int64_t step, int group)
+      : std::runtime_error(what), step_(step), group_(group) {}
+  int64_t step() const { return step_; }  // the step the job finished at
+  int group() const { return group_; }    // the group that finished it
+
+ private:
+  int64_t step_;
+  int group_;
+};
+
 class Manager {
  public:
   using StateFn = std::function<c10::IValue()>;
@@ -81,9 +98,10 @@ class Manager {
   Manager(const Manager&) = delete;
   Manager& operator=(const Manager&) = delete;
 
-  // Asks for the next quorum; heals this rank first when its group is behind. Throws
-  // std::runtime_error only when no quorum can be had (the agent says why); a failure to heal or
-  // to build the group across the groups makes this step's should_commit() false instead.
+  // Asks for the next quorum; heals this rank first when its group is behind. Throws JobFinished
+  // when the job is over without this group, std::runtime_error when no quorum can be had (the
+  // agent says why); a failure to heal or to build the group across the groups makes this step's
+  // should_commit() false instead.
   const Quorum& start_quorum();
   // Starts averaging `t` in place over the groups at the quorum's highest step (zeros from a
   // healing group); a future of it that never fails: a failure is remembered (no commit this
