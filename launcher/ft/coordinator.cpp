@@ -240,16 +240,13 @@ std::string Coordinator::try_decide(int64_t seq, Clock::duration waited) {
     }
   }
   c.healthy = healthy();
-  // A group behind the job's recorded end, with no other group left to heal from or train with,
-  // has nothing to do: it would otherwise wait for a quorum until its timeout, or (at least one
-  // group may train) start the job again alone from where it is.
-  for (const Member& m : c.asking) {
-    if (m.group != options_.group) continue;
-    if (const auto done = job_over(m.step, c.healthy)) {
-      std::lock_guard lock(mutex_);
-      over_ = done;
-      throw JobFinished(*done);
-    }
+  // The job's recorded end, with every heartbeating group asking from behind it: nobody holds its
+  // state any more (the groups that did finished and left), so nothing is left to train; the
+  // quorum would otherwise wait until the timeout, since none holds the last quorum's step.
+  if (const auto done = job_over(c)) {
+    std::lock_guard lock(mutex_);
+    over_ = done;
+    throw JobFinished(*done);
   }
   c.waited = std::chrono::duration_cast<std::chrono::milliseconds>(waited);
   Decision d = decide(read_quorum(seq - 1), seq, c, options_.rules);
@@ -273,11 +270,20 @@ void Coordinator::collect_garbage(int64_t seq) {
   }
 }
 
-std::optional<Finished> Coordinator::job_over(int64_t step, const std::set<int>& alive) const {
+std::optional<Finished> Coordinator::job_over(const Candidates& c) const {
   std::lock_guard lock(mutex_);
-  if (!finished_ || step >= finished_->step) return std::nullopt;
-  for (int g : alive)
-    if (g != options_.group) return std::nullopt;  // another group trains on: join it
+  if (!finished_) return std::nullopt;
+  std::set<int> asking;
+  bool mine = false;
+  for (const Member& m : c.asking) {
+    if (!c.healthy.count(m.group)) continue;             // asked, then went quiet
+    if (m.step >= finished_->step) return std::nullopt;  // a group at the end asks: it trains on
+    asking.insert(m.group);
+    mine = mine || m.group == options_.group;
+  }
+  if (!mine) return std::nullopt;
+  for (int g : c.healthy)
+    if (!asking.count(g)) return std::nullopt;  // a group that may hold the state has not asked yet
   return finished_;
 }
 

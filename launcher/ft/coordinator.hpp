@@ -125,9 +125,9 @@ class Coordinator {
   // Asks for the next quorum as `self` (group and incarnation filled in here) and waits until one
   // that includes this group is decided; quorums decided without it (it asked too late, it was
   // left out) are skipped, each said in the log. Throws StopRequested on a stop, TimeoutError
-  // after `timeout` with what the quorum waits for, JobFinished when the job's end is recorded
-  // beyond self.step and no other group heartbeats (a group back after the others finished; a new
-  // job under a finished job's id).
+  // after `timeout` with what the quorum waits for, JobFinished when the job's end is recorded and
+  // every heartbeating group asks from behind it (groups back after the others finished and left;
+  // a new job under a finished job's id).
   Quorum next(Member self, const StopSignal& stop, std::chrono::milliseconds timeout);
   // This group's workers all finished at `step`: records the job's end unless a group did first;
   // returns the record that holds.
@@ -149,8 +149,9 @@ class Coordinator {
   // Looks at the asks of `seq` and proposes the quorum when the rules are met; what it waits for.
   std::string try_decide(int64_t seq, Clock::duration waited);
   void collect_garbage(int64_t seq);
-  // The job's end when it is recorded beyond `step` and no group of `alive` but this one is left.
-  std::optional<Finished> job_over(int64_t step, const std::set<int>& alive) const;
+  // The job's end when it is recorded, this group asks, and every heartbeating group asks from
+  // behind it.
+  std::optional<Finished> job_over(const Candidates& c) const;
 
   CoordinatorOptions options_;
   rdzv::jobs::QuorumKeys keys_;

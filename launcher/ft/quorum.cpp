@@ -112,6 +112,18 @@ Decision decide(const std::optional<Quorum>& previous, int64_t seq, const Candid
                 " replica groups needed have asked (asked: " + (asked.empty() ? "none" : list_groups(asked)) + ")";
     return d;
   }
+  if (previous && !participants.empty()) {
+    int64_t best = 0;
+    for (const auto& [g, m] : participants) best = std::max(best, m.step);
+    if (best < previous->max_step()) {
+      d.waiting = "no group that asked holds step " + std::to_string(previous->max_step()) + ", which quorum " +
+                  std::to_string(previous->seq) + " had (asked: " + list_groups(asked) + ", at most at step " +
+                  std::to_string(best) +
+                  "); waiting for a group that holds it, since training from behind it would commit its steps "
+                  "twice";
+      return d;
+    }
+  }
   if (previous && !previous->members.empty()) {
     bool all_back = true;
     for (const Member& m : previous->members)

@@ -129,6 +129,27 @@ TEST(QuorumRulesTest, AStepFromTheFutureIsLeftOutWithTheReason) {
   EXPECT_EQ(d.quorum->max_step(), 10);
 }
 
+// Every group that held the last quorum's step is gone (they all restarted from nothing): a quorum
+// of them would train those steps a second time, under another membership. None forms; it waits
+// for a group that holds the step (one frozen, say), saying so, and forms when one asks.
+TEST(QuorumRulesTest, NoQuorumFormsWhenNoGroupHoldsTheLastQuorumsStep) {
+  Quorum prev;
+  prev.seq = 10;
+  prev.id = 3;
+  prev.members = {member(0, 9), member(1, 9)};
+  Candidates c{{member(0, 0, "b"), member(1, 0, "b")}, {0, 1}, seconds(3600)};
+  Decision d = decide(prev, 11, c, rules(1, seconds(1)));
+  EXPECT_FALSE(d.quorum) << "groups 0 and 1 would commit steps 1 to 9 again";
+  EXPECT_NE(d.waiting.find("no group that asked holds step 9, which quorum 10 had"), std::string::npos) << d.waiting;
+  // Group 2, frozen at step 9 (or one of them healed elsewhere), asks: it leads them.
+  c.asking.push_back(member(2, 9));
+  c.healthy.insert(2);
+  d = decide(prev, 11, c, rules(1, seconds(1)));
+  ASSERT_TRUE(d.quorum) << d.waiting;
+  EXPECT_EQ(d.quorum->max_step(), 9);
+  EXPECT_TRUE(view_of(*d.quorum, 0).heal);
+}
+
 TEST(QuorumRulesTest, ShrinkOnlyLetsGroupsLeaveButNoneJoin) {
   Quorum prev;
   prev.seq = 3;
