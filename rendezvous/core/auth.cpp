@@ -7,6 +7,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <fstream>
@@ -44,8 +45,32 @@ std::string hmac_sha256(std::string_view key, std::string_view data) {
   return std::string(reinterpret_cast<const char*>(out), len);
 }
 
+std::optional<std::pair<std::string_view, std::string_view>> replica_group_of(std::string_view run_id) {
+  const auto dot = run_id.rfind(".rg");
+  if (dot == std::string_view::npos || dot == 0) return std::nullopt;
+  const std::string_view group = run_id.substr(dot + 3);
+  if (group.empty() || group.size() > 9 ||
+      !std::all_of(group.begin(), group.end(), [](char c) { return c >= '0' && c <= '9'; }))
+    return std::nullopt;
+  return std::make_pair(run_id.substr(0, dot), group);
+}
+
+std::string replica_group_key(std::string_view job_key, std::string_view group) {
+  return hmac_sha256(job_key, std::string("ddprun-replica-group-v1 ") + std::string(group));
+}
+
 std::string job_key(std::string_view cluster_secret, std::string_view run_id) {
+  if (const auto g = replica_group_of(run_id)) return replica_group_key(job_key(cluster_secret, g->first), g->second);
   return hmac_sha256(cluster_secret, std::string("ddprun-job-v1 ") + std::string(run_id));
+}
+
+std::optional<std::string> key_within(std::string_view job, std::string_view key, std::string_view run_id) {
+  if (run_id == job) return std::string(key);
+  const auto g = replica_group_of(run_id);
+  if (!g) return std::nullopt;
+  const auto parent = key_within(job, key, g->first);
+  if (!parent) return std::nullopt;
+  return replica_group_key(*parent, g->second);
 }
 
 std::string scope_key(std::string_view cluster_secret, std::string_view scope) {
@@ -129,11 +154,12 @@ std::string format_job_token(std::string_view cluster_secret, std::string_view r
 
 Credentials credentials_for(const Token& token, const std::string& run_id, const std::string& token_path) {
   if (!token.run_id) return Credentials{run_id, job_key(token.cluster_secret, run_id)};
-  if (*token.run_id != run_id) {
+  auto key = key_within(*token.run_id, token.job_key, run_id);
+  if (!key) {
     throw ConfigError("the token in " + token_path + " is for job '" + *token.run_id + "', not '" + run_id +
                       "': give this job its own token (ddprun-rendezvous token --rdzv_id " + run_id + ")");
   }
-  return Credentials{run_id, token.job_key};
+  return Credentials{run_id, std::move(*key)};
 }
 
 std::optional<std::string> StoreSecret::key_for(std::string_view scope) const {
@@ -144,7 +170,7 @@ std::optional<std::string> StoreSecret::key_for(std::string_view scope) const {
     if (derived_.size() >= 4096) derived_.clear();  // bounded: job ids come from clients
     return derived_.emplace(std::string(scope), rdzv::core::job_key(*cluster, scope)).first->second;
   }
-  if (!job_id.empty() && scope == job_id) return job_key;
+  if (!job_id.empty()) return key_within(job_id, job_key, scope);
   return std::nullopt;
 }
 

@@ -27,6 +27,7 @@
 #include <string>
 #include <string_view>
 #include <unordered_map>
+#include <utility>
 
 namespace ddprun::rdzv::core {
 
@@ -48,8 +49,17 @@ struct Credentials {
 
 // HMAC-SHA256 (OpenSSL's libcrypto).
 std::string hmac_sha256(std::string_view key, std::string_view data);
-// A job's key from the cluster secret.
+// A job's key from the cluster secret. A replica group's world ("<job>.rg<group>", ddprun
+// --replica_group) has the key its job's key derives for it (replica_group_key): whoever holds
+// the job's token holds its groups' keys too, and still no other job's.
 std::string job_key(std::string_view cluster_secret, std::string_view run_id);
+// "<job>.rg<group>" (group: decimal digits) -> {job, group}; nullopt for any other run id.
+std::optional<std::pair<std::string_view, std::string_view>> replica_group_of(std::string_view run_id);
+// HMAC-SHA256(the job's key, "ddprun-replica-group-v1 " + group).
+std::string replica_group_key(std::string_view job_key, std::string_view group);
+// The key of `run_id` from the key of job `job` (run_id itself, or one of its replica groups, at
+// any depth); nullopt when run_id is neither.
+std::optional<std::string> key_within(std::string_view job, std::string_view key, std::string_view run_id);
 // The key a store expects for `scope`.
 std::string scope_key(std::string_view cluster_secret, std::string_view scope);
 std::string random_nonce();
@@ -91,7 +101,7 @@ std::string read_private_file(const std::string& path, const std::string& what);
 // The job token line for `run_id`.
 std::string format_job_token(std::string_view cluster_secret, std::string_view run_id);
 // What an agent of job `run_id` proves with `token`; throws ConfigError if it is a token for
-// another job.
+// another job (a job's token serves its replica groups' run ids too).
 Credentials credentials_for(const Token& token, const std::string& run_id, const std::string& token_path);
 // What `ddprun-rendezvous status` proves: every job with a cluster secret, one job with its token.
 Credentials status_credentials(const Token& token);

@@ -47,7 +47,7 @@ class Group(Launched):
     """One replica group: a ddprun with --replica_group."""
 
     def __init__(self, work, group, port, steps, nproc=1, min_groups=2, pause=0.1, max_restarts=2, hold=0,
-                 join_timeout=20, lang="python", etcd=None, program=None):
+                 join_timeout=20, lang="python", etcd=None, program=None, token=None):
         self.work, self.group, self.nproc = work, group, nproc
         self.name = "replica group %d" % group
         self.err_path = os.path.join(work, "ddprun%d.err" % group)
@@ -56,7 +56,8 @@ class Group(Launched):
         argv = [DDPRUN, "--nproc_per_node", str(nproc), *where, "--rdzv_id", "ftjob",
                 "--replica_group", str(group), "--min_replica_groups", str(min_groups),
                 "--max_restarts", str(max_restarts), "--local_addr", "127.0.0.1",
-                "--rdzv_conf", "join_timeout=60,quorum_join_timeout=%d,quorum_heartbeat_timeout=5" % join_timeout,
+                "--rdzv_conf", "join_timeout=60,quorum_join_timeout=%d,quorum_heartbeat_timeout=5%s"
+                % (join_timeout, ",token_file=" + token if token else ""),
                 *(program or [WORKER if lang == "python" else CPP_WORKER, str(steps), work, str(pause), str(hold)])]
         self.out_path = os.path.join(work, "ddprun%d.out" % group)
         with open(self.err_path, "w") as err, open(self.out_path, "w") as out:
@@ -324,6 +325,32 @@ class FaultTolerance(unittest.TestCase):
             self.assertEqual(len(late.starts()), 1, "the late group was restarted:\n" + out[-3000:])
             if lang == "c++":
                 self.assertIn("not restarting them", out)
+        self.passed = True
+
+    def test_on_a_protected_daemon_the_jobs_token_serves_its_replica_groups(self):
+        # A daemon with a cluster secret; the job's agents hold only the job's token (what
+        # `ddprun-rendezvous token` gives a user), which covers each group's own world
+        # (ftjob.rg<N>) as well as the job's quorum, and nothing else.
+        secret = os.path.join(self.work, "cluster.secret")
+        with open(os.open(secret, os.O_WRONLY | os.O_CREAT, 0o600), "w") as f:
+            f.write("0123456789abcdef0123456789abcdef")
+        token = os.path.join(self.work, "ftjob.token")
+        subprocess.run([DAEMON, "token", "--token-file", secret, "--rdzv_id", "ftjob", "--output", token], check=True)
+        self.daemon.stop()
+        self.daemon = Daemon(DAEMON, ["--token-file", secret])
+        steps = 6
+        for g in range(2):
+            self.groups.append(Group(self.work, g, self.daemon.port, steps, min_groups=2, pause=0.0, token=token))
+        for g in self.groups:
+            self.assertEqual(g.wait(), 0, g.output()[-3000:])
+        self.check_commits_agree(steps)
+        # Another job's token is refused, and says which job it is for.
+        other = os.path.join(self.work, "other.token")
+        subprocess.run([DAEMON, "token", "--token-file", secret, "--rdzv_id", "other", "--output", other], check=True)
+        stranger = Group(self.work, 2, self.daemon.port, steps, min_groups=2, pause=0.0, token=other)
+        self.groups.append(stranger)
+        self.assertNotEqual(stranger.wait(timeout=60), 0)
+        self.assertIn("is for job 'other', not 'ftjob", stranger.output())
         self.passed = True
 
     def test_the_examples_heal_a_killed_group_and_train_every_sample_of_an_epoch_once(self):

@@ -158,6 +158,28 @@ TEST(AuthTest, TokenFilesMustBePrivateAndWellFormed) {
   EXPECT_EQ(*t.run_id, "job-7");
   EXPECT_EQ(credentials_for(t, "job-7", path).key, job_key("0123456789abcdef-cluster", "job-7"));
   EXPECT_THROW(credentials_for(t, "job-8", path), ConfigError);
+  // It serves the job's replica groups (ddprun --replica_group: run ids "job-7.rg<N>"), with the
+  // keys the cluster secret's holder derives for them, and no other job's.
+  const auto group3 = credentials_for(t, "job-7.rg3", path);
+  EXPECT_EQ(group3.scope, "job-7.rg3");
+  EXPECT_EQ(group3.key, job_key("0123456789abcdef-cluster", "job-7.rg3"));
+  EXPECT_NE(group3.key, job_key("0123456789abcdef-cluster", "job-7"));
+  EXPECT_NE(group3.key, credentials_for(t, "job-7.rg4", path).key);
+  for (const char* other : {"job-8.rg3", "job-7x.rg3", "job-7.rgx", "job-7.rg", "job-7rg3", ".rg3"})
+    EXPECT_THROW(credentials_for(t, other, path), ConfigError) << other;
+  // A store hosted with the job's token takes its groups' proofs too.
+  const StoreSecret hosted = store_secret(t);
+  EXPECT_EQ(hosted.key_for("job-7.rg3"), group3.key);
+  EXPECT_EQ(hosted.key_for("job-7"), job_key("0123456789abcdef-cluster", "job-7"));
+  EXPECT_FALSE(hosted.key_for("job-8.rg3"));
+  EXPECT_FALSE(hosted.key_for(kAllJobs));
+}
+
+TEST(AuthTest, ReplicaGroupRunIdsNameTheirJob) {
+  EXPECT_EQ(replica_group_of("train.rg12"), std::make_pair(std::string_view("train"), std::string_view("12")));
+  EXPECT_EQ(replica_group_of("a.rg1.rg2"), std::make_pair(std::string_view("a.rg1"), std::string_view("2")));
+  for (const char* plain : {"train", "train.rg", "train.rgx", ".rg1", "train.rg1x", "train.rg1234567890"})
+    EXPECT_FALSE(replica_group_of(plain)) << plain;
 }
 
 }  // namespace
