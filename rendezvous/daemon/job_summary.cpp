@@ -3,8 +3,10 @@
 #include <algorithm>
 #include <map>
 #include <optional>
+#include <set>
 
 #include "common/numbers.hpp"
+#include "rendezvous/core/job_namespace.hpp"
 #include "rendezvous/jobs/job_keys.hpp"
 
 namespace ddprun::rdzv::daemon {
@@ -162,15 +164,93 @@ json summarize_generation(const std::string& run_id, int64_t gen, const Generati
   return out;
 }
 
+// A fault-tolerant job's quorum (ddprun --replica_group: /ddprun/<job>/ft/...): its groups, their
+// heartbeats, the latest quorum and the job's end, as the agents wrote them.
+json summarize_quorum(const std::string& run_id, const std::map<std::string, std::string>& ft, json& skipped) {
+  const std::string prefix = core::job_prefix(run_id) + "ft/";
+  json out = {{"run_id", run_id}};
+  json groups = json::array();
+  if (const std::string* registry = find(ft, "groups")) {
+    std::set<int64_t> seen;
+    std::string_view rest = *registry;
+    while (!rest.empty()) {
+      const auto comma = rest.find(',');
+      if (const auto g = to_int(rest.substr(0, comma))) seen.insert(*g);
+      if (comma == std::string_view::npos) break;
+      rest = rest.substr(comma + 1);
+    }
+    for (const int64_t g : seen) {
+      json group = {{"group", g}, {"world", run_id + ".rg" + std::to_string(g)}};
+      // A heartbeat is "<incarnation> <count>", or "gone" once the group's workers are.
+      if (const std::string* beat = find(ft, "beat/" + std::to_string(g))) {
+        const auto space = beat->rfind(' ');
+        if (*beat == "gone" || space == std::string::npos) {
+          group["heartbeat"] = *beat;
+        } else {
+          group["incarnation"] = beat->substr(0, space);
+          if (const auto n = to_int(std::string_view(*beat).substr(space + 1))) group["heartbeats"] = *n;
+        }
+      }
+      groups.push_back(std::move(group));
+    }
+  }
+  out["groups"] = std::move(groups);
+  // The latest quorum decided: the highest kept (older ones are erased as new ones come).
+  int64_t latest = 0;
+  for (const auto& [name, value] : ft) {
+    if (!starts_with(name, "q/")) continue;
+    if (const auto seq = to_int(std::string_view(name).substr(2))) latest = std::max(latest, *seq);
+  }
+  if (latest > 0) {
+    const std::string name = "q/" + std::to_string(latest);
+    const json q = json::parse(ft.at(name), nullptr, false);
+    if (!q.is_object() || !q.contains("members") || !q["members"].is_array()) {
+      skipped.push_back({{"key", prefix + name}, {"reason", "the quorum is not a JSON object with members"}});
+    } else {
+      json members = json::array();
+      int64_t max_step = 0;
+      for (const json& m : q["members"]) {
+        if (!m.is_object()) continue;
+        json member = {{"group", m.value("group", -1)}, {"step", m.value("step", int64_t{0})}};
+        max_step = std::max(max_step, member["step"].get<int64_t>());
+        members.push_back(std::move(member));
+      }
+      out["quorum"] = {
+          {"seq", latest}, {"id", q.value("id", int64_t{0})}, {"max_step", max_step}, {"members", std::move(members)}};
+      if (q.contains("left_out") && q["left_out"].is_array() && !q["left_out"].empty())
+        out["quorum"]["left_out"] = q["left_out"];
+    }
+  }
+  if (const std::string* finished = find(ft, "finished")) {
+    const json f = json::parse(*finished, nullptr, false);
+    if (f.is_object()) out["finished"] = f;
+    else skipped.push_back({{"key", prefix + "finished"}, {"reason", "the job's end record is not a JSON object"}});
+  }
+  // Training while a group heartbeats (as last written: a group whose agent died without a word
+  // still reads as it left it), stopped when every group is gone without an end.
+  bool alive = false;
+  for (const json& g : out["groups"]) alive = alive || g.contains("incarnation");
+  out["state"] = out.contains("finished") ? "finished" : alive ? "training" : "stopped";
+  return out;
+}
+
 }  // namespace
 
 json summarize_jobs(const std::vector<std::pair<std::string, std::string>>& entries, int64_t now_ms) {
   std::map<std::string, Job> jobs;
+  std::map<std::string, std::map<std::string, std::string>> quorums;  // fault-tolerant jobs' ft/ keys
   json skipped = json::array();
   for (const auto& [key, value] : entries) {
     if (core::is_refusal_note(key)) {
       jobs[std::string(core::job_of_key(key))].refusal = value;
       continue;
+    }
+    if (const std::string_view job = core::job_of_key(key); !job.empty()) {
+      const std::string ft = core::job_prefix(job) + "ft/";
+      if (key.rfind(ft, 0) == 0) {
+        quorums[std::string(job)][key.substr(ft.size())] = value;
+        continue;
+      }
     }
     std::string why;
     const auto parsed = jobs::parse_key(key, &why);
@@ -187,7 +267,9 @@ json summarize_jobs(const std::vector<std::pair<std::string, std::string>>& entr
     if (parsed->round) g.rounds[*parsed->round][parsed->name] = value;
     else g.own[parsed->name] = value;
   }
-  json out = {{"jobs", json::array()}, {"skipped", std::move(skipped)}};
+  json out = {{"jobs", json::array()}, {"skipped", std::move(skipped)}, {"fault_tolerant_jobs", json::array()}};
+  for (const auto& [run_id, ft] : quorums)
+    out["fault_tolerant_jobs"].push_back(summarize_quorum(run_id, ft, out["skipped"]));
   for (const auto& [run_id, job] : jobs) {
     for (const auto& [gen, g] : job.generations) {
       out["jobs"].push_back(summarize_generation(run_id, gen, g, job, now_ms, out["skipped"]));

@@ -15,10 +15,16 @@ namespace ddprun::rdzv::daemon {
 //   {"jobs": [{"run_id", "generation", "current_generation", "round", "state", "nnodes", "joined",
 //              "world_size", "nodes": [...], "worker_store", "end", "step_rates": [...],
 //              "hang_diagnosed_by"}],
-//    "skipped": [{"key", "reason"}]}
+//    "skipped": [{"key", "reason"}],
+//    "fault_tolerant_jobs": [{"run_id", "state": "training"|"finished"|"stopped", "groups": [{"group",
+//              "world", "incarnation", "heartbeats"} or {"group", "world", "heartbeat": "gone"}],
+//              "quorum": {"seq", "id", "max_step", "members": [{"group", "step"}], "left_out"},
+//              "finished": {"step", "group", "at"}}]}
 // A state is "joining", "running", or the final round's outcome (state_name). What cannot be
 // parsed (a bad record, an odd key) is skipped and listed, never fatal. `now_ms` (wall clock)
-// gives heartbeat ages.
+// gives heartbeat ages. A fault-tolerant job (ddprun --replica_group) is there twice: each group's
+// world is a job of its own ("<job>.rg<N>", under "jobs"), and the quorum they share is under
+// "fault_tolerant_jobs".
 nlohmann::json summarize_jobs(const std::vector<std::pair<std::string, std::string>>& entries, int64_t now_ms);
 
 }  // namespace ddprun::rdzv::daemon

@@ -32,6 +32,7 @@ json store_status(client::Client& client) {
           .count();
   json summary = summarize_jobs(entries, now_ms);
   json out = {{"endpoint", client.endpoint()}, {"keys", keys.size()}, {"jobs", std::move(summary["jobs"])}};
+  if (!summary["fault_tolerant_jobs"].empty()) out["fault_tolerant_jobs"] = std::move(summary["fault_tolerant_jobs"]);
   if (!summary["skipped"].empty()) out["skipped"] = std::move(summary["skipped"]);
   return out;
 }

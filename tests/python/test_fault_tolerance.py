@@ -344,6 +344,15 @@ class FaultTolerance(unittest.TestCase):
         for g in self.groups:
             self.assertEqual(g.wait(), 0, g.output()[-3000:])
         self.check_commits_agree(steps)
+        # `ddprun-rendezvous status` shows the job's quorum (not its keys as odd ones) and its end.
+        status = json.loads(subprocess.run([DAEMON, "status", "--endpoint", "127.0.0.1:%d" % self.daemon.port,
+                                            "--token-file", secret], check=True, capture_output=True,
+                                           text=True).stdout)
+        self.assertNotIn("skipped", status)
+        [job] = status["fault_tolerant_jobs"]
+        self.assertEqual((job["run_id"], job["state"], job["finished"]["step"]), ("ftjob", "finished", steps))
+        self.assertEqual([g["world"] for g in job["groups"]], ["ftjob.rg0", "ftjob.rg1"])
+        self.assertEqual(sorted(j["run_id"] for j in status["jobs"]), ["ftjob.rg0", "ftjob.rg1"])
         # Another job's token is refused, and says which job it is for.
         other = os.path.join(self.work, "other.token")
         subprocess.run([DAEMON, "token", "--token-file", secret, "--rdzv_id", "other", "--output", other], check=True)

@@ -134,6 +134,48 @@ TEST(JobKeysTest, SummaryListsJobsAndSkipsWhatItCannotParse) {
   EXPECT_DOUBLE_EQ(running["nodes"][0]["last_heartbeat_age_s"].get<double>(), 2.0);
 }
 
+// A fault-tolerant job's quorum keys (/ddprun/<job>/ft/...) are the job's, not odd keys: status
+// shows its groups, their heartbeats, the latest quorum kept and its end.
+TEST(JobSummaryTest, AFaultTolerantJobsQuorumIsShownNotSkipped) {
+  const std::vector<std::pair<std::string, std::string>> kv = {
+      {"/ddprun/ft/ft/groups", "0,1,2,1,"},
+      {"/ddprun/ft/ft/beat/0", "10.0.0.1:7:0 41"},
+      {"/ddprun/ft/ft/beat/1", "gone"},
+      {"/ddprun/ft/ft/ask/7/0", "{}"},
+      {"/ddprun/ft/ft/latest", "7"},
+      {"/ddprun/ft/ft/q/6", R"({"seq": 6, "id": 2, "members": [{"group": 0, "step": 5}]})"},
+      {"/ddprun/ft/ft/q/7",
+       R"({"seq": 7, "id": 3, "members": [{"group": 0, "step": 6}, {"group": 2, "step": 0}],
+           "left_out": ["group 1 reports step 90, ...: left out"]})"},
+  };
+  json s = daemon::summarize_jobs(kv, 0);
+  EXPECT_TRUE(s["skipped"].empty()) << s.dump(2);
+  ASSERT_EQ(s["fault_tolerant_jobs"].size(), 1u) << s.dump(2);
+  const json& job = s["fault_tolerant_jobs"][0];
+  EXPECT_EQ(job["run_id"], "ft");
+  EXPECT_EQ(job["state"], "training");
+  ASSERT_EQ(job["groups"].size(), 3u);
+  EXPECT_EQ(job["groups"][0]["world"], "ft.rg0");
+  EXPECT_EQ(job["groups"][0]["incarnation"], "10.0.0.1:7:0");
+  EXPECT_EQ(job["groups"][0]["heartbeats"], 41);
+  EXPECT_EQ(job["groups"][1]["heartbeat"], "gone");
+  EXPECT_FALSE(job["groups"][2].contains("heartbeats"));
+  EXPECT_EQ(job["quorum"]["seq"], 7);
+  EXPECT_EQ(job["quorum"]["id"], 3);
+  EXPECT_EQ(job["quorum"]["max_step"], 6);
+  EXPECT_EQ(job["quorum"]["members"].size(), 2u);
+  EXPECT_EQ(job["quorum"]["left_out"][0], "group 1 reports step 90, ...: left out");
+  // Its end, once recorded; a quorum record that cannot be read is skipped with the reason.
+  auto ended = kv;
+  ended.push_back({"/ddprun/ft/ft/finished", R"({"step": 81, "group": 0, "at": "2026-11-27T06:00:00.000Z"})"});
+  ended.push_back({"/ddprun/ft/ft/q/8", "not json"});
+  s = daemon::summarize_jobs(ended, 0);
+  EXPECT_EQ(s["fault_tolerant_jobs"][0]["state"], "finished");
+  EXPECT_EQ(s["fault_tolerant_jobs"][0]["finished"]["step"], 81);
+  ASSERT_EQ(s["skipped"].size(), 1u) << s.dump(2);
+  EXPECT_EQ(s["skipped"][0]["key"], "/ddprun/ft/ft/q/8");
+}
+
 std::vector<std::string> keys_of(const core::KvStore& s) { return s.list(); }
 
 TEST(JobJanitorTest, DoneGenerationsGoAtOnceTheCounterAfterTheTtl) {
