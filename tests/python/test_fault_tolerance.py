@@ -351,8 +351,8 @@ class FaultTolerance(unittest.TestCase):
         self.assertNotIn("skipped", status)
         [job] = status["fault_tolerant_jobs"]
         self.assertEqual((job["run_id"], job["state"], job["finished"]["step"]), ("ftjob", "finished", steps))
+        # (The groups' own worlds are jobs of their own, forgotten by the daemon once every node left.)
         self.assertEqual([g["world"] for g in job["groups"]], ["ftjob.rg0", "ftjob.rg1"])
-        self.assertEqual(sorted(j["run_id"] for j in status["jobs"]), ["ftjob.rg0", "ftjob.rg1"])
         # Another job's token is refused, and says which job it is for.
         other = os.path.join(self.work, "other.token")
         subprocess.run([DAEMON, "token", "--token-file", secret, "--rdzv_id", "other", "--output", other], check=True)
