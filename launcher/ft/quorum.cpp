@@ -112,15 +112,27 @@ Decision decide(const std::optional<Quorum>& previous, int64_t seq, const Candid
                 " replica groups needed have asked (asked: " + (asked.empty() ? "none" : list_groups(asked)) + ")";
     return d;
   }
-  if (previous && !participants.empty()) {
+  if (previous && !previous->members.empty() && !participants.empty()) {
+    // The last quorum's members may have committed one step past its highest: unless one of them
+    // is back as it was (the same incarnation) or a group holds that step, nobody can tell.
     int64_t best = 0;
-    for (const auto& [g, m] : participants) best = std::max(best, m.step);
-    if (best < previous->max_step()) {
-      d.waiting = "no group that asked holds step " + std::to_string(previous->max_step()) + ", which quorum " +
-                  std::to_string(previous->seq) + " had (asked: " + list_groups(asked) + ", at most at step " +
-                  std::to_string(best) +
-                  "); waiting for a group that holds it, since training from behind it would commit its steps "
-                  "twice";
+    bool member_back = false;
+    for (const auto& [g, m] : participants) {
+      best = std::max(best, m.step);
+      const Member* was = previous->member(g);
+      member_back = member_back || (was != nullptr && was->id() == m.id());
+    }
+    if (best < previous->max_step() || (!member_back && best <= previous->max_step())) {
+      d.waiting = best < previous->max_step()
+                      ? "no group that asked holds step " + std::to_string(previous->max_step()) + ", which quorum " +
+                            std::to_string(previous->seq) + " had (asked: " + list_groups(asked) +
+                            ", at most at step " + std::to_string(best) + ")"
+                      : "none of the groups that asked (" + list_groups(asked) + ") is a member of quorum " +
+                            std::to_string(previous->seq) + " back as it was, or holds step " +
+                            std::to_string(previous->max_step() + 1) + ", which its members may have committed";
+      d.waiting +=
+          "; waiting for a group that holds the job's state, since training from behind it would commit "
+          "steps twice";
       return d;
     }
   }

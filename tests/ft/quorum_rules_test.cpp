@@ -141,13 +141,24 @@ TEST(QuorumRulesTest, NoQuorumFormsWhenNoGroupHoldsTheLastQuorumsStep) {
   Decision d = decide(prev, 11, c, rules(1, seconds(1)));
   EXPECT_FALSE(d.quorum) << "groups 0 and 1 would commit steps 1 to 9 again";
   EXPECT_NE(d.waiting.find("no group that asked holds step 9, which quorum 10 had"), std::string::npos) << d.waiting;
-  // Group 2, frozen at step 9 (or one of them healed elsewhere), asks: it leads them.
+  // Group 2, frozen at step 9, asks: still none, since quorum 10's members may have committed step
+  // 10 before they were lost, and nobody here can tell.
   c.asking.push_back(member(2, 9));
   c.healthy.insert(2);
   d = decide(prev, 11, c, rules(1, seconds(1)));
+  EXPECT_FALSE(d.quorum) << "step 10 may be committed twice";
+  EXPECT_NE(d.waiting.find("is a member of quorum 10 back as it was, or holds step 10"), std::string::npos)
+      << d.waiting;
+  // A group that holds step 10 leads them; so does a member of quorum 10 back as it was.
+  c.asking.back() = member(2, 10);
+  d = decide(prev, 11, c, rules(1, seconds(1)));
   ASSERT_TRUE(d.quorum) << d.waiting;
-  EXPECT_EQ(d.quorum->max_step(), 9);
+  EXPECT_EQ(d.quorum->max_step(), 10);
   EXPECT_TRUE(view_of(*d.quorum, 0).heal);
+  c.asking = {member(0, 9, "a"), member(1, 0, "b")};
+  d = decide(prev, 11, c, rules(1, seconds(1)));
+  ASSERT_TRUE(d.quorum) << d.waiting;
+  EXPECT_TRUE(view_of(*d.quorum, 1).heal);
 }
 
 TEST(QuorumRulesTest, ShrinkOnlyLetsGroupsLeaveButNoneJoin) {
