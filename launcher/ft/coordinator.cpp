@@ -12,12 +12,6 @@ namespace ddprun::launcher::ft {
 
 using nlohmann::json;
 
-namespace {
-
-constexpr std::string_view kGone = "gone";
-
-}  // namespace
-
 std::string Finished::describe() const {
   return "the job finished at step " + std::to_string(step) + " (replica group " + std::to_string(group) +
          (at.empty() ? "" : ", " + at) + ")";
@@ -65,19 +59,8 @@ void StoreQuorumKv::register_group(const std::string& registry, int group) {
 }
 
 std::vector<int> StoreQuorumKv::groups(const std::string& registry) {
-  std::vector<int> out;
   const auto value = read({registry}).front();
-  if (!value) return out;
-  std::string_view rest = *value;
-  while (!rest.empty()) {
-    const auto comma = rest.find(',');
-    const auto g = to_int(rest.substr(0, comma));
-    if (g && std::find(out.begin(), out.end(), static_cast<int>(*g)) == out.end()) out.push_back(static_cast<int>(*g));
-    if (comma == std::string_view::npos) break;
-    rest = rest.substr(comma + 1);
-  }
-  std::sort(out.begin(), out.end());
-  return out;
+  return value ? rdzv::jobs::parse_group_registry(*value) : std::vector<int>{};
 }
 
 // ---- Coordinator ---------------------------------------------------------------------------------
@@ -131,7 +114,7 @@ void Coordinator::heartbeat_loop() {
     bool said = false;
     try {
       if (say_gone) {
-        beat_kv_->put(keys_.beat(options_.group), std::string(kGone));
+        beat_kv_->put(keys_.beat(options_.group), std::string(rdzv::jobs::kGoneBeat));
         said = true;
       } else if (beat) {
         beat_kv_->put(keys_.beat(options_.group), incarnation + " " + std::to_string(n));
@@ -155,7 +138,7 @@ void Coordinator::observe(const std::vector<int>& groups, const std::vector<std:
   const auto now = Clock::now();
   std::lock_guard lock(mutex_);
   for (size_t i = 0; i < groups.size() && i < beats.size(); ++i) {
-    const std::string value = beats[i].value_or(std::string(kGone));
+    const std::string value = beats[i].value_or(std::string(rdzv::jobs::kGoneBeat));
     auto it = seen_.find(groups[i]);
     if (it == seen_.end()) {
       // First sight: a group that heartbeats counts as fresh from now.
@@ -171,7 +154,7 @@ std::set<int> Coordinator::healthy() const {
   std::lock_guard lock(mutex_);
   std::set<int> out;
   for (const auto& [g, seen] : seen_) {
-    if (seen.value != kGone && now - seen.changed < options_.heartbeat_timeout) out.insert(g);
+    if (seen.value != rdzv::jobs::kGoneBeat && now - seen.changed < options_.heartbeat_timeout) out.insert(g);
   }
   return out;
 }
@@ -302,11 +285,6 @@ Finished Coordinator::finish(int64_t step) {
   std::lock_guard lock(mutex_);
   finished_ = record;
   return record;
-}
-
-std::optional<Finished> Coordinator::finished() const {
-  std::lock_guard lock(mutex_);
-  return finished_;
 }
 
 std::optional<Finished> Coordinator::over() const {

@@ -132,8 +132,6 @@ class Coordinator {
   // This group's workers all finished at `step`: records the job's end unless a group did first;
   // returns the record that holds.
   Finished finish(int64_t step);
-  // The job's end, once this agent has read it (next() or finish()).
-  std::optional<Finished> finished() const;
   // The job's end, once next() found the job over (threw JobFinished).
   std::optional<Finished> over() const;
   int group() const { return options_.group; }

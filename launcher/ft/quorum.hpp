@@ -15,9 +15,10 @@
 //   - shrink-only (asked by any participant): only members of the previous quorum take part;
 //   - a group that reports a step beyond what the job can have committed (more than one past the
 //     previous quorum's highest step) is left out, with the reason;
-//   - no quorum forms when none of its groups holds the previous quorum's highest step: that state
-//     was committed, and groups that start again from behind it would commit its steps a second
-//     time (under another membership); the quorum waits for a group that holds it;
+//   - no quorum forms unless one of its groups holds the previous quorum's highest step and one is
+//     either a member of that quorum back as it was (the same incarnation) or past that step: the
+//     step was committed (and the one after it may have been), and groups that start again from
+//     behind would commit steps a second time, under another membership; the quorum waits;
 //   - the quorum id changes whenever the membership does (a group back as a new incarnation is a
 //     new member), so the cross-group process group is rebuilt exactly when it must be.
 

@@ -107,9 +107,9 @@ void Relay::run() {
   }
 }
 
-std::optional<Finished> Relay::finish_job() {
+void Relay::finish_job() {
   const int64_t n = last_n_;
-  if (n == 0 || coordinator_.over()) return coordinator_.finished();
+  if (n == 0 || coordinator_.over()) return;
   rdzv::client::Client store(store_client(options_));
   std::vector<std::string> keys;
   for (int r = 0; r < options_.world_size; ++r) keys.push_back(worker_commit_key(n, r));
@@ -118,7 +118,6 @@ std::optional<Finished> Relay::finish_job() {
   const Finished record = coordinator_.finish(last_step_ + (committed ? 1 : 0));
   log::info("ddprun") << "replica group " << coordinator_.group() << ": " << record.describe()
                       << (record.group == coordinator_.group() ? ": recorded for groups that come back later" : "");
-  return record;
 }
 
 }  // namespace ddprun::launcher::ft

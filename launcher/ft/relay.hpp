@@ -20,7 +20,6 @@
 
 #include <atomic>
 #include <chrono>
-#include <optional>
 #include <functional>
 #include <memory>
 #include <string>
@@ -57,9 +56,8 @@ class Relay {
 
   // The group's workers all finished: records the job's end at the step they committed (the step
   // of their last quorum, plus one when they all voted to commit it), unless they never asked for a
-  // quorum or were told that the job was over. Returns the record that holds. Throws Error when
-  // the store cannot be reached.
-  std::optional<Finished> finish_job();
+  // quorum or were told that the job was over. Throws Error when the store cannot be reached.
+  void finish_job();
 
  private:
   void run();

@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <map>
 #include <optional>
-#include <set>
 
 #include "common/numbers.hpp"
 #include "rendezvous/core/job_namespace.hpp"
@@ -171,20 +170,12 @@ json summarize_quorum(const std::string& run_id, const std::map<std::string, std
   json out = {{"run_id", run_id}};
   json groups = json::array();
   if (const std::string* registry = find(ft, "groups")) {
-    std::set<int64_t> seen;
-    std::string_view rest = *registry;
-    while (!rest.empty()) {
-      const auto comma = rest.find(',');
-      if (const auto g = to_int(rest.substr(0, comma))) seen.insert(*g);
-      if (comma == std::string_view::npos) break;
-      rest = rest.substr(comma + 1);
-    }
-    for (const int64_t g : seen) {
-      json group = {{"group", g}, {"world", run_id + ".rg" + std::to_string(g)}};
+    for (const int g : jobs::parse_group_registry(*registry)) {
+      json group = {{"group", g}, {"world", jobs::replica_group_run_id(run_id, g)}};
       // A heartbeat is "<incarnation> <count>", or "gone" once the group's workers are.
       if (const std::string* beat = find(ft, "beat/" + std::to_string(g))) {
         const auto space = beat->rfind(' ');
-        if (*beat == "gone" || space == std::string::npos) {
+        if (*beat == jobs::kGoneBeat || space == std::string::npos) {
           group["heartbeat"] = *beat;
         } else {
           group["incarnation"] = beat->substr(0, space);

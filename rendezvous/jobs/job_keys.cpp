@@ -1,5 +1,8 @@
 #include "rendezvous/jobs/job_keys.hpp"
 
+#include <algorithm>
+#include <limits>
+
 #include "common/numbers.hpp"
 
 namespace ddprun::rdzv::jobs {
@@ -154,6 +157,20 @@ std::string_view state_name(Outcome::Kind kind) {
     case Outcome::Kind::Hang: return "hung";
   }
   return "?";
+}
+
+std::vector<int> parse_group_registry(std::string_view value) {
+  std::vector<int> out;
+  while (!value.empty()) {
+    const auto comma = value.find(',');
+    if (const auto g = to_int(value.substr(0, comma)); g && *g >= 0 && *g <= std::numeric_limits<int>::max())
+      out.push_back(static_cast<int>(*g));
+    if (comma == std::string_view::npos) break;
+    value = value.substr(comma + 1);
+  }
+  std::sort(out.begin(), out.end());
+  out.erase(std::unique(out.begin(), out.end()), out.end());
+  return out;
 }
 
 }  // namespace ddprun::rdzv::jobs

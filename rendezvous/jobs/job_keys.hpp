@@ -167,6 +167,12 @@ class QuorumKeys : public KeysUnder {
   std::string finished() const { return at("finished"); }
 };
 
+// A group's heartbeat value once its workers are gone (else "<incarnation> <count>").
+inline constexpr std::string_view kGoneBeat = "gone";
+// The groups in the value of QuorumKeys::groups() ("0,2,1,": each group appends itself once),
+// sorted, each once; what is not a number is passed over.
+std::vector<int> parse_group_registry(std::string_view value);
+
 // The run id of replica group `group`'s own world in job `run_id`.
 inline std::string replica_group_run_id(std::string_view run_id, int group) {
   return std::string(run_id) + ".rg" + std::to_string(group);
