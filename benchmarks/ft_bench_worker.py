@@ -41,15 +41,19 @@ if mode == "ft":
     manager = ddprun_ft.Manager(state_dict=lambda: {"model": model.state_dict(), "optimizer": opt.state_dict()},
                                 load_state_dict=load, timeout=datetime.timedelta(seconds=60))
     ddp = ddprun_ft.DistributedDataParallel(model, manager)
+    group = int(os.environ["DDPRUN_REPLICA_GROUP"])
+    healed = 0
     while manager.step < steps:
-        view = manager.start_quorum()
-        if view["heal"] and manager.last_heal:
-            say(event="heal", **manager.last_heal)
-        gen = torch.Generator().manual_seed(manager.step * 1000 + view["replica_rank"] * 10 + rank)
+        # The forward runs while the groups agree on the quorum: the batch does not depend on it.
+        manager.start_quorum_async()
+        gen = torch.Generator().manual_seed(manager.step * 1000 + group * 10 + rank)
         ddp(torch.randn(8, width, generator=gen)).pow(2).mean().backward()
         if manager.should_commit():
             opt.step()
-            say(event="step", step=manager.step, groups=view["groups"])
+            say(event="step", step=manager.step, groups=manager.quorum["groups"])
+        if manager.healed > healed:
+            healed = manager.healed
+            say(event="heal", **manager.last_heal)
         opt.zero_grad()
     manager.close()
 else:

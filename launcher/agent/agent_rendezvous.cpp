@@ -205,6 +205,10 @@ void Agent::make_coordinator() {
   supervisor_.set_on_failure([this](const workers::WorkerExit&) { coordinator_->withdraw(); });
   // Where this node's workers serve their state to healing peers and meet the other groups.
   base_env_["DDPRUN_NODE_ADDR"] = advertise_addr_;
+  // The relay answers every ask within this (with an error when no quorum could be had): a worker
+  // waits that long for its quorum before it takes its agent for lost.
+  base_env_["DDPRUN_FT_QUORUM_TIMEOUT"] =
+      std::to_string(std::chrono::duration_cast<std::chrono::seconds>(o_.join_timeout).count());
   log::info("ddprun") << "replica group " << co.group << " of job '" << o_.run_id << "': at least "
                       << co.rules.min_groups << " group(s) train each step";
 }

@@ -2,6 +2,7 @@
 // worker SDK's ft::Manager, the same model, batches, log lines and parameter hash, so that one job
 // may mix C++ and Python groups and their commits be compared bit for bit.
 //   ft_worker STEPS OUT_DIR [SECONDS_PER_STEP [HOLD_STEP]]
+// DDPRUN_FT_TEST_ASYNC=1: start_quorum_async(), as ft_worker.py.
 #include <torch/torch.h>
 #include <unistd.h>
 
@@ -29,6 +30,8 @@ int main(int argc, char** argv) {
   const fs::path out_dir = argv[2];
   const double pause = argc > 3 ? std::stod(argv[3]) : 0.05;
   const int64_t hold = argc > 4 ? std::stoll(argv[4]) : 0;
+  const char* async_env = std::getenv("DDPRUN_FT_TEST_ASYNC");
+  const bool asynchronous = async_env != nullptr && std::string(async_env) == "1";
   torch::set_num_threads(1);
   Distributed dist = Distributed::init(InitOptions().backend("gloo"));
   const int rank = dist.rank();
@@ -52,16 +55,18 @@ int main(int argc, char** argv) {
   while (manager->step() < steps) {
     while (hold > 0 && manager->step() == hold && !fs::exists(out_dir / "release"))
       std::this_thread::sleep_for(std::chrono::milliseconds(50));  // sleep override: waiting for the test's file
-    const ft::Quorum& q = manager->start_quorum();
+    int place = group;
+    if (asynchronous) manager->start_quorum_async();
+    else place = manager->start_quorum().replica_rank;
     // The batch follows the committed step (and this rank's place), as in ft_worker.py.
-    auto gen =
-        at::detail::createCPUGenerator(static_cast<uint64_t>(manager->step() * 1000 + q.replica_rank * 10 + rank));
+    auto gen = at::detail::createCPUGenerator(static_cast<uint64_t>(manager->step() * 1000 + place * 10 + rank));
     const at::Tensor x = torch::randn({8, 64}, gen);
     const at::Tensor y = torch::randn({8, 4}, gen);
     const at::Tensor loss = (ddp.forward(x) - y).pow(2).mean();
     loss.backward();
     if (manager->should_commit()) {
       opt.step();
+      const ft::Quorum& q = manager->quorum();
       say(json{{"event", "commit"},
                {"step", manager->step()},
                {"seq", q.seq},

@@ -10,6 +10,8 @@
 #include <openssl/evp.h>
 
 #include <algorithm>
+#include <exception>
+#include <mutex>
 #include <cstdlib>
 #include <iostream>
 #include <nlohmann/json.hpp>
@@ -80,6 +82,10 @@ struct Manager::Impl {
   int healed = 0;
   Quorum quorum;
   bool have_quorum = false;
+  std::mutex mutex;                      // resolve() may run on DDP's hook thread
+  bool pending = false;                  // asked, the answer not read yet
+  bool heal_due = false;                 // this step's quorum says heal; done before the vote
+  std::exception_ptr fatal;              // the job's end or no quorum: thrown on the training thread
   c10::intrusive_ptr<CommGroup> across;  // the process group across the groups
   int64_t across_id = -1;
   std::optional<std::string> error;  // what failed in this step
@@ -103,6 +109,64 @@ struct Manager::Impl {
     load(torch_load_bytes(bytes, "the state of replica group " + std::to_string(quorum.recover_from)));
     step = quorum.max_step;
     ++healed;
+  }
+
+  // Reads the pending quorum's answer; what must stop the worker (the job's end, no quorum) is
+  // kept for throw_fatal(), on the training thread.
+  void resolve() {
+    std::lock_guard lock(mutex);
+    if (!pending) return;
+    const json view = json::parse(text_of(store->get("ddprun_ft/quorum/" + std::to_string(n))));
+    pending = false;
+    if (view.contains("finished")) {
+      const json& f = view["finished"];
+      const int64_t at_step = f.at("step").get<int64_t>();
+      const int by = f.at("group").get<int>();
+      const std::string what = "the job finished at step " + std::to_string(at_step) + " (replica group " +
+                               std::to_string(by) + ", " + f.value("at", std::string()) +
+                               ") and no other group is left: nothing to train";
+      say(what);
+      fatal = std::make_exception_ptr(JobFinished("replica group " + std::to_string(group) + ": " + what, at_step, by));
+      return;
+    }
+    if (view.contains("error")) {
+      fatal = std::make_exception_ptr(std::runtime_error("replica group " + std::to_string(group) +
+                                                         " got no quorum: " + view["error"].get<std::string>()));
+      return;
+    }
+    quorum = quorum_of(view);
+    have_quorum = true;
+    heal_due = quorum.heal;
+    if (!quorum.serves.empty() && server) server->offer(step, torch_save_bytes(state()));
+    // What depends on the peers never throws here: a failure means no commit this step, and the
+    // next quorum tries again (a rank that threw would end its group, and stall its peers).
+    // Rebuilt on every member at the same quorum: when the membership changed, or when a member's
+    // last step failed (its collectives may have left the old group broken).
+    if (!across || quorum.quorum_id != across_id || quorum.reconfigure) {
+      try {
+        configure();
+      } catch (const std::exception& e) {
+        across.reset();
+        across_id = -1;
+        if (!error) error = std::string("the process group across the replica groups: ") + e.what();
+      }
+    }
+  }
+
+  void throw_fatal() {
+    if (!fatal) return;
+    server.reset();  // nothing more to serve: the worker ends
+    std::rethrow_exception(fatal);
+  }
+
+  void heal_if_due() {
+    if (!heal_due) return;
+    heal_due = false;
+    try {
+      heal();
+    } catch (const std::exception& e) {
+      if (!error) error = std::string("healing: ") + e.what();
+    }
   }
 
   void configure() {
@@ -138,65 +202,43 @@ Manager::Manager(const Distributed& dist, StateFn state, LoadFn load, const Mana
   m.rank = dist.rank();
   m.world_size = dist.world_size();
   m.node = env_or("DDPRUN_NODE_ADDR", dist.env().master_addr);
-  m.store = c10::make_intrusive<c10d::TCPStore>(dist.env().master_addr,
-                                                tcp_store_client_options(dist.env().master_port, options.timeout()));
+  // The agent answers every ask within its quorum timeout (join_timeout; an error when it had
+  // none): a quorum may take that long (a partition, groups still starting), and no reply after it
+  // and this rank's own timeout means the agent is gone.
+  const auto quorum_timeout = std::chrono::seconds(std::stoll(env_or("DDPRUN_FT_QUORUM_TIMEOUT", "600")));
+  m.store = c10::make_intrusive<c10d::TCPStore>(
+      dist.env().master_addr, tcp_store_client_options(dist.env().master_port, options.timeout() + quorum_timeout));
   if (m.state) m.server = std::make_unique<detail::StateServer>(m.node);
 }
 
 Manager::~Manager() = default;
 
-const Quorum& Manager::start_quorum() {
+void Manager::start_quorum_async() {
   Impl& m = *impl_;
+  if (m.pending) m.resolve();  // the answers come in order: the previous one is read first
+  m.throw_fatal();
+  m.error.reset();
   ++m.n;
   const json ask{{"step", m.step},
                  {"recovery", m.server ? m.server->address() : std::string()},
                  {"shrink_only", m.options.shrink_only()},
                  {"pg_ok", m.last_ok}};
   m.store->set("ddprun_ft/ask/" + std::to_string(m.n) + "/" + std::to_string(m.rank), bytes_of(ask.dump()));
-  const json view = json::parse(text_of(m.store->get("ddprun_ft/quorum/" + std::to_string(m.n))));
-  if (view.contains("finished")) {
-    const json& f = view["finished"];
-    const int64_t step = f.at("step").get<int64_t>();
-    const int by = f.at("group").get<int>();
-    const std::string what = "the job finished at step " + std::to_string(step) + " (replica group " +
-                             std::to_string(by) + ", " + f.value("at", std::string()) +
-                             ") and no other group is left: nothing to train";
-    m.say(what);
-    m.server.reset();
-    throw JobFinished("replica group " + std::to_string(m.group) + ": " + what, step, by);
-  }
-  if (view.contains("error"))
-    throw std::runtime_error("replica group " + std::to_string(m.group) +
-                             " got no quorum: " + view["error"].get<std::string>());
-  m.quorum = quorum_of(view);
-  m.have_quorum = true;
-  m.error.reset();
-  if (!m.quorum.serves.empty() && m.server) m.server->offer(m.step, torch_save_bytes(m.state()));
-  // What depends on the peers never throws here: a failure means no commit this step, and the
-  // next quorum tries again (a rank that threw would end its group, and stall its peers).
-  try {
-    if (m.quorum.heal) m.heal();
-  } catch (const std::exception& e) {
-    m.error = std::string("healing: ") + e.what();
-  }
-  // Rebuilt on every member at the same quorum: when the membership changed, or when a member's
-  // last step failed (its collectives may have left the old group broken).
-  if (!m.across || m.quorum.quorum_id != m.across_id || m.quorum.reconfigure) {
-    try {
-      m.configure();
-    } catch (const std::exception& e) {
-      m.across.reset();
-      m.across_id = -1;
-      if (!m.error) m.error = std::string("the process group across the replica groups: ") + e.what();
-    }
-  }
-  return m.quorum;
+  m.pending = true;
+}
+
+const Quorum& Manager::start_quorum() {
+  start_quorum_async();
+  impl_->resolve();
+  impl_->heal_if_due();
+  return quorum();
 }
 
 c10::intrusive_ptr<c10::ivalue::Future> Manager::allreduce_async(at::Tensor t) {
   Impl& m = *impl_;
   auto done = c10::make_intrusive<c10::ivalue::Future>(c10::TensorType::get());
-  if (!m.have_quorum || m.quorum.replica_world_size <= 1) {
+  m.resolve();
+  if (m.fatal || !m.have_quorum || m.quorum.replica_world_size <= 1) {
     done->markCompleted(c10::IValue(t));
     return done;
   }
@@ -234,14 +276,19 @@ void Manager::report_error(const std::string& what) {
 
 bool Manager::should_commit() {
   Impl& m = *impl_;
+  m.resolve();
+  m.throw_fatal();
+  m.heal_if_due();
   const bool ok = !m.error.has_value();
   const std::string prefix = "ddprun_ft/commit/" + std::to_string(m.n) + "/";
   m.store->set(prefix + std::to_string(m.rank), bytes_of(ok ? "1" : "0"));
-  std::vector<std::string> keys;
-  for (int r = 0; r < m.world_size; ++r) keys.push_back(prefix + std::to_string(r));
-  m.store->wait(keys);
-  bool commit = true;
-  for (const auto& k : keys) commit = commit && text_of(m.store->get(k)) == "1";
+  bool commit = ok;
+  if (m.world_size > 1) {  // (a group of one rank has its vote; the agent reads it at the end)
+    std::vector<std::string> keys;
+    for (int r = 0; r < m.world_size; ++r) keys.push_back(prefix + std::to_string(r));
+    m.store->wait(keys);
+    for (const auto& k : keys) commit = commit && text_of(m.store->get(k)) == "1";
+  }
   m.last_ok = commit;
   if (!ok) {
     m.say("step " + std::to_string(m.step + 1) + " not committed: " + *m.error);
@@ -256,9 +303,13 @@ int64_t Manager::step() const { return impl_->step; }
 int Manager::group() const { return impl_->group; }
 int Manager::rank() const { return impl_->rank; }
 int Manager::world_size() const { return impl_->world_size; }
-bool Manager::has_quorum() const { return impl_->have_quorum; }
+bool Manager::has_quorum() const { return impl_->have_quorum || impl_->pending; }
 int Manager::healed() const { return impl_->healed; }
-const Quorum& Manager::quorum() const { return impl_->quorum; }
+const Quorum& Manager::quorum() const {
+  impl_->resolve();
+  impl_->throw_fatal();
+  return impl_->quorum;
+}
 
 detail::Hook detail::allreduce_hook(const c10::DDPLoggingData& ddp_data, c10::intrusive_ptr<c10d::ProcessGroup> group,
                                     std::shared_ptr<Manager> manager) {

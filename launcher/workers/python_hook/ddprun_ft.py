@@ -138,7 +138,6 @@ class Manager:
         self.rank = int(os.environ["RANK"])
         self.world_size = int(os.environ["WORLD_SIZE"])
         self.step = 0
-        self.quorum = None  # the latest quorum as this group sees it (a dict)
         self.healed = 0  # times this rank fetched its state from a peer
         self.last_heal = None  # the latest healing: {"step", "seconds", "bytes"}
         self._state_dict = state_dict
@@ -146,50 +145,102 @@ class Manager:
         self._timeout = timeout
         self._shrink_only = shrink_only
         self._node = os.environ.get("DDPRUN_NODE_ADDR", os.environ["MASTER_ADDR"])
-        self._store = _store(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), timeout)
+        # The agent answers every ask within its quorum timeout (join_timeout; an error when it
+        # had none): a quorum may take that long (a partition, groups still starting), and no
+        # reply after it and this rank's own timeout means the agent is gone.
+        quorum_timeout = datetime.timedelta(seconds=float(os.environ.get("DDPRUN_FT_QUORUM_TIMEOUT", "600")))
+        self._store = _store(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), timeout + quorum_timeout)
         self._server = _StateServer(self._node) if state_dict is not None else None
         self._n = 0
         self._pg = None
         self._pg_quorum_id = None
         self._error = None
         self._last_ok = True
+        self._lock = threading.Lock()
+        self._pending = False  # asked, the answer not read yet
+        self._view = None  # the latest quorum as this group sees it
+        self._heal_due = False
+        self._fatal = None
 
     # -- the quorum -----------------------------------------------------------------------------
+    @property
+    def quorum(self):
+        """The quorum of the step begun by the latest start_quorum*() (a dict; None before the
+        first). After start_quorum_async() it waits for the answer."""
+        self._resolve()
+        self._raise_fatal()
+        return self._view
+
     def start_quorum(self):
-        """Asks for the next quorum (every rank of the group calls it before its step); heals
-        this rank first when the group is behind the quorum's highest committed step. Raises
-        JobFinished (a SystemExit of status 0) when the job is over without this group."""
+        """Asks for the next quorum (every rank of the group calls it before its step) and waits
+        for it; heals this rank first when the group is behind the quorum's highest committed step.
+        Raises JobFinished (a SystemExit of status 0) when the job is over without this group."""
+        self.start_quorum_async()
+        self._resolve()
+        self._heal_if_due()
+        return self.quorum
+
+    def start_quorum_async(self):
+        """Asks for the next quorum and returns at once, so that the forward runs while the
+        groups agree: the answer is waited for by the first collective across the groups (DDP's
+        hook, in the backward), by `quorum`, or by should_commit(). A group behind the quorum's
+        highest step trains that step with zero gradients either way; it loads its peer's state in
+        should_commit(), before the vote (never while the backward runs). For a loop whose batch
+        does not depend on the quorum (Sampler's does: it reads `quorum`, so it waits there)."""
+        if self._pending:
+            self._resolve()  # the answers come in order: the previous one is read first
+        self._raise_fatal()
+        self._error = None
         self._n += 1
         ask = {"step": self.step, "recovery": self._server.address if self._server else "",
                "shrink_only": self._shrink_only, "pg_ok": self._last_ok}
         self._store.set("ddprun_ft/ask/%d/%d" % (self._n, self.rank), json.dumps(ask))
-        view = json.loads(self._store.get("ddprun_ft/quorum/%d" % self._n))
-        if "finished" in view:
-            done = JobFinished(self.group, view["finished"])
-            self._say(done.message)
-            self.close()
-            raise done
-        if "error" in view:
-            raise RuntimeError("replica group %d got no quorum: %s" % (self.group, view["error"]))
-        self.quorum = view
-        self._error = None
-        if view["serves"] and self._server:
-            self._server.offer(self.step, self._state_dict())
-        # What depends on the peers (healing, the process group across the groups) never raises
-        # here: a failure means this step is not committed, and the next quorum tries again (a
-        # rank that raised would end its group, and the peers waiting on it in a collective).
+        self._pending = True
+
+    def _resolve(self):
+        """Reads the pending quorum's answer (on the training thread or DDP's hook thread); what
+        must stop the worker (the job's end, no quorum) is kept for _raise_fatal, on the training
+        thread."""
+        with self._lock:
+            if not self._pending:
+                return
+            view = json.loads(self._store.get("ddprun_ft/quorum/%d" % self._n))
+            self._pending = False
+            if "finished" in view:
+                self._fatal = JobFinished(self.group, view["finished"])
+                self._say(self._fatal.message)
+                return
+            if "error" in view:
+                self._fatal = RuntimeError("replica group %d got no quorum: %s" % (self.group, view["error"]))
+                return
+            self._view = view
+            self._heal_due = bool(view["heal"])
+            if view["serves"] and self._server:
+                self._server.offer(self.step, self._state_dict())
+            # What depends on the peers (healing, the process group across the groups) never raises
+            # here: a failure means this step is not committed, and the next quorum tries again (a
+            # rank that raised would end its group, and the peers waiting on it in a collective).
+            if self._pg is None or view["quorum_id"] != self._pg_quorum_id or view.get("reconfigure", False):
+                try:
+                    self._configure(view)
+                except Exception as e:
+                    self._pg, self._pg_quorum_id = None, None
+                    self._error = self._error or e
+
+    def _raise_fatal(self):
+        if self._fatal is not None:
+            if isinstance(self._fatal, JobFinished):
+                self.close()
+            raise self._fatal
+
+    def _heal_if_due(self):
+        if not self._heal_due:
+            return
+        self._heal_due = False
         try:
-            if view["heal"]:
-                self._heal(view)
+            self._heal(self._view)
         except Exception as e:
-            self._error = e
-        if self._pg is None or view["quorum_id"] != self._pg_quorum_id or view.get("reconfigure", False):
-            try:
-                self._configure(view)
-            except Exception as e:
-                self._pg, self._pg_quorum_id = None, None
-                self._error = self._error or e
-        return view
+            self._error = self._error or e
 
     def _heal(self, view):
         if self._load_state_dict is None:
@@ -245,7 +296,8 @@ class Manager:
         step; a torch Future of it. The future never fails: a failure is remembered (this step will
         not be committed). Call it in the same order on every group (DDP's hooks run in bucket
         order): the collectives across the groups match by their order."""
-        view = self.quorum
+        self._resolve()
+        view = self._view if self._fatal is None else None
         done = torch.futures.Future()
         if view is None or view["replica_world_size"] <= 1:
             done.set_result(tensor)
@@ -286,11 +338,16 @@ class Manager:
     def should_commit(self):
         """True when every rank of the group finished the step's collectives: then the caller
         steps its optimizer and the group's step counts. Every rank must call it."""
+        self._resolve()
+        self._raise_fatal()
+        self._heal_if_due()
         ok = self._error is None
         self._store.set("ddprun_ft/commit/%d/%d" % (self._n, self.rank), "1" if ok else "0")
-        keys = ["ddprun_ft/commit/%d/%d" % (self._n, r) for r in range(self.world_size)]
-        self._store.wait(keys)
-        commit = all(self._store.get(k) == b"1" for k in keys)
+        commit = ok
+        if self.world_size > 1:  # (a group of one rank has its vote; the agent reads it at the end)
+            keys = ["ddprun_ft/commit/%d/%d" % (self._n, r) for r in range(self.world_size)]
+            self._store.wait(keys)
+            commit = all(self._store.get(k) == b"1" for k in keys)
         self._last_ok = commit
         if not ok:
             self._say("step %d not committed: %s" % (self.step + 1, self._error))

@@ -24,6 +24,9 @@
 // DDP must keep its first bucket layout (find_unused_parameters(true)): a restarted group's fresh
 // buckets must hold the same parameters at the same offsets as its peers' (register_hook checks).
 //
+// start_quorum_async() instead of start_quorum() lets the forward run while the groups agree on
+// the quorum (the first collective across the groups waits for it).
+//
 // Thread-safety: one training thread; allreduce_ may be called from DDP's hook threads.
 
 #include <torch/nn/module.h>
@@ -98,11 +101,19 @@ class Manager {
   Manager(const Manager&) = delete;
   Manager& operator=(const Manager&) = delete;
 
-  // Asks for the next quorum; heals this rank first when its group is behind. Throws JobFinished
-  // when the job is over without this group, std::runtime_error when no quorum can be had (the
-  // agent says why); a failure to heal or to build the group across the groups makes this step's
-  // should_commit() false instead.
+  // Asks for the next quorum and waits for it; heals this rank first when its group is behind.
+  // Throws JobFinished when the job is over without this group, std::runtime_error when no quorum
+  // can be had (the agent says why); a failure to heal or to build the group across the groups
+  // makes this step's should_commit() false instead.
   const Quorum& start_quorum();
+  // Asks for the next quorum and returns at once, so that the forward runs while the groups agree
+  // (Python's start_quorum_async). The answer is waited for by the first collective across the
+  // groups (DDP's hook, in the backward), by quorum() or by should_commit(), which throw what
+  // start_quorum() would. A group behind the quorum's highest step trains that step with zero
+  // gradients either way; it loads its peer's state in should_commit(), before the vote, never
+  // while the backward runs. For loops whose batch does not depend on the quorum (Sampler's does:
+  // it reads quorum(), so it waits there).
+  void start_quorum_async();
   // Starts averaging `t` in place over the groups at the quorum's highest step (zeros from a
   // healing group); a future of it that never fails: a failure is remembered (no commit this
   // step). Every group must start its collectives in the same order (they match by order).
@@ -111,7 +122,9 @@ class Manager {
   void allreduce_(at::Tensor& t);
   // Something of this step failed: it will not be committed.
   void report_error(const std::string& what);
-  // Every rank of the group votes; true when all finished their step: step it, and step() counts.
+  // Every rank of the group votes (after healing, when this step's quorum says so); true when all
+  // finished their step: step it, and step() counts. Throws what start_quorum() would when the
+  // quorum was asked for with start_quorum_async() and not read yet.
   bool should_commit();
 
   int64_t step() const;
@@ -119,10 +132,12 @@ class Manager {
   // This rank and the number of ranks in its group.
   int rank() const;
   int world_size() const;
-  // Whether start_quorum() has returned once.
+  // Whether a quorum was asked for (start_quorum() or start_quorum_async()).
   bool has_quorum() const;
   // How many times this rank fetched its state from a peer.
   int healed() const;
+  // The quorum of the step begun last; after start_quorum_async() it waits for the answer (and
+  // throws what start_quorum() would).
   const Quorum& quorum() const;
 
  private:
