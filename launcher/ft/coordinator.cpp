@@ -253,6 +253,44 @@ void Coordinator::collect_garbage(int64_t seq) {
   }
 }
 
+void Coordinator::say_membership(const Quorum& q) {
+  std::set<int> now;
+  for (const Member& m : q.members) now.insert(m.group);
+  const GroupView mine = view_of(q, options_.group);
+  const bool missed = last_seq_ > 0 && q.seq > last_seq_ + 1;
+  if (now == last_groups_ && !missed && !mine.heal) return;
+  std::string line = "replica group " + std::to_string(options_.group) + ": quorum " + std::to_string(q.seq) + " (id " +
+                     std::to_string(q.id) + ", step " + std::to_string(q.max_step()) + ") trains with group(s) ";
+  bool first = true;
+  for (int g : now) line += (first ? "" : ", ") + std::to_string(g), first = false;
+  const std::set<int> fresh = healthy();
+  bool lost = false;
+  for (int g : last_groups_) {
+    if (now.count(g)) continue;
+    lost = true;
+    std::string why = fresh.count(g) ? "it did not ask within quorum_join_timeout"
+                                     : "its heartbeat stopped (its workers failed, or it cannot reach the quorum)";
+    for (const std::string& reason : q.left_out)
+      if (reason.rfind("group " + std::to_string(g) + " ", 0) == 0) why = reason;
+    line += "; without group " + std::to_string(g) + ": " + why;
+  }
+  if (!last_groups_.empty()) {
+    for (const Member& m : q.members) {
+      if (last_groups_.count(m.group)) continue;
+      const GroupView v = view_of(q, m.group);
+      line += "; with group " + std::to_string(m.group) + " (at step " + std::to_string(m.step) +
+              (v.heal ? ": heals from group " + std::to_string(v.recover_from) + ")" : ")");
+    }
+  }
+  if (missed)
+    line += "; this group was out of quorum(s) " + std::to_string(last_seq_ + 1) + ".." + std::to_string(q.seq - 1);
+  if (mine.heal)
+    line += "; this group is at step " + std::to_string(q.member(options_.group)->step) + " and heals from group " +
+            std::to_string(mine.recover_from);
+  (lost ? log::warn("ddprun") : log::info("ddprun")) << line;
+  last_groups_ = std::move(now);
+}
+
 std::optional<Finished> Coordinator::job_over(const Candidates& c) const {
   std::lock_guard lock(mutex_);
   if (!finished_) return std::nullopt;
@@ -341,12 +379,18 @@ Quorum Coordinator::next(Member self, const StopSignal& stop, std::chrono::milli
       kv_->put(keys_.latest(), std::to_string(seq));
     const Member* me = q->member(self.group);
     if (me && me->incarnation == self.incarnation) {
+      say_membership(*q);
       last_seq_ = seq;
       return *q;
     }
     std::string why = "it asked too late";
     for (const std::string& reason : q->left_out)
       if (reason.rfind("group " + std::to_string(self.group) + " ", 0) == 0) why = reason;
+    // A step no quorum can have given: this group's state is not the job's, and no later quorum
+    // takes it either. Its workers are told (they fail, and come back to heal from a peer).
+    if (self.step > q->max_step() + 1)
+      throw Error("quorum " + std::to_string(seq) + " refused replica group " + std::to_string(self.group) + " (" +
+                  why + "): its workers' step is not the job's, and no quorum takes it");
     log::info("ddprun") << "replica group " << self.group << ": quorum " << seq << " formed without it (" << why
                         << "); asking for the next one";
     seq = std::max(seq + 1, latest_seq() + 1);

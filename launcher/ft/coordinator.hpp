@@ -147,6 +147,9 @@ class Coordinator {
   // Looks at the asks of `seq` and proposes the quorum when the rules are met; what it waits for.
   std::string try_decide(int64_t seq, Clock::duration waited);
   void collect_garbage(int64_t seq);
+  // One line in the log when this group's quorum has other groups than its last one: who left and
+  // why, who is back and whether it heals, and from whom.
+  void say_membership(const Quorum& q);
   // The job's end when it is recorded, this group asks, and every heartbeating group asks from
   // behind it.
   std::optional<Finished> job_over(const Candidates& c) const;
@@ -155,7 +158,8 @@ class Coordinator {
   rdzv::jobs::QuorumKeys keys_;
   std::unique_ptr<QuorumKv> kv_;
   std::unique_ptr<QuorumKv> beat_kv_;
-  int64_t last_seq_ = 0;  // the latest quorum this group was a member of
+  int64_t last_seq_ = 0;       // the latest quorum this group was a member of
+  std::set<int> last_groups_;  // its groups
   std::optional<Quorum> previous_cache_;
   int64_t hinted_latest_ = 0;         // the latest quorum's seq as try_decide last read it
   std::optional<Finished> finished_;  // guarded by mutex_

@@ -71,6 +71,7 @@ Decision decide(const std::optional<Quorum>& previous, int64_t seq, const Candid
   std::vector<std::string> left_out;
   // The participants: asked and heartbeating, one record per group, by group.
   std::map<int, Member> participants;
+  std::set<int> refused;  // asked and were left out: nobody waits for them
   for (const Member& m : candidates.asking) {
     if (!candidates.healthy.count(m.group)) continue;  // asked, then went quiet
     if (previous && m.step > previous->max_step() + 1) {
@@ -79,6 +80,7 @@ Decision decide(const std::optional<Quorum>& previous, int64_t seq, const Candid
       left_out.push_back("group " + std::to_string(m.group) + " reports step " + std::to_string(m.step) +
                          ", but the job can have committed at most step " + std::to_string(previous->max_step() + 1) +
                          ": left out");
+      refused.insert(m.group);
       continue;
     }
     participants[m.group] = m;
@@ -90,6 +92,7 @@ Decision decide(const std::optional<Quorum>& previous, int64_t seq, const Candid
       if (previous->member(it->first) == nullptr) {
         left_out.push_back("group " + std::to_string(it->first) + " is not a member of quorum " +
                            std::to_string(previous->seq) + " and the quorum only shrinks: left out");
+        refused.insert(it->first);
         it = participants.erase(it);
       } else {
         ++it;
@@ -153,6 +156,7 @@ Decision decide(const std::optional<Quorum>& previous, int64_t seq, const Candid
   std::set<int> missing;
   std::set_difference(heartbeating.begin(), heartbeating.end(), asked.begin(), asked.end(),
                       std::inserter(missing, missing.end()));
+  for (int g : refused) missing.erase(g);
   if (shrink_only) {
     // Groups outside the previous quorum may not join: nobody waits for them.
     for (auto it = missing.begin(); it != missing.end();)

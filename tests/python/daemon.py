@@ -11,13 +11,14 @@ import time
 
 
 class Daemon:
-    def __init__(self, binary, extra_args=()):
+    def __init__(self, binary, extra_args=(), host="127.0.0.1", prefix=()):
+        """`prefix`: a command the daemon runs under (`ip netns exec NS`), `host` its address."""
         self._dir = tempfile.TemporaryDirectory()
         port_file = os.path.join(self._dir.name, "port")
         self.log_path = os.path.join(self._dir.name, "daemon.log")
         self._log = open(self.log_path, "w")
         self.proc = subprocess.Popen(
-            [binary, "--host", "127.0.0.1", "--port", "0", "--port-file", port_file, *extra_args],
+            [*prefix, binary, "--host", host, "--port", "0", "--port-file", port_file, *extra_args],
             stdout=subprocess.DEVNULL, stderr=self._log)
         deadline = time.monotonic() + 10
         while not os.path.exists(port_file):

@@ -3,6 +3,10 @@ model trained with Python DDP inside the group and ddprun_ft across the groups, 
 from the committed step, so every group that commits a step must hold the same parameters.
 
 usage: ft_worker.py STEPS OUT_DIR [SECONDS_PER_STEP [HOLD_STEP]]
+With DDPRUN_FT_TEST_ASYNC=1 in its environment it asks with start_quorum_async(): its batch then
+follows the step, its group and its rank, so that the forward runs while the quorum is agreed on.
+With DDPRUN_FT_TEST_LIE_AT=N, the group's first worker, once it has committed N steps, asks as if it
+had committed a million more (a broken step counter).
 With HOLD_STEP (0: none), a rank that has committed that many steps waits for OUT_DIR/release before it asks
 for the next quorum (the test lets a restarted group catch up before the others finish).
 Writes OUT_DIR/g<group>r<rank>.log, one JSON line per event: "start" (pid, restart count), then
@@ -23,6 +27,8 @@ import ddprun_ft
 steps, out_dir = int(sys.argv[1]), sys.argv[2]
 pause = float(sys.argv[3]) if len(sys.argv) > 3 else 0.05
 hold = int(sys.argv[4]) if len(sys.argv) > 4 else 0
+asynchronous = os.environ.get("DDPRUN_FT_TEST_ASYNC") == "1"
+lie_at = int(os.environ.get("DDPRUN_FT_TEST_LIE_AT", "0")) if os.environ["TORCHELASTIC_RESTART_COUNT"] == "0" else 0
 torch.set_num_threads(1)
 dist.init_process_group("gloo")
 rank = dist.get_rank()
@@ -57,14 +63,21 @@ ddp = ddprun_ft.DistributedDataParallel(model, manager, bucket_cap_mb=0.25)
 while manager.step < steps:
     while hold and manager.step == hold and not os.path.exists(os.path.join(out_dir, "release")):
         time.sleep(0.05)  # sleep override: waiting for the test's file
-    view = manager.start_quorum()
+    if lie_at and manager.step == lie_at:
+        manager.step += 1000000
+    if asynchronous:
+        manager.start_quorum_async()
+        place = group
+    else:
+        place = manager.start_quorum()["replica_rank"]
     # The batch follows the committed step (and this rank's place), never the process's history.
-    gen = torch.Generator().manual_seed(manager.step * 1000 + view["replica_rank"] * 10 + rank)
+    gen = torch.Generator().manual_seed(manager.step * 1000 + place * 10 + rank)
     x, y = torch.randn(8, 64, generator=gen), torch.randn(8, 4, generator=gen)
     loss = ((ddp(x) - y) ** 2).mean()
     loss.backward()
     if manager.should_commit():
         opt.step()
+        view = manager.quorum
         digest = hashlib.sha256(b"".join(p.detach().numpy().tobytes() for p in model.parameters())).hexdigest()
         say(event="commit", step=manager.step, seq=view["seq"], quorum_id=view["quorum_id"], groups=view["groups"],
             healed=view["heal"], hash=digest[:16], pid=os.getpid())
