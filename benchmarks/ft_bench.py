@@ -5,7 +5,9 @@ parameters) on this machine, 1 rank each:
   - plain: one ddprun job of 3 ranks, Python DDP (steps/s without faults: the reference);
   - restart: the same job checkpointing every step (a durable replace) and resuming after a restart
     (--max_restarts 1): what a job without fault tolerance does to lose as little as it can;
-  - ft: 3 replica groups (ddprun --replica_group, ddprun_ft), the quorum on a ddprun-rendezvous.
+  - ft: 3 replica groups (ddprun --replica_group, ddprun_ft), the quorum on a ddprun-rendezvous;
+  - torchrun: the restart job under the machine's torchrun (Debian 12: 1.13, Debian 13: 2.6), with its
+    defaults (its agent checks its workers every --monitor_interval).
 Steps/s without faults, plain against ft; then a worker SIGKILLed at step --kill-at, and the time
 from the kill to the next step the job commits (restart: a surviving rank's first step after it,
 which comes after the restart; ft: the survivors' first commit after it), with the ratio. Last, a replica group of --heal-mb megabytes of parameters is
@@ -29,8 +31,13 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 WORKER = os.path.join(HERE, "ft_bench_worker.py")
-sys.path.insert(0, os.path.join(HERE, "..", "tests", "python"))
+TESTS_PY = os.path.join(HERE, "..", "tests", "python")
+# torchrun itself; on a PyTorch >= 2.4 without libuv (Debian 13's 2.6) through a wrapper that gives
+# its store use_libuv=False.
+TORCHRUN = os.path.join(TESTS_PY, "torchrun_nolibuv.py")
+sys.path.insert(0, TESTS_PY)
 from daemon import Daemon  # noqa: E402  (the tests' helper: a daemon on a kernel-picked port)
+from ports import free_port  # noqa: E402
 
 ENV = dict(os.environ, PYTHON_EXEC=sys.executable, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
 
@@ -62,9 +69,13 @@ class Run:
         self.mode, self.work, self.procs = mode, work, []
         ddprun = os.path.join(build, "launcher", "ddprun")
         common = ["--local_addr", "127.0.0.1"]
-        if mode in ("plain", "restart"):
+        if mode in ("plain", "restart", "torchrun"):
             argv = [ddprun, "--nproc_per_node", "3", "--max_restarts", "1", *common,
                     WORKER, mode, str(steps), work, str(mb)]
+            if mode == "torchrun":  # (Debian 12's torchrun 1.13 needs --redirects 1 --tee 1 on Python 3.11)
+                argv = [sys.executable, TORCHRUN, "--nproc_per_node", "3", "--max_restarts", "1", "--master_addr",
+                        "127.0.0.1", "--master_port", str(free_port()), "--redirects", "1", "--tee", "1",
+                        WORKER, "restart", str(steps), work, str(mb)]
             self.procs.append(subprocess.Popen(argv, env=ENV, stdout=subprocess.DEVNULL,
                                                stderr=open(os.path.join(work, "ddprun.err"), "w")))
             self.logs = [os.path.join(work, "plainr%d.log" % r) for r in range(3)]
@@ -160,12 +171,17 @@ def main():
                                                  ft["steps_per_s"] / plain["steps_per_s"]))
     plain_k = run(a.build, "restart", a.steps, a.mb, kill_at=a.kill_at)
     ft_k = run(a.build, "ft", a.steps, a.mb, kill_at=a.kill_at)
+    torch_k = run(a.build, "torchrun", a.steps, a.mb, kill_at=a.kill_at)
+    import torch
     print()
-    print("| a worker SIGKILLed at step %d | restart of the world | replica groups | restart / groups |" % a.kill_at)
-    print("|---|---:|---:|---:|")
-    print("| kill to the next committed step, s | %.2f | %.2f | %.1fx |" % (plain_k["stall"], ft_k["stall"],
-                                                                             plain_k["stall"] / ft_k["stall"]))
-    print("| one step without faults, s | %.3f | %.3f | |" % (plain_k["step"], ft_k["step"]))
+    print("| a worker SIGKILLed at step %d | torchrun %s, restart of the world | ddprun, restart of the world | "
+          "ddprun, replica groups | torchrun / groups | ddprun restart / groups |"
+          % (a.kill_at, torch.__version__.split("+")[0]))
+    print("|---|---:|---:|---:|---:|---:|")
+    print("| kill to the next committed step, s | %.2f | %.2f | %.2f | %.1fx | %.1fx |"
+          % (torch_k["stall"], plain_k["stall"], ft_k["stall"], torch_k["stall"] / ft_k["stall"],
+             plain_k["stall"] / ft_k["stall"]))
+    print("| one step without faults, s | %.3f | %.3f | %.3f | | |" % (torch_k["step"], plain_k["step"], ft_k["step"]))
     heal = run(a.build, "ft", a.steps, a.heal_mb, kill_at=a.kill_at // 2).get("heal")
     print()
     if heal:

@@ -263,13 +263,11 @@ void Coordinator::say_membership(const Quorum& q) {
                      std::to_string(q.id) + ", step " + std::to_string(q.max_step()) + ") trains with group(s) ";
   bool first = true;
   for (int g : now) line += (first ? "" : ", ") + std::to_string(g), first = false;
-  const std::set<int> fresh = healthy();
   bool lost = false;
   for (int g : last_groups_) {
     if (now.count(g)) continue;
     lost = true;
-    std::string why = fresh.count(g) ? "it did not ask within quorum_join_timeout"
-                                     : "its heartbeat stopped (its workers failed, or it cannot reach the quorum)";
+    std::string why = "group " + std::to_string(g) + " was not in the quorums between";
     for (const std::string& reason : q.left_out)
       if (reason.rfind("group " + std::to_string(g) + " ", 0) == 0) why = reason;
     line += "; without group " + std::to_string(g) + ": " + why;

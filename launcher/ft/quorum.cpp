@@ -106,6 +106,18 @@ Decision decide(const std::optional<Quorum>& previous, int64_t seq, const Candid
     q.seq = seq;
     for (auto& [g, m] : participants) q.members.push_back(m);
     q.left_out = left_out;
+    // The previous members that are not back, and why, as the deciding agent saw it (the others'
+    // view of a heartbeat may differ by a beat).
+    if (previous) {
+      for (const Member& m : previous->members) {
+        if (participants.count(m.group) || refused.count(m.group)) continue;
+        q.left_out.push_back("group " + std::to_string(m.group) +
+                             (candidates.healthy.count(m.group)
+                                  ? " had not asked by the join timeout"
+                                  : " sent no heartbeat within quorum_heartbeat_timeout (its workers failed, or it "
+                                    "cannot reach the quorum)"));
+      }
+    }
     q.id = previous ? (ids_of(q.members) == ids_of(previous->members) ? previous->id : previous->id + 1) : 1;
     d.quorum = std::move(q);
     return d;

@@ -114,6 +114,26 @@ TEST(QuorumRulesTest, AGroupThatAskedAndThenWentQuietIsLeftOut) {
   EXPECT_EQ(groups_of(*d.quorum), (std::vector<int>{0, 1}));
 }
 
+// A member of the previous quorum that is not in the next one is named in it, with the reason as the
+// deciding agent saw it: silent, or alive but not asking by the join timeout.
+TEST(QuorumRulesTest, APreviousMemberLeftOutIsNamedWithTheReason) {
+  Quorum prev;
+  prev.seq = 4;
+  prev.id = 1;
+  prev.members = {member(0, 3), member(1, 3), member(2, 3), member(3, 3)};
+  Candidates c{{member(0, 4), member(1, 4), member(2, 4)}, {0, 1, 2}, seconds(0)};
+  Decision d = decide(prev, 5, c, rules(2, seconds(10)));
+  ASSERT_TRUE(d.quorum) << d.waiting;
+  EXPECT_EQ(d.quorum->left_out,
+            (std::vector<std::string>{"group 3 sent no heartbeat within quorum_heartbeat_timeout (its workers failed, "
+                                      "or it cannot reach the quorum)"}));
+  c.healthy.insert(3);
+  c.waited = seconds(10);
+  d = decide(prev, 5, c, rules(2, seconds(10)));
+  ASSERT_TRUE(d.quorum) << d.waiting;
+  EXPECT_EQ(d.quorum->left_out, (std::vector<std::string>{"group 3 had not asked by the join timeout"}));
+}
+
 TEST(QuorumRulesTest, AStepFromTheFutureIsLeftOutWithTheReason) {
   Quorum prev;
   prev.seq = 10;
@@ -174,8 +194,9 @@ TEST(QuorumRulesTest, ShrinkOnlyLetsGroupsLeaveButNoneJoin) {
   const Decision d = decide(prev, 4, c, rules(1));
   ASSERT_TRUE(d.quorum) << d.waiting;
   EXPECT_EQ(groups_of(*d.quorum), (std::vector<int>{0, 1}));
-  ASSERT_EQ(d.quorum->left_out.size(), 1u);
-  EXPECT_NE(d.quorum->left_out[0].find("group 5"), std::string::npos);
+  ASSERT_EQ(d.quorum->left_out.size(), 2u);
+  EXPECT_NE(d.quorum->left_out[0].find("group 5 is not a member of quorum 3"), std::string::npos);
+  EXPECT_NE(d.quorum->left_out[1].find("group 2 sent no heartbeat"), std::string::npos);
   // Without shrink-only, group 5 joins.
   Candidates open{{member(0, 3), member(1, 3), member(5, 0)}, {0, 1, 5}, milliseconds(0)};
   EXPECT_EQ(groups_of(*decide(prev, 4, open, rules(1)).quorum), (std::vector<int>{0, 1, 5}));
