@@ -191,7 +191,8 @@ void Agent::print_rates() {
   report_.set_rates(std::move(rates));
 }
 
-RoundEnd Agent::agree_on_end(int round, const GroupResult& result) {
+RoundEnd Agent::agree_on_end(const World& world, const GroupResult& result) {
+  const int round = world.round;
   switch (result.outcome) {
     case GroupOutcome::Succeeded:
       if (multi_node_) {
@@ -203,11 +204,12 @@ RoundEnd Agent::agree_on_end(int round, const GroupResult& result) {
       // Fenced workers did not fail: this node fell out of the job. What the others decide (this
       // node lost, or the store gone) is the outcome.
       if (fenced_) return backend_->wait_end(round, stop_);
-      if (multi_node_ && workers::lost_a_peer(result.failures.front())) {
+      if (multi_node_ && world.group_world_size > 1 && workers::lost_a_peer(result.failures.front())) {
         // The rank lost its connection to a peer, which is what a killed or cut-off node looks like
         // from here before its keep-alives have lapsed. Give the watchers that window to name the
         // lost node (or another node to report the failure that started it), so that the report
-        // blames the cause and an elastic job goes on without counting a restart.
+        // blames the cause and an elastic job goes on without counting a restart. (In a round of
+        // one node the peer was outside the round, another replica group's say: nothing to wait for.)
         const auto window = o_.keep_alive_interval * o_.keep_alive_max_attempt + std::chrono::seconds(1);
         log::info("ddprun") << "rank " << result.failures.front().rank
                             << " lost its connection to a peer: waiting up to " << seconds_text(window)
@@ -357,7 +359,7 @@ int Agent::run() {
       }
       case State::Running:
         result = running(world);
-        end = agree_on_end(round, result);
+        end = agree_on_end(world, result);
         report_.round_ended(end, result);
         print_rates();
         if (end.kind == RoundEnd::Kind::Hang) show_hang_report(world, end);

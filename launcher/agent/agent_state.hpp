@@ -124,7 +124,7 @@ class Agent {
   // The states.
   std::variant<World, RoundEnd> rendezvous(int round);
   GroupResult running(const World& world);
-  RoundEnd agree_on_end(int round, const GroupResult& result);
+  RoundEnd agree_on_end(const World& world, const GroupResult& result);
   int finish(int round, const World& world, const RoundEnd& end, const GroupResult& result, int exit_code);
   // A restart or a re-rendezvous decided: counts a restart, and says why the next round comes.
   void announce_next_round(Decision::Kind kind, const RoundEnd& end, const World& world);

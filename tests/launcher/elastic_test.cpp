@@ -143,6 +143,19 @@ TEST(ElasticTest, SurvivorsReRendezvousWhenANodeIsKilled) {
   EXPECT_EQ(r["attempts"][1]["nnodes"], 2) << "the two survivors";
 }
 
+// A rank that lost a connection in a round of one node lost it to nothing in the round (a replica
+// group's peer, say): no keep-alive can name a lost node, so the failure is reported at once,
+// without waiting out their window (which cost a replica group's restart 16 s).
+TEST(ElasticTest, ARankThatLostAPeerInARoundOfOneNodeFailsWithoutWaitingForKeepAlives) {
+  const int port = free_port();
+  auto a =
+      agent(port, "1:2", 1, "127.0.0.2", kFast, {"error-file", "Connection reset by peer"}, {"--max_restarts", "0"});
+  const Finished fa = a->wait(60s);
+  EXPECT_EQ(fa.exit_code, 1) << fa.err;
+  EXPECT_EQ(fa.err.find("for the keep-alives to tell whether a node was lost"), std::string::npos) << fa.err;
+  EXPECT_NE(fa.err.find("Connection reset by peer"), std::string::npos) << fa.err;
+}
+
 TEST(ElasticTest, ALateNodeIsAdmittedIntoTheRunningJob) {
   const int port = free_port();
   Reports reports;
