@@ -232,6 +232,8 @@ json summarize_jobs(const std::vector<std::pair<std::string, std::string>>& entr
   std::map<std::string, std::map<std::string, std::string>> quorums;  // fault-tolerant jobs' ft/ keys
   json skipped = json::array();
   for (const auto& [key, value] : entries) {
+    // No value of the protocol is empty: a key that reads empty was deleted after it was listed.
+    if (value.empty()) continue;
     if (core::is_refusal_note(key)) {
       jobs[std::string(core::job_of_key(key))].refusal = value;
       continue;

@@ -21,7 +21,8 @@ namespace ddprun::rdzv::daemon {
 //              "quorum": {"seq", "id", "max_step", "members": [{"group", "step"}], "left_out"},
 //              "finished": {"step", "group", "at"}}]}
 // A state is "joining", "running", or the final round's outcome (state_name). What cannot be
-// parsed (a bad record, an odd key) is skipped and listed, never fatal. `now_ms` (wall clock)
+// parsed (a bad record, an odd key) is skipped and listed, never fatal; an empty value is a key
+// deleted after it was listed, and is left out. `now_ms` (wall clock)
 // gives heartbeat ages. A fault-tolerant job (ddprun --replica_group) is there twice: each group's
 // world is a job of its own ("<job>.rg<N>", under "jobs"), and the quorum they share is under
 // "fault_tolerant_jobs".

@@ -17,7 +17,7 @@ json store_status(client::Client& client) {
     if (k.rfind(core::kRoot, 0) == 0 && k.find("/diagnosis/") == std::string::npos) ours.push_back(k);
   }
   // Read in slices, each well under the server's reply limit; a key deleted since LIST reads empty
-  // (and is reported as skipped if it matters).
+  // (summarize_jobs takes it as gone).
   std::vector<std::pair<std::string, std::string>> entries;
   entries.reserve(ours.size());
   constexpr size_t kSlice = 2048;

@@ -134,6 +134,27 @@ TEST(JobKeysTest, SummaryListsJobsAndSkipsWhatItCannotParse) {
   EXPECT_DOUBLE_EQ(running["nodes"][0]["last_heartbeat_age_s"].get<double>(), 2.0);
 }
 
+// Status lists the keys, then reads them: a key deleted in between (a job ending, its agents
+// cleaning up) reads empty. It is gone, not malformed: neither skipped nor counted.
+TEST(JobSummaryTest, AKeyDeletedBetweenListingAndReadingIsGoneNotMalformed) {
+  const jobs::JobKeys k("job", 1);
+  const std::vector<std::pair<std::string, std::string>> kv = {
+      {"/ddprun/job/gen", "1"},
+      {k.round(0).node(0), R"({"host":"a","addr":"10.0.0.1","nproc":2,"nnodes":2,"agent":"x"})"},
+      {k.round(0).node(1), ""},
+      {k.round(0).worker_store(), ""},
+      {k.round(0).complete(), "1"},
+      {"/ddprun/gone/gen", ""},
+      {"/ddprun/ft/ft/q/3", ""},
+  };
+  const json s = daemon::summarize_jobs(kv, 0);
+  EXPECT_TRUE(s["skipped"].empty()) << s.dump(2);
+  ASSERT_EQ(s["jobs"].size(), 1u) << s.dump(2);
+  EXPECT_EQ(s["jobs"][0]["run_id"], "job");
+  EXPECT_EQ(s["jobs"][0]["nodes"].size(), 1u) << s.dump(2);
+  EXPECT_TRUE(s["fault_tolerant_jobs"].empty()) << s.dump(2);
+}
+
 // A fault-tolerant job's quorum keys (/ddprun/<job>/ft/...) are the job's, not odd keys: status
 // shows its groups, their heartbeats, the latest quorum kept and its end.
 TEST(JobSummaryTest, AFaultTolerantJobsQuorumIsShownNotSkipped) {
