@@ -232,11 +232,21 @@ std::string Coordinator::try_decide(int64_t seq, Clock::duration waited) {
     throw JobFinished(*done);
   }
   c.waited = std::chrono::duration_cast<std::chrono::milliseconds>(waited);
-  Decision d = decide(read_quorum(seq - 1), seq, c, options_.rules);
+  const std::optional<Quorum> previous = read_quorum(seq - 1);
+  Decision d = decide(previous, seq, c, options_.rules);
   if (!d.quorum) return d.waiting;
   const std::string mine = json(*d.quorum).dump();
   if (kv_->create_or_get(keys_.quorum(seq), mine) == mine) {
-    for (const std::string& why : d.quorum->left_out) log::warn("ddprun") << "quorum " << seq << ": " << why;
+    // Groups of the previous quorum are in every agent's membership line (say_membership); the
+    // others left out (newcomers refused) are said here, once.
+    std::set<int> before;
+    if (previous)
+      for (const Member& m : previous->members) before.insert(m.group);
+    for (const std::string& why : d.quorum->left_out) {
+      bool said_there = false;
+      for (int g : before) said_there = said_there || why.rfind("group " + std::to_string(g) + " ", 0) == 0;
+      if (!said_there) log::warn("ddprun") << "quorum " << seq << ": " << why;
+    }
     collect_garbage(seq);
   }
   return {};

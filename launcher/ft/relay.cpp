@@ -93,6 +93,7 @@ void Relay::run() {
       } catch (const json::exception& e) {
         answer = json{{"error", std::string("a rank's request cannot be read: ") + e.what()}}.dump();
       } catch (const Error& e) {
+        log::warn("ddprun") << "replica group " << coordinator_.group() << ": no quorum for its workers: " << e.what();
         answer = json{{"error", e.what()}}.dump();
       }
       store.set(worker_quorum_key(n), answer);

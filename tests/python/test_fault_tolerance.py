@@ -248,9 +248,10 @@ class FaultTolerance(GroupsTest):
         for g in self.groups:
             self.assertEqual(g.wait(), 0, "group %d:\n%s" % (g.group, g.output()[-4000:]))
         self.check_commits_agree(steps)
-        self.assertRegex(liar.output(), r"quorum \d+ refused replica group 2 \(group 2 reports step 1000004, but "
-                                        r"the job can have committed at most step [45]: left out\): its workers' step "
-                                        r"is not the job's")
+        # Said by its agent (and in the workers' error).
+        self.assertRegex(liar.output(), r"WARN  ddprun: replica group 2: no quorum for its workers: quorum \d+ refused "
+                                        r"replica group 2 \(group 2 reports step 1000004, but the job can have "
+                                        r"committed at most step [45]: left out\): its workers' step is not the job's")
         for g in self.groups[:2]:
             self.assertEqual(len(g.starts()), 1, "group %d was restarted" % g.group)
         first, second = [[c for c in liar.commits() if c["pid"] == s["pid"]] for s in liar.starts()]
