@@ -37,11 +37,20 @@ ENV = dict(os.environ, OMP_NUM_THREADS="1")
 
 
 def read_log(path):
-    """Rank 0's commits in a group's commit log."""
+    """Rank 0's commits in a group's commit log. A line torn by a SIGKILL (the kernel stops a write at
+    a page boundary; the example ends it when it starts again) is left out."""
     if not os.path.exists(path):
         return []
+    out = []
     with open(path) as f:
-        return [e for e in (json.loads(line) for line in f if line.endswith("\n")) if e.get("rank", 0) == 0]
+        for line in f:
+            try:
+                e = json.loads(line) if line.endswith("\n") and line.strip() else None
+            except ValueError:
+                e = None
+            if e is not None and e.get("rank", 0) == 0:
+                out.append(e)
+    return out
 
 
 def alive(pid):

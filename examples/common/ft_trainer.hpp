@@ -6,12 +6,14 @@
 // examples/python/fashion_mnist_ddp.py --fault-tolerant: the same model, samples, log lines and
 // final JSON line, so one job may mix the two and their commits be compared bit for bit.
 
+#include <fcntl.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
-#include <fstream>
+#include <cstring>
 #include <nlohmann/json.hpp>
 #include <numeric>
 
@@ -41,11 +43,26 @@ int train_fault_tolerant(const std::string& name, const ExampleFlags& flags, std
                                                ft::load_model_state(*model, opt, &sampler));
   worker::DistributedDataParallel<Impl> ddp(model, dist, worker::DdpOptions().find_unused_parameters(true));
   ft::register_hook(ddp, manager);
-  std::ofstream log;
+  // One write(2) per line on an O_APPEND descriptor. A process SIGKILLed in the middle of one (what
+  // the fault tests do) may still leave a torn line: the kernel stops a write at a page boundary when
+  // a fatal signal is pending. So a process that finds the log ending mid-line ends that line first,
+  // and its own lines stay whole; readers skip the torn one.
+  int log = -1;
   if (!flags.commit_log.empty()) {
-    log.open(flags.commit_log, std::ios::app);
-    if (!log) throw std::runtime_error("cannot append to --commit-log " + flags.commit_log);
+    log = ::open(flags.commit_log.c_str(), O_RDWR | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
+    if (log < 0)
+      throw std::runtime_error("cannot append to --commit-log " + flags.commit_log + ": " + std::strerror(errno));
+    char last = '\n';
+    const off_t size = ::lseek(log, 0, SEEK_END);
+    if (size > 0 && ::pread(log, &last, 1, size - 1) == 1 && last != '\n' && ::write(log, "\n", 1) != 1)
+      throw std::runtime_error("cannot append to --commit-log " + flags.commit_log + ": " + std::strerror(errno));
   }
+  struct Closer {
+    int fd;
+    ~Closer() {
+      if (fd >= 0) ::close(fd);
+    }
+  } closer{log};
   std::vector<int64_t> any_batch(static_cast<size_t>(flags.batch_size));
   std::iota(any_batch.begin(), any_batch.end(), 0);
   int64_t epoch = 0;
@@ -89,22 +106,24 @@ int train_fault_tolerant(const std::string& name, const ExampleFlags& flags, std
         total += loss.template item<double>() * static_cast<double>(indices.size());
         seen += static_cast<double>(indices.size());
       }
-      if (log) {
-        log << nlohmann::json{{"step", manager->step()},
-                              {"group", manager->group()},
-                              {"rank", dist.rank()},
-                              {"pid", ::getpid()},
-                              {"quorum_id", view.quorum_id},
-                              {"groups", view.groups},
-                              {"healed", view.heal},
-                              {"participant_rank", view.participant_rank},
-                              {"epoch", position.epoch},
-                              {"first", position.cursor},
-                              {"samples", samples},
-                              {"indices", indices},
-                              {"hash", ft::parameters_digest(*model)}}
-                   .dump()
-            << std::endl;
+      if (log >= 0) {
+        const std::string line = nlohmann::json{{"step", manager->step()},
+                                                {"group", manager->group()},
+                                                {"rank", dist.rank()},
+                                                {"pid", ::getpid()},
+                                                {"quorum_id", view.quorum_id},
+                                                {"groups", view.groups},
+                                                {"healed", view.heal},
+                                                {"participant_rank", view.participant_rank},
+                                                {"epoch", position.epoch},
+                                                {"first", position.cursor},
+                                                {"samples", samples},
+                                                {"indices", indices},
+                                                {"hash", ft::parameters_digest(*model)}}
+                                     .dump() +
+                                 "\n";
+        if (::write(log, line.data(), line.size()) != static_cast<ssize_t>(line.size()))
+          throw std::runtime_error("cannot append to --commit-log " + flags.commit_log + ": " + std::strerror(errno));
       }
     }
     opt.zero_grad();

@@ -80,6 +80,19 @@ def evaluate(model, test, rank, world, distributed):
     return correct
 
 
+def open_lines(path):
+    """A JSON-lines log to append to. A process SIGKILLed in the middle of a line may leave it torn
+    (the kernel stops a write at a page boundary when a fatal signal is pending): that line is ended
+    first, so this process's lines stay whole; readers skip the torn one."""
+    log = open(path, "a", buffering=1)
+    if log.tell() > 0:
+        with open(path, "rb") as f:
+            f.seek(-1, os.SEEK_END)
+            if f.read(1) != b"\n":
+                log.write("\n")
+    return log
+
+
 def train_fault_tolerant(args, train, rank, world):
     """This replica group's part of a job that trains on through failures: returns the model and
     what to add to the final JSON line."""
@@ -99,7 +112,7 @@ def train_fault_tolerant(args, train, rank, world):
 
     manager = ddprun_ft.Manager(state_dict=state_dict, load_state_dict=load_state_dict)
     ddp = ddprun_ft.DistributedDataParallel(model, manager)
-    log = open(args.commit_log, "a", buffering=1) if args.commit_log else None
+    log = open_lines(args.commit_log) if args.commit_log else None
     images, labels = train.tensors
     epoch, epoch_start, total, seen = 0, time.time(), 0.0, 0
     while True:

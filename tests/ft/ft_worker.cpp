@@ -36,7 +36,16 @@ int main(int argc, char** argv) {
   Distributed dist = Distributed::init(InitOptions().backend("gloo"));
   const int rank = dist.rank();
   const int group = std::stoi(std::getenv("DDPRUN_REPLICA_GROUP"));
-  std::ofstream log(out_dir / ("g" + std::to_string(group) + "r" + std::to_string(rank) + ".log"), std::ios::app);
+  const fs::path log_path = out_dir / ("g" + std::to_string(group) + "r" + std::to_string(rank) + ".log");
+  // A line torn by the SIGKILL of the previous process (the kernel stops a write at a page boundary)
+  // is ended first, so that this process's lines stay whole (ft_worker.py does the same).
+  bool torn = false;
+  if (std::ifstream in(log_path, std::ios::binary | std::ios::ate); in && in.tellg() > 0) {
+    in.seekg(-1, std::ios::end);
+    torn = in.get() != '\n';
+  }
+  std::ofstream log(log_path, std::ios::app);
+  if (torn) log << '\n';
   const auto say = [&log](const json& event) { log << event.dump() << std::endl; };
   say(json{{"event", "start"}, {"pid", ::getpid()}, {"restart", dist.env().restart_count}, {"lang", "c++"}});
 

@@ -34,6 +34,11 @@ dist.init_process_group("gloo")
 rank = dist.get_rank()
 group = int(os.environ["DDPRUN_REPLICA_GROUP"])
 log = open(os.path.join(out_dir, "g%dr%d.log" % (group, rank)), "a", buffering=1)
+if log.tell() > 0:  # a line torn by the SIGKILL of the previous process (stopped at a page boundary): end it
+    with open(log.name, "rb") as f:
+        f.seek(-1, os.SEEK_END)
+        if f.read(1) != b"\n":
+            log.write("\n")
 
 
 def say(**event):
