@@ -239,14 +239,12 @@ std::string Coordinator::try_decide(int64_t seq, Clock::duration waited) {
   if (kv_->create_or_get(keys_.quorum(seq), mine) == mine) {
     // Groups of the previous quorum are in every agent's membership line (say_membership); the
     // others left out (newcomers refused) are said here, once.
-    std::set<int> before;
+    std::set<std::string> said_there;
     if (previous)
-      for (const Member& m : previous->members) before.insert(m.group);
-    for (const std::string& why : d.quorum->left_out) {
-      bool said_there = false;
-      for (int g : before) said_there = said_there || why.rfind("group " + std::to_string(g) + " ", 0) == 0;
-      if (!said_there) log::warn("ddprun") << "quorum " << seq << ": " << why;
-    }
+      for (const Member& m : previous->members)
+        if (auto why = d.quorum->why_left_out(m.group)) said_there.insert(std::move(*why));
+    for (const std::string& why : d.quorum->left_out)
+      if (!said_there.count(why)) log::warn("ddprun") << "quorum " << seq << ": " << why;
     collect_garbage(seq);
   }
   return {};
@@ -277,10 +275,8 @@ void Coordinator::say_membership(const Quorum& q) {
   for (int g : last_groups_) {
     if (now.count(g)) continue;
     lost = true;
-    std::string why = "group " + std::to_string(g) + " was not in the quorums between";
-    for (const std::string& reason : q.left_out)
-      if (reason.rfind("group " + std::to_string(g) + " ", 0) == 0) why = reason;
-    line += "; without group " + std::to_string(g) + ": " + why;
+    line += "; without group " + std::to_string(g) + ": " +
+            q.why_left_out(g).value_or("group " + std::to_string(g) + " was not in the quorums between");
   }
   if (!last_groups_.empty()) {
     for (const Member& m : q.members) {
@@ -391,9 +387,7 @@ Quorum Coordinator::next(Member self, const StopSignal& stop, std::chrono::milli
       last_seq_ = seq;
       return *q;
     }
-    std::string why = "it asked too late";
-    for (const std::string& reason : q->left_out)
-      if (reason.rfind("group " + std::to_string(self.group) + " ", 0) == 0) why = reason;
+    const std::string why = q->why_left_out(self.group).value_or("it asked too late");
     // A step no quorum can have given: this group's state is not the job's, and no later quorum
     // takes it either. Its workers are told (they fail, and come back to heal from a peer).
     if (self.step > q->max_step() + 1)

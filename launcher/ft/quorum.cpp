@@ -36,6 +36,13 @@ const Member* Quorum::member(int group) const {
   return nullptr;
 }
 
+std::optional<std::string> Quorum::why_left_out(int group) const {
+  const std::string prefix = "group " + std::to_string(group) + " ";
+  for (const std::string& reason : left_out)
+    if (reason.rfind(prefix, 0) == 0) return reason;
+  return std::nullopt;
+}
+
 void to_json(nlohmann::json& j, const Quorum& q) {
   j = nlohmann::json{{"seq", q.seq}, {"id", q.id}, {"members", q.members}, {"left_out", q.left_out}};
 }

@@ -53,13 +53,17 @@ void to_json(nlohmann::json& j, const Member& m);
 void from_json(const nlohmann::json& j, Member& m);
 
 struct Quorum {
-  int64_t seq = 0;                    // every quorum issued, from 1
-  int64_t id = 0;                     // changes with the membership, from 1
-  std::vector<Member> members;        // by group
-  std::vector<std::string> left_out;  // why a group that asked was left out ("group 3: ...")
+  int64_t seq = 0;              // every quorum issued, from 1
+  int64_t id = 0;               // changes with the membership, from 1
+  std::vector<Member> members;  // by group
+  // Why a group was left out, each "group <N> ...": one that asked, or a member of the previous
+  // quorum that is not back.
+  std::vector<std::string> left_out;
 
   int64_t max_step() const;
   const Member* member(int group) const;
+  // The reason `left_out` gives for `group`, if any.
+  std::optional<std::string> why_left_out(int group) const;
 };
 void to_json(nlohmann::json& j, const Quorum& q);
 void from_json(const nlohmann::json& j, Quorum& q);
