@@ -30,6 +30,8 @@ packages=(
   etcd-server etcd-client   # a real etcd v3 cluster for the etcd rendezvous tests (and etcdctl)
   slurm-wlm munge           # a real Slurm (slurmctld, slurmd, srun, sbatch) for the sbatch recipe's test
   debootstrap               # scripts/debian_root.sh (a Debian 12 or 13 root) and its test
+  chromium                  # a real browser (headless) loads the job pages (/ui) in the tests
+  tmux                      # a real terminal for ddprun-top's test
 )
 
 sudo=""
