@@ -13,36 +13,17 @@
 #include "common/errors.hpp"
 #include "common/log.hpp"
 #include "common/procfs.hpp"
+#include "common/prometheus.hpp"
 #include "rendezvous/jobs/job_keys.hpp"
 #include "rendezvous/daemon/job_summary.hpp"
 
 namespace ddprun::rdzv::daemon {
 
 namespace asio = boost::asio;
+using prometheus::Exposition;
+using prometheus::label;
 
 namespace {
-
-class Exposition {
- public:
-  void family(const char* name, const char* type, const char* help) {
-    out_ << "# HELP " << name << ' ' << help << "\n# TYPE " << name << ' ' << type << '\n';
-  }
-  template <typename V>
-  void sample(const char* name, V value, const std::string& labels = "") {
-    out_ << name;
-    if (!labels.empty()) out_ << '{' << labels << '}';
-    out_ << ' ' << value << '\n';
-  }
-  template <typename V>
-  void single(const char* name, const char* type, const char* help, V value) {
-    family(name, type, help);
-    sample(name, value);
-  }
-  std::string str() const { return out_.str(); }
-
- private:
-  std::ostringstream out_;
-};
 
 struct ProcessFacts {
   double cpu_seconds = 0;
@@ -77,10 +58,6 @@ ProcessFacts process_facts() {
   rlimit lim{};
   if (::getrlimit(RLIMIT_NOFILE, &lim) == 0) p.max_fds = lim.rlim_cur;
   return p;
-}
-
-std::string label(const char* key, std::string_view value) {
-  return std::string(key) + "=\"" + std::string(value) + "\"";
 }
 
 }  // namespace
@@ -153,10 +130,11 @@ std::string render_metrics(const server::Server& server) {
 
 MetricsServer::MetricsServer(asio::io_context& io, const std::string& host, uint16_t port,
                              std::function<std::string()> render)
-    : http_(io, host, port, "ddprun-rendezvous", [render = std::move(render)](std::string_view target) {
+    : http_(io, host, port, "ddprun-rendezvous", [render = std::move(render)](const server::HttpRequest& request) {
+        const std::string_view target = request.target;
         server::HttpReply reply;
         if (target == "/metrics" || target.substr(0, 9) == "/metrics?") {
-          reply.content_type = "text/plain; version=0.0.4; charset=utf-8";
+          reply.content_type = prometheus::kContentType;
           reply.body = render();
         } else if (target == "/") {
           reply.body = "ddprun-rendezvous: metrics at /metrics\n";

@@ -88,9 +88,13 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
       res.set(http::field::content_type, "text/plain; charset=utf-8");
       res.body() = "only GET\n";
     } else {
-      HttpReply reply = (*handler_)(std::string_view(req.target().data(), req.target().size()));
+      boost::system::error_code ec;
+      const auto peer = stream_.socket().remote_endpoint(ec);
+      HttpReply reply = (*handler_)(HttpRequest{std::string_view(req.target().data(), req.target().size()),
+                                                ec ? asio::ip::address() : peer.address()});
       res.result(reply.status);
       res.set(http::field::content_type, reply.content_type);
+      for (const auto& [name, value] : reply.headers) res.set(name, value);
       res.body() = std::move(reply.body);
     }
     if (req.method() == http::verb::head) {

@@ -16,19 +16,27 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <utility>
+#include <vector>
 
 namespace ddprun::rdzv::server {
+
+struct HttpRequest {
+  std::string_view target;        // the path and query, as sent
+  boost::asio::ip::address peer;  // who asks
+};
 
 struct HttpReply {
   unsigned status = 200;
   std::string content_type = "text/plain; charset=utf-8";
   std::string body;
+  std::vector<std::pair<std::string, std::string>> headers;  // more header fields (name, value)
 };
 
 class HttpServer {
  public:
   struct Sessions;
-  using Handler = std::function<HttpReply(std::string_view target)>;
+  using Handler = std::function<HttpReply(const HttpRequest& request)>;
   // Binds `host`:`port` (a numeric address; port 0: the kernel picks, read port()); throws
   // ConnectionError. `name` is the Server header.
   HttpServer(boost::asio::io_context& io, const std::string& host, uint16_t port, std::string name, Handler handler);

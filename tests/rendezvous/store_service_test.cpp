@@ -16,6 +16,7 @@
 #include "rendezvous/client/client.hpp"
 #include "rendezvous/core/protocol.hpp"
 #include "tests/support/daemon.hpp"
+#include "tests/support/http.hpp"
 #include "tests/support/raw_socket.hpp"
 #include "tests/support/subprocess.hpp"
 
@@ -299,13 +300,6 @@ TEST(StoreServiceTest, WaitSentInSmallSlicesCostsAboutWhatItCostsSentAtOnce) {
 }
 
 // GET `path` from the daemon's metrics port; returns the whole HTTP response.
-std::string http_get(uint16_t port, const std::string& path) {
-  RawSocket s(port);
-  s.send("GET " + path + " HTTP/1.1\r\nHost: localhost\r\n\r\n");
-  std::string response;
-  s.read_until_eof(&response, 10s);
-  return response;
-}
 
 // The value of the first sample whose line starts with `series` ("name{labels}"), or -1.
 double sample(const std::string& text, const std::string& series) {
@@ -336,7 +330,7 @@ TEST(StoreServiceTest, MetricsEndpointPassesPromtoolAndCountsWhatHappened) {
   waiter.send(v2_hello() + v2_keys(kV2Wait, {"never"}));
   c.ping();  // the WAIT was read before this is answered
 
-  const std::string response = http_get(metrics_port, "/metrics");
+  const std::string response = http_get(metrics_port, "/metrics").whole;
   ASSERT_EQ(response.rfind("HTTP/1.1 200 OK\r\n", 0), 0u) << response;
   EXPECT_NE(response.find("Content-Type: text/plain; version=0.0.4"), std::string::npos) << response;
   const std::string body = response.substr(response.find("\r\n\r\n") + 4);
@@ -350,20 +344,12 @@ TEST(StoreServiceTest, MetricsEndpointPassesPromtoolAndCountsWhatHappened) {
   EXPECT_GT(sample(body, "process_resident_memory_bytes"), 0);
 
   // Prometheus's own linter: valid exposition, no complaints.
-  TempDir dir;
-  const std::string file = (dir.path / "metrics.txt").string();
-  std::ofstream(file) << body;
-  FILE* p = ::popen(("promtool check metrics < " + file + " 2>&1").c_str(), "r");
-  ASSERT_NE(p, nullptr);
-  std::string lint;
-  char buf[512];
-  while (std::fgets(buf, sizeof buf, p)) lint += buf;
-  const int status = ::pclose(p);
-  ASSERT_NE(WEXITSTATUS(status), 127) << "promtool is missing (Debian's prometheus package; scripts/install_deps.sh)";
-  EXPECT_EQ(WEXITSTATUS(status), 0) << lint;
-  EXPECT_EQ(lint, "") << body;
+  const Lint lint = promtool_check(body);
+  ASSERT_NE(lint.exit_code, 127) << "promtool is missing (Debian's prometheus package; scripts/install_deps.sh)";
+  EXPECT_EQ(lint.exit_code, 0) << lint.says;
+  EXPECT_EQ(lint.says, "") << body;
 
-  EXPECT_EQ(http_get(metrics_port, "/nope").rfind("HTTP/1.1 404", 0), 0u);
+  EXPECT_EQ(http_get(metrics_port, "/nope").status, 404);
   expect_serving(d);
 }
 
