@@ -40,6 +40,7 @@ LAYERS = {
     "launcher/rendezvous/etcd": 7,
     "launcher/ft": 8,
     "launcher/watchdog": 8,
+    "launcher/view": 9,
     "launcher/cli": 9,
     "launcher/agent": 10,
     "launcher": 11,

@@ -85,7 +85,7 @@ void Agent::on_hang(const RoundEnd& end) {
     if (seen_end_) return;
     seen_end_ = end;
   }
-  health(HealthEndpoint::Phase::Hung, end.detail);
+  health(StatusServer::Phase::Hung, end.detail);
   supervisor_.request_stop("the job hung: " + end.detail);
 }
 
@@ -112,7 +112,7 @@ GroupResult Agent::running(const World& world) {
   rdzv::server::ServerThread* store = !multi_node_ || world.group_rank == 0 ? worker_store_.get() : nullptr;
   if (store) start_relay(world);
   GroupResult result = supervisor_.run(launches, [&](const std::vector<pid_t>& pids) {
-    health(HealthEndpoint::Phase::Running,
+    health(StatusServer::Phase::Running,
            std::to_string(pids.size()) + " workers, round " + std::to_string(world.round) + " (restart " +
                std::to_string(restarts_) + ")",
            world.round);
@@ -163,6 +163,8 @@ void Agent::show_hang_report(const World& world, const RoundEnd& end) {
     written = static_cast<bool>(out);
   }
   if (written) report_.set_hang_report_file(file.string());
+  if (health_ && written) health_->view().set_hang_report_file(file.string());
+  view_event("hang", end.detail);
   std::error_code ec;
   fs::permissions(file, fs::perms::owner_read | fs::perms::owner_write, fs::perm_options::replace, ec);
   run_dir_.keep();
@@ -197,7 +199,7 @@ RoundEnd Agent::agree_on_end(const World& world, const GroupResult& result) {
     case GroupOutcome::Succeeded:
       if (multi_node_) {
         log::info("ddprun") << "this node's workers all finished; waiting for the other nodes to finish";
-        health(HealthEndpoint::Phase::Finishing, "this node's workers all finished; waiting for the other nodes");
+        health(StatusServer::Phase::Finishing, "this node's workers all finished; waiting for the other nodes");
       }
       return backend_->report_success(round, stop_);
     case GroupOutcome::Failed:
@@ -231,6 +233,7 @@ RoundEnd Agent::agree_on_end(const World& world, const GroupResult& result) {
 int Agent::finish(int round, const World& world, const RoundEnd& end, const GroupResult& result, int exit_code) {
   report_.finish(&end, exit_code);
   if (!run_dir_.temporary) report_.set_run_directory(run_dir_.path.string());
+  view_event("exit", outcome_name(end.kind) + ", exit code " + std::to_string(exit_code));
   switch (end.kind) {
     case RoundEnd::Kind::Success:
       if (multi_node_) {
@@ -285,6 +288,9 @@ int Agent::finish(int round, const World& world, const RoundEnd& end, const Grou
 void Agent::announce_next_round(Decision::Kind kind, const RoundEnd& end, const World& world) {
   if (kind == Decision::Kind::Restart) {
     ++restarts_;
+    if (health_) health_->view().count_restart();
+    view_event("restart",
+               end.detail + " (restart " + std::to_string(restarts_) + " of " + std::to_string(o_.max_restarts) + ")");
     log::warn("ddprun") << end.detail << "; restarting the worker group"
                         << (multi_node_ ? "s of all " + std::to_string(world.group_world_size) + " nodes" : "")
                         << " (restart " << restarts_ << " of " << o_.max_restarts << ")";
@@ -317,11 +323,11 @@ int Agent::run() {
     return 128 + signo;
   };
   try {
-    if (multi_node_) health(HealthEndpoint::Phase::Connecting, "to the rendezvous");
+    if (multi_node_) health(StatusServer::Phase::Connecting, "to the rendezvous");
     backend_ = make_backend();
     if (o_.replica_group) make_coordinator();
     backend_->on_joined([this](int joined_round, const std::string& detail) {
-      health(HealthEndpoint::Phase::Joined, detail + "; waiting for the other nodes", joined_round);
+      health(StatusServer::Phase::Joined, detail + "; waiting for the other nodes", joined_round);
     });
     round = backend_->first_round(stop_);
   } catch (const StopRequested& s) {
@@ -333,7 +339,8 @@ int Agent::run() {
       case State::Rendezvous: {
         std::variant<World, RoundEnd> joined;
         report_.rendezvous_began(round, restarts_);
-        health(HealthEndpoint::Phase::Rendezvous, "round " + std::to_string(round), round);
+        health(StatusServer::Phase::Rendezvous, "round " + std::to_string(round), round);
+        view_event("rendezvous", "round " + std::to_string(round) + ": joining");
         backend_->set_restarts(restarts_);
         try {
           joined = rendezvous(round);
@@ -353,6 +360,7 @@ int Agent::run() {
         }
         world = std::get<World>(joined);
         report_.group_started(world);
+        view_round(world);
         round = world.round;  // a node arriving late joins the job's next round
         state = State::Running;
         break;
@@ -361,6 +369,8 @@ int Agent::run() {
         result = running(world);
         end = agree_on_end(world, result);
         report_.round_ended(end, result);
+        view_event("end", "round " + std::to_string(world.round) + " " + outcome_name(end.kind) +
+                              (end.detail.empty() ? "" : ": " + end.detail));
         print_rates();
         if (end.kind == RoundEnd::Kind::Hang) show_hang_report(world, end);
         state = State::Ending;
@@ -392,11 +402,10 @@ int Agent::run() {
         }
         if (d.kind == Decision::Kind::Finish) {
           if (end.kind != RoundEnd::Kind::Hang)
-            health(HealthEndpoint::Phase::Ending, "exit code " + std::to_string(d.exit_code));
+            health(StatusServer::Phase::Ending, "exit code " + std::to_string(d.exit_code));
           return finish(round, world, end, result, d.exit_code);
         }
-        health(HealthEndpoint::Phase::Restarting,
-               end.detail.empty() ? "round " + std::to_string(round + 1) : end.detail);
+        health(StatusServer::Phase::Restarting, end.detail.empty() ? "round " + std::to_string(round + 1) : end.detail);
         announce_next_round(d.kind, end, world);
         ++round;
         state = State::Rendezvous;

@@ -28,6 +28,29 @@ fs::path Agent::attempt_directory(const World& world) const {
                           (world.round != restarts_ ? "_round_" + std::to_string(world.round) : ""));
 }
 
+void Agent::view_event(const char* kind, std::string text) {
+  if (!health_) return;
+  health_->view().event(kind, std::move(text));
+  health_->view().set_report(report_.to_json());
+}
+
+void Agent::view_round(const World& world) {
+  if (!health_) return;
+  view::JobView& v = health_->view();
+  v.set_identity(o_.run_id, host_, multi_node_ ? world.group_rank : -1, world.group_world_size);
+  v.new_round(world.round, world.world_size);
+  std::string text = "round " + std::to_string(world.round) + ": " + std::to_string(world.world_size) + " rank(s)";
+  if (multi_node_) {
+    text += " on " + std::to_string(world.group_world_size) + " nodes, this node " + std::to_string(world.group_rank);
+    if (view_nodes_ > 0 && view_nodes_ != world.group_world_size) {
+      text += " (" + std::string(world.group_world_size > view_nodes_ ? "up" : "down") + " from " +
+              std::to_string(view_nodes_) + " nodes)";
+    }
+  }
+  view_nodes_ = world.group_world_size;
+  view_event("start", std::move(text));
+}
+
 std::unique_ptr<Watchdog> Agent::make_watchdog(const World& world, const fs::path& attempt_dir) {
   WatchdogSettings ws;
   ws.hang_timeout = o_.hang_timeout;
@@ -47,6 +70,12 @@ std::unique_ptr<Watchdog> Agent::make_watchdog(const World& world, const fs::pat
     ws.membership_until_ns = &membership_until_ns_;
   }
   ws.rates_period = o_.step_rates_period;
+  if (health_) {
+    ws.on_tick = [view = &health_->view()](std::chrono::steady_clock::time_point now,
+                                           const std::vector<watchdog::RankReading>& ranks) {
+      view->update(now, ranks);
+    };
+  }
   std::vector<WatchedRank> ranks;
   create_private_directory(attempt_dir);
   for (int lr = 0; lr < o_.nproc_per_node; ++lr) {

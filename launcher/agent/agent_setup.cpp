@@ -81,14 +81,20 @@ Agent::Agent(const LaunchOptions& o, JobReport& report)
     base_env_["DDPRUN_MIN_REPLICA_GROUPS"] = std::to_string(o.min_replica_groups);
     base_env_["DDPRUN_FT_RUN_ID"] = o.run_id;
   }
-  if (o.health_check_port) {
+  if (o.http_port) {
+    const std::string given =
+        o.http_port_from + (o.http_port_from.rfind("--", 0) == 0 ? " " : "=") + std::to_string(*o.http_port);
+    view::ViewSettings vs;
+    vs.straggler_factor = o.straggler_factor;
     try {
-      health_ = std::make_unique<HealthEndpoint>(*o.health_check_port);
+      health_ = std::make_unique<StatusServer>(*o.http_port, vs);
     } catch (const ConnectionError& e) {
-      throw ConfigError("TORCHELASTIC_HEALTH_CHECK_PORT=" + std::to_string(*o.health_check_port) +
-                        ": cannot serve the health endpoint: " + e.what() + " (choose a free port)");
+      throw ConfigError(given + ": cannot serve the job's HTTP endpoint: " + e.what() +
+                        " (choose a free port, or 0 for any)");
     }
-    log::info("ddprun") << "health endpoint on port " << health_->port() << " (TORCHELASTIC_HEALTH_CHECK_PORT)";
+    health_->view().set_identity(o.run_id, host_, multi_node_ ? o.node_rank : -1, o.max_nodes);
+    log::info("ddprun") << "job page at http://localhost:" << health_->port()
+                        << "/ui (this host only), Prometheus metrics at /metrics, health at / (" << given << ")";
   }
   if (file_timer_) {
     // As torchrun: the user's TORCHELASTIC_TIMER_FILE, else one of ddprun's (private) own.

@@ -15,7 +15,7 @@
 
 #include "common/stop_signal.hpp"
 #include "common/unique_fd.hpp"
-#include "launcher/agent/health.hpp"
+#include "launcher/agent/status_server.hpp"
 #include "launcher/agent/job_report.hpp"
 #include "launcher/agent/restart_policy.hpp"
 #include "launcher/cli/options.hpp"
@@ -160,11 +160,16 @@ class Agent {
   const bool capture_stacks_;
   std::string timer_file_;
   std::string python_hook_dir_;
-  std::unique_ptr<Watchdog> watchdog_;      // the current round's
-  std::unique_ptr<HealthEndpoint> health_;  // TORCHELASTIC_HEALTH_CHECK_PORT
-  void health(HealthEndpoint::Phase phase, std::string detail, int round = -1) {
+  std::unique_ptr<Watchdog> watchdog_;    // the current round's
+  std::unique_ptr<StatusServer> health_;  // TORCHELASTIC_HEALTH_CHECK_PORT
+  void health(StatusServer::Phase phase, std::string detail, int round = -1) {
     if (health_) health_->set(phase, std::move(detail), round);
   }
+  // The job page's timeline (with the report as it stands), when the HTTP server runs.
+  void view_event(const char* kind, std::string text);
+  // A round starts: who is in it.
+  void view_round(const World& world);
+  int view_nodes_ = 0;  // the previous round's node count, for the timeline
   fs::path attempt_dir_;
   int restarts_ = 0;
   bool watching_ = false;

@@ -148,6 +148,15 @@ constexpr FlagDef kFlagTable[] = {
        if (o.report_file.empty()) bad(in.flag, "a file path", in.text);
      },
      "DDPRUN_REPORT_FILE", false, "[the report file](#the-report-file---report_file)"},
+    {"--http_port", nullptr, "PORT",
+     "serve the job on this port: its live page at `/ui`, `/metrics` for Prometheus and a health endpoint for "
+     "liveness probes; `0` picks a free port (said on the console)",
+     nullptr, "none",
+     [](const FlagInput& in, LaunchOptions& o) {
+       o.http_port = static_cast<uint16_t>(parse_int(in.flag, trim(in.text), 0, 65535, "a port from 0 to 65535"));
+       o.http_port_from = in.flag;
+     },
+     "TORCHELASTIC_HEALTH_CHECK_PORT", false, "[job views](job-views.md)"},
     {"--redirects", "-r", "MODE",
      "worker output to log files only: `0` none, `1` stdout, `2` stderr, `3` both, or per local rank `0:1,1:3`",
      [](const LaunchOptions& d) { return streams_text(d.redirects); }, "",

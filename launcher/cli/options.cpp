@@ -242,10 +242,6 @@ void apply_slurm(Given& g, const EnvLookup& env) {
 
 // 3a. Settings that only the environment gives (no flag stands for them).
 void apply_environment_settings(const EnvLookup& env, LaunchOptions& o) {
-  if (auto v = env("TORCHELASTIC_HEALTH_CHECK_PORT"); v && !trim(*v).empty()) {
-    o.health_check_port = static_cast<uint16_t>(
-        parse_int("TORCHELASTIC_HEALTH_CHECK_PORT", trim(*v), 0, 65535, "a port from 1 to 65535 (0: any free port)"));
-  }
   if (auto v = env("DDPRUN_PROGRESS_INTERVAL"); v && !trim(*v).empty()) {
     o.progress_interval = parse_seconds("DDPRUN_PROGRESS_INTERVAL", trim(*v), false);
   }

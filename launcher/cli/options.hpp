@@ -119,13 +119,16 @@ struct LaunchOptions {
   StreamSelection redirects;
   StreamSelection tee;
   std::optional<std::set<int>> local_ranks_filter;
+  // --http_port (or TORCHELASTIC_HEALTH_CHECK_PORT): the agent's HTTP server, with the job page,
+  // /metrics and the health endpoint (agent/status_server.hpp); 0: any free port. `http_port_from`
+  // is how it was given (the flag or the variable), for messages.
+  std::optional<uint16_t> http_port;
+  std::string http_port_from;
+  // --merge_lines: identical console lines of several ranks within this window printed once; 0: off.
+  std::chrono::milliseconds merge_lines{0};
   // Lines of the workers' stdout (stderr) containing one of these also go to
   // filtered_stdout.log (filtered_stderr.log) in the attempt directory (torchrun's
   // --duplicate-stdout-filters).
-  // TORCHELASTIC_HEALTH_CHECK_PORT: the agent's health endpoint for liveness probes (agent/health.hpp).
-  std::optional<uint16_t> health_check_port;
-  // --merge_lines: identical console lines of several ranks within this window printed once; 0: off.
-  std::chrono::milliseconds merge_lines{0};
   std::vector<std::string> duplicate_stdout_filters;
   std::vector<std::string> duplicate_stderr_filters;
   bool no_python = false;

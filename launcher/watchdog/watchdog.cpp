@@ -139,6 +139,7 @@ void Watchdog::stop() {
   }
   if (started_) {
     sample(Clock::now());
+    if (s_.on_tick) s_.on_tick(Clock::now(), readings());
     publish_rates(Clock::now(), /*final=*/true);
   }
 }
@@ -175,6 +176,8 @@ Watchdog::PageReading Watchdog::read_page(Rank& r, Clock::time_point now) {
   const uint64_t steps = r.page->steps.load(std::memory_order_relaxed);
   p.waiting = r.page->waiting_since_ns.load(std::memory_order_relaxed) != 0;
   p.moved = beats != r.beats || steps != r.steps;
+  r.waiting = p.waiting;
+  r.wait_ns = r.page->wait_ns.load(std::memory_order_relaxed);
   r.reports = r.reports || beats > 0 || steps > 0;
   r.beats = beats;
   r.steps = steps;
@@ -183,15 +186,42 @@ Watchdog::PageReading Watchdog::read_page(Rank& r, Clock::time_point now) {
     // rates whatever the sampling period.
     const uint64_t at_ns = r.page->last_step_ns.load(std::memory_order_relaxed);
     const auto at = at_ns ? Clock::time_point(std::chrono::nanoseconds(at_ns)) : now;
+    r.last_step = at;
     const uint64_t first_ns = r.page->first_step_ns.load(std::memory_order_relaxed);
     if (!r.rates.started() && first_ns != 0) {
       // The first step is the run's origin, so even a run shorter than a tick has its rate.
       r.rates.sample(Clock::time_point(std::chrono::nanoseconds(first_ns)), 1,
                      r.page->first_step_wait_ns.load(std::memory_order_relaxed), true);
     }
-    r.rates.sample(at, steps, r.page->wait_ns.load(std::memory_order_relaxed), true);
+    r.rates.sample(at, steps, r.wait_ns, true);
   }
   return p;
+}
+
+std::vector<RankReading> Watchdog::readings() const {
+  std::vector<RankReading> out;
+  out.reserve(ranks_.size() + heartbeats_seen_.size());
+  for (const auto& rp : ranks_) {
+    const Rank& r = *rp;
+    RankReading x;
+    x.rank = r.w.rank;
+    x.local_rank = r.w.local_rank;
+    x.pid = r.pid;
+    x.alive = r.pid > 0 && !r.exited;
+    x.reports = r.reports;
+    x.reports_waits = r.reports;
+    x.steps = r.steps;
+    x.wait_ns = r.wait_ns;
+    x.waiting = r.waiting && x.alive;
+    x.last_step = r.last_step;
+    x.last_progress = r.last_progress;
+    if (const auto beats = heartbeats_seen_.find(r.w.rank); beats != heartbeats_seen_.end() && !r.reports) {
+      x.reports = true;
+      x.steps = static_cast<uint64_t>(std::max<int64_t>(beats->second, 0));
+    }
+    out.push_back(x);
+  }
+  return out;
 }
 
 bool Watchdog::sample_store(Clock::time_point now) {
@@ -300,6 +330,7 @@ void Watchdog::run() {
     const auto now = Clock::now();
     const bool progressed = sample(now);
     if (progressed) last_job_progress_ = now;
+    if (s_.on_tick) s_.on_tick(now, readings());
     pulse(now, progressed);
     if (now >= next_rates_) {
       publish_rates(now, false);

@@ -55,6 +55,21 @@ namespace ddprun::launcher::watchdog {
 using rendezvous::ProgressChannel;
 using rendezvous::RoundEnd;
 
+// What the watchdog read of one rank at a tick, for the job's views (launcher/view).
+struct RankReading {
+  int rank = 0;
+  int local_rank = -1;  // -1: a rank known by its store heartbeats alone
+  pid_t pid = -1;
+  bool alive = false;
+  bool reports = false;        // writes its progress page (or heartbeats through the store)
+  bool reports_waits = false;  // its page says how long it waited on the others
+  uint64_t steps = 0;
+  uint64_t wait_ns = 0;                                 // blocked on other ranks (collectives, the store), in all
+  bool waiting = false;                                 // blocked on other ranks now
+  std::chrono::steady_clock::time_point last_step;      // when its latest step ended ({}: none yet)
+  std::chrono::steady_clock::time_point last_progress;  // the latest sign of progress of any kind
+};
+
 struct WatchdogSettings {
   std::chrono::milliseconds hang_timeout{0};  // 0: hangs are not looked for
   double straggler_factor = 1.5;              // 0: no straggler warnings
@@ -74,6 +89,9 @@ struct WatchdogSettings {
   // agent moves it on after each heartbeat); copied into every rank's progress page each tick, for
   // the SDK's checkpoint writer. nullptr: nothing to confirm.
   const std::atomic<uint64_t>* membership_until_ns = nullptr;
+  // Called on the watchdog's thread after every tick's readings (and once more at stop), with
+  // every rank of this node; empty: nobody looks.
+  std::function<void(std::chrono::steady_clock::time_point, const std::vector<RankReading>&)> on_tick;
 };
 
 struct WatchedRank {
@@ -127,6 +145,7 @@ class Watchdog {
     bool waiting = false;
   };
   PageReading read_page(Rank& r, std::chrono::steady_clock::time_point now);
+  std::vector<RankReading> readings() const;
   // The worker store's changes and the ranks' heartbeats through it; true if the store changed.
   bool sample_store(std::chrono::steady_clock::time_point now);
   void copy_membership();

@@ -64,8 +64,10 @@ struct Watchdog::Rank {
   worker::ProgressPage* page = nullptr;
   pid_t pid = -1;
   bool exited = false;
-  uint64_t beats = 0, steps = 0;
+  uint64_t beats = 0, steps = 0, wait_ns = 0;
   bool reports = false;  // has written its page
+  bool waiting = false;  // blocked on other ranks at the latest reading
+  watchdog_detail::Clock::time_point last_step;
   watchdog_detail::Clock::time_point last_progress;
   std::vector<std::pair<watchdog_detail::Clock::time_point, uint64_t>> cpu;  // (time, ticks), oldest first
   RateTracker rates;

@@ -12,7 +12,7 @@
 #include <thread>
 
 #include "common/system.hpp"
-#include "launcher/agent/health.hpp"
+#include "launcher/agent/status_server.hpp"
 #include "launcher/agent/job_report.hpp"
 #include "tests/support/files.hpp"
 #include "tests/support/raw_socket.hpp"
@@ -177,23 +177,23 @@ std::string http(uint16_t port, const std::string& request) {
   return reply;
 }
 
-TEST(HealthEndpointTest, AnswersOkUntilAHangOrTheEndThen503WithTheReason) {
-  agent::HealthEndpoint health(0);
+TEST(StatusServerTest, AnswersOkUntilAHangOrTheEndThen503WithTheReason) {
+  agent::StatusServer health(0);
   const std::string get = "GET /healthz HTTP/1.1\r\nHost: probe\r\n\r\n";
   std::string r = http(health.port(), get);
   EXPECT_EQ(r.rfind("HTTP/1.1 200 OK\r\n", 0), 0u) << r;
   EXPECT_NE(r.find("ok: rendezvous, starting"), std::string::npos) << r;
-  health.set(agent::HealthEndpoint::Phase::Running, "8 workers, round 0 (restart 0)");
+  health.set(agent::StatusServer::Phase::Running, "8 workers, round 0 (restart 0)");
   r = http(health.port(), get);
   EXPECT_NE(r.find("ok: running, 8 workers, round 0 (restart 0), for 0 s"), std::string::npos) << r;
-  health.set(agent::HealthEndpoint::Phase::Hung, "no rank made progress for 300 s; behind: rank 3");
-  health.set(agent::HealthEndpoint::Phase::Running, "8 workers");  // a hang stands until the round ends
+  health.set(agent::StatusServer::Phase::Hung, "no rank made progress for 300 s; behind: rank 3");
+  health.set(agent::StatusServer::Phase::Running, "8 workers");  // a hang stands until the round ends
   r = http(health.port(), get);
   EXPECT_EQ(r.rfind("HTTP/1.1 503 Service Unavailable\r\n", 0), 0u) << r;
   EXPECT_NE(r.find("hung: no rank made progress for 300 s; behind: rank 3"), std::string::npos) << r;
-  health.set(agent::HealthEndpoint::Phase::Restarting, "round 1");
+  health.set(agent::StatusServer::Phase::Restarting, "round 1");
   EXPECT_EQ(http(health.port(), get).rfind("HTTP/1.1 200", 0), 0u);
-  health.set(agent::HealthEndpoint::Phase::Ending, "exit code 1");
+  health.set(agent::StatusServer::Phase::Ending, "exit code 1");
   r = http(health.port(), "HEAD / HTTP/1.1\r\nHost: probe\r\n\r\n");
   EXPECT_EQ(r.rfind("HTTP/1.1 503", 0), 0u) << r;
   EXPECT_EQ(r.find("ending:"), std::string::npos) << "HEAD has no body: " << r;
@@ -207,8 +207,8 @@ std::string body_of(const std::string& reply) {
   return at == std::string::npos ? "" : reply.substr(at + 4);
 }
 
-TEST(HealthEndpointTest, SaysThePhaseAndRoundAsJsonForPrograms) {
-  agent::HealthEndpoint health(0);
+TEST(StatusServerTest, SaysThePhaseAndRoundAsJsonForPrograms) {
+  agent::StatusServer health(0);
   const std::string get = "GET /healthz?format=json HTTP/1.1\r\nHost: probe\r\n\r\n";
   std::string r = http(health.port(), get);
   EXPECT_NE(r.find("Content-Type: application/json"), std::string::npos) << r;
@@ -216,26 +216,26 @@ TEST(HealthEndpointTest, SaysThePhaseAndRoundAsJsonForPrograms) {
   EXPECT_EQ(j["ok"], true);
   EXPECT_EQ(j["phase"], "rendezvous");
   EXPECT_EQ(j["round"], -1) << "no round before the first";
-  health.set(agent::HealthEndpoint::Phase::Connecting, "to the rendezvous");
+  health.set(agent::StatusServer::Phase::Connecting, "to the rendezvous");
   EXPECT_EQ(json::parse(body_of(http(health.port(), get)))["phase"], "connecting");
-  health.set(agent::HealthEndpoint::Phase::Joined, "as node_rank 1 of 2; waiting for the other nodes", 3);
+  health.set(agent::StatusServer::Phase::Joined, "as node_rank 1 of 2; waiting for the other nodes", 3);
   j = json::parse(body_of(http(health.port(), get)));
   EXPECT_EQ(j["phase"], "joined");
   EXPECT_EQ(j["round"], 3);
   EXPECT_EQ(j["detail"], "as node_rank 1 of 2; waiting for the other nodes");
-  health.set(agent::HealthEndpoint::Phase::Finishing, "this node's workers all finished");
+  health.set(agent::StatusServer::Phase::Finishing, "this node's workers all finished");
   j = json::parse(body_of(http(health.port(), get)));
   EXPECT_EQ(j["phase"], "finishing");
   EXPECT_EQ(j["round"], 3) << "a phase without a round keeps the last one";
-  health.set(agent::HealthEndpoint::Phase::Hung, "no rank made progress for 300 s");
-  health.set(agent::HealthEndpoint::Phase::Finishing, "this node's workers all finished");  // the hang stands
+  health.set(agent::StatusServer::Phase::Hung, "no rank made progress for 300 s");
+  health.set(agent::StatusServer::Phase::Finishing, "this node's workers all finished");  // the hang stands
   r = http(health.port(), get);
   EXPECT_EQ(r.rfind("HTTP/1.1 503", 0), 0u) << r;
   j = json::parse(body_of(r));
   EXPECT_EQ(j["ok"], false);
   EXPECT_EQ(j["phase"], "hung");
   // The text form names the phase the same way.
-  health.set(agent::HealthEndpoint::Phase::Ending, "exit code 0");
+  health.set(agent::StatusServer::Phase::Ending, "exit code 0");
   EXPECT_NE(http(health.port(), "GET / HTTP/1.1\r\nHost: probe\r\n\r\n").find("ending: exit code 0, for 0 s"),
             std::string::npos);
 }

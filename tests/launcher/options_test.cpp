@@ -143,6 +143,24 @@ TEST(OptionsTest, BadValuesNameTheFlagAndTheAcceptedValues) {
   EXPECT_NE(error_of({"--shutdown_timeout", "-1", "t"}).find("seconds >= 0"), std::string::npos);
 }
 
+TEST(OptionsTest, HttpPortComesFromTheFlagOrTorchrunsVariable) {
+  EXPECT_FALSE(parse({"t"}).http_port);
+  const auto flag = parse({"--http_port", "0", "t"});
+  ASSERT_TRUE(flag.http_port);
+  EXPECT_EQ(*flag.http_port, 0);
+  EXPECT_EQ(flag.http_port_from, "--http_port");
+  const auto var = parse({"t"}, {{"TORCHELASTIC_HEALTH_CHECK_PORT", "8123"}});
+  ASSERT_TRUE(var.http_port);
+  EXPECT_EQ(*var.http_port, 8123);
+  EXPECT_EQ(var.http_port_from, "TORCHELASTIC_HEALTH_CHECK_PORT");
+  EXPECT_EQ(*parse({"--http_port", "9000", "t"}, {{"TORCHELASTIC_HEALTH_CHECK_PORT", "8123"}}).http_port, 9000);
+  EXPECT_NE(error_of({"--http_port", "65536", "t"}).find("--http_port: expected a port from 0 to 65535, got '65536'"),
+            std::string::npos);
+  EXPECT_NE(error_of({"t"}, {{"TORCHELASTIC_HEALTH_CHECK_PORT", "web"}})
+                .find("TORCHELASTIC_HEALTH_CHECK_PORT: expected a port from 0 to 65535, got 'web'"),
+            std::string::npos);
+}
+
 TEST(OptionsTest, PreloadTakesModuleNamesFromTheFlagOrTheEnvironment) {
   EXPECT_EQ(parse({"--preload", "torch, numpy,torch.distributed", "t.py"}).preload,
             (std::vector<std::string>{"torch", "numpy", "torch.distributed"}));

@@ -177,7 +177,7 @@ TEST(LauncherTest, HealthCheckPortAnswersWhileTheWorkersRun) {
   const Finished f = q.wait(30s);
   EXPECT_EQ(f.exit_code, 2) << f.err;
   EXPECT_NE(f.err.find("TORCHELASTIC_HEALTH_CHECK_PORT=" + std::to_string(taken.port()) +
-                       ": cannot serve the health endpoint"),
+                       ": cannot serve the job's HTTP endpoint"),
             std::string::npos)
       << f.err;
 }

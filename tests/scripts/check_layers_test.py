@@ -41,13 +41,13 @@ class CheckLayersFindsEachBreach(unittest.TestCase):
         self.plant("launcher/workers/process.cpp", '#include "launcher/agent/agent.hpp"')
         self.plant("rendezvous/server/server.cpp", '#include "rendezvous/client/client.hpp"')
         self.plant("launcher/agent/agent.cpp", '#include "rendezvous/daemon/status.hpp"')
-        self.plant("launcher/agent/health.cpp", '#include "launcher/workers/no_such_file.hpp"')
+        self.plant("launcher/agent/status_server.cpp", '#include "launcher/workers/no_such_file.hpp"')
         self.plant("worker_sdk/include/ddprun/worker/env.hpp", '#include "common/errors.hpp"')
         self.plant("worker_sdk/src/env.cpp", '#include "launcher/cli/options.hpp"')
         self.plant("examples/mlp.cpp", '#include "launcher/workers/numa.hpp"')
         self.plant("tests/launcher/agent_test.cpp", '#include "tests/launcher/round_protocol_test.cpp"')
         self.plant("rendezvous/server/janitor.cpp", "namespace ddprun::rdzv::core {\nint stray() { return 1; }\n}  // namespace ddprun::rdzv::core")
-        self.plant("launcher/agent/health.hpp", "namespace ddprun::rdzv::server {\nclass Ahead;\n}  // namespace ddprun::rdzv::server")
+        self.plant("launcher/agent/status_server.hpp", "namespace ddprun::rdzv::server {\nclass Ahead;\n}  // namespace ddprun::rdzv::server")
         cm = self.copy / "launcher/CMakeLists.txt"
         cm.write_text(cm.read_text().replace(
             "target_link_libraries(ddprun_launcher_workers PUBLIC ddprun::common",
@@ -62,7 +62,7 @@ class CheckLayersFindsEachBreach(unittest.TestCase):
             "launcher/workers/process.cpp (launcher/workers) includes launcher/agent/agent.hpp: an upper layer",
             "rendezvous/server/server.cpp (rendezvous/server) includes rendezvous/client/client.hpp: a sibling",
             "launcher/agent/agent.cpp: includes rendezvous/daemon/status.hpp (rendezvous/daemon is the daemon's alone)",
-            'launcher/agent/health.cpp includes "launcher/workers/no_such_file.hpp", which is not in the repository',
+            'launcher/agent/status_server.cpp includes "launcher/workers/no_such_file.hpp", which is not in the repository',
             "worker_sdk/include/ddprun/worker/env.hpp (sdk) includes common/errors.hpp",
             "worker_sdk/src/env.cpp (sdk-src) includes launcher/cli/options.hpp",
             "examples/mlp.cpp (examples) includes launcher/workers/numa.hpp",
@@ -73,7 +73,7 @@ class CheckLayersFindsEachBreach(unittest.TestCase):
             "rendezvous/server/janitor.cpp: its code is in namespace ddprun::rdzv::core, not ddprun::rdzv::server",
         ]:
             self.assertIn(expected, out)
-        self.assertNotIn("launcher/agent/health.hpp: its code", out, "a class declared ahead is no breach")
+        self.assertNotIn("launcher/agent/status_server.hpp: its code", out, "a class declared ahead is no breach")
 
 
 if __name__ == "__main__":

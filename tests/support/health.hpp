@@ -1,6 +1,6 @@
 #pragma once
 // Test helper: where a running ddprun stands, as its health endpoint reports it
-// (TORCHELASTIC_HEALTH_CHECK_PORT, `?format=json`: see launcher/agent/health.hpp), for tests that
+// (TORCHELASTIC_HEALTH_CHECK_PORT, `?format=json`: see launcher/agent/status_server.hpp), for tests that
 // wait on a phase (connecting, joined, running, finishing, ...) rather than on a sentence of its log.
 
 #include <map>

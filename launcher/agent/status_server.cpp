@@ -1,4 +1,4 @@
-#include "launcher/agent/health.hpp"
+#include "launcher/agent/status_server.hpp"
 
 #include <boost/asio/executor_work_guard.hpp>
 #include <boost/asio/io_context.hpp>
@@ -6,14 +6,17 @@
 #include <nlohmann/json.hpp>
 
 #include "common/errors.hpp"
+#include "launcher/view/job_page.hpp"
 #include "rendezvous/server/http_server.hpp"
 
 namespace ddprun::launcher::agent {
 
-HealthEndpoint::HealthEndpoint(uint16_t port) : io_(std::make_unique<boost::asio::io_context>()) {
-  auto handler = [this](std::string_view target) {
+StatusServer::StatusServer(uint16_t port, view::ViewSettings view)
+    : view_(view), io_(std::make_unique<boost::asio::io_context>()) {
+  auto handler = [this](const rdzv::server::HttpRequest& request) {
+    if (auto page = view::serve_view(view_, request)) return std::move(*page);
     rdzv::server::HttpReply reply;
-    reply.body = answer(target, reply.status, reply.content_type);
+    reply.body = answer(request.target, reply.status, reply.content_type);
     return reply;
   };
   try {
@@ -29,13 +32,13 @@ HealthEndpoint::HealthEndpoint(uint16_t port) : io_(std::make_unique<boost::asio
   });
 }
 
-HealthEndpoint::~HealthEndpoint() {
+StatusServer::~StatusServer() {
   io_->stop();
   thread_.join();
   http_.reset();
 }
 
-const char* HealthEndpoint::name(Phase phase) {
+const char* StatusServer::name(Phase phase) {
   switch (phase) {
     case Phase::Connecting: return "connecting";
     case Phase::Rendezvous: return "rendezvous";
@@ -49,7 +52,7 @@ const char* HealthEndpoint::name(Phase phase) {
   return "unknown";
 }
 
-void HealthEndpoint::set(Phase phase, std::string detail, int round) {
+void StatusServer::set(Phase phase, std::string detail, int round) {
   std::lock_guard lock(mutex_);
   // A hang stands until the round ends.
   if (phase_ == Phase::Hung && (phase == Phase::Running || phase == Phase::Finishing)) return;
@@ -57,9 +60,10 @@ void HealthEndpoint::set(Phase phase, std::string detail, int round) {
   phase_ = phase;
   detail_ = std::move(detail);
   if (round >= 0) round_ = round;
+  view_.set_phase(name(phase_), detail_, phase_ != Phase::Hung && phase_ != Phase::Ending, round_);
 }
 
-std::string HealthEndpoint::answer(std::string_view target, unsigned& status, std::string& content_type) {
+std::string StatusServer::answer(std::string_view target, unsigned& status, std::string& content_type) {
   std::lock_guard lock(mutex_);
   const auto seconds =
       std::chrono::duration_cast<std::chrono::seconds>(std::chrono::steady_clock::now() - since_).count();

@@ -1,6 +1,8 @@
 #pragma once
-// TORCHELASTIC_HEALTH_CHECK_PORT: the agent's health endpoint, for a Kubernetes liveness probe
-// (torchrun reserves the variable; its open-source server is a stub). Any GET on the port answers
+// The agent's HTTP server (--http_port, or torchrun's TORCHELASTIC_HEALTH_CHECK_PORT): the job page
+// (/ui), its data (/api/job), the hang report and /metrics (view/job_page.hpp), and the health
+// endpoint, for a Kubernetes liveness probe (torchrun reserves the variable; its open-source
+// server is a stub). Any other GET on the port answers
 //   200 "ok: PHASE, DETAIL, for N s" while the agent connects, joins, runs and restarts its
 //       workers (PHASE: connecting, rendezvous, joined, running, finishing, restarting);
 //   503 "hung: ..." once the hang watchdog (--hang_timeout) has seen no progress, and
@@ -19,6 +21,8 @@
 #include <string_view>
 #include <thread>
 
+#include "launcher/view/job_view.hpp"
+
 namespace boost::asio {
 class io_context;
 }
@@ -29,24 +33,28 @@ class HttpServer;
 
 namespace ddprun::launcher::agent {
 
-class HealthEndpoint {
+class StatusServer {
  public:
   // Connecting: to the rendezvous (its store, etcd); Rendezvous: joining a round; Joined: in the
   // round, waiting for the other nodes; Finishing: this node's workers are done, the others' not.
   enum class Phase { Connecting, Rendezvous, Joined, Running, Finishing, Restarting, Hung, Ending };
   static const char* name(Phase phase);
   // Listens on `port` (0: the kernel picks); throws ConnectionError when it cannot.
-  explicit HealthEndpoint(uint16_t port);
-  ~HealthEndpoint();
-  HealthEndpoint(const HealthEndpoint&) = delete;
-  HealthEndpoint& operator=(const HealthEndpoint&) = delete;
+  explicit StatusServer(uint16_t port, view::ViewSettings view = {});
+  ~StatusServer();
+  StatusServer(const StatusServer&) = delete;
+  StatusServer& operator=(const StatusServer&) = delete;
 
   // Thread-safe. `round`: the round the phase belongs to (unchanged when -1).
   void set(Phase phase, std::string detail, int round = -1);
   uint16_t port() const { return port_; }
+  // What the page and /metrics show (thread-safe).
+  view::JobView& view() { return view_; }
 
  private:
   std::string answer(std::string_view target, unsigned& status, std::string& content_type);
+
+  view::JobView view_;
 
   std::mutex mutex_;
   Phase phase_ = Phase::Rendezvous;

@@ -1,0 +1,205 @@
+// The job page (--http_port, /ui) in a real browser: Debian's chromium, headless, loads the page of
+// a running 4-rank DDP job (the SDK's worker) in which rank 3 computes 40 ms longer per step. The
+// page shows the 4 ranks and marks rank 3 as the straggler after refreshing itself; it asks no
+// host but the agent for anything (chromium's own network log says what it fetched); a screenshot
+// is left in the build's test-artifacts/. The agent's /metrics passes promtool.
+#include <gtest/gtest.h>
+#include <ifaddrs.h>
+#include <netinet/in.h>
+#include <unistd.h>
+
+#include <csignal>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <regex>
+#include <set>
+#include <sstream>
+
+#include "tests/support/free_port.hpp"
+#include "tests/support/http.hpp"
+#include "tests/support/subprocess.hpp"
+#include "tests/support/temp_dir.hpp"
+#include "tests/support/wait_until.hpp"
+
+namespace ddprun::test {
+namespace {
+
+using namespace std::chrono_literals;
+using nlohmann::json;
+namespace fs = std::filesystem;
+
+std::string read_file(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+// chromium's path on PATH, or "".
+std::string chromium_path() {
+  const char* path = std::getenv("PATH");
+  std::stringstream dirs(path ? path : "/usr/bin");
+  std::string d;
+  while (std::getline(dirs, d, ':')) {
+    const fs::path candidate = fs::path(d) / "chromium";
+    if (!d.empty() && ::access(candidate.c_str(), X_OK) == 0) return candidate.string();
+  }
+  return "";
+}
+
+// Headless chromium with nothing of its own to fetch (no updates, no sync, no first-run pages).
+std::vector<std::string> chromium(const fs::path& profile, std::vector<std::string> args) {
+  std::vector<std::string> argv = {chromium_path(),
+                                   "--headless",
+                                   "--no-sandbox",  // as root, in a container
+                                   "--disable-gpu",
+                                   "--no-first-run",
+                                   "--no-default-browser-check",
+                                   "--disable-background-networking",
+                                   "--disable-component-update",
+                                   "--disable-sync",
+                                   "--disable-default-apps",
+                                   "--disable-extensions",
+                                   "--disable-domain-reliability",
+                                   "--user-data-dir=" + profile.string(),
+                                   "--window-size=1200,900"};
+  argv.insert(argv.end(), args.begin(), args.end());
+  return argv;
+}
+
+// The URLs a page asked for, from a chromium network log (--log-net-log): every request job whose
+// initiator is an origin (a page's subresources, fetches) or that belongs to `site`'s pages (the
+// navigation). The browser's own traffic (its update and account checks, "not an origin", another
+// site's key) is not the page's.
+std::set<std::string> page_requests(const json& log, const std::string& site) {
+  std::set<std::string> out;
+  int start_job = -1;
+  for (auto it = log["constants"]["logEventTypes"].begin(); it != log["constants"]["logEventTypes"].end(); ++it) {
+    if (it.key() == "URL_REQUEST_START_JOB") start_job = it.value().get<int>();
+  }
+  for (const auto& e : log["events"]) {
+    if (e.value("type", -1) != start_job || !e.contains("params")) continue;
+    const json& p = e["params"];
+    const std::string initiator = p.value("initiator", "");
+    const std::string key = p.value("network_isolation_key", "");
+    if ((!initiator.empty() && initiator != "not an origin") || key.find(site) != std::string::npos) {
+      out.insert(p.value("url", ""));
+    }
+  }
+  return out;
+}
+
+// An IPv4 address of this host that is not a loopback one, or "".
+std::string other_address_of_this_host() {
+  ifaddrs* list = nullptr;
+  if (::getifaddrs(&list) != 0) return "";
+  std::string found;
+  for (ifaddrs* a = list; a && found.empty(); a = a->ifa_next) {
+    if (!a->ifa_addr || a->ifa_addr->sa_family != AF_INET) continue;
+    char text[INET_ADDRSTRLEN] = {};
+    ::inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(a->ifa_addr)->sin_addr, text, sizeof text);
+    if (std::string(text).rfind("127.", 0) != 0) found = text;
+  }
+  ::freeifaddrs(list);
+  return found;
+}
+
+TEST(JobPageTest, ABrowserShowsEveryRankAndMarksTheThrottledOne) {
+  ASSERT_FALSE(chromium_path().empty()) << "chromium is missing (Debian's chromium package; scripts/install_deps.sh)";
+  const int port = free_port();
+  TempDir dir;
+  Subprocess job({DDPRUN_BIN, "--nproc_per_node", "4", "--http_port", std::to_string(port), SDK_TEST_WORKER_BIN,
+                  "train", "1000000", "-1", "3", "40"});
+
+  // Every rank steps.
+  json api;
+  ASSERT_TRUE(wait_until(
+      [&] {
+        try {
+          const HttpAnswer a = http_get(static_cast<uint16_t>(port), "/api/job");
+          api = json::parse(a.body, nullptr, false);
+        } catch (const std::exception&) {
+          return false;
+        }
+        if (!api.is_object() || api["ranks"].size() != 4) return false;
+        for (const auto& r : api["ranks"]) {
+          if (r["step"].get<int>() < 5) return false;
+        }
+        return true;
+      },
+      120s))
+      << api.dump(2) << job.err();
+  EXPECT_EQ(api["schema"], "ddprun-job-view/1");
+  EXPECT_EQ(api["phase"]["name"], "running");
+
+  // Prometheus' linter takes the agent's metrics as they are, one series per rank.
+  const HttpAnswer metrics = http_get(static_cast<uint16_t>(port), "/metrics");
+  EXPECT_EQ(metrics.status, 200);
+  for (int r = 0; r < 4; ++r) {
+    EXPECT_NE(metrics.body.find("ddprun_rank_steps_total{rank=\"" + std::to_string(r) + "\"}"), std::string::npos)
+        << metrics.body;
+  }
+  const Lint lint = promtool_check(metrics.body);
+  ASSERT_NE(lint.exit_code, 127) << "promtool is missing (Debian's prometheus package; scripts/install_deps.sh)";
+  EXPECT_EQ(lint.exit_code, 0) << lint.says;
+  EXPECT_EQ(lint.says, "") << metrics.body;
+
+  // The browser: the DOM after two refresh periods of the page (1.5 s each).
+  const std::string url = "http://127.0.0.1:" + std::to_string(port) + "/ui";
+  const fs::path netlog = dir.path / "netlog.json";
+  std::string dom;
+  auto marked = [&] {
+    fs::remove(netlog);
+    Subprocess browser(chromium(dir.path / "profile",
+                                {"--log-net-log=" + netlog.string(), "--virtual-time-budget=3000", "--dump-dom", url}));
+    const Finished f = browser.wait(60s);
+    dom = f.out.empty() ? "chromium printed no DOM (exit code " + std::to_string(f.exit_code) + "): " + f.err : f.out;
+    return dom.find("data-rank=\"3\" data-straggler=\"true\"") != std::string::npos;
+  };
+  EXPECT_TRUE(wait_until(marked, 90s)) << dom;
+  std::set<int> ranks;
+  const std::regex cell("data-rank=\"([0-9]+)\" data-straggler=\"(true|false)\"");
+  for (auto it = std::sregex_iterator(dom.begin(), dom.end(), cell); it != std::sregex_iterator(); ++it) {
+    const int rank = std::stoi((*it)[1]);
+    ranks.insert(rank);
+    EXPECT_EQ((*it)[2] == "true", rank == 3) << "rank " << rank << " marked wrongly";
+  }
+  EXPECT_EQ(ranks, (std::set<int>{0, 1, 2, 3})) << dom;
+  // The page refreshed itself from /api/job (it counts its refreshes on <body>).
+  std::smatch refreshes;
+  ASSERT_TRUE(std::regex_search(dom, refreshes, std::regex("data-refreshes=\"([0-9]+)\""))) << dom;
+  EXPECT_GE(std::stoi(refreshes[1]), 1);
+
+  // Nothing was fetched from anywhere but the agent.
+  const json log = json::parse(read_file(netlog), nullptr, false);
+  ASSERT_TRUE(log.is_object()) << "chromium wrote no network log at " << netlog;
+  const std::set<std::string> urls = page_requests(log, "http://127.0.0.1");
+  const std::string agent = "http://127.0.0.1:" + std::to_string(port) + "/";
+  EXPECT_TRUE(urls.count(url) && urls.count(agent + "ui.js") && urls.count(agent + "api/job"))
+      << "the log does not show the page's own requests";
+  for (const auto& u : urls) EXPECT_EQ(u.rfind(agent, 0), 0u) << "the page fetched " << u;
+
+  // A screenshot, for people (test-artifacts/ in the build).
+  fs::create_directories(TEST_ARTIFACTS_DIR);
+  const fs::path shot = fs::path(TEST_ARTIFACTS_DIR) / "job_page.png";
+  fs::remove(shot);
+  Subprocess camera(
+      chromium(dir.path / "profile", {"--virtual-time-budget=3000", "--screenshot=" + shot.string(), url}));
+  camera.wait(60s);
+  const std::string png = read_file(shot);
+  EXPECT_EQ(png.substr(0, 8), std::string("\x89PNG\r\n\x1a\n", 8)) << "no screenshot at " << shot;
+
+  // The page holds the workers' output: another host (this one by another address) is refused.
+  if (const std::string other = other_address_of_this_host(); !other.empty()) {
+    const HttpAnswer far = http_get(static_cast<uint16_t>(port), "/api/job", other.c_str());
+    EXPECT_EQ(far.status, 403) << far.whole;
+    EXPECT_EQ(http_get(static_cast<uint16_t>(port), "/metrics", other.c_str()).status, 200);
+  }
+
+  job.signal(SIGTERM);
+  EXPECT_FALSE(job.wait(60s).timed_out);
+}
+
+}  // namespace
+}  // namespace ddprun::test
