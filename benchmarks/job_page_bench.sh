@@ -1,0 +1,89 @@
+#!/usr/bin/env bash
+# What the job page costs, and how big a job it draws quickly.
+#   1. A training job watched against one not watched: the C++ SDK's DDP benchmark (ddp_bench)
+#      under ddprun, 2 processes, in alternating runs (drift falls on both sides alike):
+#        off: no --http_port;
+#        on:  --http_port, and /api/job fetched every 1.5 s for the whole run, as an open page
+#             does (the browser itself runs elsewhere: its own CPU is not the agent's cost).
+#      Prints each run's steps/s and the median on/off ratio (1.00 = no cost).
+#   2. The page of 1024 and 16384 synthetic ranks (job_page_synthetic) in headless chromium: the
+#      page's own time to draw the job (data-render-ms, measured by the page), the whole load
+#      (browser start included) and the size and time of one /api/job.
+#   benchmarks/job_page_bench.sh BUILD_DIR [STEPS] [BATCH_PER_RANK] [PAIRS]
+set -euo pipefail
+build=${1:?usage: job_page_bench.sh BUILD_DIR [STEPS] [BATCH] [PAIRS]}
+steps=${2:-600}
+batch=${3:-64}
+pairs=${4:-5}
+export OMP_NUM_THREADS=1
+ddprun="$build/launcher/ddprun"
+bench="$build/benchmarks/ddp_bench"
+synthetic="$build/benchmarks/job_page_synthetic"
+command -v chromium >/dev/null || { echo "job_page_bench: chromium is missing (scripts/install_deps.sh)" >&2; exit 1; }
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+
+field() { sed -n "s/.*$1=\([0-9.]*\).*/\1/p" | tail -1; }
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+# One GET over bash's /dev/tcp (no curl needed): the body's size in bytes.
+get() {
+  local port=$1 path=$2
+  exec 3<>"/dev/tcp/127.0.0.1/$port" || return 1
+  printf 'GET %s HTTP/1.1\r\nHost: localhost\r\n\r\n' "$path" >&3
+  local n
+  n=$(cat <&3 | wc -c)
+  exec 3<&-
+  echo "$n"
+}
+poll() { while :; do get "$1" /api/job >/dev/null 2>&1 || true; sleep 1.5; done; }
+
+run_off() { "$ddprun" --nproc_per_node 2 "$bench" "$steps" "$batch" 2>/dev/null | field steps_per_s; }
+run_on() {
+  local port
+  port=$(free_port)
+  poll "$port" &
+  local poller=$!
+  "$ddprun" --nproc_per_node 2 --http_port "$port" "$bench" "$steps" "$batch" 2>/dev/null | field steps_per_s
+  kill "$poller" 2>/dev/null || true
+  wait "$poller" 2>/dev/null || true
+}
+off=() on=() ratios=()
+for ((i = 0; i < pairs; i++)); do
+  if ((i % 2 == 0)); then a=$(run_off); b=$(run_on); else b=$(run_on); a=$(run_off); fi
+  off+=("$a") on+=("$b") ratios+=("$(echo "$b / $a" | bc -l)")
+  printf 'pair %d: off %.1f steps/s, on %.1f steps/s, on/off %.3f\n' "$((i + 1))" "$a" "$b" "${ratios[-1]}"
+done
+median() { printf '%s\n' "$@" | sort -g | awk '{v[NR]=$1} END {print (NR % 2) ? v[(NR+1)/2] : (v[NR/2]+v[NR/2+1])/2}'; }
+printf 'LeNet-5, batch %s per rank, %s steps, 2 processes, %s pairs\n' "$batch" "$steps" "$pairs"
+printf 'median steps/s: no page %.1f, page open %.1f; median on/off ratio %.3f (min %.3f, max %.3f)\n' \
+  "$(median "${off[@]}")" "$(median "${on[@]}")" "$(median "${ratios[@]}")" \
+  "$(printf '%s\n' "${ratios[@]}" | sort -g | head -1)" "$(printf '%s\n' "${ratios[@]}" | sort -g | tail -1)"
+
+for ranks in 1024 16384; do
+  mkfifo "$work/in"
+  "$synthetic" "$ranks" <"$work/in" >"$work/out" &
+  server=$!
+  exec 4>"$work/in"
+  for _ in $(seq 100); do grep -q port= "$work/out" 2>/dev/null && break; sleep 0.1; done
+  port=$(field port <"$work/out")
+  t0=$(date +%s%N)
+  bytes=$(get "$port" /api/job)
+  t1=$(date +%s%N)
+  renders=()
+  loads=()
+  for _ in 1 2 3; do
+    s=$(date +%s%N)
+    dom=$(chromium --headless --no-sandbox --disable-gpu --no-first-run --disable-background-networking \
+      --disable-component-update --disable-sync --user-data-dir="$work/profile" --window-size=1200,900 \
+      --dump-dom "http://127.0.0.1:$port/ui" 2>/dev/null)
+    e=$(date +%s%N)
+    renders+=("$(printf '%s' "$dom" | sed -n 's/.*data-render-ms="\([0-9.]*\)".*/\1/p' | head -1)")
+    loads+=("$(echo "($e - $s) / 1000000" | bc)")
+    grep -q 'data-rank="' <<<"$dom" || echo "job_page_bench: the page of $ranks ranks shows no rank" >&2
+  done
+  printf '%5d ranks: /api/job %d bytes in %d ms; the page draws the job in %s ms (median of 3; %s), browser start to DOM %s ms\n' \
+    "$ranks" "$bytes" "$(((t1 - t0) / 1000000))" "$(median "${renders[@]}")" "${renders[*]}" "$(median "${loads[@]}")"
+  exec 4>&-
+  wait "$server" 2>/dev/null || true
+  rm -f "$work/in" "$work/out"
+done
