@@ -41,6 +41,7 @@ LAYERS = {
     "launcher/ft": 8,
     "launcher/watchdog": 8,
     "launcher/view": 9,
+    "launcher/top": 9,
     "launcher/cli": 9,
     "launcher/agent": 10,
     "launcher": 11,

@@ -55,6 +55,17 @@ mkdir -p "$(dirname "$out")"
     --log_dir|--log-dir) COMPREPLY=($(compgen -d -- "$cur")); return ;;
   esac
 BODY
+  elif [[ $name == ddprun-top ]]; then
+    # TARGET: HOST:PORT, a port or a run id; nothing to complete from files.
+    cat <<'BODY'
+  case $prev in
+    --interval) COMPREPLY=($(compgen -W '0.5 1 2 5' -- "$cur")); return ;;
+  esac
+  if [[ $cur == -* ]]; then
+    COMPREPLY=($(compgen -W "$flags" -- "$cur"))
+  fi
+}
+BODY
   else
     cat <<'BODY'
   if ((COMP_CWORD == 1)) && [[ $cur != -* ]]; then
@@ -67,7 +78,7 @@ BODY
   esac
 BODY
   fi
-  cat <<'BODY'
+  [[ $name == ddprun-top ]] || cat <<'BODY'
   if [[ $valued == *" $prev "* ]]; then
     COMPREPLY=($(compgen -f -- "$cur"))
     return

@@ -93,6 +93,9 @@ Agent::Agent(const LaunchOptions& o, JobReport& report)
                         " (choose a free port, or 0 for any)");
     }
     health_->view().set_identity(o.run_id, host_, multi_node_ ? o.node_rank : -1, o.max_nodes);
+    std::string program = o.program;
+    for (const auto& a : o.program_args) program += " " + a;
+    health_->advertise(o.run_id, program.size() > 200 ? program.substr(0, 197) + "..." : program);
     log::info("ddprun") << "job page at http://localhost:" << health_->port()
                         << "/ui (this host only), Prometheus metrics at /metrics, health at / (" << given << ")";
   }

@@ -1,11 +1,14 @@
 #include "launcher/agent/status_server.hpp"
 
+#include <unistd.h>
+
 #include <boost/asio/executor_work_guard.hpp>
 #include <boost/asio/io_context.hpp>
 
 #include <nlohmann/json.hpp>
 
 #include "common/errors.hpp"
+#include "common/job_pages.hpp"
 #include "launcher/view/job_page.hpp"
 #include "rendezvous/server/http_server.hpp"
 
@@ -36,6 +39,11 @@ StatusServer::~StatusServer() {
   io_->stop();
   thread_.join();
   http_.reset();
+  if (!advertised_.empty()) ::unlink(advertised_.c_str());
+}
+
+void StatusServer::advertise(const std::string& run_id, const std::string& program) {
+  advertised_ = job_pages::publish(port_, run_id, program);
 }
 
 const char* StatusServer::name(Phase phase) {

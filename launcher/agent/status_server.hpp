@@ -48,6 +48,9 @@ class StatusServer {
   // Thread-safe. `round`: the round the phase belongs to (unchanged when -1).
   void set(Phase phase, std::string detail, int round = -1);
   uint16_t port() const { return port_; }
+  // Says this ddprun's port where ddprun-top looks for jobs by run id (common/job_pages.hpp), until
+  // the server is gone.
+  void advertise(const std::string& run_id, const std::string& program);
   // What the page and /metrics show (thread-safe).
   view::JobView& view() { return view_; }
 
@@ -55,6 +58,7 @@ class StatusServer {
   std::string answer(std::string_view target, unsigned& status, std::string& content_type);
 
   view::JobView view_;
+  std::string advertised_;  // the file advertise() wrote
 
   std::mutex mutex_;
   Phase phase_ = Phase::Rendezvous;

@@ -7,6 +7,7 @@
 
 #include "common/prometheus.hpp"
 #include "launcher/view/job_page.hpp"
+#include "launcher/top/top_table.hpp"
 #include "launcher/view/job_view.hpp"
 
 namespace ddprun::launcher {
@@ -217,6 +218,45 @@ TEST(JobViewTest, ThePageAndItsDataAreForThisHostAloneAndMetricsForAnyone) {
   // Other paths are the health endpoint's.
   EXPECT_FALSE(view::serve_view(v, {"/", local}));
   EXPECT_FALSE(view::serve_view(v, {"/healthz", other}));
+}
+
+}  // namespace
+}  // namespace ddprun::launcher
+
+namespace ddprun::launcher {
+namespace {
+
+TEST(TopTableTest, TheTableFitsTheTerminalAndSaysWhatItLeftOut) {
+  JobView v;
+  v.set_identity("job7", "node-a", -1, 1);
+  v.set_phase("running", "8 workers, round 0 (restart 0)", true, 0);
+  std::vector<double> compute(8, 10.0);
+  compute[6] = 50.0;
+  Job job(compute);
+  for (int i = 0; i < 6; ++i) job.step(v, 10);
+  const json snap = v.snapshot();
+  const std::string all = top::format_table(snap, "127.0.0.1:8080");
+  EXPECT_EQ(all.rfind("ddprun job job7 at 127.0.0.1:8080: running (8 workers, round 0 (restart 0), for ", 0), 0u)
+      << all;
+  EXPECT_NE(all.find("8 of 8 worker(s) alive, 1 straggler(s)"), std::string::npos) << all;
+  // The straggler's row comes first, under the header.
+  const auto header = all.find("RANK");
+  ASSERT_NE(header, std::string::npos);
+  const std::string first =
+      all.substr(all.find('\n', header) + 1, all.find('\n', all.find('\n', header) + 1) - all.find('\n', header) - 1);
+  EXPECT_NE(first.find("     6 "), std::string::npos) << all;
+  EXPECT_NE(first.find("50.0 ms"), std::string::npos) << all;
+  EXPECT_NE(first.find("straggler"), std::string::npos) << all;
+  EXPECT_EQ(all.find("more rank"), std::string::npos) << all;
+  // 10 lines of terminal: 4 for the header, 5 ranks, and what was left out.
+  const std::string small = top::format_table(snap, "127.0.0.1:8080", 40, 10);
+  int lines = 0;
+  for (const char c : small) lines += c == '\n';
+  EXPECT_EQ(lines, 10) << small;
+  EXPECT_NE(small.find("... 3 more rank(s)"), std::string::npos) << small;
+  for (size_t at = 0, end; (end = small.find('\n', at)) != std::string::npos; at = end + 1) {
+    EXPECT_LE(end - at, 40u) << small;
+  }
 }
 
 }  // namespace

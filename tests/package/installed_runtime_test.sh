@@ -25,8 +25,10 @@ dpkg-deb -I "$deb" postinst | grep -q "adduser --system" || fail "postinst does 
 root="$work/root"
 mkdir -p "$root"
 for d in "$debs"/*.deb; do dpkg-deb -x "$d" "$root"; done
-for f in usr/bin/ddprun usr/bin/ddprun-rendezvous usr/share/man/man1/ddprun.1.gz usr/share/man/man1/ddprun-rendezvous.1.gz \
+for f in usr/bin/ddprun usr/bin/ddprun-rendezvous usr/bin/ddprun-top usr/share/man/man1/ddprun.1.gz \
+         usr/share/man/man1/ddprun-rendezvous.1.gz usr/share/man/man1/ddprun-top.1.gz \
          usr/share/bash-completion/completions/ddprun usr/share/bash-completion/completions/ddprun-rendezvous \
+         usr/share/bash-completion/completions/ddprun-top \
          usr/lib/systemd/system/ddprun-rendezvous.service etc/default/ddprun-rendezvous; do
   [[ -e "$root/$f" ]] || fail "the packages lack /$f"
 done
@@ -35,6 +37,7 @@ readelf -S "$bin/ddprun" | grep -q '\.symtab' && fail "ddprun is not stripped"
 
 # --version, and a two-worker DDP job of the installed example from the installed launcher.
 [[ $("$bin/ddprun" --version) =~ ^ddprun\ [0-9]+\.[0-9]+\.[0-9]+$ ]] || fail "ddprun --version: $("$bin/ddprun" --version)"
+[[ $("$bin/ddprun-top" --version) =~ ^ddprun-top\ [0-9]+\.[0-9]+\.[0-9]+$ ]] || fail "ddprun-top --version: $("$bin/ddprun-top" --version)"
 job=$("$bin/ddprun" --nproc_per_node 2 "$root/usr/libexec/ddprun/examples/mlp" --epochs 1 --max-steps 5 \
       --train-limit 1280 2>"$work/job.err") || { cat "$work/job.err"; fail "the two-worker job failed"; }
 grep -q '"world_size": 2' <<<"$job" || fail "no two-worker result: $job"
@@ -61,7 +64,7 @@ for _ in $(seq 100); do [[ -s "$work/port" ]] && break; sleep 0.1; done
 kill "$daemon"; wait "$daemon" || true; daemon=""
 
 # Man pages and completion: every flag of --help, in both.
-for tool in ddprun ddprun-rendezvous; do
+for tool in ddprun ddprun-rendezvous ddprun-top; do
   man_text=$(zcat "$root/usr/share/man/man1/$tool.1.gz" | sed 's/\\-/-/g')
   grep -q '^\.TH' <<<"$man_text" || fail "$tool.1 is not a man page"
   flags=$("$bin/$tool" --help | grep -E '^ +-' | grep -oE -- '--[a-z][a-z0-9_-]*' | sort -u)

@@ -10,6 +10,7 @@
 
 #include <csignal>
 #include <filesystem>
+#include <memory>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <regex>
@@ -36,17 +37,18 @@ std::string read_file(const fs::path& p) {
   return s.str();
 }
 
-// chromium's path on PATH, or "".
-std::string chromium_path() {
+// A program's path on PATH, or "".
+std::string on_path(const std::string& name) {
   const char* path = std::getenv("PATH");
   std::stringstream dirs(path ? path : "/usr/bin");
   std::string d;
   while (std::getline(dirs, d, ':')) {
-    const fs::path candidate = fs::path(d) / "chromium";
+    const fs::path candidate = fs::path(d) / name;
     if (!d.empty() && ::access(candidate.c_str(), X_OK) == 0) return candidate.string();
   }
   return "";
 }
+std::string chromium_path() { return on_path("chromium"); }
 
 // Headless chromium with nothing of its own to fetch (no updates, no sync, no first-run pages).
 std::vector<std::string> chromium(const fs::path& profile, std::vector<std::string> args) {
@@ -105,16 +107,13 @@ std::string other_address_of_this_host() {
   return found;
 }
 
-TEST(JobPageTest, ABrowserShowsEveryRankAndMarksTheThrottledOne) {
-  ASSERT_FALSE(chromium_path().empty()) << "chromium is missing (Debian's chromium package; scripts/install_deps.sh)";
-  const int port = free_port();
-  TempDir dir;
-  Subprocess job({DDPRUN_BIN, "--nproc_per_node", "4", "--http_port", std::to_string(port), SDK_TEST_WORKER_BIN,
-                  "train", "1000000", "-1", "3", "40"});
-
-  // Every rank steps.
+// A 4-rank DDP job whose rank 3 computes 40 ms longer per step, with its page on `port`; returns
+// once every rank has stepped, with the job's view then.
+json start_throttled_job(Subprocess*& job, int port, const std::string& run_id) {
+  job = new Subprocess({DDPRUN_BIN, "--rdzv_id", run_id, "--nproc_per_node", "4", "--http_port", std::to_string(port),
+                        SDK_TEST_WORKER_BIN, "train", "1000000", "-1", "3", "40"});
   json api;
-  ASSERT_TRUE(wait_until(
+  const bool stepping = wait_until(
       [&] {
         try {
           const HttpAnswer a = http_get(static_cast<uint16_t>(port), "/api/job");
@@ -128,8 +127,19 @@ TEST(JobPageTest, ABrowserShowsEveryRankAndMarksTheThrottledOne) {
         }
         return true;
       },
-      120s))
-      << api.dump(2) << job.err();
+      120s);
+  EXPECT_TRUE(stepping) << api.dump(2) << job->err();
+  return api;
+}
+
+TEST(JobPageTest, ABrowserShowsEveryRankAndMarksTheThrottledOne) {
+  ASSERT_FALSE(chromium_path().empty()) << "chromium is missing (Debian's chromium package; scripts/install_deps.sh)";
+  const int port = free_port();
+  TempDir dir;
+  Subprocess* started = nullptr;
+  const json api = start_throttled_job(started, port, "page-test");
+  std::unique_ptr<Subprocess> job(started);
+  ASSERT_FALSE(HasFailure());
   EXPECT_EQ(api["schema"], "ddprun-job-view/1");
   EXPECT_EQ(api["phase"]["name"], "running");
 
@@ -197,8 +207,82 @@ TEST(JobPageTest, ABrowserShowsEveryRankAndMarksTheThrottledOne) {
     EXPECT_EQ(http_get(static_cast<uint16_t>(port), "/metrics", other.c_str()).status, 200);
   }
 
-  job.signal(SIGTERM);
-  EXPECT_FALSE(job.wait(60s).timed_out);
+  job->signal(SIGTERM);
+  EXPECT_FALSE(job->wait(60s).timed_out);
+}
+
+// The rows of ranks in a ddprun-top table: the rank numbers, top to bottom, and whether the first
+// is named the straggler.
+std::vector<int> ranks_listed(const std::string& table, bool& first_is_straggler) {
+  std::vector<int> ranks;
+  std::stringstream lines(table);
+  std::string line;
+  bool in_table = false;
+  while (std::getline(lines, line)) {
+    if (line.find("RANK") != std::string::npos && line.find("STEP TIME") != std::string::npos) {
+      in_table = true;
+      continue;
+    }
+    std::smatch m;
+    if (in_table && std::regex_search(line, m, std::regex("^ *([0-9]+) +[0-9]+ +[0-9]+ "))) {
+      if (ranks.empty()) first_is_straggler = line.find("straggler") != std::string::npos;
+      ranks.push_back(std::stoi(m[1]));
+    }
+  }
+  return ranks;
+}
+
+TEST(JobPageTest, DdprunTopInATerminalListsTheThrottledRankFirst) {
+  const std::string tmux = on_path("tmux");
+  ASSERT_FALSE(tmux.empty()) << "tmux is missing (Debian's tmux package; scripts/install_deps.sh)";
+  const int port = free_port();
+  const std::string run_id = "top-test-" + std::to_string(::getpid());
+  Subprocess* started = nullptr;
+  start_throttled_job(started, port, run_id);
+  std::unique_ptr<Subprocess> job(started);
+  ASSERT_FALSE(HasFailure());
+
+  // In a real terminal (tmux), refreshing itself: the ranks, the throttled one first.
+  const std::string socket = "ddprun-test-" + std::to_string(::getpid());
+  Subprocess({tmux, "-L", socket, "new-session", "-d", "-x", "140", "-y", "30",
+              std::string(DDPRUN_TOP_BIN) + " --interval 0.5 127.0.0.1:" + std::to_string(port)})
+      .wait(30s);
+  std::string screen;
+  bool straggler_first = false;
+  std::vector<int> ranks;
+  EXPECT_TRUE(wait_until(
+      [&] {
+        screen = Subprocess({tmux, "-L", socket, "capture-pane", "-p"}).wait(30s).out;
+        ranks = ranks_listed(screen, straggler_first);
+        return ranks.size() == 4 && ranks[0] == 3 && straggler_first;
+      },
+      60s))
+      << screen;
+  EXPECT_EQ(std::set<int>(ranks.begin(), ranks.end()), (std::set<int>{0, 1, 2, 3})) << screen;
+  EXPECT_NE(screen.find("ddprun job " + run_id + " at 127.0.0.1:" + std::to_string(port) + ": running"),
+            std::string::npos)
+      << screen;
+  Subprocess({tmux, "-L", socket, "kill-server"}).wait(30s);
+
+  // Not a terminal, found by its run id: one plain table, no terminal codes.
+  const Finished once = Subprocess({DDPRUN_TOP_BIN, "--once", run_id}).wait(30s);
+  EXPECT_EQ(once.exit_code, 0) << once.err;
+  EXPECT_EQ(once.out.find('\x1b'), std::string::npos) << once.out;
+  straggler_first = false;
+  ranks = ranks_listed(once.out, straggler_first);
+  ASSERT_EQ(ranks.size(), 4u) << once.out;
+  EXPECT_EQ(ranks[0], 3) << once.out;
+
+  // A run id nobody runs under: says so, with the jobs that do run, and exits 1.
+  const Finished none = Subprocess({DDPRUN_TOP_BIN, "--once", "no-such-job"}).wait(30s);
+  EXPECT_EQ(none.exit_code, 1);
+  EXPECT_NE(none.err.find("no job of yours with run id 'no-such-job'"), std::string::npos) << none.err;
+  EXPECT_NE(none.err.find("run id " + run_id + ", port " + std::to_string(port)), std::string::npos) << none.err;
+
+  job->signal(SIGTERM);
+  EXPECT_FALSE(job->wait(60s).timed_out);
+  // Gone with the job: ddprun-top finds no such job any more.
+  EXPECT_EQ(Subprocess({DDPRUN_TOP_BIN, "--once", run_id}).wait(30s).exit_code, 1);
 }
 
 }  // namespace
