@@ -29,16 +29,20 @@ fs::path Agent::attempt_directory(const World& world) const {
 }
 
 void Agent::view_event(const char* kind, std::string text) {
+  if (trace_) trace_->event(kind, text);
   if (!health_) return;
   health_->view().event(kind, std::move(text));
   health_->view().set_report(report_.to_json());
 }
 
 void Agent::view_round(const World& world) {
-  if (!health_) return;
-  view::JobView& v = health_->view();
-  v.set_identity(o_.run_id, host_, multi_node_ ? world.group_rank : -1, world.group_world_size);
-  v.new_round(world.round, world.world_size);
+  if (trace_ && multi_node_) trace_->set_node(world.group_rank);
+  if (!health_ && !trace_) return;
+  if (health_) {
+    view::JobView& v = health_->view();
+    v.set_identity(o_.run_id, host_, multi_node_ ? world.group_rank : -1, world.group_world_size);
+    v.new_round(world.round, world.world_size);
+  }
   std::string text = "round " + std::to_string(world.round) + ": " + std::to_string(world.world_size) + " rank(s)";
   if (multi_node_) {
     text += " on " + std::to_string(world.group_world_size) + " nodes, this node " + std::to_string(world.group_rank);
@@ -70,10 +74,11 @@ std::unique_ptr<Watchdog> Agent::make_watchdog(const World& world, const fs::pat
     ws.membership_until_ns = &membership_until_ns_;
   }
   ws.rates_period = o_.step_rates_period;
-  if (health_) {
-    ws.on_tick = [view = &health_->view()](std::chrono::steady_clock::time_point now,
-                                           const std::vector<watchdog::RankReading>& ranks) {
-      view->update(now, ranks);
+  if (health_ || trace_) {
+    ws.on_tick = [view = health_ ? &health_->view() : nullptr, trace = trace_.get()](
+                     std::chrono::steady_clock::time_point now, const std::vector<watchdog::RankReading>& ranks) {
+      if (view) view->update(now, ranks);
+      if (trace) trace->update(now, ranks);
     };
   }
   std::vector<WatchedRank> ranks;

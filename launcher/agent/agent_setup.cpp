@@ -99,6 +99,11 @@ Agent::Agent(const LaunchOptions& o, JobReport& report)
     log::info("ddprun") << "job page at http://localhost:" << health_->port()
                         << "/ui (this host only), Prometheus metrics at /metrics, health at / (" << given << ")";
   }
+  if (!o.trace_file.empty()) {
+    trace_ = std::make_unique<view::TraceFile>(expand_report_path(o.trace_file, host_), host_);
+    log::info("ddprun") << "trace of the job: " << expand_report_path(o.trace_file, host_)
+                        << " (open it in ui.perfetto.dev or chrome://tracing)";
+  }
   if (file_timer_) {
     // As torchrun: the user's TORCHELASTIC_TIMER_FILE, else one of ddprun's (private) own.
     timer_file_ = !o.timer_file.empty() ? o.timer_file : (run_dir_.path / "torchelastic_timer").string();

@@ -16,6 +16,7 @@
 #include "common/stop_signal.hpp"
 #include "common/unique_fd.hpp"
 #include "launcher/agent/status_server.hpp"
+#include "launcher/view/trace_file.hpp"
 #include "launcher/agent/job_report.hpp"
 #include "launcher/agent/restart_policy.hpp"
 #include "launcher/cli/options.hpp"
@@ -160,12 +161,13 @@ class Agent {
   const bool capture_stacks_;
   std::string timer_file_;
   std::string python_hook_dir_;
-  std::unique_ptr<Watchdog> watchdog_;    // the current round's
-  std::unique_ptr<StatusServer> health_;  // TORCHELASTIC_HEALTH_CHECK_PORT
+  std::unique_ptr<view::TraceFile> trace_;  // --trace_file (before watchdog_: it outlives its ticks)
+  std::unique_ptr<Watchdog> watchdog_;      // the current round's
+  std::unique_ptr<StatusServer> health_;    // TORCHELASTIC_HEALTH_CHECK_PORT
   void health(StatusServer::Phase phase, std::string detail, int round = -1) {
     if (health_) health_->set(phase, std::move(detail), round);
   }
-  // The job page's timeline (with the report as it stands), when the HTTP server runs.
+  // The job page's timeline (with the report as it stands) and the trace, when there are.
   void view_event(const char* kind, std::string text);
   // A round starts: who is in it.
   void view_round(const World& world);

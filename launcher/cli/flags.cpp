@@ -157,6 +157,15 @@ constexpr FlagDef kFlagTable[] = {
        o.http_port_from = in.flag;
      },
      "TORCHELASTIC_HEALTH_CHECK_PORT", false, "[job views](job-views.md)"},
+    {"--trace_file", nullptr, "PATH",
+     "write the job as a Chrome/Perfetto trace (JSON trace events) at this path as it runs: a track per rank (its "
+     "steps and waits) and one for the node (rendezvous, attempts, restarts, hangs); `{host}` is this host's name",
+     nullptr, "none",
+     [](const FlagInput& in, LaunchOptions& o) {
+       o.trace_file = trim(in.text);
+       if (o.trace_file.empty()) bad(in.flag, "a file path", in.text);
+     },
+     "DDPRUN_TRACE_FILE", false, "[job views](job-views.md#a-trace---trace_file)"},
     {"--redirects", "-r", "MODE",
      "worker output to log files only: `0` none, `1` stdout, `2` stderr, `3` both, or per local rank `0:1,1:3`",
      [](const LaunchOptions& d) { return streams_text(d.redirects); }, "",

@@ -124,6 +124,8 @@ struct LaunchOptions {
   // is how it was given (the flag or the variable), for messages.
   std::optional<uint16_t> http_port;
   std::string http_port_from;
+  // --trace_file: the job as a Chrome / Perfetto trace ("{host}": this host's name); "" none.
+  std::string trace_file;
   // --merge_lines: identical console lines of several ranks within this window printed once; 0: off.
   std::chrono::milliseconds merge_lines{0};
   // Lines of the workers' stdout (stderr) containing one of these also go to

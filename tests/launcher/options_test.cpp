@@ -143,6 +143,13 @@ TEST(OptionsTest, BadValuesNameTheFlagAndTheAcceptedValues) {
   EXPECT_NE(error_of({"--shutdown_timeout", "-1", "t"}).find("seconds >= 0"), std::string::npos);
 }
 
+TEST(OptionsTest, TraceFileIsAPath) {
+  EXPECT_EQ(parse({"t"}).trace_file, "");
+  EXPECT_EQ(parse({"--trace_file", "/tmp/{host}.json", "t"}).trace_file, "/tmp/{host}.json");
+  EXPECT_EQ(parse({"t"}, {{"DDPRUN_TRACE_FILE", "/tmp/t.json"}}).trace_file, "/tmp/t.json");
+  EXPECT_NE(error_of({"--trace_file", " ", "t"}).find("--trace_file: expected a file path"), std::string::npos);
+}
+
 TEST(OptionsTest, HttpPortComesFromTheFlagOrTorchrunsVariable) {
   EXPECT_FALSE(parse({"t"}).http_port);
   const auto flag = parse({"--http_port", "0", "t"});

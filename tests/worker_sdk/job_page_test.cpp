@@ -10,6 +10,8 @@
 
 #include <csignal>
 #include <filesystem>
+#include <algorithm>
+#include <map>
 #include <memory>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -283,6 +285,58 @@ TEST(JobPageTest, DdprunTopInATerminalListsTheThrottledRankFirst) {
   EXPECT_FALSE(job->wait(60s).timed_out);
   // Gone with the job: ddprun-top finds no such job any more.
   EXPECT_EQ(Subprocess({DDPRUN_TOP_BIN, "--once", run_id}).wait(30s).exit_code, 1);
+}
+
+// --trace_file over a job that hangs, restarts and hangs again: a JSON trace Perfetto and chrome
+// take as is, with a track per rank (its steps, its wait) and the node's rendezvous, attempts,
+// restart, hangs and exit on the node's track.
+TEST(JobPageTest, ATraceFileHasATrackPerRankAndTheNodesAttemptsRestartAndHangs) {
+  TempDir dir;
+  const fs::path trace = dir.path / "traces" / "job.json";  // its directory is made
+  // Rank 1 stops stepping after 30 steps (in its own code); rank 0 waits for it.
+  const Finished f = Subprocess({DDPRUN_BIN, "--nproc_per_node", "2", "--hang_timeout", "3", "--max_restarts", "1",
+                                 "--log_dir", (dir.path / "logs").string(), "--trace_file", trace.string(),
+                                 SDK_TEST_WORKER_BIN, "train", "30", "1", "-1", "0"})
+                         .wait(180s);
+  ASSERT_FALSE(f.timed_out) << f.err;
+  EXPECT_EQ(f.exit_code, 124) << f.err;
+  const json events = json::parse(read_file(trace), nullptr, false);
+  ASSERT_TRUE(events.is_array()) << read_file(trace);
+  std::map<int, std::string> tracks;  // tid -> name
+  std::map<int, int> step_slices;     // tid -> slices of steps
+  std::vector<std::string> node;      // the node track's slices and instants, in order
+  int waits = 0;
+  for (const json& e : events) {
+    ASSERT_TRUE(e.contains("name") && e.contains("ph") && e.contains("pid")) << e.dump();
+    const std::string ph = e["ph"], name = e["name"];
+    if (ph == "M" && name == "thread_name") tracks[e["tid"]] = e["args"]["name"];
+    if (ph == "X") {
+      ASSERT_TRUE(e["ts"].is_number() && e["dur"].is_number() && e["dur"].get<int64_t>() >= 0) << e.dump();
+    }
+    if (!e.contains("tid") || ph == "M") continue;
+    const int tid = e["tid"];
+    if (tid == 0 && (ph == "X" || ph == "i")) node.push_back(ph + " " + name);
+    if (tid > 0 && ph == "X" && std::regex_match(name, std::regex("[0-9]+ steps?"))) {
+      ++step_slices[tid];
+      EXPECT_TRUE(e["args"]["step_ms"].is_number()) << e.dump();
+    }
+    if (tid == 1 && ph == "X" && name == "waiting on the others") ++waits;
+  }
+  EXPECT_EQ(tracks, (std::map<int, std::string>{{0, "node"}, {1, "rank 0"}, {2, "rank 1"}}));
+  EXPECT_GE(step_slices[1], 1);
+  EXPECT_GE(step_slices[2], 1);
+  EXPECT_GE(waits, 1) << "rank 0 waited for rank 1 in the all-reduce";
+  auto count = [&](const std::string& prefix) {
+    return std::count_if(node.begin(), node.end(), [&](const std::string& n) { return n.rfind(prefix, 0) == 0; });
+  };
+  std::string all;
+  for (const auto& n : node) all += n + "\n";
+  EXPECT_EQ(count("X attempt: round 0"), 1) << all;
+  EXPECT_EQ(count("X attempt: round 1"), 1) << all;
+  EXPECT_EQ(count("X rendezvous"), 2) << all;
+  EXPECT_EQ(count("i hang: "), 2) << all;
+  EXPECT_EQ(count("i restart: "), 1) << all;
+  EXPECT_EQ(count("i exit: hung, exit code 124"), 1) << all;
 }
 
 }  // namespace
