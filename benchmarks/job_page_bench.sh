@@ -9,6 +9,10 @@
 #   2. The page of 1024 and 16384 synthetic ranks (job_page_synthetic) in headless chromium: the
 #      page's own time to draw the job (data-render-ms, measured by the page), the whole load
 #      (browser start included) and the size and time of one /api/job.
+#   3. Supervision under a flood of page requests: a worker of a 2-worker job SIGKILLed, and the
+#      time until ddprun has stopped the other (from its report file: the two workers' ends; ddprun
+#      holds a SIGKILLed worker's failure 1 s, to tell it from a job-wide kill), with 16 clients
+#      fetching /api/job and /ui as fast as they can, against none.
 #   benchmarks/job_page_bench.sh BUILD_DIR [STEPS] [BATCH_PER_RANK] [PAIRS]
 set -euo pipefail
 build=${1:?usage: job_page_bench.sh BUILD_DIR [STEPS] [BATCH] [PAIRS]}
@@ -19,6 +23,7 @@ export OMP_NUM_THREADS=1
 ddprun="$build/launcher/ddprun"
 bench="$build/benchmarks/ddp_bench"
 synthetic="$build/benchmarks/job_page_synthetic"
+worker="$build/tests/test_worker"
 command -v chromium >/dev/null || { echo "job_page_bench: chromium is missing (scripts/install_deps.sh)" >&2; exit 1; }
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
@@ -87,3 +92,53 @@ for ranks in 1024 16384; do
   wait "$server" 2>/dev/null || true
   rm -f "$work/in" "$work/out"
 done
+
+# 3. A worker killed while 16 clients flood a page: from its death to the other worker's stop. The flood itself takes
+#    CPU from everyone on this machine, so it runs twice: against the job's own ddprun, and against
+#    another ddprun's page (the same load on the machine, none on the job's ddprun); the difference
+#    is what serving the flood costs the supervision.
+flood() { while :; do get "$1" /api/job >/dev/null 2>&1 || true; get "$1" /ui >/dev/null 2>&1 || true; done; }
+other_port=$(free_port)
+"$ddprun" --nproc_per_node 1 --http_port "$other_port" "$worker" sleep 100000 >/dev/null 2>&1 &
+other=$!
+trap 'kill $other 2>/dev/null || true; rm -rf "$work"' EXIT
+kill_to_exit() {
+  local target=$1 port pids=() ddp victim s e
+  port=$(free_port)
+  "$ddprun" --nproc_per_node 2 --max_restarts 0 --http_port "$port" --report_file "$work/report.json" \
+    "$worker" sleep 120 >/dev/null 2>&1 &
+  ddp=$!
+  for _ in $(seq 100); do get "$port" /api/job 2>/dev/null | grep -q . && break; sleep 0.1; done
+  if [[ $target == own ]]; then target=$port; elif [[ $target == other ]]; then target=$other_port; else target=""; fi
+  if [[ -n $target ]]; then
+    for ((k = 0; k < 16; k++)); do flood "$target" & pids+=($!); done
+  fi
+  sleep 2
+  victim=""
+  for _ in $(seq 300); do
+    victim=$(pgrep -P "$ddp" -x "$(basename "$worker")" | head -1 || true)  # a worker, exec'd
+    [[ -n $victim ]] && break
+    sleep 0.1
+  done
+  kill -9 "$victim"
+  wait "$ddp" 2>/dev/null || true
+  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+  for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
+  # The report's two workers: the killed one's end and the other's (stopped by ddprun), in ms.
+  python3 - "$work/report.json" <<'PY'
+import datetime, json, sys
+workers = json.load(open(sys.argv[1]))["attempts"][-1]["workers"]
+ends = sorted(datetime.datetime.fromisoformat(w["ended_at"].replace("Z", "+00:00")) for w in workers)
+print(round((ends[-1] - ends[0]).total_seconds() * 1000))
+PY
+}
+quiet=() own=() others=()
+for ((i = 0; i < pairs; i++)); do
+  a=$(kill_to_exit none)
+  if ((i % 2 == 0)); then b=$(kill_to_exit own); c=$(kill_to_exit other); else c=$(kill_to_exit other); b=$(kill_to_exit own); fi
+  quiet+=("$a") own+=("$b") others+=("$c")
+  printf 'round %d: a worker killed to the other stopped: %d ms, nobody asking; %d ms, 16 clients flooding its page; %d ms, 16 flooding another ddprun'"'"'s\n' \
+    "$((i + 1))" "$a" "$b" "$c"
+done
+printf 'a worker killed to the other stopped, median: %s ms quiet, %s ms with its own page flooded, %s ms with another page flooded\n' \
+  "$(median "${quiet[@]}")" "$(median "${own[@]}")" "$(median "${others[@]}")"
