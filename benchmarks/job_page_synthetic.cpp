@@ -19,7 +19,7 @@ int main(int argc, char** argv) {
   StatusServer server(0);
   auto& view = server.view();
   view.set_identity("synthetic", "bench", 0, ranks / 8);
-  view.new_round(0, ranks);
+  view.new_round(0, ranks, 0);
   view.set_phase("running", std::to_string(ranks) + " workers", true, 0);
   std::vector<RankReading> readings(static_cast<size_t>(ranks));
   auto t = std::chrono::steady_clock::now() - 121s;

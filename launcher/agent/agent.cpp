@@ -288,7 +288,6 @@ int Agent::finish(int round, const World& world, const RoundEnd& end, const Grou
 void Agent::announce_next_round(Decision::Kind kind, const RoundEnd& end, const World& world) {
   if (kind == Decision::Kind::Restart) {
     ++restarts_;
-    if (health_) health_->view().count_restart();
     view_event("restart",
                end.detail + " (restart " + std::to_string(restarts_) + " of " + std::to_string(o_.max_restarts) + ")");
     log::warn("ddprun") << end.detail << "; restarting the worker group"

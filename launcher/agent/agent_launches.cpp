@@ -41,7 +41,7 @@ void Agent::view_round(const World& world) {
   if (health_) {
     view::JobView& v = health_->view();
     v.set_identity(o_.run_id, host_, multi_node_ ? world.group_rank : -1, world.group_world_size);
-    v.new_round(world.round, world.world_size);
+    v.new_round(world.round, world.world_size, restarts_);
   }
   std::string text = "round " + std::to_string(world.round) + ": " + std::to_string(world.world_size) + " rank(s)";
   if (multi_node_) {
@@ -62,9 +62,7 @@ std::unique_ptr<Watchdog> Agent::make_watchdog(const World& world, const fs::pat
   ws.python_stacks = capture_stacks_;
   ws.file_timer = file_timer_;
   ws.timer_file = timer_file_;
-  ws.program = o_.program;
-  for (const auto& a : o_.program_args) ws.program += " " + a;
-  if (ws.program.size() > 120) ws.program = ws.program.substr(0, 117) + "...";
+  ws.program = command_line(120);
   ws.host = host_;
   ws.node = multi_node_ ? world.group_rank : -1;
   ws.attempt_dir = attempt_dir.string();

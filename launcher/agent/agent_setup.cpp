@@ -58,6 +58,13 @@ std::vector<std::string> worker_command(const LaunchOptions& o, const Environmen
   return argv;
 }
 
+std::string Agent::command_line(size_t most) const {
+  std::string line = o_.program;
+  for (const auto& a : o_.program_args) line += " " + a;
+  if (line.size() > most) line = line.substr(0, most - 3) + "...";
+  return line;
+}
+
 Agent::Agent(const LaunchOptions& o, JobReport& report)
     : o_(o),
       report_(report),
@@ -93,16 +100,14 @@ Agent::Agent(const LaunchOptions& o, JobReport& report)
                         " (choose a free port, or 0 for any)");
     }
     health_->view().set_identity(o.run_id, host_, multi_node_ ? o.node_rank : -1, o.max_nodes);
-    std::string program = o.program;
-    for (const auto& a : o.program_args) program += " " + a;
-    health_->advertise(o.run_id, program.size() > 200 ? program.substr(0, 197) + "..." : program);
+    health_->advertise(o.run_id, command_line(200));
     log::info("ddprun") << "job page at http://localhost:" << health_->port()
                         << "/ui (this host only), Prometheus metrics at /metrics, health at / (" << given << ")";
   }
   if (!o.trace_file.empty()) {
-    trace_ = std::make_unique<view::TraceFile>(expand_report_path(o.trace_file, host_), host_);
-    log::info("ddprun") << "trace of the job: " << expand_report_path(o.trace_file, host_)
-                        << " (open it in ui.perfetto.dev or chrome://tracing)";
+    const std::string path = expand_report_path(o.trace_file, host_);
+    trace_ = std::make_unique<view::TraceFile>(path, host_);
+    log::info("ddprun") << "trace of the job: " << path << " (open it in ui.perfetto.dev or chrome://tracing)";
   }
   if (file_timer_) {
     // As torchrun: the user's TORCHELASTIC_TIMER_FILE, else one of ddprun's (private) own.

@@ -171,6 +171,8 @@ class Agent {
   void view_event(const char* kind, std::string text);
   // A round starts: who is in it.
   void view_round(const World& world);
+  // The program and its arguments, cut to `most` characters, for people to read.
+  std::string command_line(size_t most) const;
   int view_nodes_ = 0;  // the previous round's node count, for the timeline
   fs::path attempt_dir_;
   int restarts_ = 0;

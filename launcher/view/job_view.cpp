@@ -46,10 +46,11 @@ void JobView::set_phase(std::string phase, std::string detail, bool ok, int roun
   if (round >= 0) round_ = round;
 }
 
-void JobView::new_round(int round, int world_size) {
+void JobView::new_round(int round, int world_size, int restarts) {
   std::lock_guard lock(mutex_);
   round_ = round;
   world_size_ = world_size;
+  restarts_ = restarts;
   for (auto& [rank, t] : tracks_) {
     t.current = false;
     t.points.clear();
@@ -75,11 +76,9 @@ void JobView::update(Clock::time_point now, const std::vector<RankReading>& rank
     const Point p{now, r.last_step != Clock::time_point{} ? r.last_step : now, r.steps, r.wait_ns};
     float value = kNone;
     if (t.previous && p.steps > t.previous->steps && p.at > t.previous->at) {
-      const double wall_ms = seconds(p.at - t.previous->at) * 1e3;
-      const double wait_ms = r.reports_waits && p.wait_ns >= t.previous->wait_ns
-                                 ? static_cast<double>(p.wait_ns - t.previous->wait_ns) / 1e6
-                                 : 0.0;
-      value = static_cast<float>(std::max(0.0, wall_ms - wait_ms) / static_cast<double>(p.steps - t.previous->steps));
+      value = static_cast<float>(*watchdog::step_time_ms(
+          p.at - t.previous->at, p.steps - t.previous->steps,
+          p.wait_ns >= t.previous->wait_ns ? p.wait_ns - t.previous->wait_ns : 0, r.reports_waits));
     }
     t.heat.push_back(value);
     t.previous = p;
@@ -129,10 +128,8 @@ std::optional<double> JobView::window_step_ms(const Track& t) {
   const Point& a = t.points.front();
   const Point& b = t.points.back();
   if (b.steps <= a.steps || b.at <= a.at) return std::nullopt;
-  const double wall_ms = seconds(b.at - a.at) * 1e3;
-  const double wait_ms =
-      t.latest.reports_waits && b.wait_ns >= a.wait_ns ? static_cast<double>(b.wait_ns - a.wait_ns) / 1e6 : 0.0;
-  return std::max(0.0, wall_ms - wait_ms) / static_cast<double>(b.steps - a.steps);
+  return watchdog::step_time_ms(b.at - a.at, b.steps - a.steps, b.wait_ns >= a.wait_ns ? b.wait_ns - a.wait_ns : 0,
+                                t.latest.reports_waits);
 }
 
 std::optional<double> JobView::window_rate(const Track& t) {

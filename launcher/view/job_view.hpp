@@ -71,15 +71,11 @@ class JobView {
   // One tick of the watchdog: every rank of this node (`node` as set_identity's).
   void update(Clock::time_point now, const std::vector<RankReading>& ranks);
   // A new round's workers: the ranks seen so far leave the list (their history stays on the heat
-  // map until it scrolls away); `world_size` ranks in the job.
-  void new_round(int round, int world_size);
+  // map until it scrolls away); `world_size` ranks in the job, `restarts` made so far.
+  void new_round(int round, int world_size, int restarts);
   // An entry of the timeline: kind is one word (rendezvous, start, end, restart, hang, exit,
   // nodes), text one line.
   void event(std::string kind, std::string text);
-  void count_restart() {
-    std::lock_guard lock(mutex_);
-    ++restarts_;
-  }
   // The --report_file document as it stands (job_report.hpp), and the hang report's file.
   void set_report(nlohmann::json report);
   void set_hang_report_file(std::string path);

@@ -190,10 +190,9 @@ void TraceFile::update(Clock::time_point now, const std::vector<RankReading>& ra
       // Steps ended since the last look: one slice for them, with their step time (without waits).
       end_state(x.rank, r, micros(r.previous_at));
       const uint64_t steps = x.steps - r.previous->steps;
-      const double wall_ms = std::chrono::duration<double, std::milli>(now - r.previous_at).count();
-      const double wait_ms =
-          x.wait_ns >= r.previous->wait_ns ? static_cast<double>(x.wait_ns - r.previous->wait_ns) / 1e6 : 0.0;
-      const double step_ms = std::max(0.0, wall_ms - (x.reports_waits ? wait_ms : 0.0)) / static_cast<double>(steps);
+      const uint64_t waited_ns = x.wait_ns >= r.previous->wait_ns ? x.wait_ns - r.previous->wait_ns : 0;
+      const double wait_ms = static_cast<double>(waited_ns) / 1e6;
+      const double step_ms = *watchdog::step_time_ms(now - r.previous_at, steps, waited_ns, x.reports_waits);
       write(json{{"name", std::to_string(steps) + (steps == 1 ? " step" : " steps")},
                  {"ph", "X"},
                  {"ts", micros(r.previous_at)},

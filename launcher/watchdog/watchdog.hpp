@@ -30,6 +30,7 @@
 
 #include <sys/types.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -37,6 +38,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -69,6 +71,17 @@ struct RankReading {
   std::chrono::steady_clock::time_point last_step;      // when its latest step ended ({}: none yet)
   std::chrono::steady_clock::time_point last_progress;  // the latest sign of progress of any kind
 };
+
+// A rank's step time between two of its readings: the wall time between them less what it waited
+// on the other ranks (where its page counts waits), per step ended; 0 steps: nullopt. The page's,
+// the metrics' and the trace's step time.
+inline std::optional<double> step_time_ms(std::chrono::steady_clock::duration wall, uint64_t steps, uint64_t waited_ns,
+                                          bool reports_waits) {
+  if (steps == 0) return std::nullopt;
+  const double wall_ms = std::chrono::duration<double, std::milli>(wall).count();
+  const double wait_ms = reports_waits ? static_cast<double>(waited_ns) / 1e6 : 0.0;
+  return std::max(0.0, wall_ms - wait_ms) / static_cast<double>(steps);
+}
 
 struct WatchdogSettings {
   std::chrono::milliseconds hang_timeout{0};  // 0: hangs are not looked for

@@ -126,7 +126,7 @@ TEST(JobViewTest, ANewRoundKeepsTheMapButStartsEachRanksCountersAgain) {
   JobView v;
   Job job({10, 10});
   for (int i = 0; i < 5; ++i) job.step(v, 10);
-  v.new_round(1, 2);
+  v.new_round(1, 2, 0);
   // New processes, counting from zero: no step time from the old counters.
   for (auto& r : job.ranks) {
     r.pid += 100;
