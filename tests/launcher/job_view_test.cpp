@@ -80,6 +80,15 @@ TEST(JobViewTest, TheRankWhoseStepsTakeLongestIsMarkedAndListedFirst) {
   for (const auto& r : off.rows()) EXPECT_FALSE(r.straggler) << r.rank;
 }
 
+TEST(JobViewTest, AWaitingRanksHiccupIsNoStraggler) {
+  // Ranks 0-2 wait for rank 3 (40 ms a step); rank 1's own work is twice the others' 1.5 ms, but
+  // nobody waits for 1.5 ms of a 40 ms step: only rank 3 is marked.
+  JobView v;
+  Job job({1.5, 3.2, 1.4, 40});
+  for (int i = 0; i < 6; ++i) job.step(v, 20);
+  for (const auto& r : v.rows()) EXPECT_EQ(r.straggler, r.rank == 3) << r.rank;
+}
+
 TEST(JobViewTest, ARankWithoutProgressIsListedBeforeTheOthersWithItsIdleTime) {
   JobView v(ViewSettings{.straggler_factor = 0});
   Job job({10, 10, 10});
