@@ -1,29 +1,20 @@
 #pragma once
 // The agent's job page and its data over HTTP (docs/job-views.md):
-//   /ui, /ui.js, /ui.css  the page (page/job.*): self-contained, nothing fetched from elsewhere
+//   /ui, /ui.js, /ui.css  the page (rendezvous/server/web_page.hpp): self-contained, nothing
+//                         fetched from elsewhere
 //   /api/job              JobView::snapshot() as JSON
 //   /hang_report          the hang report (every rank's stacks), once there is one
 //   /metrics              JobView::metrics(), Prometheus' text format
 // The page and its data hold what the workers print and the stacks of their threads: they are
-// answered to this host alone (a loopback peer; from elsewhere, through `ssh -L`), with a
-// Content-Security-Policy that lets the page load nothing from anywhere else. /metrics holds
+// answered to this host alone (a loopback peer; from elsewhere, through `ssh -L`). /metrics holds
 // figures only and is answered to anyone, as the health endpoint is.
 
 #include <optional>
-#include <string>
-#include <string_view>
 
 #include "launcher/view/job_view.hpp"
 #include "rendezvous/server/http_server.hpp"
 
 namespace ddprun::launcher::view {
-
-std::string_view page_html();
-std::string_view page_js();
-std::string_view page_css();
-
-// The page with the job's snapshot in it, so that it shows the job before its first poll.
-std::string render_page(const nlohmann::json& snapshot);
 
 // The answer to `request` when its path is one of the above; nullopt for any other path.
 std::optional<rdzv::server::HttpReply> serve_view(const JobView& view, const rdzv::server::HttpRequest& request);

@@ -168,21 +168,8 @@ std::vector<RankRow> JobView::rows_locked(Clock::time_point now) const {
     }
     rows.push_back(row);
   }
-  if (s_.straggler_factor > 0 && !rates.empty()) {
-    // Slower than the median by the factor, and by enough to hold the others up: at least a tenth
-    // of the wall time of a step. The ranks that wait have step times of a millisecond or two, and
-    // a hiccup of one of them is twice the median without anyone waiting for it.
-    std::vector<double> times;
-    for (const auto& r : rates) times.push_back(*r.compute_ms_per_step);
-    std::sort(times.begin(), times.end());
-    const double median = times[(times.size() - 1) / 2];
-    for (const int slow : watchdog::slower_than_median(rates, s_.straggler_factor)) {
-      for (auto& row : rows) {
-        if (row.rank != slow || !row.step_ms) continue;
-        const double wall_ms = row.steps_per_second && *row.steps_per_second > 0 ? 1e3 / *row.steps_per_second : 0;
-        row.straggler = *row.step_ms - median >= 0.1 * wall_ms;
-      }
-    }
+  for (const int slow : rdzv::jobs::marked_stragglers(rates, s_.straggler_factor)) {
+    for (auto& row : rows) row.straggler = row.straggler || row.rank == slow;
   }
   // Whom the others wait for first.
   std::stable_sort(rows.begin(), rows.end(), [](const RankRow& a, const RankRow& b) {

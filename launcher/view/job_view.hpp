@@ -15,8 +15,9 @@
 // although every rank of a synchronous job completes as many steps per second. A rank whose page
 // does not count its waits (a heartbeat through the store) is shown by its wall time per step.
 // Straggler: step time over the latest `window` ticks above `straggler_factor` times the median
-// rank's (watchdog/step_rates.hpp, slower_than_median); the page marks it at once, the console's
-// warning waits for three checks in a row.
+// rank's, as rendezvous/jobs/rank_rates.hpp's marked_stragglers has it (the daemon's page marks
+// by the same rule); the page marks it at once, the console's warning waits for three checks in a
+// row.
 
 #include <chrono>
 #include <cstdint>

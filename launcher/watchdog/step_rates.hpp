@@ -1,13 +1,8 @@
 #pragma once
 // Per-rank step rates, from the progress signals (the worker SDK's progress page, or a rank's
-// heartbeat counter in the worker store), and the straggler check made of them.
-//
-// In synchronous data parallelism every rank completes the same number of steps per second: the
-// slow rank sets the pace and the others wait for it in the gradient all-reduce. So the measure
-// of a rank's own speed is its compute time per step, its wall time minus the time it spent
-// blocked on the others (the SDK measures that wait); a straggler is the rank whose compute time
-// per step is well above the others'. For ranks that only count steps (heartbeats), the step rate
-// is compared instead. Pure, apart from the clock readings it is given.
+// heartbeat counter in the worker store), and the console's straggler warnings made of them (the
+// record and the straggler rule are rendezvous/jobs/rank_rates.hpp's). Pure, apart from the clock
+// readings it is given.
 
 #include <chrono>
 #include <cstdint>
@@ -18,22 +13,15 @@
 #include <string>
 #include <vector>
 
+#include "rendezvous/jobs/rank_rates.hpp"
+
 namespace ddprun::launcher::watchdog {
 
-struct RankRate {
-  int rank = 0;
-  int node = -1;
-  uint64_t steps = 0;
-  double seconds = 0;  // the span the figures cover
-  double steps_per_second = 0;
-  // Compute time per step (wall time not spent waiting on other ranks); nullopt when the rank
-  // does not report its waits (heartbeat counters).
-  std::optional<double> compute_ms_per_step;
-  double wait_fraction = 0;  // of the span, blocked on other ranks
-};
-
-nlohmann::json to_json(const RankRate& r);
-std::optional<RankRate> rank_rate_from_json(const nlohmann::json& j);
+// The record a node publishes (rendezvous/jobs/rank_rates.hpp).
+using rdzv::jobs::rank_rate_from_json;
+using rdzv::jobs::RankRate;
+using rdzv::jobs::slower_than_median;
+using rdzv::jobs::to_json;
 
 // One rank's counters over time.
 class RateTracker {
@@ -57,10 +45,6 @@ class RateTracker {
   std::optional<Reading> first_, window_start_, last_;
   bool reports_waits_ = false;
 };
-
-// Ranks slower than the lower median of all ranks by more than `factor` (compute time per step
-// where every rank reports it, else the step rate). Needs at least two ranks with figures.
-std::vector<int> slower_than_median(const std::vector<RankRate>& rates, double factor);
 
 // Warns about a rank only when it is slow in `strikes` windows in a row, and once per run.
 class StragglerWatch {

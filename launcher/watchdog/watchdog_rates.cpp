@@ -2,6 +2,8 @@
 // and the table printed at the end.
 #include "launcher/watchdog/watchdog.hpp"
 
+#include <cmath>
+
 #include "common/log.hpp"
 #include "launcher/rendezvous/rendezvous_values.hpp"  // now_ms
 #include "launcher/watchdog/watchdog_parts.hpp"
@@ -15,9 +17,17 @@ using watchdog_detail::Clock;
 
 json Watchdog::rates_record(bool whole_run) {
   json ranks = json::array();
+  const auto now = Clock::now();
   for (auto& r : ranks_) {
     auto rate = whole_run ? r->rates.whole_run(r->w.rank, s_.node) : r->rates.window(r->w.rank, s_.node);
-    if (rate) ranks.push_back(to_json(*rate));
+    if (!rate) continue;
+    // The rank as it is now, for the daemon's job page.
+    rate->step = r->steps;
+    rate->waiting = r->waiting;
+    if (r->last_progress != Clock::time_point{}) {
+      rate->idle_seconds = std::round(std::chrono::duration<double>(now - r->last_progress).count() * 10) / 10;
+    }
+    ranks.push_back(to_json(*rate));
   }
   for (auto& [rank, tracker] : heartbeat_rates_) {
     auto rate = whole_run ? tracker.whole_run(rank, -1) : tracker.window(rank, -1);

@@ -9,6 +9,7 @@
 #include "launcher/view/job_page.hpp"
 #include "launcher/top/top_table.hpp"
 #include "launcher/view/job_view.hpp"
+#include "rendezvous/server/web_page.hpp"
 
 namespace ddprun::launcher {
 namespace {
@@ -187,12 +188,12 @@ TEST(JobViewTest, ThePageCarriesTheJobAsDataNeverAsMarkup) {
   JobView v;
   json report{{"root_cause", {{"stderr_tail", "</script><script>alert(1)</script>"}}}};
   v.set_report(report);
-  const std::string page = view::render_page(v.snapshot());
+  const std::string page = rdzv::server::render_page(v.snapshot());
   EXPECT_EQ(page.find("<script>alert"), std::string::npos);
   EXPECT_NE(page.find("\\u003c/script>\\u003cscript>alert(1)"), std::string::npos);
   EXPECT_EQ(page.find("@INITIAL@"), std::string::npos);
   // Nothing in the page's files names another host.
-  for (const std::string_view part : {view::page_html(), view::page_js(), view::page_css()}) {
+  for (const std::string_view part : {rdzv::server::page_html(), rdzv::server::page_js(), rdzv::server::page_css()}) {
     EXPECT_EQ(part.find("http://"), std::string_view::npos);
     EXPECT_EQ(part.find("https://"), std::string_view::npos);
     EXPECT_EQ(part.find("//cdn"), std::string_view::npos);
