@@ -6,10 +6,12 @@
 
 #include "common/prometheus.hpp"
 #include "launcher/rendezvous/rendezvous_values.hpp"  // now_ms
+#include "rendezvous/server/web_page.hpp"
 
 namespace ddprun::launcher::view {
 
 using json = nlohmann::json;
+using rdzv::server::rounded;
 using rendezvous::now_ms;
 
 namespace {
@@ -17,13 +19,6 @@ namespace {
 constexpr float kNone = std::numeric_limits<float>::quiet_NaN();
 
 double seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
-
-// A figure for JSON: rounded to `decimals` places, what a person reads (and what keeps a big
-// snapshot small).
-double rounded(double v, int decimals) {
-  const double scale = std::pow(10.0, decimals);
-  return std::round(v * scale) / scale;
-}
 
 }  // namespace
 
@@ -171,13 +166,7 @@ std::vector<RankRow> JobView::rows_locked(Clock::time_point now) const {
   for (const int slow : rdzv::jobs::marked_stragglers(rates, s_.straggler_factor)) {
     for (auto& row : rows) row.straggler = row.straggler || row.rank == slow;
   }
-  // Whom the others wait for first.
-  std::stable_sort(rows.begin(), rows.end(), [](const RankRow& a, const RankRow& b) {
-    if (a.straggler != b.straggler) return a.straggler;
-    if (a.step != b.step) return a.step < b.step;
-    if (std::abs(a.idle_seconds - b.idle_seconds) >= 1.0) return a.idle_seconds > b.idle_seconds;
-    return a.rank < b.rank;
-  });
+  rdzv::server::order_for_page(rows);
   return rows;
 }
 
@@ -209,21 +198,7 @@ json JobView::snapshot() const {
   for (const RankRow& r : rows) {
     alive += r.alive ? 1 : 0;
     stragglers += r.straggler ? 1 : 0;
-    if (listed.size() >= s_.max_listed) continue;
-    json x{{"rank", r.rank},
-           {"node", r.node},
-           {"local_rank", r.local_rank},
-           {"pid", r.pid},
-           {"alive", r.alive},
-           {"step", r.step},
-           {"idle_s", rounded(r.idle_seconds, 1)},
-           {"waiting", r.waiting},
-           {"straggler", r.straggler},
-           {"steps_per_s", nullptr},
-           {"step_ms", nullptr}};
-    if (r.steps_per_second) x["steps_per_s"] = rounded(*r.steps_per_second, 2);
-    if (r.step_ms) x["step_ms"] = rounded(*r.step_ms, 1);
-    listed.push_back(std::move(x));
+    if (listed.size() < s_.max_listed) listed.push_back(rdzv::server::to_json(r));
   }
   j["ranks_here"] = rows.size();
   j["workers_alive"] = alive;
@@ -232,37 +207,9 @@ json JobView::snapshot() const {
   j["ranks_not_listed"] = rows.size() - j["ranks"].size();
 
   // The heat map: rows of ranks (binned above max_rows), columns of ticks, oldest first.
-  json heat{{"tick_ms", 1000}, {"columns", std::min(ticks_, s_.history)}, {"metric", "step_ms"}};
-  std::vector<const std::pair<const int, Track>*> tracks;
-  for (const auto& entry : tracks_) tracks.push_back(&entry);
-  const size_t per_row = tracks.empty() ? 1 : (tracks.size() + s_.max_rows - 1) / s_.max_rows;
-  json row_ranks = json::array(), values = json::array();
-  const size_t columns = std::min(ticks_, s_.history);
-  for (size_t first = 0; first < tracks.size(); first += per_row) {
-    const size_t last = std::min(tracks.size(), first + per_row) - 1;
-    row_ranks.push_back(json::array({tracks[first]->first, tracks[last]->first}));
-    json v = json::array();
-    for (size_t c = 0; c < columns; ++c) {
-      float slowest = kNone;
-      for (size_t i = first; i <= last; ++i) {
-        const auto& h = tracks[i]->second.heat;
-        const size_t offset = columns - h.size();  // a track shorter than the map starts later
-        if (c < offset) continue;
-        const float x = h[c - offset];
-        if (!std::isnan(x) && (std::isnan(slowest) || x > slowest)) slowest = x;
-      }
-      if (std::isnan(slowest)) {
-        v.push_back(nullptr);
-      } else {
-        v.push_back(rounded(slowest, 1));
-      }
-    }
-    values.push_back(std::move(v));
-  }
-  heat["ranks_per_row"] = per_row;
-  heat["rows"] = std::move(row_ranks);
-  heat["values"] = std::move(values);
-  j["heat"] = std::move(heat);
+  std::vector<rdzv::server::HeatTrack> tracks;
+  for (const auto& [rank, t] : tracks_) tracks.push_back({rank, &t.heat});
+  j["heat"] = rdzv::server::heat_map(tracks, std::min(ticks_, s_.history), s_.max_rows, 1000);
 
   json timeline = json::array();
   if (!first_event_.is_null()) timeline.push_back(first_event_);

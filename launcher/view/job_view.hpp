@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "launcher/watchdog/watchdog.hpp"
+#include "rendezvous/server/web_page.hpp"
 
 namespace ddprun::launcher::view {
 
@@ -46,20 +47,7 @@ struct ViewSettings {
 };
 
 // What a snapshot says of one rank.
-struct RankRow {
-  int rank = 0;
-  int node = -1;
-  int local_rank = -1;
-  int pid = -1;
-  bool alive = false;
-  bool reports = false;
-  uint64_t step = 0;
-  double idle_seconds = 0;                 // since its latest sign of progress
-  bool waiting = false;                    // blocked on other ranks now
-  std::optional<double> steps_per_second;  // over the window
-  std::optional<double> step_ms;           // step time over the window (see above)
-  bool straggler = false;
-};
+using RankRow = rdzv::server::PageRank;
 
 class JobView {
  public:

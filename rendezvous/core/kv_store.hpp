@@ -152,6 +152,7 @@ class KvStore {
   void set_limits(StoreLimits limits) { limits_ = limits; }
   // `observer` (not owned; nullptr for none) is told of every change from now on.
   void set_observer(ChangeObserver* observer) { observer_ = observer; }
+  ChangeObserver* observer() const { return observer_; }
 
  private:
   using Value = std::shared_ptr<std::string>;

@@ -31,6 +31,7 @@
 #include "rendezvous/core/auth.hpp"
 #include "rendezvous/core/job_namespace.hpp"
 #include "rendezvous/daemon/daemon_flags.hpp"
+#include "rendezvous/daemon/jobs_page.hpp"
 #include "rendezvous/daemon/metrics.hpp"
 #include "rendezvous/server/server.hpp"
 #include "rendezvous/daemon/status.hpp"
@@ -171,11 +172,14 @@ void serve(const ServeConfig& c) {
   if (c.options.secret) log::info("rendezvous") << "protected: clients must prove the secret in " << *c.token_file;
   else if (c.insecure)
     log::warn("rendezvous") << "--insecure: anyone who can reach this port can read and end every job";
+  std::unique_ptr<rdzv::daemon::JobsPage> page;
   std::unique_ptr<rdzv::daemon::MetricsServer> metrics;
   if (c.metrics_port) {
-    metrics =
-        std::make_unique<rdzv::daemon::MetricsServer>(io, server.endpoint().address().to_string(), *c.metrics_port,
-                                                      [&server] { return rdzv::daemon::render_metrics(server); });
+    page = std::make_unique<rdzv::daemon::JobsPage>(io, server);
+    metrics = std::make_unique<rdzv::daemon::MetricsServer>(
+        io, server.endpoint().address().to_string(), *c.metrics_port,
+        [&server] { return rdzv::daemon::render_metrics(server); },
+        [&page](const rdzv::server::HttpRequest& request) { return page->serve(request); });
     std::cout << "metrics on " << server.endpoint().address().to_string() << ":" << metrics->port() << std::endl;
   }
   boost::asio::signal_set signals(io, SIGINT, SIGTERM);

@@ -129,26 +129,32 @@ std::string render_metrics(const server::Server& server) {
 }
 
 MetricsServer::MetricsServer(asio::io_context& io, const std::string& host, uint16_t port,
-                             std::function<std::string()> render)
-    : http_(io, host, port, "ddprun-rendezvous", [render = std::move(render)](const server::HttpRequest& request) {
-        const std::string_view target = request.target;
-        server::HttpReply reply;
-        if (target == "/metrics" || target.substr(0, 9) == "/metrics?") {
-          reply.content_type = prometheus::kContentType;
-          reply.body = render();
-        } else if (target == "/") {
-          reply.body = "ddprun-rendezvous: metrics at /metrics\n";
-        } else {
-          reply.status = 404;
-          reply.body = "not found: try /metrics\n";
-        }
-        return reply;
-      }) {}
+                             std::function<std::string()> render, Pages pages)
+    : http_(io, host, port, "ddprun-rendezvous",
+            [render = std::move(render), pages = std::move(pages)](const server::HttpRequest& request) {
+              if (pages) {
+                if (auto page = pages(request)) return std::move(*page);
+              }
+              const std::string_view target = request.target;
+              server::HttpReply reply;
+              if (target == "/metrics" || target.substr(0, 9) == "/metrics?") {
+                reply.content_type = prometheus::kContentType;
+                reply.body = render();
+              } else if (target == "/") {
+                reply.body = pages ? "ddprun-rendezvous: metrics at /metrics, the jobs at /ui\n"
+                                   : "ddprun-rendezvous: metrics at /metrics\n";
+              } else {
+                reply.status = 404;
+                reply.body = "not found: try /metrics\n";
+              }
+              return reply;
+            }) {}
 
 MetricsServer::~MetricsServer() = default;
 
 void MetricsServer::start() {
-  log::info("store") << "metrics on http://" << server::format_endpoint(http_.local_endpoint()) << "/metrics";
+  log::info("store") << "metrics on http://" << server::format_endpoint(http_.local_endpoint())
+                     << "/metrics, the jobs at /ui";
   http_.start();
 }
 

@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "rendezvous/server/http_server.hpp"
@@ -25,12 +26,14 @@ namespace ddprun::rdzv::daemon {
 std::string render_metrics(const server::Server& server);
 
 // Serves GET /metrics (and a short index at /) over HTTP/1.1 (HttpServer: one response per
-// connection, bounded in size, time and number). Not thread-safe: the io_context's thread.
+// connection, bounded in size, time and number), and the paths `pages` answers (the job page:
+// jobs_page.hpp). Not thread-safe: the io_context's thread.
 class MetricsServer {
  public:
+  using Pages = std::function<std::optional<server::HttpReply>(const server::HttpRequest&)>;
   // Binds `host`:`port` (0: the kernel picks; read port()); throws ConnectionError.
   MetricsServer(boost::asio::io_context& io, const std::string& host, uint16_t port,
-                std::function<std::string()> render);
+                std::function<std::string()> render, Pages pages = {});
   ~MetricsServer();
   void start();
   void stop();

@@ -167,6 +167,8 @@ class Server {
   // already are not affected.
   void allow_peers(const std::vector<std::string>& addresses);
   bool protected_store() const { return options_.secret.has_value(); }
+  // Whether the store takes connections from `peer` (allow_peers; anyone when no list was given).
+  bool admits(const boost::asio::ip::address& peer) const;
 
  private:
   void arm();

@@ -215,6 +215,10 @@ void Server::pause_accepting() {
   });
 }
 
+bool Server::admits(const boost::asio::ip::address& peer) const {
+  return !allowed_ || allowed_->count(normalize_address(peer.to_string())) > 0;
+}
+
 void Server::allow_peers(const std::vector<std::string>& addresses) {
   std::set<std::string> allowed{"127.0.0.1", "::1"};
   for (const std::string& a : addresses) allowed.insert(normalize_address(a));

@@ -1,6 +1,8 @@
 #include "rendezvous/server/web_page.hpp"
 
+#include <algorithm>
 #include <cctype>
+#include <cmath>
 
 namespace ddprun::rdzv::server {
 
@@ -76,6 +78,67 @@ std::optional<HttpReply> page_file(std::string_view path) {
 
 HttpReply json_reply(const json& view) {
   return page_reply(view.dump(-1, ' ', false, json::error_handler_t::replace) + "\n", "application/json");
+}
+
+double rounded(double v, int decimals) {
+  const double scale = std::pow(10.0, decimals);
+  return std::round(v * scale) / scale;
+}
+
+json to_json(const PageRank& r) {
+  json x{{"rank", r.rank},
+         {"node", r.node},
+         {"local_rank", r.local_rank},
+         {"pid", r.pid},
+         {"alive", r.alive},
+         {"step", r.step},
+         {"idle_s", rounded(r.idle_seconds, 1)},
+         {"waiting", r.waiting},
+         {"straggler", r.straggler},
+         {"steps_per_s", nullptr},
+         {"step_ms", nullptr}};
+  if (r.steps_per_second) x["steps_per_s"] = rounded(*r.steps_per_second, 2);
+  if (r.step_ms) x["step_ms"] = rounded(*r.step_ms, 1);
+  return x;
+}
+
+void order_for_page(std::vector<PageRank>& ranks) {
+  std::stable_sort(ranks.begin(), ranks.end(), [](const PageRank& a, const PageRank& b) {
+    if (a.straggler != b.straggler) return a.straggler;
+    if (a.step != b.step) return a.step < b.step;
+    if (std::abs(a.idle_seconds - b.idle_seconds) >= 1.0) return a.idle_seconds > b.idle_seconds;
+    return a.rank < b.rank;
+  });
+}
+
+json heat_map(const std::vector<HeatTrack>& tracks, size_t columns, size_t max_rows, int64_t tick_ms) {
+  json heat{{"tick_ms", tick_ms}, {"columns", columns}, {"metric", "step_ms"}};
+  const size_t per_row = tracks.empty() ? 1 : (tracks.size() + max_rows - 1) / max_rows;
+  json row_ranks = json::array(), values = json::array();
+  for (size_t first = 0; first < tracks.size(); first += per_row) {
+    const size_t last = std::min(tracks.size(), first + per_row) - 1;
+    row_ranks.push_back(json::array({tracks[first].rank, tracks[last].rank}));
+    json v = json::array();
+    for (size_t c = 0; c < columns; ++c) {
+      float slowest = std::nanf("");
+      for (size_t i = first; i <= last; ++i) {
+        const std::deque<float>& h = *tracks[i].values;
+        if (columns - c > h.size()) continue;  // a shorter track starts later
+        const float x = h[h.size() - (columns - c)];
+        if (!std::isnan(x) && (std::isnan(slowest) || x > slowest)) slowest = x;
+      }
+      if (std::isnan(slowest)) {
+        v.push_back(nullptr);
+      } else {
+        v.push_back(rounded(slowest, 1));
+      }
+    }
+    values.push_back(std::move(v));
+  }
+  heat["ranks_per_row"] = per_row;
+  heat["rows"] = std::move(row_ranks);
+  heat["values"] = std::move(values);
+  return heat;
 }
 
 bool from_this_host(const boost::asio::ip::address& peer) {

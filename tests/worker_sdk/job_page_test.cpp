@@ -2,7 +2,8 @@
 // a running 4-rank DDP job (the SDK's worker) in which rank 3 computes 40 ms longer per step. The
 // page shows the 4 ranks and marks rank 3 as the straggler after refreshing itself; it asks no
 // host but the agent for anything (chromium's own network log says what it fetched); a screenshot
-// is left in the build's test-artifacts/. The agent's /metrics passes promtool.
+// is left in the build's test-artifacts/. The agent's /metrics passes promtool. The daemon's page
+// (ddprun-rendezvous --metrics-port) lists two jobs and shows one's straggler as the agent's does.
 #include <gtest/gtest.h>
 #include <ifaddrs.h>
 #include <netinet/in.h>
@@ -19,6 +20,7 @@
 #include <set>
 #include <sstream>
 
+#include "tests/support/daemon.hpp"
 #include "tests/support/free_port.hpp"
 #include "tests/support/http.hpp"
 #include "tests/support/subprocess.hpp"
@@ -94,6 +96,46 @@ std::set<std::string> page_requests(const json& log, const std::string& site) {
   return out;
 }
 
+// The DOM of `url` after three seconds of the page's own time (two refreshes), with chromium's
+// network log in `netlog`.
+std::string dom_of(const fs::path& profile, const fs::path& netlog, const std::string& url) {
+  fs::remove(netlog);
+  Subprocess browser(
+      chromium(profile, {"--log-net-log=" + netlog.string(), "--virtual-time-budget=3000", "--dump-dom", url}));
+  const Finished f = browser.wait(60s);
+  return f.out.empty() ? "chromium printed no DOM (exit code " + std::to_string(f.exit_code) + "): " + f.err : f.out;
+}
+
+// A screenshot of `url` in the build's test-artifacts/, for people; checks it is a PNG.
+void screenshot(const fs::path& profile, const std::string& url, const std::string& name) {
+  fs::create_directories(TEST_ARTIFACTS_DIR);
+  const fs::path shot = fs::path(TEST_ARTIFACTS_DIR) / name;
+  fs::remove(shot);
+  Subprocess camera(chromium(profile, {"--virtual-time-budget=3000", "--screenshot=" + shot.string(), url}));
+  camera.wait(60s);
+  const std::string png = read_file(shot);
+  EXPECT_EQ(png.substr(0, 8), std::string("\x89PNG\r\n\x1a\n", 8)) << "no screenshot at " << shot;
+}
+
+// The ranks a page's DOM shows ("data-rank") and which of them it marks as stragglers.
+std::map<int, bool> ranks_shown(const std::string& dom) {
+  std::map<int, bool> ranks;
+  const std::regex cell("data-rank=\"([0-9]+)\" data-straggler=\"(true|false)\"");
+  for (auto it = std::sregex_iterator(dom.begin(), dom.end(), cell); it != std::sregex_iterator(); ++it) {
+    ranks[std::stoi((*it)[1])] = (*it)[2] == "true";
+  }
+  return ranks;
+}
+
+// Every URL the page asked for is on `origin` ("http://127.0.0.1:PORT/"), and `needed` are among them.
+void only_from(const fs::path& netlog, const std::string& origin, const std::vector<std::string>& needed) {
+  const json log = json::parse(read_file(netlog), nullptr, false);
+  ASSERT_TRUE(log.is_object()) << "chromium wrote no network log at " << netlog;
+  const std::set<std::string> urls = page_requests(log, "http://127.0.0.1");
+  for (const auto& u : needed) EXPECT_TRUE(urls.count(u)) << "the log does not show the page's request for " << u;
+  for (const auto& u : urls) EXPECT_EQ(u.rfind(origin, 0), 0u) << "the page fetched " << u;
+}
+
 // An IPv4 address of this host that is not a loopback one, or "".
 std::string other_address_of_this_host() {
   ifaddrs* list = nullptr;
@@ -161,46 +203,22 @@ TEST(JobPageTest, ABrowserShowsEveryRankAndMarksTheThrottledOne) {
   const std::string url = "http://127.0.0.1:" + std::to_string(port) + "/ui";
   const fs::path netlog = dir.path / "netlog.json";
   std::string dom;
-  auto marked = [&] {
-    fs::remove(netlog);
-    Subprocess browser(chromium(dir.path / "profile",
-                                {"--log-net-log=" + netlog.string(), "--virtual-time-budget=3000", "--dump-dom", url}));
-    const Finished f = browser.wait(60s);
-    dom = f.out.empty() ? "chromium printed no DOM (exit code " + std::to_string(f.exit_code) + "): " + f.err : f.out;
-    return dom.find("data-rank=\"3\" data-straggler=\"true\"") != std::string::npos;
-  };
-  EXPECT_TRUE(wait_until(marked, 90s)) << dom;
-  std::set<int> ranks;
-  const std::regex cell("data-rank=\"([0-9]+)\" data-straggler=\"(true|false)\"");
-  for (auto it = std::sregex_iterator(dom.begin(), dom.end(), cell); it != std::sregex_iterator(); ++it) {
-    const int rank = std::stoi((*it)[1]);
-    ranks.insert(rank);
-    EXPECT_EQ((*it)[2] == "true", rank == 3) << "rank " << rank << " marked wrongly";
-  }
-  EXPECT_EQ(ranks, (std::set<int>{0, 1, 2, 3})) << dom;
+  EXPECT_TRUE(wait_until(
+      [&] {
+        dom = dom_of(dir.path / "profile", netlog, url);
+        return dom.find("data-rank=\"3\" data-straggler=\"true\"") != std::string::npos;
+      },
+      90s))
+      << dom;
+  EXPECT_EQ(ranks_shown(dom), (std::map<int, bool>{{0, false}, {1, false}, {2, false}, {3, true}})) << dom;
   // The page refreshed itself from /api/job (it counts its refreshes on <body>).
   std::smatch refreshes;
   ASSERT_TRUE(std::regex_search(dom, refreshes, std::regex("data-refreshes=\"([0-9]+)\""))) << dom;
   EXPECT_GE(std::stoi(refreshes[1]), 1);
-
   // Nothing was fetched from anywhere but the agent.
-  const json log = json::parse(read_file(netlog), nullptr, false);
-  ASSERT_TRUE(log.is_object()) << "chromium wrote no network log at " << netlog;
-  const std::set<std::string> urls = page_requests(log, "http://127.0.0.1");
   const std::string agent = "http://127.0.0.1:" + std::to_string(port) + "/";
-  EXPECT_TRUE(urls.count(url) && urls.count(agent + "ui.js") && urls.count(agent + "api/job"))
-      << "the log does not show the page's own requests";
-  for (const auto& u : urls) EXPECT_EQ(u.rfind(agent, 0), 0u) << "the page fetched " << u;
-
-  // A screenshot, for people (test-artifacts/ in the build).
-  fs::create_directories(TEST_ARTIFACTS_DIR);
-  const fs::path shot = fs::path(TEST_ARTIFACTS_DIR) / "job_page.png";
-  fs::remove(shot);
-  Subprocess camera(
-      chromium(dir.path / "profile", {"--virtual-time-budget=3000", "--screenshot=" + shot.string(), url}));
-  camera.wait(60s);
-  const std::string png = read_file(shot);
-  EXPECT_EQ(png.substr(0, 8), std::string("\x89PNG\r\n\x1a\n", 8)) << "no screenshot at " << shot;
+  only_from(netlog, agent, {url, agent + "ui.js", agent + "api/job"});
+  screenshot(dir.path / "profile", url, "job_page.png");
 
   // The page holds the workers' output: another host (this one by another address) is refused.
   if (const std::string other = other_address_of_this_host(); !other.empty()) {
@@ -211,6 +229,87 @@ TEST(JobPageTest, ABrowserShowsEveryRankAndMarksTheThrottledOne) {
 
   job->signal(SIGTERM);
   EXPECT_FALSE(job->wait(60s).timed_out);
+}
+
+// One node of a 2-node job on the daemon at `store_port`, `nproc` ranks each, whose rank 3 (when
+// there is one) computes 40 ms longer per step; nodes publish their ranks' rates every second.
+std::unique_ptr<Subprocess> daemon_job_node(uint16_t store_port, const std::string& run_id, int node, int nproc) {
+  return std::make_unique<Subprocess>(std::vector<std::string>{DDPRUN_BIN,
+                                                               "--nnodes",
+                                                               "2",
+                                                               "--node_rank",
+                                                               std::to_string(node),
+                                                               "--rdzv_endpoint",
+                                                               "127.0.0.1:" + std::to_string(store_port),
+                                                               "--rdzv_id",
+                                                               run_id,
+                                                               "--master_addr",
+                                                               "127.0.0.1",
+                                                               "--local_addr",
+                                                               "127.0.0." + std::to_string(node + 1),
+                                                               "--nproc_per_node",
+                                                               std::to_string(nproc),
+                                                               SDK_TEST_WORKER_BIN,
+                                                               "train",
+                                                               "1000000",
+                                                               "-1",
+                                                               "3",
+                                                               "40"},
+                                      std::map<std::string, std::string>{{"DDPRUN_STEP_RATES_PERIOD", "1"}});
+}
+
+// The daemon's page (--metrics-port): its list shows both jobs it holds, a link each; a job's page
+// shows every node's ranks (2 nodes x 2) with the throttled one marked, as the nodes publish them.
+TEST(JobPageTest, TheDaemonsPageListsItsJobsAndShowsEachWithItsStraggler) {
+  ASSERT_FALSE(chromium_path().empty()) << "chromium is missing (Debian's chromium package; scripts/install_deps.sh)";
+  TempDir dir;
+  Daemon daemon(RENDEZVOUS_BIN, {{"--metrics-port", "0"}});
+  const std::string said = daemon.log_with("metrics on http://127.0.0.1:");
+  const auto at = said.find("metrics on http://127.0.0.1:");
+  ASSERT_NE(at, std::string::npos) << said;
+  const int port = std::stoi(said.substr(at + 28));
+  std::vector<std::unique_ptr<Subprocess>> nodes;
+  for (int node = 0; node < 2; ++node) {
+    nodes.push_back(daemon_job_node(daemon.port(), "daemon-page-a", node, 2));
+    nodes.push_back(daemon_job_node(daemon.port(), "daemon-page-b", node, 1));
+  }
+
+  const std::string origin = "http://127.0.0.1:" + std::to_string(port) + "/";
+  const fs::path netlog = dir.path / "netlog.json";
+  std::string dom;
+  // The list: both jobs, running, each a link to its page.
+  EXPECT_TRUE(wait_until(
+      [&] {
+        dom = dom_of(dir.path / "profile", netlog, origin + "ui");
+        return std::regex_search(dom, std::regex("data-job=\"daemon-page-a\" data-state=\"running\"")) &&
+               std::regex_search(dom, std::regex("data-job=\"daemon-page-b\" data-state=\"running\""));
+      },
+      120s))
+      << dom << daemon.log();
+  EXPECT_NE(dom.find("href=\"ui?job=daemon-page-a\""), std::string::npos) << dom;
+  only_from(netlog, origin, {origin + "ui", origin + "ui.js", origin + "api/jobs"});
+
+  // A job: its 4 ranks from both nodes, rank 3 marked.
+  const std::string url = origin + "ui?job=daemon-page-a";
+  EXPECT_TRUE(wait_until(
+      [&] {
+        dom = dom_of(dir.path / "profile", netlog, url);
+        return dom.find("data-rank=\"3\" data-straggler=\"true\"") != std::string::npos;
+      },
+      90s))
+      << dom;
+  EXPECT_EQ(ranks_shown(dom), (std::map<int, bool>{{0, false}, {1, false}, {2, false}, {3, true}})) << dom;
+  only_from(netlog, origin, {url, origin + "ui.js", origin + "api/job?job=daemon-page-a"});
+  // The other job's page has its own two ranks, none marked.
+  dom = dom_of(dir.path / "profile", netlog, origin + "ui?job=daemon-page-b");
+  EXPECT_EQ(ranks_shown(dom), (std::map<int, bool>{{0, false}, {1, false}})) << dom;
+  screenshot(dir.path / "profile", origin + "ui", "daemon_jobs.png");
+  screenshot(dir.path / "profile", url, "daemon_job_page.png");
+
+  // (Who may look is JobsPageTest's: this daemon listens on loopback alone.)
+  EXPECT_EQ(http_get(static_cast<uint16_t>(port), "/api/job?job=nojob").status, 404);
+  for (auto& n : nodes) n->signal(SIGTERM);
+  for (auto& n : nodes) EXPECT_FALSE(n->wait(60s).timed_out);
 }
 
 // The rows of ranks in a ddprun-top table: the rank numbers, top to bottom, and whether the first

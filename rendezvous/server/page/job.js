@@ -1,11 +1,13 @@
-// ddprun's job page: renders /api/job ("ddprun-job-view/1", docs/job-views.md) and polls it.
+// ddprun's job page: renders /api/job ("ddprun-job-view/1", docs/job-views.md) and polls it; on the
+// daemon, /ui without a job is the list of its jobs ("ddprun-jobs/1", /api/jobs), each a link to
+// its page (ui?job=RUN_ID, whose query the page passes on to api/job).
 // Self-contained: no request leaves for any host but the one that served the page (the server's
 // Content-Security-Policy says so too). Every text from the job (stderr lines, commands) goes into
 // the page as text, never as markup.
 (function () {
   "use strict";
   var REFRESH_MS = 1500;
-  var state = { last: null, lastOk: 0, failures: 0, refreshes: 0 };
+  var state = { last: null, lastOk: 0, failures: 0, refreshes: 0, list: false };
 
   function $(id) { return document.getElementById(id); }
   function el(tag, attrs, text) {
@@ -45,9 +47,14 @@
     bits.push(j.restarts + " restart" + (j.restarts === 1 ? "" : "s"));
     bits.push(j.workers_alive + " of " + j.ranks_here + " worker" + (j.ranks_here === 1 ? "" : "s") + " alive");
     if (j.world_size) bits.push("world size " + j.world_size);
-    if (j.nodes > 1) bits.push("node " + j.node + " of " + j.nodes + " (" + j.host + ")"); else bits.push(j.host);
+    if (j.source === "daemon") bits.push("from the store, as each node publishes every " + fmtSeconds(j.publish_period_s));
+    else if (j.nodes > 1) bits.push("node " + j.node + " of " + j.nodes + " (" + j.host + ")"); else bits.push(j.host);
     if (j.stragglers) bits.push(j.stragglers + " straggler" + (j.stragglers === 1 ? "" : "s"));
     facts.appendChild(el("span", { class: "more" }, " · " + bits.join(" · ")));
+    if (j.source === "daemon") {
+      facts.appendChild(document.createTextNode(" · "));
+      facts.appendChild(el("a", { href: "ui" }, "every job on this store"));
+    }
     document.title = "ddprun " + (j.run_id || "") + ": " + j.phase.name;
   }
 
@@ -66,7 +73,7 @@
       cell.appendChild(el("span", null, r.step_ms !== null ? fmtMs(r.step_ms) : st[0]));
       box.appendChild(cell);
     });
-    var note = j.nodes > 1 ? "this node's ranks" : "";
+    var note = j.source === "daemon" ? "every node's ranks" : j.nodes > 1 ? "this node's ranks" : "";
     if (j.ranks_not_listed > 0) note += (note ? "; " : "") + j.ranks_not_listed + " more not listed (those the others wait for are)";
     $("ranks-note").textContent = note;
   }
@@ -122,7 +129,7 @@
     canvas.dataset.gutter = gutter;
     canvas.dataset.cell = cell;
     canvas.dataset.rowH = rowH;
-    var note = rows + " row" + (rows === 1 ? "" : "s") + " x the latest " + h.columns + " s, oldest left";
+    var note = rows + " row" + (rows === 1 ? "" : "s") + " x the latest " + fmtSeconds(h.columns * h.tick_ms / 1000) + ", oldest left";
     if (h.ranks_per_row > 1) note += "; each row is the slowest of " + h.ranks_per_row + " ranks (aggregated)";
     note += median ? "; median " + fmtMs(median) + " per step" : "";
     $("heat-note").textContent = note;
@@ -136,9 +143,9 @@
     var r = Math.floor((ev.clientY - rect.top) / rowH), c = Math.floor((ev.clientX - rect.left - gutter) / cell);
     var h = j.heat;
     if (r < 0 || r >= h.rows.length || c < 0 || c >= h.columns) { tip.style.display = "none"; return; }
-    var row = h.values[r], ago = h.columns - 1 - c, v = row[c - (h.columns - row.length)];
+    var row = h.values[r], ago = (h.columns - 1 - c) * h.tick_ms / 1000, v = row[c - (h.columns - row.length)];
     var who = h.rows[r][0] === h.rows[r][1] ? "rank " + h.rows[r][0] : "ranks " + h.rows[r][0] + "-" + h.rows[r][1];
-    tip.textContent = who + ", " + ago + " s ago: " + (v === null || v === undefined ? "no step" : fmtMs(v) + " per step");
+    tip.textContent = who + ", " + fmtSeconds(ago) + " ago: " + (v === null || v === undefined ? "no step" : fmtMs(v) + " per step");
     tip.style.left = (ev.clientX - rect.left + 12) + "px";
     tip.style.top = (ev.clientY - rect.top + 12) + "px";
     tip.style.display = "block";
@@ -190,8 +197,34 @@
     }
   }
 
+  // The daemon's list of jobs: a row each, a link to its page.
+  function renderList(j) {
+    $("run-id").textContent = "";
+    $("facts").textContent = j.jobs.length + " job" + (j.jobs.length === 1 ? "" : "s") + " on this store";
+    document.title = "ddprun-rendezvous: " + j.jobs.length + " job" + (j.jobs.length === 1 ? "" : "s");
+    var body = $("jobs").tBodies[0];
+    clear(body);
+    j.jobs.forEach(function (x) {
+      var tr = el("tr", { "data-job": x.run_id, "data-state": x.state, class: x.stragglers ? "straggler" : "" });
+      var name = el("td");
+      name.appendChild(el("a", { href: "ui?job=" + encodeURIComponent(x.run_id) }, x.run_id));
+      tr.appendChild(name);
+      [x.state, x.round, x.joined + " of " + x.nnodes, x.ranks_reporting + " of " + x.world_size,
+        x.restarts === undefined ? "" : x.restarts, x.stragglers].forEach(function (v) { tr.appendChild(el("td", null, v)); });
+      body.appendChild(tr);
+    });
+  }
+
   function render(j) {
     var t0 = performance.now();
+    state.list = j.schema === "ddprun-jobs/1";
+    $("jobs-section").hidden = !state.list;
+    $("job-sections").hidden = state.list;
+    if (state.list) {
+      renderList(j);
+      document.body.setAttribute("data-render-ms", (performance.now() - t0).toFixed(1));
+      return;
+    }
     state.last = j;
     renderHeader(j);
     renderRanks(j);
@@ -213,7 +246,7 @@
   function poll() {
     var ctl = typeof AbortController === "function" ? new AbortController() : null;
     var timer = ctl ? setTimeout(function () { ctl.abort(); }, 5000) : null;
-    fetch("api/job", { cache: "no-store", signal: ctl ? ctl.signal : undefined })
+    fetch(state.list ? "api/jobs" : "api/job" + location.search, { cache: "no-store", signal: ctl ? ctl.signal : undefined })
       .then(function (r) { if (!r.ok) throw new Error("HTTP " + r.status); return r.json(); })
       .then(function (j) {
         state.failures = 0;
