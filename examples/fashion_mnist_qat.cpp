@@ -23,6 +23,7 @@
 
 #include "common/fashion_mnist.hpp"
 #include "common/flags.hpp"
+#include "common/progress.hpp"
 #include "ddprun/worker.hpp"
 
 using namespace ddprun;
@@ -110,8 +111,12 @@ double train_epoch(worker::Distributed& dist, worker::DistributedDataParallel<Im
   const auto indices = torch::tensor(sampler.indices(), torch::kLong);
   double loss_sum = 0, seen = 0;
   int64_t step = 0;
+  const int64_t steps = (indices.size(0) + flags.batch_size - 1) / flags.batch_size;
+  EpochProgress progress(flags.progress && dist.rank() == 0, epoch, flags.epochs + kQatEpochs,
+                         flags.max_steps > 0 ? std::min(steps, flags.max_steps) : steps);
   for (int64_t at = 0; at < indices.size(0); at += flags.batch_size, ++step) {
     if (flags.max_steps > 0 && step >= flags.max_steps) break;
+    progress.update(step);
     const auto idx = indices.narrow(0, at, std::min<int64_t>(flags.batch_size, indices.size(0) - at));
     const auto x = train.inputs.index_select(0, idx).to(dist.device());
     const auto y = train.labels.index_select(0, idx).to(dist.device());
@@ -122,6 +127,7 @@ double train_epoch(worker::Distributed& dist, worker::DistributedDataParallel<Im
     loss_sum += loss.template item<double>() * static_cast<double>(y.size(0));
     seen += static_cast<double>(y.size(0));
   }
+  progress.finish();
   return dist.sum(loss_sum) / dist.sum(seen);
 }
 

@@ -27,7 +27,9 @@ ExampleFlags parse_example_flags(int argc, char** argv, const std::string& name,
         << "                      powersgd:RANK low-rank factors of rank RANK (1-64) with error feedback\n"
         << "                      after " << kPowerSgdStartIter << " plain iterations\n"
         << "  --sync-bn           batch norm statistics over every rank's batch (models with batch norm)\n"
-        << "  --zero              shard the optimizer's state over the ranks (ZeroRedundancyOptimizer)\n";
+        << "  --zero              shard the optimizer's state over the ranks (ZeroRedundancyOptimizer)\n"
+        << "  --no-progress       no progress of each epoch (rank 0 shows a bar on a terminal, a line at\n"
+        << "                      each quarter of an epoch elsewhere)\n";
     if (d.offers_fault_tolerant)
       out << "  --fault-tolerant    train as one replica group of a job that trains on through failures:\n"
           << "                      start it with ddprun --replica_group ID (docs/fault-tolerance.md)\n"
@@ -50,6 +52,10 @@ ExampleFlags parse_example_flags(int argc, char** argv, const std::string& name,
     }
     if (flag == "--sync-bn" || flag == "--zero") {
       (flag == "--zero" ? f.zero : f.sync_bn) = true;
+      continue;
+    }
+    if (flag == "--no-progress") {
+      f.progress = false;
       continue;
     }
     if ((flag == "--fault-tolerant" || flag.rfind("--commit-log", 0) == 0) && !d.offers_fault_tolerant)

@@ -29,6 +29,7 @@ struct ExampleFlags {
   bool offers_fault_tolerant = false;
   bool fault_tolerant = false;
   std::string commit_log;  // with fault_tolerant: a JSON line per committed step is appended here
+  bool progress = true;    // rank 0 shows each epoch's progress (common/progress.hpp); --no-progress
 };
 
 // Parses argv over `defaults`; prints usage and exits on --help or a bad flag.

@@ -14,6 +14,7 @@
 
 #include "common/fashion_mnist.hpp"
 #include "common/flags.hpp"
+#include "common/progress.hpp"
 #include "ddprun/worker.hpp"
 
 namespace ddprun::examples {
@@ -106,8 +107,12 @@ int train_classifier(const std::string& name, const ExampleFlags& flags, std::sh
     double loss_sum = 0, correct = 0, seen = 0;
     const auto t0 = Clock::now();
     int64_t step = 0;
+    const int64_t steps = (n + flags.batch_size - 1) / flags.batch_size;
+    EpochProgress progress(flags.progress && dist.rank() == 0, epoch, flags.epochs,
+                           flags.max_steps > 0 ? std::min(steps, flags.max_steps) : steps);
     for (int64_t at = 0; at < n; at += flags.batch_size, ++step) {
       if (flags.max_steps > 0 && step >= flags.max_steps) break;
+      progress.update(step);
       const auto idx = indices.narrow(0, at, std::min<int64_t>(flags.batch_size, n - at));
       const auto x = rows(train.inputs, idx, device), y = rows(train.labels, idx, device);
       zero ? zero->zero_grad(false) : opt.zero_grad();
@@ -119,6 +124,7 @@ int train_classifier(const std::string& name, const ExampleFlags& flags, std::sh
       correct += out.argmax(1).eq(y).sum().template item<double>();
       seen += static_cast<double>(y.size(0));
     }
+    progress.finish();
     const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
     const double global_seen = dist.sum(seen);
     const double epoch_loss = dist.sum(loss_sum) / global_seen;

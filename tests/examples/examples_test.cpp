@@ -51,6 +51,9 @@ TEST_P(ExampleTest, LossFallsAndOnlyRankZeroPrints) {
   EXPECT_GT(j["samples_per_s"].get<double>(), 0.0);
   EXPECT_NE(f.out.find("[rank0]: epoch 1/"), std::string::npos) << f.out;
   EXPECT_EQ(f.out.find("[rank1]:"), std::string::npos) << "rank 1 printed:\n" << f.out;
+  // Not a terminal (ddprun's console): the epoch's progress as plain lines, never redrawn in place.
+  EXPECT_NE(f.out.find("[rank0]: progress: epoch 1/"), std::string::npos) << f.out;
+  EXPECT_EQ(f.out.find('\r'), std::string::npos) << f.out;
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -64,6 +67,24 @@ INSTANTIATE_TEST_SUITE_P(
                                   {"--epochs", "2", "--batch-size", "8", "--max-steps", "3", "--train-limit", "48",
                                    "--test-limit", "32"}}),
     [](const auto& test) { return test.param.name; });
+
+// On a terminal (util-linux's script(1) gives the example one), rank 0's progress is a bar redrawn
+// in place and erased before the epoch's line; --no-progress shows none.
+TEST(ExampleProgressTest, OnATerminalTheEpochIsABarRedrawnInPlace) {
+  const std::string example = std::string(EXAMPLES_DIR) + "/mlp --epochs 1 --train-limit 3000 --test-limit 100";
+  const Finished bar =
+      Subprocess({"/usr/bin/script", "-qec", example, "/dev/null"}, {{"OMP_NUM_THREADS", "1"}}).wait(300s);
+  ASSERT_EQ(bar.exit_code, 0) << bar.out << bar.err;
+  EXPECT_NE(bar.out.find("\rprogress: epoch 1/1 ["), std::string::npos) << bar.out;
+  EXPECT_NE(bar.out.find("\r\x1b[Kepoch 1/1: loss"), std::string::npos) << bar.out;
+  EXPECT_EQ(bar.out.find("progress: epoch 1/1 25%"), std::string::npos) << "plain lines on a terminal:\n" << bar.out;
+  const Finished quiet =
+      Subprocess({"/usr/bin/script", "-qec", example + " --no-progress", "/dev/null"}, {{"OMP_NUM_THREADS", "1"}})
+          .wait(300s);
+  ASSERT_EQ(quiet.exit_code, 0) << quiet.out;
+  EXPECT_EQ(quiet.out.find("progress:"), std::string::npos) << quiet.out;
+  EXPECT_NE(quiet.out.find("epoch 1/1: loss"), std::string::npos) << quiet.out;
+}
 
 // --comm-hook: the LeNet example trains through each compression hook, and says which it ran.
 TEST(ExampleCommHookTest, LeNetTrainsThroughTheCompressionHooks) {
