@@ -138,8 +138,8 @@ constexpr ServeFlag kServeFlags[] = {
        c.options.store_limits.max_job_bytes = number(f, v, uint64_t{1} << 50);
      }},
     {"--metrics-port", "N",
-     "serve Prometheus metrics at `http://HOST:N/metrics` and the jobs' page at `/ui` (to this host, and to the "
-     "peers an open store admits), on the store's address (`0` lets the kernel pick the port, printed at start)",
+     "serve Prometheus metrics at `http://HOST:N/metrics` and the jobs' page at `/ui` (to this host; to anyone "
+     "when the store is open), on the store's address (`0` lets the kernel pick the port, printed at start)",
      nullptr,
      [](const std::string& f, const std::string& v, ServeConfig& c) {
        c.metrics_port = static_cast<uint16_t>(number(f, v, 65535));

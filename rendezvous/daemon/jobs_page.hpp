@@ -14,7 +14,8 @@
 //
 // Who may look: the page names jobs, hosts and failures, which a protected store shows to token
 // holders only. So peers on this host (and through `ssh -L`) always; other peers only when the
-// store is open and admits them (its allowed peers), as they could read every key anyway.
+// store is open and admits them (a store with a list of allowed peers admits those), as they could
+// read every key anyway.
 // /metrics, figures only, stays open to anyone.
 
 #include <utility>  // before Asio (Boost 1.74 quirk)

@@ -253,6 +253,8 @@
         state.lastOk = Date.now();
         render(j);
         document.body.setAttribute("data-refreshes", String(++state.refreshes));  // for scripts and tests
+        // The page's own memory, where the browser says (Chromium), for benchmarks/job_page_bench.sh.
+        if (performance.memory) document.body.setAttribute("data-heap-bytes", String(performance.memory.usedJSHeapSize));
       })
       .catch(function () { state.failures++; })
       .then(function () { if (timer) clearTimeout(timer); status(); setTimeout(poll, REFRESH_MS); });
