@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <string_view>
 
+#include "common/host_port.hpp"
 #include "launcher/rendezvous/etcd/etcd_endpoint.hpp"
 #include "launcher/cli/flags.hpp"
 #include "launcher/cli/options_parse.hpp"
@@ -255,28 +256,13 @@ void parse_etcd_endpoints(const std::string& flag, LaunchOptions& o) {
   }
 }
 
-// The store's address: host, host:port, [v6], [v6]:port
+// The store's address: host, host:port, [v6], [v6]:port, or a bare IPv6 address (common/host_port.hpp).
 void parse_store_endpoint(const std::string& flag, LaunchOptions& o) {
-  const std::string expected = "host[:port] or [ipv6]:port";
-  std::string host = o.rdzv_endpoint, port;
-  if (host.front() == '[') {
-    const auto close = host.find(']');
-    if (close == std::string::npos) bad(flag, expected, o.rdzv_endpoint);
-    if (close + 1 < host.size()) {
-      if (host[close + 1] != ':') bad(flag, expected, o.rdzv_endpoint);
-      port = host.substr(close + 2);
-    }
-    host = host.substr(1, close - 1);
-  } else if (std::count(host.begin(), host.end(), ':') == 1) {
-    port = host.substr(host.find(':') + 1);
-    host = host.substr(0, host.find(':'));
-  }
-  if (host.empty()) bad(flag, expected, o.rdzv_endpoint);
-  o.rdzv_endpoint_host = host;
-  if (!port.empty()) {
-    o.rdzv_endpoint_port =
-        static_cast<uint16_t>(parse_int(flag, port, 1, 65535, "host[:port] with a port from 1 to 65535"));
-  }
+  std::string why;
+  const auto ep = parse_host_port(o.rdzv_endpoint, &why);
+  if (!ep) bad(flag, "host[:port] or [ipv6]:port with a port from 1 to 65535 (here: " + why + ")", o.rdzv_endpoint);
+  o.rdzv_endpoint_host = ep->host;
+  if (ep->port) o.rdzv_endpoint_port = *ep->port;
 }
 
 }  // namespace

@@ -14,6 +14,7 @@
 #include <random>
 #include <thread>
 
+#include "common/host_port.hpp"
 #include "common/errors.hpp"
 #include "common/hex.hpp"
 #include "common/system.hpp"
@@ -83,10 +84,7 @@ Client::~Client() {
   close_locked();
 }
 
-std::string Client::endpoint() const {
-  const bool v6 = options_.host.find(':') != std::string::npos;
-  return (v6 ? "[" + options_.host + "]" : options_.host) + ":" + std::to_string(options_.port);
-}
+std::string Client::endpoint() const { return format_host_port(options_.host, options_.port); }
 
 bool Client::connected() {
   std::lock_guard lock(mutex_);

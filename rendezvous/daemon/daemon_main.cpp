@@ -25,6 +25,7 @@
 #include <string_view>
 
 #include "common/errors.hpp"
+#include "common/host_port.hpp"
 #include "common/log.hpp"
 #include "common/numbers.hpp"
 #include "common/system.hpp"
@@ -63,20 +64,12 @@ int status_main(int argc, char** argv) {
     usage_error(e.what());
   }
   const std::optional<std::string>& token_file = flags.token_file;
-  std::string host = flags.endpoint, port = "29400";
-  if (host.front() == '[') {
-    port = host.find("]:") != std::string::npos ? host.substr(host.find("]:") + 2) : port;
-    host = host.substr(1, host.find(']') - 1);
-  } else if (host.find(':') != std::string::npos) {
-    port = host.substr(host.find(':') + 1);
-    host = host.substr(0, host.find(':'));
-  }
+  std::string why;
+  const auto endpoint = parse_host_port(flags.endpoint, &why);
+  if (!endpoint) usage_error("--endpoint expects HOST[:PORT] or [IPV6]:PORT, got '" + flags.endpoint + "': " + why);
   rdzv::client::ClientOptions o;
-  o.host = host;
-  const auto port_number = to_uint(port);
-  if (!port_number || *port_number > 65535)
-    usage_error("--endpoint expects HOST:PORT with a port up to 65535, got '" + port + "'");
-  o.port = static_cast<uint16_t>(*port_number);
+  o.host = endpoint->host;
+  o.port = endpoint->port.value_or(29400);
   o.connect_timeout = std::chrono::seconds(5);
   o.timeout = std::chrono::seconds(10);
   o.missing_secret_hint = "give status the daemon's token file with --token-file PATH (or DDPRUN_TOKEN_FILE)";

@@ -11,6 +11,7 @@
 #include <cerrno>
 #include <cstring>
 
+#include "common/host_port.hpp"
 #include "common/errors.hpp"
 #include "common/unique_fd.hpp"
 
@@ -112,8 +113,7 @@ uint64_t open_file_limit() {
 namespace ddprun::rdzv::server {
 
 std::string format_endpoint(const boost::asio::ip::tcp::endpoint& ep) {
-  const std::string addr = ep.address().to_string();
-  return (ep.address().is_v6() ? "[" + addr + "]" : addr) + ":" + std::to_string(ep.port());
+  return format_host_port(ep.address().to_string(), ep.port());
 }
 
 }  // namespace ddprun::rdzv::server

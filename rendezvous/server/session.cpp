@@ -7,6 +7,8 @@
 
 #include <cerrno>
 
+#include "common/host_port.hpp"
+
 namespace ddprun::rdzv::server {
 
 std::string format_sockaddr(const void* addr) {
@@ -15,12 +17,12 @@ std::string format_sockaddr(const void* addr) {
   if (sa->sa_family == AF_INET) {
     const auto* in = static_cast<const sockaddr_in*>(addr);
     ::inet_ntop(AF_INET, &in->sin_addr, text, sizeof text);
-    return std::string(text) + ":" + std::to_string(ntohs(in->sin_port));
+    return format_host_port(text, ntohs(in->sin_port));
   }
   if (sa->sa_family == AF_INET6) {
     const auto* in6 = static_cast<const sockaddr_in6*>(addr);
     ::inet_ntop(AF_INET6, &in6->sin6_addr, text, sizeof text);
-    return "[" + std::string(text) + "]:" + std::to_string(ntohs(in6->sin6_port));
+    return format_host_port(text, ntohs(in6->sin6_port));
   }
   return "<unknown peer>";
 }

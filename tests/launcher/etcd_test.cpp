@@ -91,6 +91,10 @@ TEST(EtcdClientTest, EncodingsAndEndpoints) {
   EXPECT_THROW(etcd::parse_endpoint("grpc://e:1"), ConfigError);
   EXPECT_THROW(etcd::parse_endpoint("e:99999"), ConfigError);
   EXPECT_THROW(etcd::parse_endpoint(":2379"), ConfigError);
+  // A bare IPv6 address is a host, never split at its last colon (common/host_port.hpp).
+  EXPECT_EQ(etcd::parse_endpoint("::1").text, "http://[::1]:2379");
+  EXPECT_EQ(etcd::parse_endpoint("http://fe80::2").host, "fe80::2");
+  EXPECT_EQ(etcd::parse_endpoint("[fe80::2]:2380").port, "2380");
 }
 
 TEST(EtcdClientTest, TransactionsLeasesAndAWatchThatOutlivesItsMember) {

@@ -1,5 +1,6 @@
 #include "launcher/rendezvous/etcd/etcd_endpoint.hpp"
 
+#include "common/host_port.hpp"
 #include "common/errors.hpp"
 #include "common/numbers.hpp"
 
@@ -17,27 +18,15 @@ Endpoint parse_endpoint(const std::string& text) {
     throw ConfigError("etcd endpoint '" + text + "': the scheme must be http:// or https://");
   }
   while (!rest.empty() && rest.back() == '/') rest.pop_back();
-  std::string port = "2379";
-  if (!rest.empty() && rest.front() == '[') {
-    const auto close = rest.find(']');
-    if (close == std::string::npos) throw ConfigError("etcd endpoint '" + text + "': unclosed '['");
-    ep.host = rest.substr(1, close - 1);
-    if (close + 1 < rest.size()) {
-      if (rest[close + 1] != ':') throw ConfigError("etcd endpoint '" + text + "': expected ':' after ']'");
-      port = rest.substr(close + 2);
-    }
-  } else {
-    const auto colon = rest.rfind(':');
-    ep.host = rest.substr(0, colon);
-    if (colon != std::string::npos) port = rest.substr(colon + 1);
+  std::string why;
+  const auto hp = parse_host_port(rest, &why);
+  if (!hp) {
+    throw ConfigError("etcd endpoint '" + text + "': " + why +
+                      "; expected host:port, [ipv6]:port, http://host:port or https://host:port");
   }
-  const auto number = port.find_first_not_of("0123456789") == std::string::npos ? to_uint(port) : std::nullopt;
-  if (ep.host.empty() || !number || *number == 0 || *number > 65535) {
-    throw ConfigError("etcd endpoint '" + text + "': expected host:port, http://host:port or https://host:port");
-  }
-  ep.port = port;
-  const bool v6 = ep.host.find(':') != std::string::npos;
-  ep.text = std::string(ep.tls ? "https://" : "http://") + (v6 ? "[" + ep.host + "]" : ep.host) + ":" + port;
+  ep.host = hp->host;
+  ep.port = std::to_string(hp->port.value_or(2379));
+  ep.text = std::string(ep.tls ? "https://" : "http://") + format_host_port(ep.host, hp->port.value_or(2379));
   return ep;
 }
 
