@@ -5,6 +5,7 @@
 #include <cstring>
 #include <sstream>
 
+#include "common/host_port.hpp"
 #include "common/command_line.hpp"
 #include "common/errors.hpp"
 #include "common/numbers.hpp"
@@ -40,12 +41,10 @@ constexpr FlagDef kFlagTable[] = {
     {"--master_addr", nullptr, "ADDR", "address of the store; `MASTER_ADDR` of the workers (`[::1]` style accepted)",
      [](const LaunchOptions& d) { return d.master_addr; }, "",
      [](const FlagInput& in, LaunchOptions& o) {
-       o.master_addr = trim(in.text);
-       // torchrun accepts IPv6 in brackets.
-       if (o.master_addr.size() > 2 && o.master_addr.front() == '[' && o.master_addr.back() == ']') {
-         o.master_addr = o.master_addr.substr(1, o.master_addr.size() - 2);
-       }
-       if (o.master_addr.empty()) bad(in.flag, "a host name or address", in.text);
+       // torchrun accepts IPv6 in brackets; the port is --master_port's.
+       const auto addr = parse_host_port(trim(in.text));
+       if (!addr || addr->port) bad(in.flag, "a host name or address (the port goes in --master_port)", in.text);
+       o.master_addr = addr->host;
      }},
     {"--master_port", nullptr, "PORT", "port of the store; on one node `0` or unset lets the kernel pick a free one",
      nullptr, "kernel-picked (one node), `29500` (several)",

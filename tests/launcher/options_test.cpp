@@ -207,6 +207,10 @@ TEST(OptionsTest, MasterAddrInBracketsAndPortZeroMeansAutomatic) {
   EXPECT_EQ(o.master_addr, "::1");
   EXPECT_FALSE(o.master_port.has_value());
   EXPECT_EQ(parse({"--master_port", "29500", "t"}).master_port, 29500);
+  EXPECT_EQ(parse({"--master_addr", "fe80::1", "t"}).master_addr, "fe80::1");
+  // An address with a port is refused, saying where the port goes (it was taken as a host name).
+  EXPECT_THROW(parse({"--master_addr", "node0:29500", "t"}), ConfigError);
+  EXPECT_THROW(parse({"--master_addr", "[::1]:29500", "t"}), ConfigError);
 }
 
 TEST(OptionsTest, SlurmEnvironmentSetsTheJobLayout) {
