@@ -13,12 +13,18 @@
 #      time until ddprun has stopped the other (from its report file: the two workers' ends; ddprun
 #      holds a SIGKILLed worker's failure 1 s, to tell it from a job-wide kill), with 16 clients
 #      fetching /api/job and /ui as fast as they can, against none.
-#   benchmarks/job_page_bench.sh BUILD_DIR [STEPS] [BATCH_PER_RANK] [PAIRS]
+#   4. A page left open for HOURS (24: a day) on a running job, in headless chromium's virtual time
+#      (its timers run as fast as the page's requests are answered: a day's 57,600 refreshes take
+#      minutes): the refreshes made, the page's JS heap at the end (Chromium's
+#      performance.memory, on <body>) against after one hour, and the agent's RSS before and after.
+#   benchmarks/job_page_bench.sh BUILD_DIR [STEPS] [BATCH_PER_RANK] [PAIRS] [HOURS]
+#   PARTS="2 4" benchmarks/job_page_bench.sh ...   runs only those parts (default: all four)
 set -euo pipefail
-build=${1:?usage: job_page_bench.sh BUILD_DIR [STEPS] [BATCH] [PAIRS]}
+build=${1:?usage: job_page_bench.sh BUILD_DIR [STEPS] [BATCH] [PAIRS] [HOURS]}
 steps=${2:-600}
 batch=${3:-64}
 pairs=${4:-5}
+hours=${5:-24}
 export OMP_NUM_THREADS=1
 ddprun="$build/launcher/ddprun"
 bench="$build/benchmarks/ddp_bench"
@@ -28,6 +34,9 @@ command -v chromium >/dev/null || { echo "job_page_bench: chromium is missing (s
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 
+parts=" ${PARTS:-1 2 3 4} "
+part() { [[ $parts == *" $1 "* ]]; }
+median() { printf '%s\n' "$@" | sort -g | awk '{v[NR]=$1} END {print (NR % 2) ? v[(NR+1)/2] : (v[NR/2]+v[NR/2+1])/2}'; }
 field() { sed -n "s/.*$1=\([0-9.]*\).*/\1/p" | tail -1; }
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
 # One GET over bash's /dev/tcp (no curl needed): the body's size in bytes.
@@ -52,18 +61,20 @@ run_on() {
   kill "$poller" 2>/dev/null || true
   wait "$poller" 2>/dev/null || true
 }
+if part 1; then
 off=() on=() ratios=()
 for ((i = 0; i < pairs; i++)); do
   if ((i % 2 == 0)); then a=$(run_off); b=$(run_on); else b=$(run_on); a=$(run_off); fi
   off+=("$a") on+=("$b") ratios+=("$(echo "$b / $a" | bc -l)")
   printf 'pair %d: off %.1f steps/s, on %.1f steps/s, on/off %.3f\n' "$((i + 1))" "$a" "$b" "${ratios[-1]}"
 done
-median() { printf '%s\n' "$@" | sort -g | awk '{v[NR]=$1} END {print (NR % 2) ? v[(NR+1)/2] : (v[NR/2]+v[NR/2+1])/2}'; }
 printf 'LeNet-5, batch %s per rank, %s steps, 2 processes, %s pairs\n' "$batch" "$steps" "$pairs"
 printf 'median steps/s: no page %.1f, page open %.1f; median on/off ratio %.3f (min %.3f, max %.3f)\n' \
   "$(median "${off[@]}")" "$(median "${on[@]}")" "$(median "${ratios[@]}")" \
   "$(printf '%s\n' "${ratios[@]}" | sort -g | head -1)" "$(printf '%s\n' "${ratios[@]}" | sort -g | tail -1)"
+fi
 
+if part 2; then
 for ranks in 1024 16384; do
   mkfifo "$work/in"
   "$synthetic" "$ranks" <"$work/in" >"$work/out" &
@@ -92,11 +103,13 @@ for ranks in 1024 16384; do
   wait "$server" 2>/dev/null || true
   rm -f "$work/in" "$work/out"
 done
+fi
 
 # 3. A worker killed while 16 clients flood a page: from its death to the other worker's stop. The flood itself takes
 #    CPU from everyone on this machine, so it runs twice: against the job's own ddprun, and against
 #    another ddprun's page (the same load on the machine, none on the job's ddprun); the difference
 #    is what serving the flood costs the supervision.
+if part 3; then
 flood() { while :; do get "$1" /api/job >/dev/null 2>&1 || true; get "$1" /ui >/dev/null 2>&1 || true; done; }
 other_port=$(free_port)
 "$ddprun" --nproc_per_node 1 --http_port "$other_port" "$worker" sleep 100000 >/dev/null 2>&1 &
@@ -142,3 +155,32 @@ for ((i = 0; i < pairs; i++)); do
 done
 printf 'a worker killed to the other stopped, median: %s ms quiet, %s ms with its own page flooded, %s ms with another page flooded\n' \
   "$(median "${quiet[@]}")" "$(median "${own[@]}")" "$(median "${others[@]}")"
+fi
+
+# 4. A page open for HOURS on a running job: bounded on both sides.
+if part 4; then
+port=$(free_port)
+"$ddprun" --nproc_per_node 2 --http_port "$port" "$bench" 1000000000 "$batch" >/dev/null 2>&1 &
+ddp=$!
+trap 'kill ${other:-} $ddp 2>/dev/null || true; rm -rf "$work"' EXIT
+for _ in $(seq 100); do get "$port" /api/job 2>/dev/null | grep -q . && break; sleep 0.1; done
+sleep 5
+agent_rss() { ps -o rss= -p "$ddp" | tr -d ' '; }
+open_for() {
+  chromium --headless --no-sandbox --disable-gpu --no-first-run --disable-background-networking \
+    --disable-component-update --disable-sync --user-data-dir="$work/profile-day" --enable-precise-memory-info \
+    --virtual-time-budget="$(($1 * 3600 * 1000))" --dump-dom "http://127.0.0.1:$port/ui" 2>/dev/null |
+    sed -n 's/.*data-refreshes="\([0-9]*\)".*data-heap-bytes="\([0-9]*\)".*/\1 \2/p; s/.*data-heap-bytes="\([0-9]*\)".*data-refreshes="\([0-9]*\)".*/\2 \1/p' | head -1
+}
+before=$(agent_rss)
+read -r r1 h1 <<<"$(open_for 1)"
+s=$(date +%s)
+read -r rn hn <<<"$(open_for "$hours")"
+e=$(date +%s)
+after=$(agent_rss)
+printf 'a page open %s h (virtual time, %d s here): %s refreshes, its JS heap %.1f MiB (after 1 h: %s refreshes, %.1f MiB); the agent %.1f MiB before, %.1f MiB after\n' \
+  "$hours" "$((e - s))" "${rn:-?}" "$(echo "${hn:-0} / 1048576" | bc -l)" "${r1:-?}" "$(echo "${h1:-0} / 1048576" | bc -l)" \
+  "$(echo "$before / 1024" | bc -l)" "$(echo "$after / 1024" | bc -l)"
+kill "$ddp" 2>/dev/null || true
+wait "$ddp" 2>/dev/null || true
+fi
