@@ -11,6 +11,8 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "common/replace_file.hpp"
+
 namespace ddprun::job_pages {
 
 namespace fs = std::filesystem;
@@ -38,21 +40,13 @@ std::string publish(uint16_t port, const std::string& run_id, const std::string&
   const std::string dir = directory();
   if (dir.empty()) return "";
   std::string file = dir + "/" + std::to_string(::getpid()) + ".json";
-  const std::string tmp = file + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::trunc);
-    out << nlohmann::json{{"pid", ::getpid()}, {"port", port}, {"run_id", run_id}, {"program", program}}.dump(
-               -1, ' ', false, nlohmann::json::error_handler_t::replace)
-        << "\n";
-    if (!out) {
-      ::unlink(tmp.c_str());
-      return "";
-    }
-  }
-  if (::rename(tmp.c_str(), file.c_str()) != 0) {
-    ::unlink(tmp.c_str());
-    return "";
-  }
+  const std::string record =
+      nlohmann::json{{"pid", ::getpid()}, {"port", port}, {"run_id", run_id}, {"program", program}}.dump(
+          -1, ' ', false, nlohmann::json::error_handler_t::replace) +
+      "\n";
+  ReplaceFile how;
+  how.durability = Durability::Atomic;
+  if (replace_file(file, record, how)) return "";
   return file;
 }
 

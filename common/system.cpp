@@ -68,19 +68,6 @@ std::string signal_name(int signo) {
   return abbrev ? std::string("SIG") + abbrev : "signal " + std::to_string(signo);
 }
 
-bool write_all(int fd, std::string_view data) {
-  while (!data.empty()) {
-    const ssize_t n = retry_eintr([&] { return ::write(fd, data.data(), data.size()); });
-    if (n < 0) return false;
-    if (n == 0) {
-      errno = ENOSPC;
-      return false;
-    }
-    data.remove_prefix(static_cast<size_t>(n));
-  }
-  return true;
-}
-
 namespace {
 
 std::string numeric_address(const sockaddr* sa) {

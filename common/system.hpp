@@ -2,6 +2,7 @@
 // Small process-level helpers shared by the daemon, the launcher and the benchmarks.
 
 #include <sys/types.h>
+#include <unistd.h>
 
 #include <cerrno>
 
@@ -44,7 +45,19 @@ auto retry_eintr(Call call) {
 
 // write(2) of all of `data`, retrying EINTR and short writes. False if the descriptor failed
 // (errno says why; ENOSPC when a write wrote nothing). Async-signal-safe: fit for a forked child.
-bool write_all(int fd, std::string_view data);
+// Inline: the worker SDK uses it without linking ddprun's common library.
+inline bool write_all(int fd, std::string_view data) {
+  while (!data.empty()) {
+    const ssize_t n = retry_eintr([&] { return ::write(fd, data.data(), data.size()); });
+    if (n < 0) return false;
+    if (n == 0) {
+      errno = ENOSPC;
+      return false;
+    }
+    data.remove_prefix(static_cast<size_t>(n));
+  }
+  return true;
+}
 
 // This host's fully qualified name, as Python's socket.getfqdn() gives torchrun's default local
 // address: the canonical name its host name resolves to (a Kubernetes pod's /etc/hosts names it

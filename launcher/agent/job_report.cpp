@@ -10,6 +10,7 @@
 #include <filesystem>
 
 #include "common/log.hpp"
+#include "common/replace_file.hpp"
 #include "common/system.hpp"
 #include "common/unique_fd.hpp"
 
@@ -266,16 +267,11 @@ json JobReport::to_json() const {
 
 bool JobReport::write() const {
   if (path_.empty()) return true;
-  const fs::path target(path_);
-  auto warn = [&](const std::string& what, int err) {
-    log::warn("ddprun") << "cannot write the report file " << path_ << ": " << what << ": " << std::strerror(err)
+  auto warn = [&](const std::string& what) {
+    log::warn("ddprun") << "cannot write the report file " << path_ << ": " << what
                         << "; the report is on the console only";
     return false;
   };
-  const fs::path dir = target.has_parent_path() ? target.parent_path() : fs::path(".");
-  std::error_code ec;
-  fs::create_directories(dir, ec);
-  if (ec) return warn("creating " + dir.string(), ec.value());
   std::string text;
   try {
     text = to_json().dump(2, ' ', false, json::error_handler_t::replace) + "\n";
@@ -283,23 +279,11 @@ bool JobReport::write() const {
     log::warn("ddprun") << "cannot encode the report for " << path_ << ": " << e.what();
     return false;
   }
-  // A reader sees the old document or the new one, whole: a temporary file in the same directory,
-  // renamed over the path.
-  std::string tmp = (dir / ("." + target.filename().string() + ".XXXXXX")).string();
-  UniqueFd fd(::mkostemp(tmp.data(), O_CLOEXEC));  // 0600: it holds what the workers printed
-  if (!fd) return warn("creating a temporary file in " + dir.string(), errno);
-  const bool written = write_all(fd.get(), text);
-  const int write_err = errno;
-  if (const int closed = fd.close(); !written || closed != 0) {
-    const int err = written ? errno : write_err;
-    ::unlink(tmp.c_str());
-    return warn("writing " + tmp, err);
-  }
-  if (::rename(tmp.c_str(), target.c_str()) != 0) {
-    const int err = errno;
-    ::unlink(tmp.c_str());
-    return warn("renaming " + tmp + " over it", err);
-  }
+  // A reader sees the old document or the new one, whole. 0600: it holds what the workers printed.
+  ReplaceFile how;
+  how.durability = Durability::Atomic;
+  how.create_directory = true;
+  if (const auto failed = replace_file(path_, text, how)) return warn(failed->what());
   log::info("ddprun") << "report: " << path_;
   return true;
 }

@@ -27,6 +27,7 @@
 #include "common/errors.hpp"
 #include "common/host_port.hpp"
 #include "common/log.hpp"
+#include "common/replace_file.hpp"
 #include "common/numbers.hpp"
 #include "common/system.hpp"
 #include "rendezvous/core/auth.hpp"
@@ -109,12 +110,9 @@ int token_main(int argc, char** argv) {
       std::cout << line;
       return 0;
     }
-    const mode_t old = ::umask(077);  // created 0600
-    std::ofstream out(output, std::ios::trunc);
-    ::umask(old);
-    out << line;
-    out.close();
-    if (!out || ::chmod(output.c_str(), 0600) != 0) throw ConfigError("cannot write the token file " + output);
+    if (const auto failed = replace_file(output, line)) {  // 0600, whole or not at all
+      throw ConfigError("cannot write the token file " + output + ": " + failed->what());
+    }
     return 0;
   } catch (const std::exception& e) {
     std::cerr << "ddprun-rendezvous token: " << e.what() << "\n";
@@ -130,14 +128,13 @@ bool loopback_host(const std::string& host) {
 }
 
 void write_port_file(const std::string& path, uint16_t port) {
-  // Written to a temporary name and renamed, so a reader never sees a partial number.
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp);
-    out << port << "\n";
-    if (!out) throw ConfigError("cannot write the port file " + tmp);
+  // A reader never sees a partial number.
+  ReplaceFile how;
+  how.durability = Durability::Atomic;
+  how.mode = 0644;
+  if (const auto failed = replace_file(path, std::to_string(port) + "\n", how)) {
+    throw ConfigError("cannot write the port file " + path + ": " + failed->what());
   }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) throw ConfigError("cannot rename " + tmp + " to " + path);
 }
 
 // The secret from --token-file, or protected mode (as Redis has it): no secret, no network.

@@ -12,6 +12,7 @@
 #include <unordered_map>
 #include <utility>
 
+#include "common/replace_file.hpp"
 #include "common/errors.hpp"
 #include "common/log.hpp"
 #include "common/system.hpp"
@@ -96,12 +97,6 @@ std::string read_file(const std::string& path, bool& exists) {
     data.append(buf, static_cast<size_t>(n));
   }
   return data;
-}
-
-std::string parent_dir(const std::string& path) {
-  const size_t slash = path.rfind('/');
-  if (slash == std::string::npos) return ".";
-  return slash == 0 ? "/" : path.substr(0, slash);
 }
 
 [[noreturn]] void throw_errno(const std::string& what) {
@@ -253,25 +248,9 @@ void StateJournal::snapshot() {
     core::put_u64(out, static_cast<uint64_t>(result));
     close_record(out, start);
   });
-  const std::string tmp = path_ + ".tmp";
-  UniqueFd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600));
-  if (!fd) throw_errno("open " + tmp);
-  if (!write_all(fd.get(), out) || ::fsync(fd.get()) != 0) {
-    const int err = errno;
-    fd.reset();
-    ::unlink(tmp.c_str());
-    errno = err;
-    throw_errno("write " + tmp);
-  }
-  fd.reset();
-  if (::rename(tmp.c_str(), path_.c_str()) != 0) {
-    const int err = errno;
-    ::unlink(tmp.c_str());
-    errno = err;
-    throw_errno("rename " + tmp);
-  }
-  if (const UniqueFd dir(::open(parent_dir(path_).c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC)); dir) {
-    ::fsync(dir.get());  // the rename itself
+  if (const auto failed = replace_file(path_, out)) {
+    errno = failed->err;
+    throw_errno(failed->step);
   }
   UniqueFd appender(::open(path_.c_str(), O_WRONLY | O_APPEND | O_CLOEXEC));
   if (!appender) throw_errno("open " + path_);

@@ -136,6 +136,19 @@ void only_from(const fs::path& netlog, const std::string& origin, const std::vec
   for (const auto& u : urls) EXPECT_EQ(u.rfind(origin, 0), 0u) << "the page fetched " << u;
 }
 
+// Loads `url` until its page marks rank 3 as the straggler (90 s at most), leaving the DOM in `dom`;
+// then every rank shown is one of the 4, rank 3 alone marked.
+bool rank_3_marked(const fs::path& profile, const fs::path& netlog, const std::string& url, std::string& dom) {
+  const bool marked = wait_until(
+      [&] {
+        dom = dom_of(profile, netlog, url);
+        return dom.find("data-rank=\"3\" data-straggler=\"true\"") != std::string::npos;
+      },
+      90s);
+  EXPECT_EQ(ranks_shown(dom), (std::map<int, bool>{{0, false}, {1, false}, {2, false}, {3, true}})) << dom;
+  return marked;
+}
+
 // An IPv4 address of this host that is not a loopback one, or "".
 std::string other_address_of_this_host() {
   ifaddrs* list = nullptr;
@@ -203,14 +216,7 @@ TEST(JobPageTest, ABrowserShowsEveryRankAndMarksTheThrottledOne) {
   const std::string url = "http://127.0.0.1:" + std::to_string(port) + "/ui";
   const fs::path netlog = dir.path / "netlog.json";
   std::string dom;
-  EXPECT_TRUE(wait_until(
-      [&] {
-        dom = dom_of(dir.path / "profile", netlog, url);
-        return dom.find("data-rank=\"3\" data-straggler=\"true\"") != std::string::npos;
-      },
-      90s))
-      << dom;
-  EXPECT_EQ(ranks_shown(dom), (std::map<int, bool>{{0, false}, {1, false}, {2, false}, {3, true}})) << dom;
+  EXPECT_TRUE(rank_3_marked(dir.path / "profile", netlog, url, dom)) << dom;
   // The page refreshed itself from /api/job (it counts its refreshes on <body>).
   std::smatch refreshes;
   ASSERT_TRUE(std::regex_search(dom, refreshes, std::regex("data-refreshes=\"([0-9]+)\""))) << dom;
@@ -291,14 +297,7 @@ TEST(JobPageTest, TheDaemonsPageListsItsJobsAndShowsEachWithItsStraggler) {
 
   // A job: its 4 ranks from both nodes, rank 3 marked.
   const std::string url = origin + "ui?job=daemon-page-a";
-  EXPECT_TRUE(wait_until(
-      [&] {
-        dom = dom_of(dir.path / "profile", netlog, url);
-        return dom.find("data-rank=\"3\" data-straggler=\"true\"") != std::string::npos;
-      },
-      90s))
-      << dom;
-  EXPECT_EQ(ranks_shown(dom), (std::map<int, bool>{{0, false}, {1, false}, {2, false}, {3, true}})) << dom;
+  EXPECT_TRUE(rank_3_marked(dir.path / "profile", netlog, url, dom)) << dom;
   only_from(netlog, origin, {url, origin + "ui.js", origin + "api/job?job=daemon-page-a"});
   // The other job's page has its own two ranks, none marked.
   dom = dom_of(dir.path / "profile", netlog, origin + "ui?job=daemon-page-b");

@@ -11,67 +11,34 @@
 #include <filesystem>
 #include <stdexcept>
 
-#include "common/unique_fd.hpp"
+#include "common/replace_file.hpp"
 #include "ddprun/worker/progress.hpp"
 #include "ddprun/worker/serialize.hpp"
 
 namespace ddprun::worker {
 namespace {
 
-[[noreturn]] void fail(const std::string& what, const std::filesystem::path& path, int err) {
-  throw std::runtime_error("cannot write checkpoint " + path.string() + ": " + what + ": " + std::strerror(err));
-}
-
-// Replaces `target` with `data` durably: a crash at any moment leaves either the old file or the
-// new one, whole. The bytes go to a temporary file of a unique name in the same directory (two
-// jobs saving to one path never share it), which is fsynced and closed (both checked) before it is
-// renamed over the target; the directory is fsynced after, so the rename itself survives a crash.
+// Replaces `target` with `data` durably (common/replace_file.hpp): a crash at any moment leaves
+// either the old file or the new one, whole, and the new one survives a power loss once this
+// returns.
 void write_durably(const std::filesystem::path& target, const std::vector<char>& data) {
-  const std::filesystem::path dir = target.has_parent_path() ? target.parent_path() : std::filesystem::path(".");
-  std::error_code ec;
-  std::filesystem::create_directories(dir, ec);
-  if (ec) throw std::runtime_error("cannot create the checkpoint directory " + dir.string() + ": " + ec.message());
-  std::string tmp = (dir / (target.filename().string() + ".tmp.XXXXXX")).string();
-  UniqueFd fd(::mkostemp(tmp.data(), O_CLOEXEC));
-  if (!fd) fail("creating a temporary file in " + dir.string(), target, errno);
-  auto abandon = [&](const std::string& what, int err) {
-    ::unlink(tmp.c_str());
-    fail(what, target, err);
-  };
-  const char* p = data.data();
-  size_t left = data.size();
-  while (left > 0) {
-    const ssize_t n = ::write(fd.get(), p, left);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      const int err = n < 0 ? errno : ENOSPC;
-      fd.reset();
-      abandon("writing " + tmp, err);
-    }
-    p += n;
-    left -= static_cast<size_t>(n);
-  }
-  if (::fsync(fd.get()) != 0) {
-    const int err = errno;
-    fd.reset();
-    abandon("fsync of " + tmp, err);
-  }
-  if (fd.close() != 0) abandon("closing " + tmp, errno);
+  ReplaceFile how;
+  how.create_directory = true;
   // Last moment before publishing: a node whose ddprun has not renewed its place in the job (frozen,
   // stopped, cut off) may have been replaced by a group re-formed without it, whose checkpoints
   // this one must not overwrite.
-  if (const auto lapsed = membership_lapsed()) {
-    ::unlink(tmp.c_str());
-    throw std::runtime_error("not publishing checkpoint " + target.string() + ": this node's place in the job lapsed " +
-                             std::to_string(lapsed->count()) +
-                             " ms ago (its ddprun was frozen, stopped or cut off "
-                             "from the rendezvous), so the other nodes may have gone on without it; the previous "
-                             "checkpoint is kept");
+  how.before_publish = [&target]() -> std::optional<std::string> {
+    const auto lapsed = membership_lapsed();
+    if (!lapsed) return std::nullopt;
+    return "not publishing checkpoint " + target.string() + ": this node's place in the job lapsed " +
+           std::to_string(lapsed->count()) +
+           " ms ago (its ddprun was frozen, stopped or cut off from the rendezvous), so the other nodes may have "
+           "gone on without it; the previous checkpoint is kept";
+  };
+  if (const auto failed = replace_file(target.string(), std::string_view(data.data(), data.size()), how)) {
+    if (failed->err == 0) throw std::runtime_error(failed->step);
+    throw std::runtime_error("cannot write checkpoint " + target.string() + ": " + failed->what());
   }
-  if (::rename(tmp.c_str(), target.c_str()) != 0) abandon("renaming " + tmp + " over it", errno);
-  const UniqueFd dfd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
-  if (!dfd) fail("opening its directory to fsync the rename", target, errno);
-  if (::fsync(dfd.get()) != 0) fail("fsync of its directory", target, errno);
 }
 
 }  // namespace
