@@ -39,6 +39,41 @@ bool followed(std::string_view name) {
          name == jobs::job_names::kEnded || name == jobs::job_names::kGeneration;
 }
 
+// A rank is judged (straggler or not) on its figures over the latest publications covering about
+// this long, and only once they cover at least kLeastSecondsJudged.
+constexpr double kWindowSeconds = 5;
+constexpr double kLeastSecondsJudged = 1;
+
+// The seconds the rates in `rates` cover, but the first `skip`.
+double span_of(const std::deque<jobs::RankRate>& rates, size_t skip) {
+  double seconds = 0;
+  for (size_t i = skip; i < rates.size(); ++i) seconds += rates[i].seconds;
+  return seconds;
+}
+
+// The rates of consecutive windows as one: steps and seconds add up, compute time per step is
+// weighted by steps (absent if any window lacks it), the latest window's step, idleness and wait.
+jobs::RankRate over_window(const std::deque<jobs::RankRate>& rates) {
+  jobs::RankRate out = rates.back();
+  out.steps = 0;
+  out.seconds = 0;
+  double compute_ms = 0;
+  bool every_compute = true;
+  for (const auto& r : rates) {
+    out.steps += r.steps;
+    out.seconds += r.seconds;
+    if (r.compute_ms_per_step) {
+      compute_ms += *r.compute_ms_per_step * static_cast<double>(r.steps);
+    } else {
+      every_compute = false;
+    }
+  }
+  out.steps_per_second = out.seconds > 0 ? static_cast<double>(out.steps) / out.seconds : 0;
+  out.compute_ms_per_step.reset();
+  if (every_compute && out.steps > 0) out.compute_ms_per_step = compute_ms / static_cast<double>(out.steps);
+  return out;
+}
+
 // A state that is not a failure (so far).
 bool good_state(const std::string& state) { return state == "joining" || state == "running" || state == "succeeded"; }
 
@@ -135,8 +170,13 @@ void JobsPage::apply(std::string_view key, const std::string* value, int64_t now
       const auto rate = jobs::rank_rate_from_json(r);
       if (!rate) continue;
       RankTrack& rt = t->ranks[rate->rank];
+      // The nodes' period, as the daemon sees their records arrive (a record's own span is shorter
+      // at the start of a run).
+      if (rt.at_ms > 0 && now_ms > rt.at_ms) t->period_s = static_cast<double>(now_ms - rt.at_ms) / 1e3;
       rt.latest = *rate;
       rt.at_ms = now_ms;
+      rt.recent.push_back(*rate);
+      while (rt.recent.size() > 1 && span_of(rt.recent, 1) >= kWindowSeconds) rt.recent.pop_front();
       float ms = kNone;
       if (rate->compute_ms_per_step) {
         ms = static_cast<float>(*rate->compute_ms_per_step);
@@ -145,7 +185,6 @@ void JobsPage::apply(std::string_view key, const std::string* value, int64_t now
       }
       rt.heat.push_back(ms);
       while (rt.heat.size() > s_.history) rt.heat.pop_front();
-      if (rate->seconds > 0) t->period_s = rate->seconds;
     }
   } else if (starts_with(name, names::kNode) || starts_with(name, names::kMember)) {
     const auto node = jobs::decode_node_record(*value);
@@ -255,10 +294,13 @@ std::optional<json> JobsPage::job(const std::string& run_id, int64_t now_ms) {
     r.step = rt.latest.step.value_or(0);
     r.idle_seconds = rt.latest.idle_seconds ? *rt.latest.idle_seconds + std::max(0.0, age_s) : std::max(0.0, age_s);
     r.waiting = rt.latest.waiting.value_or(false);
-    r.steps_per_second = rt.latest.steps_per_second;
-    r.step_ms = rt.latest.compute_ms_per_step;
-    if (!r.step_ms && rt.latest.steps_per_second > 0) r.step_ms = 1e3 / rt.latest.steps_per_second;
-    if (r.alive) live.push_back(rt.latest);
+    // The figures over the latest publications (about kWindowSeconds, as the agent's page): one
+    // publication may cover a fraction of a second (a run's first), too little to judge a rank by.
+    const jobs::RankRate window = over_window(rt.recent);
+    r.steps_per_second = window.steps_per_second;
+    r.step_ms = window.compute_ms_per_step;
+    if (!r.step_ms && window.steps_per_second > 0) r.step_ms = 1e3 / window.steps_per_second;
+    if (r.alive && window.seconds >= kLeastSecondsJudged) live.push_back(window);
     rows.push_back(r);
   }
   for (const int slow : jobs::marked_stragglers(live, s_.straggler_factor)) {

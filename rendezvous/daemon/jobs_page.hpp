@@ -71,13 +71,14 @@ class JobsPage : public core::ChangeObserver {
  private:
   struct RankTrack {
     jobs::RankRate latest;
-    int64_t at_ms = 0;       // when the daemon read it (its own clock)
-    std::deque<float> heat;  // step time in ms per publication, oldest first
+    int64_t at_ms = 0;                  // when the daemon read it (its own clock)
+    std::deque<jobs::RankRate> recent;  // the latest publications, about 5 s of them
+    std::deque<float> heat;             // step time in ms per publication, oldest first
   };
   struct JobTrack {
     int64_t generation = -1;
     std::map<int, RankTrack> ranks;
-    double period_s = 10;  // the nodes' publication period, from their records
+    double period_s = 10;  // the nodes' publication period, as their records arrive
     nlohmann::json first_event;
     std::deque<nlohmann::json> events;
     uint64_t dropped = 0;

@@ -4,6 +4,7 @@
 
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/address.hpp>
+#include <algorithm>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -55,14 +56,14 @@ struct FakeJob {
   }
   // Node `node` publishes its ranks' figures: each rank `ms` of compute per step, but `slow_rank`
   // `slow_ms`.
-  void publish(int node, double ms, int slow_rank = -1, double slow_ms = 0, uint64_t step = 100) {
+  void publish(int node, double ms, int slow_rank = -1, double slow_ms = 0, uint64_t step = 100, double seconds = 1) {
     json ranks = json::array();
     for (int local = 0; local < per_node; ++local) {
       jobs::RankRate r;
       r.rank = node * per_node + local;
       r.node = node;
-      r.steps = 10;
-      r.seconds = 1;
+      r.seconds = seconds;
+      r.steps = std::max<uint64_t>(1, static_cast<uint64_t>(seconds * 10));
       r.compute_ms_per_step = r.rank == slow_rank ? slow_ms : ms;
       r.steps_per_second = 1e3 / (slow_ms > 0 ? slow_ms + 5 : ms + 5);
       r.step = step;
@@ -127,6 +128,35 @@ TEST(JobsPageTest, AJobsPageHasEveryNodesRanksAndMarksTheStraggler) {
   EXPECT_EQ((*after)["report"]["root_cause"]["rank"], 3) << after->dump(2);
   EXPECT_EQ((*after)["timeline"].back()["kind"], "restart");
   EXPECT_EQ((*after)["workers_alive"], 0);
+}
+
+// A run's first publication may cover a fraction of a second: too little to mark a rank by. The
+// page judges each rank over its latest publications (about 5 s), as the agent's page does.
+TEST(JobsPageTest, AShortFirstWindowMarksNobodyAndAWindowOfPublicationsDoes) {
+  Fixture f;
+  JobsPage page(f.io, f.server);
+  FakeJob job{f.server.store(), "jobA"};
+  job.join();
+  job.publish(0, 20.0, -1, 0, 2, /*seconds=*/0.1);
+  job.publish(1, 20.0, /*slow_rank=*/2, /*slow_ms=*/40.0, 2, 0.1);
+  f.settle();
+  auto view = page.job("jobA", 0);
+  EXPECT_EQ((*view)["stragglers"], 0) << view->dump(2);
+  // Then a second of even steps: rank 2's early hiccup is averaged away.
+  job.publish(0, 20.0, -1, 0, 12);
+  job.publish(1, 20.0, -1, 0, 12);
+  f.settle();
+  view = page.job("jobA", 0);
+  EXPECT_EQ((*view)["stragglers"], 0) << view->dump(2);
+  // A rank slow for seconds is marked.
+  for (int i = 0; i < 3; ++i) {
+    job.publish(0, 20.0, -1, 0, 22 + 10 * static_cast<uint64_t>(i));
+    job.publish(1, 20.0, 3, 90.0, 22 + 10 * static_cast<uint64_t>(i));
+    f.settle();
+  }
+  view = page.job("jobA", 0);
+  EXPECT_EQ((*view)["stragglers"], 1) << view->dump(2);
+  EXPECT_EQ((*view)["ranks"][0]["rank"], 3);
 }
 
 TEST(JobsPageTest, TheListHasEveryJobAndAnUnknownJobIsNotFound) {
