@@ -385,12 +385,9 @@ int Agent::run() {
                                  "leave when told so: not restarting them";
           return finish(round, world, end, result, 0);
         }
-        const bool unkillable = !result.unkillable.empty();
         const Decision d = decide(end, RestartState{restarts_, o_.max_restarts, backend_->elastic(), stop_.signo(),
-                                                    result.signal, unkillable});
-        if (unkillable && d.kind == Decision::Kind::Finish &&
-            decide(end, RestartState{restarts_, o_.max_restarts, backend_->elastic(), stop_.signo(), result.signal})
-                    .kind != Decision::Kind::Finish) {
+                                                    result.signal, !result.unkillable.empty()});
+        if (d.why == Decision::Why::Unkillable) {
           log::error("ddprun") << "not "
                                << (end.kind == RoundEnd::Kind::Failure || end.kind == RoundEnd::Kind::Hang
                                        ? "restarting"

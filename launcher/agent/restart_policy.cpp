@@ -10,33 +10,41 @@ using rendezvous::RoundEnd;
 using workers::shell_exit_code;
 
 Decision decide(const RoundEnd& end, const RestartState& s) {
+  using Kind = Decision::Kind;
+  using Why = Decision::Why;
   const bool stopping = s.stop_signal != 0;
-  const bool may_restart = s.restarts < s.max_restarts && !stopping && !s.unkillable;
+  // What stops a restart or a next round that would otherwise come: a stop signal first, then
+  // workers that could not be stopped.
+  const auto held = [&]() { return stopping ? Why::Stopping : Why::Unkillable; };
+  const bool held_back = stopping || s.unkillable;
   switch (end.kind) {
-    case RoundEnd::Kind::Success: return {Decision::Kind::Finish, 0};
+    case RoundEnd::Kind::Success: return {Kind::Finish, 0};
     case RoundEnd::Kind::Signal: {
       const int signo = stopping ? s.stop_signal : (s.group_signal ? s.group_signal : SIGTERM);
-      return {Decision::Kind::Finish, 128 + signo};
+      return {Kind::Finish, 128 + signo};
     }
-    case RoundEnd::Kind::StoreLost: return {Decision::Kind::Finish, 1};
+    case RoundEnd::Kind::StoreLost: return {Kind::Finish, 1};
     case RoundEnd::Kind::NodeLost:
       // Elastic: the survivors go on without it if at least MIN of them rendezvous again. Static
       // membership cannot go on without that node.
-      if (s.elastic && !stopping && !s.unkillable) return {Decision::Kind::Rerendezvous, 0};
+      if (!s.elastic) return {Kind::Finish, stopping ? 128 + s.stop_signal : 1};
+      if (!held_back) return {Kind::Rerendezvous, 0};
       // A node stopped by a signal leaves (an elastic job goes on without it) with 128 + N.
-      return {Decision::Kind::Finish, stopping ? 128 + s.stop_signal : 1};
+      return {Kind::Finish, stopping ? 128 + s.stop_signal : 1, held()};
     case RoundEnd::Kind::Membership:
-      if (stopping) return {Decision::Kind::Finish, 128 + s.stop_signal};
-      if (s.unkillable) return {Decision::Kind::Finish, 1};
-      return {Decision::Kind::Rerendezvous, 0};
+      if (!held_back) return {Kind::Rerendezvous, 0};
+      return {Kind::Finish, stopping ? 128 + s.stop_signal : 1, held()};
     case RoundEnd::Kind::Failure:
-      if (may_restart) return {Decision::Kind::Restart, 0};
-      return {Decision::Kind::Finish, end.root_cause ? shell_exit_code(*end.root_cause) : 1};
-    case RoundEnd::Kind::Hang:
-      if (may_restart) return {Decision::Kind::Restart, 0};
-      return {Decision::Kind::Finish, kHangExitCode};
+    case RoundEnd::Kind::Hang: {
+      const int code = end.kind == RoundEnd::Kind::Hang ? kHangExitCode
+                       : end.root_cause                 ? shell_exit_code(*end.root_cause)
+                                                        : 1;
+      if (s.restarts >= s.max_restarts) return {Kind::Finish, code, stopping ? Why::Stopping : Why::NoRestartsLeft};
+      if (!held_back) return {Kind::Restart, 0};
+      return {Kind::Finish, code, held()};
+    }
   }
-  return {Decision::Kind::Finish, 1};
+  return {Kind::Finish, 1};
 }
 
 }  // namespace ddprun::launcher::agent

@@ -15,6 +15,10 @@ inline constexpr int kHangExitCode = 124;
 struct Decision {
   enum class Kind { Finish, Restart, Rerendezvous } kind = Kind::Finish;
   int exit_code = 0;  // Finish only
+  // Finish only: why the round's end leads to no restart and no next round. Ended: there is
+  // nothing to go on with (success, a signal's end, a lost store, a static job's lost node);
+  // otherwise what stopped the restart or the next round that would have come.
+  enum class Why { Ended, NoRestartsLeft, Stopping, Unkillable } why = Why::Ended;
   bool operator==(const Decision&) const = default;
 };
 

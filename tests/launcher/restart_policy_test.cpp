@@ -34,7 +34,12 @@ RoundEnd failure(int exit_code, int signal = 0) {
 
 constexpr Decision kRestart{Decision::Kind::Restart, 0};
 constexpr Decision kRerendezvous{Decision::Kind::Rerendezvous, 0};
-constexpr Decision finish(int code) { return {Decision::Kind::Finish, code}; }
+constexpr Decision finish(int code, Decision::Why why = Decision::Why::Ended) {
+  return {Decision::Kind::Finish, code, why};
+}
+constexpr auto kNoRestartsLeft = Decision::Why::NoRestartsLeft;
+constexpr auto kStopping = Decision::Why::Stopping;
+constexpr auto kUnkillable = Decision::Why::Unkillable;
 
 TEST(RestartPolicyTest, SuccessFinishesWithZeroWhateverTheRestartsLeft) {
   EXPECT_EQ(decide(end_of(RoundEnd::Kind::Success), {.restarts = 0, .max_restarts = 3}), finish(0));
@@ -44,18 +49,23 @@ TEST(RestartPolicyTest, SuccessFinishesWithZeroWhateverTheRestartsLeft) {
 TEST(RestartPolicyTest, AFailureRestartsWhileRestartsAreLeftThenExitsAsTheRootCauseDid) {
   EXPECT_EQ(decide(failure(3), {.restarts = 0, .max_restarts = 2}), kRestart);
   EXPECT_EQ(decide(failure(3), {.restarts = 1, .max_restarts = 2}), kRestart);
-  EXPECT_EQ(decide(failure(3), {.restarts = 2, .max_restarts = 2}), finish(3));
-  EXPECT_EQ(decide(failure(0, SIGSEGV), {.max_restarts = 0}), finish(128 + SIGSEGV));
+  EXPECT_EQ(decide(failure(3), {.restarts = 2, .max_restarts = 2}), finish(3, kNoRestartsLeft));
+  EXPECT_EQ(decide(failure(0, SIGSEGV), {.max_restarts = 0}), finish(128 + SIGSEGV, kNoRestartsLeft));
   // A failure whose root cause did not travel (an older peer) still fails the job.
-  EXPECT_EQ(decide(end_of(RoundEnd::Kind::Failure), {}), finish(1));
+  EXPECT_EQ(decide(end_of(RoundEnd::Kind::Failure), {}), finish(1, kNoRestartsLeft));
 }
 
 TEST(RestartPolicyTest, AStopSignalNeverRestarts) {
-  EXPECT_EQ(decide(failure(3), {.restarts = 0, .max_restarts = 5, .stop_signal = SIGTERM}), finish(3));
-  EXPECT_EQ(decide(end_of(RoundEnd::Kind::Hang), {.max_restarts = 5, .stop_signal = SIGINT}), finish(kHangExitCode));
-  EXPECT_EQ(decide(end_of(RoundEnd::Kind::Membership), {.elastic = true, .stop_signal = SIGINT}), finish(128 + SIGINT));
+  EXPECT_EQ(decide(failure(3), {.restarts = 0, .max_restarts = 5, .stop_signal = SIGTERM}), finish(3, kStopping));
+  EXPECT_EQ(decide(end_of(RoundEnd::Kind::Hang), {.max_restarts = 5, .stop_signal = SIGINT}),
+            finish(kHangExitCode, kStopping));
+  EXPECT_EQ(decide(end_of(RoundEnd::Kind::Membership), {.elastic = true, .stop_signal = SIGINT}),
+            finish(128 + SIGINT, kStopping));
   // A stopped node leaves with 128 + N, the lost node being itself or another.
-  EXPECT_EQ(decide(end_of(RoundEnd::Kind::NodeLost), {.elastic = true, .stop_signal = SIGTERM}), finish(128 + SIGTERM));
+  EXPECT_EQ(decide(end_of(RoundEnd::Kind::NodeLost), {.elastic = true, .stop_signal = SIGTERM}),
+            finish(128 + SIGTERM, kStopping));
+  // A stop signal and workers that could not be stopped: the signal is the reason.
+  EXPECT_EQ(decide(failure(3), {.max_restarts = 5, .stop_signal = SIGTERM, .unkillable = true}), finish(3, kStopping));
 }
 
 TEST(RestartPolicyTest, ASignalEndExitsWithTheSignalThatStoppedUsOrTheGroupOrSigterm) {
@@ -80,17 +90,22 @@ TEST(RestartPolicyTest, ANewNodeAlwaysMeansARerendezvous) {
 
 TEST(RestartPolicyTest, AHangRestartsLikeAFailureThenExitsWith124) {
   EXPECT_EQ(decide(end_of(RoundEnd::Kind::Hang), {.restarts = 0, .max_restarts = 1}), kRestart);
-  EXPECT_EQ(decide(end_of(RoundEnd::Kind::Hang), {.restarts = 1, .max_restarts = 1}), finish(124));
+  EXPECT_EQ(decide(end_of(RoundEnd::Kind::Hang), {.restarts = 1, .max_restarts = 1}), finish(124, kNoRestartsLeft));
 }
 
 // pytorch#185414: workers SIGKILL could not end (uninterruptible sleep) still hold their GPU and
 // ports; new workers on this node would compete with them, so the node finishes instead.
 TEST(RestartPolicyTest, UnkillableWorkersEndTheNodesPartWhateverTheRestartsLeft) {
-  EXPECT_EQ(decide(failure(3), {.max_restarts = 5, .unkillable = true}), finish(3));
-  EXPECT_EQ(decide(end_of(RoundEnd::Kind::Hang), {.max_restarts = 5, .unkillable = true}), finish(kHangExitCode));
-  EXPECT_EQ(decide(end_of(RoundEnd::Kind::NodeLost), {.elastic = true, .unkillable = true}), finish(1));
-  EXPECT_EQ(decide(end_of(RoundEnd::Kind::Membership), {.elastic = true, .unkillable = true}), finish(1));
+  // The decision says so (the agent's error line): it would have restarted or gone on otherwise.
+  EXPECT_EQ(decide(failure(3), {.max_restarts = 5, .unkillable = true}), finish(3, kUnkillable));
+  EXPECT_EQ(decide(end_of(RoundEnd::Kind::Hang), {.max_restarts = 5, .unkillable = true}),
+            finish(kHangExitCode, kUnkillable));
+  EXPECT_EQ(decide(end_of(RoundEnd::Kind::NodeLost), {.elastic = true, .unkillable = true}), finish(1, kUnkillable));
+  EXPECT_EQ(decide(end_of(RoundEnd::Kind::Membership), {.elastic = true, .unkillable = true}), finish(1, kUnkillable));
   EXPECT_EQ(decide(end_of(RoundEnd::Kind::Success), {.unkillable = true}), finish(0));
+  // Out of restarts anyway, or static: not what stopped it.
+  EXPECT_EQ(decide(failure(3), {.restarts = 1, .max_restarts = 1, .unkillable = true}), finish(3, kNoRestartsLeft));
+  EXPECT_EQ(decide(end_of(RoundEnd::Kind::NodeLost), {.elastic = false, .unkillable = true}), finish(1));
 }
 
 TEST(RestartPolicyTest, LosingTheStoreEndsTheJobWithOneEvenWithRestartsLeft) {
