@@ -10,6 +10,7 @@
 #include <chrono>
 #include <filesystem>
 #include <cstdio>
+#include <stdexcept>
 #include <string>
 
 #include "common/fashion_mnist.hpp"
@@ -86,12 +87,24 @@ int train_classifier(const std::string& name, const ExampleFlags& flags, std::sh
         std::make_unique<worker::ZeroRedundancyOptimizer<torch::optim::SGD>>(ddp.parameters(), sgd, dist.c10d_group());
   torch::optim::SGD opt(flags.zero ? std::vector<torch::Tensor>{} : ddp.parameters(), sgd);
   const std::string ckpt = flags.checkpoint_dir.empty() ? "" : flags.checkpoint_dir + "/checkpoint.pt";
-  const std::string zero_ckpt = ckpt + ".zero";  // the consolidated sharded state, beside it
+  // With --zero, epoch E's consolidated optimizer state is checkpoint.pt.zero.E beside the
+  // checkpoint: written before the checkpoint that names epoch E, the older one removed after it,
+  // so a crash between the two writes leaves the previous checkpoint with its own state (never
+  // one epoch's model with another's momentum).
+  const auto zero_ckpt = [&ckpt](int64_t epoch) { return ckpt + ".zero." + std::to_string(epoch); };
   int start_epoch = 0;
   if (!ckpt.empty() && (flags.resume || dist.env().restart_count > 0)) {
     if (auto done = worker::load_checkpoint(ckpt, *model, &opt)) {
       start_epoch = static_cast<int>(*done) + 1;
-      if (zero && std::filesystem::exists(zero_ckpt)) zero->load(zero_ckpt);
+      if (zero) {
+        if (!std::filesystem::exists(zero_ckpt(*done))) {
+          throw std::runtime_error(ckpt + " is epoch " + std::to_string(*done + 1) + "'s, and its optimizer state " +
+                                   zero_ckpt(*done) +
+                                   " is missing: resume without --zero, or from a checkpoint "
+                                   "directory that has both");
+        }
+        zero->load(zero_ckpt(*done));
+      }
       dist.print("resumed from ", ckpt, " after epoch ", *done + 1);
     }
   }
@@ -141,9 +154,10 @@ int train_classifier(const std::string& name, const ExampleFlags& flags, std::sh
     if (!ckpt.empty()) {
       if (zero) {
         zero->consolidate_state_dict(0);
-        if (dist.rank() == 0) zero->save(zero_ckpt);
+        if (dist.rank() == 0) zero->save(zero_ckpt(epoch));
       }
       worker::save_checkpoint(ckpt, *model, &opt, epoch, dist);
+      if (zero && dist.rank() == 0 && epoch > 0) std::filesystem::remove(zero_ckpt(epoch - 1));
     }
   }
 

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -159,14 +160,34 @@ TEST(ExampleZeroTest, LeNetWithShardedOptimizerStateMatchesThePlainRunAndResumes
   EXPECT_EQ(z["zero"], true);
   EXPECT_EQ(z["final_loss"], p["final_loss"]);
   EXPECT_EQ(z["test_accuracy"], p["test_accuracy"]);
-  EXPECT_TRUE(fs::exists(dir / "checkpoint.pt.zero"));
-  args = {"--train-limit", "512",      "--test-limit",     "128",       "--epochs", "2",
-          "--zero",        "--resume", "--checkpoint-dir", dir.string()};
-  const Finished resumed = run_example("fashion_mnist_lenet", args);
+  // Epoch 1's optimizer state beside epoch 1's checkpoint, named for it.
+  EXPECT_TRUE(fs::exists(dir / "checkpoint.pt.zero.0"));
+  // A crash while epoch 2 was being saved: its optimizer state written, its checkpoint not (a
+  // state of another run stands for it here). A resume must pair epoch 1's model with epoch 1's
+  // state, as a resume from the directory without the crash does.
+  const fs::path crashed = dir.string() + "-crashed";
+  fs::copy(dir, crashed);
+  fs::copy_file(dir / "checkpoint.pt.zero.0", crashed / "checkpoint.pt.zero.1");
+  {
+    std::fstream other(crashed / "checkpoint.pt.zero.1", std::ios::in | std::ios::out | std::ios::binary);
+    other.seekp(-64, std::ios::end);
+    other << std::string(64, '\x7f');  // not epoch 1's state (and not a readable file either)
+  }
+  const auto resume = [](const fs::path& from) {
+    return run_example("fashion_mnist_lenet", {"--train-limit", "512", "--test-limit", "128", "--epochs", "2", "--zero",
+                                               "--resume", "--checkpoint-dir", from.string()});
+  };
+  const Finished resumed = resume(dir);
   ASSERT_EQ(resumed.exit_code, 0) << resumed.err;
   EXPECT_NE(resumed.out.find("after epoch 1"), std::string::npos) << resumed.out;
   EXPECT_NE(resumed.out.find("epoch 2/2"), std::string::npos) << resumed.out;
+  EXPECT_TRUE(fs::exists(dir / "checkpoint.pt.zero.1"));
+  EXPECT_FALSE(fs::exists(dir / "checkpoint.pt.zero.0")) << "the older state is removed once the newer checkpoint is";
+  const Finished after_crash = resume(crashed);
+  ASSERT_EQ(after_crash.exit_code, 0) << after_crash.err;
+  EXPECT_EQ(final_json(after_crash.out)["final_loss"], final_json(resumed.out)["final_loss"]) << after_crash.out;
   fs::remove_all(dir);
+  fs::remove_all(crashed);
 }
 
 // FP32 training, QAT fine-tuning with the observer and BatchNorm schedule, int8 conversion: the

@@ -37,6 +37,7 @@
 #include <vector>
 
 #include "ddprun/worker/join.hpp"
+#include "ddprun/worker/serialize.hpp"
 
 namespace ddprun::worker {
 
@@ -206,35 +207,61 @@ class ZeroRedundancyOptimizer : public Joinable {
     }
   }
 
-  // On the rank consolidate_state_dict gathered on: the whole state to `path` (written beside it,
-  // then renamed into place: a crash leaves the previous file whole).
+  // On the rank consolidate_state_dict gathered on: the whole state to `path`, as every file of the
+  // SDK is written: a torch.save file ({"numels": [...], "shards": [one uint8 tensor per rank]}),
+  // replaced durably (a crash leaves the previous file whole) and not at all by a node whose place
+  // in the job lapsed (worker::torch_save).
   void save(const std::string& path) const {
     if (consolidated_.empty()) {
       throw std::logic_error(
           "ZeroRedundancyOptimizer::save: call consolidate_state_dict(to) first, on every rank, "
           "and save on rank `to`");
     }
-    torch::serialize::OutputArchive archive;
     std::vector<int64_t> numels;
     for (const auto& p : params_) numels.push_back(p.numel());
-    archive.write("numels", torch::tensor(numels, torch::kLong));
-    for (size_t rank = 0; rank < consolidated_.size(); ++rank) {
-      archive.write("shard/" + std::to_string(rank),
-                    torch::from_blob(const_cast<char*>(consolidated_[rank].data()),
-                                     {static_cast<int64_t>(consolidated_[rank].size())}, torch::kUInt8)
-                        .clone());
+    c10::impl::GenericList shards(c10::TensorType::get());
+    for (const auto& bytes : consolidated_) {
+      shards.push_back(
+          torch::from_blob(const_cast<char*>(bytes.data()), {static_cast<int64_t>(bytes.size())}, torch::kUInt8)
+              .clone());
     }
-    const std::string partial = path + ".partial";
-    archive.save_to(partial);
-    std::filesystem::rename(partial, path);
+    c10::impl::GenericDict state(c10::StringType::get(), c10::AnyType::get());
+    state.insert("numels", torch::tensor(numels, torch::kLong));
+    state.insert("shards", shards);
+    torch_save(state, path);
   }
 
   // On every rank, at any world size: installs the saved state of the parameters this rank owns.
   void load(const std::string& path) {
-    torch::serialize::InputArchive archive;
-    archive.load_from(path);
+    // A torch.save file (save() above); one an earlier release wrote is a LibTorch archive.
+    std::vector<torch::Tensor> shards;
     torch::Tensor numels;
-    archive.read("numels", numels);
+    c10::IValue saved;
+    bool torch_save_file = true;
+    try {
+      saved = torch_load(path);
+    } catch (const std::exception&) {
+      torch_save_file = false;
+    }
+    if (torch_save_file) {
+      if (!saved.isGenericDict() || !saved.toGenericDict().contains("numels") ||
+          !saved.toGenericDict().contains("shards")) {
+        throw std::invalid_argument("ZeroRedundancyOptimizer::load: " + path +
+                                    " is a torch.save file but not a ZeRO state (no numels and shards)");
+      }
+      const auto dict = saved.toGenericDict();
+      numels = dict.at("numels").toTensor();
+      for (const auto& shard : dict.at("shards").toListRef()) shards.push_back(shard.toTensor().contiguous());
+    } else {
+      torch::serialize::InputArchive archive;
+      archive.load_from(path);
+      archive.read("numels", numels);
+      for (int64_t rank = 0;; ++rank) {
+        torch::Tensor shard;
+        if (!archive.try_read("shard/" + std::to_string(rank), shard)) break;
+        shards.push_back(shard);
+      }
+    }
     if (numels.numel() != static_cast<int64_t>(params_.size())) {
       throw std::invalid_argument("ZeroRedundancyOptimizer::load: " + path + " holds the state of " +
                                   std::to_string(numels.numel()) + " parameters, this optimizer has " +
@@ -248,9 +275,7 @@ class ZeroRedundancyOptimizer : public Joinable {
       }
     }
     const int me = group_->getRank();
-    for (int64_t rank = 0;; ++rank) {
-      torch::Tensor shard;
-      if (!archive.try_read("shard/" + std::to_string(rank), shard)) break;
+    for (const torch::Tensor& shard : shards) {
       std::istringstream in(
           std::string(static_cast<const char*>(shard.data_ptr()), static_cast<size_t>(shard.numel())));
       torch::serialize::InputArchive shard_archive;
