@@ -2,18 +2,31 @@
 # Installs everything ddprun needs to build, test and run its examples on Debian 12 (bookworm) or
 # Debian 13 (trixie). Names that differ between releases are worked out here (the clang runtime
 # that matches the clang this release ships). Idempotent: packages already present are skipped,
-# so a second run costs a dpkg query.
+# so a second run costs a dpkg query. `--main-job`: only what building ddprun and the examples and
+# running the main job need (scripts/run_main.sh): no test tools, services or browsers.
+#   scripts/install_deps.sh [--main-job]
 set -euo pipefail
 
-packages=(
-  build-essential cmake ninja-build pkg-config git ca-certificates
+main_job=(
+  build-essential cmake ninja-build pkg-config ca-certificates
   libboost-dev libboost-system-dev libboost-filesystem-dev
   nlohmann-json3-dev
   libssl-dev   # libcrypto: HMAC-SHA256 for the stores' secret handshake
-  googletest libgtest-dev libgmock-dev
   libtorch-dev libgloo-dev
-  python3 python3-torch
   dataset-fashion-mnist zlib1g-dev
+)
+if [[ ${1:-} == --main-job ]]; then
+  packages=("${main_job[@]}")
+elif [[ $# -gt 0 ]]; then
+  echo "install_deps: unknown argument '$1' (usage: install_deps.sh [--main-job])" >&2
+  exit 2
+else
+# Everything else: the tests, the checks, the benchmarks and the packages.
+packages=(
+  "${main_job[@]}"
+  git
+  googletest libgtest-dev libgmock-dev
+  python3 python3-torch
   clang        # the store's fuzzer (libFuzzer); its runtime package is added below
   clang-format # the C++ style check (scripts/check_format.sh; pinned to Debian 12's clang-format 14)
   clang-tidy   # the lint of the launcher and the store (scripts/tidy.sh; pinned to clang-tidy 14)
@@ -33,6 +46,7 @@ packages=(
   chromium                  # a real browser (headless) loads the job pages (/ui) in the tests
   tmux                      # a real terminal for ddprun-top's test
 )
+fi
 
 sudo=""
 if [[ $(id -u) -ne 0 ]]; then sudo="sudo"; fi
@@ -45,6 +59,7 @@ update_once() {
   fi
 }
 
+if [[ ${1:-} != --main-job ]]; then
 # libFuzzer's runtime is libclang-rt-N-dev for the clang N of this release (14 on Debian 12, 19 on
 # Debian 13): from the installed clang, else from the archive's clang package.
 clang_major() {
@@ -65,6 +80,7 @@ if [[ -z "$clang_version" ]]; then
   exit 1
 fi
 packages+=("libclang-rt-${clang_version}-dev")
+fi
 
 missing=()
 for p in "${packages[@]}"; do
