@@ -5,8 +5,9 @@ Includes, in every folder of the repository:
 - common/, rendezvous/ and launcher/ are layers: a file includes headers of its own folder and of
   lower layers only; siblings of one layer (the store and etcd backends; the store's server and
   client) never include each other; nothing includes the daemon; nothing there includes the SDK,
-  the tests, the benchmarks or the examples (one exception: the watchdog reads the progress page's
-  layout from the SDK's Torch-free header);
+  the tests, the benchmarks or the examples (the exceptions: the watchdog reads the progress page's
+  layout, and the workers' and the agent's code the worker environment's names, from the SDK's
+  Torch-free headers);
 - worker_sdk/include/ (the installed headers) includes only itself; worker_sdk/src/ the SDK and
   common/;
 - examples/ include only the SDK's public headers and each other, as a user's program would;
@@ -48,7 +49,9 @@ LAYERS = {
 }
 PRIVATE = {"rendezvous/daemon"}  # the top of its own stack: no other folder includes or links it
 # Includes across areas that are the design, not a breach: (including folder, included file).
-EXCEPTIONS = {("launcher/watchdog", "worker_sdk/include/ddprun/worker/progress_page.hpp")}
+EXCEPTIONS = {("launcher/watchdog", "worker_sdk/include/ddprun/worker/progress_page.hpp"),
+              ("launcher/workers", "worker_sdk/include/ddprun/worker/env_contract.hpp"),
+              ("launcher/agent", "worker_sdk/include/ddprun/worker/env_contract.hpp")}
 SCANNED = ("common", "rendezvous", "launcher", "worker_sdk", "examples", "benchmarks", "tests")
 # Where a quoted include is looked for, after the including file's own folder (the build's
 # include directories: the root, the SDK's public and private headers, the examples' folder).

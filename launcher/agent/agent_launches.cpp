@@ -4,8 +4,11 @@
 #include "common/system.hpp"
 #include "launcher/agent/agent_state.hpp"
 #include "launcher/watchdog/stacks.hpp"
+#include "ddprun/worker/env_contract.hpp"
 
 namespace ddprun::launcher::agent {
+
+namespace names = worker::env_names;
 
 using cli::LocalRankArg;
 using rendezvous::World;
@@ -138,16 +141,16 @@ std::vector<WorkerLaunch> Agent::make_launches(const World& world, const fs::pat
     l.error_file = (rank_dir / "error.json").string();
     Environment env = worker_environment(base_env_, where, ctx, l.error_file);
     // The watchdog's side of the contract (see watchdog.hpp and stacks.hpp).
-    if (std::string page = watchdog.progress_file(lr); !page.empty()) env["DDPRUN_PROGRESS_FILE"] = std::move(page);
+    if (std::string page = watchdog.progress_file(lr); !page.empty()) env[names::kProgressFile] = std::move(page);
     if (capture_stacks_) {
-      env["DDPRUN_STACK_DIR"] = rank_dir.string();
-      env["DDPRUN_STACK_SIGNAL"] = std::to_string(stack_signal());
+      env[names::kStackDir] = rank_dir.string();
+      env[names::kStackSignal] = std::to_string(stack_signal());
     }
     if (!python_hook_dir_.empty()) {
       auto pp = env.find("PYTHONPATH");
       env["PYTHONPATH"] = python_hook_dir_ + (pp != env.end() && !pp->second.empty() ? ":" + pp->second : "");
     }
-    if (file_timer_) env["TORCHELASTIC_TIMER_FILE"] = timer_file_;
+    if (file_timer_) env[names::kTimerFile] = timer_file_;
     if (!placements_.empty()) {
       const RankPlacement& p = placements_[static_cast<size_t>(lr)];
       l.request.cpus = p.cpus;
@@ -158,7 +161,7 @@ std::vector<WorkerLaunch> Agent::make_launches(const World& world, const fs::pat
     // torch.distributed.launch's convention: right after the script, before its own arguments.
     if (o_.local_rank_arg != LocalRankArg::None) {
       l.request.argv.push_back((o_.local_rank_arg == LocalRankArg::Dash ? "--local-rank=" : "--local_rank=") +
-                               env["LOCAL_RANK"]);
+                               env[names::kLocalRank]);
     }
     for (auto& a : substitute_args(o_.program_args, lr)) l.request.argv.push_back(std::move(a));
     l.request.envp = to_envp(env);

@@ -1,7 +1,9 @@
 #pragma once
-// The agent's parts, shared by its two files: agent_setup.cpp (what a round needs: the backend, the
-// worker store, the run and attempt directories, the watchdog, the workers' launches) and
-// agent.cpp (the state machine). Internal to the launcher (run_agent in agent.hpp is the way in);
+// The Agent class, shared by its four files: agent_setup.cpp (its own set-up: the signals, the
+// status server, the Python hook, the --preload zygote, NUMA placement), agent_rendezvous.cpp (how
+// it meets the other nodes: the backend, the fence, the worker store it hosts), agent_launches.cpp
+// (each round's workers: the attempt directory, the watchdog, every worker's launch) and agent.cpp
+// (the state machine). Internal to the launcher (run_agent in agent.hpp is the way in);
 // the unit tests drive Agent directly.
 
 #include <atomic>

@@ -2,31 +2,35 @@
 
 #include <sstream>
 
+#include "ddprun/worker/env_contract.hpp"
+
 extern char** environ;
 
 namespace ddprun::launcher::workers {
+
+namespace names = worker::env_names;
 
 Environment worker_environment(const Environment& base, const WorkerPlacement& where, const AttemptContext& attempt,
                                const std::string& error_file) {
   Environment env = base;
   const bool virtual_rank = attempt.one_gpu_each.has_value();
-  env["LOCAL_RANK"] = std::to_string(virtual_rank ? 0 : where.local_rank);
-  env["RANK"] = std::to_string(where.rank);
-  env["GROUP_RANK"] = std::to_string(where.group_rank);
-  env["ROLE_RANK"] = std::to_string(where.rank);  // one role per job: role rank = global rank
-  env["ROLE_NAME"] = attempt.role;
-  env["LOCAL_WORLD_SIZE"] = std::to_string(where.local_world_size);
-  env["WORLD_SIZE"] = std::to_string(where.world_size);
-  env["GROUP_WORLD_SIZE"] = std::to_string(where.group_world_size);
-  env["ROLE_WORLD_SIZE"] = std::to_string(where.world_size);
-  env["MASTER_ADDR"] = attempt.master_addr;
-  env["MASTER_PORT"] = std::to_string(attempt.master_port);
-  env["TORCHELASTIC_RESTART_COUNT"] = std::to_string(attempt.restart_count);
-  env["TORCHELASTIC_MAX_RESTARTS"] = std::to_string(attempt.max_restarts);
-  env["TORCHELASTIC_RUN_ID"] = attempt.run_id;
-  env["TORCHELASTIC_USE_AGENT_STORE"] = "True";
-  env["TORCHELASTIC_ERROR_FILE"] = error_file;
-  env["TORCHELASTIC_SIGNALS_TO_HANDLE"] = attempt.signals_to_handle;
+  env[names::kLocalRank] = std::to_string(virtual_rank ? 0 : where.local_rank);
+  env[names::kRank] = std::to_string(where.rank);
+  env[names::kGroupRank] = std::to_string(where.group_rank);
+  env[names::kRoleRank] = std::to_string(where.rank);  // one role per job: role rank = global rank
+  env[names::kRoleName] = attempt.role;
+  env[names::kLocalWorldSize] = std::to_string(where.local_world_size);
+  env[names::kWorldSize] = std::to_string(where.world_size);
+  env[names::kGroupWorldSize] = std::to_string(where.group_world_size);
+  env[names::kRoleWorldSize] = std::to_string(where.world_size);
+  env[names::kMasterAddr] = attempt.master_addr;
+  env[names::kMasterPort] = std::to_string(attempt.master_port);
+  env[names::kRestartCount] = std::to_string(attempt.restart_count);
+  env[names::kMaxRestarts] = std::to_string(attempt.max_restarts);
+  env[names::kRunId] = attempt.run_id;
+  env[names::kUseAgentStore] = "True";
+  env[names::kErrorFile] = error_file;
+  env[names::kSignalsToHandle] = attempt.signals_to_handle;
   // PyTorch < 2.2 reads NCCL_ASYNC_ERROR_HANDLING, later releases TORCH_NCCL_ASYNC_ERROR_HANDLING.
   const auto inherited = [&](const char* name) -> std::optional<std::string> {
     auto it = base.find(name);

@@ -5,6 +5,8 @@
 #include <map>
 #include <stdexcept>
 
+#include "launcher/workers/worker_env.hpp"
+
 namespace ddprun::worker {
 namespace {
 
@@ -23,6 +25,33 @@ std::string error_of(std::map<std::string, std::string> vars) {
     return e.what();
   }
   return "";
+}
+
+// The contract, both sides: what ddprun sets for a worker is what the SDK reads back (one header
+// names the variables for both: ddprun/worker/env_contract.hpp).
+TEST(WorkerEnvTest, WhatTheLauncherSetsIsWhatTheSdkReads) {
+  launcher::workers::WorkerPlacement where;
+  where.local_rank = 1;
+  where.rank = 5;
+  where.local_world_size = 4;
+  where.world_size = 8;
+  where.group_rank = 1;
+  where.group_world_size = 2;
+  launcher::workers::AttemptContext attempt;
+  attempt.master_addr = "10.0.0.1";
+  attempt.master_port = 29500;
+  attempt.restart_count = 2;
+  const auto env = launcher::workers::worker_environment({}, where, attempt, "/tmp/error.json");
+  const WorkerEnv e = read(env);
+  EXPECT_TRUE(e.launched);
+  EXPECT_EQ(e.rank, 5);
+  EXPECT_EQ(e.local_rank, 1);
+  EXPECT_EQ(e.world_size, 8);
+  EXPECT_EQ(e.local_world_size, 4);
+  EXPECT_EQ(e.master_addr, "10.0.0.1");
+  EXPECT_EQ(e.master_port, 29500);
+  EXPECT_TRUE(e.use_agent_store);
+  EXPECT_EQ(e.restart_count, 2);
 }
 
 TEST(WorkerEnvTest, NoLauncherVariablesMeansASingleProcess) {

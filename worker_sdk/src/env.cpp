@@ -4,9 +4,12 @@
 #include <stdexcept>
 
 #include "common/numbers.hpp"
+#include "ddprun/worker/env_contract.hpp"
 
 namespace ddprun::worker {
 namespace {
+
+namespace names = env_names;
 
 constexpr const char* kWho =
     "; it is set by ddprun or torchrun, or set it by hand (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT)";
@@ -22,7 +25,7 @@ long long parse_int(const std::string& name, const std::string& text, long long 
 
 WorkerEnv WorkerEnv::from_lookup(const Lookup& env) {
   WorkerEnv w;
-  const char* required[] = {"RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"};
+  const char* required[] = {names::kRank, names::kWorldSize, names::kMasterAddr, names::kMasterPort};
   int present = 0;
   for (const char* name : required) present += env(name).has_value() ? 1 : 0;
   if (present == 0) return w;  // a plain single process
@@ -33,22 +36,21 @@ WorkerEnv WorkerEnv::from_lookup(const Lookup& env) {
     return *v;
   };
   w.launched = true;
-  w.world_size = static_cast<int>(parse_int("WORLD_SIZE", need("WORLD_SIZE"), 1, 1 << 24));
-  w.rank = static_cast<int>(parse_int("RANK", need("RANK"), 0, w.world_size - 1));
-  w.master_addr = need("MASTER_ADDR");
-  w.master_port = static_cast<uint16_t>(parse_int("MASTER_PORT", need("MASTER_PORT"), 1, 65535));
-  if (auto v = env("LOCAL_RANK")) w.local_rank = static_cast<int>(parse_int("LOCAL_RANK", *v, 0, 1 << 16));
+  w.world_size = static_cast<int>(parse_int(names::kWorldSize, need(names::kWorldSize), 1, 1 << 24));
+  w.rank = static_cast<int>(parse_int(names::kRank, need(names::kRank), 0, w.world_size - 1));
+  w.master_addr = need(names::kMasterAddr);
+  w.master_port = static_cast<uint16_t>(parse_int(names::kMasterPort, need(names::kMasterPort), 1, 65535));
+  if (auto v = env(names::kLocalRank)) w.local_rank = static_cast<int>(parse_int(names::kLocalRank, *v, 0, 1 << 16));
   w.local_world_size = w.world_size;
-  if (auto v = env("LOCAL_WORLD_SIZE")) {
-    w.local_world_size = static_cast<int>(parse_int("LOCAL_WORLD_SIZE", *v, 1, 1 << 16));
+  if (auto v = env(names::kLocalWorldSize)) {
+    w.local_world_size = static_cast<int>(parse_int(names::kLocalWorldSize, *v, 1, 1 << 16));
   }
-  w.use_agent_store = env("TORCHELASTIC_USE_AGENT_STORE").value_or("") == "True";
+  w.use_agent_store = env(names::kUseAgentStore).value_or("") == "True";
   if (w.use_agent_store) {
     // PyTorch's env:// needs it too in agent-store mode (the /worker/attempt_<k> prefix).
-    w.restart_count =
-        static_cast<int>(parse_int("TORCHELASTIC_RESTART_COUNT", need("TORCHELASTIC_RESTART_COUNT"), 0, 1 << 24));
-  } else if (auto v = env("TORCHELASTIC_RESTART_COUNT")) {
-    w.restart_count = static_cast<int>(parse_int("TORCHELASTIC_RESTART_COUNT", *v, 0, 1 << 24));
+    w.restart_count = static_cast<int>(parse_int(names::kRestartCount, need(names::kRestartCount), 0, 1 << 24));
+  } else if (auto v = env(names::kRestartCount)) {
+    w.restart_count = static_cast<int>(parse_int(names::kRestartCount, *v, 0, 1 << 24));
   }
   return w;
 }

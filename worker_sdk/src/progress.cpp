@@ -10,6 +10,7 @@
 #include <cstdlib>
 
 #include "common/unique_fd.hpp"
+#include "ddprun/worker/env_contract.hpp"
 #include "ddprun/worker/progress_page.hpp"
 
 namespace ddprun::worker {
@@ -25,7 +26,7 @@ uint64_t monotonic_ns() {
 // ddprun, or a file that is not a progress page): every call is then a no-op.
 ProgressPage* page() {
   static ProgressPage* const mapped = []() -> ProgressPage* {
-    const char* path = std::getenv("DDPRUN_PROGRESS_FILE");
+    const char* path = std::getenv(env_names::kProgressFile);
     if (!path || !*path) return nullptr;
     const UniqueFd fd(::open(path, O_RDWR | O_CLOEXEC));
     if (!fd) return nullptr;
