@@ -8,6 +8,10 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 "$root/scripts/build.sh" -DDDPRUN_BUILD_TESTS=ON
 cd "${DDPRUN_BUILD_DIR:-$root/build}"
 since=$(date +%s)
+# This run's token: every process the tests start inherits it, and check_leftovers counts only
+# those (another run beside this one is left alone).
+DDPRUN_TEST_RUN="$(hostname)-$$-$(od -An -N8 -tx8 /dev/urandom | tr -d ' ')"
+export DDPRUN_TEST_RUN
 rc=0
 ctest --output-on-failure --no-tests=error --timeout 600 -j "${DDPRUN_TEST_JOBS:-2}" "$@" || rc=$?
 # Tests stop what they start, failing or not: a process of the build, or a service a test started,
