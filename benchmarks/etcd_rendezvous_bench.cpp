@@ -119,23 +119,23 @@ int main(int argc, char** argv) {
         launcher::rendezvous::store::StoreRendezvousOptions o;
         o.run_id = id;
         o.dynamic = true;
-        o.min_nodes = o.nnodes = n;
+        o.min_nodes = o.max_nodes = n;
         o.node_rank = -1;
         o.endpoint_host = "127.0.0.1";
         o.endpoint_port = daemon.port();
         o.advertise_addr = "127.0.0.1";
         o.host = "agent" + std::to_string(k);
-        o.join_timeout = std::chrono::seconds(120);
+        o.timeouts.join_timeout = std::chrono::seconds(120);
         StopSignal stop;
         return std::make_unique<launcher::rendezvous::store::StoreRendezvous>(o, stop);
       }));
       etcd_s.push_back(run_round(n, [&](int k) {
         launcher::rendezvous::etcd::EtcdRendezvousOptions o;
         o.run_id = id;
-        o.min_nodes = o.nnodes = n;
+        o.min_nodes = o.max_nodes = n;
         o.advertise_addr = "127.0.0.1";
         o.host = "agent" + std::to_string(k);
-        o.join_timeout = std::chrono::seconds(120);
+        o.timeouts.join_timeout = std::chrono::seconds(120);
         o.etcd.endpoints = {cluster.endpoint(k % members)};  // agents spread over the members
         for (int m = 1; m < members; ++m) o.etcd.endpoints.push_back(cluster.endpoint((k + m) % members));
         StopSignal stop;

@@ -79,7 +79,7 @@ Round run_round(bool dynamic, int n, bool secured, int repeat) {
           std::string(dynamic ? "bench-c10d-" : "bench-static-") + std::to_string(n) + "-" + std::to_string(repeat);
       o.dynamic = dynamic;
       o.min_nodes = n;
-      o.nnodes = n;
+      o.max_nodes = n;
       o.node_rank = dynamic ? -1 : k;
       // The store listens on every address: agents reach it through 64 loopback addresses, as
       // agents on many hosts would not share one address's ephemeral ports (the kernel's search
@@ -91,7 +91,7 @@ Round run_round(bool dynamic, int n, bool secured, int repeat) {
       // agents on the endpoint's host would; here all 4096 share it).
       o.is_host = false;
       o.host = "agent" + std::to_string(k);
-      o.join_timeout = std::chrono::seconds(120);
+      o.timeouts.join_timeout = std::chrono::seconds(120);
       if (secured) {
         rdzv::core::Token t;
         t.cluster_secret = secret;

@@ -212,7 +212,8 @@ RoundEnd Agent::agree_on_end(const World& world, const GroupResult& result) {
         // lost node (or another node to report the failure that started it), so that the report
         // blames the cause and an elastic job goes on without counting a restart. (In a round of
         // one node the peer was outside the round, another replica group's say: nothing to wait for.)
-        const auto window = o_.keep_alive_interval * o_.keep_alive_max_attempt + std::chrono::seconds(1);
+        const auto window =
+            o_.rdzv_timeouts.keep_alive_interval * o_.rdzv_timeouts.keep_alive_max_attempt + std::chrono::seconds(1);
         log::info("ddprun") << "rank " << result.failures.front().rank
                             << " lost its connection to a peer: waiting up to " << seconds_text(window)
                             << " for the keep-alives to tell whether a node was lost";

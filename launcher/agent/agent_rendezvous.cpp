@@ -5,6 +5,7 @@
 #include <sys/socket.h>
 #include <time.h>
 
+#include "common/defaults.hpp"
 #include "common/errors.hpp"
 #include "common/log.hpp"
 #include "common/system.hpp"
@@ -18,6 +19,7 @@
 namespace ddprun::launcher::agent {
 
 using cli::RdzvBackend;
+using rendezvous::JoinSettings;
 using rendezvous::LocalRendezvous;
 using rendezvous::RendezvousBackend;
 using rendezvous::etcd::EtcdRendezvous;
@@ -90,42 +92,35 @@ std::unique_ptr<RendezvousBackend> Agent::make_backend() {
   if (fqdn.empty()) fqdn = host_;
   advertise_addr_ = !o_.local_addr.empty() ? o_.local_addr : (!multi_node_ || static_node_zero ? o_.master_addr : fqdn);
   if (!multi_node_) return std::make_unique<LocalRendezvous>(advertise_addr_);
+  // A replica group is a world of its own, beside the other groups of the job.
+  JoinSettings join;
+  join.run_id = o_.replica_group ? rdzv::jobs::replica_group_run_id(o_.run_id, *o_.replica_group) : o_.run_id;
+  join.min_nodes = o_.min_nodes;
+  join.max_nodes = o_.max_nodes;
+  const bool dynamic = o_.rdzv_backend != RdzvBackend::Static;
+  join.node_rank = dynamic && !o_.node_rank_given ? -1 : o_.node_rank;
+  join.advertise_addr = advertise_addr_;
+  join.host = host_;
+  join.timeouts = o_.rdzv_timeouts;
+  join.progress_interval = o_.progress_interval;
   if (o_.rdzv_backend == RdzvBackend::Etcd) {
     EtcdRendezvousOptions eo;
-    eo.run_id = o_.replica_group ? rdzv::jobs::replica_group_run_id(o_.run_id, *o_.replica_group) : o_.run_id;
-    eo.min_nodes = o_.min_nodes;
-    eo.nnodes = o_.max_nodes;
-    eo.node_rank_hint = o_.node_rank_given ? o_.node_rank : -1;
-    eo.last_call_timeout = o_.last_call_timeout;
-    eo.join_timeout = o_.join_timeout;
-    eo.advertise_addr = advertise_addr_;
-    eo.host = host_;
+    static_cast<JoinSettings&>(eo) = join;
     eo.etcd = etcd_client_options();
     eo.prefix = o_.etcd.prefix;
     eo.lease_ttl = o_.etcd.lease_ttl;
-    eo.progress_interval = o_.progress_interval;
     return std::make_unique<EtcdRendezvous>(eo, stop_);
   }
   StoreRendezvousOptions ro;
-  // A replica group is a world of its own, beside the other groups of the job.
-  ro.run_id = o_.replica_group ? rdzv::jobs::replica_group_run_id(o_.run_id, *o_.replica_group) : o_.run_id;
+  static_cast<JoinSettings&>(ro) = join;
   ro.dynamic = o_.rdzv_backend == RdzvBackend::C10d;
-  ro.min_nodes = o_.min_nodes;
-  ro.nnodes = o_.max_nodes;
-  ro.node_rank = ro.dynamic && !o_.node_rank_given ? -1 : o_.node_rank;
-  ro.last_call_timeout = o_.last_call_timeout;
   ro.master_addr = o_.master_addr;
-  ro.master_port = o_.master_port.value_or(29500);
+  ro.master_port = o_.master_port.value_or(defaults::kMasterPort);
   ro.endpoint_host = o_.rdzv_endpoint_host;
   ro.endpoint_port = o_.rdzv_endpoint_port;
   ro.is_host = o_.rdzv_is_host;
-  ro.read_timeout = o_.rdzv_read_timeout;
-  ro.store_reconnect_timeout = o_.store_reconnect_timeout;
-  ro.advertise_addr = advertise_addr_;
-  ro.host = host_;
   ro.token = read_token();
   ro.token_file = o_.token_file;
-  ro.join_timeout = o_.join_timeout;
   if (ro.dynamic && o_.min_nodes < o_.max_nodes) {
     // Elastic: the others re-form without a node they count as lost, so its workers must stop
     // first. (A static job ends when a node is lost: no second group forms.)
@@ -133,11 +128,8 @@ std::unique_ptr<RendezvousBackend> Agent::make_backend() {
       guard_.renew();
       confirm_membership();
     };
-    arm_fence(o_.keep_alive_interval * o_.keep_alive_max_attempt);
+    arm_fence(o_.rdzv_timeouts.keep_alive_interval * o_.rdzv_timeouts.keep_alive_max_attempt);
   }
-  ro.keep_alive_interval = o_.keep_alive_interval;
-  ro.keep_alive_max_attempt = o_.keep_alive_max_attempt;
-  ro.progress_interval = o_.progress_interval;
   return std::make_unique<StoreRendezvous>(ro, stop_);
 }
 
@@ -178,15 +170,15 @@ void Agent::make_coordinator() {
   // connections of its own: one for the heartbeat, one for the requests.
   const auto client = [this]() -> std::unique_ptr<ft::QuorumKv> {
     if (o_.rdzv_backend == RdzvBackend::Etcd)
-      return std::make_unique<ft::EtcdQuorumKv>(etcd_client_options(), o_.rdzv_read_timeout);
+      return std::make_unique<ft::EtcdQuorumKv>(etcd_client_options(), o_.rdzv_timeouts.read_timeout);
     rdzv::client::ClientOptions co;
     co.host = o_.rdzv_endpoint_host;
     co.port = o_.rdzv_endpoint_port;
-    co.timeout = o_.rdzv_read_timeout;
-    co.connect_timeout = o_.join_timeout;
+    co.timeout = o_.rdzv_timeouts.read_timeout;
+    co.connect_timeout = o_.rdzv_timeouts.join_timeout;
     if (const auto token = read_token()) co.credentials = rdzv::core::credentials_for(*token, o_.run_id, o_.token_file);
     co.refusal_note_key = rdzv::core::refusal_note(o_.run_id);
-    co.outage_tolerance = o_.store_reconnect_timeout;
+    co.outage_tolerance = o_.rdzv_timeouts.store_reconnect_timeout;
     return std::make_unique<ft::StoreQuorumKv>(std::make_unique<rdzv::client::Client>(co));
   };
   ft::CoordinatorOptions co;
@@ -208,7 +200,7 @@ void Agent::make_coordinator() {
   // The relay answers every ask within this (with an error when no quorum could be had): a worker
   // waits that long for its quorum before it takes its agent for lost.
   base_env_["DDPRUN_FT_QUORUM_TIMEOUT"] =
-      std::to_string(std::chrono::duration_cast<std::chrono::seconds>(o_.join_timeout).count());
+      std::to_string(std::chrono::duration_cast<std::chrono::seconds>(o_.rdzv_timeouts.join_timeout).count());
   log::info("ddprun") << "replica group " << co.group << " of job '" << o_.run_id << "': at least "
                       << co.rules.min_groups << " group(s) train each step";
 }
@@ -225,7 +217,7 @@ void Agent::start_relay(const World& world) {
   ro.world_size = world.world_size;
   ro.addresses = world.peer_addresses;
   ro.addresses.push_back(advertise_addr_);
-  ro.quorum_timeout = o_.join_timeout;
+  ro.quorum_timeout = o_.rdzv_timeouts.join_timeout;
   std::vector<std::string> own = ro.addresses;
   ro.allow_peers = [this, own](const std::vector<std::string>& others) {
     std::vector<std::string> all = own;

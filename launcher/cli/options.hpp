@@ -16,6 +16,8 @@
 #include <string>
 #include <vector>
 
+#include "common/defaults.hpp"
+#include "launcher/rendezvous/join_settings.hpp"
 #include "launcher/workers/numa.hpp"
 
 namespace ddprun::launcher::cli {
@@ -67,20 +69,17 @@ struct LaunchOptions {
   RdzvBackend rdzv_backend = RdzvBackend::Static;
   std::string rdzv_endpoint;       // as given
   std::string rdzv_endpoint_host;  // parsed; empty = node 0 hosts the rendezvous store
-  uint16_t rdzv_endpoint_port = 29400;
+  uint16_t rdzv_endpoint_port = defaults::kStorePort;
   std::string run_id = "none";
   std::map<std::string, std::string> rdzv_conf;
   // rdzv_conf keys ddprun does not know and that are no near-miss of one it does: ignored with a
   // warning, as torchrun ignores them (Kubeflow passes whatever the user wrote in PET_RDZV_CONF).
   std::vector<std::string> ignored_rdzv_conf;
-  std::chrono::milliseconds join_timeout{std::chrono::seconds(600)};       // rdzv_conf join_timeout
-  std::chrono::milliseconds keep_alive_interval{std::chrono::seconds(5)};  // rdzv_conf keep_alive_interval
-  int keep_alive_max_attempt = 3;                                          // rdzv_conf keep_alive_max_attempt
+  // rdzv_conf join_timeout, last_call_timeout, read_timeout, store_reconnect_timeout,
+  // keep_alive_interval and keep_alive_max_attempt, with torchrun's defaults.
+  rendezvous::Timeouts rdzv_timeouts;
   // rdzv_conf heartbeat_timeout: sets keep_alive_max_attempt once every key is read (it needs the interval).
   std::optional<std::chrono::milliseconds> heartbeat_timeout;
-  std::chrono::milliseconds last_call_timeout{std::chrono::seconds(30)};        // rdzv_conf last_call_timeout
-  std::chrono::milliseconds rdzv_read_timeout{std::chrono::seconds(60)};        // rdzv_conf read_timeout
-  std::chrono::milliseconds store_reconnect_timeout{std::chrono::seconds(30)};  // rdzv_conf store_reconnect_timeout
   std::optional<bool> rdzv_is_host;  // rdzv_conf is_host (c10d); unset: when the endpoint is this host
   // rdzv_conf token_file, else DDPRUN_TOKEN_FILE: the rendezvous store's secret (or this job's token).
   std::string token_file;
@@ -104,7 +103,7 @@ struct LaunchOptions {
   std::chrono::milliseconds quorum_heartbeat_timeout{std::chrono::seconds(5)};  // rdzv_conf quorum_heartbeat_timeout
   std::chrono::milliseconds hang_timeout{0};                                    // 0: hangs are not looked for
   // DDPRUN_PROGRESS_INTERVAL: how often long waits (rendezvous, a slow shutdown) say where they are.
-  std::chrono::milliseconds progress_interval{std::chrono::seconds(10)};
+  std::chrono::milliseconds progress_interval{defaults::kProgressInterval};
   // DDPRUN_STEP_RATES_PERIOD: how often the workers' step rates are published and compared.
   std::chrono::milliseconds step_rates_period{std::chrono::seconds(10)};
   // TORCHELASTIC_ENABLE_FILE_TIMER=1: serve torchelastic's file timer, at TORCHELASTIC_TIMER_FILE

@@ -24,14 +24,14 @@ using options_detail::seconds_text;
 // Every --rdzv_conf key torchrun 2.x accepts, and ddprun's own, in --help order.
 constexpr RdzvConfKey kRdzvConfKeys[] = {
     {"join_timeout", "timeout", false, "seconds a rendezvous may take before the node gives up",
-     [](const LaunchOptions& d) { return seconds_text(d.join_timeout); }, "",
+     [](const LaunchOptions& d) { return seconds_text(d.rdzv_timeouts.join_timeout); }, "",
      [](const std::string& where, const std::string& v, LaunchOptions& o) {
-       o.join_timeout = parse_seconds(where, v, false);
+       o.rdzv_timeouts.join_timeout = parse_seconds(where, v, false);
      }},
     {"last_call_timeout", "", false, "seconds an elastic rendezvous waits for more nodes once it has `--nnodes` MIN",
-     [](const LaunchOptions& d) { return seconds_text(d.last_call_timeout); }, "",
+     [](const LaunchOptions& d) { return seconds_text(d.rdzv_timeouts.last_call_timeout); }, "",
      [](const std::string& where, const std::string& v, LaunchOptions& o) {
-       o.last_call_timeout = parse_seconds(where, v, false);
+       o.rdzv_timeouts.last_call_timeout = parse_seconds(where, v, false);
      }},
     {"quorum_join_timeout", "", false,
      "replica groups: seconds a quorum waits for heartbeating groups that have not asked yet before it goes on "
@@ -48,14 +48,14 @@ constexpr RdzvConfKey kRdzvConfKeys[] = {
        o.quorum_heartbeat_timeout = parse_seconds(where, v, false);
      }},
     {"keep_alive_interval", "", false, "seconds between a node's keep-alives",
-     [](const LaunchOptions& d) { return seconds_text(d.keep_alive_interval); }, "",
+     [](const LaunchOptions& d) { return seconds_text(d.rdzv_timeouts.keep_alive_interval); }, "",
      [](const std::string& where, const std::string& v, LaunchOptions& o) {
-       o.keep_alive_interval = parse_seconds(where, v, false);
+       o.rdzv_timeouts.keep_alive_interval = parse_seconds(where, v, false);
      }},
     {"keep_alive_max_attempt", "", false, "missed keep-alives after which a node is lost",
-     [](const LaunchOptions& d) { return std::to_string(d.keep_alive_max_attempt); }, "",
+     [](const LaunchOptions& d) { return std::to_string(d.rdzv_timeouts.keep_alive_max_attempt); }, "",
      [](const std::string& where, const std::string& v, LaunchOptions& o) {
-       o.keep_alive_max_attempt = static_cast<int>(parse_int(where, v, 1, 1000, "a count >= 1"));
+       o.rdzv_timeouts.keep_alive_max_attempt = static_cast<int>(parse_int(where, v, 1, 1000, "a count >= 1"));
      }},
     {"heartbeat_timeout", "", false,
      "seconds without keep-alives after which a node is lost: sets `keep_alive_max_attempt` to as many "
@@ -66,18 +66,18 @@ constexpr RdzvConfKey kRdzvConfKeys[] = {
      }},
     {"read_timeout", "", false,
      "seconds one request to the rendezvous store may take (torchrun: the c10d backend's store reads)",
-     [](const LaunchOptions& d) { return seconds_text(d.rdzv_read_timeout); }, "",
+     [](const LaunchOptions& d) { return seconds_text(d.rdzv_timeouts.read_timeout); }, "",
      [](const std::string& where, const std::string& v, LaunchOptions& o) {
-       o.rdzv_read_timeout = parse_seconds(where, v, false);
+       o.rdzv_timeouts.read_timeout = parse_seconds(where, v, false);
      }},
     {"store_reconnect_timeout", "", false,
      "seconds a node keeps reconnecting to its rendezvous store (a `ddprun-rendezvous`, or node 0's ddprun) "
      "after losing it, or after a request got no reply (a partition, a frozen host), before the job fails; "
      "`0` fails at once. A store without `--state-file` that refuses the reconnection has ended and is not "
      "waited for",
-     [](const LaunchOptions& d) { return seconds_text(d.store_reconnect_timeout); }, "",
+     [](const LaunchOptions& d) { return seconds_text(d.rdzv_timeouts.store_reconnect_timeout); }, "",
      [](const std::string& where, const std::string& v, LaunchOptions& o) {
-       o.store_reconnect_timeout = parse_seconds(where, v, true);
+       o.rdzv_timeouts.store_reconnect_timeout = parse_seconds(where, v, true);
      },
      "[Partitions](multi-node.md#partitions-and-frozen-hosts) and "
      "[Restarting the daemon](operations.md#restarting-the-daemon-without-ending-jobs)"},
@@ -306,8 +306,9 @@ void apply_rdzv_conf(const FlagInput& in, LaunchOptions& o) {
   }
   if (o.heartbeat_timeout) {
     // A node is lost after keep_alive_max_attempt missed keep-alives: as many as fit in the timeout.
-    const auto n = (o.heartbeat_timeout->count() + o.keep_alive_interval.count() - 1) / o.keep_alive_interval.count();
-    o.keep_alive_max_attempt = static_cast<int>(std::clamp<long long>(n, 1, 1000));
+    const auto n = (o.heartbeat_timeout->count() + o.rdzv_timeouts.keep_alive_interval.count() - 1) /
+                   o.rdzv_timeouts.keep_alive_interval.count();
+    o.rdzv_timeouts.keep_alive_max_attempt = static_cast<int>(std::clamp<long long>(n, 1, 1000));
   }
   if (!o.etcd.user.empty() && o.etcd.password_file.empty()) {
     throw ConfigError(in.flag + ": etcd_user needs etcd_password_file=PATH (a file only you can read)");

@@ -21,6 +21,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/defaults.hpp"
 #include "common/errors.hpp"
 #include "common/stop_signal.hpp"
 #include "launcher/ft/quorum.hpp"
@@ -103,7 +104,7 @@ struct CoordinatorOptions {
   std::chrono::milliseconds heartbeat_timeout{std::chrono::seconds(5)};
   // How often a waiting agent looks at the asks again (the quorum key itself is waited on).
   std::chrono::milliseconds poll{std::chrono::milliseconds(50)};
-  std::chrono::milliseconds progress_interval{std::chrono::seconds(10)};
+  std::chrono::milliseconds progress_interval{defaults::kProgressInterval};
   // Quorums kept behind the latest (older ones are erased by whoever proposes).
   int64_t keep = 4;
 };

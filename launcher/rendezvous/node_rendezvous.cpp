@@ -165,7 +165,7 @@ std::optional<RoundEnd> NodeRendezvous::wait_joining(int round, const StopSignal
                                                      const std::function<std::string()>& progress,
                                                      const std::function<std::string()>& missing) {
   const auto start = Clock::now();
-  const auto deadline = start + settings_.join_timeout;
+  const auto deadline = start + settings_.timeouts.join_timeout;
   auto next_report = start + settings_.progress_interval;
   auto slice = kFirstJoinSlice;
   for (;;) {
@@ -182,14 +182,14 @@ std::optional<RoundEnd> NodeRendezvous::wait_joining(int round, const StopSignal
     const auto now = Clock::now();
     if (now >= deadline) {
       throw TimeoutError("rendezvous (round " + std::to_string(round) + ") timed out after " +
-                         seconds_text(settings_.join_timeout) + ": " + missing() +
+                         seconds_text(settings_.timeouts.join_timeout) + ": " + missing() +
                          " (set the wait with --rdzv_conf join_timeout=SECONDS)");
     }
     if (now >= next_report) {
       // A steady, low rate (every 10 s by default) while nodes are missing.
       log::info("ddprun") << "rendezvous of job '" << settings_.run_id << "' (round " << round << "): " << progress()
                           << ", " << std::chrono::duration_cast<std::chrono::seconds>(now - start).count() << " s of "
-                          << seconds_text(settings_.join_timeout);
+                          << seconds_text(settings_.timeouts.join_timeout);
       next_report = now + settings_.progress_interval;
     }
   }

@@ -25,6 +25,7 @@
 #include <thread>
 #include <vector>
 
+#include "launcher/rendezvous/join_settings.hpp"
 #include "launcher/rendezvous/rendezvous_backend.hpp"
 #include "rendezvous/jobs/job_keys.hpp"
 
@@ -88,17 +89,7 @@ class NodeRendezvous : public RendezvousBackend {
     std::vector<std::string> hosts;   // every node's host, in group-rank order
   };
 
-  // `host`: this node's host name, for the reports; `run_id`: the job id; `max_nodes`: --nnodes
-  // (MAX); `progress_interval`: how often a waiting node says so; `join_timeout`: how long a join
-  // waits for the round to form.
-  struct Settings {
-    std::string host;
-    std::string run_id;
-    int max_nodes = 1;
-    std::chrono::milliseconds progress_interval{std::chrono::seconds(10)};
-    std::chrono::milliseconds join_timeout{std::chrono::seconds(600)};
-  };
-  explicit NodeRendezvous(Settings settings) : settings_(std::move(settings)) {}
+  explicit NodeRendezvous(JoinSettings settings) : settings_(std::move(settings)) {}
 
   // ---- The key-value interface the protocol is written over (one backend each) ----------------
   // Every call may throw ConnectionError (the store unreachable) or TimeoutError.
@@ -154,7 +145,7 @@ class NodeRendezvous : public RendezvousBackend {
   // A round ended by the loss of the store itself.
   RoundEnd store_lost(const std::string& why) const;
 
-  const Settings& settings() const { return settings_; }
+  const JoinSettings& settings() const { return settings_; }
   void set_place(Place p);
   Place place() const;  // a copy: safe on any thread
   // Group rank `g`'s host in the current round; "?" when unknown.
@@ -166,7 +157,7 @@ class NodeRendezvous : public RendezvousBackend {
   // Nodes in the current round (--nnodes MAX before one completed).
   int round_nodes() const;
 
-  Settings settings_;
+  JoinSettings settings_;
   mutable std::mutex place_mutex_;
   Place place_;
   std::thread watcher_;

@@ -23,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "common/defaults.hpp"
 #include "launcher/workers/output.hpp"
 #include "launcher/workers/process.hpp"
 #include "launcher/workers/report.hpp"
@@ -79,7 +80,7 @@ struct SupervisorSettings {
   int node_rank = -1;  // shown in reports of multi-node jobs
   size_t stderr_tail_lines = 12;
   // While workers are being stopped: a line saying who is still running, at this steady rate.
-  std::chrono::milliseconds progress_interval{std::chrono::seconds(10)};
+  std::chrono::milliseconds progress_interval{defaults::kProgressInterval};
   // A worker that failed: the verdict waits this long before ddprun stops the others. A stop
   // signal ddprun did not send (SIGTERM, SIGINT, SIGHUP, SIGQUIT) may be on its way to ddprun, since
   // Slurm's scancel, systemd's stop and a kill of a whole cgroup signal every process at once: one

@@ -6,6 +6,7 @@
 #include <string_view>
 
 #include "common/command_line.hpp"
+#include "common/defaults.hpp"
 #include "common/errors.hpp"
 #include "common/log.hpp"
 #include "common/numbers.hpp"
@@ -217,7 +218,7 @@ constexpr uint64_t kDefaultJobBytes = uint64_t{256} << 20;
 ServeConfig serve_defaults() {
   ServeConfig c;
   c.options.host = "127.0.0.1";
-  c.options.port = 29400;
+  c.options.port = defaults::kStorePort;
   c.options.store_limits.max_job_keys = kDefaultJobKeys;
   c.options.store_limits.max_job_bytes = kDefaultJobBytes;
   c.options.job_ttl = std::chrono::hours(1);

@@ -24,6 +24,7 @@
 #include <string>
 #include <string_view>
 
+#include "common/defaults.hpp"
 #include "common/errors.hpp"
 #include "common/host_port.hpp"
 #include "common/log.hpp"
@@ -70,7 +71,7 @@ int status_main(int argc, char** argv) {
   if (!endpoint) usage_error("--endpoint expects HOST[:PORT] or [IPV6]:PORT, got '" + flags.endpoint + "': " + why);
   rdzv::client::ClientOptions o;
   o.host = endpoint->host;
-  o.port = endpoint->port.value_or(29400);
+  o.port = endpoint->port.value_or(defaults::kStorePort);
   o.connect_timeout = std::chrono::seconds(5);
   o.timeout = std::chrono::seconds(10);
   o.missing_secret_hint = "give status the daemon's token file with --token-file PATH (or DDPRUN_TOKEN_FILE)";

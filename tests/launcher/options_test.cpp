@@ -357,13 +357,13 @@ TEST(OptionsTest, RdzvConfTakesEveryKeyTorchrunAccepts) {
                   "join_timeout=90,last_call_timeout=5,close_timeout=10,heartbeat_timeout=21,read_timeout=7,"
                   "is_host=false,store_type=TCP,use_libuv=1,keep_alive_interval=5",
                   "train"});
-  EXPECT_EQ(o.join_timeout, std::chrono::seconds(90));
-  EXPECT_EQ(o.last_call_timeout, std::chrono::seconds(5));
-  EXPECT_EQ(o.keep_alive_max_attempt, 5);  // 21 s of 5 s keep-alives: lost after the 5th missed
-  EXPECT_EQ(o.rdzv_read_timeout, std::chrono::seconds(7));
+  EXPECT_EQ(o.rdzv_timeouts.join_timeout, std::chrono::seconds(90));
+  EXPECT_EQ(o.rdzv_timeouts.last_call_timeout, std::chrono::seconds(5));
+  EXPECT_EQ(o.rdzv_timeouts.keep_alive_max_attempt, 5);  // 21 s of 5 s keep-alives: lost after the 5th missed
+  EXPECT_EQ(o.rdzv_timeouts.read_timeout, std::chrono::seconds(7));
   ASSERT_TRUE(o.rdzv_is_host.has_value());
   EXPECT_FALSE(*o.rdzv_is_host);
-  EXPECT_EQ(parse({"--rdzv_conf", "timeout=30", "train"}).join_timeout, std::chrono::seconds(30));
+  EXPECT_EQ(parse({"--rdzv_conf", "timeout=30", "train"}).rdzv_timeouts.join_timeout, std::chrono::seconds(30));
   EXPECT_TRUE(
       *parse({"--rdzv_backend", "c10d", "--rdzv_endpoint", "h", "--rdzv_conf", "is_host=Yes", "t"}).rdzv_is_host);
   // static torchrun passes the node rank as rdzv_conf rank
@@ -389,7 +389,7 @@ TEST(OptionsTest, RdzvConfTakesEveryKeyTorchrunAccepts) {
   EXPECT_NE(error_of({"--rdzv_conf", "heartbeat_timout=5", "train"}).find("'heartbeat_timeout'"), std::string::npos);
   EXPECT_NE(error_of({"--rdzv_conf", "rnak=1", "train"}).find("did you mean 'rank'"), std::string::npos);
   auto ignored = parse({"--rdzv_conf", "join_timeout=90,kubeflow_extra=1,timeout_seconds_x=3", "train"});
-  EXPECT_EQ(ignored.join_timeout, std::chrono::seconds(90));
+  EXPECT_EQ(ignored.rdzv_timeouts.join_timeout, std::chrono::seconds(90));
   EXPECT_EQ(ignored.ignored_rdzv_conf, (std::vector<std::string>{"kubeflow_extra", "timeout_seconds_x"}));
   // --help lists every key
   const std::string help = usage_text();

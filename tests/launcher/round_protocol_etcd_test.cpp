@@ -26,11 +26,11 @@ class EtcdBackend final : public Backend {
                                           const StopSignal& stop) override {
     EtcdRendezvousOptions o;
     o.run_id = "job";
-    o.nnodes = o.min_nodes = nnodes;
-    o.node_rank_hint = rank;
+    o.max_nodes = o.min_nodes = nnodes;
+    o.node_rank = rank;
     o.advertise_addr = "127.0.0.1";
     o.host = std::string("host-") + static_cast<char>('a' + rank);
-    o.join_timeout = join_timeout;
+    o.timeouts.join_timeout = join_timeout;
     o.etcd.endpoints = {cluster_->endpoint(0)};
     o.lease_ttl = std::chrono::seconds(3);
     return std::make_unique<EtcdRendezvous>(o, stop);

@@ -26,15 +26,15 @@ class StoreBackend final : public Backend {
                                           const StopSignal& stop) override {
     StoreRendezvousOptions o;
     o.run_id = "job";
-    o.nnodes = o.min_nodes = nnodes;
+    o.max_nodes = o.min_nodes = nnodes;
     o.node_rank = rank;
     o.endpoint_host = "127.0.0.1";
     o.endpoint_port = server_->port();
     o.advertise_addr = "127.0.0.1";
     o.host = std::string("host-") + static_cast<char>('a' + rank);
-    o.join_timeout = join_timeout;
-    o.keep_alive_interval = 100ms;
-    o.keep_alive_max_attempt = 3;
+    o.timeouts.join_timeout = join_timeout;
+    o.timeouts.keep_alive_interval = 100ms;
+    o.timeouts.keep_alive_max_attempt = 3;
     return std::make_unique<StoreRendezvous>(o, stop);
   }
   int joined(RendezvousBackend& any) override {

@@ -41,13 +41,12 @@ constexpr std::chrono::seconds kForgetJobAfter{24 * 3600};
 }  // namespace
 
 EtcdRendezvous::EtcdRendezvous(EtcdRendezvousOptions options, const StopSignal& stop)
-    : NodeRendezvous({options.host, options.run_id, options.nnodes, options.progress_interval, options.join_timeout}),
-      options_(std::move(options)) {
+    : NodeRendezvous(static_cast<const JoinSettings&>(options)), options_(std::move(options)) {
   client_ = std::make_unique<etcd::Client>(options_.etcd);
   std::mt19937 rng(std::random_device{}());
   agent_id_ = options_.host + ":" + std::to_string(::getpid()) + ":" + std::to_string(rng() % 100000);
   // The lease doubles as the connection check: retried, in slices, until the join timeout.
-  const auto deadline = Clock::now() + options_.join_timeout;
+  const auto deadline = Clock::now() + options_.timeouts.join_timeout;
   log::info("ddprun") << "connecting to etcd at " << client_->endpoints_text();
   std::string last;
   for (;;) {
@@ -62,7 +61,7 @@ EtcdRendezvous::EtcdRendezvous(EtcdRendezvousOptions options, const StopSignal& 
     if (stop.requested()) throw StopRequested(stop.signo());
     if (Clock::now() >= deadline) {
       throw ConnectionError("etcd could not be reached at " + client_->endpoints_text() + " within the join timeout (" +
-                            seconds_text(options_.join_timeout) + "): " + last +
+                            seconds_text(options_.timeouts.join_timeout) + "): " + last +
                             ". Is etcd running there, and are these its client URLs (--rdzv_endpoint)?");
     }
     if (stop.sleep_for(std::chrono::milliseconds(200))) throw StopRequested(stop.signo());

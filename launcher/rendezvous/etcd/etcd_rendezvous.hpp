@@ -56,16 +56,8 @@ using rendezvous::RoundEnd;
 using rendezvous::WorkerStoreHost;
 using rendezvous::World;
 
-struct EtcdRendezvousOptions {
-  std::string run_id = "none";
-  int min_nodes = 1;
-  int nnodes = 1;
-  int node_rank_hint = -1;  // --node_rank, if given: an ordering hint
-  std::chrono::milliseconds last_call_timeout{std::chrono::seconds(30)};
-  std::chrono::milliseconds join_timeout{std::chrono::seconds(600)};
-  std::chrono::milliseconds progress_interval{std::chrono::seconds(10)};  // waiting nodes say so this often
-  std::string advertise_addr;
-  std::string host;
+// The etcd backend's settings: the join's (JoinSettings: node_rank is an ordering hint) and etcd's.
+struct EtcdRendezvousOptions : JoinSettings {
   etcd::Options etcd;
   std::string prefix = "/ddprun/";
   std::chrono::seconds lease_ttl{10};
@@ -85,7 +77,7 @@ class EtcdRendezvous final : public NodeRendezvous {
   int first_round(const StopSignal& stop) override;
   std::variant<World, RoundEnd> join(int round, int nproc, const WorkerStoreHost& host_worker_store,
                                      const StopSignal& stop) override;
-  bool elastic() const override { return options_.min_nodes < options_.nnodes; }
+  bool elastic() const override { return options_.min_nodes < options_.max_nodes; }
   bool may_shrink() const override { return elastic(); }
 
   int64_t generation() const { return generation_; }

@@ -51,7 +51,7 @@ std::vector<Joiner> EtcdRendezvous::members_of(const std::vector<etcd::KeyValue>
 
 void EtcdRendezvous::close_round(int round, std::vector<Joiner> joined) {
   order_by_group_rank(joined);
-  if (static_cast<int>(joined.size()) > options_.nnodes) joined.resize(static_cast<size_t>(options_.nnodes));
+  if (static_cast<int>(joined.size()) > options_.max_nodes) joined.resize(static_cast<size_t>(options_.max_nodes));
   rdzv::jobs::ClosedRound closed;
   for (auto& m : joined) closed.members.push_back(std::move(m.record));
   client_->create_or_get(rk(round).closed(), rdzv::jobs::encode(closed), 0, soon());
@@ -100,8 +100,8 @@ std::variant<World, RoundEnd> EtcdRendezvous::join(int round, int nproc, const W
   if (stop.requested()) throw StopRequested(stop.signo());
   for (;;) {
     // No agent in the record: the member key names it.
-    rdzv::jobs::NodeRecord me = this_node(options_.host, options_.advertise_addr, nproc, options_.nnodes);
-    me.hint = options_.node_rank_hint;
+    rdzv::jobs::NodeRecord me = this_node(options_.host, options_.advertise_addr, nproc, options_.max_nodes);
+    me.hint = options_.node_rank;
     me.restarts = restarts();
     const std::string member_key = rk(round).member(agent_id_);
     client_->put(member_key, rdzv::jobs::encode(me), lease_, soon());  // gone with this agent's lease
@@ -109,9 +109,9 @@ std::variant<World, RoundEnd> EtcdRendezvous::join(int round, int nproc, const W
     // whose agents are all gone (choose_generation).
     client_->put(keys().current_round(), std::to_string(round), 0, soon());
     log::info("ddprun") << "joined round " << round << " of job '" << options_.run_id << "' (generation " << generation_
-                        << ") on etcd (--nnodes " << options_.min_nodes << ":" << options_.nnodes << ")";
+                        << ") on etcd (--nnodes " << options_.min_nodes << ":" << options_.max_nodes << ")";
     joined(round,
-           "on etcd (--nnodes " + std::to_string(options_.min_nodes) + ":" + std::to_string(options_.nnodes) + ")");
+           "on etcd (--nnodes " + std::to_string(options_.min_nodes) + ":" + std::to_string(options_.max_nodes) + ")");
     const std::string member_prefix = rk(round).members();
     const std::string closed_key = rk(round).closed();
     std::optional<Clock::time_point> enough_since;
@@ -122,12 +122,12 @@ std::variant<World, RoundEnd> EtcdRendezvous::join(int round, int nproc, const W
       if (std::any_of(kvs.begin(), kvs.end(), [&](auto& kv) { return kv.key == closed_key; })) return true;
       const auto members = members_of(kvs, member_prefix);
       const int n = static_cast<int>(members.size());
-      if (n >= options_.nnodes) {
+      if (n >= options_.max_nodes) {
         close_round(round, members);  // full; the watch brings `closed`
       } else if (n >= options_.min_nodes) {
         // Enough nodes: wait the last call for more, then close with whoever is there.
         if (!enough_since) enough_since = Clock::now();
-        else if (Clock::now() - *enough_since >= options_.last_call_timeout) close_round(round, members);
+        else if (Clock::now() - *enough_since >= options_.timeouts.last_call_timeout) close_round(round, members);
       } else {
         enough_since.reset();
       }
@@ -136,17 +136,17 @@ std::variant<World, RoundEnd> EtcdRendezvous::join(int round, int nproc, const W
     auto progress = [&](const std::vector<etcd::KeyValue>& kvs) {
       return std::to_string(count_members(kvs)) + " node(s) joined, " + std::to_string(options_.min_nodes) +
              " needed to start (--nnodes " + std::to_string(options_.min_nodes) + ":" +
-             std::to_string(options_.nnodes) + ")";
+             std::to_string(options_.max_nodes) + ")";
     };
     if (auto ended = wait_round(round, stop, ready, progress)) return *ended;
     const Membership closed(read_closed_round(closed_key, client_->get(closed_key, soon()).kvs.at(0).value).members);
     const int mine = closed.group_rank_of(agent_id_);
     if (mine < 0) {
       client_->erase(member_key, "", soon());
-      if (!elastic() || closed.size() >= options_.nnodes) {
+      if (!elastic() || closed.size() >= options_.max_nodes) {
         throw ConfigError("job '" + options_.run_id + "' is running with " + std::to_string(closed.size()) +
                           " node(s) (--nnodes " + std::to_string(options_.min_nodes) + ":" +
-                          std::to_string(options_.nnodes) +
+                          std::to_string(options_.max_nodes) +
                           "), with no room for this one; give this job its own "
                           "--rdzv_id, or start it when the other run has ended");
       }

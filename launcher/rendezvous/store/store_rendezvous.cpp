@@ -32,8 +32,7 @@ bool endpoint_is_local(const std::string& endpoint, const StoreRendezvousOptions
 }  // namespace
 
 StoreRendezvous::StoreRendezvous(StoreRendezvousOptions options, const StopSignal& stop)
-    : NodeRendezvous({options.host, options.run_id, options.nnodes, options.progress_interval, options.join_timeout}),
-      options_(std::move(options)) {
+    : NodeRendezvous(static_cast<const JoinSettings&>(options)), options_(std::move(options)) {
   const bool external = !options_.endpoint_host.empty();
   std::mt19937 rng(std::random_device{}());
   // Unique per agent process, so that a dead earlier run's heartbeat is never mistaken for ours.
@@ -68,7 +67,7 @@ StoreRendezvous::StoreRendezvous(StoreRendezvousOptions options, const StopSigna
   rdzv::client::ClientOptions co;
   co.host = external ? options_.endpoint_host : options_.master_addr;
   co.port = external ? options_.endpoint_port : options_.master_port;
-  co.timeout = options_.read_timeout;
+  co.timeout = options_.timeouts.read_timeout;
   if (options_.token)
     co.credentials = rdzv::core::credentials_for(*options_.token, options_.run_id, options_.token_file);
   co.missing_secret_hint =
@@ -76,10 +75,10 @@ StoreRendezvous::StoreRendezvous(StoreRendezvousOptions options, const StopSigna
       "token_file=PATH, or DDPRUN_TOKEN_FILE=PATH (a file only you can read)";
   // A daemon that refuses this job's request (its quota, a full store) says why there.
   co.refusal_note_key = rdzv::core::refusal_note(options_.run_id);
-  co.outage_tolerance = options_.store_reconnect_timeout;
+  co.outage_tolerance = options_.timeouts.store_reconnect_timeout;
   // Connect in slices of a second, so that a stop signal is acted on while the store is not up yet.
   const auto started = std::chrono::steady_clock::now();
-  const auto deadline = started + options_.join_timeout;
+  const auto deadline = started + options_.timeouts.join_timeout;
   const std::string where = co.host + ":" + std::to_string(co.port);
   log::info("ddprun") << "connecting to the rendezvous store at " << where;
   auto said = started;
@@ -101,13 +100,13 @@ StoreRendezvous::StoreRendezvous(StoreRendezvousOptions options, const StopSigna
           said = now;
           log::info("ddprun") << "still waiting for the rendezvous store at " << where << ", "
                               << std::chrono::duration_cast<std::chrono::seconds>(now - started).count() << "s of "
-                              << seconds_text(options_.join_timeout) << ": " << e.cause()
+                              << seconds_text(options_.timeouts.join_timeout) << ": " << e.cause()
                               << (unresolved ? " (the name is looked up again until the join timeout)" : "");
         }
         continue;
       }
       throw TimeoutError("this node could not reach the rendezvous store at " + where + " within the join timeout (" +
-                         seconds_text(options_.join_timeout) + "): " + e.cause() +
+                         seconds_text(options_.timeouts.join_timeout) + "): " + e.cause() +
                          (unresolved ? ". The name never resolved: check it, or give the pods more time "
                                        "(--rdzv_conf join_timeout)"
                           : external ? ". Is ddprun-rendezvous (or the endpoint's ddprun) running at --rdzv_endpoint?"
@@ -135,7 +134,7 @@ int64_t StoreRendezvous::next_generation(int64_t after) {
 
 bool StoreRendezvous::agent_alive(const std::string& agent, const StopSignal& stop) {
   const std::string k = hb_key(agent);
-  const auto window = options_.keep_alive_interval * options_.keep_alive_max_attempt;
+  const auto window = options_.timeouts.keep_alive_interval * options_.timeouts.keep_alive_max_attempt;
   auto deadline = std::chrono::steady_clock::now() + window;
   const auto beats = [&]() -> int64_t { return client_->check({k}) ? read_number(k, client_->get(k)) : -1; };
   const int64_t first = beats();
@@ -147,8 +146,8 @@ bool StoreRendezvous::agent_alive(const std::string& agent, const StopSignal& st
       deadline = std::chrono::steady_clock::now() + window;
     }
     // Watching another agent's heartbeat counter for the liveness window.
-    if (stop.sleep_for(
-            std::min<std::chrono::milliseconds>(options_.keep_alive_interval / 4, std::chrono::milliseconds(250)))) {
+    if (stop.sleep_for(std::min<std::chrono::milliseconds>(options_.timeouts.keep_alive_interval / 4,
+                                                           std::chrono::milliseconds(250)))) {
       throw StopRequested(stop.signo());
     }
     if (beats() != first) return true;
@@ -186,7 +185,7 @@ std::shared_ptr<rdzv::client::Client> StoreRendezvous::side_connection() const {
   // connection, which gets through as soon as the path is back (a TCP retransmission after a
   // partition may come many seconds later).
   co.timeout =
-      std::clamp<std::chrono::milliseconds>(options_.keep_alive_interval, std::chrono::seconds(2),
+      std::clamp<std::chrono::milliseconds>(options_.timeouts.keep_alive_interval, std::chrono::seconds(2),
                                             std::max<std::chrono::milliseconds>(co.timeout, std::chrono::seconds(2)));
   return std::make_shared<rdzv::client::Client>(co);
 }
@@ -210,7 +209,7 @@ void StoreRendezvous::start_heartbeat() {
         // The period, ended at once by a stop. (It slept in 50 ms slices before: 20 wake-ups a
         // second per agent, which thousands of agents on one host turn into a scheduler storm.)
         std::unique_lock lock(heartbeat_mutex_);
-        heartbeat_cv_.wait_for(lock, options_.keep_alive_interval, [this] { return stop_heartbeat_.load(); });
+        heartbeat_cv_.wait_for(lock, options_.timeouts.keep_alive_interval, [this] { return stop_heartbeat_.load(); });
       }
     } catch (const std::exception& e) {
       // Once the job is ending the failure is no news (the store is gone, or going with it).
@@ -233,7 +232,7 @@ std::optional<int> StoreRendezvous::find_lost_node(rdzv::client::Client& c, Hear
   // starts over rather than count the outage as the watched node's silence.
   if (beats != seen.beats || c.reconnects() != seen.reconnects) {
     seen = {beats, now, c.reconnects()};
-  } else if (now - seen.since > options_.keep_alive_interval * options_.keep_alive_max_attempt) {
+  } else if (now - seen.since > options_.timeouts.keep_alive_interval * options_.timeouts.keep_alive_max_attempt) {
     return watched_rank;
   }
   return std::nullopt;
@@ -309,7 +308,8 @@ class StoreRendezvous::Watch final : public NodeRendezvous::RoundWatch {
     Event ev;
     // WAIT has no server timeout; it is re-armed every period so that a store that went silent
     // (its host gone) is noticed, and each node checks the next node's heartbeat between waits.
-    const auto period = std::min<std::chrono::milliseconds>(std::chrono::seconds(1), r_.options_.keep_alive_interval);
+    const auto period =
+        std::min<std::chrono::milliseconds>(std::chrono::seconds(1), r_.options_.timeouts.keep_alive_interval);
     try {
       c_->wait({end_key_}, period);
       ev.end = c_->get(end_key_);
@@ -318,8 +318,8 @@ class StoreRendezvous::Watch final : public NodeRendezvous::RoundWatch {
     }
     if (auto lost = r_.find_lost_node(*c_, seen_)) {
       ev.lost_node = *lost;
-      ev.lost_why =
-          "sent no heartbeat for " + seconds_text(r_.options_.keep_alive_interval * r_.options_.keep_alive_max_attempt);
+      ev.lost_why = "sent no heartbeat for " + seconds_text(r_.options_.timeouts.keep_alive_interval *
+                                                            r_.options_.timeouts.keep_alive_max_attempt);
     }
     return ev;
   }

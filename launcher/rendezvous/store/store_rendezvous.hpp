@@ -52,18 +52,14 @@ using rendezvous::RoundEnd;
 using rendezvous::WorkerStoreHost;
 using rendezvous::World;
 
-struct StoreRendezvousOptions {
+// The store backend's settings: the join's (JoinSettings; node_rank as below) and the store's own.
+struct StoreRendezvousOptions : JoinSettings {
   // Called after each heartbeat (lease renewal) the rendezvous took: this node is still counted in.
   std::function<void()> alive;
-  std::string run_id = "none";
-  // Static: min_nodes == nnodes and node_rank is this node's rank. Dynamic (c10d): nodes join
-  // without ranks; a round closes with nnodes nodes at once, or with at least min_nodes after
-  // last_call_timeout; node_rank (if >= 0) is only an ordering hint.
+  // Static: min_nodes == max_nodes and node_rank is this node's rank. Dynamic (c10d): nodes join
+  // without ranks; a round closes with max_nodes nodes at once, or with at least min_nodes after
+  // the last-call timeout; node_rank (if >= 0) is only an ordering hint.
   bool dynamic = false;
-  int min_nodes = 1;
-  int nnodes = 1;
-  int node_rank = 0;
-  std::chrono::milliseconds last_call_timeout{std::chrono::seconds(30)};
   std::string master_addr;
   uint16_t master_port = 0;
   // A standalone store (ddprun-rendezvous) to rendezvous through instead of one hosted by node 0.
@@ -72,18 +68,6 @@ struct StoreRendezvousOptions {
   // Dynamic: whether this node hosts the store at the endpoint (--rdzv_conf is_host); unset: when
   // the endpoint is one of this host's addresses and its port is free.
   std::optional<bool> is_host;
-  std::chrono::milliseconds read_timeout{std::chrono::seconds(60)};  // one request to the store
-  // How long a store that keeps its state (ddprun-rendezvous --state-file) may be gone, e.g. while
-  // it restarts, before this node counts it as lost (rdzv::client::ClientOptions::outage_tolerance).
-  std::chrono::milliseconds store_reconnect_timeout{std::chrono::seconds(30)};
-  std::string advertise_addr;  // how other nodes reach this one
-  std::string host;
-  std::chrono::milliseconds join_timeout{std::chrono::seconds(600)};
-  std::chrono::milliseconds progress_interval{std::chrono::seconds(10)};  // waiting nodes say so this often
-  // Agents heartbeat every keep_alive_interval; a node is lost after keep_alive_max_attempt
-  // intervals without one.
-  std::chrono::milliseconds keep_alive_interval{std::chrono::seconds(5)};
-  int keep_alive_max_attempt = 3;
   // The rendezvous secret (or this job's token) and where it came from: the store this node hosts
   // is protected with it, and every connection proves it.
   std::optional<rdzv::core::Token> token;
@@ -103,7 +87,7 @@ class StoreRendezvous final : public NodeRendezvous {
   void quiesce() override { request_heartbeat_stop(); }
   bool elastic() const override { return options_.dynamic; }
   bool hosts_the_store() const override { return server_ != nullptr; }
-  bool may_shrink() const override { return options_.dynamic && options_.min_nodes < options_.nnodes; }
+  bool may_shrink() const override { return options_.dynamic && options_.min_nodes < options_.max_nodes; }
 
   const StoreRendezvousOptions& options() const { return options_; }
   int64_t generation() const { return keys_.generation(); }

@@ -35,7 +35,7 @@ std::variant<World, RoundEnd> StoreRendezvous::join(int round, int nproc, const 
 std::variant<World, RoundEnd> StoreRendezvous::join_static(int round, int nproc,
                                                            const WorkerStoreHost& host_worker_store,
                                                            const StopSignal& stop) {
-  const int n = options_.nnodes;
+  const int n = options_.max_nodes;
   rdzv::jobs::NodeRecord me = this_node(options_.host, options_.advertise_addr, nproc, n);
   me.agent = agent_id_;
   me.restarts = restarts();
@@ -153,10 +153,10 @@ void StoreRendezvous::assign(int round) {
   // The last node to join reads every node's record once and writes one small assignment per
   // node: O(n) in total.
   std::vector<std::string> keys;
-  for (int k = 0; k < options_.nnodes; ++k) keys.push_back(rk(round).node(k));
+  for (int k = 0; k < options_.max_nodes; ++k) keys.push_back(rk(round).node(k));
   const auto values = client_->multi_get(keys);
   std::vector<Joiner> ordered;
-  for (int k = 0; k < options_.nnodes; ++k) {
+  for (int k = 0; k < options_.max_nodes; ++k) {
     const auto i = static_cast<size_t>(k);
     ordered.push_back({std::to_string(k), read_node_record(keys[i], values[i]), k});
   }
@@ -167,7 +167,7 @@ std::variant<World, RoundEnd> StoreRendezvous::join_dynamic(int round, int nproc
                                                             const WorkerStoreHost& host_worker_store,
                                                             const StopSignal& stop) {
   for (;;) {
-    rdzv::jobs::NodeRecord me = this_node(options_.host, options_.advertise_addr, nproc, options_.nnodes);
+    rdzv::jobs::NodeRecord me = this_node(options_.host, options_.advertise_addr, nproc, options_.max_nodes);
     me.agent = agent_id_;
     me.restarts = restarts();
     me.hint = options_.node_rank;
@@ -180,18 +180,18 @@ std::variant<World, RoundEnd> StoreRendezvous::join_dynamic(int round, int nproc
     start_heartbeat();
     log::info("ddprun") << "joined round " << round << " of job '" << options_.run_id << "' (generation "
                         << keys_.generation() << ") as arrival " << idx << " (--nnodes " << options_.min_nodes << ":"
-                        << options_.nnodes << ")";
+                        << options_.max_nodes << ")";
     joined(round, "as arrival " + std::to_string(idx) + " (--nnodes " + std::to_string(options_.min_nodes) + ":" +
-                      std::to_string(options_.nnodes) + ")");
-    if (idx == options_.nnodes) {
+                      std::to_string(options_.max_nodes) + ")");
+    if (idx == options_.max_nodes) {
       close_dynamic(round);  // full
     } else if (idx == options_.min_nodes) {
       // Enough nodes: wait the last call for more, then close with whoever is there.
-      const auto deadline = std::chrono::steady_clock::now() + options_.last_call_timeout;
+      const auto deadline = std::chrono::steady_clock::now() + options_.timeouts.last_call_timeout;
       while (std::chrono::steady_clock::now() < deadline && !client_->check({rk(round).closed()})) {
         // The last-call window, in slices so that a full round or a stop is seen promptly.
-        if (stop.sleep_for(
-                std::min<std::chrono::milliseconds>(options_.last_call_timeout, std::chrono::milliseconds(100)))) {
+        if (stop.sleep_for(std::min<std::chrono::milliseconds>(options_.timeouts.last_call_timeout,
+                                                               std::chrono::milliseconds(100)))) {
           break;  // wait_joining leaves the round cleanly
         }
       }
@@ -204,7 +204,7 @@ std::variant<World, RoundEnd> StoreRendezvous::join_dynamic(int round, int nproc
     auto missing = [&]() {
       return std::to_string(client_->add(rk(round).joined(), 0)) + " node(s) joined, " +
              std::to_string(options_.min_nodes) + " needed (--nnodes " + std::to_string(options_.min_nodes) + ":" +
-             std::to_string(options_.nnodes) + ")";
+             std::to_string(options_.max_nodes) + ")";
     };
     if (auto ended = wait_joining(round, stop, keys_set(round, {rk(round).closed()}), progress, missing)) return *ended;
     const int64_t members = read_number(rk(round).closed(), client_->get(rk(round).closed()));
@@ -229,7 +229,7 @@ std::variant<World, RoundEnd> StoreRendezvous::join_dynamic(int round, int nproc
 }
 
 void StoreRendezvous::close_dynamic(int round) {
-  const int64_t joined = std::min<int64_t>(client_->add(rk(round).joined(), 0), options_.nnodes);
+  const int64_t joined = std::min<int64_t>(client_->add(rk(round).joined(), 0), options_.max_nodes);
   const std::string count = std::to_string(joined);
   if (client_->compare_set(rk(round).closed(), "", count) != count) return;  // someone else closed it
   std::vector<std::string> keys;
