@@ -51,6 +51,11 @@ std::string seconds_text(std::chrono::milliseconds d) {
   return d.count() % 1000 == 0 ? std::to_string(d.count() / 1000) + "s" : std::to_string(d.count()) + "ms";
 }
 
+int64_t now_ms() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
 std::string utc_timestamp(std::chrono::system_clock::time_point t) {
   using namespace std::chrono;
   const std::time_t secs = system_clock::to_time_t(t);

@@ -29,6 +29,9 @@ std::string seconds_text(std::chrono::milliseconds d);
 // ISO 8601 in UTC with milliseconds: "2026-11-24T12:00:00.123Z".
 std::string utc_timestamp(std::chrono::system_clock::time_point t);
 
+// Wall-clock milliseconds since the epoch (records, heartbeat and publication times).
+int64_t now_ms();
+
 // "SIGTERM", or "signal 42" for a number without a name.
 std::string signal_name(int signo);
 

@@ -49,11 +49,11 @@ void Agent::start_watch(int round) {
 
 std::variant<World, RoundEnd> Agent::rendezvous(int round) {
   auto joined = backend_->join(
-      round, o_.nproc_per_node, [this] { return host_worker_store(); }, stop_);
+      round, options_.nproc_per_node, [this] { return host_worker_store(); }, stop_);
   if (auto* w = std::get_if<World>(&joined)) {
     if (w->restarts > restarts_) {
       // This node came (back) into a job that has restarted already: --max_restarts is the job's.
-      log::info("ddprun") << "the job has made " << w->restarts << " restart(s) of " << o_.max_restarts
+      log::info("ddprun") << "the job has made " << w->restarts << " restart(s) of " << options_.max_restarts
                           << "; this node counts from there";
       restarts_ = w->restarts;
     }
@@ -66,7 +66,7 @@ std::variant<World, RoundEnd> Agent::rendezvous(int round) {
     if (multi_node_) {
       log::info("ddprun") << "round " << w->round << " (restart " << restarts_ << "): node " << w->group_rank << " of "
                           << w->group_world_size << ", ranks " << w->rank_offset << ".."
-                          << w->rank_offset + o_.nproc_per_node - 1 << " of " << w->world_size
+                          << w->rank_offset + options_.nproc_per_node - 1 << " of " << w->world_size
                           << ", MASTER_ADDR=" << w->master_addr << " MASTER_PORT=" << w->master_port;
     } else {
       log::info("ddprun") << "attempt " << restarts_ << ": worker store on "
@@ -129,7 +129,7 @@ GroupResult Agent::running(const World& world) {
     try {
       relay_->finish_job();
     } catch (const Error& e) {
-      log::warn("ddprun") << "replica group " << *o_.replica_group << ": the job's end could not be recorded ("
+      log::warn("ddprun") << "replica group " << *options_.replica_group << ": the job's end could not be recorded ("
                           << e.what() << "): a group that comes back later waits for a quorum until its timeout";
     }
   }
@@ -212,8 +212,8 @@ RoundEnd Agent::agree_on_end(const World& world, const GroupResult& result) {
         // lost node (or another node to report the failure that started it), so that the report
         // blames the cause and an elastic job goes on without counting a restart. (In a round of
         // one node the peer was outside the round, another replica group's say: nothing to wait for.)
-        const auto window =
-            o_.rdzv_timeouts.keep_alive_interval * o_.rdzv_timeouts.keep_alive_max_attempt + std::chrono::seconds(1);
+        const auto window = options_.rdzv_timeouts.keep_alive_interval * options_.rdzv_timeouts.keep_alive_max_attempt +
+                            std::chrono::seconds(1);
         log::info("ddprun") << "rank " << result.failures.front().rank
                             << " lost its connection to a peer: waiting up to " << seconds_text(window)
                             << " for the keep-alives to tell whether a node was lost";
@@ -241,7 +241,7 @@ int Agent::finish(int round, const World& world, const RoundEnd& end, const Grou
         log::info("ddprun") << "all " << world.world_size << " worker(s) on " << world.group_world_size
                             << " nodes finished successfully";
       } else {
-        log::info("ddprun") << "all " << o_.nproc_per_node << " worker(s) finished successfully";
+        log::info("ddprun") << "all " << options_.nproc_per_node << " worker(s) finished successfully";
       }
       break;
     case RoundEnd::Kind::Signal:
@@ -268,16 +268,16 @@ int Agent::finish(int round, const World& world, const RoundEnd& end, const Grou
       for (const auto& f : result.failures) {
         if (!end.root_cause || f.rank != end.root_cause->rank) failures.push_back(f);
       }
-      const std::string report = format_failure_report(o_.program, failures, result.stopped_ranks);
+      const std::string report = format_failure_report(options_.program, failures, result.stopped_ranks);
       if (ConsoleWriter* err = consoles().err) err->write(report);
-      if (o_.max_restarts > 0 && restarts_ >= o_.max_restarts)
-        log::error("ddprun") << "giving up after " << o_.max_restarts << " restart(s)";
+      if (options_.max_restarts > 0 && restarts_ >= options_.max_restarts)
+        log::error("ddprun") << "giving up after " << options_.max_restarts << " restart(s)";
       break;
     }
     case RoundEnd::Kind::Hang:
       // The report is out already (show_hang_report).
-      if (o_.max_restarts > 0 && restarts_ >= o_.max_restarts)
-        log::error("ddprun") << "giving up after " << o_.max_restarts << " restart(s)";
+      if (options_.max_restarts > 0 && restarts_ >= options_.max_restarts)
+        log::error("ddprun") << "giving up after " << options_.max_restarts << " restart(s)";
       break;
   }
   // A lost node never leaves: give the others a few seconds to read the outcome, not the full wait.
@@ -289,11 +289,11 @@ int Agent::finish(int round, const World& world, const RoundEnd& end, const Grou
 void Agent::announce_next_round(Decision::Kind kind, const RoundEnd& end, const World& world) {
   if (kind == Decision::Kind::Restart) {
     ++restarts_;
-    view_event("restart",
-               end.detail + " (restart " + std::to_string(restarts_) + " of " + std::to_string(o_.max_restarts) + ")");
+    view_event("restart", end.detail + " (restart " + std::to_string(restarts_) + " of " +
+                              std::to_string(options_.max_restarts) + ")");
     log::warn("ddprun") << end.detail << "; restarting the worker group"
                         << (multi_node_ ? "s of all " + std::to_string(world.group_world_size) + " nodes" : "")
-                        << " (restart " << restarts_ << " of " << o_.max_restarts << ")";
+                        << " (restart " << restarts_ << " of " << options_.max_restarts << ")";
   } else if (lost_here(end, world)) {
     // Cut off or frozen for longer than the keep-alive window, and back: the others went on to a
     // new round, and this node joins it rather than leave the job.
@@ -325,7 +325,7 @@ int Agent::run() {
   try {
     if (multi_node_) health(StatusServer::Phase::Connecting, "to the rendezvous");
     backend_ = make_backend();
-    if (o_.replica_group) make_coordinator();
+    if (options_.replica_group) make_coordinator();
     backend_->on_joined([this](int joined_round, const std::string& detail) {
       health(StatusServer::Phase::Joined, detail + "; waiting for the other nodes", joined_round);
     });
@@ -381,13 +381,13 @@ int Agent::run() {
           watching_ = false;
         }
         if (const auto over = job_finished_elsewhere(end)) {
-          log::warn("ddprun") << "replica group " << *o_.replica_group << ": " << over->describe()
+          log::warn("ddprun") << "replica group " << *options_.replica_group << ": " << over->describe()
                               << " while this group was away, and its workers ended with an error rather than "
                                  "leave when told so: not restarting them";
           return finish(round, world, end, result, 0);
         }
-        const Decision d = decide(end, RestartState{restarts_, o_.max_restarts, backend_->elastic(), stop_.signo(),
-                                                    result.signal, !result.unkillable.empty()});
+        const Decision d = decide(end, RestartState{restarts_, options_.max_restarts, backend_->elastic(),
+                                                    stop_.signo(), result.signal, !result.unkillable.empty()});
         if (d.why == Decision::Why::Unkillable) {
           log::error("ddprun") << "not "
                                << (end.kind == RoundEnd::Kind::Failure || end.kind == RoundEnd::Kind::Hang

@@ -43,7 +43,7 @@ void Agent::view_round(const World& world) {
   if (!health_ && !trace_) return;
   if (health_) {
     view::JobView& v = health_->view();
-    v.set_identity(o_.run_id, host_, multi_node_ ? world.group_rank : -1, world.group_world_size);
+    v.set_identity(options_.run_id, host_, multi_node_ ? world.group_rank : -1, world.group_world_size);
     v.new_round(world.round, world.world_size, restarts_);
   }
   std::string text = "round " + std::to_string(world.round) + ": " + std::to_string(world.world_size) + " rank(s)";
@@ -60,8 +60,8 @@ void Agent::view_round(const World& world) {
 
 std::unique_ptr<Watchdog> Agent::make_watchdog(const World& world, const fs::path& attempt_dir) {
   WatchdogSettings ws;
-  ws.hang_timeout = o_.hang_timeout;
-  ws.straggler_factor = o_.straggler_factor;
+  ws.hang_timeout = options_.hang_timeout;
+  ws.straggler_factor = options_.straggler_factor;
   ws.python_stacks = capture_stacks_;
   ws.file_timer = file_timer_;
   ws.timer_file = timer_file_;
@@ -74,7 +74,7 @@ std::unique_ptr<Watchdog> Agent::make_watchdog(const World& world, const fs::pat
     confirm_membership();  // the rendezvous has just taken this node into the round
     ws.membership_until_ns = &membership_until_ns_;
   }
-  ws.rates_period = o_.step_rates_period;
+  ws.rates_period = options_.step_rates_period;
   if (health_ || trace_) {
     ws.on_tick = [view = health_ ? &health_->view() : nullptr, trace = trace_.get()](
                      std::chrono::steady_clock::time_point now, const std::vector<watchdog::RankReading>& ranks) {
@@ -84,7 +84,7 @@ std::unique_ptr<Watchdog> Agent::make_watchdog(const World& world, const fs::pat
   }
   std::vector<WatchedRank> ranks;
   create_private_directory(attempt_dir);
-  for (int lr = 0; lr < o_.nproc_per_node; ++lr) {
+  for (int lr = 0; lr < options_.nproc_per_node; ++lr) {
     const fs::path dir = attempt_dir / std::to_string(lr);
     create_private_directory(dir);
     ranks.push_back({world.rank_offset + lr, lr, dir.string()});
@@ -98,36 +98,40 @@ std::vector<WorkerLaunch> Agent::make_launches(const World& world, const fs::pat
   ctx.master_addr = world.master_addr;
   ctx.master_port = world.master_port;
   ctx.restart_count = restarts_;
-  ctx.max_restarts = o_.max_restarts;
-  ctx.run_id = o_.run_id;
-  ctx.role = o_.role;
+  ctx.max_restarts = options_.max_restarts;
+  ctx.run_id = options_.run_id;
+  ctx.role = options_.role;
   ctx.signals_to_handle = signals_text_;
   ctx.one_gpu_each = gpus_;
   ctx.gpu_variable = gpu_variable_;
   std::vector<WorkerLaunch> launches;
   // One file per stream for every rank of the attempt, as torchrun writes them.
   std::shared_ptr<FilteredCopy> stdout_filtered, stderr_filtered;
-  if (!o_.duplicate_stdout_filters.empty()) {
-    stdout_filtered =
-        std::make_shared<FilteredCopy>(o_.duplicate_stdout_filters, (attempt_dir / "filtered_stdout.log").string());
+  if (!options_.duplicate_stdout_filters.empty()) {
+    stdout_filtered = std::make_shared<FilteredCopy>(options_.duplicate_stdout_filters,
+                                                     (attempt_dir / "filtered_stdout.log").string());
   }
-  if (!o_.duplicate_stderr_filters.empty()) {
-    stderr_filtered =
-        std::make_shared<FilteredCopy>(o_.duplicate_stderr_filters, (attempt_dir / "filtered_stderr.log").string());
+  if (!options_.duplicate_stderr_filters.empty()) {
+    stderr_filtered = std::make_shared<FilteredCopy>(options_.duplicate_stderr_filters,
+                                                     (attempt_dir / "filtered_stderr.log").string());
   }
   // --merge_lines: one merger per console stream for the group (it prints what waits when the
   // group ends and the last launch holding it goes).
   std::shared_ptr<LineMerger> stdout_merger, stderr_merger;
-  if (o_.merge_lines.count() > 0 && o_.nproc_per_node > 1) {
+  if (options_.merge_lines.count() > 0 && options_.nproc_per_node > 1) {
     const workers::Consoles& c = workers::consoles();
-    if (c.out) stdout_merger = std::make_shared<LineMerger>(c.out, o_.merge_lines, o_.log_line_prefix, o_.role, host_);
-    if (c.err) stderr_merger = std::make_shared<LineMerger>(c.err, o_.merge_lines, o_.log_line_prefix, o_.role, host_);
+    if (c.out)
+      stdout_merger =
+          std::make_shared<LineMerger>(c.out, options_.merge_lines, options_.log_line_prefix, options_.role, host_);
+    if (c.err)
+      stderr_merger =
+          std::make_shared<LineMerger>(c.err, options_.merge_lines, options_.log_line_prefix, options_.role, host_);
   }
-  for (int lr = 0; lr < o_.nproc_per_node; ++lr) {
+  for (int lr = 0; lr < options_.nproc_per_node; ++lr) {
     WorkerPlacement where;
     where.local_rank = lr;
     where.rank = world.rank_offset + lr;
-    where.local_world_size = o_.nproc_per_node;
+    where.local_world_size = options_.nproc_per_node;
     where.world_size = world.world_size;
     where.group_rank = world.group_rank;
     where.group_world_size = world.group_world_size;
@@ -157,17 +161,17 @@ std::vector<WorkerLaunch> Agent::make_launches(const World& world, const fs::pat
       l.request.preferred_numa_node = p.numa_node;
       if (omp_threads_per_rank_) env["OMP_NUM_THREADS"] = std::to_string(p.threads);
     }
-    l.request.argv = worker_command(o_, env);
+    l.request.argv = worker_command(options_, env);
     // torch.distributed.launch's convention: right after the script, before its own arguments.
-    if (o_.local_rank_arg != LocalRankArg::None) {
-      l.request.argv.push_back((o_.local_rank_arg == LocalRankArg::Dash ? "--local-rank=" : "--local_rank=") +
+    if (options_.local_rank_arg != LocalRankArg::None) {
+      l.request.argv.push_back((options_.local_rank_arg == LocalRankArg::Dash ? "--local-rank=" : "--local_rank=") +
                                env[names::kLocalRank]);
     }
-    for (auto& a : substitute_args(o_.program_args, lr)) l.request.argv.push_back(std::move(a));
+    for (auto& a : substitute_args(options_.program_args, lr)) l.request.argv.push_back(std::move(a));
     l.request.envp = to_envp(env);
-    l.prefix = expand_prefix(o_.log_line_prefix, where.rank, lr, o_.role, host_);
-    const int redirect = o_.redirects.for_rank(lr), tee = o_.tee.for_rank(lr);
-    const bool shown = !o_.local_ranks_filter || o_.local_ranks_filter->count(lr) != 0;
+    l.prefix = expand_prefix(options_.log_line_prefix, where.rank, lr, options_.role, host_);
+    const int redirect = options_.redirects.for_rank(lr), tee = options_.tee.for_rank(lr);
+    const bool shown = !options_.local_ranks_filter || options_.local_ranks_filter->count(lr) != 0;
     l.stdout_to_console = shown && (!(redirect & 1) || (tee & 1));
     l.stderr_to_console = shown && (!(redirect & 2) || (tee & 2));
     if ((redirect | tee) & 1) l.stdout_file = (rank_dir / "stdout.log").string();
@@ -178,7 +182,7 @@ std::vector<WorkerLaunch> Agent::make_launches(const World& world, const fs::pat
     l.stderr_merger = stderr_merger;
     launches.push_back(std::move(l));
   }
-  if (o_.redirects.any() || o_.tee.any() || stdout_filtered || stderr_filtered) {
+  if (options_.redirects.any() || options_.tee.any() || stdout_filtered || stderr_filtered) {
     log::info("ddprun") << "worker logs in " << attempt_dir.string();
   }
   return launches;

@@ -51,8 +51,8 @@ std::vector<std::string> resolve_all(const std::vector<std::string>& names) {
 }
 
 std::optional<rdzv::core::Token> Agent::read_token() const {
-  if (o_.token_file.empty()) return std::nullopt;
-  return rdzv::core::read_token_file(o_.token_file);
+  if (options_.token_file.empty()) return std::nullopt;
+  return rdzv::core::read_token_file(options_.token_file);
 }
 
 void Agent::arm_fence(std::chrono::milliseconds lost_after) {
@@ -73,13 +73,13 @@ void Agent::confirm_membership() {
 
 rendezvous::etcd::Options Agent::etcd_client_options() const {
   rendezvous::etcd::Options eo;
-  eo.endpoints = o_.etcd.endpoints;
-  eo.user = o_.etcd.user;
-  if (!o_.etcd.password_file.empty())
-    eo.password = rdzv::core::read_private_file(o_.etcd.password_file, "etcd password file");
-  eo.ca_file = o_.etcd.ca_file;
-  eo.cert_file = o_.etcd.cert_file;
-  eo.key_file = o_.etcd.key_file;
+  eo.endpoints = options_.etcd.endpoints;
+  eo.user = options_.etcd.user;
+  if (!options_.etcd.password_file.empty())
+    eo.password = rdzv::core::read_private_file(options_.etcd.password_file, "etcd password file");
+  eo.ca_file = options_.etcd.ca_file;
+  eo.cert_file = options_.etcd.cert_file;
+  eo.key_file = options_.etcd.key_file;
   return eo;
 }
 
@@ -87,48 +87,50 @@ std::unique_ptr<RendezvousBackend> Agent::make_backend() {
   // The address other nodes (and the workers) use for this node: --local_addr; else node 0 of a
   // static job is --master_addr, and any other node is known by its fully qualified name, as
   // torchrun's (a Kubernetes pod with a subdomain is reachable by that name only).
-  const bool static_node_zero = o_.rdzv_backend == RdzvBackend::Static && o_.node_rank == 0;
+  const bool static_node_zero = options_.rdzv_backend == RdzvBackend::Static && options_.node_rank == 0;
   std::string fqdn = fully_qualified_host_name();
   if (fqdn.empty()) fqdn = host_;
-  advertise_addr_ = !o_.local_addr.empty() ? o_.local_addr : (!multi_node_ || static_node_zero ? o_.master_addr : fqdn);
+  advertise_addr_ = !options_.local_addr.empty() ? options_.local_addr
+                                                 : (!multi_node_ || static_node_zero ? options_.master_addr : fqdn);
   if (!multi_node_) return std::make_unique<LocalRendezvous>(advertise_addr_);
   // A replica group is a world of its own, beside the other groups of the job.
   JoinSettings join;
-  join.run_id = o_.replica_group ? rdzv::jobs::replica_group_run_id(o_.run_id, *o_.replica_group) : o_.run_id;
-  join.min_nodes = o_.min_nodes;
-  join.max_nodes = o_.max_nodes;
-  const bool dynamic = o_.rdzv_backend != RdzvBackend::Static;
-  join.node_rank = dynamic && !o_.node_rank_given ? -1 : o_.node_rank;
+  join.run_id = options_.replica_group ? rdzv::jobs::replica_group_run_id(options_.run_id, *options_.replica_group)
+                                       : options_.run_id;
+  join.min_nodes = options_.min_nodes;
+  join.max_nodes = options_.max_nodes;
+  const bool dynamic = options_.rdzv_backend != RdzvBackend::Static;
+  join.node_rank = dynamic && !options_.node_rank_given ? -1 : options_.node_rank;
   join.advertise_addr = advertise_addr_;
   join.host = host_;
-  join.timeouts = o_.rdzv_timeouts;
-  join.progress_interval = o_.progress_interval;
-  if (o_.rdzv_backend == RdzvBackend::Etcd) {
+  join.timeouts = options_.rdzv_timeouts;
+  join.progress_interval = options_.progress_interval;
+  if (options_.rdzv_backend == RdzvBackend::Etcd) {
     EtcdRendezvousOptions eo;
     static_cast<JoinSettings&>(eo) = join;
     eo.etcd = etcd_client_options();
-    eo.prefix = o_.etcd.prefix;
-    eo.lease_ttl = o_.etcd.lease_ttl;
+    eo.prefix = options_.etcd.prefix;
+    eo.lease_ttl = options_.etcd.lease_ttl;
     return std::make_unique<EtcdRendezvous>(eo, stop_);
   }
   StoreRendezvousOptions ro;
   static_cast<JoinSettings&>(ro) = join;
-  ro.dynamic = o_.rdzv_backend == RdzvBackend::C10d;
-  ro.master_addr = o_.master_addr;
-  ro.master_port = o_.master_port.value_or(defaults::kMasterPort);
-  ro.endpoint_host = o_.rdzv_endpoint_host;
-  ro.endpoint_port = o_.rdzv_endpoint_port;
-  ro.is_host = o_.rdzv_is_host;
+  ro.dynamic = options_.rdzv_backend == RdzvBackend::C10d;
+  ro.master_addr = options_.master_addr;
+  ro.master_port = options_.master_port.value_or(defaults::kMasterPort);
+  ro.endpoint_host = options_.rdzv_endpoint_host;
+  ro.endpoint_port = options_.rdzv_endpoint_port;
+  ro.is_host = options_.rdzv_is_host;
   ro.token = read_token();
-  ro.token_file = o_.token_file;
-  if (ro.dynamic && o_.min_nodes < o_.max_nodes) {
+  ro.token_file = options_.token_file;
+  if (ro.dynamic && options_.min_nodes < options_.max_nodes) {
     // Elastic: the others re-form without a node they count as lost, so its workers must stop
     // first. (A static job ends when a node is lost: no second group forms.)
     ro.alive = [this] {
       guard_.renew();
       confirm_membership();
     };
-    arm_fence(o_.rdzv_timeouts.keep_alive_interval * o_.rdzv_timeouts.keep_alive_max_attempt);
+    arm_fence(options_.rdzv_timeouts.keep_alive_interval * options_.rdzv_timeouts.keep_alive_max_attempt);
   }
   return std::make_unique<StoreRendezvous>(ro, stop_);
 }
@@ -143,13 +145,13 @@ uint16_t Agent::host_worker_store() {
   worker_store_.reset();
   rdzv::server::ServerOptions so;
   so.host = advertise_addr_;
-  so.port = multi_node_ ? 0 : o_.master_port.value_or(0);
+  so.port = multi_node_ ? 0 : options_.master_port.value_or(0);
   so.log_lifecycle = false;
   so.allowed_peers = resolve_all({advertise_addr_});
   try {
     worker_store_ = std::make_unique<rdzv::server::ServerThread>(so);
   } catch (const ConnectionError& e) {
-    if (!multi_node_ && o_.master_port) throw;  // the user's --master_port: no other port will do
+    if (!multi_node_ && options_.master_port) throw;  // the user's --master_port: no other port will do
     // The workers' address is not one this host can bind (behind NAT, say): listen on every
     // address, with the allow list still in force.
     log::warn("ddprun") << "worker store: " << e.what() << "; listening on every address instead";
@@ -169,28 +171,29 @@ void Agent::make_coordinator() {
   // group's rendezvous is (after the backend, which may host that store on this node), on two
   // connections of its own: one for the heartbeat, one for the requests.
   const auto client = [this]() -> std::unique_ptr<ft::QuorumKv> {
-    if (o_.rdzv_backend == RdzvBackend::Etcd)
-      return std::make_unique<ft::EtcdQuorumKv>(etcd_client_options(), o_.rdzv_timeouts.read_timeout);
+    if (options_.rdzv_backend == RdzvBackend::Etcd)
+      return std::make_unique<ft::EtcdQuorumKv>(etcd_client_options(), options_.rdzv_timeouts.read_timeout);
     rdzv::client::ClientOptions co;
-    co.host = o_.rdzv_endpoint_host;
-    co.port = o_.rdzv_endpoint_port;
-    co.timeout = o_.rdzv_timeouts.read_timeout;
-    co.connect_timeout = o_.rdzv_timeouts.join_timeout;
-    if (const auto token = read_token()) co.credentials = rdzv::core::credentials_for(*token, o_.run_id, o_.token_file);
-    co.refusal_note_key = rdzv::core::refusal_note(o_.run_id);
-    co.outage_tolerance = o_.rdzv_timeouts.store_reconnect_timeout;
+    co.host = options_.rdzv_endpoint_host;
+    co.port = options_.rdzv_endpoint_port;
+    co.timeout = options_.rdzv_timeouts.read_timeout;
+    co.connect_timeout = options_.rdzv_timeouts.join_timeout;
+    if (const auto token = read_token())
+      co.credentials = rdzv::core::credentials_for(*token, options_.run_id, options_.token_file);
+    co.refusal_note_key = rdzv::core::refusal_note(options_.run_id);
+    co.outage_tolerance = options_.rdzv_timeouts.store_reconnect_timeout;
     return std::make_unique<ft::StoreQuorumKv>(std::make_unique<rdzv::client::Client>(co));
   };
   ft::CoordinatorOptions co;
-  co.run_id = o_.run_id;
-  if (o_.rdzv_backend == RdzvBackend::Etcd) co.root = o_.etcd.prefix;
-  co.group = *o_.replica_group;
-  co.rules.min_groups = o_.min_replica_groups;
-  co.rules.join_timeout = o_.quorum_join_timeout;
-  co.heartbeat_timeout = o_.quorum_heartbeat_timeout;
+  co.run_id = options_.run_id;
+  if (options_.rdzv_backend == RdzvBackend::Etcd) co.root = options_.etcd.prefix;
+  co.group = *options_.replica_group;
+  co.rules.min_groups = options_.min_replica_groups;
+  co.rules.join_timeout = options_.quorum_join_timeout;
+  co.heartbeat_timeout = options_.quorum_heartbeat_timeout;
   co.heartbeat_interval =
-      std::max<std::chrono::milliseconds>(o_.quorum_heartbeat_timeout / 10, std::chrono::milliseconds(50));
-  co.progress_interval = o_.progress_interval;
+      std::max<std::chrono::milliseconds>(options_.quorum_heartbeat_timeout / 10, std::chrono::milliseconds(50));
+  co.progress_interval = options_.progress_interval;
   coordinator_ = std::make_unique<ft::Coordinator>(co, client(), client());
   // A worker that fails takes its group out of the quorum at once: the other groups need not wait
   // for the failure report, the worker group's shutdown or the heartbeat timeout.
@@ -200,8 +203,8 @@ void Agent::make_coordinator() {
   // The relay answers every ask within this (with an error when no quorum could be had): a worker
   // waits that long for its quorum before it takes its agent for lost.
   base_env_["DDPRUN_FT_QUORUM_TIMEOUT"] =
-      std::to_string(std::chrono::duration_cast<std::chrono::seconds>(o_.rdzv_timeouts.join_timeout).count());
-  log::info("ddprun") << "replica group " << co.group << " of job '" << o_.run_id << "': at least "
+      std::to_string(std::chrono::duration_cast<std::chrono::seconds>(options_.rdzv_timeouts.join_timeout).count());
+  log::info("ddprun") << "replica group " << co.group << " of job '" << options_.run_id << "': at least "
                       << co.rules.min_groups << " group(s) train each step";
 }
 
@@ -217,7 +220,7 @@ void Agent::start_relay(const World& world) {
   ro.world_size = world.world_size;
   ro.addresses = world.peer_addresses;
   ro.addresses.push_back(advertise_addr_);
-  ro.quorum_timeout = o_.rdzv_timeouts.join_timeout;
+  ro.quorum_timeout = options_.rdzv_timeouts.join_timeout;
   std::vector<std::string> own = ro.addresses;
   ro.allow_peers = [this, own](const std::vector<std::string>& others) {
     std::vector<std::string> all = own;

@@ -59,14 +59,14 @@ std::vector<std::string> worker_command(const LaunchOptions& o, const Environmen
 }
 
 std::string Agent::command_line(size_t most) const {
-  std::string line = o_.program;
-  for (const auto& a : o_.program_args) line += " " + a;
+  std::string line = options_.program;
+  for (const auto& a : options_.program_args) line += " " + a;
   if (line.size() > most) line = line.substr(0, most - 3) + "...";
   return line;
 }
 
 Agent::Agent(const LaunchOptions& o, JobReport& report)
-    : o_(o),
+    : options_(o),
       report_(report),
       multi_node_(is_multi_node(o)),
       base_env_(current_environment()),
@@ -141,10 +141,10 @@ Agent::Agent(const LaunchOptions& o, JobReport& report)
 }
 
 void Agent::start_zygote() {
-  if (o_.preload.empty()) return;
-  const std::vector<std::string> command = worker_command(o_, base_env_);
+  if (options_.preload.empty()) return;
+  const std::vector<std::string> command = worker_command(options_, base_env_);
   if (command.size() < 2 || command[1] != "-u") {
-    log::info("ddprun") << "--preload applies to Python programs (PROGRAM.py, -m MODULE): " << o_.program
+    log::info("ddprun") << "--preload applies to Python programs (PROGRAM.py, -m MODULE): " << options_.program
                         << " is started as it is";
     return;
   }
@@ -154,8 +154,8 @@ void Agent::start_zygote() {
     env["PYTHONPATH"] = python_hook_dir_ + (pp != env.end() && !pp->second.empty() ? ":" + pp->second : "");
   }
   try {
-    zygote_ = std::make_unique<Zygote>(command[0], o_.preload, to_envp(env), (run_dir_.path / "zygote.sock").string(),
-                                       &guard_);
+    zygote_ = std::make_unique<Zygote>(command[0], options_.preload, to_envp(env),
+                                       (run_dir_.path / "zygote.sock").string(), &guard_);
   } catch (const Error& e) {
     log::warn("ddprun") << "--preload: " << e.what() << "; workers start the normal way";
     return;
@@ -171,7 +171,7 @@ SpawnedProcess Agent::spawn_worker(const SpawnRequest& request) {
   if (zygote_) {
     if (!zygote_announced_) {
       std::string modules;
-      for (const std::string& m : o_.preload) modules += (modules.empty() ? "" : ",") + m;
+      for (const std::string& m : options_.preload) modules += (modules.empty() ? "" : ",") + m;
       log::info("ddprun") << "--preload: " << modules << " imported once in " << std::fixed << std::setprecision(2)
                           << zygote_->import_seconds() << " s (zygote pid " << zygote_->pid()
                           << "); workers are forked from it";
@@ -188,12 +188,12 @@ SpawnedProcess Agent::spawn_worker(const SpawnRequest& request) {
 }
 
 void Agent::plan_numa_binding() {
-  if (o_.numa_binding == NumaBinding::Off) return;
+  if (options_.numa_binding == NumaBinding::Off) return;
   // The GPUs of the vendor the ranks use (NVIDIA's unless the job counted AMD's or Intel's).
-  const GpuMaker maker = o_.gpu_vendor == cli::GpuVendor::Amd     ? GpuMaker::Amd
-                         : o_.gpu_vendor == cli::GpuVendor::Intel ? GpuMaker::Intel
-                                                                  : GpuMaker::Nvidia;
-  const Topology topology = read_topology(o_.topology_root, allowed_cpus(), maker);
+  const GpuMaker maker = options_.gpu_vendor == cli::GpuVendor::Amd     ? GpuMaker::Amd
+                         : options_.gpu_vendor == cli::GpuVendor::Intel ? GpuMaker::Intel
+                                                                        : GpuMaker::Nvidia;
+  const Topology topology = read_topology(options_.topology_root, allowed_cpus(), maker);
   const auto env = [this](const std::string& name) -> std::optional<std::string> {
     if (auto it = base_env_.find(name); it != base_env_.end()) return it->second;
     return std::nullopt;
@@ -201,9 +201,10 @@ void Agent::plan_numa_binding() {
   std::string why;
   const auto gpus = visible_gpus_of(topology, maker, env, &why);
   if (!gpus) log::warn("ddprun") << "--numa_binding: " << why << "; the workers are placed as CPU workers";
-  placements_ = place_ranks(topology, o_.numa_binding, o_.nproc_per_node, gpus.value_or(std::vector<int>{}));
+  placements_ =
+      place_ranks(topology, options_.numa_binding, options_.nproc_per_node, gpus.value_or(std::vector<int>{}));
   omp_threads_per_rank_ = base_env_.find("OMP_NUM_THREADS") == base_env_.end();
-  const std::string mode = numa_binding_name(o_.numa_binding);
+  const std::string mode = numa_binding_name(options_.numa_binding);
   for (size_t lr = 0; lr < placements_.size(); ++lr) {
     const RankPlacement& p = placements_[lr];
     log::info("ddprun") << "--numa_binding " << mode << ": local rank " << lr << " on CPUs " << format_cpu_list(p.cpus)

@@ -134,7 +134,7 @@ class Agent {
   void print_rates();
   void show_hang_report(const World& world, const RoundEnd& end);
 
-  const LaunchOptions& o_;
+  const LaunchOptions& options_;
   JobReport& report_;
   const bool multi_node_;
   StopSignal stop_;

@@ -117,7 +117,7 @@ std::string outcome_name(RoundEnd::Kind kind) {
 }
 
 JobReport::JobReport(const LaunchOptions& o, std::string host, std::string path, bool multi_node)
-    : o_(o), host_(std::move(host)), path_(std::move(path)), multi_node_(multi_node) {}
+    : options_(o), host_(std::move(host)), path_(std::move(path)), multi_node_(multi_node) {}
 
 void JobReport::rendezvous_began(int round, int restart) {
   Attempt a;
@@ -191,7 +191,7 @@ json JobReport::attempt_json(const Attempt& a) const {
   j["node_rank"] = w ? json(w->group_rank) : json(nullptr);
   j["nnodes"] = w ? json(w->group_world_size) : json(nullptr);
   j["world_size"] = w ? json(w->world_size) : json(nullptr);
-  j["ranks"] = w ? json{w->rank_offset, w->rank_offset + o_.nproc_per_node - 1} : json(nullptr);
+  j["ranks"] = w ? json{w->rank_offset, w->rank_offset + options_.nproc_per_node - 1} : json(nullptr);
   j["master_addr"] = w ? json(w->master_addr) : json(nullptr);
   j["master_port"] = w ? json(w->master_port) : json(nullptr);
   return j;
@@ -232,11 +232,11 @@ json JobReport::to_json() const {
   json hang = hang_json();
   int restarts = 0;
   for (const Attempt& a : attempts_) restarts = std::max(restarts, a.restart);
-  json args = o_.program_args;
+  json args = options_.program_args;
   return {{"schema", kReportSchema},
           {"ddprun_version", DDPRUN_VERSION},
-          {"job_id", o_.run_id},
-          {"program", o_.program},
+          {"job_id", options_.run_id},
+          {"program", options_.program},
           {"args", std::move(args)},
           {"host", host_},
           {"pid", static_cast<int>(::getpid())},
@@ -247,16 +247,16 @@ json JobReport::to_json() const {
           {"ended_at", time_or_null(ended_)},
           {"duration_s", finished_ ? json(seconds_between(began_, ended_)) : json(nullptr)},
           {"nodes",
-           {{"min", o_.min_nodes},
-            {"max", o_.max_nodes},
+           {{"min", options_.min_nodes},
+            {"max", options_.max_nodes},
             {"count", last ? json(last->group_world_size) : json(nullptr)},
             {"this_node_rank", last ? json(last->group_rank) : json(nullptr)},
-            {"rdzv_backend", rdzv_backend_name(o_.rdzv_backend)},
+            {"rdzv_backend", rdzv_backend_name(options_.rdzv_backend)},
             {"multi_node", multi_node_}}},
-          {"nproc_per_node", o_.nproc_per_node},
+          {"nproc_per_node", options_.nproc_per_node},
           {"world_size", last ? json(last->world_size) : json(nullptr)},
           {"restarts", restarts},
-          {"max_restarts", o_.max_restarts},
+          {"max_restarts", options_.max_restarts},
           {"attempts", std::move(attempts)},
           {"root_cause", std::move(root_cause)},
           {"other_failures", std::move(failures)},

@@ -82,7 +82,7 @@ class JobReport {
   nlohmann::json root_cause_json(nlohmann::json& others) const;
   nlohmann::json hang_json() const;
 
-  const LaunchOptions& o_;
+  const LaunchOptions& options_;
   std::string host_;
   std::string path_;
   bool multi_node_;

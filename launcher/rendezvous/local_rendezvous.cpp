@@ -4,7 +4,7 @@
 
 #include "common/errors.hpp"
 #include "common/system.hpp"
-#include "launcher/rendezvous/rendezvous_values.hpp"
+#include "launcher/rendezvous/round_records.hpp"
 
 namespace ddprun::launcher::rendezvous {
 

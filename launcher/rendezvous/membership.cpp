@@ -5,7 +5,7 @@
 #include <algorithm>
 #include <climits>
 
-#include "launcher/rendezvous/rendezvous_values.hpp"  // now_ms
+#include "common/system.hpp"
 
 namespace ddprun::launcher::rendezvous {
 

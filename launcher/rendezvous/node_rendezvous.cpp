@@ -5,7 +5,7 @@
 #include "common/errors.hpp"
 #include "common/log.hpp"
 #include "common/system.hpp"
-#include "launcher/rendezvous/rendezvous_values.hpp"
+#include "launcher/rendezvous/round_records.hpp"
 
 namespace ddprun::launcher::rendezvous {
 

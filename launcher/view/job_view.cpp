@@ -5,14 +5,13 @@
 #include <limits>
 
 #include "common/prometheus.hpp"
-#include "launcher/rendezvous/rendezvous_values.hpp"  // now_ms
+#include "common/system.hpp"
 #include "rendezvous/server/web_page.hpp"
 
 namespace ddprun::launcher::view {
 
 using json = nlohmann::json;
 using rdzv::server::rounded;
-using rendezvous::now_ms;
 
 namespace {
 

@@ -11,7 +11,7 @@
 #include "common/log.hpp"
 #include "common/procfs.hpp"
 #include "common/unique_fd.hpp"
-#include "launcher/watchdog/watchdog_parts.hpp"
+#include "launcher/watchdog/rank_state.hpp"
 
 namespace ddprun::launcher::watchdog {
 

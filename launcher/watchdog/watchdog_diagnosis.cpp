@@ -8,7 +8,7 @@
 #include "common/procfs.hpp"
 #include "common/system.hpp"
 #include "launcher/watchdog/stacks.hpp"
-#include "launcher/watchdog/watchdog_parts.hpp"
+#include "launcher/watchdog/rank_state.hpp"
 
 namespace ddprun::launcher::watchdog {
 

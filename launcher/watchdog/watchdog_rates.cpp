@@ -5,12 +5,10 @@
 #include <cmath>
 
 #include "common/log.hpp"
-#include "launcher/rendezvous/rendezvous_values.hpp"  // now_ms
-#include "launcher/watchdog/watchdog_parts.hpp"
+#include "common/system.hpp"
+#include "launcher/watchdog/rank_state.hpp"
 
 namespace ddprun::launcher::watchdog {
-
-using rendezvous::now_ms;
 
 using json = nlohmann::json;
 using watchdog_detail::Clock;

@@ -7,6 +7,7 @@
 #include <limits>
 
 #include "common/json_fields.hpp"
+#include "common/system.hpp"
 #include "rendezvous/core/job_namespace.hpp"
 #include "rendezvous/daemon/job_summary.hpp"
 #include "rendezvous/jobs/job_keys.hpp"
@@ -23,11 +24,6 @@ namespace names = jobs::round_names;
 namespace {
 
 constexpr float kNone = std::numeric_limits<float>::quiet_NaN();
-
-int64_t wall_ms() {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
-      .count();
-}
 
 bool starts_with(std::string_view s, std::string_view prefix) { return s.substr(0, prefix.size()) == prefix; }
 
@@ -109,7 +105,7 @@ void JobsPage::on_once(std::string_view token, int64_t result) {
 
 void JobsPage::catch_up() {
   posted_ = false;
-  const int64_t now = wall_ms();
+  const int64_t now = now_ms();
   std::vector<std::string> keys;
   keys.swap(pending_);
   pending_set_.clear();
@@ -122,22 +118,22 @@ void JobsPage::catch_up() {
   }
 }
 
-JobsPage::JobTrack* JobsPage::track(const std::string& run_id, int64_t generation, int64_t now_ms) {
+JobsPage::JobTrack* JobsPage::track(const std::string& run_id, int64_t generation, int64_t now) {
   JobTrack& t = jobs_[run_id];
   if (generation < t.generation) return nullptr;  // an older run's key, read late
   if (generation > t.generation) {
     // A new run of the job id: its own page.
     t = JobTrack{};
     t.generation = generation;
-    t.state_since_ms = now_ms;
-    event(t, now_ms, "start", "run " + std::to_string(generation) + " of job " + run_id + " began");
+    t.state_since_ms = now;
+    event(t, now, "start", "run " + std::to_string(generation) + " of job " + run_id + " began");
   }
   t.touched = ++changes_;
   return &t;
 }
 
-void JobsPage::event(JobTrack& t, int64_t now_ms, std::string kind, std::string text) {
-  json e{{"t_ms", now_ms}, {"kind", std::move(kind)}, {"text", std::move(text)}};
+void JobsPage::event(JobTrack& t, int64_t now, std::string kind, std::string text) {
+  json e{{"t_ms", now}, {"kind", std::move(kind)}, {"text", std::move(text)}};
   if (t.first_event.is_null()) {
     t.first_event = std::move(e);
     return;
@@ -149,7 +145,7 @@ void JobsPage::event(JobTrack& t, int64_t now_ms, std::string kind, std::string 
   }
 }
 
-void JobsPage::apply(std::string_view key, const std::string* value, int64_t now_ms) {
+void JobsPage::apply(std::string_view key, const std::string* value, int64_t now) {
   const auto parsed = jobs::parse_key(key, nullptr);
   if (!parsed || !followed(parsed->name)) return;
   if (!parsed->generation) {
@@ -158,7 +154,7 @@ void JobsPage::apply(std::string_view key, const std::string* value, int64_t now
     return;
   }
   if (!value) return;  // deleted
-  JobTrack* t = track(parsed->run_id, *parsed->generation, now_ms);
+  JobTrack* t = track(parsed->run_id, *parsed->generation, now);
   if (!t) return;
   const std::string& name = parsed->name;
   const std::string round = parsed->round ? "round " + std::to_string(*parsed->round) + ": " : "";
@@ -172,9 +168,9 @@ void JobsPage::apply(std::string_view key, const std::string* value, int64_t now
       RankTrack& rt = t->ranks[rate->rank];
       // The nodes' period, as the daemon sees their records arrive (a record's own span is shorter
       // at the start of a run).
-      if (rt.at_ms > 0 && now_ms > rt.at_ms) t->period_s = static_cast<double>(now_ms - rt.at_ms) / 1e3;
+      if (rt.at_ms > 0 && now > rt.at_ms) t->period_s = static_cast<double>(now - rt.at_ms) / 1e3;
       rt.latest = *rate;
-      rt.at_ms = now_ms;
+      rt.at_ms = now;
       rt.recent.push_back(*rate);
       while (rt.recent.size() > 1 && span_of(rt.recent, 1) >= kWindowSeconds) rt.recent.pop_front();
       float ms = kNone;
@@ -192,21 +188,21 @@ void JobsPage::apply(std::string_view key, const std::string* value, int64_t now
     const std::string who = starts_with(name, names::kNode)
                                 ? "node " + name.substr(names::kNode.size()) + " (" + node->host + ")"
                                 : node->host;
-    event(*t, now_ms, "nodes",
+    event(*t, now, "nodes",
           round + who + " joined (" + std::to_string(node->nproc) + " worker" + (node->nproc == 1 ? "" : "s") +
               (node->restarts > 0 ? ", " + std::to_string(node->restarts) + " restarts so far" : "") + ")");
   } else if (name == names::kComplete || name == names::kClosed) {
-    event(*t, now_ms, "rendezvous", round + "every node is in: the workers start");
-    t->state_since_ms = now_ms;
+    event(*t, now, "rendezvous", round + "every node is in: the workers start");
+    t->state_since_ms = now;
   } else if (name == names::kHang) {
-    event(*t, now_ms, "hang", round + "no rank progressed: node " + *value + " diagnoses the hang");
+    event(*t, now, "hang", round + "no rank progressed: node " + *value + " diagnoses the hang");
   } else if (name == names::kEnd || name == jobs::job_names::kEnded) {
     const jobs::Outcome o = jobs::decode_outcome(*value);
     const bool final = name == jobs::job_names::kEnded;
     std::string text = round + std::string(jobs::state_name(o.kind));
     if (!o.detail.empty()) text += ": " + o.detail;
-    event(*t, now_ms, final ? "exit" : o.kind == jobs::Outcome::Kind::Success ? "end" : "restart", text);
-    t->state_since_ms = now_ms;
+    event(*t, now, final ? "exit" : o.kind == jobs::Outcome::Kind::Success ? "end" : "restart", text);
+    t->state_since_ms = now;
   }
 }
 
@@ -214,11 +210,11 @@ bool JobsPage::may_look(const boost::asio::ip::address& peer) const {
   return server::from_this_host(peer) || (!server_.protected_store() && server_.admits(peer));
 }
 
-json JobsPage::jobs(int64_t now_ms) {
+json JobsPage::jobs(int64_t now) {
   catch_up();
   std::vector<std::pair<std::string, std::string>> entries;
   server_.store().for_each(core::kRoot, [&](std::string_view k, const std::string& v) { entries.emplace_back(k, v); });
-  const json summary = summarize_jobs(entries, now_ms);
+  const json summary = summarize_jobs(entries, now);
   // The latest run of each job id.
   std::map<std::string, const json*> latest;
   for (const json& j : summary["jobs"]) {
@@ -237,24 +233,24 @@ json JobsPage::jobs(int64_t now_ms) {
               {"world_size", j->value("world_size", 0)},
               {"stragglers", 0},
               {"ranks_reporting", 0}};
-    if (auto view = job(id, now_ms)) {
+    if (auto view = job(id, now)) {
       line["stragglers"] = (*view)["stragglers"];
       line["ranks_reporting"] = (*view)["ranks_here"];
       line["restarts"] = (*view)["restarts"];
     }
     list.push_back(std::move(line));
   }
-  return {{"schema", "ddprun-jobs/1"}, {"time_ms", now_ms}, {"jobs", std::move(list)}};
+  return {{"schema", "ddprun-jobs/1"}, {"time_ms", now}, {"jobs", std::move(list)}};
 }
 
-std::optional<json> JobsPage::job(const std::string& run_id, int64_t now_ms) {
+std::optional<json> JobsPage::job(const std::string& run_id, int64_t now) {
   catch_up();
   std::string why;
   if (!core::valid_run_id(run_id, &why)) return std::nullopt;
   std::vector<std::pair<std::string, std::string>> entries;
   server_.store().for_each(core::job_prefix(run_id),
                            [&](std::string_view k, const std::string& v) { entries.emplace_back(k, v); });
-  const json summary = summarize_jobs(entries, now_ms);
+  const json summary = summarize_jobs(entries, now);
   const json* found = nullptr;
   for (const json& j : summary["jobs"]) {
     if (j.value("run_id", "") != run_id) continue;
@@ -289,7 +285,7 @@ std::optional<json> JobsPage::job(const std::string& run_id, int64_t now_ms) {
     r.node = rt.latest.node;
     r.reports = true;
     // Alive while the job runs and its node keeps publishing (three periods' grace).
-    const double age_s = static_cast<double>(now_ms - rt.at_ms) / 1e3;
+    const double age_s = static_cast<double>(now - rt.at_ms) / 1e3;
     r.alive = state == "running" && age_s < 3 * t.period_s + 5;
     r.step = rt.latest.step.value_or(0);
     r.idle_seconds = rt.latest.idle_seconds ? *rt.latest.idle_seconds + std::max(0.0, age_s) : std::max(0.0, age_s);
@@ -344,7 +340,7 @@ std::optional<json> JobsPage::job(const std::string& run_id, int64_t now_ms) {
   }
   return json{{"schema", "ddprun-job-view/1"},
               {"source", "daemon"},
-              {"time_ms", now_ms},
+              {"time_ms", now},
               {"run_id", run_id},
               {"generation", generation},
               {"host", ""},
@@ -355,7 +351,7 @@ std::optional<json> JobsPage::job(const std::string& run_id, int64_t now_ms) {
                {{"name", state},
                 {"detail", detail},
                 {"ok", good_state(state)},
-                {"seconds", t.state_since_ms > 0 ? (now_ms - t.state_since_ms) / 1000 : 0}}},
+                {"seconds", t.state_since_ms > 0 ? (now - t.state_since_ms) / 1000 : 0}}},
               {"round", s.value("round", int64_t{-1})},
               {"restarts", restarts},
               {"world_size", s.value("world_size", 0)},
@@ -383,7 +379,7 @@ std::optional<HttpReply> JobsPage::serve(const HttpRequest& request) {
                                   : "the jobs' page is for the peers this store admits");
   }
   if (auto file = server::page_file(path)) return file;
-  const int64_t now = wall_ms();
+  const int64_t now = now_ms();
   if (path == "/api/jobs") return server::json_reply(jobs(now));
   const std::string id = server::query_value(request.target, "job");
   if (path == "/ui" && id.empty())

@@ -62,9 +62,9 @@ class JobsPage : public core::ChangeObserver {
   // first).
   void catch_up();
   // "ddprun-jobs/1": every job on the store, its latest run.
-  nlohmann::json jobs(int64_t now_ms);
+  nlohmann::json jobs(int64_t now);
   // "ddprun-job-view/1" of the latest run of `run_id`; nullopt when the store holds no such job.
-  std::optional<nlohmann::json> job(const std::string& run_id, int64_t now_ms);
+  std::optional<nlohmann::json> job(const std::string& run_id, int64_t now);
   // The answer for /ui, /ui.js, /ui.css, /api/jobs and /api/job; nullopt for any other path.
   std::optional<server::HttpReply> serve(const server::HttpRequest& request);
 
@@ -85,9 +85,9 @@ class JobsPage : public core::ChangeObserver {
     uint64_t touched = 0;        // the page's change count when it last changed (the oldest goes first)
     int64_t state_since_ms = 0;  // the latest start, round closed or end seen
   };
-  JobTrack* track(const std::string& run_id, int64_t generation, int64_t now_ms);
-  void apply(std::string_view key, const std::string* value, int64_t now_ms);
-  void event(JobTrack& t, int64_t now_ms, std::string kind, std::string text);
+  JobTrack* track(const std::string& run_id, int64_t generation, int64_t now);
+  void apply(std::string_view key, const std::string* value, int64_t now);
+  void event(JobTrack& t, int64_t now, std::string kind, std::string text);
   bool may_look(const boost::asio::ip::address& peer) const;
 
   boost::asio::io_context& io_;

@@ -13,6 +13,7 @@
 #include "common/errors.hpp"
 #include "common/log.hpp"
 #include "common/procfs.hpp"
+#include "common/system.hpp"
 #include "common/prometheus.hpp"
 #include "rendezvous/jobs/job_keys.hpp"
 #include "rendezvous/daemon/job_summary.hpp"
@@ -98,14 +99,12 @@ std::string render_metrics(const server::Server& server) {
   // ddprun jobs, by state (every state listed, so that a dashboard sees zeros too).
   std::vector<std::pair<std::string, std::string>> entries;
   store.for_each(core::kRoot, [&](std::string_view k, const std::string& v) { entries.emplace_back(k, v); });
-  const auto now_ms =
-      std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
-          .count();
+  const int64_t now = now_ms();
   std::map<std::string, int> by_state;
   for (const char* s : {"joining", "running", "succeeded", "failed", "stopped", "node_lost", "re-rendezvous", "hung"}) {
     by_state[s] = 0;
   }
-  const auto summary = summarize_jobs(entries, now_ms);
+  const auto summary = summarize_jobs(entries, now);
   for (const auto& job : summary["jobs"]) ++by_state[job.value("state", "joining")];
   e.family("ddprun_store_jobs", "gauge", "ddprun jobs (one per run of a job id) known to the store, by state.");
   for (const auto& [state, n] : by_state) e.sample("ddprun_store_jobs", n, label("state", state));

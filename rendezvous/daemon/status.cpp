@@ -2,6 +2,7 @@
 
 #include <chrono>
 
+#include "common/system.hpp"
 #include "rendezvous/jobs/job_keys.hpp"
 #include "rendezvous/daemon/job_summary.hpp"
 
@@ -27,10 +28,7 @@ json store_status(client::Client& client) {
     const auto values = client.multi_get_now(slice);
     for (size_t j = 0; j < slice.size(); ++j) entries.emplace_back(slice[j], values[j]);
   }
-  const int64_t now_ms =
-      std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
-          .count();
-  json summary = summarize_jobs(entries, now_ms);
+  json summary = summarize_jobs(entries, now_ms());
   json out = {{"endpoint", client.endpoint()}, {"keys", keys.size()}, {"jobs", std::move(summary["jobs"])}};
   if (!summary["fault_tolerant_jobs"].empty()) out["fault_tolerant_jobs"] = std::move(summary["fault_tolerant_jobs"]);
   if (!summary["skipped"].empty()) out["skipped"] = std::move(summary["skipped"]);

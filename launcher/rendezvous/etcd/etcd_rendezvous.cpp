@@ -8,7 +8,7 @@
 #include "common/errors.hpp"
 #include "common/log.hpp"
 #include "common/numbers.hpp"
-#include "launcher/rendezvous/rendezvous_values.hpp"
+#include "launcher/rendezvous/round_records.hpp"
 
 namespace ddprun::launcher::rendezvous::etcd {
 
@@ -92,7 +92,7 @@ EtcdRendezvous::~EtcdRendezvous() {
   }
 }
 
-etcd::Client::Deadline EtcdRendezvous::soon() const {
+etcd::Client::Deadline EtcdRendezvous::request_deadline() const {
   // Long enough to ride out a leader election and a member or two that are down.
   return etcd::Client::after(std::max<std::chrono::milliseconds>(options_.lease_ttl, std::chrono::seconds(10)));
 }
@@ -142,12 +142,12 @@ int64_t EtcdRendezvous::choose_generation(const StopSignal& stop) {
       throw ProtocolError("the etcd key " + counter + " holds '" + v.substr(0, 40) + "', not a generation");
     return *g;
   };
-  int64_t g = number(client_->create_or_get(counter, "1", 0, soon()));
+  int64_t g = number(client_->create_or_get(counter, "1", 0, request_deadline()));
   for (;;) {
     if (stop.requested()) throw StopRequested(stop.signo());
     const rdzv::jobs::JobKeys run = keys(g);
     const std::string& prefix = run.prefix();
-    const etcd::RangeResult r = client_->get_prefix(prefix, soon(), /*keys_only=*/true);
+    const etcd::RangeResult r = client_->get_prefix(prefix, request_deadline(), /*keys_only=*/true);
     bool ended = false, live = false;
     for (const auto& kv : r.kvs) {
       ended = ended || kv.key == run.ended();
@@ -157,11 +157,11 @@ int64_t EtcdRendezvous::choose_generation(const StopSignal& stop) {
     // That run is over (or all its agents are gone): this is a new run of the job id.
     const etcd::TxnResult t =
         client_->txn({etcd::Compare::value_is(counter, std::to_string(g))},
-                     {etcd::Op::put(counter, std::to_string(g + 1))}, {etcd::Op::get(counter)}, soon());
+                     {etcd::Op::put(counter, std::to_string(g + 1))}, {etcd::Op::get(counter)}, request_deadline());
     log::info("ddprun") << "job '" << options_.run_id << "': generation " << g
                         << (ended ? " has ended" : " was left by agents that are gone") << "; moving on";
     if (t.succeeded) {
-      client_->erase(prefix, etcd::prefix_end(prefix), soon());  // its leftovers
+      client_->erase(prefix, etcd::prefix_end(prefix), request_deadline());  // its leftovers
       g += 1;
     } else if (!t.ranges.empty() && !t.ranges[0].kvs.empty()) {
       g = number(t.ranges[0].kvs[0].value);  // another agent moved it on first
@@ -170,31 +170,32 @@ int64_t EtcdRendezvous::choose_generation(const StopSignal& stop) {
 }
 
 int EtcdRendezvous::first_round(const StopSignal&) {
-  const etcd::RangeResult r = client_->get(keys().current_round(), soon());
+  const etcd::RangeResult r = client_->get(keys().current_round(), request_deadline());
   if (r.kvs.empty()) return 0;
   const auto round = to_int(r.kvs[0].value);
   return round && *round >= 0 ? static_cast<int>(*round) : 0;
 }
 
 std::optional<std::string> EtcdRendezvous::read(const std::string& key) {
-  const etcd::RangeResult r = client_->get(key, soon());
+  const etcd::RangeResult r = client_->get(key, request_deadline());
   if (r.kvs.empty()) return std::nullopt;
   return r.kvs[0].value;
 }
 
 std::string EtcdRendezvous::create_or_get(const std::string& key, const std::string& value) {
-  return client_->create_or_get(key, value, 0, soon());
+  return client_->create_or_get(key, value, 0, request_deadline());
 }
 
 int64_t EtcdRendezvous::tally(int round, Tally what, bool count_me) {
   // A key per node under the set's prefix; the put comes before the count.
-  const std::string set = what == Tally::Finished ? rk(round).finished_all() : keys().left_all();
-  if (count_me) client_->put(set + agent_id_, "1", 0, soon());
-  return static_cast<int64_t>(client_->get_prefix(set, soon(), /*keys_only=*/true).kvs.size());
+  const std::string set = what == Tally::Finished ? round_keys(round).finished_all() : keys().left_all();
+  if (count_me) client_->put(set + agent_id_, "1", 0, request_deadline());
+  return static_cast<int64_t>(client_->get_prefix(set, request_deadline(), /*keys_only=*/true).kvs.size());
 }
 
 int64_t EtcdRendezvous::joined_nodes(int round) {
-  return static_cast<int64_t>(client_->get_prefix(rk(round).members(), soon(), /*keys_only=*/true).kvs.size());
+  return static_cast<int64_t>(
+      client_->get_prefix(round_keys(round).members(), request_deadline(), /*keys_only=*/true).kvs.size());
 }
 
 void EtcdRendezvous::forget_generation() {
@@ -202,10 +203,10 @@ void EtcdRendezvous::forget_generation() {
   // goes a day later (a lease of its own), as the daemon forgets job ids: a run after that starts
   // again at generation 1, in a namespace nothing is left in.
   const std::string counter = rdzv::jobs::JobKeys::generation_counter(options_.run_id, options_.prefix);
-  const int64_t counter_lease = client_->lease_grant(kForgetJobAfter, soon());
+  const int64_t counter_lease = client_->lease_grant(kForgetJobAfter, request_deadline());
   client_->txn({etcd::Compare::value_is(counter, std::to_string(generation_))},
-               {etcd::Op::put(counter, std::to_string(generation_ + 1), counter_lease)}, {}, soon());
-  client_->erase(gen_prefix(), etcd::prefix_end(gen_prefix()), soon());
+               {etcd::Op::put(counter, std::to_string(generation_ + 1), counter_lease)}, {}, request_deadline());
+  client_->erase(gen_prefix(), etcd::prefix_end(gen_prefix()), request_deadline());
 }
 
 void EtcdRendezvous::check_lease() const {
@@ -253,23 +254,23 @@ class EtcdKeyWait final : public NodeRendezvous::KeyWait {
 }  // namespace
 
 std::unique_ptr<NodeRendezvous::KeyWait> EtcdRendezvous::wait_for_key(const std::string& key) {
-  return std::make_unique<EtcdKeyWait>(*client_, key, soon(), options_.lease_ttl);
+  return std::make_unique<EtcdKeyWait>(*client_, key, request_deadline(), options_.lease_ttl);
 }
 
 class EtcdRendezvous::Watch final : public NodeRendezvous::RoundWatch {
  public:
-  Watch(EtcdRendezvous& r, int round) : r_(r), rk_(r.rk(round)) {}
+  Watch(EtcdRendezvous& r, int round) : r_(r), rk_(r.round_keys(round)) {}
 
   Event next() override {
     Event ev;
     if (!watch_) {
       // Started on the watcher's thread: the round's keys as of one revision, then a watch from
       // the next one (a watch whose member goes away resumes on another from where it was).
-      const etcd::RangeResult now = r_.client_->get_prefix(rk_.prefix(), r_.soon(), true);
+      const etcd::RangeResult now = r_.client_->get_prefix(rk_.prefix(), r_.request_deadline(), true);
       std::vector<std::string> present;
       for (const etcd::KeyValue& kv : now.kvs) {
         if (kv.key == rk_.end()) {
-          ev.end = r_.client_->get(kv.key, r_.soon()).kvs.at(0).value;
+          ev.end = r_.client_->get(kv.key, r_.request_deadline()).kvs.at(0).value;
           return ev;
         }
         present.push_back(kv.key);

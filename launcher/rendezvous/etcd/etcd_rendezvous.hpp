@@ -87,13 +87,12 @@ class EtcdRendezvous final : public NodeRendezvous {
   rdzv::jobs::JobKeys keys(int64_t generation) const { return {options_.run_id, generation, options_.prefix}; }
   rdzv::jobs::JobKeys keys() const { return keys(generation_); }
   std::string gen_prefix() const { return keys().prefix(); }
-  rdzv::jobs::RoundKeys rk(int round) const { return keys().round(round); }
-  etcd::Client::Deadline soon() const;  // a deadline for one ordinary request
+  etcd::Client::Deadline request_deadline() const;  // a deadline for one ordinary request
 
   int64_t choose_generation(const StopSignal& stop);
   void keep_lease_alive();
   // The round protocol's key-value interface (node_rendezvous.hpp) on etcd.
-  rdzv::jobs::RoundKeys round_keys(int round) const override { return rk(round); }
+  rdzv::jobs::RoundKeys round_keys(int round) const override { return keys().round(round); }
   std::string ended_key() const override { return keys().ended(); }
   std::optional<std::string> read(const std::string& key) override;  // a range of one key
   // A transaction: put if the key's create revision is 0, else read it.

@@ -10,7 +10,7 @@
 #include "common/log.hpp"
 #include "common/numbers.hpp"
 #include "launcher/rendezvous/etcd/etcd_rendezvous.hpp"
-#include "launcher/rendezvous/rendezvous_values.hpp"
+#include "launcher/rendezvous/round_records.hpp"
 
 namespace ddprun::launcher::rendezvous::etcd {
 
@@ -54,16 +54,16 @@ void EtcdRendezvous::close_round(int round, std::vector<Joiner> joined) {
   if (static_cast<int>(joined.size()) > options_.max_nodes) joined.resize(static_cast<size_t>(options_.max_nodes));
   rdzv::jobs::ClosedRound closed;
   for (auto& m : joined) closed.members.push_back(std::move(m.record));
-  client_->create_or_get(rk(round).closed(), rdzv::jobs::encode(closed), 0, soon());
+  client_->create_or_get(round_keys(round).closed(), rdzv::jobs::encode(closed), 0, request_deadline());
 }
 
 std::optional<RoundEnd> EtcdRendezvous::wait_round(
     int round, const StopSignal& stop, const std::function<bool(const std::vector<etcd::KeyValue>&)>& ready,
     const std::function<std::string(const std::vector<etcd::KeyValue>&)>& progress) {
-  const std::string prefix = rk(round).prefix();
-  const std::string end_key = rk(round).end();
+  const std::string prefix = round_keys(round).prefix();
+  const std::string end_key = round_keys(round).end();
   // The round's keys as of one revision, then kept current by a watch from the next one.
-  const etcd::RangeResult snapshot = client_->get_prefix(prefix, soon());
+  const etcd::RangeResult snapshot = client_->get_prefix(prefix, request_deadline());
   std::map<std::string, etcd::KeyValue> state;
   std::vector<std::string> present;
   for (const auto& kv : snapshot.kvs) {
@@ -103,17 +103,17 @@ std::variant<World, RoundEnd> EtcdRendezvous::join(int round, int nproc, const W
     rdzv::jobs::NodeRecord me = this_node(options_.host, options_.advertise_addr, nproc, options_.max_nodes);
     me.hint = options_.node_rank;
     me.restarts = restarts();
-    const std::string member_key = rk(round).member(agent_id_);
-    client_->put(member_key, rdzv::jobs::encode(me), lease_, soon());  // gone with this agent's lease
+    const std::string member_key = round_keys(round).member(agent_id_);
+    client_->put(member_key, rdzv::jobs::encode(me), lease_, request_deadline());  // gone with this agent's lease
     // Only after a key on a live lease: a generation with keys but none on a live lease is one
     // whose agents are all gone (choose_generation).
-    client_->put(keys().current_round(), std::to_string(round), 0, soon());
+    client_->put(keys().current_round(), std::to_string(round), 0, request_deadline());
     log::info("ddprun") << "joined round " << round << " of job '" << options_.run_id << "' (generation " << generation_
                         << ") on etcd (--nnodes " << options_.min_nodes << ":" << options_.max_nodes << ")";
     joined(round,
            "on etcd (--nnodes " + std::to_string(options_.min_nodes) + ":" + std::to_string(options_.max_nodes) + ")");
-    const std::string member_prefix = rk(round).members();
-    const std::string closed_key = rk(round).closed();
+    const std::string member_prefix = round_keys(round).members();
+    const std::string closed_key = round_keys(round).closed();
     std::optional<Clock::time_point> enough_since;
     auto count_members = [&](const std::vector<etcd::KeyValue>& kvs) {
       return std::count_if(kvs.begin(), kvs.end(), [&](auto& kv) { return kv.key.rfind(member_prefix, 0) == 0; });
@@ -139,10 +139,11 @@ std::variant<World, RoundEnd> EtcdRendezvous::join(int round, int nproc, const W
              std::to_string(options_.max_nodes) + ")";
     };
     if (auto ended = wait_round(round, stop, ready, progress)) return *ended;
-    const Membership closed(read_closed_round(closed_key, client_->get(closed_key, soon()).kvs.at(0).value).members);
+    const Membership closed(
+        read_closed_round(closed_key, client_->get(closed_key, request_deadline()).kvs.at(0).value).members);
     const int mine = closed.group_rank_of(agent_id_);
     if (mine < 0) {
-      client_->erase(member_key, "", soon());
+      client_->erase(member_key, "", request_deadline());
       if (!elastic() || closed.size() >= options_.max_nodes) {
         throw ConfigError("job '" + options_.run_id + "' is running with " + std::to_string(closed.size()) +
                           " node(s) (--nnodes " + std::to_string(options_.min_nodes) + ":" +
@@ -155,11 +156,11 @@ std::variant<World, RoundEnd> EtcdRendezvous::join(int round, int nproc, const W
       ++round;
       continue;
     }
-    const std::string store_key = rk(round).worker_store();
+    const std::string store_key = round_keys(round).worker_store();
     if (mine == 0) {
       const uint16_t port = host_worker_store();
       client_->put(store_key, rdzv::jobs::encode(rdzv::jobs::WorkerStoreRecord{options_.advertise_addr, port}), 0,
-                   soon());
+                   request_deadline());
     }
     auto stored = [&](const std::vector<etcd::KeyValue>& kvs) {
       return std::any_of(kvs.begin(), kvs.end(), [&](auto& kv) { return kv.key == store_key; });
@@ -168,9 +169,9 @@ std::variant<World, RoundEnd> EtcdRendezvous::join(int round, int nproc, const W
       return std::string("waiting for node 0 to start the worker store");
     };
     if (auto ended = wait_round(round, stop, stored, waiting_for_store)) return *ended;
-    return adopt(
-        world_of(round, closed, mine, read_worker_store(store_key, client_->get(store_key, soon()).kvs.at(0).value)),
-        closed);
+    return adopt(world_of(round, closed, mine,
+                          read_worker_store(store_key, client_->get(store_key, request_deadline()).kvs.at(0).value)),
+                 closed);
   }
 }
 
@@ -269,7 +270,7 @@ class EtcdProgressChannel final : public ProgressChannel {
 }  // namespace
 
 std::unique_ptr<ProgressChannel> EtcdRendezvous::open_progress_channel(int round, int node, int nodes) {
-  return std::make_unique<EtcdProgressChannel>(options_.etcd, rk(round), node, nodes);
+  return std::make_unique<EtcdProgressChannel>(options_.etcd, round_keys(round), node, nodes);
 }
 
 }  // namespace ddprun::launcher::rendezvous::etcd

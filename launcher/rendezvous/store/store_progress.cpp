@@ -7,7 +7,7 @@
 
 #include "common/log.hpp"
 #include "common/numbers.hpp"
-#include "launcher/rendezvous/rendezvous_values.hpp"
+#include "launcher/rendezvous/round_records.hpp"
 #include "launcher/rendezvous/store/store_rendezvous.hpp"
 
 namespace ddprun::launcher::rendezvous::store {

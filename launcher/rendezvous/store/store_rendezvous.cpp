@@ -10,13 +10,12 @@
 #include "common/errors.hpp"
 #include "common/log.hpp"
 #include "common/system.hpp"
-#include "launcher/rendezvous/rendezvous_values.hpp"
+#include "launcher/rendezvous/round_records.hpp"
 
 namespace ddprun::launcher::rendezvous::store {
 
 using ddprun::StopSignal;
 using rendezvous::NodeRendezvous;
-using rendezvous::now_ms;
 using rendezvous::read_number;
 
 using json = nlohmann::json;
@@ -255,10 +254,10 @@ std::string StoreRendezvous::create_or_get(const std::string& key, const std::st
 
 int64_t StoreRendezvous::tally(int round, Tally what, bool count_me) {
   // Counters: ADD of 0 reads one.
-  return client_->add(what == Tally::Finished ? rk(round).finished() : keys_.exited(), count_me ? 1 : 0);
+  return client_->add(what == Tally::Finished ? round_keys(round).finished() : keys_.exited(), count_me ? 1 : 0);
 }
 
-int64_t StoreRendezvous::joined_nodes(int round) { return client_->add(rk(round).joined(), 0); }
+int64_t StoreRendezvous::joined_nodes(int round) { return client_->add(round_keys(round).joined(), 0); }
 
 void StoreRendezvous::forget_generation() { client_->set(keys_.done(), "1"); }
 
@@ -291,7 +290,7 @@ NodeRendezvous::JoinPoll StoreRendezvous::keys_set(int round, std::vector<std::s
   return [this, round, keys = std::move(keys)](std::chrono::milliseconds slice) {
     JoinState s;
     s.ready = client_->wait_for(keys, slice);
-    if (!s.ready) s.end = read(rk(round).end());
+    if (!s.ready) s.end = read(round_keys(round).end());
     return s;
   };
 }
@@ -301,7 +300,7 @@ class StoreRendezvous::Watch final : public NodeRendezvous::RoundWatch {
   Watch(StoreRendezvous& r, std::shared_ptr<rdzv::client::Client> c, int round)
       : r_(r),
         c_(std::move(c)),
-        end_key_(r.rk(round).end()),
+        end_key_(r.round_keys(round).end()),
         seen_{-1, std::chrono::steady_clock::now(), c_->reconnects()} {}
 
   Event next() override {

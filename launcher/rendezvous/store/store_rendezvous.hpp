@@ -93,7 +93,6 @@ class StoreRendezvous final : public NodeRendezvous {
   int64_t generation() const { return keys_.generation(); }
 
  private:
-  rdzv::jobs::RoundKeys rk(int round) const { return keys_.round(round); }
   std::string hb_key(const std::string& agent) const { return keys_.heartbeat(agent); }
   // The generation this node works in: the current one unless that run of the job has ended.
   int64_t choose_generation();
@@ -118,7 +117,7 @@ class StoreRendezvous final : public NodeRendezvous {
   JoinPoll keys_set(int round, std::vector<std::string> keys);
 
   // The round protocol's key-value interface (node_rendezvous.hpp) on a TCPStore.
-  rdzv::jobs::RoundKeys round_keys(int round) const override { return rk(round); }
+  rdzv::jobs::RoundKeys round_keys(int round) const override { return keys_.round(round); }
   std::string ended_key() const override { return keys_.ended(); }
   std::optional<std::string> read(const std::string& key) override;  // CHECK, then GET
   // COMPARE_SET with an empty expected value: the store sets it only if absent.

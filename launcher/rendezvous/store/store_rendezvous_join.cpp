@@ -7,7 +7,7 @@
 
 #include "common/errors.hpp"
 #include "common/log.hpp"
-#include "launcher/rendezvous/rendezvous_values.hpp"
+#include "launcher/rendezvous/round_records.hpp"
 #include "launcher/rendezvous/store/store_rendezvous.hpp"
 
 namespace ddprun::launcher::rendezvous::store {
@@ -41,7 +41,7 @@ std::variant<World, RoundEnd> StoreRendezvous::join_static(int round, int nproc,
   me.restarts = restarts();
   const std::string mine = rdzv::jobs::encode(me);
   for (;;) {
-    const std::string node_key = rk(round).node(options_.node_rank);
+    const std::string node_key = round_keys(round).node(options_.node_rank);
     const std::string held = client_->compare_set(node_key, "", mine);
     if (held == mine) break;
     // Someone holds this node rank in this run of the job.
@@ -69,16 +69,16 @@ std::variant<World, RoundEnd> StoreRendezvous::join_static(int round, int nproc,
   joined(round, "as node_rank " + std::to_string(options_.node_rank) + " of " + std::to_string(n));
   if (options_.node_rank == 0) {
     const uint16_t port = host_worker_store();
-    client_->set(rk(round).worker_store(),
+    client_->set(round_keys(round).worker_store(),
                  rdzv::jobs::encode(rdzv::jobs::WorkerStoreRecord{options_.advertise_addr, port}));
   }
-  if (client_->add(rk(round).joined(), 1) == n) assign(round);
+  if (client_->add(round_keys(round).joined(), 1) == n) assign(round);
   // Who is missing, by node rank (checked only for jobs small enough to list them).
   auto missing_ranks = [&]() {
     std::string missing;
     int joined = 0;
     for (int k = 0; k < n; ++k) {
-      if (client_->check({rk(round).node(k)})) {
+      if (client_->check({round_keys(round).node(k)})) {
         ++joined;
       } else {
         missing += (missing.empty() ? "" : ", ") + std::to_string(k);
@@ -87,7 +87,7 @@ std::variant<World, RoundEnd> StoreRendezvous::join_static(int round, int nproc,
     return std::make_pair(joined, missing);
   };
   auto progress = [&]() -> std::string {
-    const int64_t joined = client_->add(rk(round).joined(), 0);
+    const int64_t joined = client_->add(round_keys(round).joined(), 0);
     if (n > 64) return std::to_string(joined) + " of " + std::to_string(n) + " nodes joined";
     return std::to_string(joined) + " of " + std::to_string(n) + " nodes joined, waiting for node_rank " +
            missing_ranks().second;
@@ -96,13 +96,14 @@ std::variant<World, RoundEnd> StoreRendezvous::join_static(int round, int nproc,
     const auto [joined, ranks] = missing_ranks();
     return std::to_string(joined) + " of " + std::to_string(n) + " nodes joined; missing node_rank " + ranks;
   };
-  if (auto ended = wait_joining(round, stop, keys_set(round, {rk(round).complete(), rk(round).worker_store()}),
-                                progress, missing)) {
+  if (auto ended =
+          wait_joining(round, stop, keys_set(round, {round_keys(round).complete(), round_keys(round).worker_store()}),
+                       progress, missing)) {
     return *ended;
   }
   // Two reads, whatever the job's size: this node's assignment and the worker store.
-  const std::string assign_key = rk(round).assign(std::to_string(options_.node_rank));
-  const std::string store_key = rk(round).worker_store();
+  const std::string assign_key = round_keys(round).assign(std::to_string(options_.node_rank));
+  const std::string store_key = round_keys(round).worker_store();
   const auto values = client_->multi_get({assign_key, store_key});
   return adopt(round, read_assignment(assign_key, values[0]), read_worker_store(store_key, values[1]));
 }
@@ -143,7 +144,7 @@ void StoreRendezvous::write_assignments(int round, const std::vector<Joiner>& or
     }
     // The worker store's host admits only the job's nodes: it alone gets every address.
     if (g == 0) a.addrs = m.peer_addresses();
-    assignments.emplace_back(rk(round).assign(ordered[static_cast<size_t>(g)].id), rdzv::jobs::encode(a));
+    assignments.emplace_back(round_keys(round).assign(ordered[static_cast<size_t>(g)].id), rdzv::jobs::encode(a));
   }
   for (auto& e : extra) assignments.push_back(std::move(e));
   client_->multi_set(assignments);
@@ -153,14 +154,14 @@ void StoreRendezvous::assign(int round) {
   // The last node to join reads every node's record once and writes one small assignment per
   // node: O(n) in total.
   std::vector<std::string> keys;
-  for (int k = 0; k < options_.max_nodes; ++k) keys.push_back(rk(round).node(k));
+  for (int k = 0; k < options_.max_nodes; ++k) keys.push_back(round_keys(round).node(k));
   const auto values = client_->multi_get(keys);
   std::vector<Joiner> ordered;
   for (int k = 0; k < options_.max_nodes; ++k) {
     const auto i = static_cast<size_t>(k);
     ordered.push_back({std::to_string(k), read_node_record(keys[i], values[i]), k});
   }
-  write_assignments(round, ordered, {{rk(round).complete(), "1"}});
+  write_assignments(round, ordered, {{round_keys(round).complete(), "1"}});
 }
 
 std::variant<World, RoundEnd> StoreRendezvous::join_dynamic(int round, int nproc,
@@ -172,11 +173,11 @@ std::variant<World, RoundEnd> StoreRendezvous::join_dynamic(int round, int nproc
     me.restarts = restarts();
     me.hint = options_.node_rank;
     me.store_host = server_ != nullptr;
-    const int64_t idx = client_->add(rk(round).joined(), 1);
+    const int64_t idx = client_->add(round_keys(round).joined(), 1);
     // The round's first arrival says which round is current, for agents that start later
     // (first_round); one request for the round rather than one per node.
     if (idx == 1) client_->set(keys_.current_round(), std::to_string(round));
-    client_->set(rk(round).member(std::to_string(idx)), rdzv::jobs::encode(me));
+    client_->set(round_keys(round).member(std::to_string(idx)), rdzv::jobs::encode(me));
     start_heartbeat();
     log::info("ddprun") << "joined round " << round << " of job '" << options_.run_id << "' (generation "
                         << keys_.generation() << ") as arrival " << idx << " (--nnodes " << options_.min_nodes << ":"
@@ -188,7 +189,7 @@ std::variant<World, RoundEnd> StoreRendezvous::join_dynamic(int round, int nproc
     } else if (idx == options_.min_nodes) {
       // Enough nodes: wait the last call for more, then close with whoever is there.
       const auto deadline = std::chrono::steady_clock::now() + options_.timeouts.last_call_timeout;
-      while (std::chrono::steady_clock::now() < deadline && !client_->check({rk(round).closed()})) {
+      while (std::chrono::steady_clock::now() < deadline && !client_->check({round_keys(round).closed()})) {
         // The last-call window, in slices so that a full round or a stop is seen promptly.
         if (stop.sleep_for(std::min<std::chrono::milliseconds>(options_.timeouts.last_call_timeout,
                                                                std::chrono::milliseconds(100)))) {
@@ -198,42 +199,43 @@ std::variant<World, RoundEnd> StoreRendezvous::join_dynamic(int round, int nproc
       if (!stop.requested()) close_dynamic(round);
     }
     auto progress = [&]() -> std::string {
-      return std::to_string(client_->add(rk(round).joined(), 0)) + " node(s) joined, " +
+      return std::to_string(client_->add(round_keys(round).joined(), 0)) + " node(s) joined, " +
              std::to_string(options_.min_nodes) + " needed to start";
     };
     auto missing = [&]() {
-      return std::to_string(client_->add(rk(round).joined(), 0)) + " node(s) joined, " +
+      return std::to_string(client_->add(round_keys(round).joined(), 0)) + " node(s) joined, " +
              std::to_string(options_.min_nodes) + " needed (--nnodes " + std::to_string(options_.min_nodes) + ":" +
              std::to_string(options_.max_nodes) + ")";
     };
-    if (auto ended = wait_joining(round, stop, keys_set(round, {rk(round).closed()}), progress, missing)) return *ended;
-    const int64_t members = read_number(rk(round).closed(), client_->get(rk(round).closed()));
+    if (auto ended = wait_joining(round, stop, keys_set(round, {round_keys(round).closed()}), progress, missing))
+      return *ended;
+    const int64_t members = read_number(round_keys(round).closed(), client_->get(round_keys(round).closed()));
     if (idx > members) {
       // Too late for this round: ask the running nodes to re-rendezvous, and join the next round.
       ask_to_admit_this_node(round, static_cast<int>(members));
       ++round;
       continue;
     }
-    const std::string assign_key = rk(round).assign(std::to_string(idx));
+    const std::string assign_key = round_keys(round).assign(std::to_string(idx));
     if (auto ended = wait_joining(round, stop, keys_set(round, {assign_key}), progress, missing)) return *ended;
     const rdzv::jobs::Assignment assigned = read_assignment(assign_key, client_->get(assign_key));
     if (assigned.group_rank == 0) {
       const uint16_t port = host_worker_store();
-      client_->set(rk(round).worker_store(),
+      client_->set(round_keys(round).worker_store(),
                    rdzv::jobs::encode(rdzv::jobs::WorkerStoreRecord{options_.advertise_addr, port}));
     }
-    const std::string store_key = rk(round).worker_store();
+    const std::string store_key = round_keys(round).worker_store();
     if (auto ended = wait_joining(round, stop, keys_set(round, {store_key}), progress, missing)) return *ended;
     return adopt(round, assigned, read_worker_store(store_key, client_->get(store_key)));
   }
 }
 
 void StoreRendezvous::close_dynamic(int round) {
-  const int64_t joined = std::min<int64_t>(client_->add(rk(round).joined(), 0), options_.max_nodes);
+  const int64_t joined = std::min<int64_t>(client_->add(round_keys(round).joined(), 0), options_.max_nodes);
   const std::string count = std::to_string(joined);
-  if (client_->compare_set(rk(round).closed(), "", count) != count) return;  // someone else closed it
+  if (client_->compare_set(round_keys(round).closed(), "", count) != count) return;  // someone else closed it
   std::vector<std::string> keys;
-  for (int64_t i = 1; i <= joined; ++i) keys.push_back(rk(round).member(std::to_string(i)));
+  for (int64_t i = 1; i <= joined; ++i) keys.push_back(round_keys(round).member(std::to_string(i)));
   const auto values = client_->multi_get(keys);
   std::vector<Joiner> ordered;
   for (int64_t i = 0; i < joined; ++i) {

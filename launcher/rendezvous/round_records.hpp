@@ -48,7 +48,4 @@ rdzv::jobs::Outcome signal_outcome(int signo, int node, const std::string& host)
 // A hang diagnosed by `node`: `summary` is the one line, `report` the full report.
 rdzv::jobs::Outcome hang_outcome(const std::string& summary, const std::string& report, int node);
 
-// Wall-clock milliseconds since the epoch (records and heartbeat times; never compared across hosts).
-int64_t now_ms();
-
 }  // namespace ddprun::launcher::rendezvous

@@ -1,4 +1,4 @@
-#include "launcher/rendezvous/rendezvous_values.hpp"
+#include "launcher/rendezvous/round_records.hpp"
 
 #include "common/errors.hpp"
 #include "common/numbers.hpp"
@@ -109,11 +109,6 @@ rdzv::jobs::ClosedRound read_closed_round(const std::string& key, const std::str
 int64_t read_number(const std::string& key, const std::string& value) {
   if (auto n = to_int(value)) return *n;
   malformed(key, value, "a number");
-}
-
-int64_t now_ms() {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
-      .count();
 }
 
 RoundEnd parse_round_end(const std::string& value) {
