@@ -4,7 +4,7 @@
 
 #include "common/errors.hpp"
 #include "common/log.hpp"
-#include "launcher/agent/agent.hpp"
+#include "launcher/agent/run_agent.hpp"
 #include "launcher/cli/flags.hpp"
 #include "launcher/cli/options.hpp"
 

@@ -1,4 +1,4 @@
-#include "launcher/agent/agent.hpp"
+#include "launcher/agent/run_agent.hpp"
 
 #include <unistd.h>
 
@@ -10,7 +10,7 @@
 #include "common/errors.hpp"
 #include "common/log.hpp"
 #include "common/system.hpp"
-#include "launcher/agent/agent_state.hpp"
+#include "launcher/agent/agent.hpp"
 #include "launcher/workers/console.hpp"
 
 namespace ddprun::launcher::agent {

@@ -1,8 +1,8 @@
-// Each round's workers (see agent_state.hpp): the attempt directory, the watchdog over the ranks,
+// Each round's workers (see agent.hpp): the attempt directory, the watchdog over the ranks,
 // and every worker's launch (command, environment, placement, log files).
 #include "common/log.hpp"
 #include "common/system.hpp"
-#include "launcher/agent/agent_state.hpp"
+#include "launcher/agent/agent.hpp"
 #include "launcher/watchdog/stacks.hpp"
 #include "ddprun/worker/env_contract.hpp"
 

@@ -1,4 +1,4 @@
-// How the agent meets the other nodes (see agent_state.hpp): the rendezvous backend for its
+// How the agent meets the other nodes (see agent.hpp): the rendezvous backend for its
 // options, the fence that stops its workers before the others count it as lost, and the worker
 // store it hosts for each round.
 #include <netdb.h>
@@ -9,7 +9,7 @@
 #include "common/errors.hpp"
 #include "common/log.hpp"
 #include "common/system.hpp"
-#include "launcher/agent/agent_state.hpp"
+#include "launcher/agent/agent.hpp"
 #include "launcher/ft/etcd_quorum_kv.hpp"
 #include "launcher/rendezvous/etcd/etcd_rendezvous.hpp"
 #include "launcher/rendezvous/local_rendezvous.hpp"

@@ -1,4 +1,4 @@
-// The agent's own set-up (see agent_state.hpp): the signals, the health endpoint, the Python hook,
+// The agent's own set-up (see agent.hpp): the signals, the health endpoint, the Python hook,
 // the --preload zygote and the NUMA placement; agent_rendezvous.cpp has how it meets the other
 // nodes, agent_launches.cpp each round's workers and watchdog, run_directory.cpp the run directory.
 #include <unistd.h>
@@ -8,7 +8,7 @@
 #include "common/errors.hpp"
 #include "common/log.hpp"
 #include "common/system.hpp"
-#include "launcher/agent/agent_state.hpp"
+#include "launcher/agent/agent.hpp"
 #include "launcher/workers/python_hook.hpp"
 
 namespace ddprun::launcher::agent {

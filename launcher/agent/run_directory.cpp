@@ -1,4 +1,4 @@
-// The run directory (agent_state.hpp's RunDirectory): made, locked, kept or removed, and the
+// The run directory (agent.hpp's RunDirectory): made, locked, kept or removed, and the
 // temporary ones of killed ddprun processes swept.
 #include <fcntl.h>
 #include <sys/file.h>
@@ -10,7 +10,7 @@
 #include "common/errors.hpp"
 #include "common/log.hpp"
 #include "common/unique_fd.hpp"
-#include "launcher/agent/agent_state.hpp"
+#include "launcher/agent/agent.hpp"
 
 namespace ddprun::launcher::agent {
 

@@ -1,7 +1,9 @@
 #pragma once
-// The watchdog's private parts, shared by its three files: watchdog.cpp (sampling, the job-wide
-// pulse, the loop), watchdog_rates.cpp (step rates: publishing, the straggler check, the table)
-// and watchdog_diagnosis.cpp (a hang's diagnosis, the torchelastic timer's captures).
+// What the watchdog keeps of each rank (Watchdog::Rank: its progress page, beats, steps, CPU time,
+// step rates) and the worker store's heartbeats as they change (Watchdog::StoreTap), shared by the
+// watchdog's three files: watchdog.cpp (sampling, the job-wide pulse, the loop), watchdog_rates.cpp
+// (step rates: publishing, the straggler check, the table) and watchdog_diagnosis.cpp (a hang's
+// diagnosis, the torchelastic timer's captures).
 
 #include <sys/mman.h>
 

@@ -3,7 +3,7 @@
 // and records (its exit code and the job's report), never the console's sentences: restarts after a
 // failure until the workers succeed or the restarts run out, the root cause and the workers stopped
 // for it, a stop signal in the Running state, a hang restarted, and the env contract each worker gets.
-#include "launcher/agent/agent_state.hpp"
+#include "launcher/agent/agent.hpp"
 
 #include <gtest/gtest.h>
 #include <signal.h>
