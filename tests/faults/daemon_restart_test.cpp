@@ -22,6 +22,7 @@
 #include "tests/support/subprocess.hpp"
 #include "tests/support/temp_dir.hpp"
 #include "tests/support/wait_until.hpp"
+#include "tests/support/job_node.hpp"
 
 namespace ddprun::test {
 namespace {
@@ -41,14 +42,15 @@ std::unique_ptr<Daemon> start_daemon(const std::string& state_file, uint16_t por
 }
 
 // One node of a 2-node job through the daemon; its one worker writes its pid to `ready` and sleeps.
-std::unique_ptr<Subprocess> node(uint16_t port, const std::string& run_id, const std::string& ready,
+std::unique_ptr<Subprocess> node(uint16_t port, int rank, const std::string& run_id, const std::string& ready,
                                  const std::string& seconds, const std::map<std::string, std::string>& env = {}) {
-  return std::make_unique<Subprocess>(
-      std::vector<std::string>{ddprun_bin(), "--nnodes", "2", "--rdzv_backend", "c10d", "--rdzv_endpoint",
-                               "127.0.0.1:" + std::to_string(port), "--rdzv_id", run_id, "--max_restarts", "3",
-                               "--rdzv_conf", "join_timeout=60,keep_alive_interval=1", TEST_WORKER_BIN, "ready-file",
-                               ready, "sleep", seconds},
-      env);
+  return JobNode(rank)
+      .without_rank()
+      .meet(at_daemon(port, run_id, /*c10d=*/true))
+      .conf("join_timeout=60,keep_alive_interval=1")
+      .flags({"--max_restarts", "3"})
+      .env(env)
+      .start({TEST_WORKER_BIN, "ready-file", ready, "sleep", seconds});
 }
 
 std::string read_file(const std::string& path) {
@@ -66,8 +68,8 @@ TEST(DaemonRestartTest, RunningJobsFinishAcrossAKillAndRestart) {
   auto daemon = start_daemon(state);
   const uint16_t port = daemon->port();
   const std::string ready0 = (dir.path / "ready0").string(), ready1 = (dir.path / "ready1").string();
-  auto n0 = node(port, "survivor", ready0, "8");
-  auto n1 = node(port, "survivor", ready1, "8");
+  auto n0 = node(port, 0, "survivor", ready0, "8");
+  auto n1 = node(port, 1, "survivor", ready1, "8");
   // Each worker creates its file, then writes its pid: wait for the pids, not the files.
   ASSERT_TRUE(wait_until([&] { return !read_file(ready0).empty() && !read_file(ready1).empty(); }, 60s))
       << "the workers did not start\n"
@@ -93,7 +95,7 @@ TEST(DaemonRestartTest, ANodeWaitingToJoinJoinsAfterARestart) {
   auto daemon = start_daemon(state);
   const uint16_t port = daemon->port();
   const int health0 = free_port();
-  auto n0 = node(port, "joiner", (dir.path / "ready0").string(), "0", health_env(health0));
+  auto n0 = node(port, 0, "joiner", (dir.path / "ready0").string(), "0", health_env(health0));
   // Node 0 has joined round 0 and waits for node 1.
   ASSERT_TRUE(n0->wait_for(
       [&] {
@@ -105,7 +107,7 @@ TEST(DaemonRestartTest, ANodeWaitingToJoinJoinsAfterARestart) {
   daemon->stop(SIGKILL);
   std::this_thread::sleep_for(kDowntime);  // sleep override: the daemon's downtime
   daemon = start_daemon(state, port);
-  auto n1 = node(port, "joiner", (dir.path / "ready1").string(), "0");
+  auto n1 = node(port, 1, "joiner", (dir.path / "ready1").string(), "0");
   const Finished f0 = n0->wait(120s), f1 = n1->wait(120s);
   EXPECT_EQ(f0.exit_code, 0) << f0.err;
   EXPECT_EQ(f1.exit_code, 0) << f1.err;
@@ -118,8 +120,8 @@ TEST(DaemonRestartTest, ADaemonBackWithoutItsStateEndsTheJobAndSaysWhy) {
   auto daemon = start_daemon((dir.path / "state").string());
   const uint16_t port = daemon->port();
   const std::string ready0 = (dir.path / "ready0").string(), ready1 = (dir.path / "ready1").string();
-  auto n0 = node(port, "amnesia", ready0, "30");
-  auto n1 = node(port, "amnesia", ready1, "30");
+  auto n0 = node(port, 0, "amnesia", ready0, "30");
+  auto n1 = node(port, 1, "amnesia", ready1, "30");
   ASSERT_TRUE(wait_until([&] { return std::filesystem::exists(ready0) && std::filesystem::exists(ready1); }, 60s));
   daemon->stop(SIGKILL);
   std::this_thread::sleep_for(kDowntime);  // sleep override: the daemon's downtime

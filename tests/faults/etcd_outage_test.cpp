@@ -11,6 +11,7 @@
 #include "tests/support/ddprun_bin.hpp"
 #include "tests/support/etcd_cluster.hpp"
 #include "tests/support/subprocess.hpp"
+#include "tests/support/job_node.hpp"
 
 namespace ddprun::test {
 namespace {
@@ -20,28 +21,12 @@ using namespace std::chrono_literals;
 // Rank 0 (node 0) computes for 30 s; rank 1 (node 1) waits for it, idle, as a rank in a
 // collective does.
 std::unique_ptr<Subprocess> node(const EtcdCluster& cluster, int n, int lease_ttl) {
-  return std::make_unique<Subprocess>(std::vector<std::string>{ddprun_bin(),
-                                                               "--rdzv_backend",
-                                                               "etcd",
-                                                               "--rdzv_endpoint",
-                                                               cluster.endpoints(),
-                                                               "--rdzv_id",
-                                                               "outage",
-                                                               "--nnodes",
-                                                               "2",
-                                                               "--node_rank",
-                                                               std::to_string(n),
-                                                               "--local_addr",
-                                                               "127.0.0." + std::to_string(n + 1),
-                                                               "--rdzv_conf",
-                                                               "join_timeout=60,lease_ttl=" + std::to_string(lease_ttl),
-                                                               "--hang_timeout",
-                                                               "10",
-                                                               TEST_WORKER_BIN,
-                                                               "busy-if-rank",
-                                                               "0",
-                                                               "30"},
-                                      std::map<std::string, std::string>{{"OMP_NUM_THREADS", "1"}});
+  return JobNode(n)
+      .meet(at_etcd(cluster.endpoints(), "outage"))
+      .conf("join_timeout=60,lease_ttl=" + std::to_string(lease_ttl))
+      .flags({"--hang_timeout", "10"})
+      .env({{"OMP_NUM_THREADS", "1"}})
+      .start({TEST_WORKER_BIN, "busy-if-rank", "0", "30"});
 }
 
 // Two of the three members frozen for `outage`, once both nodes run their workers.

@@ -17,6 +17,7 @@
 #include "tests/support/raw_socket.hpp"
 #include "tests/support/subprocess.hpp"
 #include "tests/support/temp_dir.hpp"
+#include "tests/support/job_node.hpp"
 
 namespace ddprun::test {
 namespace {
@@ -37,27 +38,16 @@ std::string write_token(const TempDir& dir, const std::string& name, const std::
   return path;
 }
 
+// Node `rank` of a 2-node job `run_id` through the daemon on `daemon_port`, with the secret or token
+// in `token_file` (when given).
 std::unique_ptr<Subprocess> daemon_node(uint16_t daemon_port, int rank, const std::string& run_id,
                                         const std::string& token_file, std::vector<std::string> worker,
                                         std::vector<std::string> extra = {}) {
-  std::vector<std::string> argv{DDPRUN_BIN,
-                                "--nnodes",
-                                "2",
-                                "--node_rank",
-                                std::to_string(rank),
-                                "--rdzv_endpoint",
-                                "127.0.0.1:" + std::to_string(daemon_port),
-                                "--rdzv_id",
-                                run_id,
-                                "--master_addr",
-                                "127.0.0.1",
-                                "--local_addr",
-                                "127.0.0." + std::to_string(rank + 1),
-                                "--rdzv_conf",
-                                "join_timeout=60" + (token_file.empty() ? "" : ",token_file=" + token_file)};
-  argv.insert(argv.end(), extra.begin(), extra.end());
-  argv.insert(argv.end(), worker.begin(), worker.end());
-  return std::make_unique<Subprocess>(argv);
+  return JobNode(rank)
+      .meet(at_daemon(daemon_port, run_id))
+      .conf("join_timeout=60" + (token_file.empty() ? "" : ",token_file=" + token_file))
+      .flags(extra)
+      .start(worker);
 }
 
 rdzv::client::ClientOptions client_to(uint16_t port) {

@@ -25,6 +25,7 @@
 #include "tests/support/report.hpp"
 #include "tests/support/subprocess.hpp"
 #include "tests/support/temp_dir.hpp"
+#include "tests/support/job_node.hpp"
 
 namespace ddprun::test {
 namespace {
@@ -46,26 +47,16 @@ size_t count(const std::string& text, const std::string& what) {
 std::unique_ptr<Subprocess> node(const std::string& endpoints, const std::string& id, const std::string& nnodes, int n,
                                  std::vector<std::string> worker, const std::string& conf = "",
                                  std::vector<std::string> flags = {}, int health_port = 0) {
-  std::vector<std::string> argv{DDPRUN_BIN,
-                                "--rdzv_backend",
-                                "etcd",
-                                "--rdzv_endpoint",
-                                endpoints,
-                                "--rdzv_id",
-                                id,
-                                "--nnodes",
-                                nnodes,
-                                "--local_addr",
-                                "127.0.0." + std::to_string(n + 1),
-                                "--rdzv_conf",
-                                "join_timeout=60,last_call_timeout=2,lease_ttl=3" + (conf.empty() ? "" : "," + conf)};
-  argv.insert(argv.end(), flags.begin(), flags.end());
-  std::map<std::string, std::string> env;
-  argv.insert(argv.end(), worker.begin(), worker.end());
-  env.emplace("OMP_NUM_THREADS", "1");
-  env.emplace("PYTHON_EXEC", TORCH_PYTHON);
+  std::map<std::string, std::string> env{{"OMP_NUM_THREADS", "1"}, {"PYTHON_EXEC", TORCH_PYTHON}};
   if (health_port != 0) env.merge(health_env(health_port));
-  return std::make_unique<Subprocess>(argv, env);
+  return JobNode(n)
+      .nnodes(nnodes)
+      .without_rank()
+      .meet(at_etcd(endpoints, id))
+      .conf("join_timeout=60,last_call_timeout=2,lease_ttl=3" + (conf.empty() ? "" : "," + conf))
+      .flags(flags)
+      .env(env)
+      .start(worker);
 }
 
 std::vector<std::string> gloo_worker() { return {GLOO_WORKER_PY}; }

@@ -18,6 +18,7 @@
 #include "tests/support/daemon.hpp"
 #include "tests/support/free_port.hpp"
 #include "tests/support/health.hpp"
+#include "tests/support/job_node.hpp"
 #include "tests/support/subprocess.hpp"
 #include "tests/support/temp_dir.hpp"
 #include "tests/support/wait_until.hpp"
@@ -28,26 +29,13 @@ namespace {
 namespace fs = std::filesystem;
 using namespace std::chrono_literals;
 
+// Node `rank` of a static job of `nnodes` whose node 0 hosts the store on `port`; its workers run
+// the test worker with `worker`.
 std::unique_ptr<Subprocess> node(int port, int rank, int nnodes, std::vector<std::string> worker,
                                  std::vector<std::string> extra = {},
                                  const std::map<std::string, std::string>& env = {}) {
-  std::vector<std::string> argv{ddprun_bin(),
-                                "--nnodes",
-                                std::to_string(nnodes),
-                                "--node_rank",
-                                std::to_string(rank),
-                                "--master_addr",
-                                "127.0.0.1",
-                                "--master_port",
-                                std::to_string(port),
-                                "--local_addr",
-                                "127.0.0." + std::to_string(rank + 1),
-                                "--rdzv_conf",
-                                "join_timeout=60"};
-  argv.insert(argv.end(), extra.begin(), extra.end());
-  argv.push_back(TEST_WORKER_BIN);
-  argv.insert(argv.end(), worker.begin(), worker.end());
-  return std::make_unique<Subprocess>(argv, env);
+  worker.insert(worker.begin(), TEST_WORKER_BIN);
+  return JobNode(rank).nnodes(nnodes).meet(at_master(port)).flags(extra).env(env).start(worker);
 }
 
 // --- 1. A stop signal in every state ----------------------------------------------------------

@@ -18,6 +18,7 @@
 #include "tests/support/subprocess.hpp"
 #include "tests/support/temp_dir.hpp"
 #include "tests/support/wait_until.hpp"
+#include "tests/support/job_node.hpp"
 
 namespace ddprun::test {
 namespace {
@@ -25,28 +26,20 @@ namespace {
 using namespace std::chrono_literals;
 
 // A port free right now, for --master_port (node 0 must listen on a port the others know).
+// Node `rank` of a static job of `nnodes` whose node 0 hosts the store on `port`, with `nproc`
+// workers running the test worker with `worker_args`.
 std::unique_ptr<Subprocess> node(int port, int rank, int nproc, std::vector<std::string> extra,
                                  std::vector<std::string> worker_args, int nnodes = 2,
                                  const std::map<std::string, std::string>& env = {}) {
-  std::vector<std::string> argv{DDPRUN_BIN,
-                                "--nnodes",
-                                std::to_string(nnodes),
-                                "--node_rank",
-                                std::to_string(rank),
-                                "--nproc_per_node",
-                                std::to_string(nproc),
-                                "--master_addr",
-                                "127.0.0.1",
-                                "--master_port",
-                                std::to_string(port),
-                                "--local_addr",
-                                "127.0.0." + std::to_string(rank + 1),
-                                "--rdzv_conf",
-                                "join_timeout=30"};
-  argv.insert(argv.end(), extra.begin(), extra.end());
-  argv.push_back(TEST_WORKER_BIN);
-  argv.insert(argv.end(), worker_args.begin(), worker_args.end());
-  return std::make_unique<Subprocess>(argv, env);
+  worker_args.insert(worker_args.begin(), TEST_WORKER_BIN);
+  return JobNode(rank)
+      .nnodes(nnodes)
+      .meet(at_master(port))
+      .conf("join_timeout=30")
+      .flags({"--nproc_per_node", std::to_string(nproc)})
+      .flags(extra)
+      .env(env)
+      .start(worker_args);
 }
 
 // Heartbeats every 0.2 s, so liveness is judged in well under a second.

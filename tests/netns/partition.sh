@@ -23,27 +23,14 @@ out=$(mktemp -d)
 pids=()
 cleanup() {
   for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null || true; done
-  ip netns del "$a" 2>/dev/null || true
-  ip netns del "$b" 2>/dev/null || true
+  netns_cleanup
   [[ -n "${KEEP:-}" ]] || rm -rf "$out"
 }
+source "$(dirname "$0")/lib.sh"
 trap cleanup EXIT
-if ! command -v ip >/dev/null || ! command -v nft >/dev/null || ! ip netns add "$a" 2>/dev/null; then
-  echo "SKIP: cannot create network namespaces or use nftables here (needs root, iproute2 and nftables)"
-  exit 77
-fi
-ip netns add "$b"
-ip link add "pa$suffix" netns "$a" type veth peer name "pb$suffix" netns "$b"
-ip -n "$a" addr add 10.213.7.1/24 dev "pa$suffix"
-ip -n "$b" addr add 10.213.7.2/24 dev "pb$suffix"
-for ns in "$a" "$b"; do ip -n "$ns" link set lo up; done
-ip -n "$a" link set "pa$suffix" up
-ip -n "$b" link set "pb$suffix" up
-if ! ip netns exec "$b" nft add table inet probe 2>/dev/null; then
-  echo "SKIP: nftables does not work in a network namespace here"
-  exit 77
-fi
-ip netns exec "$b" nft delete table inet probe
+netns_add "$a" "$b"
+netns_link "$a" "pa$suffix" 10.213.7.1/24 "$b" "pb$suffix" 10.213.7.2/24
+netns_need_nft "$b"
 
 cut_off() {  # B drops everything but loopback, both ways
   ip netns exec "$b" nft -f - <<'EOF'

@@ -17,27 +17,14 @@ out=$(mktemp -d)
 cleanup() {
   [[ -n "${pid_a:-}" ]] && kill -9 "$pid_a" 2>/dev/null || true
   [[ -n "${pid_b:-}" ]] && kill -9 "$pid_b" 2>/dev/null || true
-  for ns in "$a" "$b" "$c"; do ip netns del "$ns" 2>/dev/null || true; done
+  netns_cleanup
   rm -rf "$out"
 }
+source "$(dirname "$0")/lib.sh"
 trap cleanup EXIT
-if ! command -v ip >/dev/null || ! ip netns add "$a" 2>/dev/null; then
-  echo "SKIP: cannot create network namespaces here (needs root and iproute2)"
-  exit 77
-fi
-ip netns add "$b"
-ip netns add "$c"
-ip link add "sa$suffix" netns "$a" type veth peer name "sb$suffix" netns "$b"
-ip link add "xa$suffix" netns "$a" type veth peer name "xc$suffix" netns "$c"
-ip -n "$a" addr add 10.213.7.1/24 dev "sa$suffix"
-ip -n "$b" addr add 10.213.7.2/24 dev "sb$suffix"
-ip -n "$a" addr add 10.213.9.1/24 dev "xa$suffix"
-ip -n "$c" addr add 10.213.9.2/24 dev "xc$suffix"
-for ns in "$a" "$b" "$c"; do ip -n "$ns" link set lo up; done
-ip -n "$a" link set "sa$suffix" up
-ip -n "$b" link set "sb$suffix" up
-ip -n "$a" link set "xa$suffix" up
-ip -n "$c" link set "xc$suffix" up
+netns_add "$a" "$b" "$c"
+netns_link "$a" "sa$suffix" 10.213.7.1/24 "$b" "sb$suffix" 10.213.7.2/24
+netns_link "$a" "xa$suffix" 10.213.9.1/24 "$c" "xc$suffix" 10.213.9.2/24
 ip -n "$c" route add 10.213.7.0/24 via 10.213.9.1
 
 token="$out/token"

@@ -11,22 +11,10 @@ example=$2
 suffix=$$
 a=ddprun_a_$suffix
 b=ddprun_b_$suffix
-cleanup() {
-  ip netns del "$a" 2>/dev/null || true
-  ip netns del "$b" 2>/dev/null || true
-}
-trap cleanup EXIT
-if ! command -v ip >/dev/null || ! ip netns add "$a" 2>/dev/null; then
-  echo "SKIP: cannot create network namespaces here (needs root and iproute2)"
-  exit 77
-fi
-ip netns add "$b"
-ip link add "va$suffix" netns "$a" type veth peer name "vb$suffix" netns "$b"
-ip -n "$a" addr add 10.213.7.1/24 dev "va$suffix"
-ip -n "$b" addr add 10.213.7.2/24 dev "vb$suffix"
-for ns in "$a" "$b"; do ip -n "$ns" link set lo up; done
-ip -n "$a" link set "va$suffix" up
-ip -n "$b" link set "vb$suffix" up
+source "$(dirname "$0")/lib.sh"
+trap netns_cleanup EXIT
+netns_add "$a" "$b"
+netns_link "$a" "va$suffix" 10.213.7.1/24 "$b" "vb$suffix" 10.213.7.2/24
 
 common=(--nnodes 2 --nproc_per_node 2 --master_addr 10.213.7.1 --master_port 29500 --rdzv_conf join_timeout=60)
 train=(--epochs 1 --train-limit 4000 --test-limit 1000)

@@ -26,6 +26,7 @@
 #include "tests/support/subprocess.hpp"
 #include "tests/support/temp_dir.hpp"
 #include "tests/support/wait_until.hpp"
+#include "tests/support/job_node.hpp"
 
 namespace ddprun::test {
 namespace {
@@ -249,28 +250,11 @@ TEST(JobPageTest, ABrowserShowsEveryRankAndMarksTheThrottledOne) {
 // `slow_rank` computes `slow_ms` longer per step; nodes publish their ranks' rates every second.
 std::unique_ptr<Subprocess> daemon_job_node(uint16_t store_port, const std::string& run_id, int node, int nproc,
                                             int slow_rank, int slow_ms) {
-  return std::make_unique<Subprocess>(std::vector<std::string>{DDPRUN_BIN,
-                                                               "--nnodes",
-                                                               "2",
-                                                               "--node_rank",
-                                                               std::to_string(node),
-                                                               "--rdzv_endpoint",
-                                                               "127.0.0.1:" + std::to_string(store_port),
-                                                               "--rdzv_id",
-                                                               run_id,
-                                                               "--master_addr",
-                                                               "127.0.0.1",
-                                                               "--local_addr",
-                                                               "127.0.0." + std::to_string(node + 1),
-                                                               "--nproc_per_node",
-                                                               std::to_string(nproc),
-                                                               SDK_TEST_WORKER_BIN,
-                                                               "train",
-                                                               "1000000",
-                                                               "-1",
-                                                               std::to_string(slow_rank),
-                                                               std::to_string(slow_ms)},
-                                      std::map<std::string, std::string>{{"DDPRUN_STEP_RATES_PERIOD", "1"}});
+  return JobNode(node)
+      .meet(at_daemon(store_port, run_id))
+      .flags({"--nproc_per_node", std::to_string(nproc)})
+      .env({{"DDPRUN_STEP_RATES_PERIOD", "1"}})
+      .start({SDK_TEST_WORKER_BIN, "train", "1000000", "-1", std::to_string(slow_rank), std::to_string(slow_ms)});
 }
 
 // The daemon's page (--metrics-port): its list shows both jobs it holds, a link each; a job's page
