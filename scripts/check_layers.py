@@ -14,7 +14,8 @@ Includes, in every folder of the repository:
 - tests/ and benchmarks/ include anything but another folder's test files; no file includes a
   .cpp (a shared suite is a header and one instantiation per binary);
 - a quoted include names a file that exists (else it is a typo or a file since moved).
-Namespaces, in rendezvous/ and launcher/: the code of rendezvous/X/ is in ddprun::rdzv::X (the
+Namespaces: nothing in the SDK or the examples is declared in LibTorch's (torch, c10, at); in
+rendezvous/ and launcher/: the code of rendezvous/X/ is in ddprun::rdzv::X (the
 folder's short name: ddprun::launcher::rendezvous is the launcher's), of launcher/X[/Y]/ in
 ddprun::launcher::X[::Y], or in namespaces nested in it; a block of another namespace may only
 declare classes ahead (class X;).
@@ -233,6 +234,7 @@ def check_links(root: pathlib.Path, graph: dict, bad: list):
 
 
 NAMESPACE_OPEN = re.compile(r"^namespace (ddprun[\w:]*) \{", re.M)
+TORCH_NAMESPACE = re.compile(r"^namespace ((?:torch|c10|at|caffe2)(?:::\w+)*) \{", re.M)
 FORWARD_ONLY = re.compile(r"^(\s*(class|struct) \w+;\s*)+$")
 
 
@@ -274,6 +276,16 @@ def check_namespaces(root: pathlib.Path, bad: list):
                 if FORWARD_ONLY.match(body):
                     continue
                 bad.append(f"{rel}: its code is in namespace {name}, not {want} (its folder's)")
+    # The SDK and the examples declare nothing in LibTorch's namespaces (worker_sdk/compat/ stands
+    # in for headers a LibTorch build lacks, so it is theirs to write).
+    for top in ("worker_sdk/include", "worker_sdk/src", "examples"):
+        for f in sorted((root / top).rglob("*")):
+            if f.suffix not in (".hpp", ".cpp", ".h"):
+                continue
+            for m in TORCH_NAMESPACE.finditer(f.read_text()):
+                checked += 1
+                bad.append(f"{f.relative_to(root).as_posix()}: declares in LibTorch's namespace {m.group(1)} "
+                           "(include LibTorch's header instead)")
     return checked
 
 

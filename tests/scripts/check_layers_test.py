@@ -48,6 +48,7 @@ class CheckLayersFindsEachBreach(unittest.TestCase):
         self.plant("tests/launcher/agent_test.cpp", '#include "tests/launcher/round_protocol_test.cpp"')
         self.plant("rendezvous/server/janitor.cpp", "namespace ddprun::rdzv::core {\nint stray() { return 1; }\n}  // namespace ddprun::rdzv::core")
         self.plant("launcher/agent/status_server.hpp", "namespace ddprun::rdzv::server {\nclass Ahead;\n}  // namespace ddprun::rdzv::server")
+        self.plant("worker_sdk/include/ddprun/worker/serialize.hpp", "namespace torch::nn {\nclass Module;\n}")
         cm = self.copy / "launcher/CMakeLists.txt"
         cm.write_text(cm.read_text().replace(
             "target_link_libraries(ddprun_launcher_workers PUBLIC ddprun::common",
@@ -71,6 +72,7 @@ class CheckLayersFindsEachBreach(unittest.TestCase):
             "ddprun_launcher_workers (launcher/workers) links ddprun_store_daemon: the daemon's alone",
             "ddprun_launcher_cli (launcher/cli) links ddprun_launcher_store, whose headers none of its files include",
             "rendezvous/server/janitor.cpp: its code is in namespace ddprun::rdzv::core, not ddprun::rdzv::server",
+            "worker_sdk/include/ddprun/worker/serialize.hpp: declares in LibTorch's namespace torch::nn",
         ]:
             self.assertIn(expected, out)
         self.assertNotIn("launcher/agent/status_server.hpp: its code", out, "a class declared ahead is no breach")

@@ -22,17 +22,12 @@
 
 #include <ATen/core/ivalue.h>
 #include <c10/core/Device.h>
+#include <torch/nn/module.h>
+#include <torch/optim/optimizer.h>
 
 #include <optional>
 #include <string>
 #include <vector>
-
-namespace torch::nn {
-class Module;
-}
-namespace torch::optim {
-class Optimizer;
-}
 
 namespace ddprun::worker {
 
