@@ -65,9 +65,9 @@ struct QatLeNetImpl : torch::nn::Module {
       : quant(register_module("quant", qat::QuantStub(q))),
         conv1(register_module("conv1", qat::ConvBnReLU2d(torch::nn::Conv2dOptions(1, 6, 5).padding(2), q))),
         conv2(register_module("conv2", qat::ConvBnReLU2d(torch::nn::Conv2dOptions(6, 16, 5), q))),
-        fc1(register_module("fc1", qat::LinearReLU(16 * 5 * 5, 120, q))),
-        fc2(register_module("fc2", qat::LinearReLU(120, 84, q))),
-        fc3(register_module("fc3", qat::Linear(84, 10, q))),
+        fc1(register_module("fc1", qat::LinearReLU(torch::nn::LinearOptions(16 * 5 * 5, 120), q))),
+        fc2(register_module("fc2", qat::LinearReLU(torch::nn::LinearOptions(120, 84), q))),
+        fc3(register_module("fc3", qat::Linear(torch::nn::LinearOptions(84, 10), q))),
         dequant(register_module("dequant", qat::DeQuantStub())) {}
   torch::Tensor forward(torch::Tensor x) {
     x = torch::max_pool2d(conv1(quant(x)), {2, 2}, {}, {0, 0}, {1, 1});

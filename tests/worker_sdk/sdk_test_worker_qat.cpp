@@ -23,8 +23,8 @@ struct QatNetImpl : torch::nn::Module {
     conv = register_module("conv", qat::ConvBnReLU2d(Conv2dOptions(1, 4, 3).padding(1), q));
     conv2 = register_module("conv2", qat::ConvBn2d(Conv2dOptions(4, 6, 3), q));
     conv3 = register_module("conv3", qat::Conv2d(Conv2dOptions(6, 6, 1), q));
-    fc1 = register_module("fc1", qat::LinearReLU(6 * 2 * 2, 16, q));
-    fc2 = register_module("fc2", qat::Linear(16, 5, q));
+    fc1 = register_module("fc1", qat::LinearReLU(torch::nn::LinearOptions(6 * 2 * 2, 16), q));
+    fc2 = register_module("fc2", qat::Linear(torch::nn::LinearOptions(16, 5), q));
     dequant = register_module("dequant", qat::DeQuantStub());
   }
   torch::Tensor forward(torch::Tensor x) {

@@ -160,12 +160,12 @@ void QuantStubImpl::convert() {
   converted_ = true;
 }
 
-LinearImpl::LinearImpl(int64_t in_features, int64_t out_features, const QConfig& qconfig, bool with_bias, bool relu)
-    : relu_(relu) {
+LinearImpl::LinearImpl(const torch::nn::LinearOptions& options, const QConfig& qconfig, bool relu)
+    : options_(options), relu_(relu) {
   // torch::nn::Linear's initialisation (Python's reset_parameters).
-  torch::nn::Linear init(torch::nn::LinearOptions(in_features, out_features).bias(with_bias));
+  torch::nn::Linear init(options);
   weight = register_parameter("weight", init->weight.detach());
-  if (with_bias) bias = register_parameter("bias", init->bias.detach());
+  if (options.bias()) bias = register_parameter("bias", init->bias.detach());
   weight_fake_quant = register_module("weight_fake_quant", FakeQuantize(qconfig.weight));
   activation_post_process = register_module("activation_post_process", FakeQuantize(qconfig.activation));
 }
@@ -360,7 +360,7 @@ Conv2d qat_conv(const torch::nn::Conv2dImpl& conv, const QConfig& qconfig, Conv2
 }
 
 Linear qat_linear(const torch::nn::LinearImpl& linear, const QConfig& qconfig, bool relu) {
-  Linear q(linear.options.in_features(), linear.options.out_features(), qconfig, linear.options.bias(), relu);
+  Linear q(linear.options, qconfig, relu);
   copy_into(q->weight, linear.weight);
   if (linear.options.bias()) copy_into(q->bias, linear.bias);
   return q;

@@ -35,6 +35,7 @@
 #include <torch/nn/modules/batchnorm.h>
 #include <torch/nn/modules/container/sequential.h>
 #include <torch/nn/options/conv.h>
+#include <torch/nn/options/linear.h>
 #include <torch/nn/pimpl.h>
 
 #include <string>
@@ -136,18 +137,20 @@ class DeQuantStubImpl : public torch::nn::Module {
 };
 TORCH_MODULE(DeQuantStub);
 
-// nn.qat.Linear (relu = false) and nn.intrinsic.qat.LinearReLU, with their output observer.
+// nn.qat.Linear (relu = false) and nn.intrinsic.qat.LinearReLU, with their output observer. Set
+// up as torch::nn::Linear is, from its options: qat::Linear(torch::nn::LinearOptions(84, 10), qconfig).
 class LinearImpl : public torch::nn::Module, public Convertible {
  public:
-  LinearImpl(int64_t in_features, int64_t out_features, const QConfig& qconfig, bool with_bias = true,
-             bool relu = false);
+  LinearImpl(const torch::nn::LinearOptions& options, const QConfig& qconfig, bool relu = false);
   at::Tensor forward(const at::Tensor& x);
   void convert() override;
   int64_t quantized_bytes() const override;
+  const torch::nn::LinearOptions& options() const { return options_; }
   at::Tensor weight, bias;
   FakeQuantize weight_fake_quant{nullptr}, activation_post_process{nullptr};
 
  private:
+  torch::nn::LinearOptions options_;
   bool relu_;
   at::Tensor qweight_;  // converted: the int8 weight, packed_ its engine's form
   c10::IValue packed_;
@@ -158,8 +161,8 @@ TORCH_MODULE(Linear);
 
 class LinearReLUImpl : public LinearImpl {
  public:
-  LinearReLUImpl(int64_t in_features, int64_t out_features, const QConfig& qconfig, bool with_bias = true)
-      : LinearImpl(in_features, out_features, qconfig, with_bias, /*relu=*/true) {}
+  LinearReLUImpl(const torch::nn::LinearOptions& options, const QConfig& qconfig)
+      : LinearImpl(options, qconfig, /*relu=*/true) {}
 };
 TORCH_MODULE(LinearReLU);
 
