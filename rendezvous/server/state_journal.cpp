@@ -49,6 +49,16 @@ void close_record(std::string& out, size_t start) {
   core::put_u32(out, checksum);
 }
 
+// A compare-once token's record: `token` answered `result`.
+void append_token_record(std::string& out, std::string_view token, int64_t result) {
+  const size_t start = out.size();
+  out.append(4, '\0');
+  out.push_back(kTokenRecord);
+  core::put_bytes(out, token);
+  core::put_u64(out, static_cast<uint64_t>(result));
+  close_record(out, start);
+}
+
 // Reads the fields of one payload; false when it is malformed.
 class PayloadReader {
  public:
@@ -240,14 +250,7 @@ void StateJournal::snapshot() {
   store_.for_each_queue([&](std::string_view key, const std::deque<std::string>&) {
     if (store_.get(key) == nullptr) append_key_record(out, key);  // else written with its value
   });
-  store_.for_each_once([&](std::string_view token, int64_t result) {
-    const size_t start = out.size();
-    out.append(4, '\0');
-    out.push_back(kTokenRecord);
-    core::put_bytes(out, token);
-    core::put_u64(out, static_cast<uint64_t>(result));
-    close_record(out, start);
-  });
+  store_.for_each_once([&](std::string_view token, int64_t result) { append_token_record(out, token, result); });
   if (const auto failed = replace_file(path_, out)) {
     errno = failed->err;
     throw_errno(failed->step);
@@ -269,14 +272,7 @@ void StateJournal::on_change(std::string_view key, const int64_t*) {
   dirty_.emplace_back(key);
 }
 
-void StateJournal::on_once(std::string_view token, int64_t result) {
-  const size_t start = tokens_.size();
-  tokens_.append(4, '\0');
-  tokens_.push_back(kTokenRecord);
-  core::put_bytes(tokens_, token);
-  core::put_u64(tokens_, static_cast<uint64_t>(result));
-  close_record(tokens_, start);
-}
+void StateJournal::on_once(std::string_view token, int64_t result) { append_token_record(tokens_, token, result); }
 
 void StateJournal::flush() {
   if (dirty_.empty() && tokens_.empty()) return;
