@@ -6,10 +6,9 @@
 #include <sys/stat.h>
 
 #include <filesystem>
-#include <fstream>
-#include <sstream>
 #include <string>
 
+#include "tests/support/files.hpp"
 #include "tests/support/small_disk.hpp"
 #include "tests/support/temp_dir.hpp"
 
@@ -17,13 +16,6 @@ namespace ddprun {
 namespace {
 
 namespace fs = std::filesystem;
-
-std::string read(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
 
 size_t files_in(const fs::path& dir) {
   size_t n = 0;
@@ -36,7 +28,7 @@ TEST(ReplaceFileTest, ReplacesWholeWithTheModeAskedAndLeavesNothingElse) {
   const std::string path = (dir.path / "state").string();
   EXPECT_FALSE(replace_file(path, "one\n"));
   EXPECT_FALSE(replace_file(path, "two\n", {Durability::Atomic, 0644, false, {}}));
-  EXPECT_EQ(read(path), "two\n");
+  EXPECT_EQ(test::read_file(path), "two\n");
   struct stat st {};
   ASSERT_EQ(::stat(path.c_str(), &st), 0);
   EXPECT_EQ(st.st_mode & 0777, 0644u);
@@ -56,7 +48,7 @@ TEST(ReplaceFileTest, AMissingDirectoryIsMadeOnlyWhenAsked) {
   ReplaceFile how;
   how.create_directory = true;
   EXPECT_FALSE(replace_file(path, "{}", how));
-  EXPECT_EQ(read(path), "{}");
+  EXPECT_EQ(test::read_file(path), "{}");
 }
 
 TEST(ReplaceFileTest, AFullDiskKeepsTheOldFileWhole) {
@@ -68,7 +60,7 @@ TEST(ReplaceFileTest, AFullDiskKeepsTheOldFileWhole) {
   ASSERT_TRUE(failed);
   EXPECT_EQ(failed->err, ENOSPC) << failed->what();
   EXPECT_NE(failed->what().find("writing "), std::string::npos) << failed->what();
-  EXPECT_EQ(read(path), std::string(8 * 1024, 'a'));
+  EXPECT_EQ(test::read_file(path), std::string(8 * 1024, 'a'));
   EXPECT_EQ(files_in(disk.dir.path), 1u) << "the temporary file is removed";
 }
 
@@ -82,7 +74,7 @@ TEST(ReplaceFileTest, AReasonNotToPublishKeepsTheOldFile) {
   ASSERT_TRUE(failed);
   EXPECT_EQ(failed->err, 0);
   EXPECT_EQ(failed->what(), "this node's place in the job lapsed");
-  EXPECT_EQ(read(path), "epoch 1");
+  EXPECT_EQ(test::read_file(path), "epoch 1");
   EXPECT_EQ(files_in(dir.path), 1u);
 }
 

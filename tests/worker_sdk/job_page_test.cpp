@@ -26,6 +26,7 @@
 #include "tests/support/subprocess.hpp"
 #include "tests/support/temp_dir.hpp"
 #include "tests/support/wait_until.hpp"
+#include "tests/support/files.hpp"
 #include "tests/support/job_node.hpp"
 
 namespace ddprun::test {
@@ -34,13 +35,6 @@ namespace {
 using namespace std::chrono_literals;
 using nlohmann::json;
 namespace fs = std::filesystem;
-
-std::string read_file(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
 
 // A program's path on PATH, or "".
 std::string on_path(const std::string& name) {
