@@ -256,7 +256,9 @@ std::unique_ptr<Subprocess> daemon_job_node(uint16_t store_port, const std::stri
 TEST(JobPageTest, TheDaemonsPageListsItsJobsAndShowsEachWithItsStraggler) {
   ASSERT_FALSE(chromium_path().empty()) << "chromium is missing (Debian's chromium package; scripts/install_deps.sh)";
   TempDir dir;
-  Daemon daemon(RENDEZVOUS_BIN, {{"--metrics-port", "0"}});
+  DaemonOptions with_page;
+  with_page.args = {"--metrics-port", "0"};
+  Daemon daemon(RENDEZVOUS_BIN, with_page);
   const std::string said = daemon.log_with("metrics on http://127.0.0.1:");
   const auto at = said.find("metrics on http://127.0.0.1:");
   ASSERT_NE(at, std::string::npos) << said;
