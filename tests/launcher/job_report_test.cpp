@@ -25,6 +25,16 @@ namespace {
 using json = nlohmann::json;
 namespace fs = std::filesystem;
 
+// A round ended by a hang that node `root_node` diagnosed, with `report`.
+RoundEnd hang_end(int root_node, const std::string& report) {
+  RoundEnd hang;
+  hang.kind = RoundEnd::Kind::Hang;
+  hang.root_node = root_node;
+  hang.detail = "no rank made progress for 5s";
+  hang.report = report;
+  return hang;
+}
+
 WorkerExit worker_end(int rank, int exit_code, int signal = 0) {
   WorkerExit e;
   e.rank = rank;
@@ -62,11 +72,7 @@ TEST(JobReportTest, AHangThenASuccessIsTwoAttemptsAndTheJobSucceeded) {
   JobReport report(o, "h1", "", false);
   report.rendezvous_began(0, 0);
   report.group_started(one_node(0, 4000));
-  RoundEnd hang;
-  hang.kind = RoundEnd::Kind::Hang;
-  hang.root_node = 0;
-  hang.detail = "no rank made progress for 5s";
-  hang.report = "HUNG: ...";
+  const RoundEnd hang = hang_end(0, "HUNG: ...");
   GroupResult stopped;
   stopped.outcome = GroupOutcome::StoppedByRequest;
   stopped.exits = {worker_end(1, 0, 15), worker_end(0, 0, 15)};
@@ -108,11 +114,7 @@ TEST(JobReportTest, AHangThatEndsTheJobCarriesTheDiagnosis) {
   JobReport report(o, "h1", "", true);
   report.rendezvous_began(0, 0);
   report.group_started(one_node(0, 4000));
-  RoundEnd hang;
-  hang.kind = RoundEnd::Kind::Hang;
-  hang.root_node = 1;
-  hang.detail = "no rank made progress for 5s";
-  hang.report = "HUNG: behind: rank 1";
+  const RoundEnd hang = hang_end(1, "HUNG: behind: rank 1");
   report.round_ended(hang, GroupResult{});
   report.set_hang_report_file("/logs/attempt_0/hang_report.txt");
   report.finish(&hang, 124);

@@ -25,12 +25,7 @@ class EtcdBackend final : public Backend {
   std::unique_ptr<RendezvousBackend> node(int rank, int nnodes, std::chrono::milliseconds join_timeout,
                                           const StopSignal& stop) override {
     EtcdRendezvousOptions o;
-    o.run_id = "job";
-    o.max_nodes = o.min_nodes = nnodes;
-    o.node_rank = rank;
-    o.advertise_addr = "127.0.0.1";
-    o.host = std::string("host-") + static_cast<char>('a' + rank);
-    o.timeouts.join_timeout = join_timeout;
+    static_cast<rendezvous::JoinSettings&>(o) = join_settings(rank, nnodes, join_timeout);
     o.etcd.endpoints = {cluster_->endpoint(0)};
     o.lease_ttl = std::chrono::seconds(3);
     return std::make_unique<EtcdRendezvous>(o, stop);

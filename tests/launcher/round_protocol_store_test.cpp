@@ -25,14 +25,9 @@ class StoreBackend final : public Backend {
   std::unique_ptr<RendezvousBackend> node(int rank, int nnodes, std::chrono::milliseconds join_timeout,
                                           const StopSignal& stop) override {
     StoreRendezvousOptions o;
-    o.run_id = "job";
-    o.max_nodes = o.min_nodes = nnodes;
-    o.node_rank = rank;
+    static_cast<rendezvous::JoinSettings&>(o) = join_settings(rank, nnodes, join_timeout);
     o.endpoint_host = "127.0.0.1";
     o.endpoint_port = server_->port();
-    o.advertise_addr = "127.0.0.1";
-    o.host = std::string("host-") + static_cast<char>('a' + rank);
-    o.timeouts.join_timeout = join_timeout;
     o.timeouts.keep_alive_interval = 100ms;
     o.timeouts.keep_alive_max_attempt = 3;
     return std::make_unique<StoreRendezvous>(o, stop);

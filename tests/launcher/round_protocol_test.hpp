@@ -16,6 +16,7 @@
 #include <variant>
 
 #include "common/stop_signal.hpp"
+#include "launcher/rendezvous/join_settings.hpp"
 #include "launcher/rendezvous/rendezvous_backend.hpp"
 
 namespace ddprun::launcher::test_round_protocol {
@@ -24,6 +25,19 @@ using rendezvous::RendezvousBackend;
 using rendezvous::RoundEnd;
 using rendezvous::World;
 using namespace std::chrono_literals;
+
+// What either backend is told for node `rank` of the suite's job ("job", `nnodes` nodes, all of
+// them needed): this host's address, a host name of its own (host-a, host-b, ...).
+inline rendezvous::JoinSettings join_settings(int rank, int nnodes, std::chrono::milliseconds join_timeout) {
+  rendezvous::JoinSettings j;
+  j.run_id = "job";
+  j.max_nodes = j.min_nodes = nnodes;
+  j.node_rank = rank;
+  j.advertise_addr = "127.0.0.1";
+  j.host = std::string("host-") + static_cast<char>('a' + rank);
+  j.timeouts.join_timeout = join_timeout;
+  return j;
+}
 
 // Where the nodes rendezvous, and what the tests need to see of it.
 class Backend {

@@ -7,6 +7,7 @@
 
 #include <chrono>
 #include <filesystem>
+#include <functional>
 #include <fstream>
 #include <future>
 #include <nlohmann/json.hpp>
@@ -45,13 +46,20 @@ TEST(AddOnceTest, OnlyTheLatestTokensAreRemembered) {
   EXPECT_EQ(store.add_once("c", 1, "t" + std::to_string(core::KvStore::kOnceTokens - 1)), now);
 }
 
+// A store journaled to `path` while `change` changes it, then dropped without an orderly shutdown:
+// the file holds what a killed daemon leaves.
+void journaled(const std::string& path, const std::function<void(core::KvStore&, server::StateJournal&)>& change) {
+  core::KvStore store;
+  server::StateJournal journal(path, store);
+  store.set_observer(&journal);
+  change(store, journal);
+  store.set_observer(nullptr);
+}
+
 TEST(StateJournalTest, WhatWasStoredComesBackInANewStore) {
   test::TempDir dir;
   const std::string path = dir.str() + "/state";
-  {
-    core::KvStore store;
-    server::StateJournal journal(path, store);
-    store.set_observer(&journal);
+  journaled(path, [](core::KvStore& store, server::StateJournal& journal) {
     store.set("a", "1");
     store.set("b", std::string("\0x\xff", 3));
     store.add("n", 41);
@@ -64,9 +72,7 @@ TEST(StateJournalTest, WhatWasStoredComesBackInANewStore) {
     store.queue_pop("q", popped);
     store.append("a", "23");
     journal.flush();
-    // No orderly shutdown: what the file holds is what a killed daemon leaves.
-    store.set_observer(nullptr);
-  }
+  });
   core::KvStore again;
   server::StateJournal journal(path, again);
   EXPECT_EQ(journal.loaded().keys, 3u);
@@ -84,16 +90,12 @@ TEST(StateJournalTest, WhatWasStoredComesBackInANewStore) {
 TEST(StateJournalTest, ATornLastRecordIsDroppedAndTheRestLoaded) {
   test::TempDir dir;
   const std::string path = dir.str() + "/state";
-  {
-    core::KvStore store;
-    server::StateJournal journal(path, store);
-    store.set_observer(&journal);
+  journaled(path, [](core::KvStore& store, server::StateJournal& journal) {
     store.set("kept", "yes");
     journal.flush();
     store.set("torn", "a value long enough to cut in half");
     journal.flush();
-    store.set_observer(nullptr);
-  }
+  });
   const auto size = std::filesystem::file_size(path);
   ASSERT_EQ(::truncate(path.c_str(), static_cast<off_t>(size - 10)), 0);  // died mid-write
   core::KvStore again;
@@ -160,11 +162,16 @@ client::ClientOptions client_options(uint16_t port, std::chrono::milliseconds to
   return o;
 }
 
-TEST(DurableServerTest, ARestartedServerAnswersAsTheOneThatStopped) {
+// A store that keeps its state (`first`, on `port`), whose state file is `state`.
+class DurableServerTest : public ::testing::Test {
+ protected:
   test::TempDir dir;
   const std::string state = dir.str() + "/state";
-  auto first = std::make_unique<server::ServerThread>(durable_options(state));
+  std::unique_ptr<server::ServerThread> first = std::make_unique<server::ServerThread>(durable_options(state));
   const uint16_t port = first->port();
+};
+
+TEST_F(DurableServerTest, ARestartedServerAnswersAsTheOneThatStopped) {
   {
     client::Client c(client_options(port, 0ms));
     c.set("/ddprun/job/g1/r0/node/0", "record");
@@ -179,11 +186,7 @@ TEST(DurableServerTest, ARestartedServerAnswersAsTheOneThatStopped) {
   EXPECT_TRUE(info.at("durable").get<bool>());
 }
 
-TEST(DurableServerTest, AClientRidesOutARestartAndAddsOnce) {
-  test::TempDir dir;
-  const std::string state = dir.str() + "/state";
-  auto first = std::make_unique<server::ServerThread>(durable_options(state));
-  const uint16_t port = first->port();
+TEST_F(DurableServerTest, AClientRidesOutARestartAndAddsOnce) {
   client::Client c(client_options(port, 10s));
   ASSERT_TRUE(c.rides_out_outages());
   EXPECT_EQ(c.add("counter", 1), 1);
@@ -203,11 +206,7 @@ TEST(DurableServerTest, AClientRidesOutARestartAndAddsOnce) {
   EXPECT_EQ(other.add("counter", 0), 2);
 }
 
-TEST(DurableServerTest, AWaitPendingAcrossTheRestartEndsWhenTheKeyArrives) {
-  test::TempDir dir;
-  const std::string state = dir.str() + "/state";
-  auto first = std::make_unique<server::ServerThread>(durable_options(state));
-  const uint16_t port = first->port();
+TEST_F(DurableServerTest, AWaitPendingAcrossTheRestartEndsWhenTheKeyArrives) {
   client::Client waiter(client_options(port, 10s));
   auto waited = std::async(std::launch::async, [&] { waiter.wait({"late"}, 20s); });
   // The WAIT has reached the first store: it holds a client that waits.
@@ -220,10 +219,7 @@ TEST(DurableServerTest, AWaitPendingAcrossTheRestartEndsWhenTheKeyArrives) {
   waited.get();
 }
 
-TEST(DurableServerTest, AStoreThatComesBackWithoutItsStateFailsTheCallAndSaysSo) {
-  test::TempDir dir;
-  auto first = std::make_unique<server::ServerThread>(durable_options(dir.str() + "/state"));
-  const uint16_t port = first->port();
+TEST_F(DurableServerTest, AStoreThatComesBackWithoutItsStateFailsTheCallAndSaysSo) {
   client::Client c(client_options(port, 10s));
   c.set("k", "v");
   first.reset();
@@ -236,7 +232,7 @@ TEST(DurableServerTest, AStoreThatComesBackWithoutItsStateFailsTheCallAndSaysSo)
   }
 }
 
-TEST(DurableServerTest, AStoreThatKeepsNoStateIsNotWaitedFor) {
+TEST(StoreStateTest, AStoreThatKeepsNoStateIsNotWaitedFor) {
   auto first = std::make_unique<server::ServerThread>(durable_options(""));
   const uint16_t port = first->port();
   client::Client c(client_options(port, 10s));
@@ -247,7 +243,7 @@ TEST(DurableServerTest, AStoreThatKeepsNoStateIsNotWaitedFor) {
   EXPECT_LT(std::chrono::steady_clock::now() - start, 8s);  // not the 10 s tolerance
 }
 
-TEST(DurableServerTest, AJobScopedClientReadsTheStoreInfoButCannotWriteIt) {
+TEST(StoreStateTest, AJobScopedClientReadsTheStoreInfoButCannotWriteIt) {
   test::TempDir dir;
   server::ServerOptions o = durable_options(dir.str() + "/state");
   core::Token cluster;
