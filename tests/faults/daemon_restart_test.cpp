@@ -23,6 +23,7 @@
 #include "tests/support/temp_dir.hpp"
 #include "tests/support/wait_until.hpp"
 #include "tests/support/job_node.hpp"
+#include "tests/support/store_client.hpp"
 
 namespace ddprun::test {
 namespace {
@@ -46,7 +47,7 @@ std::unique_ptr<Subprocess> node(uint16_t port, int rank, const std::string& run
                                  const std::string& seconds, const std::map<std::string, std::string>& env = {}) {
   return JobNode(rank)
       .without_rank()
-      .meet(at_daemon(port, run_id, /*c10d=*/true))
+      .meet(at_store(port, run_id, /*c10d=*/true))
       .conf("join_timeout=60,keep_alive_interval=1")
       .flags({"--max_restarts", "3"})
       .env(env)
@@ -141,11 +142,7 @@ TEST(DaemonRestartTest, AFullDiskUnderTheStateFileIsSaidOnceAndCaughtUpWithLater
   auto daemon = start_daemon(state);
   const uint16_t port = daemon->port();
   disk.fill();
-  rdzv::client::ClientOptions o;
-  o.host = "127.0.0.1";
-  o.port = port;
-  o.timeout = 10s;
-  rdzv::client::Client c(o);
+  rdzv::client::Client c(test::store_client(port));
   const std::string value(64 * 1024, 'v');
   for (int i = 0; i < 20; ++i) c.set("/ddprun/full/k" + std::to_string(i), value);
   for (int i = 0; i < 20; ++i) EXPECT_EQ(c.get("/ddprun/full/k" + std::to_string(i)), value);  // served on
@@ -154,7 +151,7 @@ TEST(DaemonRestartTest, AFullDiskUnderTheStateFileIsSaidOnceAndCaughtUpWithLater
   EXPECT_NE(daemon->log_with("is written again", 20s).find("is written again"), std::string::npos) << daemon->log();
   daemon->stop(SIGKILL);
   daemon = start_daemon(state, port);
-  rdzv::client::Client after(o);
+  rdzv::client::Client after(test::store_client(port));
   for (int i = 0; i < 20; ++i) EXPECT_EQ(after.get("/ddprun/full/k" + std::to_string(i), 2s), value);
 }
 

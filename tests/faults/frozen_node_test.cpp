@@ -17,6 +17,7 @@
 #include "tests/support/subprocess.hpp"
 #include "tests/support/temp_dir.hpp"
 #include "tests/support/wait_until.hpp"
+#include "tests/support/job_node.hpp"
 
 namespace ddprun::test {
 namespace {
@@ -24,15 +25,15 @@ namespace {
 using namespace std::chrono_literals;
 
 // The others count a node as lost after 6 heartbeats of 0.5 s without one.
-std::unique_ptr<Subprocess> agent(int port, const std::string& addr, const std::string& ready_file,
-                                  const std::string& seconds, const std::map<std::string, std::string>& env = {}) {
-  return std::make_unique<Subprocess>(
-      std::vector<std::string>{ddprun_bin(), "--rdzv_backend", "c10d", "--rdzv_endpoint",
-                               "127.0.0.1:" + std::to_string(port), "--rdzv_id", "frozen", "--nnodes", "1:2",
-                               "--local_addr", addr, "--rdzv_conf",
-                               "join_timeout=30,last_call_timeout=1,keep_alive_interval=0.5,keep_alive_max_attempt=6",
-                               TEST_WORKER_BIN, "ready-file", ready_file, "sleep", seconds},
-      env);
+std::unique_ptr<Subprocess> agent(int port, int host, const std::string& ready_file, const std::string& seconds,
+                                  const std::map<std::string, std::string>& env = {}) {
+  return JobNode(host)
+      .nnodes("1:2")
+      .without_rank()
+      .meet(at_store(port, "frozen", /*c10d=*/true))
+      .conf("join_timeout=30,last_call_timeout=1,keep_alive_interval=0.5,keep_alive_max_attempt=6")
+      .env(env)
+      .start({TEST_WORKER_BIN, "ready-file", ready_file, "sleep", seconds});
 }
 
 pid_t read_pid(const std::string& file) {
@@ -53,9 +54,9 @@ TEST(FrozenNodeTest, AFrozenNodesWorkersAreFencedBeforeTheOthersGoOnWithoutIt) {
   TempDir dir;
   const int port = free_port(), health_a = free_port();
   const std::string ready0 = (dir.path / "w0").string(), ready1 = (dir.path / "w1").string();
-  auto a = agent(port, "127.0.0.2", ready0, "12", health_env(health_a));
+  auto a = agent(port, 1, ready0, "12", health_env(health_a));
   ASSERT_TRUE(a->wait_for([&] { return port_taken(port); }, 10s)) << a->err();
-  auto b = agent(port, "127.0.0.3", ready1, "15");
+  auto b = agent(port, 2, ready1, "15");
   ASSERT_TRUE(b->wait_for_workers(1, 30s)) << b->err();
   ASSERT_TRUE(wait_until([&] { return read_pid(ready1) > 0; }, 10s));
   const pid_t frozen_worker = read_pid(ready1);

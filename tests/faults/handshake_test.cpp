@@ -19,6 +19,7 @@
 #include "tests/support/daemon.hpp"
 #include "tests/support/raw_socket.hpp"
 #include "tests/support/temp_dir.hpp"
+#include "tests/support/store_client.hpp"
 
 namespace ddprun::test {
 namespace {
@@ -57,11 +58,7 @@ std::string validate() {
 
 // The daemon serves a client that holds the secret: a PING, a set and a get.
 void expect_serving(uint16_t port) {
-  rdzv::client::ClientOptions o;
-  o.host = "127.0.0.1";
-  o.port = port;
-  o.connect_timeout = 10s;
-  o.timeout = 10s;
+  rdzv::client::ClientOptions o = test::store_client(port);
   o.credentials = rdzv::core::Credentials{"*", kSecret};
   rdzv::client::Client c(o);
   c.ping();

@@ -22,6 +22,7 @@
 #include "rendezvous/core/auth.hpp"
 #include "rendezvous/core/protocol.hpp"
 #include "tests/support/daemon.hpp"
+#include "tests/support/store_client.hpp"
 
 namespace ddprun::test {
 namespace {
@@ -29,10 +30,7 @@ namespace {
 using namespace std::chrono_literals;
 
 rdzv::client::ClientOptions options(uint16_t port) {
-  rdzv::client::ClientOptions o;
-  o.host = "127.0.0.1";
-  o.port = port;
-  o.connect_timeout = 5s;
+  rdzv::client::ClientOptions o = test::store_client(port, 5s);
   o.timeout = 1s;  // a frozen store is given up on quickly, and connected to again
   o.outage_tolerance = 30s;
   return o;

@@ -9,6 +9,7 @@
 #include "rendezvous/client/client.hpp"
 #include "tests/support/daemon.hpp"
 #include "tests/support/subprocess.hpp"
+#include "tests/support/store_client.hpp"
 
 namespace ddprun::test {
 namespace {
@@ -25,12 +26,7 @@ Finished run_job(uint16_t daemon_port, const std::string& run_id) {
 
 // Writes keys under job `run_id` until the store refuses one; returns how many it stored.
 int fill(uint16_t port, const std::string& run_id, int at_most) {
-  rdzv::client::ClientOptions o;
-  o.host = "127.0.0.1";
-  o.port = port;
-  o.connect_timeout = 5s;
-  o.timeout = 5s;
-  rdzv::client::Client c(o);
+  rdzv::client::Client c(test::store_client(port, 5s));
   for (int i = 0; i < at_most; ++i) {
     try {
       c.set("/ddprun/" + run_id + "/junk/" + std::to_string(i), std::string(100, 'j'));

@@ -18,6 +18,7 @@
 #include "tests/support/subprocess.hpp"
 #include "tests/support/temp_dir.hpp"
 #include "tests/support/job_node.hpp"
+#include "tests/support/store_client.hpp"
 
 namespace ddprun::test {
 namespace {
@@ -44,24 +45,15 @@ std::unique_ptr<Subprocess> daemon_node(uint16_t daemon_port, int rank, const st
                                         const std::string& token_file, std::vector<std::string> worker,
                                         std::vector<std::string> extra = {}) {
   return JobNode(rank)
-      .meet(at_daemon(daemon_port, run_id))
+      .meet(at_store(daemon_port, run_id))
       .conf("join_timeout=60" + (token_file.empty() ? "" : ",token_file=" + token_file))
       .flags(extra)
       .start(worker);
 }
 
-rdzv::client::ClientOptions client_to(uint16_t port) {
-  rdzv::client::ClientOptions o;
-  o.host = "127.0.0.1";
-  o.port = port;
-  o.connect_timeout = 5s;
-  o.timeout = 5s;
-  return o;
-}
-
 // A client with the cluster secret: sees every job.
 rdzv::client::Client admin(uint16_t port) {
-  auto o = client_to(port);
+  auto o = test::store_client(port, 5s);
   o.credentials = rdzv::core::Credentials{"*", kSecret};
   return rdzv::client::Client(o);
 }
@@ -128,8 +120,8 @@ TEST(AccessTest, StrangersInBothDialectsCannotReadWriteStatusOrEndAJob) {
   }
   // ddprun's client without a secret, or with a wrong one: refused with a reason (a wrong proof
   // at the first reply the client reads: the proof is pipelined with the first request).
-  EXPECT_THROW(rdzv::client::Client c(client_to(d.port())), ConfigError);
-  auto wrong = client_to(d.port());
+  EXPECT_THROW(rdzv::client::Client c(test::store_client(d.port(), 5s)), ConfigError);
+  auto wrong = test::store_client(d.port(), 5s);
   wrong.credentials = rdzv::core::Credentials{"*", "not-the-secret-at-all-0123"};
   rdzv::client::Client refused(wrong);
   EXPECT_THROW(refused.ping(), ConfigError);
@@ -188,7 +180,7 @@ TEST(AccessTest, TwoJobsOnOneDaemonCannotTouchEachOther) {
   EXPECT_EQ(f.exit_code, 2) << f.err;
   EXPECT_NE(f.err.find("is for job 'beta', not 'alpha'"), std::string::npos) << f.err;
   // beta's agents, authenticated for beta, cannot read or end alpha.
-  auto o_beta = client_to(d.port());
+  auto o_beta = test::store_client(d.port(), 5s);
   o_beta.credentials = rdzv::core::credentials_for(rdzv::core::read_token_file(beta), "beta", beta);
   rdzv::client::Client b(o_beta);
   b.set("/ddprun/beta/gen", "1");                   // its own keys: fine
@@ -225,9 +217,7 @@ TEST(AccessTest, TheWorkerStoreAdmitsOnlyTheJobsNodes) {
   const int port = free_port();
   std::vector<std::unique_ptr<Subprocess>> nodes;
   for (int rank = 0; rank < 2; ++rank) {
-    nodes.push_back(std::make_unique<Subprocess>(std::vector<std::string>{
-        DDPRUN_BIN, "--nnodes", "2", "--node_rank", std::to_string(rank), "--master_addr", "127.0.0.1", "--master_port",
-        std::to_string(port), "--local_addr", "127.0.0." + std::to_string(rank + 1), TEST_WORKER_BIN, "wait-signal"}));
+    nodes.push_back(JobNode(rank).meet(at_master(port)).conf("").start({TEST_WORKER_BIN, "wait-signal"}));
   }
   for (int rank = 0; rank < 2; ++rank) {
     ASSERT_TRUE(nodes[rank]->wait_for_output("[rank" + std::to_string(rank) + "]: ready", 30s)) << nodes[rank]->err();
@@ -293,26 +283,12 @@ TEST(AccessTest, RealPyTorchGlooWorkersTrainThroughAProtectedDaemon) {
   Daemon d(DAEMON_BIN, o);
   std::vector<std::unique_ptr<Subprocess>> nodes;
   for (int rank = 0; rank < 2; ++rank) {
-    std::vector<std::string> argv{DDPRUN_BIN,
-                                  "--nnodes",
-                                  "2",
-                                  "--node_rank",
-                                  std::to_string(rank),
-                                  "--nproc_per_node",
-                                  "2",
-                                  "--rdzv_endpoint",
-                                  "127.0.0.1:" + std::to_string(d.port()),
-                                  "--rdzv_id",
-                                  "torch",
-                                  "--master_addr",
-                                  "127.0.0.1",
-                                  "--local_addr",
-                                  "127.0.0." + std::to_string(rank + 1),
-                                  "--rdzv_conf",
-                                  "token_file=" + token,
-                                  GLOO_WORKER_PY};
-    nodes.push_back(std::make_unique<Subprocess>(
-        argv, std::map<std::string, std::string>{{"PYTHON_EXEC", TORCH_PYTHON}, {"OMP_NUM_THREADS", "1"}}));
+    nodes.push_back(JobNode(rank)
+                        .meet(at_store(d.port(), "torch"))
+                        .conf("token_file=" + token)
+                        .flags({"--nproc_per_node", "2"})
+                        .env({{"PYTHON_EXEC", TORCH_PYTHON}, {"OMP_NUM_THREADS", "1"}})
+                        .start({GLOO_WORKER_PY}));
   }
   for (int rank = 0; rank < 2; ++rank) {
     const Finished f = nodes[rank]->wait(180s);

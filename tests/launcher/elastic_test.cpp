@@ -9,6 +9,7 @@
 #include <regex>
 
 #include "tests/support/free_port.hpp"
+#include "tests/support/job_node.hpp"
 #include "tests/support/report.hpp"
 #include "tests/support/subprocess.hpp"
 
@@ -17,28 +18,18 @@ namespace {
 
 using namespace std::chrono_literals;
 
-std::unique_ptr<Subprocess> agent(int port, const std::string& nnodes, int nproc, const std::string& local_addr,
-                                  const std::string& conf, std::vector<std::string> worker_args,
-                                  std::vector<std::string> extra = {}) {
-  std::vector<std::string> argv{DDPRUN_BIN,
-                                "--rdzv_backend",
-                                "c10d",
-                                "--rdzv_endpoint",
-                                "127.0.0.1:" + std::to_string(port),
-                                "--rdzv_id",
-                                "elastic",
-                                "--nnodes",
-                                nnodes,
-                                "--nproc_per_node",
-                                std::to_string(nproc),
-                                "--local_addr",
-                                local_addr,
-                                "--rdzv_conf",
-                                conf};
-  argv.insert(argv.end(), extra.begin(), extra.end());
-  argv.push_back(TEST_WORKER_BIN);
-  argv.insert(argv.end(), worker_args.begin(), worker_args.end());
-  return std::make_unique<Subprocess>(argv);
+// A c10d node of job "elastic" through the daemon on `port`, without a rank, at 127.0.0.(host+1).
+std::unique_ptr<Subprocess> agent(int port, const std::string& nnodes, int nproc, int host, const std::string& conf,
+                                  std::vector<std::string> worker_args, std::vector<std::string> extra = {}) {
+  worker_args.insert(worker_args.begin(), TEST_WORKER_BIN);
+  return JobNode(host)
+      .nnodes(nnodes)
+      .without_rank()
+      .meet(at_store(port, "elastic", /*c10d=*/true))
+      .conf(conf)
+      .flags({"--nproc_per_node", std::to_string(nproc)})
+      .flags(extra)
+      .start(worker_args);
 }
 
 // The last round node `n` took part in, from its report: round, restart, node_rank, nnodes,
@@ -54,9 +45,9 @@ const std::string kFast = "join_timeout=30,last_call_timeout=0.5,keep_alive_inte
 TEST(ElasticTest, NodesJoinWithoutRanksAndTheEndpointHostGetsRankZero) {
   const int port = free_port();
   Reports reports;
-  auto a = agent(port, "2", 2, "127.0.0.2", kFast, {"store-barrier"}, reports.flags(0));
+  auto a = agent(port, "2", 2, 1, kFast, {"store-barrier"}, reports.flags(0));
   ASSERT_TRUE(a->wait_for([&] { return port_taken(port); }, 10s)) << a->err();
-  auto b = agent(port, "2", 2, "127.0.0.3", kFast, {"store-barrier"}, reports.flags(1));
+  auto b = agent(port, "2", 2, 2, kFast, {"store-barrier"}, reports.flags(1));
   const Finished fb = b->wait(60s), fa = a->wait(60s);
   ASSERT_EQ(fa.exit_code, 0) << fa.err;
   ASSERT_EQ(fb.exit_code, 0) << fb.err;
@@ -74,10 +65,10 @@ TEST(ElasticTest, NodesJoinWithoutRanksAndTheEndpointHostGetsRankZero) {
 TEST(ElasticTest, NodeRankHintOrdersTheOtherNodes) {
   const int port = free_port();
   Reports reports;
-  auto host = agent(port, "3", 1, "127.0.0.2", kFast, {"sleep", "0"});
+  auto host = agent(port, "3", 1, 1, kFast, {"sleep", "0"});
   ASSERT_TRUE(host->wait_for([&] { return port_taken(port); }, 10s));
-  auto late_hint0 = agent(port, "3", 1, "127.0.0.3", kFast, {"sleep", "0"}, reports.flags(1, {"--node_rank", "1"}));
-  auto hint2 = agent(port, "3", 1, "127.0.0.4", kFast, {"sleep", "0"}, reports.flags(2, {"--node_rank", "2"}));
+  auto late_hint0 = agent(port, "3", 1, 2, kFast, {"sleep", "0"}, reports.flags(1, {"--node_rank", "1"}));
+  auto hint2 = agent(port, "3", 1, 3, kFast, {"sleep", "0"}, reports.flags(2, {"--node_rank", "2"}));
   const Finished f1 = late_hint0->wait(60s), f2 = hint2->wait(60s), f0 = host->wait(60s);
   ASSERT_EQ(f0.exit_code, 0) << f0.err;
   EXPECT_EQ(last_attempt(reports, 1)["node_rank"], 1) << f1.err;
@@ -89,7 +80,7 @@ TEST(ElasticTest, NodeRankHintOrdersTheOtherNodes) {
 TEST(ElasticTest, TheWorkersSeeTheirNodesConfirmedPlaceInTheJob) {
   const int port = free_port();
   // keep-alive window 0.6 s: the fence (and so the confirmation) lasts 3/4 of it, at least 1 s.
-  auto a = agent(port, "1:2", 1, "127.0.0.2", kFast, {"sleep", "1.5", "membership"});
+  auto a = agent(port, "1:2", 1, 1, kFast, {"sleep", "1.5", "membership"});
   const Finished fa = a->wait(60s);
   ASSERT_EQ(fa.exit_code, 0) << fa.err;
   std::smatch m;
@@ -107,9 +98,9 @@ TEST(ElasticTest, TheWorkersSeeTheirNodesConfirmedPlaceInTheJob) {
 TEST(ElasticTest, MinNodesStartAfterTheLastCallWithoutWaitingForMax) {
   const int port = free_port();
   Reports reports;
-  auto a = agent(port, "1:3", 1, "127.0.0.2", kFast, {"store-barrier"}, reports.flags(0));
+  auto a = agent(port, "1:3", 1, 1, kFast, {"store-barrier"}, reports.flags(0));
   ASSERT_TRUE(a->wait_for([&] { return port_taken(port); }, 10s));
-  auto b = agent(port, "1:3", 1, "127.0.0.3", kFast, {"store-barrier"});
+  auto b = agent(port, "1:3", 1, 2, kFast, {"store-barrier"});
   const Finished fa = a->wait(60s), fb = b->wait(60s);
   ASSERT_EQ(fa.exit_code, 0) << fa.err;
   ASSERT_EQ(fb.exit_code, 0) << fb.err;
@@ -122,10 +113,10 @@ TEST(ElasticTest, MinNodesStartAfterTheLastCallWithoutWaitingForMax) {
 TEST(ElasticTest, SurvivorsReRendezvousWhenANodeIsKilled) {
   const int port = free_port();
   Reports reports;
-  auto a = agent(port, "2:3", 1, "127.0.0.2", kFast, {"sleep", "3"}, reports.flags(0, {"--max_restarts", "0"}));
+  auto a = agent(port, "2:3", 1, 1, kFast, {"sleep", "3"}, reports.flags(0, {"--max_restarts", "0"}));
   ASSERT_TRUE(a->wait_for([&] { return port_taken(port); }, 10s));
-  auto b = agent(port, "2:3", 1, "127.0.0.3", kFast, {"sleep", "3"}, {"--max_restarts", "0"});
-  auto c = agent(port, "2:3", 1, "127.0.0.4", kFast, {"sleep", "3"}, {"--max_restarts", "0"});
+  auto b = agent(port, "2:3", 1, 2, kFast, {"sleep", "3"}, {"--max_restarts", "0"});
+  auto c = agent(port, "2:3", 1, 3, kFast, {"sleep", "3"}, {"--max_restarts", "0"});
   ASSERT_TRUE(c->wait_for_workers(1, 30s)) << c->err();
   c->signal(SIGKILL);
   const Finished fa = a->wait(60s), fb = b->wait(60s);
@@ -148,8 +139,7 @@ TEST(ElasticTest, SurvivorsReRendezvousWhenANodeIsKilled) {
 // without waiting out their window (which cost a replica group's restart 16 s).
 TEST(ElasticTest, ARankThatLostAPeerInARoundOfOneNodeFailsWithoutWaitingForKeepAlives) {
   const int port = free_port();
-  auto a =
-      agent(port, "1:2", 1, "127.0.0.2", kFast, {"error-file", "Connection reset by peer"}, {"--max_restarts", "0"});
+  auto a = agent(port, "1:2", 1, 1, kFast, {"error-file", "Connection reset by peer"}, {"--max_restarts", "0"});
   const Finished fa = a->wait(60s);
   EXPECT_EQ(fa.exit_code, 1) << fa.err;
   EXPECT_EQ(fa.err.find("for the keep-alives to tell whether a node was lost"), std::string::npos) << fa.err;
@@ -159,11 +149,11 @@ TEST(ElasticTest, ARankThatLostAPeerInARoundOfOneNodeFailsWithoutWaitingForKeepA
 TEST(ElasticTest, ALateNodeIsAdmittedIntoTheRunningJob) {
   const int port = free_port();
   Reports reports;
-  auto a = agent(port, "2:3", 1, "127.0.0.2", kFast, {"sleep", "2"}, reports.flags(0));
+  auto a = agent(port, "2:3", 1, 1, kFast, {"sleep", "2"}, reports.flags(0));
   ASSERT_TRUE(a->wait_for([&] { return port_taken(port); }, 10s));
-  auto b = agent(port, "2:3", 1, "127.0.0.3", kFast, {"sleep", "2"});
+  auto b = agent(port, "2:3", 1, 2, kFast, {"sleep", "2"});
   ASSERT_TRUE(a->wait_for_workers(1, 30s));
-  auto late = agent(port, "2:3", 1, "127.0.0.4", kFast, {"sleep", "2"}, reports.flags(2));
+  auto late = agent(port, "2:3", 1, 3, kFast, {"sleep", "2"}, reports.flags(2));
   const Finished fl = late->wait(60s), fa = a->wait(60s), fb = b->wait(60s);
   ASSERT_EQ(fa.exit_code, 0) << fa.err;
   ASSERT_EQ(fb.exit_code, 0) << fb.err;

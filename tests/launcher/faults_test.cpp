@@ -288,22 +288,13 @@ TEST(FaultsTest, WaitingForNodesSaysWhoIsMissingAtASteadyRate) {
 TEST(FaultsTest, ANodeWaitingForTheOthersToFinishSaysHowManyHave) {
   const int port = free_port();
   auto start = [&](int rank, std::vector<std::string> worker) {
-    std::vector<std::string> argv{ddprun_bin(),
-                                  "--nnodes",
-                                  "2",
-                                  "--node_rank",
-                                  std::to_string(rank),
-                                  "--master_addr",
-                                  "127.0.0.1",
-                                  "--master_port",
-                                  std::to_string(port),
-                                  "--local_addr",
-                                  "127.0.0." + std::to_string(rank + 1),
-                                  "--rdzv_id",
-                                  "finishers",
-                                  TEST_WORKER_BIN};
-    argv.insert(argv.end(), worker.begin(), worker.end());
-    return std::make_unique<Subprocess>(argv, std::map<std::string, std::string>{{"DDPRUN_PROGRESS_INTERVAL", "1"}});
+    worker.insert(worker.begin(), TEST_WORKER_BIN);
+    return JobNode(rank)
+        .meet(at_master(port))
+        .conf("")
+        .flags({"--rdzv_id", "finishers"})
+        .env({{"DDPRUN_PROGRESS_INTERVAL", "1"}})
+        .start(worker);
   };
   auto fast = start(0, {"print", "1"});
   auto slow = start(1, {"sleep", "4"});

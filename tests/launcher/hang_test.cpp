@@ -19,6 +19,7 @@
 #include "tests/support/report.hpp"
 #include "tests/support/subprocess.hpp"
 #include "tests/support/temp_dir.hpp"
+#include "tests/support/job_node.hpp"
 
 namespace ddprun::test {
 namespace {
@@ -195,18 +196,14 @@ TEST(HangTest, ATwoNodeHangEndsBothNodesWithOneReportOfEveryRank) {
   for (int n = 0; n < 2; ++n) {
     // Each node's --report_file: node 0's by the flag, node 1's by DDPRUN_REPORT_FILE.
     const std::string report = (reports.path / ("node" + std::to_string(n) + ".json")).string();
-    std::vector<std::string> flags{"--nnodes",       "2",
-                                   "--node_rank",    std::to_string(n),
-                                   "--master_addr",  "127.0.0.1",
-                                   "--master_port",  std::to_string(port),
-                                   "--local_addr",   "127.0.0." + std::to_string(n + 1),
-                                   "--hang_timeout", "5",
-                                   "--log_dir",      (reports.path / ("logs" + std::to_string(n))).string()};
-    if (n == 0) flags.insert(flags.end(), {"--report_file", report});
-    nodes.push_back(std::make_unique<Subprocess>(
-        command(flags, {"collective", "1"}),
-        python_env(n == 1 ? std::map<std::string, std::string>{{"DDPRUN_REPORT_FILE", report}}
-                          : std::map<std::string, std::string>{})));
+    JobNode node(n);
+    node.meet(at_master(port))
+        .conf("")
+        .flags({"--hang_timeout", "5", "--log_dir", (reports.path / ("logs" + std::to_string(n))).string()});
+    if (n == 0) node.flags({"--report_file", report});
+    node.env(python_env(n == 1 ? std::map<std::string, std::string>{{"DDPRUN_REPORT_FILE", report}}
+                               : std::map<std::string, std::string>{}));
+    nodes.push_back(node.start({HANG_WORKER_PY, "collective", "1"}));
   }
   const Finished f0 = nodes[0]->wait(120s), f1 = nodes[1]->wait(120s);
   ASSERT_FALSE(f0.timed_out || f1.timed_out) << f0.err << f1.err;

@@ -19,6 +19,7 @@
 #include "tests/support/temp_dir.hpp"
 #include "tests/support/wait_until.hpp"
 #include "tests/support/job_node.hpp"
+#include "tests/support/store_client.hpp"
 
 namespace ddprun::test {
 namespace {
@@ -237,14 +238,14 @@ TEST(MultiNodeTest, TwoJobsShareOneRendezvousDaemonAndStatusShowsThem) {
       },
       10s))
       << daemon.err();
-  const std::string endpoint = "127.0.0.1:" + std::to_string(daemon_port);
   std::vector<std::unique_ptr<Subprocess>> nodes;
   for (const char* job : {"job-a", "job-b"}) {
     for (int n = 0; n < 2; ++n) {
-      nodes.push_back(std::make_unique<Subprocess>(std::vector<std::string>{
-          DDPRUN_BIN, "--nnodes", "2", "--node_rank", std::to_string(n), "--nproc_per_node", "2", "--rdzv_endpoint",
-          endpoint, "--rdzv_id", job, "--master_addr", "127.0.0.1", "--local_addr", "127.0.0." + std::to_string(n + 1),
-          TEST_WORKER_BIN, "store-barrier"}));
+      nodes.push_back(JobNode(n)
+                          .meet(at_store(daemon_port, job))
+                          .conf("")
+                          .flags({"--nproc_per_node", "2"})
+                          .start({TEST_WORKER_BIN, "store-barrier"}));
     }
   }
   std::set<std::string> worker_ports;
@@ -256,7 +257,7 @@ TEST(MultiNodeTest, TwoJobsShareOneRendezvousDaemonAndStatusShowsThem) {
     worker_ports.insert(port);
   }
   EXPECT_EQ(worker_ports.size(), 2u) << "each job has its own worker store";
-  Subprocess status({DAEMON_BIN, "status", "--endpoint", endpoint});
+  Subprocess status({DAEMON_BIN, "status", "--endpoint", "127.0.0.1:" + std::to_string(daemon_port)});
   const Finished st = status.wait(10s);
   ASSERT_EQ(st.exit_code, 0) << st.err;
   const auto j = nlohmann::json::parse(st.out);
@@ -277,41 +278,17 @@ TEST(MultiNodeTest, TwoJobsShareOneRendezvousDaemonAndStatusShowsThem) {
 std::vector<Finished> run_daemon_job(uint16_t port, const std::string& run_id, std::vector<std::string> worker,
                                      std::vector<std::string> extra = {}) {
   std::vector<std::unique_ptr<Subprocess>> nodes;
-  for (int n = 0; n < 2; ++n) {
-    std::vector<std::string> argv{DDPRUN_BIN,
-                                  "--nnodes",
-                                  "2",
-                                  "--node_rank",
-                                  std::to_string(n),
-                                  "--rdzv_endpoint",
-                                  "127.0.0.1:" + std::to_string(port),
-                                  "--master_addr",
-                                  "127.0.0.1",
-                                  "--local_addr",
-                                  "127.0.0." + std::to_string(n + 1)};
-    if (!run_id.empty()) argv.insert(argv.end(), {"--rdzv_id", run_id});
-    argv.insert(argv.end(), extra.begin(), extra.end());
-    argv.push_back(TEST_WORKER_BIN);
-    argv.insert(argv.end(), worker.begin(), worker.end());
-    nodes.push_back(std::make_unique<Subprocess>(argv));
-  }
+  worker.insert(worker.begin(), TEST_WORKER_BIN);
+  for (int n = 0; n < 2; ++n)
+    nodes.push_back(JobNode(n).meet(at_store(port, run_id)).conf("").flags(extra).start(worker));
   std::vector<Finished> out;
   for (auto& n : nodes) out.push_back(n->wait(60s));
   return out;
 }
 
-rdzv::client::ClientOptions daemon_client(uint16_t port) {
-  rdzv::client::ClientOptions o;
-  o.host = "127.0.0.1";
-  o.port = port;
-  o.connect_timeout = 10s;
-  o.timeout = 10s;
-  return o;
-}
-
 // The daemon's key count once its janitor has caught up (it sweeps every second).
 int64_t settled_keys(uint16_t port, int64_t at_most) {
-  rdzv::client::Client c(daemon_client(port));
+  rdzv::client::Client c(test::store_client(port));
   int64_t n = 0;
   wait_until([&] { return (n = c.num_keys()) <= at_most; }, 20s, 100ms);
   return n;
@@ -360,7 +337,7 @@ TEST(MultiNodeTest, AJobWhoseAgentsWereKilledIsForgottenAndItsIdRunsAgain) {
 TEST(MultiNodeTest, StatusSkipsKeysItCannotParseAndSaysSo) {
   Daemon d(DAEMON_BIN);
   {
-    rdzv::client::Client c(daemon_client(d.port()));
+    rdzv::client::Client c(test::store_client(d.port()));
     c.set("/ddprun/big/g1/r99999999999999999999/node/0", "{}");
     c.set("/ddprun/bad/g1/r0/node/0", "{not json");
     c.set("/ddprun/bad/g1/r0/worker_store", "[1,2]");

@@ -20,6 +20,7 @@
 #include "tests/support/subprocess.hpp"
 #include "tests/support/temp_dir.hpp"
 #include "tests/support/wait_until.hpp"
+#include "tests/support/job_node.hpp"
 
 namespace ddprun::test {
 namespace {
@@ -185,28 +186,12 @@ TEST(ReportFileTest, EachNodeOfATwoNodeJobReportsTheOtherNodesRootCause) {
   const int port = free_port();
   std::vector<std::unique_ptr<Subprocess>> nodes;
   for (int n = 0; n < 2; ++n) {
-    nodes.push_back(std::make_unique<Subprocess>(ddprun({"--nnodes",
-                                                         "2",
-                                                         "--node_rank",
-                                                         std::to_string(n),
-                                                         "--nproc_per_node",
-                                                         "2",
-                                                         "--master_addr",
-                                                         "127.0.0.1",
-                                                         "--master_port",
-                                                         std::to_string(port),
-                                                         "--local_addr",
-                                                         "127.0.0." + std::to_string(n + 1),
-                                                         "--shutdown_timeout",
-                                                         "5",
-                                                         "--report_file",
-                                                         (dir.path / ("node" + std::to_string(n) + ".json")).string(),
-                                                         TEST_WORKER_BIN,
-                                                         "exit-if-rank",
-                                                         "3",
-                                                         "9",
-                                                         "sleep",
-                                                         "60"})));
+    nodes.push_back(JobNode(n)
+                        .meet(at_master(port))
+                        .conf("")
+                        .flags({"--nproc_per_node", "2", "--shutdown_timeout", "5", "--report_file",
+                                (dir.path / ("node" + std::to_string(n) + ".json")).string()})
+                        .start({TEST_WORKER_BIN, "exit-if-rank", "3", "9", "sleep", "60"}));
   }
   const Finished f0 = nodes[0]->wait(90s), f1 = nodes[1]->wait(90s);
   ASSERT_EQ(f0.exit_code, 9) << f0.err;

@@ -20,6 +20,7 @@
 #include "rendezvous/client/client.hpp"
 #include "tests/support/hex.hpp"
 #include "tests/support/wait_until.hpp"
+#include "tests/support/store_client.hpp"
 
 namespace ddprun::rdzv {
 namespace {
@@ -28,14 +29,7 @@ using namespace std::chrono_literals;
 using test::unhex;
 using test::wait_until;
 
-client::ClientOptions client_options(uint16_t port) {
-  client::ClientOptions o;
-  o.host = "127.0.0.1";
-  o.port = port;
-  o.connect_timeout = 5s;
-  o.timeout = 5s;
-  return o;
-}
+client::ClientOptions client_options(uint16_t port) { return test::store_client(port, 5s); }
 
 // A plain blocking socket for sending arbitrary bytes.
 class RawSocket {

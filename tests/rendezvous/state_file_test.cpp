@@ -23,6 +23,7 @@
 #include "tests/support/files.hpp"
 #include "tests/support/temp_dir.hpp"
 #include "tests/support/wait_until.hpp"
+#include "tests/support/store_client.hpp"
 
 namespace ddprun::rdzv {
 namespace {
@@ -153,11 +154,7 @@ server::ServerOptions durable_options(const std::string& state, uint16_t port = 
 }
 
 client::ClientOptions client_options(uint16_t port, std::chrono::milliseconds tolerance) {
-  client::ClientOptions o;
-  o.host = "127.0.0.1";
-  o.port = port;
-  o.connect_timeout = 5s;
-  o.timeout = 5s;
+  client::ClientOptions o = test::store_client(port, 5s);
   o.outage_tolerance = tolerance;
   return o;
 }

@@ -19,6 +19,7 @@
 #include "tests/support/http.hpp"
 #include "tests/support/raw_socket.hpp"
 #include "tests/support/subprocess.hpp"
+#include "tests/support/store_client.hpp"
 
 namespace ddprun::test {
 namespace {
@@ -67,10 +68,7 @@ std::string v2_ping(uint32_t nonce) {
 constexpr uint8_t kV2Wait = 6, kV2MultiGet = 10, kV2CancelWait = 12;
 
 rdzv::client::ClientOptions client_options(uint16_t port) {
-  rdzv::client::ClientOptions o;
-  o.host = "127.0.0.1";
-  o.port = port;
-  o.connect_timeout = 10s;
+  rdzv::client::ClientOptions o = test::store_client(port);
   o.timeout = 20s;
   return o;
 }

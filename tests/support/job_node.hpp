@@ -1,7 +1,7 @@
 #pragma once
 // Test helper: one node of a multi-node ddprun job, as every multi-node test starts them. Node
 // `rank` plays a host of its own at 127.0.0.(rank+1) (--local_addr); where the nodes meet is one
-// of three: node 0's store (at_master), a ddprun-rendezvous daemon (at_daemon) or etcd (at_etcd).
+// of three: node 0's store (at_master), a store at an endpoint (at_store) or etcd (at_etcd).
 //
 //   auto node1 = JobNode(1).meet(at_master(port)).flags({"--max_restarts", "1"}).start({TEST_WORKER_BIN, "print", "1"});
 
@@ -20,10 +20,12 @@ inline std::vector<std::string> at_master(int port) {
   return {"--master_addr", "127.0.0.1", "--master_port", std::to_string(port)};
 }
 
-// A job `run_id` that meets in the ddprun-rendezvous daemon on 127.0.0.1:`port`; `c10d`: nodes join
-// without ranks (--rdzv_backend c10d), else with their --node_rank.
-inline std::vector<std::string> at_daemon(int port, const std::string& run_id, bool c10d = false) {
-  std::vector<std::string> flags{"--rdzv_endpoint", "127.0.0.1:" + std::to_string(port), "--rdzv_id", run_id};
+// A job `run_id` ("": ddprun's default id) that meets at the store on 127.0.0.1:`port` (a
+// ddprun-rendezvous daemon, or with c10d the node that binds it first); `c10d`: nodes join without
+// ranks (--rdzv_backend c10d), else with their --node_rank.
+inline std::vector<std::string> at_store(int port, const std::string& run_id, bool c10d = false) {
+  std::vector<std::string> flags{"--rdzv_endpoint", "127.0.0.1:" + std::to_string(port)};
+  if (!run_id.empty()) flags.insert(flags.end(), {"--rdzv_id", run_id});
   if (c10d) {
     flags.insert(flags.begin(), {"--rdzv_backend", "c10d"});
   } else {
@@ -51,7 +53,7 @@ class JobNode {
     rank_given_ = false;
     return *this;
   }
-  JobNode& meet(std::vector<std::string> where) {  // at_master, at_daemon or at_etcd
+  JobNode& meet(std::vector<std::string> where) {  // at_master, at_store or at_etcd
     meet_ = std::move(where);
     return *this;
   }

@@ -245,7 +245,7 @@ TEST(JobPageTest, ABrowserShowsEveryRankAndMarksTheThrottledOne) {
 std::unique_ptr<Subprocess> daemon_job_node(uint16_t store_port, const std::string& run_id, int node, int nproc,
                                             int slow_rank, int slow_ms) {
   return JobNode(node)
-      .meet(at_daemon(store_port, run_id))
+      .meet(at_store(store_port, run_id))
       .flags({"--nproc_per_node", std::to_string(nproc)})
       .env({{"DDPRUN_STEP_RATES_PERIOD", "1"}})
       .start({SDK_TEST_WORKER_BIN, "train", "1000000", "-1", std::to_string(slow_rank), std::to_string(slow_ms)});

@@ -14,6 +14,7 @@
 #include "tests/support/free_port.hpp"
 #include "tests/support/subprocess.hpp"
 #include "tests/support/temp_dir.hpp"
+#include "tests/support/job_node.hpp"
 
 namespace ddprun::test {
 namespace {
@@ -385,13 +386,12 @@ TEST(WorkerSdkProgressTest, NodeZeroReportsTheWholeJobsRatesFromEveryNode) {
   TempDir dir;
   std::vector<std::unique_ptr<Subprocess>> nodes;
   for (int n = 0; n < 2; ++n) {
-    nodes.push_back(std::make_unique<Subprocess>(
-        std::vector<std::string>{DDPRUN_BIN, "--nnodes", "2", "--node_rank", std::to_string(n), "--master_addr",
-                                 "127.0.0.1", "--master_port", std::to_string(port), "--local_addr",
-                                 "127.0.0." + std::to_string(n + 1), "--report_file",
-                                 (dir.path / ("node" + std::to_string(n) + ".json")).string(), SDK_TEST_WORKER_BIN,
-                                 "train", "300", "-1", "-1", "0"},
-        std::map<std::string, std::string>{{"OMP_NUM_THREADS", "1"}, {"DDPRUN_STEP_RATES_PERIOD", "1"}}));
+    nodes.push_back(JobNode(n)
+                        .meet(at_master(port))
+                        .conf("")
+                        .flags({"--report_file", (dir.path / ("node" + std::to_string(n) + ".json")).string()})
+                        .env({{"OMP_NUM_THREADS", "1"}, {"DDPRUN_STEP_RATES_PERIOD", "1"}})
+                        .start({SDK_TEST_WORKER_BIN, "train", "300", "-1", "-1", "0"}));
   }
   const Finished f0 = nodes[0]->wait(300s), f1 = nodes[1]->wait(300s);
   ASSERT_EQ(f0.exit_code, 0) << f0.err;
