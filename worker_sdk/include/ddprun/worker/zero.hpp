@@ -251,7 +251,8 @@ class ZeroRedundancyOptimizer : public Joinable {
       }
       const auto dict = saved.toGenericDict();
       numels = dict.at("numels").toTensor();
-      for (const auto& shard : dict.at("shards").toListRef()) shards.push_back(shard.toTensor().contiguous());
+      const c10::IValue saved_shards = dict.at("shards");
+      for (const auto& shard : saved_shards.toListRef()) shards.push_back(shard.toTensor().contiguous());
     } else {
       torch::serialize::InputArchive archive;
       archive.load_from(path);
