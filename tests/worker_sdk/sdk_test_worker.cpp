@@ -1,6 +1,7 @@
 // Runs under ddprun (or alone) and checks the worker SDK against single-process references.
 // Prints "RESULT key=value" lines from rank 0 for the GoogleTest driver to assert on.
 //   sdk_test_worker ddp-equivalence STEPS [direct|process-group]
+//   sdk_test_worker ddp-module DIR          (DDP as a module: nested, state dict names, save and load)
 //   sdk_test_worker no-sync
 //   sdk_test_worker unused-parameter find|report
 //   sdk_test_worker custom-hook             (a communication hook of the user's, with its own state)
@@ -21,6 +22,7 @@
 //   sdk_test_worker qat-parity ENGINE IN OUT STEPS OBSERVER_OFF FREEZE_BN convert|train   (QAT against Python's)
 //   sdk_test_worker qat-sequential ENGINE FLOAT_IN OUT STEPS OBSERVER_OFF FREEZE_BN   (qat::prepare_qat)
 //   sdk_test_worker qat-sync-bn               (a QAT ConvBnReLU2d with SyncBatchNorm against the whole batch)
+//   sdk_test_worker qat-clone                 (clone() of a trained and of a converted QAT model)
 //   sdk_test_worker torch-load FILE...    (no launcher: "OK <tensors>" or "ERROR <why>" per file)
 //   sdk_test_worker train STEPS STALL_RANK SLOW_RANK SLOW_MS
 //       DDP training for STEPS steps; STALL_RANK (-1: none) then stops in its own code, the others
@@ -110,6 +112,64 @@ int ddp_equivalence(int steps, const std::string& reducer) {
   dist.print("RESULT max_abs_diff_between_ranks=", between);
   dist.print("RESULT buffer_diff_between_ranks=", buffers_between);
   dist.print("RESULT world_size=", world);
+  return 0;
+}
+
+// DDP as a module, as Python's is: a child of another module (made with make_shared, used with
+// `->`), whose parameters, train()/eval() and state dict ("module."-prefixed names) go through it;
+// saved with torch::save from one DDP and loaded with torch::load into another; training through
+// the parent reduces the gradients.
+struct TrainerImpl : torch::nn::Module {
+  explicit TrainerImpl(std::shared_ptr<DistributedDataParallel<NetImpl>> d) {
+    ddp = register_module("ddp", std::move(d));
+  }
+  torch::Tensor forward(const torch::Tensor& x) { return ddp->forward(x); }
+  std::shared_ptr<DistributedDataParallel<NetImpl>> ddp;
+};
+TORCH_MODULE(Trainer);
+
+int ddp_module(const std::string& dir) {
+  auto dist = Distributed::init();
+  const int world = dist.world_size(), per_rank = 4;
+  Net model = rank_seeded_net(dist.rank());
+  Trainer trainer(std::make_shared<DistributedDataParallel<NetImpl>>(model.ptr(), dist, small_buckets()));
+  int name_mismatches = 0;
+  const auto names = state_dict(*trainer->ddp), inner = state_dict(*model);
+  for (const auto& entry : inner) {
+    if (entry.key().toStringRef() != "_metadata" && !names.contains("module." + entry.key().toStringRef())) {
+      ++name_mismatches;
+    }
+  }
+  name_mismatches += static_cast<int>(names.size()) - static_cast<int>(inner.size());
+  const bool same_parameters = trainer->parameters().size() == model->parameters().size();
+  torch::optim::SGD opt(trainer->parameters(), torch::optim::SGDOptions(0.1));
+  for (int step = 0; step < 2; ++step) {
+    auto [x, y] = global_batch(step, world, per_rank);
+    opt.zero_grad();
+    torch::nn::functional::cross_entropy(trainer(x.narrow(0, dist.rank() * per_rank, per_rank)),
+                                         y.narrow(0, dist.rank() * per_rank, per_rank))
+        .backward();
+    opt.step();
+  }
+  const double between = diff_vs_rank0(dist, model->parameters());
+  trainer->eval();
+  const bool eval_reaches_module = !model->is_training() && !model->bn->is_training();
+  trainer->train();
+  const std::string path = dir + "/ddp-" + std::to_string(dist.rank()) + ".pt";
+  torch::save(trainer->ddp, path);
+  Net other;  // other values, the same architecture
+  auto other_ddp = std::make_shared<DistributedDataParallel<NetImpl>>(other.ptr(), dist, small_buckets());
+  torch::load(other_ddp, path);
+  const double loaded_diff = all_max(dist, max_abs_diff(other->parameters(), model->parameters()));
+  std::ostringstream printed;
+  printed << *trainer;
+  dist.print("RESULT ddp_module_name_mismatches=", name_mismatches);
+  dist.print("RESULT ddp_module_same_parameters=", same_parameters ? 1 : 0);
+  dist.print("RESULT ddp_module_diff_between_ranks=", between);
+  dist.print("RESULT ddp_module_eval_reaches_module=", eval_reaches_module ? 1 : 0);
+  dist.print("RESULT ddp_module_loaded_diff=", loaded_diff);
+  dist.print("RESULT ddp_module_printed_as_ddp=",
+             printed.str().find("(ddp): DistributedDataParallel(\n    (module): ") != std::string::npos ? 1 : 0);
   return 0;
 }
 
@@ -453,6 +513,7 @@ int main(int argc, char** argv) {
   const std::string mode = argc > 1 ? argv[1] : "";
   try {
     if (mode == "ddp-equivalence") return ddp_equivalence(std::stoi(argv[2]), argc > 3 ? argv[3] : "direct");
+    if (mode == "ddp-module") return ddp_module(argv[2]);
     if (mode == "no-sync") return no_sync();
     if (mode == "unused-parameter") return unused_parameter(argv[2]);
     if (mode == "custom-hook") return custom_hook();
@@ -478,6 +539,7 @@ int main(int argc, char** argv) {
                                     std::stoi(argv[7]));
     }
     if (mode == "qat-sync-bn") return qat_sync_bn();
+    if (mode == "qat-clone") return qat_clone();
     if (mode == "torch-load") return torch_load_files(argc, argv);
     if (mode == "train") return train(std::stoi(argv[2]), std::stoi(argv[3]), std::stoi(argv[4]), std::stoi(argv[5]));
     std::cerr << "unknown mode '" << mode << "'\n";

@@ -105,6 +105,7 @@ int zero(const std::string& phase, const std::string& dir);
 int qat_parity(const std::string& engine, const std::string& in, const std::string& out, int steps, int observer_off,
                int freeze_bn, bool convert);
 int qat_sync_bn();
+int qat_clone();
 int qat_prepare_sequential(const std::string& engine, const std::string& in, const std::string& out, int steps,
                            int observer_off, int freeze_bn);
 

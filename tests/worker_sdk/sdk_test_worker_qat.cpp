@@ -1,4 +1,5 @@
-// The quantization-aware training modes of sdk_test_worker (qat-parity, qat-sequential, qat-sync-bn).
+// The quantization-aware training modes of sdk_test_worker (qat-parity, qat-sequential, qat-sync-bn,
+// qat-clone).
 #include <torch/torch.h>
 
 #include <algorithm>
@@ -7,6 +8,7 @@
 #include <sstream>
 #include <stdexcept>
 #include <string>
+#include <typeinfo>
 #include <utility>
 #include <vector>
 
@@ -139,6 +141,74 @@ int qat_sync_bn() {
   }
   dist.print("RESULT qat_sync_bn_vs_whole_batch=", all_max(dist, worst));
   dist.print("RESULT qat_sync_bn_batches=", mine->sync_bn->num_batches_tracked.item<int64_t>());
+  return 0;
+}
+
+// clone() of a trained QAT model (prepare_qat's QuantWrapper over a Sequential of ConvBnReLU2d,
+// ConvBn2d, LinearReLU, Linear, with per-channel observers and BatchNorm frozen): the same types,
+// the same state dict to the bit, the same outputs in training and evaluation, tensors of its own,
+// no random numbers drawn; then the same for the converted int8 model. One process, no DDP.
+int qat_clone() {
+  using namespace torch::nn;
+  auto dist = Distributed::init();
+  torch::manual_seed(3);
+  Sequential seq(Conv2d(Conv2dOptions(1, 4, 3).padding(1)), BatchNorm2d(4), ReLU(), MaxPool2d(MaxPool2dOptions(2)),
+                 Conv2d(4, 6, 3), BatchNorm2d(6), Flatten(), torch::nn::Linear(24, 16), ReLU(),
+                 torch::nn::Linear(16, 5));
+  auto model = qat::prepare_qat(seq, qat::default_qat_qconfig("onednn"), {{0, 1, 2}, {4, 5}, {7, 8}});
+  torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
+  for (int step = 0; step < 3; ++step) {
+    auto [x, y] = global_batch(step, 1, 4);
+    opt.zero_grad();
+    torch::nn::functional::cross_entropy(model(x), y).backward();
+    opt.step();
+  }
+  qat::freeze_bn_stats(*model);
+  const auto x = std::get<0>(global_batch(7, 1, 4));
+  auto differs = [](const c10::impl::GenericDict& a, const c10::impl::GenericDict& b) {
+    int64_t n = 0;
+    if (a.size() != b.size()) return int64_t{-1};
+    for (const auto& entry : a) {
+      if (!entry.value().isTensor()) continue;
+      const auto& ta = entry.value().toTensor();
+      if (!b.contains(entry.key())) return int64_t{-1};
+      const auto tb = b.at(entry.key()).toTensor();
+      if (!ta.sizes().equals(tb.sizes()) || !torch::equal(ta, tb)) ++n;
+    }
+    return n;
+  };
+  const auto rng_before = at::detail::getDefaultCPUGenerator().get_state();
+  const auto copy = std::dynamic_pointer_cast<qat::QuantWrapperImpl>(model->clone());
+  const bool rng_untouched = torch::equal(rng_before, at::detail::getDefaultCPUGenerator().get_state());
+  if (!copy) throw std::runtime_error("clone() of a QuantWrapper is not a QuantWrapperImpl");
+  int types = 0;
+  for (size_t i : {0, 4, 7, 9}) {  // ConvBnReLU2d, ConvBn2d, LinearReLU, Linear (Identity where fused away)
+    const auto& a = *model->module->ptr(i);
+    const auto& b = *copy->module->ptr(i);
+    std::ostringstream pa, pb;
+    a.pretty_print(pa);
+    b.pretty_print(pb);
+    types += typeid(a) == typeid(b) && pa.str() == pb.str() && &a != &b;
+  }
+  const int64_t state_diffs = differs(state_dict(*model), state_dict(*copy));
+  const double train_diff = (model(x) - copy->forward(x)).abs().max().item<double>();  // frozen BatchNorm in both
+  model->eval();
+  copy->eval();
+  torch::NoGradGuard no_grad;
+  const double eval_diff = (model(x) - copy->forward(x)).abs().max().item<double>();
+  copy->module->ptr(0)->parameters()[0].add_(1);  // the clone's weights are its own
+  const int64_t shared_after_write = differs(state_dict(*model), state_dict(*copy));
+  qat::convert(*model, "onednn");
+  const auto int8_copy = std::dynamic_pointer_cast<qat::QuantWrapperImpl>(model->clone());
+  const double int8_diff = (model(x) - int8_copy->forward(x)).abs().max().item<double>();
+  dist.print("RESULT qat_clone_types=", types);
+  dist.print("RESULT qat_clone_state_diffs=", state_diffs);
+  dist.print("RESULT qat_clone_train_diff=", train_diff);
+  dist.print("RESULT qat_clone_eval_diff=", eval_diff);
+  dist.print("RESULT qat_clone_rng_untouched=", rng_untouched ? 1 : 0);
+  dist.print("RESULT qat_clone_diffs_after_write=", shared_after_write);
+  dist.print("RESULT qat_clone_int8_diff=", int8_diff);
+  dist.print("RESULT qat_clone_int8_converted=", int8_copy->quant->converted() ? 1 : 0);
   return 0;
 }
 

@@ -178,6 +178,39 @@ TEST(DdpTest, QatConvBnWithSyncBatchNormIsTheWholeBatchsConvBn) {
   EXPECT_EQ(r["qat_sync_bn_batches"], "2") << f.out;
 }
 
+// DistributedDataParallel is a module, as Python's DDP is: another module's child whose training
+// still reduces the gradients, its parameters and eval() those of the module it wraps, its state
+// dict the module's under "module.", torch::save of one DDP loads into another.
+TEST(DdpTest, DdpIsAModuleThatNestsSavesAndLoads) {
+  TempDir dir;
+  const Finished f = run_under_ddprun(2, {"ddp-module", dir.path.string()});
+  ASSERT_EQ(f.exit_code, 0) << f.err;
+  auto r = results(f.out);
+  EXPECT_EQ(r["ddp_module_name_mismatches"], "0") << f.out;
+  EXPECT_EQ(r["ddp_module_same_parameters"], "1") << f.out;
+  EXPECT_EQ(std::stod(r["ddp_module_diff_between_ranks"]), 0.0) << f.out;
+  EXPECT_EQ(r["ddp_module_eval_reaches_module"], "1") << f.out;
+  EXPECT_EQ(std::stod(r["ddp_module_loaded_diff"]), 0.0) << f.out;
+  EXPECT_EQ(r["ddp_module_printed_as_ddp"], "1") << f.out;
+}
+
+// A trained QAT model's clone(), as LibTorch's modules clone: every module of its own type with
+// the same state to the bit (per-channel observers, frozen BatchNorm), the same outputs, weights of
+// its own, no random numbers drawn; a converted model's clone runs the same int8 forward.
+TEST(DdpTest, QatModelsCloneAsLibTorchModulesDo) {
+  const Finished f = run_under_ddprun(1, {"qat-clone"});
+  ASSERT_EQ(f.exit_code, 0) << f.err;
+  auto r = results(f.out);
+  EXPECT_EQ(r["qat_clone_types"], "4") << f.out;
+  EXPECT_EQ(r["qat_clone_state_diffs"], "0") << f.out;
+  EXPECT_EQ(std::stod(r["qat_clone_train_diff"]), 0.0) << f.out;
+  EXPECT_EQ(std::stod(r["qat_clone_eval_diff"]), 0.0) << f.out;
+  EXPECT_EQ(r["qat_clone_rng_untouched"], "1") << f.out;
+  EXPECT_EQ(r["qat_clone_diffs_after_write"], "1") << f.out;
+  EXPECT_EQ(std::stod(r["qat_clone_int8_diff"]), 0.0) << f.out;
+  EXPECT_EQ(r["qat_clone_int8_converted"], "1") << f.out;
+}
+
 // ZeroRedundancyOptimizer with SGD and Adam gives the parameters of DDP with a local optimizer,
 // bit for bit, holding about 1/N of the optimizer state per rank; its checkpoint, made at 4 ranks,
 // resumes at 2 where one process over the whole batch would be (a fresh Adam state would not be);

@@ -10,9 +10,9 @@
 #include <torch/nn/modules/activation.h>
 #include <torch/nn/modules/conv.h>
 #include <torch/nn/modules/linear.h>
-#include <torch/nn/modules/linear.h>
 
 #include <algorithm>
+#include <ios>
 #include <limits>
 #include <map>
 #include <stdexcept>
@@ -63,11 +63,18 @@ c10::IValue ints(const torch::ExpandingArray<2>& a) { return std::vector<int64_t
 
 int64_t qparams_bytes(const at::Tensor& scale) { return scale.numel() * 16; }  // a double and an int64 each
 
+void copy_into(const at::Tensor& to, const at::Tensor& from) {
+  torch::NoGradGuard no_grad;
+  to.copy_(from);
+}
+
 }  // namespace
 
-ObserverImpl::ObserverImpl(const FakeQuantizeOptions& options) {
+ObserverImpl::ObserverImpl(const FakeQuantizeOptions& options) : per_channel_(options.per_channel()) { reset(); }
+
+void ObserverImpl::reset() {
   eps = register_buffer("eps", torch::tensor({std::numeric_limits<float>::epsilon()}, torch::kFloat));
-  if (options.per_channel()) {
+  if (per_channel_) {
     min_val = register_buffer("min_val", torch::empty({0}, torch::kFloat));
     max_val = register_buffer("max_val", torch::empty({0}, torch::kFloat));
   } else {
@@ -81,6 +88,10 @@ FakeQuantizeImpl::FakeQuantizeImpl(FakeQuantizeOptions options) : options_(optio
     throw std::invalid_argument("FakeQuantize: quant_min " + std::to_string(options_.quant_min()) + " > quant_max " +
                                 std::to_string(options_.quant_max()));
   }
+  reset();
+}
+
+void FakeQuantizeImpl::reset() {
   fake_quant_enabled = register_buffer("fake_quant_enabled", torch::tensor({int64_t{1}}, torch::kLong));
   observer_enabled = register_buffer("observer_enabled", torch::tensor({int64_t{1}}, torch::kLong));
   scale = register_buffer("scale", torch::tensor({1.0f}, torch::kFloat));
@@ -144,8 +155,10 @@ at::Tensor FakeQuantizeImpl::quantize_weight(const at::Tensor& w) const {
 void FakeQuantizeImpl::enable_observer(bool on) { observer_enabled.fill_(on ? 1 : 0); }
 void FakeQuantizeImpl::enable_fake_quant(bool on) { fake_quant_enabled.fill_(on ? 1 : 0); }
 
-QuantStubImpl::QuantStubImpl(const QConfig& qconfig) {
-  activation_post_process = register_module("activation_post_process", FakeQuantize(qconfig.activation));
+QuantStubImpl::QuantStubImpl(const QConfig& qconfig) : options_(qconfig.activation) { reset(); }
+
+void QuantStubImpl::reset() {
+  activation_post_process = register_module("activation_post_process", FakeQuantize(options_));
 }
 
 at::Tensor QuantStubImpl::forward(const at::Tensor& x) {
@@ -161,13 +174,27 @@ void QuantStubImpl::convert() {
 }
 
 LinearImpl::LinearImpl(const torch::nn::LinearOptions& options, const QConfig& qconfig, bool relu)
-    : options_(options), relu_(relu) {
-  // torch::nn::Linear's initialisation (Python's reset_parameters).
-  torch::nn::Linear init(options);
-  weight = register_parameter("weight", init->weight.detach());
-  if (options.bias()) bias = register_parameter("bias", init->bias.detach());
-  weight_fake_quant = register_module("weight_fake_quant", FakeQuantize(qconfig.weight));
-  activation_post_process = register_module("activation_post_process", FakeQuantize(qconfig.activation));
+    : options_(options), qconfig_(qconfig), relu_(relu) {
+  reset();
+  reset_parameters();
+}
+
+void LinearImpl::reset() {
+  weight = register_parameter("weight", torch::empty({options_.out_features(), options_.in_features()}));
+  if (options_.bias()) bias = register_parameter("bias", torch::empty({options_.out_features()}));
+  weight_fake_quant = register_module("weight_fake_quant", FakeQuantize(qconfig_.weight));
+  activation_post_process = register_module("activation_post_process", FakeQuantize(qconfig_.activation));
+}
+
+void LinearImpl::reset_parameters() {
+  const torch::nn::Linear init(options_);
+  copy_into(weight, init->weight);
+  if (options_.bias()) copy_into(bias, init->bias);
+}
+
+void LinearImpl::pretty_print(std::ostream& stream) const {
+  stream << "ddprun::worker::qat::" << (relu_ ? "LinearReLU" : "Linear") << "(in_features=" << options_.in_features()
+         << ", out_features=" << options_.out_features() << ", bias=" << std::boolalpha << options_.bias() << ")";
 }
 
 at::Tensor LinearImpl::forward(const at::Tensor& x) {
@@ -197,23 +224,42 @@ int64_t LinearImpl::quantized_bytes() const {
 }
 
 Conv2dImpl::Conv2dImpl(const torch::nn::Conv2dOptions& options, const QConfig& qconfig, Fused fused, bool with_sync_bn)
-    : options_(options), fused_(fused) {
+    : options_(options), qconfig_(qconfig), fused_(fused), with_sync_bn_(with_sync_bn) {
   if (!alternative<torch::ExpandingArray<2>>(options.padding())) {
     throw std::invalid_argument("qat::Conv2d takes padding as numbers (not kSame or kValid)");
   }
   if (!alternative<torch::enumtype::kZeros>(options.padding_mode())) {
     throw std::invalid_argument("qat::Conv2d pads with zeros only, as PyTorch's QAT convolutions do");
   }
-  torch::nn::Conv2d init(options);  // torch::nn::Conv2d's initialisation
-  weight = register_parameter("weight", init->weight.detach());
-  if (options.bias()) bias = register_parameter("bias", init->bias.detach());
-  if (fused_ != Fused::kNone && with_sync_bn) {
-    sync_bn = register_module("bn", SyncBatchNorm(options.out_channels()));
+  reset();
+  reset_parameters();
+}
+
+void Conv2dImpl::reset() {
+  std::vector<int64_t> shape{options_.out_channels(), options_.in_channels() / options_.groups()};
+  shape.insert(shape.end(), options_.kernel_size()->begin(), options_.kernel_size()->end());
+  weight = register_parameter("weight", torch::empty(shape));
+  if (options_.bias()) bias = register_parameter("bias", torch::empty({options_.out_channels()}));
+  if (fused_ != Fused::kNone && with_sync_bn_) {
+    sync_bn = register_module("bn", SyncBatchNorm(options_.out_channels()));
   } else if (fused_ != Fused::kNone) {
-    bn = register_module("bn", torch::nn::BatchNorm2d(options.out_channels()));
+    bn = register_module("bn", torch::nn::BatchNorm2d(options_.out_channels()));
   }
-  weight_fake_quant = register_module("weight_fake_quant", FakeQuantize(qconfig.weight));
-  activation_post_process = register_module("activation_post_process", FakeQuantize(qconfig.activation));
+  weight_fake_quant = register_module("weight_fake_quant", FakeQuantize(qconfig_.weight));
+  activation_post_process = register_module("activation_post_process", FakeQuantize(qconfig_.activation));
+}
+
+void Conv2dImpl::reset_parameters() {
+  const torch::nn::Conv2d init(options_);
+  copy_into(weight, init->weight);
+  if (options_.bias()) copy_into(bias, init->bias);
+}
+
+void Conv2dImpl::pretty_print(std::ostream& stream) const {
+  static constexpr const char* kNames[] = {"Conv2d", "ConvBn2d", "ConvBnReLU2d"};
+  stream << "ddprun::worker::qat::" << kNames[static_cast<int>(fused_)] << "(" << options_.in_channels() << ", "
+         << options_.out_channels() << ", kernel_size=" << options_.kernel_size() << ", stride=" << options_.stride()
+         << ")";
 }
 
 at::Tensor Conv2dImpl::conv(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b) const {
@@ -329,18 +375,18 @@ void freeze_bn_stats(torch::nn::Module& model, bool frozen) {
   });
 }
 
-QuantWrapperImpl::QuantWrapperImpl(torch::nn::Sequential m, const QConfig& qconfig) {
-  quant = register_module("quant", QuantStub(qconfig));
+QuantWrapperImpl::QuantWrapperImpl(torch::nn::Sequential m, const QConfig& qconfig) : qconfig_(qconfig) {
+  reset();
+  module = replace_module("module", std::move(m));
+}
+
+void QuantWrapperImpl::reset() {
+  quant = register_module("quant", QuantStub(qconfig_));
   dequant = register_module("dequant", DeQuantStub());
-  module = register_module("module", std::move(m));
+  module = register_module("module", torch::nn::Sequential());  // the wrapped model, or its clone, goes here
 }
 
 namespace {
-
-void copy_into(at::Tensor& to, const at::Tensor& from) {
-  torch::NoGradGuard no_grad;
-  to.copy_(from);
-}
 
 // A QAT convolution with the float one's options and weights (and BatchNorm's, when fused).
 Conv2d qat_conv(const torch::nn::Conv2dImpl& conv, const QConfig& qconfig, Conv2dImpl::Fused fused,

@@ -169,13 +169,21 @@ struct OutputTensors<std::pair<A, B>> {
 
 }  // namespace detail
 
+// A module, as Python's DDP is: the wrapped module is its child "module", so its parameters,
+// buffers, train()/eval(), state_dict (names "module.fc1.weight", as Python's DDP writes them),
+// torch::save/torch::load and pretty printing go through it; made with std::make_shared it can
+// be another module's child (register_module) and used with `->`. Not a clone()able module (a
+// DDP object is collective state: clone the wrapped module and wrap the copy), nor one to move
+// to another device after construction (move the module first), as in Python.
 template <typename ModuleType>
-class DistributedDataParallel : public Joinable {
+class DistributedDataParallel : public torch::nn::Module, public Joinable {
  public:
   // Collective: every rank constructs its DDP objects in the same order. Throws, on every rank,
   // when the ranks' parameters differ in number, shape or stride.
   DistributedDataParallel(std::shared_ptr<ModuleType> module, Distributed& dist, DdpOptions options = {})
-      : module_(std::move(module)), core_(std::make_unique<detail::DdpCore>(*module_, dist, options)) {}
+      : torch::nn::Module("DistributedDataParallel"),
+        module_(register_module("module", std::move(module))),
+        core_(std::make_unique<detail::DdpCore>(*module_, dist, options)) {}
   DistributedDataParallel(torch::nn::ModuleHolder<ModuleType> module, Distributed& dist, DdpOptions options = {})
       : DistributedDataParallel(module.ptr(), dist, std::move(options)) {}
 
@@ -222,9 +230,6 @@ class DistributedDataParallel : public Joinable {
 
   ModuleType& module() { return *module_; }
   const std::shared_ptr<ModuleType>& module_ptr() const { return module_; }
-  std::vector<torch::Tensor> parameters() const { return module_->parameters(); }
-  void train(bool on = true) { module_->train(on); }
-  void eval() { module_->eval(); }
 
   // Python's register_comm_hook(state, hook): from the next backward on, each bucket's gradients,
   // summed over nothing yet and not divided by the world size, go to hook(state, bucket), whose

@@ -29,8 +29,14 @@
 // (fuse_conv_bn_weights), weights quantized to qint8 with their observers' parameters and
 // prepacked for the engine's kernels, outputs requantized with their activation observers'. The
 // model's own forward runs unchanged: each module runs its int8 form from then on.
+//
+// Every module here is a torch::nn::Cloneable, so clone() deep-copies a QAT model as LibTorch's
+// modules are copied: parameters, buffers (observer statistics, quantization parameters, the flags
+// that turn observers and fake quantization on and off), BatchNorm and its frozen state; a clone
+// draws no random numbers. A converted module's clone shares its int8 weights, which nothing writes.
 
 #include <torch/arg.h>
+#include <torch/nn/cloneable.h>
 #include <torch/nn/module.h>
 #include <torch/nn/modules/batchnorm.h>
 #include <torch/nn/modules/container/sequential.h>
@@ -38,6 +44,9 @@
 #include <torch/nn/options/linear.h>
 #include <torch/nn/pimpl.h>
 
+#include <cstddef>
+#include <memory>
+#include <ostream>
 #include <string>
 #include <utility>
 
@@ -86,17 +95,22 @@ QConfig default_qat_qconfig(const std::string& engine);
 // MovingAverageMinMaxObserver / MovingAveragePerChannelMinMaxObserver: the statistics only (the
 // fused operator updates them). min_val and max_val are inf/-inf scalars per tensor, and empty
 // per channel until the first batch gives them one value per channel.
-class ObserverImpl : public torch::nn::Module, public ResizableBuffers, public PythonStateVersion {
+class ObserverImpl : public torch::nn::Cloneable<ObserverImpl>, public ResizableBuffers, public PythonStateVersion {
  public:
   explicit ObserverImpl(const FakeQuantizeOptions& options);
+  void reset() override;
   int64_t python_state_version() const override { return 3; }  // min_val/max_val, not min_vals/max_vals
   at::Tensor eps, min_val, max_val;
+
+ private:
+  bool per_channel_;
 };
 TORCH_MODULE(Observer);
 
-class FakeQuantizeImpl : public torch::nn::Module, public ResizableBuffers {
+class FakeQuantizeImpl : public torch::nn::Cloneable<FakeQuantizeImpl>, public ResizableBuffers {
  public:
   explicit FakeQuantizeImpl(FakeQuantizeOptions options);
+  void reset() override;
   at::Tensor forward(const at::Tensor& x);
   void enable_observer(bool on);
   void enable_fake_quant(bool on);
@@ -116,32 +130,41 @@ class FakeQuantizeImpl : public torch::nn::Module, public ResizableBuffers {
 TORCH_MODULE(FakeQuantize);
 
 // QuantStub after prepare_qat: fake-quantizes the model's input; converted, quantizes it.
-class QuantStubImpl : public torch::nn::Module, public Convertible {
+class QuantStubImpl : public torch::nn::Cloneable<QuantStubImpl>, public Convertible {
  public:
   explicit QuantStubImpl(const QConfig& qconfig);
+  void reset() override;
   at::Tensor forward(const at::Tensor& x);
   void convert() override;
   int64_t quantized_bytes() const override { return 16; }
   FakeQuantize activation_post_process{nullptr};
 
  private:
+  FakeQuantizeOptions options_;
   double scale_ = 1;
   int64_t zero_point_ = 0;
 };
 TORCH_MODULE(QuantStub);
 
 // DeQuantStub: nothing during training; a quantized input it dequantizes.
-class DeQuantStubImpl : public torch::nn::Module {
+class DeQuantStubImpl : public torch::nn::Cloneable<DeQuantStubImpl> {
  public:
+  void reset() override {}
   at::Tensor forward(const at::Tensor& x) { return x.is_quantized() ? x.dequantize() : x; }
 };
 TORCH_MODULE(DeQuantStub);
 
 // nn.qat.Linear (relu = false) and nn.intrinsic.qat.LinearReLU, with their output observer. Set
-// up as torch::nn::Linear is, from its options: qat::Linear(torch::nn::LinearOptions(84, 10), qconfig).
-class LinearImpl : public torch::nn::Module, public Convertible {
+// up as torch::nn::Linear is, from its options: qat::Linear(torch::nn::LinearOptions(84, 10), qconfig),
+// and initialised as it is. A LinearReLU holds a LinearImpl (as Python's LinearReLU is a Linear).
+class LinearImpl : public torch::nn::Cloneable<LinearImpl>, public Convertible {
  public:
   LinearImpl(const torch::nn::LinearOptions& options, const QConfig& qconfig, bool relu = false);
+  // Registers the parameters (uninitialised) and the fake quantizers (clone() calls it).
+  void reset() override;
+  // torch::nn::Linear's initialisation (Python's reset_parameters): draws from the random generator.
+  void reset_parameters();
+  void pretty_print(std::ostream& stream) const override;
   at::Tensor forward(const at::Tensor& x);
   void convert() override;
   int64_t quantized_bytes() const override;
@@ -151,6 +174,7 @@ class LinearImpl : public torch::nn::Module, public Convertible {
 
  private:
   torch::nn::LinearOptions options_;
+  QConfig qconfig_;
   bool relu_;
   at::Tensor qweight_;  // converted: the int8 weight, packed_ its engine's form
   c10::IValue packed_;
@@ -159,24 +183,32 @@ class LinearImpl : public torch::nn::Module, public Convertible {
 };
 TORCH_MODULE(Linear);
 
-class LinearReLUImpl : public LinearImpl {
+class LinearReLU : public torch::nn::ModuleHolder<LinearImpl> {
  public:
-  LinearReLUImpl(const torch::nn::LinearOptions& options, const QConfig& qconfig)
-      : LinearImpl(options, qconfig, /*relu=*/true) {}
+  // Implicit, as TORCH_MODULE's are: `fc = register_module("fc", LinearReLU(...))`, `LinearReLU fc{nullptr}`.
+  LinearReLU(std::nullptr_t) : ModuleHolder(nullptr) {}                            // NOLINT
+  LinearReLU(std::shared_ptr<LinearImpl> impl) : ModuleHolder(std::move(impl)) {}  // NOLINT
+  LinearReLU(const torch::nn::LinearOptions& options, const QConfig& qconfig)
+      : ModuleHolder(std::make_shared<LinearImpl>(options, qconfig, /*relu=*/true)) {}
 };
-TORCH_MODULE(LinearReLU);
 
 // nn.qat.Conv2d (zeros padding), and the fused Conv2d + BatchNorm2d (+ ReLU) of
 // nn.intrinsic.qat.ConvBn2d / ConvBnReLU2d: BatchNorm folded into the weight before it is
 // fake-quantized, as conv_fused.py's _forward_approximate does; freeze_bn_stats stops BatchNorm's
 // statistics (BatchNorm then runs as in eval) until update_bn_stats. With with_sync_bn the BatchNorm is
 // a SyncBatchNorm (Python's convert_sync_batchnorm of the prepared model: the same state-dict
-// names), whose group set_sync_batch_norm_group gives.
-class Conv2dImpl : public torch::nn::Module, public PythonStateVersion, public Convertible {
+// names), whose group set_sync_batch_norm_group gives. Initialised as torch::nn::Conv2d is. A
+// ConvBn2d and a ConvBnReLU2d hold a Conv2dImpl with its fusion.
+class Conv2dImpl : public torch::nn::Cloneable<Conv2dImpl>, public PythonStateVersion, public Convertible {
  public:
   enum class Fused { kNone, kBn, kBnReLU };
   Conv2dImpl(const torch::nn::Conv2dOptions& options, const QConfig& qconfig, Fused fused = Fused::kNone,
              bool with_sync_bn = false);
+  // Registers the parameters (uninitialised), BatchNorm and the fake quantizers (clone() calls it).
+  void reset() override;
+  // torch::nn::Conv2d's initialisation: draws from the random generator.
+  void reset_parameters();
+  void pretty_print(std::ostream& stream) const override;
   at::Tensor forward(const at::Tensor& x);
   void freeze_bn_stats(bool frozen = true);
   void train(bool on = true) override;
@@ -198,7 +230,9 @@ class Conv2dImpl : public torch::nn::Module, public PythonStateVersion, public C
   BatchNormParts bn_parts() const;
   torch::nn::Module* bn_module() const;
   torch::nn::Conv2dOptions options_;
+  QConfig qconfig_;
   Fused fused_;
+  bool with_sync_bn_;
   bool bn_frozen_ = false;
   at::Tensor qweight_, qbias_;  // converted
   c10::IValue packed_;
@@ -207,28 +241,36 @@ class Conv2dImpl : public torch::nn::Module, public PythonStateVersion, public C
 };
 TORCH_MODULE(Conv2d);
 
-class ConvBn2dImpl : public Conv2dImpl {
+class ConvBn2d : public torch::nn::ModuleHolder<Conv2dImpl> {
  public:
-  ConvBn2dImpl(const torch::nn::Conv2dOptions& options, const QConfig& qconfig, bool with_sync_bn = false)
-      : Conv2dImpl(options, qconfig, Fused::kBn, with_sync_bn) {}
+  // Implicit, as TORCH_MODULE's are: `fc = register_module("fc", ConvBn2d(...))`, `ConvBn2d fc{nullptr}`.
+  ConvBn2d(std::nullptr_t) : ModuleHolder(nullptr) {}                            // NOLINT
+  ConvBn2d(std::shared_ptr<Conv2dImpl> impl) : ModuleHolder(std::move(impl)) {}  // NOLINT
+  ConvBn2d(const torch::nn::Conv2dOptions& options, const QConfig& qconfig, bool with_sync_bn = false)
+      : ModuleHolder(std::make_shared<Conv2dImpl>(options, qconfig, Conv2dImpl::Fused::kBn, with_sync_bn)) {}
 };
-TORCH_MODULE(ConvBn2d);
 
-class ConvBnReLU2dImpl : public Conv2dImpl {
+class ConvBnReLU2d : public torch::nn::ModuleHolder<Conv2dImpl> {
  public:
-  ConvBnReLU2dImpl(const torch::nn::Conv2dOptions& options, const QConfig& qconfig, bool with_sync_bn = false)
-      : Conv2dImpl(options, qconfig, Fused::kBnReLU, with_sync_bn) {}
+  // Implicit, as TORCH_MODULE's are: `fc = register_module("fc", ConvBnReLU2d(...))`, `ConvBnReLU2d fc{nullptr}`.
+  ConvBnReLU2d(std::nullptr_t) : ModuleHolder(nullptr) {}                            // NOLINT
+  ConvBnReLU2d(std::shared_ptr<Conv2dImpl> impl) : ModuleHolder(std::move(impl)) {}  // NOLINT
+  ConvBnReLU2d(const torch::nn::Conv2dOptions& options, const QConfig& qconfig, bool with_sync_bn = false)
+      : ModuleHolder(std::make_shared<Conv2dImpl>(options, qconfig, Conv2dImpl::Fused::kBnReLU, with_sync_bn)) {}
 };
-TORCH_MODULE(ConvBnReLU2d);
 
 // tq.QuantWrapper: the model between a QuantStub and a DeQuantStub.
-class QuantWrapperImpl : public torch::nn::Module {
+class QuantWrapperImpl : public torch::nn::Cloneable<QuantWrapperImpl> {
  public:
   QuantWrapperImpl(torch::nn::Sequential module, const QConfig& qconfig);
+  void reset() override;
   at::Tensor forward(const at::Tensor& x) { return dequant(module->forward(quant(x))); }
   QuantStub quant{nullptr};
   DeQuantStub dequant{nullptr};
   torch::nn::Sequential module{nullptr};
+
+ private:
+  QConfig qconfig_;
 };
 TORCH_MODULE(QuantWrapper);
 
