@@ -8,65 +8,29 @@
 #include <span>
 #include <string>
 
+#include "common/option_rows.hpp"
+
 namespace ddprun::launcher::cli {
 
 struct LaunchOptions;
 struct HostFacts;
 
-// A flag's value as given, for its row's `apply`.
-struct FlagInput {
-  const std::string& flag;  // as the user spelled it, or the environment variable it came from
-  const std::string& text;  // the value; "1" for a switch given alone
+// A flag's value as given, for its row's conversion: the flag as the user spelled it (or the
+// environment variable it came from), the value ("1" for a switch given alone), and this host.
+struct FlagInput : options::OptionInput {
   const HostFacts& host;
 };
 
-struct FlagDef {
-  const char* name;   // canonical spelling, with underscores
-  const char* alias;  // short form or other name, or nullptr
-  // The value's placeholder in --help ("N", "SECONDS"); nullptr for a switch. With
-  // `optional_value`, the placeholder of the value a switch may take inline.
-  const char* value;
-  // What the flag does, in `backticks` for names and values (--help prints them plain).
-  const char* help;
-  // The default as shown, from default-constructed options; nullptr where `note` says it instead.
-  std::string (*shown)(const LaunchOptions& defaults);
-  const char* note;  // the default in words (it depends on the run), "" for none
-  // What the value does to the options. Rows are applied in table order, so a row may read what
-  // earlier rows set (--node_rank's range is --nnodes's). Throws ConfigError naming `in.flag`.
-  void (*apply)(const FlagInput& in, LaunchOptions& o);
-  // Read when the flag is not given, after PET_<NAME>: another variable torchrun or ddprun reads
-  // for it (DDPRUN_REPORT_FILE), or nullptr.
-  const char* env = nullptr;
-  // A switch that also takes a value inline (--local_rank_arg or --local_rank_arg=dash).
-  bool optional_value = false;
-  // In the docs' table: where the flag is explained at length (a Markdown link), or nullptr.
-  const char* see = nullptr;
+// A flag: its row (common/option_rows.hpp). Rows are applied in table order, so a row may read
+// what earlier rows set (--node_rank's range is --nnodes's). `env` is read when the flag is not
+// given, after PET_<NAME>: another variable torchrun or ddprun reads for it (DDPRUN_REPORT_FILE).
+using FlagDef = options::OptionRow<LaunchOptions, FlagInput>;
+// The key of a flag's value: its name without "--" (PET_<DEST in upper case> stands for it).
+inline std::string flag_dest(const FlagDef& f) { return std::string(f.name + 2); }
 
-  bool takes_value() const { return value != nullptr && !optional_value; }
-  // The key of the flag's value: its name without "--" (PET_<DEST in upper case> stands for it).
-  std::string dest() const { return std::string(name + 2); }
-  // The default as --help and the docs state it.
-  std::string default_text() const;
-};
-
-// A --rdzv_conf key: every key torchrun 2.x accepts, and ddprun's own. --help and the docs' table
-// of keys (--help=markdown) come from the rows, as the flags' do.
-struct RdzvConfKey {
-  const char* name;     // canonical spelling
-  const char* aliases;  // other spellings (torchrun's), comma-separated, or ""
-  bool etcd_only;       // meaningful with --rdzv_backend etcd alone
-  const char* help;     // what the key does, in `backticks` for names and values
-  // The default as shown, from default-constructed options; nullptr where `note` says it instead.
-  std::string (*shown)(const LaunchOptions& defaults);
-  const char* note;  // the default in words, "" for none
-  // What the value does to the options; `where` ("--rdzv_conf KEY") names it in errors.
-  void (*apply)(const std::string& where, const std::string& value, LaunchOptions& o);
-  // In the docs' table: where the key is explained at length (a Markdown link), or nullptr.
-  const char* see = nullptr;
-
-  // The default as --help and the docs state it.
-  std::string default_text() const;
-};
+// A --rdzv_conf key (`flag` in its input is "--rdzv_conf KEY"): every key torchrun 2.x accepts, and
+// ddprun's own. --help and the docs' table of keys (--help=markdown) come from the rows, as the flags' do.
+using RdzvConfKey = options::OptionRow<LaunchOptions>;
 
 // Every --rdzv_conf key, in --help order.
 std::span<const RdzvConfKey> rdzv_conf_keys();

@@ -25,14 +25,14 @@ StreamSelection parse_streams(const std::string& flag, const std::string& text) 
   const std::string expected = "0 (none), 1 (stdout), 2 (stderr), 3 (both) or per local rank like '0:1,1:3'";
   StreamSelection sel;
   if (text.find(':') == std::string::npos) {
-    sel.all = static_cast<int>(parse_int(flag, trim(text), 0, 3, expected));
+    sel.all = static_cast<int>(parse_whole(flag, trim(text), 0, 3, expected));
     return sel;
   }
   for (const std::string& item : split(text, ',')) {
     const auto colon = item.find(':');
-    if (colon == std::string::npos) bad(flag, expected, text);
-    const int lr = static_cast<int>(parse_int(flag, trim(item.substr(0, colon)), 0, 1 << 20, expected));
-    sel.per_rank[lr] = static_cast<int>(parse_int(flag, trim(item.substr(colon + 1)), 0, 3, expected));
+    if (colon == std::string::npos) bad_value(flag, expected, text);
+    const int lr = static_cast<int>(parse_whole(flag, trim(item.substr(0, colon)), 0, 1 << 20, expected));
+    sel.per_rank[lr] = static_cast<int>(parse_whole(flag, trim(item.substr(colon + 1)), 0, 3, expected));
   }
   return sel;
 }
@@ -62,7 +62,7 @@ std::vector<std::string> parse_filters(const std::string& flag, const std::strin
     }
   }
   if (!current.empty()) out.push_back(current);
-  if (out.empty()) bad(flag, "substrings separated by commas (',,' for a comma inside one)", text);
+  if (out.empty()) bad_value(flag, "substrings separated by commas (',,' for a comma inside one)", text);
   return out;
 }
 
@@ -74,7 +74,7 @@ std::vector<std::string> parse_preload(const std::string& where, const std::stri
     bool ok = !std::isdigit(static_cast<unsigned char>(m.front())) && m.front() != '.' && m.back() != '.' &&
               m.find("..") == std::string::npos;
     for (char c : m) ok = ok && (std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '.');
-    if (!ok) bad(where, "Python module names separated by commas, such as torch,numpy", m);
+    if (!ok) bad_value(where, "Python module names separated by commas, such as torch,numpy", m);
     out.push_back(m);
   }
   return out;
@@ -95,7 +95,7 @@ void apply_signals(const FlagInput& in, LaunchOptions& o) {
     if (s.empty()) continue;
     const int signo = parse_signal(s, in.flag);
     if (signo == SIGKILL || signo == SIGSTOP || signo == SIGCHLD) {
-      bad(in.flag, "signals that can be caught and forwarded (not SIGKILL, SIGSTOP, SIGCHLD)", s);
+      bad_value(in.flag, "signals that can be caught and forwarded (not SIGKILL, SIGSTOP, SIGCHLD)", s);
     }
     if (std::find(o.signals_to_handle.begin(), o.signals_to_handle.end(), signo) == o.signals_to_handle.end()) {
       o.signals_to_handle.push_back(signo);
@@ -148,8 +148,8 @@ void apply_nproc_per_node(const FlagInput& in, LaunchOptions& o) {
       o.nproc_per_node = host.cpu_count;
     }
   } else {
-    o.nproc_per_node =
-        static_cast<int>(parse_int(in.flag, v, 1, 1 << 16, "a positive number, 'auto', 'cpu', 'gpu', 'cuda' or 'xpu'"));
+    o.nproc_per_node = static_cast<int>(
+        parse_whole(in.flag, v, 1, 1 << 16, "a positive number, 'auto', 'cpu', 'gpu', 'cuda' or 'xpu'"));
   }
 }
 
@@ -158,12 +158,12 @@ void apply_nnodes(const FlagInput& in, LaunchOptions& o) {
   const std::string expected = "N or MIN:MAX with 0 < MIN <= MAX";
   const auto colon = v.find(':');
   if (colon == std::string::npos) {
-    o.min_nodes = o.max_nodes = static_cast<int>(parse_int(in.flag, v, 1, 1 << 20, expected));
+    o.min_nodes = o.max_nodes = static_cast<int>(parse_whole(in.flag, v, 1, 1 << 20, expected));
     return;
   }
-  o.min_nodes = static_cast<int>(parse_int(in.flag, trim(v.substr(0, colon)), 1, 1 << 20, expected));
-  o.max_nodes = static_cast<int>(parse_int(in.flag, trim(v.substr(colon + 1)), 1, 1 << 20, expected));
-  if (o.min_nodes > o.max_nodes) bad(in.flag, expected, v);
+  o.min_nodes = static_cast<int>(parse_whole(in.flag, trim(v.substr(0, colon)), 1, 1 << 20, expected));
+  o.max_nodes = static_cast<int>(parse_whole(in.flag, trim(v.substr(colon + 1)), 1, 1 << 20, expected));
+  if (o.min_nodes > o.max_nodes) bad_value(in.flag, expected, v);
 }
 
 }  // namespace options_detail
@@ -188,7 +188,7 @@ Given tokenize(const std::vector<std::string>& args) {
                      f->help};
   };
   auto on_flag = [&](const std::string& name, const std::optional<std::string>& value) {
-    if (!standard.take(name, value)) g.set(find_flag(name)->dest(), value.value_or("1"), name);
+    if (!standard.take(name, value)) g.set(flag_dest(*find_flag(name)), value.value_or("1"), name);
     return standard.go_on();
   };
   const size_t rest = command_line::walk(args, 0, lookup, on_flag, " (see ddprun --help for the list)");
@@ -205,7 +205,7 @@ Given tokenize(const std::vector<std::string>& args) {
 // then the other variable that stands for the flag, if it has one (DDPRUN_REPORT_FILE).
 void apply_environment_fallbacks(Given& g, const EnvLookup& env) {
   for (const FlagDef& f : flag_table()) {
-    const std::string dest = f.dest();
+    const std::string dest = flag_dest(f);
     if (g.has(dest)) continue;
     const std::string var = "PET_" + upper(dest);
     if (auto v = env(var); v && !v->empty()) {
@@ -234,7 +234,7 @@ void apply_slurm(Given& g, const EnvLookup& env) {
   g.set("master_addr", first_slurm_host(*list), "SLURM_JOB_NODELIST");
   if (!g.has("master_port")) {
     // The same on every node of the job, and below Linux's ephemeral port range.
-    const long long id = parse_int("SLURM_JOB_ID", trim(*job), 0, (1LL << 62), "a job number");
+    const long long id = parse_whole("SLURM_JOB_ID", trim(*job), 0, (1LL << 62), "a job number");
     g.set("master_port", std::to_string(20000 + id % 12000), "SLURM_JOB_ID");
   }
   if (!g.has("rdzv_id")) g.set("rdzv_id", "slurm-" + trim(*job), "SLURM_JOB_ID");
@@ -248,7 +248,7 @@ void apply_environment_settings(const EnvLookup& env, LaunchOptions& o) {
   if (auto v = env("DDPRUN_STEP_RATES_PERIOD"); v && !trim(*v).empty()) {
     const auto period = to_double(trim(*v));
     if (!period || *period < 0.5 || *period > 3600) {
-      bad("DDPRUN_STEP_RATES_PERIOD", "seconds from 0.5 to 3600 (default 10)", *v);
+      bad_value("DDPRUN_STEP_RATES_PERIOD", "seconds from 0.5 to 3600 (default 10)", *v);
     }
     o.step_rates_period = std::chrono::milliseconds(static_cast<int64_t>(*period * 1000));
   }
@@ -263,8 +263,8 @@ void apply_environment_settings(const EnvLookup& env, LaunchOptions& o) {
 // 3b. Each flag given, through its row, in table order.
 void apply_flags(const Given& g, const HostFacts& host, LaunchOptions& o) {
   for (const FlagDef& f : flag_table()) {
-    const std::string dest = f.dest();
-    if (g.has(dest)) f.apply(FlagInput{g.flag(dest), g[dest], host}, o);
+    const std::string dest = flag_dest(f);
+    if (g.has(dest)) f.set.apply(FlagInput{{g.flag(dest), g[dest]}, host}, o);
   }
   if (o.gpu_vendor == GpuVendor::None) {  // a number of workers: the GPUs this host has, if any
     const auto [count, vendor] = cuda_devices(host);

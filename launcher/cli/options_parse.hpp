@@ -31,24 +31,12 @@ inline std::vector<std::string> split(const std::string& s, char sep) {
   return out;
 }
 
-[[noreturn]] inline void bad(const std::string& flag, const std::string& expected, const std::string& got) {
-  throw ConfigError(flag + ": expected " + expected + ", got '" + got + "'");
-}
-
-inline long long parse_int(const std::string& flag, const std::string& text, long long lo, long long hi,
-                           const std::string& expected) {
-  const auto v = to_int(text);
-  if (v && *v >= lo && *v <= hi) return *v;
-  bad(flag, expected, text);
-}
-
-inline std::chrono::milliseconds parse_seconds(const std::string& flag, const std::string& text, bool allow_zero) {
-  const auto v = to_double(text);
-  if (v && (*v > 0 || (allow_zero && *v == 0)) && *v < 1e7) {
-    return std::chrono::milliseconds(static_cast<long long>(*v * 1000));
-  }
-  bad(flag, allow_zero ? "a number of seconds >= 0" : "a number of seconds > 0", text);
-}
+// The one wording of a bad value and the typed parsers of every option table (common/option_rows.hpp).
+using options::bad_value;
+using options::number_text;
+using options::parse_seconds;
+using options::parse_whole;
+using options::seconds_text;
 
 inline std::string lower(std::string s) {
   for (char& c : s) c = static_cast<char>(c >= 'A' && c <= 'Z' ? c - 'A' + 'a' : c);
@@ -60,23 +48,12 @@ inline std::string upper(std::string s) {
   return s;
 }
 
-// 1.5 -> "1.5", 30.0 -> "30": a number as the user would write it.
-inline std::string number_text(double v) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%g", v);
-  return buf;
-}
-
-inline std::string seconds_text(std::chrono::milliseconds ms) {
-  return number_text(static_cast<double>(ms.count()) / 1000);
-}
-
 // torchrun's RendezvousParameters.get_as_bool: 1/true/yes/on or 0/false/no/off, any case.
 inline bool parse_bool(const std::string& flag, const std::string& text) {
   const std::string v = lower(trim(text));
   if (v == "1" || v == "true" || v == "yes" || v == "on") return true;
   if (v == "0" || v == "false" || v == "no" || v == "off") return false;
-  bad(flag, "a boolean (1, true, yes, on or 0, false, no, off)", text);
+  bad_value(flag, "a boolean (1, true, yes, on or 0, false, no, off)", text);
 }
 
 // What the command line and the environment gave, before anything is checked: flag dest -> value,

@@ -14,162 +14,147 @@ namespace ddprun::launcher::cli {
 namespace etcd = rendezvous::etcd;
 namespace {
 
-using options_detail::bad;
+using options::OptionInput;
+using options::seconds;
+using options::text;
+using options::whole;
+using options_detail::bad_value;
 using options_detail::lower;
 using options_detail::parse_bool;
-using options_detail::parse_int;
 using options_detail::parse_seconds;
+using options_detail::parse_whole;
 using options_detail::seconds_text;
 
 // Every --rdzv_conf key torchrun 2.x accepts, and ddprun's own, in --help order.
 constexpr RdzvConfKey kRdzvConfKeys[] = {
-    {"join_timeout", "timeout", false, "seconds a rendezvous may take before the node gives up",
-     [](const LaunchOptions& d) { return seconds_text(d.rdzv_timeouts.join_timeout); }, "",
-     [](const std::string& where, const std::string& v, LaunchOptions& o) {
-       o.rdzv_timeouts.join_timeout = parse_seconds(where, v, false);
-     }},
-    {"last_call_timeout", "", false, "seconds an elastic rendezvous waits for more nodes once it has `--nnodes` MIN",
-     [](const LaunchOptions& d) { return seconds_text(d.rdzv_timeouts.last_call_timeout); }, "",
-     [](const std::string& where, const std::string& v, LaunchOptions& o) {
-       o.rdzv_timeouts.last_call_timeout = parse_seconds(where, v, false);
-     }},
-    {"quorum_join_timeout", "", false,
+    {"join_timeout", "timeout", "VALUE", "seconds a rendezvous may take before the node gives up",
+     seconds<&LaunchOptions::rdzv_timeouts, &rendezvous::Timeouts::join_timeout>(false)},
+    {"last_call_timeout", "", "VALUE", "seconds an elastic rendezvous waits for more nodes once it has `--nnodes` MIN",
+     seconds<&LaunchOptions::rdzv_timeouts, &rendezvous::Timeouts::last_call_timeout>(false)},
+    {"quorum_join_timeout", "", "VALUE",
      "replica groups: seconds a quorum waits for heartbeating groups that have not asked yet before it goes on "
      "without them",
-     [](const LaunchOptions& d) { return seconds_text(d.quorum_join_timeout); }, "",
-     [](const std::string& where, const std::string& v, LaunchOptions& o) {
-       o.quorum_join_timeout = parse_seconds(where, v, true);
-     }},
-    {"quorum_heartbeat_timeout", "", false,
+     seconds<&LaunchOptions::quorum_join_timeout>(true)},
+    {"quorum_heartbeat_timeout", "", "VALUE",
      "replica groups: seconds without a heartbeat after which a group no longer counts for the quorum (a group "
      "whose workers died is out at once)",
-     [](const LaunchOptions& d) { return seconds_text(d.quorum_heartbeat_timeout); }, "",
-     [](const std::string& where, const std::string& v, LaunchOptions& o) {
-       o.quorum_heartbeat_timeout = parse_seconds(where, v, false);
-     }},
-    {"keep_alive_interval", "", false, "seconds between a node's keep-alives",
-     [](const LaunchOptions& d) { return seconds_text(d.rdzv_timeouts.keep_alive_interval); }, "",
-     [](const std::string& where, const std::string& v, LaunchOptions& o) {
-       o.rdzv_timeouts.keep_alive_interval = parse_seconds(where, v, false);
-     }},
-    {"keep_alive_max_attempt", "", false, "missed keep-alives after which a node is lost",
-     [](const LaunchOptions& d) { return std::to_string(d.rdzv_timeouts.keep_alive_max_attempt); }, "",
-     [](const std::string& where, const std::string& v, LaunchOptions& o) {
-       o.rdzv_timeouts.keep_alive_max_attempt = static_cast<int>(parse_int(where, v, 1, 1000, "a count >= 1"));
-     }},
-    {"heartbeat_timeout", "", false,
+     seconds<&LaunchOptions::quorum_heartbeat_timeout>(false)},
+    {"keep_alive_interval", "", "VALUE", "seconds between a node's keep-alives",
+     seconds<&LaunchOptions::rdzv_timeouts, &rendezvous::Timeouts::keep_alive_interval>(false)},
+    {"keep_alive_max_attempt", "", "VALUE", "missed keep-alives after which a node is lost",
+     whole<&LaunchOptions::rdzv_timeouts, &rendezvous::Timeouts::keep_alive_max_attempt>(1, 1000, "a count >= 1")},
+    {"heartbeat_timeout", "", "VALUE",
      "seconds without keep-alives after which a node is lost: sets `keep_alive_max_attempt` to as many "
      "intervals as fit",
-     nullptr, "",
-     [](const std::string& where, const std::string& v, LaunchOptions& o) {
-       o.heartbeat_timeout = parse_seconds(where, v, false);
-     }},
-    {"read_timeout", "", false,
+     [](const OptionInput& in, LaunchOptions& o) { o.heartbeat_timeout = parse_seconds(in.flag, in.text, false); }},
+    {"read_timeout", "", "VALUE",
      "seconds one request to the rendezvous store may take (torchrun: the c10d backend's store reads)",
-     [](const LaunchOptions& d) { return seconds_text(d.rdzv_timeouts.read_timeout); }, "",
-     [](const std::string& where, const std::string& v, LaunchOptions& o) {
-       o.rdzv_timeouts.read_timeout = parse_seconds(where, v, false);
-     }},
-    {"store_reconnect_timeout", "", false,
+     seconds<&LaunchOptions::rdzv_timeouts, &rendezvous::Timeouts::read_timeout>(false)},
+    {"store_reconnect_timeout", "", "VALUE",
      "seconds a node keeps reconnecting to its rendezvous store (a `ddprun-rendezvous`, or node 0's ddprun) "
      "after losing it, or after a request got no reply (a partition, a frozen host), before the job fails; "
      "`0` fails at once. A store without `--state-file` that refuses the reconnection has ended and is not "
      "waited for",
-     [](const LaunchOptions& d) { return seconds_text(d.rdzv_timeouts.store_reconnect_timeout); }, "",
-     [](const std::string& where, const std::string& v, LaunchOptions& o) {
-       o.rdzv_timeouts.store_reconnect_timeout = parse_seconds(where, v, true);
-     },
+     seconds<&LaunchOptions::rdzv_timeouts, &rendezvous::Timeouts::store_reconnect_timeout>(true), "", nullptr, false,
      "[Partitions](multi-node.md#partitions-and-frozen-hosts) and "
      "[Restarting the daemon](operations.md#restarting-the-daemon-without-ending-jobs)"},
-    {"is_host", "", false,
+    {"is_host", "", "VALUE",
      "with `c10d`: whether this node hosts the store at `--rdzv_endpoint`; `false` makes it a client (of another "
      "node or a daemon); `true` makes a port already taken an error",
-     nullptr, "when the endpoint is one of this host's names or addresses",
-     [](const std::string& where, const std::string& v, LaunchOptions& o) { o.rdzv_is_host = parse_bool(where, v); }},
-    {"close_timeout", "", false,
+     [](const OptionInput& in, LaunchOptions& o) { o.rdzv_is_host = parse_bool(in.flag, in.text); },
+     "when the endpoint is one of this host's names or addresses"},
+    {"close_timeout", "", "VALUE",
      "accepted and checked (a number of seconds): torchrun's wait for a closing round; ddprun's rounds close "
      "at once",
-     nullptr, "",
-     [](const std::string& where, const std::string& v, LaunchOptions&) { parse_seconds(where, v, false); }},
-    {"store_type", "", false,
+     [](const OptionInput& in, LaunchOptions&) { parse_seconds(in.flag, in.text, false); }},
+    {"store_type", "", "VALUE",
      "accepted when `tcp`: the rendezvous store is ddprun's TCP store; torchrun's `file` store has no "
      "counterpart (error)",
-     nullptr, "`tcp`",
-     [](const std::string& where, const std::string& v, LaunchOptions&) {
-       if (lower(v) != "tcp") {
-         bad(where,
-             "'tcp' (ddprun's rendezvous store is its TCPStore; torchrun's store_type=file has no "
-             "counterpart)",
-             v);
+     [](const OptionInput& in, LaunchOptions&) {
+       if (lower(in.text) != "tcp") {
+         bad_value(in.flag,
+                   "'tcp' (ddprun's rendezvous store is its TCPStore; torchrun's store_type=file has no "
+                   "counterpart)",
+                   in.text);
        }
-     }},
-    {"use_libuv", "", false,
+     },
+     "`tcp`"},
+    {"use_libuv", "", "VALUE",
      "accepted and checked (a boolean): torchrun's choice of its store's event loop; the rendezvous store is "
      "ddprun's own",
-     nullptr, "", [](const std::string& where, const std::string& v, LaunchOptions&) { parse_bool(where, v); },
+     [](const OptionInput& in, LaunchOptions&) { parse_bool(in.flag, in.text); }, "", nullptr, false,
      "[the Python hook](#pytorch-2x-and-debian-13) for the workers' client"},
-    {"rank", "", false, "the node's rank, as `--node_rank` (both given and different: an error)", nullptr, "",
-     [](const std::string& where, const std::string& v, LaunchOptions& o) {
-       const int rank = static_cast<int>(parse_int(where, v, 0, o.max_nodes - 1, "a node rank"));
+    {"rank", "", "VALUE", "the node's rank, as `--node_rank` (both given and different: an error)",
+     [](const OptionInput& in, LaunchOptions& o) {
+       const int rank = static_cast<int>(parse_whole(in.flag, in.text, 0, o.max_nodes - 1, "a node rank"));
        if (o.node_rank_given && rank != o.node_rank) {
-         throw ConfigError(where + " is " + v + " but --node_rank is " + std::to_string(o.node_rank) + ": keep one");
+         throw ConfigError(in.flag + " is " + in.text + " but --node_rank is " + std::to_string(o.node_rank) +
+                           ": keep one");
        }
        o.node_rank = rank;
        o.node_rank_given = true;
      }},
-    {"token_file", "", false, "the rendezvous store's secret or this job's token (also `DDPRUN_TOKEN_FILE`)", nullptr,
-     "",
-     [](const std::string& where, const std::string& v, LaunchOptions& o) {
-       if (v.empty()) bad(where, "the path of a file holding the secret", v);
-       o.token_file = v;
+    {"token_file", "", "VALUE", "the rendezvous store's secret or this job's token (also `DDPRUN_TOKEN_FILE`)",
+     [](const OptionInput& in, LaunchOptions& o) {
+       if (in.text.empty()) bad_value(in.flag, "the path of a file holding the secret", in.text);
+       o.token_file = in.text;
      },
-     "[the threat model](multi-node.md#who-may-talk-to-a-store-the-threat-model)"},
-    {"key_prefix", "etcd_prefix", true, "etcd: the prefix of the job's keys",
-     [](const LaunchOptions& d) { return d.etcd.prefix; }, "",
-     [](const std::string& where, const std::string& v, LaunchOptions& o) {
-       if (v.empty()) bad(where, "a key prefix such as /ddprun/", v);
-       o.etcd.prefix = v.back() == '/' ? v : v + "/";
-     }},
-    {"lease_ttl", "", true, "etcd: seconds of the agents' leases",
-     [](const LaunchOptions& d) { return std::to_string(d.etcd.lease_ttl.count()); }, "",
-     [](const std::string& where, const std::string& v, LaunchOptions& o) {
-       o.etcd.lease_ttl = std::chrono::seconds(parse_int(where, v, 2, 3600, "whole seconds from 2 to 3600"));
-     }},
-    {"etcd_user", "", true, "etcd: user name (needs `etcd_password_file`)", nullptr, "",
-     [](const std::string&, const std::string& v, LaunchOptions& o) { o.etcd.user = v; }},
-    {"etcd_password_file", "", true, "etcd: the file holding the password", nullptr, "",
-     [](const std::string&, const std::string& v, LaunchOptions& o) { o.etcd.password_file = v; }},
-    {"etcd_ca_file", "cacert,ca_cert", true, "etcd: CA certificate (PEM)", nullptr, "",
-     [](const std::string&, const std::string& v, LaunchOptions& o) { o.etcd.ca_file = v; }},
-    {"etcd_cert_file", "cert,ssl_cert", true, "etcd: client certificate (PEM)", nullptr, "",
-     [](const std::string&, const std::string& v, LaunchOptions& o) { o.etcd.cert_file = v; }},
-    {"etcd_key_file", "key,ssl_cert_key", true, "etcd: client key (PEM)", nullptr, "",
-     [](const std::string&, const std::string& v, LaunchOptions& o) { o.etcd.key_file = v; }},
-    {"protocol", "", true, "etcd: `http` or `https` for endpoints given without a scheme", nullptr, "",
-     [](const std::string& where, const std::string& v, LaunchOptions& o) {
-       if (v != "http" && v != "https") bad(where, "http or https", v);
+     "", nullptr, false, "[the threat model](multi-node.md#who-may-talk-to-a-store-the-threat-model)"},
+    {"key_prefix",
+     "etcd_prefix",
+     "VALUE",
+     "etcd: the prefix of the job's keys",
+     {[](const OptionInput& in, LaunchOptions& o) {
+        if (in.text.empty()) bad_value(in.flag, "a key prefix such as /ddprun/", in.text);
+        o.etcd.prefix = in.text.back() == '/' ? in.text : in.text + "/";
+      },
+      [](const LaunchOptions& d) { return d.etcd.prefix; }},
+     "",
+     nullptr,
+     false,
+     nullptr,
+     true},
+    {"lease_ttl",
+     "",
+     "VALUE",
+     "etcd: seconds of the agents' leases",
+     {[](const OptionInput& in, LaunchOptions& o) {
+        o.etcd.lease_ttl = std::chrono::seconds(parse_whole(in.flag, in.text, 2, 3600, "whole seconds from 2 to 3600"));
+      },
+      [](const LaunchOptions& d) { return std::to_string(d.etcd.lease_ttl.count()); }},
+     "",
+     nullptr,
+     false,
+     nullptr,
+     true},
+    {"etcd_user", "", "VALUE", "etcd: user name (needs `etcd_password_file`)",
+     text<&LaunchOptions::etcd, &LaunchOptions::Etcd::user>(false), "", nullptr, false, nullptr, true},
+    {"etcd_password_file", "", "VALUE", "etcd: the file holding the password",
+     text<&LaunchOptions::etcd, &LaunchOptions::Etcd::password_file>(false), "", nullptr, false, nullptr, true},
+    {"etcd_ca_file", "cacert,ca_cert", "VALUE", "etcd: CA certificate (PEM)",
+     text<&LaunchOptions::etcd, &LaunchOptions::Etcd::ca_file>(false), "", nullptr, false, nullptr, true},
+    {"etcd_cert_file", "cert,ssl_cert", "VALUE", "etcd: client certificate (PEM)",
+     text<&LaunchOptions::etcd, &LaunchOptions::Etcd::cert_file>(false), "", nullptr, false, nullptr, true},
+    {"etcd_key_file", "key,ssl_cert_key", "VALUE", "etcd: client key (PEM)",
+     text<&LaunchOptions::etcd, &LaunchOptions::Etcd::key_file>(false), "", nullptr, false, nullptr, true},
+    {"protocol", "", "VALUE", "etcd: `http` or `https` for endpoints given without a scheme",
+     [](const OptionInput& in, LaunchOptions& o) {
+       if (in.text != "http" && in.text != "https") bad_value(in.flag, "http or https", in.text);
        // torchrun's etcd backends: the scheme of endpoints given without one.
        for (std::string& e : o.etcd.endpoints) {
-         if (e.find("://") == std::string::npos) e = v + "://" + e;
+         if (e.find("://") == std::string::npos) e = in.text + "://" + e;
        }
-     }},
+     },
+     "", nullptr, false, nullptr, true},
 };
 
 }  // namespace
 
 std::span<const RdzvConfKey> rdzv_conf_keys() { return kRdzvConfKeys; }
 
-std::string RdzvConfKey::default_text() const { return shown ? shown(LaunchOptions{}) : std::string(note); }
-
 const RdzvConfKey* find_rdzv_conf_key(const std::string& spelled) {
   for (const RdzvConfKey& k : kRdzvConfKeys) {
-    if (spelled == k.name) return &k;
-    std::string_view aliases = k.aliases;
-    while (!aliases.empty()) {
-      const auto comma = aliases.find(',');
-      if (aliases.substr(0, comma) == spelled) return &k;
-      aliases = comma == std::string_view::npos ? std::string_view() : aliases.substr(comma + 1);
-    }
+    if (k.named(spelled)) return &k;
   }
   return nullptr;
 }
@@ -260,7 +245,8 @@ void parse_etcd_endpoints(const std::string& flag, LaunchOptions& o) {
 void parse_store_endpoint(const std::string& flag, LaunchOptions& o) {
   std::string why;
   const auto ep = parse_host_port(o.rdzv_endpoint, &why);
-  if (!ep) bad(flag, "host[:port] or [ipv6]:port with a port from 1 to 65535 (here: " + why + ")", o.rdzv_endpoint);
+  if (!ep)
+    bad_value(flag, "host[:port] or [ipv6]:port with a port from 1 to 65535 (here: " + why + ")", o.rdzv_endpoint);
   o.rdzv_endpoint_host = ep->host;
   if (ep->port) o.rdzv_endpoint_port = *ep->port;
 }
@@ -282,7 +268,7 @@ void apply_rdzv_conf(const FlagInput& in, LaunchOptions& o) {
   if (trim(in.text).empty()) return;
   for (const std::string& kv : split(in.text, ',')) {
     const auto eq = kv.find('=');
-    if (eq == std::string::npos || eq == 0) bad(in.flag, "key=value pairs separated by commas", kv);
+    if (eq == std::string::npos || eq == 0) bad_value(in.flag, "key=value pairs separated by commas", kv);
     o.rdzv_conf[trim(kv.substr(0, eq))] = trim(kv.substr(eq + 1));
   }
   for (const auto& [k, v] : o.rdzv_conf) {
@@ -302,7 +288,8 @@ void apply_rdzv_conf(const FlagInput& in, LaunchOptions& o) {
       throw ConfigError(in.flag + " " + k + ": an etcd setting, but the rendezvous backend is '" +
                         rdzv_backend_name(o.rdzv_backend) + "' (add --rdzv_backend etcd, or drop " + k + ")");
     }
-    key->apply(in.flag + " " + k, v, o);
+    const std::string where = in.flag + " " + k;
+    key->set.apply(options::OptionInput{where, v}, o);
   }
   if (o.heartbeat_timeout) {
     // A node is lost after keep_alive_max_attempt missed keep-alives: as many as fit in the timeout.

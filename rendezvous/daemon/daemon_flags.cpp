@@ -10,6 +10,7 @@
 #include "common/errors.hpp"
 #include "common/log.hpp"
 #include "common/numbers.hpp"
+#include "common/option_rows.hpp"
 
 namespace ddprun::rdzv::daemon {
 
@@ -18,159 +19,108 @@ namespace {
 using command_line::FlagShape;
 using command_line::Takes;
 
-[[noreturn]] void expected(const std::string& flag, const std::string& what, const std::string& got) {
-  throw ConfigError(flag + " expects " + what + ", got '" + got + "'");
-}
-
-uint64_t number(const std::string& flag, const std::string& text, uint64_t max) {
-  if (const auto v = to_uint(text); v && *v <= max) return *v;
-  expected(flag, "a whole number from 0 to " + std::to_string(max), text);
-}
-
-// A number of seconds up to `max` (zero only where allowed), as milliseconds.
-std::chrono::milliseconds seconds(const std::string& flag, const std::string& text, bool allow_zero, double max,
-                                  const char* range) {
-  const auto secs = to_double(text);
-  if (!secs || *secs < 0 || (*secs == 0 && !allow_zero) || *secs > max) {
-    expected(flag, std::string("a number of seconds ") + range, text);
-  }
-  return std::chrono::milliseconds(static_cast<int64_t>(*secs * 1000));
-}
-
-std::string seconds_shown(std::chrono::milliseconds ms) {
-  std::ostringstream out;
-  out << static_cast<double>(ms.count()) / 1000;
-  return out.str();
-}
+using options::bad_value;
+using options::on;
+using options::OptionInput;
+using options::seconds;
+using options::text;
+using options::whole;
 
 std::optional<std::string> token_file_from_env() {
   const char* v = std::getenv("DDPRUN_TOKEN_FILE");
   return v && *v ? std::optional<std::string>(v) : std::nullopt;
 }
 
-// One server flag. `shown` gives its default as --help prints it, from serve_defaults() (nullptr:
-// `note` says what there is instead, or nothing).
-struct ServeFlag {
-  const char* name;   // dashed spelling
-  const char* value;  // the value's placeholder in --help; nullptr for a switch
-  const char* help;   // names and values in `backticks` (--help prints them plain)
-  std::string (*shown)(const ServeConfig& defaults);
-  void (*apply)(const std::string& flag, const std::string& value, ServeConfig& c);
-  const char* note = "";  // the default in words, where `shown` is nullptr
-};
+// One server flag (common/option_rows.hpp); its default is shown from serve_defaults().
+using ServeFlag = options::OptionRow<ServeConfig>;
 
 constexpr ServeFlag kServeFlags[] = {
-    {"--host", "ADDR",
+    {"--host", "", "ADDR",
      "address to listen on (`::` for IPv6 and IPv4); any other than loopback needs `--token-file` or `--insecure`",
-     [](const ServeConfig& d) { return d.options.host; },
-     [](const std::string&, const std::string& v, ServeConfig& c) { c.options.host = v; }},
-    {"--port", "N", "port to listen on; `0` lets the kernel pick one",
-     [](const ServeConfig& d) { return std::to_string(d.options.port); },
-     [](const std::string& f, const std::string& v, ServeConfig& c) {
-       c.options.port = static_cast<uint16_t>(number(f, v, 65535));
-     }},
-    {"--port-file", "PATH", "after binding, write the chosen port to PATH, atomically (for `--port 0`)", nullptr,
-     [](const std::string&, const std::string& v, ServeConfig& c) { c.port_file = v; }, "none"},
-    {"--token-file", "PATH",
+     text<&ServeConfig::options, &server::ServerOptions::host>()},
+    {"--port", "", "N", "port to listen on; `0` lets the kernel pick one",
+     whole<&ServeConfig::options, &server::ServerOptions::port>(0, 65535, options::kPortExpected)},
+    {"--port-file", "", "PATH", "after binding, write the chosen port to PATH, atomically (for `--port 0`)",
+     text<&ServeConfig::port_file>(false), "none"},
+    {"--token-file", "", "PATH",
      "protect the store with the secret in PATH (mode 600, yours): every client proves it (HMAC-SHA256 challenge) "
      "before any key operation, and is bound to one job's keys",
-     nullptr, [](const std::string&, const std::string& v, ServeConfig& c) { c.token_file = v; }, "none"},
-    {"--insecure", nullptr,
+     [](const OptionInput& in, ServeConfig& c) { c.token_file = in.text; }, "none"},
+    {"--insecure", "", nullptr,
      "listen on a non-loopback address without a secret (anyone who reaches the port can read, change and end "
      "every job)",
-     nullptr, [](const std::string&, const std::string&, ServeConfig& c) { c.insecure = true; }, "off"},
-    {"--handshake-timeout", "SECONDS",
+     on<&ServeConfig::insecure>(), "off"},
+    {"--handshake-timeout", "", "SECONDS",
      "with `--token-file`: close a connection that has not proved the secret SECONDS after it connected",
-     [](const ServeConfig& d) { return seconds_shown(d.options.handshake_timeout); },
-     [](const std::string& f, const std::string& v, ServeConfig& c) {
-       c.options.handshake_timeout = seconds(f, v, false, 3600, "in (0, 3600]");
-     }},
-    {"--max-pending-handshakes", "N",
+     seconds<&ServeConfig::options, &server::ServerOptions::handshake_timeout>(false, 3600,
+                                                                               "a number of seconds in (0, 3600]")},
+    {"--max-pending-handshakes", "", "N",
      "with `--token-file`: most connections not yet proven at once (at most a quarter of the descriptor limit); at "
      "that many, accepting waits, and a connection silent for 0.5 s is closed to make room",
-     [](const ServeConfig& d) { return std::to_string(d.options.max_pending_handshakes); },
-     [](const std::string& f, const std::string& v, ServeConfig& c) {
-       c.options.max_pending_handshakes = number(f, v, uint64_t{1} << 20);
-       if (c.options.max_pending_handshakes == 0) expected(f, "a number >= 1", v);
-     }},
-    {"--max-key-bytes", "N", "longest key accepted",
-     [](const ServeConfig& d) { return std::to_string(d.options.limits.max_key_bytes); },
-     [](const std::string& f, const std::string& v, ServeConfig& c) {
-       c.options.limits.max_key_bytes = number(f, v, uint64_t{1} << 30);
-     }},
-    {"--max-value-bytes", "N", "largest value accepted",
-     [](const ServeConfig& d) { return std::to_string(d.options.limits.max_value_bytes); },
-     [](const std::string& f, const std::string& v, ServeConfig& c) {
-       core::Limits& l = c.options.limits;
-       l.max_value_bytes = number(f, v, uint64_t{1} << 32);
-       l.max_request_bytes = std::max(l.max_request_bytes, l.max_value_bytes * 2);
-     }},
-    {"--max-keys", "N", "most keys in one request",
-     [](const ServeConfig& d) { return std::to_string(d.options.limits.max_keys_per_request); },
-     [](const std::string& f, const std::string& v, ServeConfig& c) {
-       c.options.limits.max_keys_per_request = number(f, v, uint64_t{1} << 24);
-     }},
-    {"--max-reply-bytes", "N", "largest reply one request may produce (counted before it is built)",
-     [](const ServeConfig& d) { return std::to_string(d.options.limits.max_reply_bytes); },
-     [](const std::string& f, const std::string& v, ServeConfig& c) {
-       c.options.limits.max_reply_bytes = number(f, v, uint64_t{1} << 40);
-     }},
-    {"--max-total-keys", "N", "most keys (and queues) the store holds",
-     [](const ServeConfig& d) { return std::to_string(d.options.store_limits.max_total_keys); },
-     [](const std::string& f, const std::string& v, ServeConfig& c) {
-       c.options.store_limits.max_total_keys = number(f, v, uint64_t{1} << 40);
-     }},
-    {"--max-store-bytes", "N", "most bytes of keys and values the store holds",
-     [](const ServeConfig& d) { return std::to_string(d.options.store_limits.max_store_bytes); },
-     [](const std::string& f, const std::string& v, ServeConfig& c) {
-       c.options.store_limits.max_store_bytes = number(f, v, uint64_t{1} << 50);
-     }},
-    {"--job-max-keys", "N",
+     whole<&ServeConfig::options, &server::ServerOptions::max_pending_handshakes>(1, int64_t{1} << 20)},
+    {"--max-key-bytes", "", "N", "longest key accepted",
+     whole<&ServeConfig::options, &server::ServerOptions::limits, &core::Limits::max_key_bytes>(0, int64_t{1} << 30)},
+    {"--max-value-bytes",
+     "",
+     "N",
+     "largest value accepted",
+     {[](const OptionInput& in, ServeConfig& c) {
+        core::Limits& l = c.options.limits;
+        l.max_value_bytes = static_cast<uint64_t>(options::parse_whole(in.flag, in.text, 0, int64_t{1} << 32));
+        l.max_request_bytes = std::max(l.max_request_bytes, l.max_value_bytes * 2);
+      },
+      [](const ServeConfig& d) { return std::to_string(d.options.limits.max_value_bytes); }}},
+    {"--max-keys", "", "N", "most keys in one request",
+     whole<&ServeConfig::options, &server::ServerOptions::limits, &core::Limits::max_keys_per_request>(
+         0, int64_t{1} << 24)},
+    {"--max-reply-bytes", "", "N", "largest reply one request may produce (counted before it is built)",
+     whole<&ServeConfig::options, &server::ServerOptions::limits, &core::Limits::max_reply_bytes>(0, int64_t{1} << 40)},
+    {"--max-total-keys", "", "N", "most keys (and queues) the store holds",
+     whole<&ServeConfig::options, &server::ServerOptions::store_limits, &core::StoreLimits::max_total_keys>(
+         0, int64_t{1} << 40)},
+    {"--max-store-bytes", "", "N", "most bytes of keys and values the store holds",
+     whole<&ServeConfig::options, &server::ServerOptions::store_limits, &core::StoreLimits::max_store_bytes>(
+         0, int64_t{1} << 50)},
+    {"--job-max-keys", "", "N",
      "most keys one job (its keys under `/ddprun/<run id>/`) holds; `0` for no quota. Not given: a quarter of "
      "`--max-total-keys`, at most 131072, so one job never fills the store",
-     [](const ServeConfig& d) { return std::to_string(d.options.store_limits.max_job_keys); },
-     [](const std::string& f, const std::string& v, ServeConfig& c) {
-       c.options.store_limits.max_job_keys = number(f, v, uint64_t{1} << 40);
-     }},
-    {"--job-max-bytes", "N",
+     whole<&ServeConfig::options, &server::ServerOptions::store_limits, &core::StoreLimits::max_job_keys>(
+         0, int64_t{1} << 40)},
+    {"--job-max-bytes", "", "N",
      "most bytes one job holds; `0` for no quota. Not given: a quarter of `--max-store-bytes`, at most 256 MiB",
-     [](const ServeConfig& d) { return std::to_string(d.options.store_limits.max_job_bytes); },
-     [](const std::string& f, const std::string& v, ServeConfig& c) {
-       c.options.store_limits.max_job_bytes = number(f, v, uint64_t{1} << 50);
-     }},
-    {"--metrics-port", "N",
+     whole<&ServeConfig::options, &server::ServerOptions::store_limits, &core::StoreLimits::max_job_bytes>(
+         0, int64_t{1} << 50)},
+    {"--metrics-port", "", "N",
      "serve Prometheus metrics at `http://HOST:N/metrics` and the jobs' page at `/ui` (to this host; to anyone "
      "when the store is open), on the store's address (`0` lets the kernel pick the port, printed at start)",
-     nullptr,
-     [](const std::string& f, const std::string& v, ServeConfig& c) {
-       c.metrics_port = static_cast<uint16_t>(number(f, v, 65535));
+     [](const OptionInput& in, ServeConfig& c) {
+       c.metrics_port = static_cast<uint16_t>(options::parse_whole(in.flag, in.text, 0, 65535, options::kPortExpected));
      },
      "off"},
-    {"--job-ttl", "SECONDS",
+    {"--job-ttl", "", "SECONDS",
      "forget a ddprun job at once when all its nodes have left, or after SECONDS without any change (its agents "
      "were killed); `0` keeps every key",
-     [](const ServeConfig& d) { return seconds_shown(d.options.job_ttl); },
-     [](const std::string& f, const std::string& v, ServeConfig& c) {
-       c.options.job_ttl = seconds(f, v, true, 1e7, ">= 0");
-     }},
-    {"--state-file", "PATH",
+     seconds<&ServeConfig::options, &server::ServerOptions::job_ttl>(true)},
+    {"--state-file", "", "PATH",
      "keep the store's contents in PATH across restarts: a daemon killed and started again on the same PATH (and "
      "port) within the agents' reconnect window (`--rdzv_conf store_reconnect_timeout`, 30 s) ends no running "
      "job. Each change is written before its reply; no fsync per write (the file outlives the daemon, not a crash "
      "of its machine)",
-     nullptr,
-     [](const std::string& f, const std::string& v, ServeConfig& c) {
-       if (v.empty()) expected(f, "a path", v);
-       c.options.state_file = v;
+     [](const OptionInput& in, ServeConfig& c) {
+       if (in.text.empty()) bad_value(in.flag, "a path", in.text);
+       c.options.state_file = in.text;
      },
      "memory only"},
-    {"--log-level", "LEVEL", "`debug`, `info`, `warn` or `error`; also read from `DDPRUN_LOG_LEVEL`",
-     [](const ServeConfig&) { return std::string(log::level_word(log::current())); },
-     [](const std::string& f, const std::string& v, ServeConfig&) {
-       log::Level level;
-       if (!log::parse_level(v, level)) expected(f, "debug, info, warn or error", v);
-       log::set_level(level);
-     }},
+    {"--log-level",
+     "",
+     "LEVEL",
+     "`debug`, `info`, `warn` or `error`; also read from `DDPRUN_LOG_LEVEL`",
+     {[](const OptionInput& in, ServeConfig&) {
+        log::Level level;
+        if (!log::parse_level(in.text, level)) bad_value(in.flag, "debug, info, warn or error", in.text);
+        log::set_level(level);
+      },
+      [](const ServeConfig&) { return std::string(log::level_word(log::current())); }}},
 };
 
 const ServeFlag* find_serve_flag(const std::string& spelled) {
@@ -241,7 +191,8 @@ ServeConfig parse_serve_flags(const std::vector<std::string>& args) {
       const ServeFlag* f = find_serve_flag(name);
       job_keys_given |= std::string_view(f->name) == "--job-max-keys";
       job_bytes_given |= std::string_view(f->name) == "--job-max-bytes";
-      f->apply(name, value.value_or(""), c);
+      const std::string text = value.value_or("");
+      f->set.apply(OptionInput{name, text}, c);
     }
     return standard.go_on();
   };
@@ -294,7 +245,7 @@ std::string usage_text() {
   const ServeConfig defaults = serve_defaults();
   for (const ServeFlag& f : kServeFlags) {
     const std::string names = f.value ? std::string(f.name) + " " + f.value : std::string(f.name);
-    command_line::print_option(out, names, f.help, f.shown ? f.shown(defaults) : "");
+    command_line::print_option(out, names, f.help, f.set.shown() ? f.default_text(defaults) : "");
   }
   command_line::print_option(out, "-h, --help", "show this help (`--help=markdown`: the flags as a Markdown table)");
   command_line::print_option(out, "--version", "print the version");
@@ -316,7 +267,7 @@ std::string flag_table_markdown() {
   for (const ServeFlag& f : kServeFlags) {
     const std::string names = "`" + std::string(f.name) + (f.value ? std::string(" ") + f.value : "") + "`";
     out += command_line::markdown_row(
-               {names, f.shown ? command_line::markdown_default(f.shown(defaults)) : f.note, f.help}) +
+               {names, f.set.shown() ? command_line::markdown_default(f.default_text(defaults)) : f.note, f.help}) +
            "\n";
   }
   return out;

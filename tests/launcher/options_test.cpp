@@ -314,8 +314,8 @@ TEST(OptionsTest, TheDefaultsHelpStatesAreTheOnesTheParserUses) {
   const LaunchOptions none = parse({"train.py"});
   int checked = 0;
   for (const FlagDef& f : flag_table()) {
-    if (f.shown == nullptr) continue;
-    const std::string text = f.default_text();
+    if (f.set.shown() == nullptr) continue;
+    const std::string text = f.default_text(LaunchOptions{});
     const std::string literal = text.substr(0, text.find(" ("));  // "0 (off)": the value is "0"
     ASSERT_TRUE(f.takes_value()) << f.name;
     LaunchOptions given = parse({f.name, literal, "train.py"});

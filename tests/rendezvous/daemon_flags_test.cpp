@@ -101,7 +101,11 @@ TEST(DaemonFlagsTest, MistakesNameTheFlagAndWhatItExpects) {
     }
     return std::string();
   };
-  EXPECT_EQ(error_of({"--port", "70000"}), "--port expects a whole number from 0 to 65535, got '70000'");
+  // In ddprun's words (tests/launcher/options_test.cpp holds ddprun to the same): "FLAG: expected WHAT, got 'TEXT'".
+  EXPECT_EQ(error_of({"--port", "70000"}), "--port: expected a port from 0 to 65535, got '70000'");
+  EXPECT_EQ(error_of({"--metrics-port", "x"}), "--metrics-port: expected a port from 0 to 65535, got 'x'");
+  EXPECT_EQ(error_of({"--job-ttl", "-1"}), "--job-ttl: expected a number of seconds >= 0, got '-1'");
+  EXPECT_EQ(error_of({"--max-keys", "many"}), "--max-keys: expected a whole number from 0 to 16777216, got 'many'");
   EXPECT_EQ(error_of({"--insecure=yes"}), "--insecure takes no value, got 'yes'");
   EXPECT_EQ(error_of({"--job-ttl"}).rfind("--job-ttl needs a value", 0), 0u);
   EXPECT_EQ(error_of({"--bogus"}), "unknown option '--bogus'");

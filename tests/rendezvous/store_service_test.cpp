@@ -359,11 +359,12 @@ TEST(StoreServiceTest, AMalformedFlagExitsTwoNamingItAndWhatItExpects) {
     std::string says;
   };
   const std::vector<Case> cases = {
-      {{"--port", "70000"}, "--port expects a whole number from 0 to 65535, got '70000'"},
-      {{"--job-ttl", "-1"}, "--job-ttl expects a number of seconds >= 0, got '-1'"},
-      {{"--handshake_timeout=0"}, "--handshake_timeout expects a number of seconds in (0, 3600], got '0'"},
-      {{"--max-pending-handshakes", "0"}, "--max-pending-handshakes expects a number >= 1, got '0'"},
-      {{"--state-file="}, "--state-file expects a path, got ''"},
+      {{"--port", "70000"}, "--port: expected a port from 0 to 65535, got '70000'"},
+      {{"--job-ttl", "-1"}, "--job-ttl: expected a number of seconds >= 0, got '-1'"},
+      {{"--handshake_timeout=0"}, "--handshake_timeout: expected a number of seconds in (0, 3600], got '0'"},
+      {{"--max-pending-handshakes", "0"},
+       "--max-pending-handshakes: expected a whole number from 1 to 1048576, got '0'"},
+      {{"--state-file="}, "--state-file: expected a path, got ''"},
       {{"--max-keys"}, "--max-keys needs a value"},
       {{"--bogus"}, "unknown option '--bogus'"},
   };
