@@ -23,7 +23,6 @@ using options_detail::lower;
 using options_detail::parse_bool;
 using options_detail::parse_seconds;
 using options_detail::parse_whole;
-using options_detail::seconds_text;
 
 // Every --rdzv_conf key torchrun 2.x accepts, and ddprun's own, in --help order.
 constexpr RdzvConfKey kRdzvConfKeys[] = {

@@ -23,6 +23,7 @@ using workers::NumaBinding;
 using workers::parse_cpu_list;
 using workers::parse_numa_binding;
 using workers::place_ranks;
+using workers::RankPlacement;
 using workers::read_topology;
 using workers::Topology;
 using workers::visible_gpus;
@@ -103,6 +104,13 @@ std::set<int> cpus(const std::string& list) { return parse_cpu_list(list).value(
 
 std::vector<int> all_gpus(const Topology& t) { return visible_gpus(t, std::nullopt, nullptr).value(); }
 
+// 8 ranks on the fixture's machine, each given all its GPUs to choose from.
+std::vector<RankPlacement> eight_gpu_ranks(NumaBinding mode) {
+  Fixture f;
+  const Topology t = f.read();
+  return place_ranks(t, mode, 8, all_gpus(t));
+}
+
 TEST(NumaTest, CpuListsParseAndPrintAsTheKernelWritesThem) {
   EXPECT_EQ(parse_cpu_list("0-3,8,10-11\n"), (std::set<int>{0, 1, 2, 3, 8, 10, 11}));
   EXPECT_EQ(format_cpu_list({0, 1, 2, 3, 8, 10, 11}), "0-3,8,10-11");
@@ -133,9 +141,7 @@ TEST(NumaTest, TheTopologyIsReadFromSysfs) {
 }
 
 TEST(NumaTest, NodeBindsEachGpuWorkerToItsGpusNumaNode) {
-  Fixture f;
-  const Topology t = f.read();
-  const auto p = place_ranks(t, NumaBinding::Node, 8, all_gpus(t));
+  const auto p = eight_gpu_ranks(NumaBinding::Node);
   ASSERT_EQ(p.size(), 8u);
   EXPECT_EQ(p[0].cpus, cpus("0-3,16-19"));
   EXPECT_EQ(p[3].cpus, cpus("4-7,20-23"));
@@ -146,9 +152,7 @@ TEST(NumaTest, NodeBindsEachGpuWorkerToItsGpusNumaNode) {
 }
 
 TEST(NumaTest, SocketBindsToEveryNodeOfTheGpusSocket) {
-  Fixture f;
-  const Topology t = f.read();
-  const auto p = place_ranks(t, NumaBinding::Socket, 8, all_gpus(t));
+  const auto p = eight_gpu_ranks(NumaBinding::Socket);
   EXPECT_EQ(p[2].cpus, cpus("0-7,16-23"));
   EXPECT_EQ(p[5].cpus, cpus("8-15,24-31"));
   EXPECT_EQ(p[5].numa_node, 2);
@@ -156,9 +160,7 @@ TEST(NumaTest, SocketBindsToEveryNodeOfTheGpusSocket) {
 }
 
 TEST(NumaTest, ExclusiveSplitsTheNodesPhysicalCoresWithTheirHyperthreads) {
-  Fixture f;
-  const Topology t = f.read();
-  const auto p = place_ranks(t, NumaBinding::Exclusive, 8, all_gpus(t));
+  const auto p = eight_gpu_ranks(NumaBinding::Exclusive);
   EXPECT_EQ(p[0].cpus, cpus("0-1,16-17"));
   EXPECT_EQ(p[1].cpus, cpus("2-3,18-19"));
   EXPECT_EQ(p[6].cpus, cpus("12-13,28-29"));
@@ -166,9 +168,7 @@ TEST(NumaTest, ExclusiveSplitsTheNodesPhysicalCoresWithTheirHyperthreads) {
 }
 
 TEST(NumaTest, CoreComplexGivesEachRankItsOwnLastLevelCache) {
-  Fixture f;
-  const Topology t = f.read();
-  const auto p = place_ranks(t, NumaBinding::CoreComplex, 8, all_gpus(t));
+  const auto p = eight_gpu_ranks(NumaBinding::CoreComplex);
   EXPECT_EQ(p[0].cpus, cpus("0-1,16-17"));
   EXPECT_EQ(p[1].cpus, cpus("2-3,18-19"));
   EXPECT_EQ(p[2].cpus, cpus("4-5,20-21"));

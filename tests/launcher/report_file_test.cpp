@@ -35,6 +35,30 @@ std::string host_name() {
   return buf;
 }
 
+// ddprun with two workers that write their pids to dir/ready.<local rank> and sleep, reporting to `file`.
+struct TwoSleepers {
+  TempDir dir;
+  fs::path file = dir.path / "report.json";
+  Subprocess p{ddprun({"--nproc_per_node", "2", "--report_file", file.string(), TEST_WORKER_BIN, "ready-file",
+                       (dir.path / "ready.${local_rank}").string(), "sleep", "60"})};
+
+  // Once both workers are up, SIGTERM to rank 1 (not through ddprun); its pid, or 0.
+  pid_t sigterm_rank_1() {
+    pid_t worker = 0;
+    if (!wait_until([&] { return fs::exists(dir.path / "ready.0") && fs::exists(dir.path / "ready.1"); }, 30s) ||
+        !wait_until([&] { return (std::ifstream(dir.path / "ready.1") >> worker) && worker > 0; }, 10s)) {
+      return 0;
+    }
+    ::kill(worker, SIGTERM);
+    return worker;
+  }
+  // How ddprun ended, and its report.
+  std::pair<Finished, json> end() {
+    Finished f = p.wait(60s);
+    return {f, read_report(file)};
+  }
+};
+
 TEST(ReportFileTest, ASuccessfulJobIsReportedWithEveryRank) {
   TempDir dir;
   const fs::path file = dir.path / "report.json";
@@ -140,20 +164,14 @@ TEST(ReportFileTest, AStopSignalIsReportedWithTheStoppedWorkers) {
 // worker can die of the SIGTERM before ddprun receives its own. That is the job being stopped, not
 // a rank failing: the report says "signalled" and every worker "stopped".
 TEST(ReportFileTest, AStopSignalThatReachesAWorkerBeforeDdprunIsTheJobBeingStopped) {
-  TempDir dir;
-  const fs::path file = dir.path / "report.json";
-  Subprocess p(ddprun({"--nproc_per_node", "2", "--report_file", file.string(), TEST_WORKER_BIN, "ready-file",
-                       (dir.path / "ready.${local_rank}").string(), "sleep", "60"}));
-  pid_t worker = 0;
-  ASSERT_TRUE(wait_until([&] { return fs::exists(dir.path / "ready.0") && fs::exists(dir.path / "ready.1"); }, 30s));
-  ASSERT_TRUE(wait_until([&] { return (std::ifstream(dir.path / "ready.1") >> worker) && worker > 0; }, 10s));
-  ::kill(worker, SIGTERM);
+  TwoSleepers job;
+  const pid_t worker = job.sigterm_rank_1();
+  ASSERT_GT(worker, 0) << "the workers did not come up";
   // ddprun has reaped it (its /proc entry is gone) before its own SIGTERM arrives.
   ASSERT_TRUE(wait_until([&] { return !fs::exists("/proc/" + std::to_string(worker)); }, 10s, 1ms));
-  p.signal(SIGTERM);
-  const Finished f = p.wait(60s);
+  job.p.signal(SIGTERM);
+  const auto [f, r] = job.end();
   ASSERT_EQ(f.exit_code, 128 + SIGTERM) << f.err;
-  const json r = read_report(file);
   ASSERT_TRUE(r.is_object()) << f.err;
   EXPECT_EQ(r["outcome"], "signalled") << f.err;
   EXPECT_TRUE(r["root_cause"].is_null()) << r.dump(2);
@@ -163,17 +181,10 @@ TEST(ReportFileTest, AStopSignalThatReachesAWorkerBeforeDdprunIsTheJobBeingStopp
 
 // The same worker death with no signal for ddprun is a failure of that rank, as before.
 TEST(ReportFileTest, AWorkerKilledBySigtermAloneIsAFailureOfThatRank) {
-  TempDir dir;
-  const fs::path file = dir.path / "report.json";
-  Subprocess p(ddprun({"--nproc_per_node", "2", "--report_file", file.string(), TEST_WORKER_BIN, "ready-file",
-                       (dir.path / "ready.${local_rank}").string(), "sleep", "60"}));
-  pid_t worker = 0;
-  ASSERT_TRUE(wait_until([&] { return fs::exists(dir.path / "ready.0") && fs::exists(dir.path / "ready.1"); }, 30s));
-  ASSERT_TRUE(wait_until([&] { return (std::ifstream(dir.path / "ready.1") >> worker) && worker > 0; }, 10s));
-  ::kill(worker, SIGTERM);
-  const Finished f = p.wait(60s);
+  TwoSleepers job;
+  ASSERT_GT(job.sigterm_rank_1(), 0) << "the workers did not come up";
+  const auto [f, r] = job.end();
   ASSERT_EQ(f.exit_code, 128 + SIGTERM) << f.err;
-  const json r = read_report(file);
   ASSERT_TRUE(r.is_object()) << f.err;
   EXPECT_EQ(r["outcome"], "failed") << f.err;
   EXPECT_EQ(r["root_cause"]["rank"], 1) << r.dump(2);

@@ -27,6 +27,23 @@ std::string error_of(std::map<std::string, std::string> vars) {
   return "";
 }
 
+// A launched worker's reading of the contract, with the master 10.0.0.1:29500, the agent's store and
+// restart 2 that every test here gives it.
+struct Layout {
+  int rank, local_rank, world_size, local_world_size;
+};
+void expect_launched(const WorkerEnv& e, const Layout& x) {
+  EXPECT_TRUE(e.launched);
+  EXPECT_EQ(e.rank, x.rank);
+  EXPECT_EQ(e.local_rank, x.local_rank);
+  EXPECT_EQ(e.world_size, x.world_size);
+  EXPECT_EQ(e.local_world_size, x.local_world_size);
+  EXPECT_EQ(e.master_addr, "10.0.0.1");
+  EXPECT_EQ(e.master_port, 29500);
+  EXPECT_TRUE(e.use_agent_store);
+  EXPECT_EQ(e.restart_count, 2);
+}
+
 // The contract, both sides: what ddprun sets for a worker is what the SDK reads back (one header
 // names the variables for both: ddprun/worker/env_contract.hpp).
 TEST(WorkerEnvTest, WhatTheLauncherSetsIsWhatTheSdkReads) {
@@ -42,16 +59,7 @@ TEST(WorkerEnvTest, WhatTheLauncherSetsIsWhatTheSdkReads) {
   attempt.master_port = 29500;
   attempt.restart_count = 2;
   const auto env = launcher::workers::worker_environment({}, where, attempt, "/tmp/error.json");
-  const WorkerEnv e = read(env);
-  EXPECT_TRUE(e.launched);
-  EXPECT_EQ(e.rank, 5);
-  EXPECT_EQ(e.local_rank, 1);
-  EXPECT_EQ(e.world_size, 8);
-  EXPECT_EQ(e.local_world_size, 4);
-  EXPECT_EQ(e.master_addr, "10.0.0.1");
-  EXPECT_EQ(e.master_port, 29500);
-  EXPECT_TRUE(e.use_agent_store);
-  EXPECT_EQ(e.restart_count, 2);
+  expect_launched(read(env), {.rank = 5, .local_rank = 1, .world_size = 8, .local_world_size = 4});
 }
 
 TEST(WorkerEnvTest, NoLauncherVariablesMeansASingleProcess) {
@@ -70,15 +78,7 @@ TEST(WorkerEnvTest, ReadsTheFullContract) {
                             {"MASTER_PORT", "29500"},
                             {"TORCHELASTIC_USE_AGENT_STORE", "True"},
                             {"TORCHELASTIC_RESTART_COUNT", "2"}});
-  EXPECT_TRUE(e.launched);
-  EXPECT_EQ(e.rank, 3);
-  EXPECT_EQ(e.world_size, 8);
-  EXPECT_EQ(e.local_rank, 1);
-  EXPECT_EQ(e.local_world_size, 2);
-  EXPECT_EQ(e.master_addr, "10.0.0.1");
-  EXPECT_EQ(e.master_port, 29500);
-  EXPECT_TRUE(e.use_agent_store);
-  EXPECT_EQ(e.restart_count, 2);
+  expect_launched(e, {.rank = 3, .local_rank = 1, .world_size = 8, .local_world_size = 2});
 }
 
 TEST(WorkerEnvTest, MissingOrMalformedVariablesAreNamed) {
