@@ -58,6 +58,20 @@ rdzv::client::Client admin(uint16_t port) {
   return rdzv::client::Client(o);
 }
 
+// A daemon protected by kSecret, written to a file of this name in a directory of its own.
+struct GuardedDaemon {
+  explicit GuardedDaemon(const char* file)
+      : token(write_token(dir, file, kSecret)), daemon(DAEMON_BIN, guarded(token)) {}
+  static DaemonOptions guarded(const std::string& token) {
+    DaemonOptions o;
+    o.args = {"--token-file", token};
+    return o;
+  }
+  TempDir dir;
+  std::string token;
+  Daemon daemon;
+};
+
 TEST(AccessTest, ProtectedModeRefusesANetworkAddressWithoutASecretAndInsecureStarts) {
   Subprocess refused({DAEMON_BIN, "--host", "0.0.0.0", "--port", "0"});
   const Finished r = refused.wait(10s);
@@ -80,11 +94,9 @@ TEST(AccessTest, ProtectedModeRefusesANetworkAddressWithoutASecretAndInsecureSta
 }
 
 TEST(AccessTest, StrangersInBothDialectsCannotReadWriteStatusOrEndAJob) {
-  TempDir dir;
-  const std::string token = write_token(dir, "token", kSecret);
-  DaemonOptions o;
-  o.args = {"--token-file", token};
-  Daemon d(DAEMON_BIN, o);
+  GuardedDaemon guarded("token");
+  const std::string& token = guarded.token;
+  Daemon& d = guarded.daemon;
   auto n0 = daemon_node(d.port(), 0, "guarded", token, {TEST_WORKER_BIN, "wait-signal"});
   auto n1 = daemon_node(d.port(), 1, "guarded", token, {TEST_WORKER_BIN, "wait-signal"});
   ASSERT_TRUE(n0->wait_for_output("[rank0]: ready", 30s)) << n0->err();
@@ -155,11 +167,10 @@ TEST(AccessTest, StrangersInBothDialectsCannotReadWriteStatusOrEndAJob) {
 }
 
 TEST(AccessTest, TwoJobsOnOneDaemonCannotTouchEachOther) {
-  TempDir dir;
-  const std::string token = write_token(dir, "cluster", kSecret);
-  DaemonOptions o;
-  o.args = {"--token-file", token};
-  Daemon d(DAEMON_BIN, o);
+  GuardedDaemon guarded("cluster");
+  const std::string& token = guarded.token;
+  Daemon& d = guarded.daemon;
+  const TempDir& dir = guarded.dir;
   // Each job gets only its own token, derived from the daemon's secret.
   for (const char* job : {"alpha", "beta"}) {
     Subprocess t({DAEMON_BIN, "token", "--token-file", token, "--rdzv_id", job, "--output",
@@ -276,11 +287,9 @@ TEST(AccessTest, WorkerLogsAreReadableByTheirOwnerAlone) {
 
 TEST(AccessTest, RealPyTorchGlooWorkersTrainThroughAProtectedDaemon) {
   if (::access(TORCH_PYTHON, X_OK) != 0) GTEST_SKIP() << TORCH_PYTHON << " is not here";
-  TempDir dir;
-  const std::string token = write_token(dir, "token", kSecret);
-  DaemonOptions o;
-  o.args = {"--token-file", token};
-  Daemon d(DAEMON_BIN, o);
+  GuardedDaemon guarded("token");
+  const std::string& token = guarded.token;
+  Daemon& d = guarded.daemon;
   std::vector<std::unique_ptr<Subprocess>> nodes;
   for (int rank = 0; rank < 2; ++rank) {
     nodes.push_back(JobNode(rank)
