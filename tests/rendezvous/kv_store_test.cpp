@@ -18,6 +18,18 @@ struct RecordingWaiter : Waiter {
   }
 };
 
+// A store with two clients waiting on one key.
+struct TwoWaiters {
+  explicit TwoWaiters(std::string_view key) : keys{key} {
+    s.wait(w1, keys);
+    s.wait(w2, keys);
+  }
+  int woken() const { return w1.completed + w2.completed; }
+  KvStore s;
+  RecordingWaiter w1, w2;
+  std::array<std::string_view, 1> keys;
+};
+
 TEST(KvStoreTest, AddTreatsMissingAsZeroAndStoresDecimalText) {
   KvStore s;
   EXPECT_EQ(s.add("cnt", 5), 5);
@@ -63,17 +75,13 @@ TEST(KvStoreTest, WaitReturnsWhenLastKeyIsSet) {
 }
 
 TEST(KvStoreTest, CancelAndForgetClearWaitState) {
-  KvStore s;
-  RecordingWaiter w1, w2;
-  const std::array<std::string_view, 1> keys{"k"};
-  s.wait(w1, keys);
-  s.wait(w2, keys);
-  EXPECT_EQ(s.waiting_clients(), 2u);
-  EXPECT_TRUE(s.cancel_wait(w1));
-  s.forget(w2);
-  EXPECT_EQ(s.waiting_clients(), 0u);
-  s.set("k", "v");
-  EXPECT_EQ(w1.completed + w2.completed, 0);
+  TwoWaiters t("k");
+  EXPECT_EQ(t.s.waiting_clients(), 2u);
+  EXPECT_TRUE(t.s.cancel_wait(t.w1));
+  t.s.forget(t.w2);
+  EXPECT_EQ(t.s.waiting_clients(), 0u);
+  t.s.set("k", "v");
+  EXPECT_EQ(t.woken(), 0);
 }
 
 TEST(KvStoreTest, NumKeysCountsInitKeyButNotQueues) {
@@ -88,16 +96,13 @@ TEST(KvStoreTest, NumKeysCountsInitKeyButNotQueues) {
 }
 
 TEST(KvStoreTest, QueuePushWakesOneWaiterAndPopIsFifo) {
-  KvStore s;
-  RecordingWaiter w1, w2;
-  const std::array<std::string_view, 1> keys{"q"};
-  s.wait(w1, keys);
-  s.wait(w2, keys);
+  TwoWaiters t("q");
+  KvStore& s = t.s;
   s.queue_push("q", "first");
-  EXPECT_EQ(w1.completed + w2.completed, 1);
+  EXPECT_EQ(t.woken(), 1);
   s.queue_push("q", "second");
-  EXPECT_EQ(w1.completed + w2.completed, 2);
-  EXPECT_TRUE(s.check(keys));
+  EXPECT_EQ(t.woken(), 2);
+  EXPECT_TRUE(s.check(t.keys));
   std::string v;
   EXPECT_EQ(s.queue_pop("q", v), 2);
   EXPECT_EQ(v, "first");
@@ -105,7 +110,7 @@ TEST(KvStoreTest, QueuePushWakesOneWaiterAndPopIsFifo) {
   EXPECT_EQ(s.queue_pop("q", v), 1);
   EXPECT_EQ(v, "second");
   EXPECT_EQ(s.queue_pop("q", v), 0);
-  EXPECT_FALSE(s.check(keys));
+  EXPECT_FALSE(s.check(t.keys));
 }
 
 TEST(KvStoreTest, WatchersSeeCreateUpdateDelete) {
