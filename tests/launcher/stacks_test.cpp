@@ -16,17 +16,8 @@
 
 namespace ddprun::launcher {
 
-using watchdog::capture_stacks;
-using watchdog::first_lines;
-using watchdog::RankStacks;
-using watchdog::stack_signal;
-using workers::current_environment;
-using workers::Environment;
-using workers::spawn_process;
-using workers::SpawnedProcess;
-using workers::SpawnRequest;
-using workers::to_envp;
-using workers::write_python_hook;
+using namespace watchdog;  // the code under test
+using namespace workers;   // the processes it captures: spawned as the agent spawns its workers
 namespace {
 
 using namespace std::chrono_literals;
