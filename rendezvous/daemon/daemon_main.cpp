@@ -171,7 +171,8 @@ void serve(const ServeConfig& c) {
         io, server.endpoint().address().to_string(), *c.metrics_port,
         [&server] { return rdzv::daemon::render_metrics(server); },
         [&page](const rdzv::server::HttpRequest& request) { return page->serve(request); });
-    std::cout << "metrics on " << server.endpoint().address().to_string() << ":" << metrics->port() << std::endl;
+    std::cout << "metrics on " << format_host_port(server.endpoint().address().to_string(), metrics->port())
+              << std::endl;
   }
   boost::asio::signal_set signals(io, SIGINT, SIGTERM);
   signals.async_wait([&](const boost::system::error_code& ec, int signo) {

@@ -119,6 +119,22 @@ class Daemon {
     wait_until([&] { return (l = log()).find(text) != std::string::npos; }, limit);
     return l;
   }
+  // With --metrics-port: the line the daemon prints, "metrics on HOST:PORT" ([v6]:PORT for IPv6),
+  // once it has printed it, or "".
+  std::string metrics_line() const {
+    const std::string l = log_with("metrics on ");
+    for (size_t at = l.find("metrics on "); at != std::string::npos; at = l.find("metrics on ", at + 1)) {
+      const std::string line = l.substr(at, l.find('\n', at) - at);
+      if (line.find("://") == std::string::npos) return line;  // not the log's "metrics on http://..."
+    }
+    return "";
+  }
+  // The port of --metrics-port 0, from metrics_line(), or 0.
+  uint16_t metrics_port() const {
+    const std::string line = metrics_line();
+    const auto colon = line.rfind(':');
+    return colon == std::string::npos ? 0 : static_cast<uint16_t>(std::stoi(line.substr(colon + 1)));
+  }
   // Still running (not exited, not a zombie).
   bool alive() {
     if (reaped_) return false;

@@ -259,10 +259,8 @@ TEST(JobPageTest, TheDaemonsPageListsItsJobsAndShowsEachWithItsStraggler) {
   DaemonOptions with_page;
   with_page.args = {"--metrics-port", "0"};
   Daemon daemon(RENDEZVOUS_BIN, with_page);
-  const std::string said = daemon.log_with("metrics on http://127.0.0.1:");
-  const auto at = said.find("metrics on http://127.0.0.1:");
-  ASSERT_NE(at, std::string::npos) << said;
-  const int port = std::stoi(said.substr(at + 28));
+  const int port = daemon.metrics_port();
+  ASSERT_NE(port, 0) << daemon.log();
   std::vector<std::unique_ptr<Subprocess>> nodes;
   for (int node = 0; node < 2; ++node) {
     nodes.push_back(daemon_job_node(daemon.port(), "daemon-page-a", node, 2, 3, 40));
