@@ -29,27 +29,35 @@ std::unique_ptr<Subprocess> node(const EtcdCluster& cluster, int n, int lease_tt
       .start({TEST_WORKER_BIN, "busy-if-rank", "0", "30"});
 }
 
-// Two of the three members frozen for `outage`, once both nodes run their workers.
-void lose_quorum(EtcdCluster& cluster, Subprocess& n0, Subprocess& n1, std::chrono::seconds outage) {
-  ASSERT_TRUE(n0.wait_for_workers(1, 60s)) << n0.err();
-  ASSERT_TRUE(n1.wait_for_workers(1, 60s)) << n1.err();
-  std::this_thread::sleep_for(5s);  // sleep override: the job runs a while before the fault
-  cluster.pause(1);
-  cluster.pause(2);
-  std::this_thread::sleep_for(outage);  // sleep override: the length of the outage
-  cluster.resume(1);
-  cluster.resume(2);
+// A two-node job on a 3-member etcd cluster whose agents hold leases of `lease_ttl` seconds, with two
+// of the three members frozen for `outage` once both nodes run their workers; how each node ended
+// (`frozen` false: the workers never came up, and nothing was frozen).
+struct Outcome {
+  Finished f0, f1;
+  bool frozen = false;
+};
+Outcome job_through_outage(int lease_ttl, std::chrono::seconds outage) {
+  EtcdCluster cluster(3);
+  auto n0 = node(cluster, 0, lease_ttl);
+  auto n1 = node(cluster, 1, lease_ttl);
+  const bool up = n0->wait_for_workers(1, 60s) && n1->wait_for_workers(1, 60s);
+  if (up) {
+    std::this_thread::sleep_for(5s);  // sleep override: the job runs a while before the fault
+    cluster.pause(1);
+    cluster.pause(2);
+    std::this_thread::sleep_for(outage);  // sleep override: the length of the outage
+    cluster.resume(1);
+    cluster.resume(2);
+  }
+  return {n0->wait(120s), n1->wait(120s), up};
 }
 
 // Before: the first failed call dropped the job-wide progress channel for the rest of the
 // attempt, and node 1 then saw only its own idle rank: exit 124 "HUNG", node 0 exit 1.
 TEST(EtcdOutageTest, QuorumLostForSixSecondsIsNoHang) {
   if (!have_etcd()) GTEST_FAIL() << "etcd-server and etcd-client are not installed: run scripts/install_deps.sh";
-  EtcdCluster cluster(3);
-  auto n0 = node(cluster, 0, 20);  // leases of 20 s outlive the outage
-  auto n1 = node(cluster, 1, 20);
-  lose_quorum(cluster, *n0, *n1, 6s);
-  const Finished f0 = n0->wait(120s), f1 = n1->wait(120s);
+  const auto [f0, f1, frozen] = job_through_outage(20, 6s);  // leases of 20 s outlive the outage
+  ASSERT_TRUE(frozen) << "the workers did not start: " << f0.err << f1.err;
   ASSERT_FALSE(f0.timed_out || f1.timed_out);
   EXPECT_EQ(f0.exit_code, 0) << f0.err;
   EXPECT_EQ(f1.exit_code, 0) << f1.err;
@@ -61,11 +69,8 @@ TEST(EtcdOutageTest, QuorumLostForSixSecondsIsNoHang) {
 // lets no lease expire).
 TEST(EtcdOutageTest, QuorumLostForLongerThanTheLeaseEndsTheJobSayingWhatIsKnown) {
   if (!have_etcd()) GTEST_FAIL() << "etcd-server and etcd-client are not installed: run scripts/install_deps.sh";
-  EtcdCluster cluster(3);
-  auto n0 = node(cluster, 0, 3);
-  auto n1 = node(cluster, 1, 3);
-  lose_quorum(cluster, *n0, *n1, 10s);
-  const Finished f0 = n0->wait(120s), f1 = n1->wait(120s);
+  const auto [f0, f1, frozen] = job_through_outage(3, 10s);
+  ASSERT_TRUE(frozen) << "the workers did not start: " << f0.err << f1.err;
   ASSERT_FALSE(f0.timed_out || f1.timed_out);
   EXPECT_EQ(f0.exit_code, 1) << f0.err;
   EXPECT_EQ(f1.exit_code, 1) << f1.err;
