@@ -67,11 +67,19 @@ LaunchOptions options() {
   return o;
 }
 
-TEST(JobReportTest, AHangThenASuccessIsTwoAttemptsAndTheJobSucceeded) {
+// The report of options() on host h1, its first round started with node 0's workers (pids from 4000).
+struct StartedReport {
+  explicit StartedReport(bool multi_node) : report(o, "h1", "", multi_node) {
+    report.rendezvous_began(0, 0);
+    report.group_started(one_node(0, 4000));
+  }
   const LaunchOptions o = options();
-  JobReport report(o, "h1", "", false);
-  report.rendezvous_began(0, 0);
-  report.group_started(one_node(0, 4000));
+  JobReport report;
+};
+
+TEST(JobReportTest, AHangThenASuccessIsTwoAttemptsAndTheJobSucceeded) {
+  StartedReport started(false);
+  JobReport& report = started.report;
   const RoundEnd hang = hang_end(0, "HUNG: ...");
   GroupResult stopped;
   stopped.outcome = GroupOutcome::StoppedByRequest;
@@ -110,10 +118,8 @@ TEST(JobReportTest, AHangThenASuccessIsTwoAttemptsAndTheJobSucceeded) {
 }
 
 TEST(JobReportTest, AHangThatEndsTheJobCarriesTheDiagnosis) {
-  const LaunchOptions o = options();
-  JobReport report(o, "h1", "", true);
-  report.rendezvous_began(0, 0);
-  report.group_started(one_node(0, 4000));
+  StartedReport started(true);
+  JobReport& report = started.report;
   const RoundEnd hang = hang_end(1, "HUNG: behind: rank 1");
   report.round_ended(hang, GroupResult{});
   report.set_hang_report_file("/logs/attempt_0/hang_report.txt");
