@@ -123,41 +123,58 @@ constexpr ServeFlag kServeFlags[] = {
       [](const ServeConfig&) { return std::string(log::level_word(log::current())); }}},
 };
 
-const ServeFlag* find_serve_flag(const std::string& spelled) {
+// The row `spelled` names, dashes and underscores alike after the leading "--" (name or alias).
+template <class Row, size_t N>
+const Row* find_row(const Row (&rows)[N], const std::string& spelled) {
   const std::string name = command_line::canonical(spelled);
-  for (const ServeFlag& f : kServeFlags) {
-    if (command_line::canonical(f.name) == name) return &f;
+  for (const Row& row : rows) {
+    if (command_line::canonical(row.name) == name) return &row;
+    std::string_view aliases = row.aliases;
+    while (!aliases.empty()) {
+      const auto comma = aliases.find(',');
+      if (command_line::canonical(aliases.substr(0, comma)) == name) return &row;
+      aliases = comma == std::string_view::npos ? std::string_view() : aliases.substr(comma + 1);
+    }
   }
   return nullptr;
 }
 
-// A subcommand's flags: canonical name -> where its value goes.
-struct SubFlag {
-  const char* name;
-  const char* also;  // another spelling, or nullptr
-  std::string* into;
+const ServeFlag* find_serve_flag(const std::string& spelled) { return find_row(kServeFlags, spelled); }
+
+// The status and token subcommands' flags: rows over what each parses (their --help is usage_text's).
+constexpr options::OptionRow<StatusFlags> kStatusFlags[] = {
+    {"--endpoint", "", "HOST:PORT", "the store", text<&StatusFlags::endpoint>()},
+    {"--token-file", "", "PATH", "the secret or a job's token",
+     [](const OptionInput& in, StatusFlags& s) { s.token_file = in.text; }},
+};
+constexpr options::OptionRow<TokenFlags> kTokenFlags[] = {
+    {"--token-file", "", "PATH", "the daemon's secret",
+     [](const OptionInput& in, TokenFlags& t) { t.token_file = in.text; }},
+    {"--rdzv-id", "--run-id", "ID", "the job", text<&TokenFlags::run_id>()},
+    {"--output", "", "PATH", "where the token goes", text<&TokenFlags::output>()},
 };
 
-void parse_sub_flags(const std::string& sub, const std::vector<std::string>& args, const std::vector<SubFlag>& flags) {
-  auto find = [&](const std::string& spelled) -> const SubFlag* {
-    const std::string name = command_line::canonical(spelled);
-    for (const SubFlag& f : flags) {
-      if (command_line::canonical(f.name) == name || (f.also && command_line::canonical(f.also) == name)) return &f;
-    }
-    return nullptr;
-  };
+// A subcommand's flags, each through its row.
+template <class Flags, size_t N>
+Flags parse_sub_flags(const std::string& sub, const std::vector<std::string>& args,
+                      const options::OptionRow<Flags> (&rows)[N]) {
+  Flags flags;
   const size_t rest = command_line::walk(
       args, 0,
       [&](const std::string& name) -> std::optional<FlagShape> {
-        if (!find(name)) return std::nullopt;
+        if (!find_row(rows, name)) return std::nullopt;
         return FlagShape{Takes::Value, ""};
       },
       [&](const std::string& name, const std::optional<std::string>& value) {
-        *find(name)->into = value.value_or("");
+        const std::string text = value.value_or("");
+        find_row(rows, name)->set.apply(OptionInput{name, text}, flags);
         return true;
       },
       " of " + sub);
   if (rest < args.size()) throw ConfigError(sub + ": unexpected argument '" + args[rest] + "'");
+  // Not given (or given empty): DDPRUN_TOKEN_FILE.
+  if (!flags.token_file || flags.token_file->empty()) flags.token_file = token_file_from_env();
+  return flags;
 }
 
 }  // namespace
@@ -215,21 +232,13 @@ ServeConfig parse_serve_flags(const std::vector<std::string>& args) {
 }
 
 StatusFlags parse_status_flags(const std::vector<std::string>& args) {
-  StatusFlags s;
-  std::string token_file;
-  parse_sub_flags("status", args, {{"--endpoint", nullptr, &s.endpoint}, {"--token-file", nullptr, &token_file}});
-  s.token_file = token_file.empty() ? token_file_from_env() : std::optional<std::string>(token_file);
+  StatusFlags s = parse_sub_flags("status", args, kStatusFlags);
   if (s.endpoint.empty()) throw ConfigError("status needs --endpoint HOST:PORT");
   return s;
 }
 
 TokenFlags parse_token_flags(const std::vector<std::string>& args) {
-  TokenFlags t;
-  std::string token_file;
-  parse_sub_flags(
-      "token", args,
-      {{"--token-file", nullptr, &token_file}, {"--rdzv-id", "--run-id", &t.run_id}, {"--output", nullptr, &t.output}});
-  t.token_file = token_file.empty() ? token_file_from_env() : std::optional<std::string>(token_file);
+  TokenFlags t = parse_sub_flags("token", args, kTokenFlags);
   if (!t.token_file) throw ConfigError("token needs --token-file PATH (the daemon's secret)");
   return t;
 }
