@@ -512,6 +512,7 @@ int train(int steps, int stall_rank, int slow_rank, int slow_ms) {
 int main(int argc, char** argv) {
   const std::string mode = argc > 1 ? argv[1] : "";
   try {
+    interop_kernels();
     if (mode == "ddp-equivalence") return ddp_equivalence(std::stoi(argv[2]), argc > 3 ? argv[3] : "direct");
     if (mode == "ddp-module") return ddp_module(argv[2]);
     if (mode == "no-sync") return no_sync();

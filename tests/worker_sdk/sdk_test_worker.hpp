@@ -70,6 +70,13 @@ inline bool interop_on_cuda() {
   return device && std::string(device) == "cuda";
 }
 
+// DDPRUN_INTEROP_MKLDNN=0 (tests/python/test_worker_sdk_interop.py sets it): convolutions run on
+// ATen's own kernels, not oneDNN's, as the Python side of that test does.
+inline void interop_kernels() {
+  const char* mkldnn = std::getenv("DDPRUN_INTEROP_MKLDNN");
+  if (mkldnn && std::string(mkldnn) == "0") at::globalContext().setUserEnabledMkldnn(false);
+}
+
 inline Distributed interop_init() {
   InitOptions options;
   options.backend(interop_on_cuda() ? "auto" : "gloo");
