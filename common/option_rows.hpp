@@ -68,6 +68,13 @@ inline std::chrono::milliseconds parse_seconds(const std::string& flag, const st
             text);
 }
 
+// A value without the blanks and tabs around it.
+inline std::string trim(const std::string& s) {
+  const auto b = s.find_first_not_of(" \t");
+  if (b == std::string::npos) return "";
+  return s.substr(b, s.find_last_not_of(" \t") - b + 1);
+}
+
 // 1.5 -> "1.5", 30.0 -> "30": a number as the user would write it.
 inline std::string number_text(double v) {
   char buf[32];
@@ -81,18 +88,11 @@ inline std::string seconds_text(std::chrono::milliseconds ms) {
 
 namespace rows_detail {
 
-inline std::string trimmed(const std::string& s) {
-  const auto b = s.find_first_not_of(" \t");
-  if (b == std::string::npos) return "";
-  return s.substr(b, s.find_last_not_of(" \t") - b + 1);
-}
-
 template <class T>
 struct member_traits;
 template <class C, class M>
 struct member_traits<M C::*> {
   using owner = C;
-  using type = M;
 };
 
 template <auto... Path>
@@ -118,7 +118,7 @@ auto& at(O& o) {
 template <auto... Path>
 void set_whole(const OptionInput& in, owner_of<Path...>& o, const int64_t range[2], const char* expected) {
   using T = std::remove_reference_t<decltype(at<Path...>(o))>;
-  at<Path...>(o) = static_cast<T>(parse_whole(in.flag, trimmed(in.text), range[0], range[1], expected ? expected : ""));
+  at<Path...>(o) = static_cast<T>(parse_whole(in.flag, trim(in.text), range[0], range[1], expected ? expected : ""));
 }
 
 template <auto... Path>
@@ -129,7 +129,7 @@ std::string show_whole(const owner_of<Path...>& d) {
 template <auto... Path>
 void set_seconds(const OptionInput& in, owner_of<Path...>& o, const int64_t range[2], const char* expected) {
   at<Path...>(o) =
-      parse_seconds(in.flag, trimmed(in.text), range[0] == 0, static_cast<double>(range[1]), expected ? expected : "");
+      parse_seconds(in.flag, trim(in.text), range[0] == 0, static_cast<double>(range[1]), expected ? expected : "");
 }
 
 template <auto... Path>
@@ -240,16 +240,21 @@ struct OptionRow {
   std::string default_text(const Options& defaults) const {
     return set.shown() ? set.shown()(defaults) : std::string(note);
   }
-  // Whether `spelled` is this row's name or one of its aliases (exactly).
-  bool named(std::string_view spelled) const {
-    if (spelled == name) return true;
+  // Asks `fn` of the name, then of each alias, until it says true: whether it did.
+  template <class Fn>
+  bool any_name(Fn&& fn) const {
+    if (fn(std::string_view(name))) return true;
     std::string_view rest = aliases ? aliases : "";
     while (!rest.empty()) {
       const auto comma = rest.find(',');
-      if (rest.substr(0, comma) == spelled) return true;
+      if (fn(rest.substr(0, comma))) return true;
       rest = comma == std::string_view::npos ? std::string_view() : rest.substr(comma + 1);
     }
     return false;
+  }
+  // Whether `spelled` is this row's name or one of its aliases (exactly).
+  bool named(std::string_view spelled) const {
+    return any_name([spelled](std::string_view n) { return n == spelled; });
   }
 };
 

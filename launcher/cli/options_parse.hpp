@@ -17,11 +17,7 @@
 
 namespace ddprun::launcher::cli::options_detail {
 
-inline std::string trim(const std::string& s) {
-  const auto b = s.find_first_not_of(" \t");
-  if (b == std::string::npos) return "";
-  return s.substr(b, s.find_last_not_of(" \t") - b + 1);
-}
+using options::trim;
 
 inline std::vector<std::string> split(const std::string& s, char sep) {
   std::vector<std::string> out;

@@ -191,13 +191,10 @@ std::string nearest_rdzv_conf_key(const std::string& spelled) {
     }
   };
   for (const RdzvConfKey& k : kRdzvConfKeys) {
-    consider(k.name);
-    std::string_view aliases = k.aliases;
-    while (!aliases.empty()) {
-      const auto comma = aliases.find(',');
-      consider(aliases.substr(0, comma));
-      aliases = comma == std::string_view::npos ? std::string_view() : aliases.substr(comma + 1);
-    }
+    k.any_name([&](std::string_view n) {
+      consider(n);
+      return false;
+    });
   }
   return best;
 }

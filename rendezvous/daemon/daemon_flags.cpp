@@ -128,13 +128,7 @@ template <class Row, size_t N>
 const Row* find_row(const Row (&rows)[N], const std::string& spelled) {
   const std::string name = command_line::canonical(spelled);
   for (const Row& row : rows) {
-    if (command_line::canonical(row.name) == name) return &row;
-    std::string_view aliases = row.aliases;
-    while (!aliases.empty()) {
-      const auto comma = aliases.find(',');
-      if (command_line::canonical(aliases.substr(0, comma)) == name) return &row;
-      aliases = comma == std::string_view::npos ? std::string_view() : aliases.substr(comma + 1);
-    }
+    if (row.any_name([&](std::string_view n) { return command_line::canonical(n) == name; })) return &row;
   }
   return nullptr;
 }
