@@ -220,8 +220,8 @@ template <class Options, class Input = OptionInput>
 struct OptionRow {
   const char* name;     // canonical spelling
   const char* aliases;  // other spellings, comma-separated; "" for none
-  // The value's placeholder in --help ("N", "SECONDS"); nullptr for a switch. With
-  // `optional_value`, the placeholder of the value a switch may take inline.
+  // The value's placeholder in --help ("N", "SECONDS"); nullptr for a switch, and for a --rdzv_conf
+  // key (KEY=VALUE says it). With `optional_value`, the placeholder of the value a switch may take inline.
   const char* value;
   // What the option does, in `backticks` for names and values (--help prints them plain).
   const char* help;

@@ -26,30 +26,30 @@ using options_detail::parse_whole;
 
 // Every --rdzv_conf key torchrun 2.x accepts, and ddprun's own, in --help order.
 constexpr RdzvConfKey kRdzvConfKeys[] = {
-    {"join_timeout", "timeout", "VALUE", "seconds a rendezvous may take before the node gives up",
+    {"join_timeout", "timeout", nullptr, "seconds a rendezvous may take before the node gives up",
      seconds<&LaunchOptions::rdzv_timeouts, &rendezvous::Timeouts::join_timeout>(false)},
-    {"last_call_timeout", "", "VALUE", "seconds an elastic rendezvous waits for more nodes once it has `--nnodes` MIN",
+    {"last_call_timeout", "", nullptr, "seconds an elastic rendezvous waits for more nodes once it has `--nnodes` MIN",
      seconds<&LaunchOptions::rdzv_timeouts, &rendezvous::Timeouts::last_call_timeout>(false)},
-    {"quorum_join_timeout", "", "VALUE",
+    {"quorum_join_timeout", "", nullptr,
      "replica groups: seconds a quorum waits for heartbeating groups that have not asked yet before it goes on "
      "without them",
      seconds<&LaunchOptions::quorum_join_timeout>(true)},
-    {"quorum_heartbeat_timeout", "", "VALUE",
+    {"quorum_heartbeat_timeout", "", nullptr,
      "replica groups: seconds without a heartbeat after which a group no longer counts for the quorum (a group "
      "whose workers died is out at once)",
      seconds<&LaunchOptions::quorum_heartbeat_timeout>(false)},
-    {"keep_alive_interval", "", "VALUE", "seconds between a node's keep-alives",
+    {"keep_alive_interval", "", nullptr, "seconds between a node's keep-alives",
      seconds<&LaunchOptions::rdzv_timeouts, &rendezvous::Timeouts::keep_alive_interval>(false)},
-    {"keep_alive_max_attempt", "", "VALUE", "missed keep-alives after which a node is lost",
+    {"keep_alive_max_attempt", "", nullptr, "missed keep-alives after which a node is lost",
      whole<&LaunchOptions::rdzv_timeouts, &rendezvous::Timeouts::keep_alive_max_attempt>(1, 1000, "a count >= 1")},
-    {"heartbeat_timeout", "", "VALUE",
+    {"heartbeat_timeout", "", nullptr,
      "seconds without keep-alives after which a node is lost: sets `keep_alive_max_attempt` to as many "
      "intervals as fit",
      [](const OptionInput& in, LaunchOptions& o) { o.heartbeat_timeout = parse_seconds(in.flag, in.text, false); }},
-    {"read_timeout", "", "VALUE",
+    {"read_timeout", "", nullptr,
      "seconds one request to the rendezvous store may take (torchrun: the c10d backend's store reads)",
      seconds<&LaunchOptions::rdzv_timeouts, &rendezvous::Timeouts::read_timeout>(false)},
-    {"store_reconnect_timeout", "", "VALUE",
+    {"store_reconnect_timeout", "", nullptr,
      "seconds a node keeps reconnecting to its rendezvous store (a `ddprun-rendezvous`, or node 0's ddprun) "
      "after losing it, or after a request got no reply (a partition, a frozen host), before the job fails; "
      "`0` fails at once. A store without `--state-file` that refuses the reconnection has ended and is not "
@@ -57,16 +57,16 @@ constexpr RdzvConfKey kRdzvConfKeys[] = {
      seconds<&LaunchOptions::rdzv_timeouts, &rendezvous::Timeouts::store_reconnect_timeout>(true), "", nullptr, false,
      "[Partitions](multi-node.md#partitions-and-frozen-hosts) and "
      "[Restarting the daemon](operations.md#restarting-the-daemon-without-ending-jobs)"},
-    {"is_host", "", "VALUE",
+    {"is_host", "", nullptr,
      "with `c10d`: whether this node hosts the store at `--rdzv_endpoint`; `false` makes it a client (of another "
      "node or a daemon); `true` makes a port already taken an error",
      [](const OptionInput& in, LaunchOptions& o) { o.rdzv_is_host = parse_bool(in.flag, in.text); },
      "when the endpoint is one of this host's names or addresses"},
-    {"close_timeout", "", "VALUE",
+    {"close_timeout", "", nullptr,
      "accepted and checked (a number of seconds): torchrun's wait for a closing round; ddprun's rounds close "
      "at once",
      [](const OptionInput& in, LaunchOptions&) { parse_seconds(in.flag, in.text, false); }},
-    {"store_type", "", "VALUE",
+    {"store_type", "", nullptr,
      "accepted when `tcp`: the rendezvous store is ddprun's TCP store; torchrun's `file` store has no "
      "counterpart (error)",
      [](const OptionInput& in, LaunchOptions&) {
@@ -78,12 +78,12 @@ constexpr RdzvConfKey kRdzvConfKeys[] = {
        }
      },
      "`tcp`"},
-    {"use_libuv", "", "VALUE",
+    {"use_libuv", "", nullptr,
      "accepted and checked (a boolean): torchrun's choice of its store's event loop; the rendezvous store is "
      "ddprun's own",
      [](const OptionInput& in, LaunchOptions&) { parse_bool(in.flag, in.text); }, "", nullptr, false,
      "[the Python hook](#pytorch-2x-and-debian-13) for the workers' client"},
-    {"rank", "", "VALUE", "the node's rank, as `--node_rank` (both given and different: an error)",
+    {"rank", "", nullptr, "the node's rank, as `--node_rank` (both given and different: an error)",
      [](const OptionInput& in, LaunchOptions& o) {
        const int rank = static_cast<int>(parse_whole(in.flag, in.text, 0, o.max_nodes - 1, "a node rank"));
        if (o.node_rank_given && rank != o.node_rank) {
@@ -93,7 +93,7 @@ constexpr RdzvConfKey kRdzvConfKeys[] = {
        o.node_rank = rank;
        o.node_rank_given = true;
      }},
-    {"token_file", "", "VALUE", "the rendezvous store's secret or this job's token (also `DDPRUN_TOKEN_FILE`)",
+    {"token_file", "", nullptr, "the rendezvous store's secret or this job's token (also `DDPRUN_TOKEN_FILE`)",
      [](const OptionInput& in, LaunchOptions& o) {
        if (in.text.empty()) bad_value(in.flag, "the path of a file holding the secret", in.text);
        o.token_file = in.text;
@@ -101,7 +101,7 @@ constexpr RdzvConfKey kRdzvConfKeys[] = {
      "", nullptr, false, "[the threat model](multi-node.md#who-may-talk-to-a-store-the-threat-model)"},
     {"key_prefix",
      "etcd_prefix",
-     "VALUE",
+     nullptr,
      "etcd: the prefix of the job's keys",
      {[](const OptionInput& in, LaunchOptions& o) {
         if (in.text.empty()) bad_value(in.flag, "a key prefix such as /ddprun/", in.text);
@@ -115,7 +115,7 @@ constexpr RdzvConfKey kRdzvConfKeys[] = {
      true},
     {"lease_ttl",
      "",
-     "VALUE",
+     nullptr,
      "etcd: seconds of the agents' leases",
      {[](const OptionInput& in, LaunchOptions& o) {
         o.etcd.lease_ttl = std::chrono::seconds(parse_whole(in.flag, in.text, 2, 3600, "whole seconds from 2 to 3600"));
@@ -126,17 +126,17 @@ constexpr RdzvConfKey kRdzvConfKeys[] = {
      false,
      nullptr,
      true},
-    {"etcd_user", "", "VALUE", "etcd: user name (needs `etcd_password_file`)",
+    {"etcd_user", "", nullptr, "etcd: user name (needs `etcd_password_file`)",
      text<&LaunchOptions::etcd, &LaunchOptions::Etcd::user>(false), "", nullptr, false, nullptr, true},
-    {"etcd_password_file", "", "VALUE", "etcd: the file holding the password",
+    {"etcd_password_file", "", nullptr, "etcd: the file holding the password",
      text<&LaunchOptions::etcd, &LaunchOptions::Etcd::password_file>(false), "", nullptr, false, nullptr, true},
-    {"etcd_ca_file", "cacert,ca_cert", "VALUE", "etcd: CA certificate (PEM)",
+    {"etcd_ca_file", "cacert,ca_cert", nullptr, "etcd: CA certificate (PEM)",
      text<&LaunchOptions::etcd, &LaunchOptions::Etcd::ca_file>(false), "", nullptr, false, nullptr, true},
-    {"etcd_cert_file", "cert,ssl_cert", "VALUE", "etcd: client certificate (PEM)",
+    {"etcd_cert_file", "cert,ssl_cert", nullptr, "etcd: client certificate (PEM)",
      text<&LaunchOptions::etcd, &LaunchOptions::Etcd::cert_file>(false), "", nullptr, false, nullptr, true},
-    {"etcd_key_file", "key,ssl_cert_key", "VALUE", "etcd: client key (PEM)",
+    {"etcd_key_file", "key,ssl_cert_key", nullptr, "etcd: client key (PEM)",
      text<&LaunchOptions::etcd, &LaunchOptions::Etcd::key_file>(false), "", nullptr, false, nullptr, true},
-    {"protocol", "", "VALUE", "etcd: `http` or `https` for endpoints given without a scheme",
+    {"protocol", "", nullptr, "etcd: `http` or `https` for endpoints given without a scheme",
      [](const OptionInput& in, LaunchOptions& o) {
        if (in.text != "http" && in.text != "https") bad_value(in.flag, "http or https", in.text);
        // torchrun's etcd backends: the scheme of endpoints given without one.
