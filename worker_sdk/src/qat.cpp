@@ -349,30 +349,27 @@ void Conv2dImpl::train(bool on) {
 
 namespace {
 
-template <class F>
+// Calls f on each module of the model, the model included, that is an M.
+template <class M, class F>
 void each_module(torch::nn::Module& model, F&& f) {
-  f(model);
-  for (const auto& m : model.modules(/*include_self=*/false)) f(*m);
+  if (auto* m = dynamic_cast<M*>(&model)) f(*m);
+  for (const auto& child : model.modules(/*include_self=*/false)) {
+    if (auto* m = dynamic_cast<M*>(child.get())) f(*m);
+  }
 }
 
 }  // namespace
 
 void enable_observer(torch::nn::Module& model, bool on) {
-  each_module(model, [&](torch::nn::Module& m) {
-    if (auto* fq = dynamic_cast<FakeQuantizeImpl*>(&m)) fq->enable_observer(on);
-  });
+  each_module<FakeQuantizeImpl>(model, [&](FakeQuantizeImpl& fq) { fq.enable_observer(on); });
 }
 
 void enable_fake_quant(torch::nn::Module& model, bool on) {
-  each_module(model, [&](torch::nn::Module& m) {
-    if (auto* fq = dynamic_cast<FakeQuantizeImpl*>(&m)) fq->enable_fake_quant(on);
-  });
+  each_module<FakeQuantizeImpl>(model, [&](FakeQuantizeImpl& fq) { fq.enable_fake_quant(on); });
 }
 
 void freeze_bn_stats(torch::nn::Module& model, bool frozen) {
-  each_module(model, [&](torch::nn::Module& m) {
-    if (auto* c = dynamic_cast<Conv2dImpl*>(&m)) c->freeze_bn_stats(frozen);
-  });
+  each_module<Conv2dImpl>(model, [&](Conv2dImpl& c) { c.freeze_bn_stats(frozen); });
 }
 
 QuantWrapperImpl::QuantWrapperImpl(torch::nn::Sequential m, const QConfig& qconfig) : qconfig_(qconfig) {
@@ -426,7 +423,11 @@ QuantWrapper prepare_qat(const torch::nn::Sequential& model, const QConfig& qcon
         throw std::invalid_argument("prepare_qat: fuse group entry " + std::to_string(g[k]) +
                                     " is past the Sequential's " + std::to_string(n) + " entries or in two groups");
       }
-      (k == 0 ? group_at[g[k]] : (fused_away[g[k]] = true, group_at[g[k]])) = k == 0 ? &g : group_at[g[k]];
+      if (k == 0) {
+        group_at[g[k]] = &g;  // the group's module goes where its first entry was
+      } else {
+        fused_away[g[k]] = true;
+      }
     }
   }
   auto is = [&](size_t i, auto* type) {
@@ -475,29 +476,22 @@ void convert(torch::nn::Module& model, const std::string& engine) {
                                                           {"onednn", at::QEngine::ONEDNN},
                                                           {"fbgemm", at::QEngine::FBGEMM},
                                                           {"x86", at::QEngine::X86}};
-  std::string here;
-  for (const auto& [name, e] : engines) {
-    for (const auto s : at::globalContext().supportedQEngines()) {
-      if (s == e) here += (here.empty() ? "" : ", ") + name;
-    }
-  }
-  auto it = engines.find(engine);
   const auto& supported = at::globalContext().supportedQEngines();
-  if (it == engines.end() || std::find(supported.begin(), supported.end(), it->second) == supported.end()) {
-    throw std::invalid_argument("quantized engine '" + engine + "' is not in this LibTorch; it has: " + here);
+  auto here = [&](at::QEngine e) { return std::find(supported.begin(), supported.end(), e) != supported.end(); };
+  const auto it = engines.find(engine);
+  if (it == engines.end() || !here(it->second)) {
+    std::string names;
+    for (const auto& [name, e] : engines) names += here(e) ? (names.empty() ? "" : ", ") + name : "";
+    throw std::invalid_argument("quantized engine '" + engine + "' is not in this LibTorch; it has: " + names);
   }
   at::globalContext().setQEngine(it->second);
   model.to(torch::kCPU);
-  each_module(model, [](torch::nn::Module& m) {
-    if (auto* c = dynamic_cast<Convertible*>(&m)) c->convert();
-  });
+  each_module<Convertible>(model, [](Convertible& c) { c.convert(); });
 }
 
 int64_t quantized_bytes(torch::nn::Module& model) {
   int64_t bytes = 0;
-  each_module(model, [&](torch::nn::Module& m) {
-    if (auto* c = dynamic_cast<Convertible*>(&m); c && c->converted()) bytes += c->quantized_bytes();
-  });
+  each_module<Convertible>(model, [&](Convertible& c) { bytes += c.converted() ? c.quantized_bytes() : 0; });
   return bytes;
 }
 
