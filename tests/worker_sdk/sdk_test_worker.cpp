@@ -57,18 +57,6 @@ struct WithUnusedImpl : torch::nn::Module {
 };
 TORCH_MODULE(WithUnused);
 
-// Largest difference between this rank's parameters and rank 0's, over all ranks.
-double diff_vs_rank0(Distributed& dist, const std::vector<torch::Tensor>& params) {
-  double m = 0;
-  for (const auto& p : params) {
-    auto root = p.detach().clone();
-    std::vector<torch::Tensor> t{root};
-    dist.process_group()->broadcast(t)->wait();
-    m = std::max(m, (p.detach() - root).abs().max().item<double>());
-  }
-  return all_max(dist, m);
-}
-
 int ddp_equivalence(int steps, const std::string& reducer) {
   auto dist = Distributed::init();
   const int world = dist.world_size(), per_rank = 4;
@@ -112,64 +100,6 @@ int ddp_equivalence(int steps, const std::string& reducer) {
   dist.print("RESULT max_abs_diff_between_ranks=", between);
   dist.print("RESULT buffer_diff_between_ranks=", buffers_between);
   dist.print("RESULT world_size=", world);
-  return 0;
-}
-
-// DDP as a module, as Python's is: a child of another module (made with make_shared, used with
-// `->`), whose parameters, train()/eval() and state dict ("module."-prefixed names) go through it;
-// saved with torch::save from one DDP and loaded with torch::load into another; training through
-// the parent reduces the gradients.
-struct TrainerImpl : torch::nn::Module {
-  explicit TrainerImpl(std::shared_ptr<DistributedDataParallel<NetImpl>> d) {
-    ddp = register_module("ddp", std::move(d));
-  }
-  torch::Tensor forward(const torch::Tensor& x) { return ddp->forward(x); }
-  std::shared_ptr<DistributedDataParallel<NetImpl>> ddp;
-};
-TORCH_MODULE(Trainer);
-
-int ddp_module(const std::string& dir) {
-  auto dist = Distributed::init();
-  const int world = dist.world_size(), per_rank = 4;
-  Net model = rank_seeded_net(dist.rank());
-  Trainer trainer(std::make_shared<DistributedDataParallel<NetImpl>>(model.ptr(), dist, small_buckets()));
-  int name_mismatches = 0;
-  const auto names = state_dict(*trainer->ddp), inner = state_dict(*model);
-  for (const auto& entry : inner) {
-    if (entry.key().toStringRef() != "_metadata" && !names.contains("module." + entry.key().toStringRef())) {
-      ++name_mismatches;
-    }
-  }
-  name_mismatches += static_cast<int>(names.size()) - static_cast<int>(inner.size());
-  const bool same_parameters = trainer->parameters().size() == model->parameters().size();
-  torch::optim::SGD opt(trainer->parameters(), torch::optim::SGDOptions(0.1));
-  for (int step = 0; step < 2; ++step) {
-    auto [x, y] = global_batch(step, world, per_rank);
-    opt.zero_grad();
-    torch::nn::functional::cross_entropy(trainer(x.narrow(0, dist.rank() * per_rank, per_rank)),
-                                         y.narrow(0, dist.rank() * per_rank, per_rank))
-        .backward();
-    opt.step();
-  }
-  const double between = diff_vs_rank0(dist, model->parameters());
-  trainer->eval();
-  const bool eval_reaches_module = !model->is_training() && !model->bn->is_training();
-  trainer->train();
-  const std::string path = dir + "/ddp-" + std::to_string(dist.rank()) + ".pt";
-  torch::save(trainer->ddp, path);
-  Net other;  // other values, the same architecture
-  auto other_ddp = std::make_shared<DistributedDataParallel<NetImpl>>(other.ptr(), dist, small_buckets());
-  torch::load(other_ddp, path);
-  const double loaded_diff = all_max(dist, max_abs_diff(other->parameters(), model->parameters()));
-  std::ostringstream printed;
-  printed << *trainer;
-  dist.print("RESULT ddp_module_name_mismatches=", name_mismatches);
-  dist.print("RESULT ddp_module_same_parameters=", same_parameters ? 1 : 0);
-  dist.print("RESULT ddp_module_diff_between_ranks=", between);
-  dist.print("RESULT ddp_module_eval_reaches_module=", eval_reaches_module ? 1 : 0);
-  dist.print("RESULT ddp_module_loaded_diff=", loaded_diff);
-  dist.print("RESULT ddp_module_printed_as_ddp=",
-             printed.str().find("(ddp): DistributedDataParallel(\n    (module): ") != std::string::npos ? 1 : 0);
   return 0;
 }
 

@@ -95,6 +95,18 @@ inline Net rank_seeded_net(int rank) {
   return Net();
 }
 
+// Largest difference between this rank's parameters and rank 0's, over all ranks.
+inline double diff_vs_rank0(Distributed& dist, const std::vector<torch::Tensor>& params) {
+  double m = 0;
+  for (const auto& p : params) {
+    auto root = p.detach().clone();
+    std::vector<torch::Tensor> t{root};
+    dist.process_group()->broadcast(t)->wait();
+    m = std::max(m, (p.detach() - root).abs().max().item<double>());
+  }
+  return all_max(dist, m);
+}
+
 // A single-process copy of the (already broadcast) DDP model's parameters.
 inline Net reference_copy(Net& of) {
   Net ref;
@@ -104,7 +116,9 @@ inline Net reference_copy(Net& of) {
   return ref;
 }
 
-// The modes of sdk_test_worker_features.cpp: communication hooks, SyncBatchNorm and ZeRO.
+// The modes of sdk_test_worker_features.cpp: DDP as a module, communication hooks, SyncBatchNorm
+// and ZeRO; and of sdk_test_worker_qat.cpp.
+int ddp_module(const std::string& dir);
 int custom_hook();
 int powersgd();
 int sync_batch_norm();
