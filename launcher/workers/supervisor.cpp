@@ -315,6 +315,28 @@ void Supervisor::hold_failure(WorkerExit e) {
     });
   }
   held_.push_back(std::move(e));
+  settle_if_known();
+}
+
+WorkerExit Supervisor::with_tail(const WorkerExit& e) const {
+  WorkerExit out = e;
+  for (const auto& w : workers_) {
+    if (w->launch.rank == e.rank) out.stderr_tail.assign(w->err->tail().begin(), w->err->tail().end());
+  }
+  return out;
+}
+
+void Supervisor::settle_if_known() {
+  const auto known = [this](const WorkerExit& e) {
+    const auto w = std::find_if(workers_.begin(), workers_.end(), [&](auto& x) { return x->launch.rank == e.rank; });
+    // What it wrote is all read; it did not die of a stop signal (the job being stopped, perhaps);
+    // it did not lose a peer (whose own failure may come).
+    return w != workers_.end() && !(*w)->err_open && !(e.signal != 0 && is_stop_signal(e.signal)) &&
+           !lost_a_peer(with_tail(e));
+  };
+  if (state_ != State::Running || !std::any_of(held_.begin(), held_.end(), known)) return;
+  settle_held(/*stopped=*/false);
+  maybe_finish();
 }
 
 void Supervisor::settle_held(bool stopped) {
@@ -329,13 +351,7 @@ void Supervisor::settle_held(bool stopped) {
     // A rank whose collective broke because a peer went away ended first, often, while the peer
     // was still finishing its own exit (a Python interpreter tearing down, an error being
     // written): the peer's failure is the cause and comes first, the lost peers after it.
-    std::stable_partition(held.begin(), held.end(), [this](const WorkerExit& e) {
-      WorkerExit probe = e;
-      for (auto& w : workers_) {
-        if (w->launch.rank == e.rank) probe.stderr_tail.assign(w->err->tail().begin(), w->err->tail().end());
-      }
-      return !lost_a_peer(probe);
-    });
+    std::stable_partition(held.begin(), held.end(), [this](const WorkerExit& e) { return !lost_a_peer(with_tail(e)); });
     const int rank = held.front().rank;
     for (WorkerExit& e : held) result_.failures.push_back(std::move(e));
     if (state_ == State::Running) {
@@ -359,6 +375,7 @@ void Supervisor::read_pipe(Worker& w, bool err) {
     (err ? w.err_open : w.out_open) = false;
     boost::system::error_code ignored;
     (err ? w.err_pipe : w.out_pipe).close(ignored);
+    if (err && w.exited) settle_if_known();  // a held failure's stderr is complete now
     maybe_finish();
   });
 }

@@ -81,7 +81,8 @@ struct SupervisorSettings {
   size_t stderr_tail_lines = 12;
   // While workers are being stopped: a line saying who is still running, at this steady rate.
   std::chrono::milliseconds progress_interval{defaults::kProgressInterval};
-  // A worker that failed: the verdict waits this long before ddprun stops the others. A stop
+  // A worker that failed: the verdict waits at most this long before ddprun stops the others (not at
+  // all once the failure is known to be its own: Supervisor::settle_if_known). A stop
   // signal ddprun did not send (SIGTERM, SIGINT, SIGHUP, SIGQUIT) may be on its way to ddprun, since
   // Slurm's scancel, systemd's stop and a kill of a whole cgroup signal every process at once: one
   // of ddprun's own in that time makes it the job being stopped rather than a worker failing. And a
@@ -139,9 +140,12 @@ class Supervisor {
   // A failure is held while a stop signal or the failure it follows from may come
   // (SupervisorSettings::stop_signal_hold); settle_held() turns what was held into failures, causes
   // before lost peers (no signal came: the group is stopped), or stopped ranks (one did). Callers
-  // then call maybe_finish().
+  // then call maybe_finish(). The hold ends at once when a held failure is known to be its rank's
+  // own (settle_if_known): its stderr read to the end, no stop signal, no lost peer in what it said.
   void hold_failure(WorkerExit e);
   void settle_held(bool stopped);
+  void settle_if_known();
+  WorkerExit with_tail(const WorkerExit& e) const;  // e with its worker's stderr tail as read so far
   void read_pipe(Worker& w, bool err);
   void begin_stop(int signo, GroupOutcome outcome);
   void report_stop_progress();

@@ -95,6 +95,39 @@ TEST(SupervisorTest, ARankThatLostItsPeerIsNotTheRootCauseWhenThePeerFailsJustAf
   EXPECT_TRUE(has(r.stopped_ranks, 2));
 }
 
+// A failure that is its rank's own (an exit with its own error, its stderr read to the end, no
+// stop signal, no lost peer) is the verdict at once: the hold is for what may still come, and
+// nothing can. Here the hold is far longer than the test waits.
+GroupResult run_with_a_long_hold(const std::vector<WorkerLaunch>& group) {
+  SupervisorSettings long_hold = settings();
+  long_hold.stop_signal_hold = 300s;
+  auto run = std::async(std::launch::async, [&] { return Supervisor(long_hold, nullptr).run(group); });
+  if (run.wait_for(120s) != std::future_status::ready) {
+    ADD_FAILURE() << "the group's end waited for the hold";
+  }
+  return run.get();
+}
+
+TEST(SupervisorTest, AFailureKnownToBeItsRanksOwnStopsTheOthersWithoutWaitingForTheHold) {
+  const GroupResult r = run_with_a_long_hold({shell(0, "exec sleep 600"), shell(1, "echo 'bad shard 7' >&2; exit 3")});
+  EXPECT_EQ(r.outcome, GroupOutcome::Failed);
+  ASSERT_FALSE(r.failures.empty());
+  EXPECT_EQ(r.failures.front().rank, 1);
+  EXPECT_TRUE(has(r.stopped_ranks, 0));
+}
+
+// A rank that lost its peer is held; the peer's own failure ends the hold, and comes first.
+TEST(SupervisorTest, ALostPeerIsHeldUntilThePeersOwnFailureArrives) {
+  const GroupResult r =
+      run_with_a_long_hold({shell(0, "echo 'RuntimeError: Connection closed by peer [127.0.0.1]:14559' >&2; exit 1"),
+                            shell(1, "sleep 0.5; echo 'shard 3 is corrupt' >&2; exit 7"), shell(2, "exec sleep 600")});
+  EXPECT_EQ(r.outcome, GroupOutcome::Failed);
+  ASSERT_EQ(r.failures.size(), 2u);
+  EXPECT_EQ(r.failures[0].rank, 1);
+  EXPECT_EQ(r.failures[1].rank, 0);
+  EXPECT_TRUE(has(r.stopped_ranks, 2));
+}
+
 TEST(SupervisorTest, AWorkerKilledByASignalIsReportedWithThatSignal) {
   Supervisor s(settings(), nullptr);
   const GroupResult r = s.run({shell(0, "ulimit -c 0; kill -SEGV $$"), shell(1, "exec sleep 60")});
