@@ -231,8 +231,10 @@ RoundEnd Agent::agree_on_end(const World& world, const GroupResult& result) {
   return backend_->wait_end(round, stop_);
 }
 
-int Agent::finish(int round, const World& world, const RoundEnd& end, const GroupResult& result, int exit_code) {
+int Agent::finish(int round, const World& world, const RoundEnd& end, const GroupResult& result, int exit_code,
+                  Decision::Why why) {
   report_.finish(&end, exit_code);
+  report_.set_not_restarted(why);
   if (!run_dir_.temporary) report_.set_run_directory(run_dir_.path.string());
   view_event("exit", outcome_name(end.kind) + ", exit code " + std::to_string(exit_code));
   switch (end.kind) {
@@ -270,20 +272,27 @@ int Agent::finish(int round, const World& world, const RoundEnd& end, const Grou
       }
       const std::string report = format_failure_report(options_.program, failures, result.stopped_ranks);
       if (ConsoleWriter* err = consoles().err) err->write(report);
-      if (options_.max_restarts > 0 && restarts_ >= options_.max_restarts)
-        log::error("ddprun") << "giving up after " << options_.max_restarts << " restart(s)";
+      say_why_not_restarted(end, why);
       break;
     }
     case RoundEnd::Kind::Hang:
       // The report is out already (show_hang_report).
-      if (options_.max_restarts > 0 && restarts_ >= options_.max_restarts)
-        log::error("ddprun") << "giving up after " << options_.max_restarts << " restart(s)";
+      say_why_not_restarted(end, why);
       break;
   }
   // A lost node never leaves: give the others a few seconds to read the outcome, not the full wait.
   backend_->leave(round, end.kind == RoundEnd::Kind::NodeLost ? std::chrono::seconds(5) : std::chrono::seconds(30),
                   stop_);
   return exit_code;
+}
+
+void Agent::say_why_not_restarted(const RoundEnd& end, Decision::Why why) const {
+  if (why == Decision::Why::NoRestartsLeft && options_.max_restarts > 0) {
+    log::error("ddprun") << "giving up after " << options_.max_restarts << " restart(s)";
+  } else if (why == Decision::Why::DoNotRestart && end.root_cause) {
+    log::error("ddprun") << "not restarting: rank " << end.root_cause->rank << " exited with "
+                         << end.root_cause->exit_code << ", which means \"do not restart\" (--no_restart_exit_codes)";
+  }
 }
 
 void Agent::announce_next_round(Decision::Kind kind, const RoundEnd& end, const World& world) {
@@ -386,8 +395,9 @@ int Agent::run() {
                                  "leave when told so: not restarting them";
           return finish(round, world, end, result, 0);
         }
-        const Decision d = decide(end, RestartState{restarts_, options_.max_restarts, backend_->elastic(),
-                                                    stop_.signo(), result.signal, !result.unkillable.empty()});
+        const Decision d =
+            decide(end, RestartState{restarts_, options_.max_restarts, backend_->elastic(), stop_.signo(),
+                                     result.signal, !result.unkillable.empty(), options_.no_restart_exit_codes});
         if (d.why == Decision::Why::Unkillable) {
           log::error("ddprun") << "not "
                                << (end.kind == RoundEnd::Kind::Failure || end.kind == RoundEnd::Kind::Hang
@@ -400,7 +410,7 @@ int Agent::run() {
         if (d.kind == Decision::Kind::Finish) {
           if (end.kind != RoundEnd::Kind::Hang)
             health(StatusServer::Phase::Ending, "exit code " + std::to_string(d.exit_code));
-          return finish(round, world, end, result, d.exit_code);
+          return finish(round, world, end, result, d.exit_code, d.why);
         }
         health(StatusServer::Phase::Restarting, end.detail.empty() ? "round " + std::to_string(round + 1) : end.detail);
         announce_next_round(d.kind, end, world);

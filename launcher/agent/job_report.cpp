@@ -219,6 +219,21 @@ json JobReport::hang_json() const {
           {"report_file", hang_report_file_.empty() ? json(nullptr) : json(hang_report_file_)}};
 }
 
+namespace {
+
+json not_restarted_json(Decision::Why why) {
+  switch (why) {
+    case Decision::Why::Ended: return nullptr;
+    case Decision::Why::NoRestartsLeft: return "no_restarts_left";
+    case Decision::Why::DoNotRestart: return "do_not_restart_exit_code";
+    case Decision::Why::Stopping: return "stopping";
+    case Decision::Why::Unkillable: return "unkillable";
+  }
+  return nullptr;
+}
+
+}  // namespace
+
 json JobReport::to_json() const {
   json attempts = json::array();
   for (const Attempt& a : attempts_) attempts.push_back(attempt_json(a));
@@ -257,6 +272,7 @@ json JobReport::to_json() const {
           {"world_size", last ? json(last->world_size) : json(nullptr)},
           {"restarts", restarts},
           {"max_restarts", options_.max_restarts},
+          {"not_restarted", not_restarted_json(not_restarted_)},
           {"attempts", std::move(attempts)},
           {"root_cause", std::move(root_cause)},
           {"other_failures", std::move(failures)},

@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "launcher/agent/restart_policy.hpp"
 #include "launcher/cli/options.hpp"
 #include "launcher/rendezvous/rendezvous_backend.hpp"
 #include "launcher/watchdog/step_rates.hpp"
@@ -55,6 +56,8 @@ class JobReport {
   void set_rates(FinalRates rates) { rates_ = std::move(rates); }
   void set_hang_report_file(std::string path) { hang_report_file_ = std::move(path); }
   void set_run_directory(std::string path) { run_directory_ = std::move(path); }
+  // What kept the last failed or hung round from a restart (Decision::Why::Ended: nothing did).
+  void set_not_restarted(Decision::Why why) { not_restarted_ = why; }
 
   // The end of the job: the last round's end (none when no round ended), ddprun's exit code and
   // a one-line message when there is no round end to tell it (a stop signal before the start, an
@@ -91,6 +94,7 @@ class JobReport {
   std::optional<RoundEnd> end_;
   std::vector<WorkerExit> failures_;  // this node's, last round
   std::string outcome_, message_;
+  Decision::Why not_restarted_ = Decision::Why::Ended;
   int exit_code_ = 0;
   bool finished_ = false;
   FinalRates rates_;

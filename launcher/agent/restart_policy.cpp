@@ -1,5 +1,6 @@
 #include "launcher/agent/restart_policy.hpp"
 
+#include <algorithm>
 #include <csignal>
 
 #include "launcher/workers/worker_exit.hpp"
@@ -39,6 +40,12 @@ Decision decide(const RoundEnd& end, const RestartState& s) {
       const int code = end.kind == RoundEnd::Kind::Hang ? kHangExitCode
                        : end.root_cause                 ? shell_exit_code(*end.root_cause)
                                                         : 1;
+      const auto& cause = end.root_cause;
+      const auto& codes = s.no_restart_exit_codes;
+      if (end.kind == RoundEnd::Kind::Failure && cause && cause->signal == 0 &&
+          std::find(codes.begin(), codes.end(), cause->exit_code) != codes.end()) {
+        return {Kind::Finish, code, Why::DoNotRestart};
+      }
       if (s.restarts >= s.max_restarts) return {Kind::Finish, code, stopping ? Why::Stopping : Why::NoRestartsLeft};
       if (!held_back) return {Kind::Restart, 0};
       return {Kind::Finish, code, held()};

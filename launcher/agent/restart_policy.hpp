@@ -3,6 +3,8 @@
 // worker group, or rendezvous again. Pure: the agent passes what it knows, and the tests call it
 // with every combination.
 
+#include <span>
+
 #include "launcher/rendezvous/rendezvous_backend.hpp"
 
 namespace ddprun::launcher::agent {
@@ -17,8 +19,10 @@ struct Decision {
   int exit_code = 0;  // Finish only
   // Finish only: why the round's end leads to no restart and no next round. Ended: there is
   // nothing to go on with (success, a signal's end, a lost store, a static job's lost node);
-  // otherwise what stopped the restart or the next round that would have come.
-  enum class Why { Ended, NoRestartsLeft, Stopping, Unkillable } why = Why::Ended;
+  // otherwise what stopped the restart or the next round that would have come: --max_restarts
+  // spent, a root cause whose exit code means "do not restart" (--no_restart_exit_codes), a stop
+  // signal, workers that could not be stopped.
+  enum class Why { Ended, NoRestartsLeft, DoNotRestart, Stopping, Unkillable } why = Why::Ended;
   bool operator==(const Decision&) const = default;
 };
 
@@ -31,6 +35,8 @@ struct RestartState {
   // Workers of this node that SIGKILL did not end (uninterruptible sleep) still hold what new ones
   // would need (a GPU, its memory, ports): this node starts no more workers and leaves the job.
   bool unkillable = false;
+  // --no_restart_exit_codes: a failure whose root cause exited with one of these is not restarted.
+  std::span<const int> no_restart_exit_codes = {};
 };
 
 Decision decide(const RoundEnd& end, const RestartState& s);

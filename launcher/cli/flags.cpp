@@ -108,6 +108,28 @@ constexpr FlagDef kFlagTable[] = {
      apply_rdzv_conf, "", nullptr, false, "[the keys](#--rdzv_conf-keys)"},
     {"--max_restarts", "", "N", "times the worker group is restarted after a failure or a hang",
      whole<&LaunchOptions::max_restarts>(0, 1 << 20, "a whole number >= 0")},
+    {"--no_restart_exit_codes",
+     "",
+     "CODES",
+     "worker exit codes that mean \"do not restart\": a failure whose root cause exits with one ends the job with "
+     "that code, whatever `--max_restarts` leaves (`93` is NVIDIA's ft_launcher's); comma-separated, `none` for none",
+     {[](const FlagInput& in, LaunchOptions& o) {
+        o.no_restart_exit_codes.clear();
+        if (trim(in.text) == "none") return;
+        const auto codes = split(in.text, ',');
+        const char* expected = "exit codes from 1 to 255, comma-separated, or none";
+        if (codes.empty()) bad_value(in.flag, expected, in.text);
+        for (const std::string& code : codes) {
+          const auto c = to_int(code);
+          if (!c || *c < 1 || *c > 255) bad_value(in.flag, expected, in.text);
+          o.no_restart_exit_codes.push_back(static_cast<int>(*c));
+        }
+      },
+      [](const LaunchOptions& d) {
+        std::string codes;
+        for (const int c : d.no_restart_exit_codes) codes += (codes.empty() ? "" : ",") + std::to_string(c);
+        return codes.empty() ? std::string("none") : codes;
+      }}},
     {"--replica_group", "", "ID",
      "run one replica group of a fault-tolerant job: its own world that fails and restarts alone, while the "
      "other groups of the job (the same `--rdzv_id`) go on training; needs `--rdzv_backend c10d` or `etcd`",

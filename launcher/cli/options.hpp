@@ -94,6 +94,9 @@ struct LaunchOptions {
     bool operator==(const Etcd&) const = default;
   } etcd;
   int max_restarts = 0;
+  // --no_restart_exit_codes: a failure whose root cause exits with one of these ends the job after
+  // its attempt, whatever restarts are left (93 is NVIDIA's ft_launcher's "do not restart").
+  std::vector<int> no_restart_exit_codes{93};
   // --replica_group: this ddprun runs one replica group of a fault-tolerant job (launcher/ft): its
   // own world (run id "<run_id>.rg<ID>") that fails and restarts alone, and a member of the job's
   // quorum under run_id. Unset: an ordinary job.

@@ -143,6 +143,20 @@ TEST(OptionsTest, BadValuesNameTheFlagAndTheAcceptedValues) {
   EXPECT_NE(error_of({"--shutdown_timeout", "-1", "t"}).find("seconds >= 0"), std::string::npos);
 }
 
+TEST(OptionsTest, NoRestartExitCodesAreAListOf93ByDefault) {
+  EXPECT_EQ(parse({"t"}).no_restart_exit_codes, (std::vector<int>{93}));
+  EXPECT_EQ(parse({"--no_restart_exit_codes", "93, 42", "t"}).no_restart_exit_codes, (std::vector<int>{93, 42}));
+  EXPECT_TRUE(parse({"--no_restart_exit_codes", "none", "t"}).no_restart_exit_codes.empty());
+  for (const char* bad : {"0", "256", "93,x", ""}) {
+    EXPECT_NE(error_of({"--no_restart_exit_codes", bad, "t"})
+                  .find(std::string("--no_restart_exit_codes: expected exit codes from 1 to 255, comma-separated, or "
+                                    "none, got '") +
+                        bad + "'"),
+              std::string::npos)
+        << bad;
+  }
+}
+
 TEST(OptionsTest, TraceFileIsAPath) {
   EXPECT_EQ(parse({"t"}).trace_file, "");
   EXPECT_EQ(parse({"--trace_file", "/tmp/{host}.json", "t"}).trace_file, "/tmp/{host}.json");

@@ -128,6 +128,30 @@ TEST(ReportFileTest, AFailureAfterARestartNamesTheRootCauseAndEveryAttempt) {
   EXPECT_EQ(rc["stderr_tail"].back(), "rank 2 exiting with 7");
 }
 
+// A root cause that exits 93 (--no_restart_exit_codes' default) is not restarted, with restarts
+// left; the report says why. With the list emptied, 93 restarts as any failure does.
+TEST(ReportFileTest, AnExitCodeThatMeansDoNotRestartEndsTheJobAfterOneAttempt) {
+  TempDir dir;
+  for (const bool listed : {true, false}) {
+    const fs::path file = dir.path / (listed ? "listed.json" : "unlisted.json");
+    std::vector<std::string> flags{"--nproc_per_node",   "2", "--max_restarts", "2",
+                                   "--shutdown_timeout", "5", "--report_file",  file.string()};
+    if (!listed) flags.insert(flags.end(), {"--no_restart_exit_codes", "none"});
+    flags.insert(flags.end(), {TEST_WORKER_BIN, "exit-if-rank", "1", "93", "sleep", "60"});
+    Subprocess p(ddprun(flags));
+    const Finished f = p.wait(90s);
+    ASSERT_EQ(f.exit_code, 93) << f.err;
+    const json r = read_report(file);
+    ASSERT_TRUE(r.is_object()) << f.err;
+    EXPECT_EQ(r["outcome"], "failed");
+    EXPECT_EQ(r["root_cause"]["rank"], 1) << r.dump(2);
+    EXPECT_EQ(r["attempts"].size(), listed ? 1u : 3u) << r.dump(2);
+    EXPECT_EQ(r["restarts"], listed ? 0 : 2);
+    EXPECT_EQ(r["not_restarted"], listed ? "do_not_restart_exit_code" : "no_restarts_left") << r.dump(2);
+    EXPECT_EQ(f.err.find("(--no_restart_exit_codes)") != std::string::npos, listed) << f.err;
+  }
+}
+
 TEST(ReportFileTest, TheWorkersErrorFileIsInTheRootCause) {
   TempDir dir;
   const fs::path file = dir.path / "report.json";

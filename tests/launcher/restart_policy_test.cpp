@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <csignal>
+#include <vector>
 
 #include "launcher/workers/worker_exit.hpp"
 
@@ -40,6 +41,7 @@ constexpr Decision finish(int code, Decision::Why why = Decision::Why::Ended) {
 constexpr auto kNoRestartsLeft = Decision::Why::NoRestartsLeft;
 constexpr auto kStopping = Decision::Why::Stopping;
 constexpr auto kUnkillable = Decision::Why::Unkillable;
+constexpr auto kDoNotRestart = Decision::Why::DoNotRestart;
 
 TEST(RestartPolicyTest, SuccessFinishesWithZeroWhateverTheRestartsLeft) {
   EXPECT_EQ(decide(end_of(RoundEnd::Kind::Success), {.restarts = 0, .max_restarts = 3}), finish(0));
@@ -53,6 +55,18 @@ TEST(RestartPolicyTest, AFailureRestartsWhileRestartsAreLeftThenExitsAsTheRootCa
   EXPECT_EQ(decide(failure(0, SIGSEGV), {.max_restarts = 0}), finish(128 + SIGSEGV, kNoRestartsLeft));
   // A failure whose root cause did not travel (an older peer) still fails the job.
   EXPECT_EQ(decide(end_of(RoundEnd::Kind::Failure), {}), finish(1, kNoRestartsLeft));
+}
+
+// --no_restart_exit_codes: the root cause's exit code, not a signal's number, and not a hang.
+TEST(RestartPolicyTest, ARootCauseWhoseExitCodeMeansDoNotRestartEndsTheJobWithRestartsLeft) {
+  const std::vector<int> codes{93, 17};
+  EXPECT_EQ(decide(failure(93), {.max_restarts = 5, .no_restart_exit_codes = codes}), finish(93, kDoNotRestart));
+  EXPECT_EQ(decide(failure(17), {.restarts = 2, .max_restarts = 5, .no_restart_exit_codes = codes}),
+            finish(17, kDoNotRestart));
+  EXPECT_EQ(decide(failure(3), {.max_restarts = 5, .no_restart_exit_codes = codes}), kRestart);
+  EXPECT_EQ(decide(failure(0, 17), {.max_restarts = 5, .no_restart_exit_codes = codes}), kRestart);
+  EXPECT_EQ(decide(end_of(RoundEnd::Kind::Hang), {.max_restarts = 5, .no_restart_exit_codes = codes}), kRestart);
+  EXPECT_EQ(decide(failure(93), {.max_restarts = 5}), kRestart) << "no codes: 93 is a failure like any other";
 }
 
 TEST(RestartPolicyTest, AStopSignalNeverRestarts) {
