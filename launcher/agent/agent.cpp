@@ -272,27 +272,18 @@ int Agent::finish(int round, const World& world, const RoundEnd& end, const Grou
       }
       const std::string report = format_failure_report(options_.program, failures, result.stopped_ranks);
       if (ConsoleWriter* err = consoles().err) err->write(report);
-      say_why_not_restarted(end, why);
       break;
     }
     case RoundEnd::Kind::Hang:
       // The report is out already (show_hang_report).
-      say_why_not_restarted(end, why);
       break;
   }
+  if (const std::string why_text = not_restarted_text(end, why, options_.max_restarts); !why_text.empty())
+    log::error("ddprun") << why_text;
   // A lost node never leaves: give the others a few seconds to read the outcome, not the full wait.
   backend_->leave(round, end.kind == RoundEnd::Kind::NodeLost ? std::chrono::seconds(5) : std::chrono::seconds(30),
                   stop_);
   return exit_code;
-}
-
-void Agent::say_why_not_restarted(const RoundEnd& end, Decision::Why why) const {
-  if (why == Decision::Why::NoRestartsLeft && options_.max_restarts > 0) {
-    log::error("ddprun") << "giving up after " << options_.max_restarts << " restart(s)";
-  } else if (why == Decision::Why::DoNotRestart && end.root_cause) {
-    log::error("ddprun") << "not restarting: rank " << end.root_cause->rank << " exited with "
-                         << end.root_cause->exit_code << ", which means \"do not restart\" (--no_restart_exit_codes)";
-  }
 }
 
 void Agent::announce_next_round(Decision::Kind kind, const RoundEnd& end, const World& world) {

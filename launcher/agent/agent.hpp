@@ -150,7 +150,6 @@ class Agent {
   // `why`: what kept a failed or hung round from a restart (Decision::Why::Ended: it was not one).
   int finish(int round, const World& world, const RoundEnd& end, const GroupResult& result, int exit_code,
              Decision::Why why = Decision::Why::Ended);
-  void say_why_not_restarted(const RoundEnd& end, Decision::Why why) const;
   // A restart or a re-rendezvous decided: counts a restart, and says why the next round comes.
   void announce_next_round(Decision::Kind kind, const RoundEnd& end, const World& world);
   void print_rates();

@@ -54,4 +54,15 @@ Decision decide(const RoundEnd& end, const RestartState& s) {
   return {Kind::Finish, 1};
 }
 
+std::string not_restarted_text(const RoundEnd& end, Decision::Why why, int max_restarts) {
+  if (why == Decision::Why::NoRestartsLeft && max_restarts > 0) {
+    return "giving up after " + std::to_string(max_restarts) + " restart(s)";
+  }
+  if (why == Decision::Why::DoNotRestart && end.root_cause) {
+    return "not restarting: rank " + std::to_string(end.root_cause->rank) + " exited with " +
+           std::to_string(end.root_cause->exit_code) + ", which means \"do not restart\" (--no_restart_exit_codes)";
+  }
+  return "";
+}
+
 }  // namespace ddprun::launcher::agent

@@ -4,6 +4,7 @@
 // with every combination.
 
 #include <span>
+#include <string>
 
 #include "launcher/rendezvous/rendezvous_backend.hpp"
 
@@ -40,5 +41,9 @@ struct RestartState {
 };
 
 Decision decide(const RoundEnd& end, const RestartState& s);
+
+// What kept a failed or hung round from a restart, as the console says it ("giving up after 3
+// restart(s)"); "" when there is nothing to say (no restart was due, or a stop signal said it).
+std::string not_restarted_text(const RoundEnd& end, Decision::Why why, int max_restarts);
 
 }  // namespace ddprun::launcher::agent

@@ -69,6 +69,16 @@ TEST(RestartPolicyTest, ARootCauseWhoseExitCodeMeansDoNotRestartEndsTheJobWithRe
   EXPECT_EQ(decide(failure(93), {.max_restarts = 5}), kRestart) << "no codes: 93 is a failure like any other";
 }
 
+TEST(RestartPolicyTest, TheConsoleSaysWhatKeptAFailureFromARestart) {
+  using agent::not_restarted_text;
+  EXPECT_EQ(not_restarted_text(failure(3), kNoRestartsLeft, 2), "giving up after 2 restart(s)");
+  EXPECT_EQ(not_restarted_text(failure(3), kNoRestartsLeft, 0), "") << "no restarts were asked for";
+  EXPECT_EQ(not_restarted_text(failure(93), kDoNotRestart, 5),
+            "not restarting: rank 3 exited with 93, which means \"do not restart\" (--no_restart_exit_codes)");
+  EXPECT_EQ(not_restarted_text(failure(3), kStopping, 5), "");
+  EXPECT_EQ(not_restarted_text(end_of(RoundEnd::Kind::Success), Decision::Why::Ended, 5), "");
+}
+
 TEST(RestartPolicyTest, AStopSignalNeverRestarts) {
   EXPECT_EQ(decide(failure(3), {.restarts = 0, .max_restarts = 5, .stop_signal = SIGTERM}), finish(3, kStopping));
   EXPECT_EQ(decide(end_of(RoundEnd::Kind::Hang), {.max_restarts = 5, .stop_signal = SIGINT}),
