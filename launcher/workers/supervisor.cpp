@@ -334,9 +334,7 @@ void Supervisor::settle_if_known() {
     return w != workers_.end() && !(*w)->err_open && !(e.signal != 0 && is_stop_signal(e.signal)) &&
            !lost_a_peer(with_tail(e));
   };
-  if (state_ != State::Running || !std::any_of(held_.begin(), held_.end(), known)) return;
-  settle_held(/*stopped=*/false);
-  maybe_finish();
+  if (state_ == State::Running && std::any_of(held_.begin(), held_.end(), known)) settle_held(/*stopped=*/false);
 }
 
 void Supervisor::settle_held(bool stopped) {
@@ -424,6 +422,8 @@ GroupResult Supervisor::run(const std::vector<WorkerLaunch>& launches,
   result_ = GroupResult{};
   set_state(State::Idle);
   finished_ = false;
+  // Nothing of the previous group acts on this one: its timers' handlers run now, as cancelled.
+  for (auto* t : {&drain_timer_, &grace_timer_, &progress_timer_, &hold_timer_, &kill_timer_}) t->cancel();
   io_.restart();
   // Requests posted after the previous group ended find no group running and are dropped here;
   // signals are remembered in stop_signal_.

@@ -141,7 +141,8 @@ class Supervisor {
   // (SupervisorSettings::stop_signal_hold); settle_held() turns what was held into failures, causes
   // before lost peers (no signal came: the group is stopped), or stopped ranks (one did). Callers
   // then call maybe_finish(). The hold ends at once when a held failure is known to be its rank's
-  // own (settle_if_known): its stderr read to the end, no stop signal, no lost peer in what it said.
+  // own (settle_if_known): its stderr read to the end, no stop signal, no lost peer in what it said;
+  // its callers too call maybe_finish() once they are done with the group.
   void hold_failure(WorkerExit e);
   void settle_held(bool stopped);
   void settle_if_known();

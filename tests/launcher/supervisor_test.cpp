@@ -7,7 +7,9 @@
 #include <gtest/gtest.h>
 
 #include <csignal>
+#include <fstream>
 #include <future>
+#include <iterator>
 #include <thread>
 
 #include "tests/support/temp_dir.hpp"
@@ -126,6 +128,24 @@ TEST(SupervisorTest, ALostPeerIsHeldUntilThePeersOwnFailureArrives) {
   EXPECT_EQ(r.failures[0].rank, 1);
   EXPECT_EQ(r.failures[1].rank, 0);
   EXPECT_TRUE(has(r.stopped_ranks, 2));
+}
+
+// A failure known at once, of a worker whose pipes closed before it exited, ends its group while
+// the group's reaping is still under way; nothing of that group may act on the next one the same
+// Supervisor runs (a timer armed after the end once closed the next group's pipes: a restarted
+// worker's output was lost).
+TEST(SupervisorTest, NothingOfAGroupActsOnTheNextOne) {
+  test::TempDir dir;
+  Supervisor s(settings(), nullptr);
+  const GroupResult first = s.run({shell(0, "exec >&- 2>&-; sleep 0.3; exit 3")});
+  EXPECT_EQ(first.outcome, GroupOutcome::Failed);
+  WorkerLaunch next = shell(0, "sleep 3; echo 'heard after the restart'");
+  next.stdout_file = (dir.path / "out.log").string();
+  const GroupResult second = s.run({next});
+  EXPECT_EQ(second.outcome, GroupOutcome::Succeeded);
+  std::ifstream in(dir.path / "out.log");
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_NE(text.find("heard after the restart"), std::string::npos) << text;
 }
 
 TEST(SupervisorTest, AWorkerKilledByASignalIsReportedWithThatSignal) {
