@@ -23,7 +23,6 @@ namespace ddprun::launcher {
 
 using cli::first_slurm_host;
 using cli::HostFacts;
-using cli::LaunchOptions;
 using cli::LocalRankArg;
 using cli::parse_options;
 using cli::rdzv_conf_keys;
