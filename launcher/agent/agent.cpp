@@ -237,6 +237,19 @@ int Agent::finish(int round, const World& world, const RoundEnd& end, const Grou
   report_.set_not_restarted(why);
   if (!run_dir_.temporary) report_.set_run_directory(run_dir_.path.string());
   view_event("exit", outcome_name(end.kind) + ", exit code " + std::to_string(exit_code));
+  if (end.job_over) {
+    // A spare: the nodes that ran the job have said what there is to say.
+    const std::string what = "the job ended (" + outcome_name(end.kind) +
+                             (end.detail.empty() ? "" : ": " + end.detail) +
+                             ") while this node waited as a spare: no worker was started here";
+    if (end.kind == RoundEnd::Kind::Success) {
+      log::info("ddprun") << what;
+    } else {
+      log::warn("ddprun") << what;
+    }
+    backend_->leave(round, std::chrono::seconds(0), stop_);
+    return exit_code;
+  }
   switch (end.kind) {
     case RoundEnd::Kind::Success:
       if (multi_node_) {
@@ -328,6 +341,15 @@ int Agent::run() {
     if (options_.replica_group) make_coordinator();
     backend_->on_joined([this](int joined_round, const std::string& detail) {
       health(StatusServer::Phase::Joined, detail + "; waiting for the other nodes", joined_round);
+    });
+    backend_->on_spare([this](int spare_round, const std::string& detail, const RoundEnd* ended) {
+      report_.spare(spare_round, ended);
+      if (ended) {
+        view_event("spare", "round " + std::to_string(spare_round) + " " + outcome_name(ended->kind));
+        return;
+      }
+      health(StatusServer::Phase::Spare, detail + "; waiting to take the place of a node that is lost", spare_round);
+      view_event("spare", "round " + std::to_string(spare_round) + ": waiting as a spare (" + detail + ")");
     });
     round = backend_->first_round(stop_);
   } catch (const StopRequested& s) {

@@ -127,8 +127,29 @@ void JobReport::rendezvous_began(int round, int restart) {
   attempts_.push_back(std::move(a));
 }
 
+void JobReport::spare(int round, const RoundEnd* end) {
+  if (attempts_.empty() || (attempts_.back().spare && attempts_.back().round != round)) {
+    // A spare again in a later round: an attempt of its own, begun where the last one ended.
+    const int restart = attempts_.empty() ? 0 : attempts_.back().restart;
+    rendezvous_began(round, restart);
+  }
+  Attempt& a = attempts_.back();
+  a.round = round;
+  a.spare = true;
+  if (end) {
+    a.ended = Clock::now();
+    a.outcome = outcome_name(end->kind);
+    a.detail = end->detail;
+  }
+}
+
 void JobReport::group_started(const World& world) {
-  if (attempts_.empty()) rendezvous_began(world.round, 0);
+  if (attempts_.empty() || attempts_.back().spare) {
+    // After waiting as a spare: the rendezvous of this round began when the spare's round ended.
+    const auto after_spare = attempts_.empty() ? Clock::time_point{} : attempts_.back().ended;
+    rendezvous_began(world.round, 0);
+    if (after_spare.time_since_epoch().count()) attempts_.back().rendezvous_began = after_spare;
+  }
   Attempt& a = attempts_.back();
   a.round = world.round;
   a.restart = std::max(a.restart, world.restarts);  // the job's count, when this node joined it late
@@ -178,6 +199,7 @@ json JobReport::attempt_json(const Attempt& a) const {
   }
   json j = {{"round", a.round},
             {"restart", a.restart},
+            {"spare", a.spare},
             {"outcome", a.outcome.empty() ? json(nullptr) : json(a.outcome)},
             {"message", a.detail},
             {"rendezvous_began_at", time_or_null(a.rendezvous_began)},
@@ -266,6 +288,7 @@ json JobReport::to_json() const {
             {"max", options_.max_nodes},
             {"count", last ? json(last->group_world_size) : json(nullptr)},
             {"this_node_rank", last ? json(last->group_rank) : json(nullptr)},
+            {"spare", !attempts_.empty() && attempts_.back().spare},
             {"rdzv_backend", rdzv_backend_name(options_.rdzv_backend)},
             {"multi_node", multi_node_}}},
           {"nproc_per_node", options_.nproc_per_node},

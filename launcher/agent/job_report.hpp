@@ -53,6 +53,8 @@ class JobReport {
   void rendezvous_began(int round, int restart);
   void group_started(const World& world);
   void round_ended(const RoundEnd& end, const GroupResult& result);
+  // This node waits as a spare of `round` (`end` null), or that round has ended (`end`).
+  void spare(int round, const RoundEnd* end);
   void set_rates(FinalRates rates) { rates_ = std::move(rates); }
   void set_hang_report_file(std::string path) { hang_report_file_ = std::move(path); }
   void set_run_directory(std::string path) { run_directory_ = std::move(path); }
@@ -74,6 +76,7 @@ class JobReport {
     int round = 0;
     int restart = 0;
     std::optional<World> world;  // none: the round never started on this node
+    bool spare = false;          // this node waited out the round as a spare
     Clock::time_point rendezvous_began, started, ended;
     std::string outcome, detail;
     std::vector<WorkerExit> workers;  // this node's, in rank order

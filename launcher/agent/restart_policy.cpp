@@ -18,6 +18,19 @@ Decision decide(const RoundEnd& end, const RestartState& s) {
   // workers that could not be stopped.
   const auto held = [&]() { return stopping ? Why::Stopping : Why::Unkillable; };
   const bool held_back = stopping || s.unkillable;
+  if (end.job_over) {
+    // A spare whose job ended without it: it ends with the code the job's nodes ended with (no
+    // restarts were left them, or none was due), and nothing of it kept a restart from happening.
+    RoundEnd as_run = end;
+    as_run.job_over = false;
+    RestartState spent = s;
+    spent.restarts = s.max_restarts;
+    spent.elastic = false;
+    Decision d = decide(as_run, spent);
+    if (d.kind != Kind::Finish) d = {Kind::Finish, 1};
+    d.why = Why::Ended;
+    return d;
+  }
   switch (end.kind) {
     case RoundEnd::Kind::Success: return {Kind::Finish, 0};
     case RoundEnd::Kind::Signal: {

@@ -55,6 +55,7 @@ const char* StatusServer::name(Phase phase) {
     case Phase::Connecting: return "connecting";
     case Phase::Rendezvous: return "rendezvous";
     case Phase::Joined: return "joined";
+    case Phase::Spare: return "spare";
     case Phase::Running: return "running";
     case Phase::Finishing: return "finishing";
     case Phase::Restarting: return "restarting";

@@ -4,7 +4,7 @@
 // endpoint, for a Kubernetes liveness probe (torchrun reserves the variable; its open-source
 // server is a stub). Any other GET on the port answers
 //   200 "ok: PHASE, DETAIL, for N s" while the agent connects, joins, runs and restarts its
-//       workers (PHASE: connecting, rendezvous, joined, running, finishing, restarting);
+//       workers (PHASE: connecting, rendezvous, joined, spare, running, finishing, restarting);
 //   503 "hung: ..." once the hang watchdog (--hang_timeout) has seen no progress, and
 //   503 "ending: ..." once the job is over and ddprun is about to exit,
 // so a probe restarts a pod whose job hangs, not one that is merely restarting its workers. A GET
@@ -36,8 +36,9 @@ namespace ddprun::launcher::agent {
 class StatusServer {
  public:
   // Connecting: to the rendezvous (its store, etcd); Rendezvous: joining a round; Joined: in the
-  // round, waiting for the other nodes; Finishing: this node's workers are done, the others' not.
-  enum class Phase { Connecting, Rendezvous, Joined, Running, Finishing, Restarting, Hung, Ending };
+  // round, waiting for the other nodes; Spare: outside a full elastic job's world, waiting to take
+  // the place of a node that is lost; Finishing: this node's workers are done, the others' not.
+  enum class Phase { Connecting, Rendezvous, Joined, Spare, Running, Finishing, Restarting, Hung, Ending };
   static const char* name(Phase phase);
   // Listens on `port` (0: the kernel picks); throws ConnectionError when it cannot.
   explicit StatusServer(uint16_t port, view::ViewSettings view = {});

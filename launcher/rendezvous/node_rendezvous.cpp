@@ -27,6 +27,10 @@ constexpr std::chrono::milliseconds kMaxJoinSlice{1000};
 // What a node that left without an end of its round records as the job's outcome.
 constexpr const char* kLeftWithoutEnd = "signal:left";
 
+// After a failure or a hang the world's nodes restart and rejoin; a spare gives them this long to
+// take the next round's places first (their workers' state is warm, a node of theirs is fine).
+constexpr std::chrono::milliseconds kSpareGrace{2000};
+
 }  // namespace
 
 NodeRendezvous::~NodeRendezvous() { stop_watcher(); }
@@ -67,6 +71,84 @@ void NodeRendezvous::ask_to_admit_this_node(int round, int running) {
   membership.kind = rdzv::jobs::Outcome::Kind::Membership;
   membership.detail = "node " + settings_.host + " wants to join";
   decide(round, membership);
+}
+
+std::optional<RoundEnd> NodeRendezvous::job_ended() {
+  const auto over = read(ended_key());
+  if (!over) return std::nullopt;
+  RoundEnd end = parse_round_end(*over);
+  end.job_over = true;
+  return end;
+}
+
+std::optional<RoundEnd> NodeRendezvous::wait_as_spare(int round, int running, const StopSignal& stop) {
+  set_place(Place{});
+  spare_ = true;
+  const std::string why = "the job runs with all " + std::to_string(running) + " of --nnodes " +
+                          std::to_string(settings_.min_nodes) + ":" + std::to_string(settings_.max_nodes);
+  log::info("ddprun") << "job '" << settings_.run_id << "' (round " << round << "): " << why
+                      << "; this node waits as a spare, to take the place of a node that is lost";
+  spare_news(round, why, nullptr);
+  const auto stopped = [&]() {
+    stop_background();
+    throw StopRequested(stop.signo());
+  };
+  RoundEnd end;
+  try {
+    const auto wait = wait_for_key(round_keys(round).end());
+    for (;;) {
+      if (auto e = wait->next(kSlice)) {
+        end = parse_round_end(*e);
+        break;
+      }
+      if (stop.requested()) stopped();
+    }
+  } catch (const StopRequested&) {
+    throw;
+  } catch (const Error& e) {
+    end = store_lost(e.what());
+    end.job_over = true;
+    return end;
+  }
+  spare_news(round, why, &end);
+  if (end.kind == RoundEnd::Kind::Success) {
+    end.job_over = true;
+    return end;
+  }
+  // The world's nodes now go on to the next round (a restart, a re-formed world) or end the job.
+  // The spare follows them: never into a round they did not come to (it would be a job of its own).
+  // A lost node's place is taken as soon as a survivor is there; after a failure or a hang the
+  // world's nodes, whose hosts are fine and whose workers' state is warm, get a moment to take the
+  // next round's places first.
+  const bool at_once = end.kind == RoundEnd::Kind::NodeLost || end.kind == RoundEnd::Kind::Membership;
+  const auto deadline = Clock::now() + settings_.timeouts.join_timeout;
+  std::optional<Clock::time_point> world_went_on;
+  try {
+    while (Clock::now() < deadline) {
+      if (auto over = job_ended()) return over;
+      // Every node of the job has left, and the generation's keys went with the last of them.
+      if (!read(round_keys(round).end())) {
+        end.job_over = true;
+        return end;
+      }
+      const int64_t next = joined_nodes(round + 1);
+      if (next >= settings_.max_nodes) return std::nullopt;  // full without this node: a spare there too
+      if (next > 0 && !world_went_on) world_went_on = Clock::now();
+      if (world_went_on && (at_once || Clock::now() - *world_went_on >= kSpareGrace)) return std::nullopt;
+      if (stop.sleep_for(kSlice)) stopped();
+    }
+  } catch (const StopRequested&) {
+    throw;
+  } catch (const Error&) {
+    // The store went with the job's last node (node 0 hosted it): the job is over.
+    end.job_over = true;
+    return end;
+  }
+  stop_background();
+  throw TimeoutError("job '" + settings_.run_id + "': round " + std::to_string(round) + " ended (" + end.detail +
+                     "), and in " + seconds_text(settings_.timeouts.join_timeout) +
+                     " none of its nodes went on to the next round or ended the job (were they all killed?): "
+                     "this spare leaves");
 }
 
 RoundEnd NodeRendezvous::store_lost(const std::string& why) const {
@@ -173,6 +255,10 @@ std::optional<RoundEnd> NodeRendezvous::wait_joining(int round, const StopSignal
     slice = std::min(slice * 2, kMaxJoinSlice);
     if (state.end) return parse_round_end(*state.end);
     if (state.ready) return std::nullopt;
+    // A spare that moved on to a round the world's nodes never came to: the job has ended.
+    if (spare_) {
+      if (auto over = job_ended()) return over;
+    }
     if (stop.requested()) {
       // Leave cleanly: the others learn of it at once, not at the join timeout.
       report_signal(round, stop.signo());
@@ -198,7 +284,8 @@ std::optional<RoundEnd> NodeRendezvous::wait_joining(int round, const StopSignal
 void NodeRendezvous::leave(int round, std::chrono::milliseconds timeout, const StopSignal& stop) {
   stop_watcher();
   stop_background();
-  if (departed_) return;  // the job goes on without this node: its outcome is not the job's
+  // The job goes on without this node (or never had it: a spare): its outcome is not the job's.
+  if (departed_ || spare_) return;
   try {
     // The first node to leave records how the job ended: a later run of this job id sees it and
     // starts a new generation instead of joining this one.
@@ -219,6 +306,7 @@ std::unique_ptr<ProgressChannel> NodeRendezvous::progress_channel(int round) {
 }
 
 void NodeRendezvous::set_place(Place p) {
+  if (p.group_rank >= 0) spare_ = false;
   std::lock_guard lock(place_mutex_);
   place_ = std::move(p);
 }

@@ -135,6 +135,13 @@ class NodeRendezvous : public RendezvousBackend {
   // This node came too late for `round`, which runs with `running` nodes: asks them to
   // re-rendezvous (a Membership end) so that the next round admits it.
   void ask_to_admit_this_node(int round, int running);
+  // This node came too late for `round`, which runs with all --nnodes MAX nodes: asking to be
+  // admitted would only leave another node out. It waits as a hot spare, outside the world, for
+  // the round's end; then, for a lost node (or a membership change) at once, after a failure or a
+  // hang once the world's nodes had a moment to rejoin first, it goes on to the next round
+  // (nullopt: join round + 1). Returns the job's end (job_over) when the job ended without it.
+  // A stop request leaves without touching the round (a spare holds no place): StopRequested.
+  std::optional<RoundEnd> wait_as_spare(int round, int running, const StopSignal& stop);
   // Waits until `poll` is ready or the join timeout: nullopt when ready, the round's end if it came
   // first. A stop request marks the round ended, leaves and throws StopRequested; the timeout
   // throws TimeoutError with `missing()` (who has not joined). `progress()` is logged every
@@ -165,6 +172,11 @@ class NodeRendezvous : public RendezvousBackend {
   // This node left an elastic job that goes on without it (report_signal): leave() records no
   // outcome for the job and lets no generation go.
   bool departed_ = false;
+  // This node waits as a spare, or joins a round after waiting as one, and has held no place
+  // since: its leave() records nothing either, and its joins also end when the job ends.
+  std::atomic<bool> spare_{false};
+  // The job's end as recorded by the first node to leave, if it has ended (job_over set).
+  std::optional<RoundEnd> job_ended();
   int restarts_ = 0;
 };
 

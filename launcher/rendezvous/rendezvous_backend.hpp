@@ -57,6 +57,9 @@ struct RoundEnd {
   int root_node = -1;                    // Failure: the failed rank's node; Hang: the node that diagnosed it
   std::string detail;                    // human-readable, one line
   std::string report;                    // Hang: the full report, with every rank's stacks
+  // The job ended while this node waited as a spare (its nodes will not start another round):
+  // nothing follows for this node, whatever the kind; it ends with the job.
+  bool job_over = false;
 };
 
 // The job-wide side of the hang watchdog and the step rates, for one round. Used from the
@@ -102,6 +105,10 @@ class RendezvousBackend {
   // Joins `round` with `nproc` local workers: the World, or the round's end if it was decided
   // before the rendezvous completed (a node stopped or failed meanwhile). Throws TimeoutError
   // naming the missing nodes after the join timeout, ConfigError for a duplicate node rank.
+  // An elastic job that runs with all its --nnodes MAX nodes keeps a node that arrives as a hot
+  // spare: join() waits outside the world (told to on_spare's observer) until a round ends, joins
+  // the next one in place of a node that was lost, and returns the job's end (job_over) when the
+  // job ends without it.
   virtual std::variant<World, RoundEnd> join(int round, int nproc, const WorkerStoreHost& host_worker_store,
                                              const StopSignal& stop) = 0;
   // Watches `round` from a thread of its own; `on_end` runs there once, when the round's end is
@@ -142,14 +149,23 @@ class RendezvousBackend {
   // stands ("as node_rank 1 of 2").
   using JoinedObserver = std::function<void(int round, const std::string& detail)>;
   void on_joined(JoinedObserver observer) { joined_observer_ = std::move(observer); }
+  // Told, on the agent's thread, when this node begins to wait as a spare of `round` (`end`
+  // null; `detail` says why: "the job runs with all 2 of --nnodes 2:2"), and when that round has
+  // ended (`end`: as decided; the spare moves on to the next round, or the job is over).
+  using SpareObserver = std::function<void(int round, const std::string& detail, const RoundEnd* end)>;
+  void on_spare(SpareObserver observer) { spare_observer_ = std::move(observer); }
 
  protected:
   void joined(int round, const std::string& detail) const {
     if (joined_observer_) joined_observer_(round, detail);
   }
+  void spare_news(int round, const std::string& detail, const RoundEnd* end) const {
+    if (spare_observer_) spare_observer_(round, detail, end);
+  }
 
  private:
   JoinedObserver joined_observer_;
+  SpareObserver spare_observer_;
 };
 
 }  // namespace ddprun::launcher::rendezvous

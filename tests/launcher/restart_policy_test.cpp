@@ -13,6 +13,7 @@ namespace ddprun::launcher {
 using agent::decide;
 using agent::Decision;
 using agent::kHangExitCode;
+using agent::RestartState;
 using rendezvous::RoundEnd;
 using workers::WorkerExit;
 namespace {
@@ -134,6 +135,24 @@ TEST(RestartPolicyTest, UnkillableWorkersEndTheNodesPartWhateverTheRestartsLeft)
 
 TEST(RestartPolicyTest, LosingTheStoreEndsTheJobWithOneEvenWithRestartsLeft) {
   EXPECT_EQ(decide(end_of(RoundEnd::Kind::StoreLost), {.max_restarts = 3, .elastic = true}), finish(1));
+}
+
+// A spare whose job ended without it: no restart, no next round, whatever it has left; it ends
+// with the code the job's nodes ended with, and nothing of its own kept a restart from happening.
+TEST(RestartPolicyTest, ASpareEndsWithTheJobsCodeWhenTheJobIsOver) {
+  const auto over = [](RoundEnd e) {
+    e.job_over = true;
+    return e;
+  };
+  const RestartState fresh{.restarts = 0, .max_restarts = 3, .elastic = true};
+  EXPECT_EQ(decide(over(end_of(RoundEnd::Kind::Success)), fresh), finish(0));
+  EXPECT_EQ(decide(over(failure(7)), fresh), finish(7));
+  EXPECT_EQ(decide(over(failure(0, SIGKILL)), fresh), finish(128 + SIGKILL));
+  EXPECT_EQ(decide(over(end_of(RoundEnd::Kind::Hang)), fresh), finish(kHangExitCode));
+  EXPECT_EQ(decide(over(end_of(RoundEnd::Kind::NodeLost)), fresh), finish(1));
+  EXPECT_EQ(decide(over(end_of(RoundEnd::Kind::Membership)), fresh), finish(1));
+  EXPECT_EQ(decide(over(end_of(RoundEnd::Kind::StoreLost)), fresh), finish(1));
+  EXPECT_EQ(decide(over(end_of(RoundEnd::Kind::Signal)), fresh), finish(128 + SIGTERM));
 }
 
 }  // namespace

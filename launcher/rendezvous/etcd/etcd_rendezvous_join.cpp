@@ -144,15 +144,20 @@ std::variant<World, RoundEnd> EtcdRendezvous::join(int round, int nproc, const W
     const int mine = closed.group_rank_of(agent_id_);
     if (mine < 0) {
       client_->erase(member_key, "", request_deadline());
-      if (!elastic() || closed.size() >= options_.max_nodes) {
+      if (!elastic()) {
         throw ConfigError("job '" + options_.run_id + "' is running with " + std::to_string(closed.size()) +
                           " node(s) (--nnodes " + std::to_string(options_.min_nodes) + ":" +
                           std::to_string(options_.max_nodes) +
                           "), with no room for this one; give this job its own "
                           "--rdzv_id, or start it when the other run has ended");
       }
-      // Too late for this round: ask the running nodes to re-rendezvous, and join the next round.
-      ask_to_admit_this_node(round, static_cast<int>(closed.size()));
+      // Too late for this round: ask the running nodes to re-rendezvous (when there is room for
+      // this node) or wait as a spare (when there is none), and join the next round.
+      if (closed.size() < options_.max_nodes) {
+        ask_to_admit_this_node(round, closed.size());
+      } else if (auto over = wait_as_spare(round, closed.size(), stop)) {
+        return *over;
+      }
       ++round;
       continue;
     }

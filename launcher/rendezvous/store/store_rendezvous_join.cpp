@@ -211,8 +211,13 @@ std::variant<World, RoundEnd> StoreRendezvous::join_dynamic(int round, int nproc
       return *ended;
     const int64_t members = read_number(round_keys(round).closed(), client_->get(round_keys(round).closed()));
     if (idx > members) {
-      // Too late for this round: ask the running nodes to re-rendezvous, and join the next round.
-      ask_to_admit_this_node(round, static_cast<int>(members));
+      // Too late for this round: ask the running nodes to re-rendezvous (when there is room for
+      // this node) or wait as a spare (when there is none), and join the next round.
+      if (members < options_.max_nodes) {
+        ask_to_admit_this_node(round, static_cast<int>(members));
+      } else if (auto over = wait_as_spare(round, static_cast<int>(members), stop)) {
+        return *over;
+      }
       ++round;
       continue;
     }

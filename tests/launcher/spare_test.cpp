@@ -1,0 +1,187 @@
+// Hot spares: an agent that arrives when an elastic job runs with all its --nnodes MAX nodes waits
+// outside the world, takes the place of a node that is lost in the next round, and ends with the
+// job; a spare that dies or is stopped never ends the job. On the store (c10d through the node
+// that hosts the endpoint) and on a real etcd.
+#include <signal.h>
+
+#include <gtest/gtest.h>
+
+#include "tests/support/etcd_cluster.hpp"
+#include "tests/support/free_port.hpp"
+#include "tests/support/job_node.hpp"
+#include "tests/support/report.hpp"
+#include "tests/support/subprocess.hpp"
+
+namespace ddprun::test {
+namespace {
+
+using namespace std::chrono_literals;
+
+enum class Backend { Store, Etcd };
+
+// Where the nodes of one test meet: the store that node 0 hosts at a free port, or one etcd member.
+class Meeting {
+ public:
+  explicit Meeting(Backend b, const std::string& run_id) : backend_(b), run_id_(run_id) {
+    if (b == Backend::Etcd) etcd_ = std::make_unique<EtcdCluster>(1);
+  }
+  std::vector<std::string> flags() const {
+    return backend_ == Backend::Store ? at_store(port_, run_id_, /*c10d=*/true) : at_etcd(etcd_->endpoints(), run_id_);
+  }
+  // A job of 2 nodes at most that has no room for a third. On etcd a fixed --nnodes is a static
+  // job (a lost node ends it; a third agent is refused), so there the job is elastic, 1:2, with a
+  // last call long enough for the two nodes to start together.
+  std::string nnodes() const { return backend_ == Backend::Store ? "2:2" : "1:2"; }
+  // Quick liveness, so that a lost node is noticed in a second or two.
+  std::string conf() const {
+    return "join_timeout=60," +
+           std::string(backend_ == Backend::Store
+                           ? "last_call_timeout=0.5,keep_alive_interval=0.2,keep_alive_max_attempt=5"
+                           : "last_call_timeout=5,lease_ttl=2");
+  }
+  // The first node is up (on the store backend: it bound the endpoint, so it is group rank 0).
+  bool first_node_up(Subprocess& n) {
+    return backend_ == Backend::Etcd || n.wait_for([&] { return port_taken(port_); }, 10s);
+  }
+
+ private:
+  Backend backend_;
+  std::string run_id_;
+  int port_ = free_port();
+  std::unique_ptr<EtcdCluster> etcd_;
+};
+
+// Node `n` (127.0.0.(n+1)) of a job of two nodes at most with one worker running `worker` (test_worker's
+// arguments), writing its report where `reports` says.
+std::unique_ptr<Subprocess> node(const Meeting& m, int n, std::vector<std::string> worker, const Reports& reports,
+                                 const std::string& max_restarts = "0") {
+  worker.insert(worker.begin(), TEST_WORKER_BIN);
+  return JobNode(n)
+      .nnodes(m.nnodes())
+      .without_rank()
+      .meet(m.flags())
+      .conf(m.conf())
+      .flags({"--nproc_per_node", "1", "--max_restarts", max_restarts})
+      .flags(reports.flags(n))
+      .start(worker);
+}
+
+// How many attempts a node's report lists, and whether its last one was waited out as a spare.
+size_t attempts(const nlohmann::json& report) { return report.is_object() ? report["attempts"].size() : 0; }
+bool last_was_spare(const nlohmann::json& report) {
+  return attempts(report) > 0 && report["attempts"].back().value("spare", false);
+}
+
+class SpareTest : public ::testing::TestWithParam<Backend> {
+ protected:
+  void SetUp() override {
+    if (GetParam() == Backend::Etcd && !have_etcd())
+      GTEST_FAIL() << "etcd-server and etcd-client are not installed: run scripts/install_deps.sh";
+  }
+};
+
+// A third agent of a full 2:2 job (a pod rescheduled while the old one still runs) made the job
+// re-rendezvous to admit it, which left another node out, which asked again, without end.
+TEST_P(SpareTest, AThirdAgentOfAFullJobWaitsAsASpareAndEndsWithTheJob) {
+  Meeting m(GetParam(), "spare-full");
+  Reports reports;
+  auto a = node(m, 0, {"sleep", "4"}, reports);
+  ASSERT_TRUE(m.first_node_up(*a)) << a->err();
+  auto b = node(m, 1, {"sleep", "4"}, reports);
+  ASSERT_TRUE(a->wait_for_workers(1, 60s)) << a->err();
+  ASSERT_TRUE(b->wait_for_workers(1, 60s)) << b->err();
+  auto c = node(m, 2, {"sleep", "4"}, reports);
+  ASSERT_TRUE(c->wait_for_output("as a spare", 30s)) << c->err();
+  const Finished fa = a->wait(60s), fb = b->wait(60s), fc = c->wait(30s);
+  ASSERT_FALSE(fa.timed_out) << fa.err;
+  EXPECT_EQ(fa.exit_code, 0) << fa.err;
+  EXPECT_EQ(fb.exit_code, 0) << fb.err;
+  EXPECT_EQ(fc.exit_code, 0) << "the spare ends with the job: " << fc.err;
+  EXPECT_EQ(attempts(reports.of(0)), 1u) << "the world's nodes start their workers once: " << reports.of(0).dump(2);
+  EXPECT_EQ(attempts(reports.of(1)), 1u) << reports.of(1).dump(2);
+  const auto rc = reports.of(2);
+  ASSERT_TRUE(last_was_spare(rc)) << rc.dump(2);
+  EXPECT_EQ(rc["outcome"], "succeeded") << rc.dump(2);
+  EXPECT_TRUE(rc["attempts"].back()["workers"].empty()) << "no worker ran on the spare";
+  EXPECT_NE(fc.err.find("no worker was started here"), std::string::npos) << fc.err;
+}
+
+TEST_P(SpareTest, ASpareTakesThePlaceOfAKilledNodeInTheNextRound) {
+  Meeting m(GetParam(), "spare-takes-over");
+  Reports reports;
+  auto a = node(m, 0, {"sleep", "5"}, reports);
+  ASSERT_TRUE(m.first_node_up(*a)) << a->err();
+  auto b = node(m, 1, {"sleep", "5"}, reports);
+  ASSERT_TRUE(b->wait_for_workers(1, 60s)) << b->err();
+  auto c = node(m, 2, {"sleep", "5"}, reports);
+  ASSERT_TRUE(c->wait_for_output("as a spare", 30s)) << c->err();
+  b->signal(SIGKILL);
+  const Finished fa = a->wait(90s), fc = c->wait(90s);
+  ASSERT_FALSE(fa.timed_out) << fa.err;
+  EXPECT_EQ(fa.exit_code, 0) << fa.err;
+  EXPECT_EQ(fc.exit_code, 0) << fc.err;
+  const auto ra = reports.of(0), rc = reports.of(2);
+  ASSERT_EQ(attempts(ra), 2u) << ra.dump(2);
+  EXPECT_EQ(ra["attempts"][0]["outcome"], "node_lost") << ra.dump(2);
+  EXPECT_EQ(ra["attempts"][1]["nnodes"], 2) << "the spare filled the lost node's place: " << ra.dump(2);
+  EXPECT_EQ(ra["restarts"], 0) << "a node taken over is no restart";
+  ASSERT_GE(attempts(rc), 2u) << rc.dump(2);
+  EXPECT_TRUE(rc["attempts"][0].value("spare", false)) << rc.dump(2);
+  EXPECT_FALSE(last_was_spare(rc)) << rc.dump(2);
+  EXPECT_EQ(rc["attempts"].back()["outcome"], "succeeded") << rc.dump(2);
+  EXPECT_EQ(rc["attempts"].back()["workers"].size(), 1u) << rc.dump(2);
+}
+
+TEST_P(SpareTest, ASpareKilledOrStoppedWhileWaitingNeverEndsTheJob) {
+  Meeting m(GetParam(), "spare-dies");
+  Reports reports;
+  auto a = node(m, 0, {"sleep", "5"}, reports);
+  ASSERT_TRUE(m.first_node_up(*a)) << a->err();
+  auto b = node(m, 1, {"sleep", "5"}, reports);
+  ASSERT_TRUE(b->wait_for_workers(1, 60s)) << b->err();
+  auto killed = node(m, 2, {"sleep", "5"}, reports);
+  auto stopped = node(m, 3, {"sleep", "5"}, reports);
+  ASSERT_TRUE(killed->wait_for_output("as a spare", 30s)) << killed->err();
+  ASSERT_TRUE(stopped->wait_for_output("as a spare", 30s)) << stopped->err();
+  killed->signal(SIGKILL);
+  stopped->signal(SIGTERM);
+  const Finished fs = stopped->wait(30s);
+  EXPECT_EQ(fs.exit_code, 128 + SIGTERM) << fs.err;
+  const Finished fa = a->wait(60s), fb = b->wait(60s);
+  EXPECT_EQ(fa.exit_code, 0) << fa.err;
+  EXPECT_EQ(fb.exit_code, 0) << fb.err;
+  EXPECT_EQ(attempts(reports.of(0)), 1u) << reports.of(0).dump(2);
+  EXPECT_EQ(attempts(reports.of(1)), 1u) << reports.of(1).dump(2);
+}
+
+// A failure is no lost node: the world's nodes restart in their places, the spare stays a spare,
+// and when the job fails for good the spare ends with the job's exit code, not at a join timeout.
+TEST_P(SpareTest, ASpareStaysASpareWhileTheWorldRestartsAndEndsWithTheFailedJobsCode) {
+  Meeting m(GetParam(), "spare-failed-job");
+  Reports reports;
+  // Attempt 0: every rank fails with 3; attempt 1: rank 1 fails with 7, and no restart is left.
+  const std::vector<std::string> worker{"sleep", "2", "exit-if-attempt-below", "1", "3", "exit-if-rank", "1", "7"};
+  auto a = node(m, 0, worker, reports, "1");
+  ASSERT_TRUE(m.first_node_up(*a)) << a->err();
+  auto b = node(m, 1, worker, reports, "1");
+  ASSERT_TRUE(b->wait_for_workers(1, 60s)) << b->err();
+  auto c = node(m, 2, worker, reports, "1");
+  ASSERT_TRUE(c->wait_for_output("as a spare", 30s)) << c->err();
+  const Finished fa = a->wait(60s), fb = b->wait(60s), fc = c->wait(60s);
+  EXPECT_EQ(fa.exit_code, 7) << fa.err;
+  EXPECT_EQ(fb.exit_code, 7) << fb.err;
+  EXPECT_EQ(fc.exit_code, 7) << "the spare ends as the job did: " << fc.err;
+  EXPECT_EQ(attempts(reports.of(0)), 2u) << reports.of(0).dump(2);
+  const auto rc = reports.of(2);
+  ASSERT_TRUE(last_was_spare(rc)) << rc.dump(2);
+  EXPECT_EQ(rc["outcome"], "failed") << rc.dump(2);
+  EXPECT_TRUE(rc["nodes"]["spare"]) << rc.dump(2);
+  for (const auto& attempt : rc["attempts"]) EXPECT_TRUE(attempt["workers"].empty()) << rc.dump(2);
+  EXPECT_NE(fc.err.find("while this node waited as a spare"), std::string::npos) << fc.err;
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, SpareTest, ::testing::Values(Backend::Store, Backend::Etcd),
+                         [](const auto& p) { return p.param == Backend::Store ? "Store" : "Etcd"; });
+
+}  // namespace
+}  // namespace ddprun::test
