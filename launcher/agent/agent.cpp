@@ -219,7 +219,7 @@ RoundEnd Agent::agree_on_end(const World& world, const GroupResult& result) {
                             << " for the keep-alives to tell whether a node was lost";
         if (auto end = backend_->wait_end_for(round, window, stop_)) return *end;
       }
-      return backend_->report_failure(round, result.failures.front());
+      return backend_->report_failure(round, result.failures.front(), progress_mark());
     case GroupOutcome::Signalled: return backend_->report_signal(round, result.signal);
     case GroupOutcome::StoppedByRequest: {
       // Stopped because the watcher saw the round end: use what it saw.
@@ -229,6 +229,21 @@ RoundEnd Agent::agree_on_end(const World& world, const GroupResult& result) {
     }
   }
   return backend_->wait_end(round, stop_);
+}
+
+rendezvous::ProgressMark Agent::progress_mark() const {
+  rendezvous::ProgressMark m;
+  const std::optional<uint64_t> now = watchdog_ ? watchdog_->iterations() : std::nullopt;
+  if (!now && !best_iterations_) return m;  // the program reports no iterations: nothing is known
+  m.iterations = now.value_or(0);
+  if (best_iterations_ && *m.iterations <= *best_iterations_) m.no_progress_restarts = no_progress_restarts_ + 1;
+  return m;
+}
+
+void Agent::learn_progress(const RoundEnd& end) {
+  if (end.kind != RoundEnd::Kind::Failure || !end.progress.iterations) return;
+  best_iterations_ = std::max(best_iterations_.value_or(0), *end.progress.iterations);
+  no_progress_restarts_ = end.progress.no_progress_restarts;
 }
 
 int Agent::finish(int round, const World& world, const RoundEnd& end, const GroupResult& result, int exit_code,
@@ -390,6 +405,7 @@ int Agent::run() {
       case State::Running:
         result = running(world);
         end = agree_on_end(world, result);
+        learn_progress(end);
         report_.round_ended(end, result);
         view_event("end", "round " + std::to_string(world.round) + " " + outcome_name(end.kind) +
                               (end.detail.empty() ? "" : ": " + end.detail));
@@ -408,9 +424,9 @@ int Agent::run() {
                                  "leave when told so: not restarting them";
           return finish(round, world, end, result, 0);
         }
-        const Decision d =
-            decide(end, RestartState{restarts_, options_.max_restarts, backend_->elastic(), stop_.signo(),
-                                     result.signal, !result.unkillable.empty(), options_.no_restart_exit_codes});
+        const Decision d = decide(end, RestartState{restarts_, options_.max_restarts, backend_->elastic(),
+                                                    stop_.signo(), result.signal, !result.unkillable.empty(),
+                                                    options_.no_restart_exit_codes, options_.max_no_progress_restarts});
         if (d.why == Decision::Why::Unkillable) {
           log::error("ddprun") << "not "
                                << (end.kind == RoundEnd::Kind::Failure || end.kind == RoundEnd::Kind::Hang

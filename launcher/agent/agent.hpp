@@ -147,6 +147,10 @@ class Agent {
   std::variant<World, RoundEnd> rendezvous(int round);
   GroupResult running(const World& world);
   RoundEnd agree_on_end(const World& world, const GroupResult& result);
+  // What this node says of the job's progress as it reports a failure, and what it learns of it
+  // from the round's end as decided (--max_no_progress_restarts).
+  rendezvous::ProgressMark progress_mark() const;
+  void learn_progress(const RoundEnd& end);
   // `why`: what kept a failed or hung round from a restart (Decision::Why::Ended: it was not one).
   int finish(int round, const World& world, const RoundEnd& end, const GroupResult& result, int exit_code,
              Decision::Why why = Decision::Why::Ended);
@@ -199,6 +203,10 @@ class Agent {
   int view_nodes_ = 0;  // the previous round's node count, for the timeline
   fs::path attempt_dir_;
   int restarts_ = 0;
+  // The job's progress as the failures' ends said it: the most iterations reported before (none
+  // yet: nothing known), and the restarts in a row that got no further.
+  std::optional<uint64_t> best_iterations_;
+  int no_progress_restarts_ = 0;
   bool watching_ = false;
   std::mutex seen_mutex_;
   std::optional<RoundEnd> seen_end_;  // the round's end as the watcher saw it

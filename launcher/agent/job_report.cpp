@@ -248,6 +248,7 @@ json not_restarted_json(Decision::Why why) {
     case Decision::Why::Ended: return nullptr;
     case Decision::Why::NoRestartsLeft: return "no_restarts_left";
     case Decision::Why::DoNotRestart: return "do_not_restart_exit_code";
+    case Decision::Why::NoProgress: return "no_progress";
     case Decision::Why::Stopping: return "stopping";
     case Decision::Why::Unkillable: return "unkillable";
   }

@@ -60,8 +60,12 @@ Decision decide(const RoundEnd& end, const RestartState& s) {
         return {Kind::Finish, code, Why::DoNotRestart};
       }
       if (s.restarts >= s.max_restarts) return {Kind::Finish, code, stopping ? Why::Stopping : Why::NoRestartsLeft};
-      if (!held_back) return {Kind::Restart, 0};
-      return {Kind::Finish, code, held()};
+      if (held_back) return {Kind::Finish, code, held()};
+      if (end.kind == RoundEnd::Kind::Failure && s.max_no_progress_restarts > 0 &&
+          end.progress.no_progress_restarts >= s.max_no_progress_restarts) {
+        return {Kind::Finish, kNoProgressExitCode, Why::NoProgress};
+      }
+      return {Kind::Restart, 0};
     }
   }
   return {Kind::Finish, 1};
@@ -70,6 +74,12 @@ Decision decide(const RoundEnd& end, const RestartState& s) {
 std::string not_restarted_text(const RoundEnd& end, Decision::Why why, int max_restarts) {
   if (why == Decision::Why::NoRestartsLeft && max_restarts > 0) {
     return "giving up after " + std::to_string(max_restarts) + " restart(s)";
+  }
+  if (why == Decision::Why::NoProgress && end.progress.iterations) {
+    return "not restarting: no progress: " + std::to_string(end.progress.no_progress_restarts) +
+           " restart(s) in a row got no further than the iterations reached before them (the last reached " +
+           std::to_string(*end.progress.iterations) + "; --max_no_progress_restarts); exit code " +
+           std::to_string(kNoProgressExitCode);
   }
   if (why == Decision::Why::DoNotRestart && end.root_cause) {
     return "not restarting: rank " + std::to_string(end.root_cause->rank) + " exited with " +

@@ -14,6 +14,8 @@ using rendezvous::RoundEnd;
 
 // The exit code of a job that hung (--hang_timeout), as timeout(1) has it.
 inline constexpr int kHangExitCode = 124;
+// The exit code of a job whose restarts made no progress (--max_no_progress_restarts).
+inline constexpr int kNoProgressExitCode = 125;
 
 struct Decision {
   enum class Kind { Finish, Restart, Rerendezvous } kind = Kind::Finish;
@@ -21,9 +23,10 @@ struct Decision {
   // Finish only: why the round's end leads to no restart and no next round. Ended: there is
   // nothing to go on with (success, a signal's end, a lost store, a static job's lost node);
   // otherwise what stopped the restart or the next round that would have come: --max_restarts
-  // spent, a root cause whose exit code means "do not restart" (--no_restart_exit_codes), a stop
-  // signal, workers that could not be stopped.
-  enum class Why { Ended, NoRestartsLeft, DoNotRestart, Stopping, Unkillable } why = Why::Ended;
+  // spent, a root cause whose exit code means "do not restart" (--no_restart_exit_codes), restarts
+  // that made no progress (--max_no_progress_restarts), a stop signal, workers that could not be
+  // stopped.
+  enum class Why { Ended, NoRestartsLeft, DoNotRestart, NoProgress, Stopping, Unkillable } why = Why::Ended;
   bool operator==(const Decision&) const = default;
 };
 
@@ -38,6 +41,9 @@ struct RestartState {
   bool unkillable = false;
   // --no_restart_exit_codes: a failure whose root cause exited with one of these is not restarted.
   std::span<const int> no_restart_exit_codes = {};
+  // --max_no_progress_restarts: a failure after this many restarts in a row that got no further
+  // than the most iterations reported before them (RoundEnd::progress) is not restarted; 0: off.
+  int max_no_progress_restarts = 0;
 };
 
 Decision decide(const RoundEnd& end, const RestartState& s);

@@ -130,6 +130,11 @@ constexpr FlagDef kFlagTable[] = {
         for (const int c : d.no_restart_exit_codes) codes += (codes.empty() ? "" : ",") + std::to_string(c);
         return codes.empty() ? std::string("none") : codes;
       }}},
+    {"--max_no_progress_restarts", "", "N",
+     "restarts in a row that get no further than the training iterations the program reported before them "
+     "(`worker::report_iterations`, the progress page's `iterations`) end the job with exit code 125 and "
+     "\"no progress\" in its report; 0: never; a program that reports no iterations is never stopped so",
+     whole<&LaunchOptions::max_no_progress_restarts>(0, 1 << 20, "a whole number >= 0")},
     {"--replica_group", "", "ID",
      "run one replica group of a fault-tolerant job: its own world that fails and restarts alone, while the "
      "other groups of the job (the same `--rdzv_id`) go on training; needs `--rdzv_backend c10d` or `etcd`",

@@ -97,6 +97,9 @@ struct LaunchOptions {
   // --no_restart_exit_codes: a failure whose root cause exits with one of these ends the job after
   // its attempt, whatever restarts are left (93 is NVIDIA's ft_launcher's "do not restart").
   std::vector<int> no_restart_exit_codes{93};
+  // --max_no_progress_restarts: this many restarts in a row that get no further than the most
+  // training iterations the program reported before them end the job (exit 125); 0: never.
+  int max_no_progress_restarts = 3;
   // --replica_group: this ddprun runs one replica group of a fault-tolerant job (launcher/ft): its
   // own world (run id "<run_id>.rg<ID>") that fails and restarts alone, and a member of the job's
   // quorum under run_id. Unset: an ordinary job.

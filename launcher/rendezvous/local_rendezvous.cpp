@@ -22,10 +22,11 @@ std::variant<World, RoundEnd> LocalRendezvous::join(int round, int nproc, const 
   return w;
 }
 
-RoundEnd LocalRendezvous::report_failure(int, const WorkerExit& root_cause) {
+RoundEnd LocalRendezvous::report_failure(int, const WorkerExit& root_cause, const ProgressMark& progress) {
   RoundEnd e;
   e.kind = RoundEnd::Kind::Failure;
   e.root_cause = root_cause;
+  e.progress = progress;
   e.detail = failure_sentence(root_cause, -1);
   return e;
 }

@@ -22,7 +22,7 @@ class LocalRendezvous final : public RendezvousBackend {
                                      const StopSignal& stop) override;
   void watch(int, std::function<void(const RoundEnd&)>) override {}
   void unwatch() override {}
-  RoundEnd report_failure(int round, const WorkerExit& root_cause) override;
+  RoundEnd report_failure(int round, const WorkerExit& root_cause, const ProgressMark& progress) override;
   RoundEnd report_signal(int round, int signo) override;
   RoundEnd report_success(int, const StopSignal&) override { return RoundEnd{}; }
   RoundEnd wait_end(int round, const StopSignal& stop) override;

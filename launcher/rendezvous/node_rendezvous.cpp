@@ -40,8 +40,8 @@ RoundEnd NodeRendezvous::decide(int round, const rdzv::jobs::Outcome& proposal) 
   return parse_round_end(create_or_get(round_keys(round).end(), rdzv::jobs::encode_outcome(proposal)));
 }
 
-RoundEnd NodeRendezvous::report_failure(int round, const WorkerExit& root_cause) {
-  return decide(round, failure_outcome(root_cause, node_rank()));
+RoundEnd NodeRendezvous::report_failure(int round, const WorkerExit& root_cause, const ProgressMark& progress) {
+  return decide(round, failure_outcome(root_cause, node_rank(), progress));
 }
 
 RoundEnd NodeRendezvous::report_signal(int round, int signo) {

@@ -40,7 +40,7 @@ class NodeRendezvous : public RendezvousBackend {
 
   void watch(int round, std::function<void(const RoundEnd&)> on_end) final;
   void unwatch() final { stop_watcher(); }
-  RoundEnd report_failure(int round, const WorkerExit& root_cause) final;
+  RoundEnd report_failure(int round, const WorkerExit& root_cause, const ProgressMark& progress) final;
   RoundEnd report_signal(int round, int signo) final;
   RoundEnd report_success(int round, const StopSignal& stop) final;
   RoundEnd wait_end(int round, const StopSignal& stop) final;

@@ -47,6 +47,19 @@ struct World {
   int restarts = 0;
 };
 
+// What the node that reports a failure says of the job's progress, for the restart policy's
+// no-progress stop (--max_no_progress_restarts): every node reads the same figures with the end.
+struct ProgressMark {
+  // The most training iterations any rank of that node had reported completing in the whole run
+  // (worker::report_iterations) when its attempt ended; 0 when none did in this attempt while
+  // earlier ones had; nullopt when the job has never reported any (nothing is known).
+  std::optional<uint64_t> iterations;
+  // Restarts in a row, counting the one this failure would start, that got no further than the
+  // most iterations reported before them; 0 when this attempt got further (or nothing is known).
+  int no_progress_restarts = 0;
+  bool operator==(const ProgressMark&) const = default;
+};
+
 // How a round ended for the whole job.
 struct RoundEnd {
   // StoreLost: the rendezvous itself is gone (node 0's store, every etcd endpoint).
@@ -57,6 +70,7 @@ struct RoundEnd {
   int root_node = -1;                    // Failure: the failed rank's node; Hang: the node that diagnosed it
   std::string detail;                    // human-readable, one line
   std::string report;                    // Hang: the full report, with every rank's stacks
+  ProgressMark progress;                 // Failure: the job's progress, as its reporting node saw it
   // The job ended while this node waited as a spare (its nodes will not start another round):
   // nothing follows for this node, whatever the kind; it ends with the job.
   bool job_over = false;
@@ -116,7 +130,7 @@ class RendezvousBackend {
   virtual void watch(int round, std::function<void(const RoundEnd&)> on_end) = 0;
   virtual void unwatch() = 0;
   // Proposes how the round ended; returns the end as decided (the first proposal wins).
-  virtual RoundEnd report_failure(int round, const WorkerExit& root_cause) = 0;
+  virtual RoundEnd report_failure(int round, const WorkerExit& root_cause, const ProgressMark& progress) = 0;
   virtual RoundEnd report_signal(int round, int signo) = 0;
   // This node's workers all succeeded: waits until every node's did or the round ended otherwise.
   virtual RoundEnd report_success(int round, const StopSignal& stop) = 0;

@@ -1,6 +1,9 @@
 #include "launcher/rendezvous/round_records.hpp"
 
+#include <algorithm>
+
 #include "common/errors.hpp"
+#include "common/json_fields.hpp"
 #include "common/numbers.hpp"
 #include "common/system.hpp"
 #include "rendezvous/jobs/job_keys.hpp"
@@ -18,13 +21,33 @@ std::string failure_sentence(const WorkerExit& failure, int node) {
   return "rank " + std::to_string(failure.rank) + where + " failed with " + describe_exit(failure);
 }
 
-rdzv::jobs::Outcome failure_outcome(const WorkerExit& failure, int node) {
+rdzv::jobs::Outcome failure_outcome(const WorkerExit& failure, int node, const ProgressMark& progress) {
   rdzv::jobs::Outcome o;
   o.kind = rdzv::jobs::Outcome::Kind::Failure;
   o.node = node;
   o.failure = exit_to_json(failure, node);
+  if (progress.iterations) {
+    o.failure["progress"] = {{"iterations", *progress.iterations},
+                             {"no_progress_restarts", progress.no_progress_restarts}};
+  }
   return o;
 }
+
+namespace {
+
+// The progress a failure's node reported; nothing for a malformed or absent "progress".
+ProgressMark progress_from_json(const json& failure) {
+  ProgressMark m;
+  const auto it = failure.find("progress");
+  if (it == failure.end() || !it->is_object()) return m;
+  const auto n = it->find("iterations");
+  if (n == it->end() || !n->is_number_unsigned()) return m;
+  m.iterations = n->get<uint64_t>();
+  m.no_progress_restarts = static_cast<int>(std::clamp<int64_t>(int_field(*it, "no_progress_restarts", 0), 0, 1 << 20));
+  return m;
+}
+
+}  // namespace
 
 rdzv::jobs::Outcome hang_outcome(const std::string& summary, const std::string& report, int node) {
   rdzv::jobs::Outcome o;
@@ -132,6 +155,7 @@ RoundEnd parse_round_end(const std::string& value) {
       if (!o.failure.empty()) {
         e.root_cause = exit_from_json(o.failure);
         e.detail = failure_sentence(*e.root_cause, e.root_node);
+        e.progress = progress_from_json(o.failure);
       }
       break;
   }

@@ -40,7 +40,8 @@ RoundEnd parse_round_end(const std::string& value);
 
 // The outcomes a node reports for its round, whatever the backend: a worker's failure (the root
 // cause), and a stop signal received on `host` (node -1: a job of one node).
-rdzv::jobs::Outcome failure_outcome(const WorkerExit& failure, int node);
+// `progress` travels with the failure ("progress" in its object) for every node's restart policy.
+rdzv::jobs::Outcome failure_outcome(const WorkerExit& failure, int node, const ProgressMark& progress = {});
 // The one line that says which worker failed and how: "rank 3 failed with exit code 6" on one
 // node, "rank 3 on node 1 (host-b) failed with exit code 6" on several (`node` >= 0).
 std::string failure_sentence(const WorkerExit& failure, int node);

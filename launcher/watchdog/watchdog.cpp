@@ -98,6 +98,15 @@ std::string Watchdog::progress_file(int local_rank) const {
   return "";
 }
 
+std::optional<uint64_t> Watchdog::iterations() const {
+  uint64_t most = 0;
+  for (const auto& r : ranks_) {
+    if (r->page) most = std::max(most, r->page->iterations.load(std::memory_order_relaxed));
+  }
+  if (most == 0) return std::nullopt;
+  return most;
+}
+
 void Watchdog::start(const std::vector<pid_t>& pids, rdzv::server::ServerThread* worker_store,
                      std::unique_ptr<ProgressChannel> channel, std::function<void(const RoundEnd&)> on_hang,
                      std::function<bool()> group_running) {

@@ -136,6 +136,9 @@ class Watchdog {
   // Stops watching and publishes the final step rates. Idempotent.
   void stop();
 
+  // The most training iterations any rank of this node has reported completing in the whole run
+  // (ProgressPage::iterations, read now); nullopt when none has reported any.
+  std::optional<uint64_t> iterations() const;
   // Notes for the failure report, by rank: expired torchelastic timers.
   std::map<int, std::string> timer_notes() const;
   // The end-of-round step rates: the whole job's on one node or on node 0 of several, else this

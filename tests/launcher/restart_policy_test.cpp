@@ -6,7 +6,9 @@
 #include <csignal>
 #include <vector>
 
+#include "launcher/rendezvous/round_records.hpp"
 #include "launcher/workers/worker_exit.hpp"
+#include "rendezvous/jobs/job_keys.hpp"
 
 namespace ddprun::launcher {
 
@@ -135,6 +137,54 @@ TEST(RestartPolicyTest, UnkillableWorkersEndTheNodesPartWhateverTheRestartsLeft)
 
 TEST(RestartPolicyTest, LosingTheStoreEndsTheJobWithOneEvenWithRestartsLeft) {
   EXPECT_EQ(decide(end_of(RoundEnd::Kind::StoreLost), {.max_restarts = 3, .elastic = true}), finish(1));
+}
+
+// --max_no_progress_restarts: the restarts in a row that got no further, as the failure's node
+// counted them (every node reads the same figure with the end).
+TEST(RestartPolicyTest, RestartsThatMakeNoProgressEndTheJobWithItsOwnCode) {
+  const auto stalled = [](int restarts_without_progress) {
+    RoundEnd e = failure(1);
+    e.progress = {.iterations = 5, .no_progress_restarts = restarts_without_progress};
+    return e;
+  };
+  const RestartState s{.restarts = 2, .max_restarts = 8, .max_no_progress_restarts = 3};
+  EXPECT_EQ(decide(stalled(0), s), kRestart);
+  EXPECT_EQ(decide(stalled(2), s), kRestart);
+  EXPECT_EQ(decide(stalled(3), s), finish(agent::kNoProgressExitCode, Decision::Why::NoProgress));
+  EXPECT_EQ(agent::kNoProgressExitCode, 125);
+  // Off with 0; spent restarts and a stop signal say what they always said.
+  EXPECT_EQ(decide(stalled(9), {.restarts = 2, .max_restarts = 8}), kRestart);
+  EXPECT_EQ(decide(stalled(3), {.restarts = 8, .max_restarts = 8, .max_no_progress_restarts = 3}),
+            finish(1, kNoRestartsLeft));
+  EXPECT_EQ(
+      decide(stalled(3), {.restarts = 2, .max_restarts = 8, .stop_signal = SIGTERM, .max_no_progress_restarts = 3}),
+      finish(1, kStopping));
+  // The console's sentence names the restarts and the iterations.
+  EXPECT_EQ(agent::not_restarted_text(stalled(3), Decision::Why::NoProgress, 8),
+            "not restarting: no progress: 3 restart(s) in a row got no further than the iterations reached before "
+            "them (the last reached 5; --max_no_progress_restarts); exit code 125");
+}
+
+// The mark travels in the failure's record; a record whose mark is malformed (another program's
+// garbage in the store) reads as no mark: nothing is known, so nothing is stopped for it.
+TEST(RestartPolicyTest, TheProgressMarkTravelsWithTheFailureAndGarbageReadsAsNone) {
+  using rendezvous::failure_outcome;
+  using rendezvous::parse_round_end;
+  WorkerExit w;
+  w.rank = 1;
+  w.exit_code = 3;
+  const rendezvous::ProgressMark mark{.iterations = 9000000000ULL, .no_progress_restarts = 2};
+  EXPECT_EQ(parse_round_end(rdzv::jobs::encode_outcome(failure_outcome(w, 0, mark))).progress, mark);
+  EXPECT_EQ(parse_round_end(rdzv::jobs::encode_outcome(failure_outcome(w, 0))).progress, rendezvous::ProgressMark{});
+  for (const nlohmann::json& garbage :
+       {nlohmann::json("12"), nlohmann::json({{"iterations", -4}}), nlohmann::json({{"iterations", "many"}}),
+        nlohmann::json({{"iterations", 1.5}}), nlohmann::json::array({1, 2})}) {
+    rdzv::jobs::Outcome o = failure_outcome(w, 0);
+    o.failure["progress"] = garbage;
+    const RoundEnd e = parse_round_end(rdzv::jobs::encode_outcome(o));
+    EXPECT_EQ(e.kind, RoundEnd::Kind::Failure) << garbage;
+    EXPECT_FALSE(e.progress.iterations) << garbage;
+  }
 }
 
 // A spare whose job ended without it: no restart, no next round, whatever it has left; it ends

@@ -51,7 +51,9 @@ TEST_P(RoundProtocolTest, TheFirstEndProposedIsTheOneEveryNodeSees) {
   failed.local_rank = 1;
   failed.host = "host-b";
   failed.exit_code = 7;
-  ASSERT_EQ(b->report_failure(0, failed).kind, RoundEnd::Kind::Failure);
+  // The job's progress as node 1 saw it travels with the failure, for every node's restart policy.
+  const ProgressMark progress{.iterations = 1200, .no_progress_restarts = 2};
+  ASSERT_EQ(b->report_failure(0, failed, progress).kind, RoundEnd::Kind::Failure);
   ASSERT_TRUE(test::wait_until([&] { return seen_by_a.get().has_value(); }, 10s));
   const RoundEnd at_a = *seen_by_a.get();
   EXPECT_EQ(at_a.kind, RoundEnd::Kind::Failure);
@@ -59,6 +61,7 @@ TEST_P(RoundProtocolTest, TheFirstEndProposedIsTheOneEveryNodeSees) {
   EXPECT_EQ(at_a.root_cause->rank, 3);
   EXPECT_EQ(at_a.root_cause->exit_code, 7);
   EXPECT_EQ(at_a.root_node, 1);
+  EXPECT_EQ(at_a.progress, progress);
   // A later proposal (node 0 stopped by a signal) does not change what was decided.
   EXPECT_EQ(a->report_signal(0, SIGTERM).kind, RoundEnd::Kind::Failure);
   EXPECT_EQ(b->wait_end(0, stop_).kind, RoundEnd::Kind::Failure);

@@ -21,6 +21,7 @@
 
 namespace ddprun::launcher::test_round_protocol {
 
+using rendezvous::ProgressMark;
 using rendezvous::RendezvousBackend;
 using rendezvous::RoundEnd;
 using rendezvous::World;

@@ -15,6 +15,8 @@
 //   test_worker ignore-term            ignore SIGTERM from now on
 //   test_worker membership             print "membership_ms=N": ms until the progress page's
 //                                      membership_until_ns ("none" when 0, "no-page" without a page)
+//   test_worker iterations BASE STEP   report BASE + STEP x TORCHELASTIC_RESTART_COUNT iterations
+//                                      completed on the progress page (as a program in any language would)
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/mman.h>
@@ -170,6 +172,18 @@ int main(int argc, char** argv) {
           std::cout << "membership_ms=" << (static_cast<int64_t>(until) - now) / 1'000'000 << std::endl;
         }
       }
+    } else if (cmd == "iterations") {
+      const uint64_t base = std::stoull(arg()), step = std::stoull(arg());
+      const uint64_t n = base + step * std::stoull(env("TORCHELASTIC_RESTART_COUNT", "0"));
+      const char* file = std::getenv("DDPRUN_PROGRESS_FILE");
+      const int fd = file ? ::open(file, O_RDWR | O_CLOEXEC) : -1;
+      void* map = fd >= 0 ? ::mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0) : MAP_FAILED;
+      if (fd >= 0) ::close(fd);
+      if (map == MAP_FAILED) {
+        std::cerr << "iterations: no progress page\n";
+        return 3;
+      }
+      std::memcpy(static_cast<char*>(map) + 80, &n, sizeof n);  // progress_page.hpp's offset
     } else if (cmd == "ignore-term") {
       ::signal(SIGTERM, SIG_IGN);
     } else if (cmd == "ready-file") {

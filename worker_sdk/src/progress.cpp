@@ -69,6 +69,10 @@ void step_completed() {
   }
 }
 
+void report_iterations(uint64_t completed) {
+  if (ProgressPage* p = page()) p->iterations.store(completed, std::memory_order_relaxed);
+}
+
 std::optional<std::chrono::milliseconds> membership_lapsed() {
   ProgressPage* p = page();
   if (!p) return std::nullopt;

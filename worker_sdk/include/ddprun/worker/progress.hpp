@@ -10,6 +10,7 @@
 // ddprun (no DDPRUN_PROGRESS_FILE) they do nothing. Thread-safe.
 
 #include <chrono>
+#include <cstdint>
 #include <optional>
 
 namespace ddprun::worker {
@@ -18,6 +19,11 @@ namespace ddprun::worker {
 void progress();
 // This rank completed a training step (also a beat).
 void step_completed();
+// This rank has completed `completed` training iterations in the whole run, counted across
+// restarts: a program that resumes from a checkpoint goes on from the count it saved. ddprun's
+// restart policy stops a job whose restarts no longer get past the highest count reported
+// (--max_no_progress_restarts); a program that never calls this is never stopped for it.
+void report_iterations(uint64_t completed);
 
 // How long ago this node's place in the job stopped being confirmed: ddprun renews it after each
 // heartbeat the rendezvous takes, in elastic jobs (whose other nodes re-form without a node they

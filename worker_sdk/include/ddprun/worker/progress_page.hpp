@@ -19,6 +19,10 @@
 //                                node's place in the job is confirmed (an elastic job, whose other
 //                                nodes go on without a node they stop hearing from); 0 = nothing
 //                                to confirm. The SDK's checkpoint writer publishes nothing past it.
+//   80      iterations        training iterations the program has completed in the whole run,
+//                             counted across restarts (a program that resumes from a checkpoint
+//                             goes on from the count it saved); 0 = not reported. The restart
+//                             policy's no-progress stop reads the highest (--max_no_progress_restarts).
 //
 // While waiting_since_ns is set the rank's CPU time is not taken for progress: a collective that
 // spins (as NCCL's and the SDK's busy-polling Gloo reducer do) burns CPU without doing work.
@@ -42,9 +46,10 @@ struct ProgressPage {
   std::atomic<uint64_t> first_step_ns;
   std::atomic<uint64_t> first_step_wait_ns;
   std::atomic<uint64_t> membership_until_ns;
+  std::atomic<uint64_t> iterations;
 };
 
 static_assert(std::atomic<uint64_t>::is_always_lock_free, "the progress page needs lock-free 64-bit atomics");
-static_assert(sizeof(ProgressPage) == 80, "the progress page layout is fixed");
+static_assert(sizeof(ProgressPage) == 88, "the progress page layout is fixed (fields are only added)");
 
 }  // namespace ddprun::worker
