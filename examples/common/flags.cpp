@@ -19,6 +19,8 @@ ExampleFlags parse_example_flags(int argc, char** argv, const std::string& name,
         << "  --data-dir D        Fashion-MNIST's .gz files (default " << d.data_dir << ")\n"
         << "  --resume            continue from D/checkpoint.pt (automatic after a ddprun restart)\n"
         << "  --max-steps N       stop each epoch after N steps (default: whole epoch)\n"
+        << "  --crash-at-step N   fault injection: rank 0 exits with status 1 once the run has completed N\n"
+        << "                      steps, counted across restarts (a resumed run goes on from its count)\n"
         << "  --train-limit N     use the first N training samples (default: all)\n"
         << "  --test-limit N      use the first N test samples (default: all)\n"
         << "  --seed N            shuffling and initialisation seed (default " << d.seed << ")\n"
@@ -87,6 +89,7 @@ ExampleFlags parse_example_flags(int argc, char** argv, const std::string& name,
     else if (flag == "--data-dir") f.data_dir = value;
     else if (flag == "--commit-log") f.commit_log = value;
     else if (flag == "--max-steps") f.max_steps = static_cast<int64_t>(number(0));
+    else if (flag == "--crash-at-step") f.crash_at_step = static_cast<int64_t>(number(1));
     else if (flag == "--train-limit") f.train_limit = static_cast<int64_t>(number(0));
     else if (flag == "--test-limit") f.test_limit = static_cast<int64_t>(number(0));
     else if (flag == "--seed") f.seed = static_cast<uint64_t>(number(0));
@@ -107,10 +110,11 @@ ExampleFlags parse_example_flags(int argc, char** argv, const std::string& name,
     } else fail("unknown flag " + flag);
   }
   if (!f.commit_log.empty() && !f.fault_tolerant) fail("--commit-log needs --fault-tolerant");
-  if (f.fault_tolerant &&
-      (!f.comm_hook.empty() || f.zero || f.sync_bn || !f.checkpoint_dir.empty() || f.resume || f.max_steps > 0))
+  if (f.fault_tolerant && (!f.comm_hook.empty() || f.zero || f.sync_bn || !f.checkpoint_dir.empty() || f.resume ||
+                           f.max_steps > 0 || f.crash_at_step > 0))
     fail(
-        "--fault-tolerant takes none of --comm-hook, --zero, --sync-bn, --checkpoint-dir, --resume and --max-steps: "
+        "--fault-tolerant takes none of --comm-hook, --zero, --sync-bn, --checkpoint-dir, --resume, --max-steps and "
+        "--crash-at-step: "
         "its own hook averages over the groups, and a restarted group heals from its peers, not a checkpoint");
   return f;
 }

@@ -15,8 +15,11 @@ struct ExampleFlags {
   double lr = 0.05;
   std::string checkpoint_dir;                                  // "" = no checkpoints
   std::string data_dir = "/usr/share/datasets/fashion-mnist";  // Fashion-MNIST's four .gz files
-  bool resume = false;      // load checkpoint_dir/checkpoint.pt if it exists (also after a restart)
-  int64_t max_steps = 0;    // per epoch, 0 = the whole epoch
+  bool resume = false;    // load checkpoint_dir/checkpoint.pt if it exists (also after a restart)
+  int64_t max_steps = 0;  // per epoch, 0 = the whole epoch
+  // Fault injection: rank 0 exits with status 1 once the run has completed this many steps (counted
+  // across restarts: a run resumed from a checkpoint goes on from its count); 0 = never.
+  int64_t crash_at_step = 0;
   int64_t train_limit = 0;  // use at most this many training samples (0 = all)
   int64_t test_limit = 0;
   uint64_t seed = 0;

@@ -10,6 +10,7 @@
 #include <chrono>
 #include <filesystem>
 #include <cstdio>
+#include <cstdlib>
 #include <stdexcept>
 #include <string>
 
@@ -121,8 +122,8 @@ int train_classifier(const std::string& name, const ExampleFlags& flags, std::sh
     const auto t0 = Clock::now();
     int64_t step = 0;
     const int64_t steps = (n + flags.batch_size - 1) / flags.batch_size;
-    EpochProgress progress(flags.progress && dist.rank() == 0, epoch, flags.epochs,
-                           flags.max_steps > 0 ? std::min(steps, flags.max_steps) : steps);
+    const int64_t epoch_steps = flags.max_steps > 0 ? std::min(steps, flags.max_steps) : steps;
+    EpochProgress progress(flags.progress && dist.rank() == 0, epoch, flags.epochs, epoch_steps);
     for (int64_t at = 0; at < n; at += flags.batch_size, ++step) {
       if (flags.max_steps > 0 && step >= flags.max_steps) break;
       progress.update(step);
@@ -133,6 +134,16 @@ int train_classifier(const std::string& name, const ExampleFlags& flags, std::sh
       const auto loss = classifier_loss(loss_kind, out, y);
       loss.backward();
       zero ? zero->step() : static_cast<void>(opt.step());
+      // Steps completed in the whole run, resumed epochs included: ddprun's restart policy stops a
+      // job whose restarts no longer get further (--max_no_progress_restarts).
+      const int64_t completed = epoch * epoch_steps + step + 1;
+      worker::report_iterations(static_cast<uint64_t>(completed));
+      if (completed == flags.crash_at_step && dist.rank() == 0) {
+        std::fprintf(stderr, "--crash-at-step %lld: rank 0 exits with status 1 (fault injection)\n",
+                     static_cast<long long>(completed));
+        std::fflush(stderr);
+        std::_Exit(1);
+      }
       loss_sum += loss.template item<double>() * static_cast<double>(y.size(0));
       correct += out.argmax(1).eq(y).sum().template item<double>();
       seen += static_cast<double>(y.size(0));

@@ -22,6 +22,7 @@ import hashlib
 import json
 import os
 import struct
+import sys
 import time
 
 import torch
@@ -153,6 +154,23 @@ def train_fault_tolerant(args, train, rank, world):
     return model, {"replica_group": manager.group, "committed_steps": manager.step, "healed": manager.healed}
 
 
+class Iterations:
+    """Tells ddprun how many training iterations the run has completed (the progress page's
+    `iterations`, offset 80, native-endian), for --max_no_progress_restarts; nothing without ddprun."""
+
+    def __init__(self):
+        import mmap
+        self.page = None
+        path = os.environ.get("DDPRUN_PROGRESS_FILE")
+        if path:
+            with open(path, "r+b") as f:
+                self.page = mmap.mmap(f.fileno(), 4096)
+
+    def report(self, completed):
+        if self.page is not None:
+            struct.pack_into("=Q", self.page, 80, completed)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--epochs", type=int, default=2)
@@ -163,7 +181,12 @@ def main():
     ap.add_argument("--fault-tolerant", action="store_true",
                     help="train as one replica group of a fault-tolerant job (ddprun --replica_group)")
     ap.add_argument("--commit-log", help="with --fault-tolerant: append a JSON line per committed step")
+    ap.add_argument("--crash-at-step", type=int, default=0, metavar="N",
+                    help="fault injection: rank 0 exits with status 1 once the run has completed N steps")
     args = ap.parse_args()
+    if args.crash_at_step and args.fault_tolerant:
+        ap.error("--crash-at-step is for a plain DDP run: a --fault-tolerant group's failure is drilled by "
+                 "killing it (docs/fault-tolerance.md)")
     if args.fault_tolerant and "DDPRUN_REPLICA_GROUP" not in os.environ:
         ap.error("--fault-tolerant trains one replica group of a job: start it with ddprun --replica_group ID "
                  "--rdzv_backend c10d --rdzv_endpoint HOST:PORT --rdzv_id JOB (docs/fault-tolerance.md)")
@@ -195,6 +218,7 @@ def main():
         model = DDP(model)
     opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
 
+    iterations, completed = Iterations(), 0
     for epoch in range(args.epochs):
         sampler.set_epoch(epoch)
         model.train()
@@ -204,6 +228,12 @@ def main():
             loss = F.cross_entropy(model(x), y)
             loss.backward()
             opt.step()
+            completed += 1
+            iterations.report(completed)
+            if completed == args.crash_at_step and rank == 0:
+                print(f"--crash-at-step {completed}: rank 0 exits with status 1 (fault injection)", file=sys.stderr,
+                      flush=True)
+                os._exit(1)
             total += loss.item() * len(y)
             seen += len(y)
         stats = torch.tensor([total, seen], dtype=torch.float64)

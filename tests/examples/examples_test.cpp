@@ -210,6 +210,30 @@ TEST(ExampleQatTest, QuantizationAwareTrainingEndsInAnInt8ModelAsAccurateAsItsFa
   EXPECT_EQ(f.out.find("[rank1]:"), std::string::npos) << "rank 1 printed:\n" << f.out;
 }
 
+// --crash-at-step: a drill for ddprun's no-progress stop. The examples report the steps they have
+// completed (worker::report_iterations); every attempt crashes at step 5, so three restarts get no
+// further and ddprun stops the job (exit 125) with restarts left, saying why.
+TEST(ExampleCrashAtStepTest, LeNetThatCrashesAtTheSameStepIsStoppedAfterThreeRestarts) {
+  char tmpl[] = "/tmp/ddprun_examples_XXXXXX";
+  const fs::path dir = ::mkdtemp(tmpl);
+  const std::string report = (dir / "report.json").string();
+  Subprocess p({DDPRUN_BIN, "--nproc_per_node", "2", "--max_restarts", "8", "--report_file", report,
+                std::string(EXAMPLES_DIR) + "/fashion_mnist_lenet", "--train-limit", "1024", "--test-limit", "64",
+                "--epochs", "1", "--crash-at-step", "5", "--no-progress"},
+               {{"OMP_NUM_THREADS", "1"}});
+  const Finished f = p.wait(600s);
+  EXPECT_EQ(f.exit_code, 125) << f.err;
+  EXPECT_NE(f.err.find("--crash-at-step 5: rank 0 exits with status 1"), std::string::npos) << f.err;
+  EXPECT_NE(f.err.find("not restarting: no progress: 3 restart(s) in a row"), std::string::npos) << f.err;
+  std::ifstream in(report);
+  const auto r = nlohmann::json::parse(in, nullptr, false);
+  ASSERT_TRUE(r.is_object()) << f.err;
+  EXPECT_EQ(r["restarts"], 3) << r.dump(2);
+  EXPECT_EQ(r["not_restarted"], "no_progress");
+  EXPECT_EQ(r["root_cause"]["rank"], 0);
+  fs::remove_all(dir);
+}
+
 TEST(ExampleFlagsTest, BadFlagExitsWithUsage) {
   Subprocess p({std::string(EXAMPLES_DIR) + "/mlp", "--epochs", "zero"});
   const Finished f = p.wait(30s);
