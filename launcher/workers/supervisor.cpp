@@ -122,9 +122,20 @@ void Supervisor::on_signal(int signo) {
 void Supervisor::request_stop(const std::string& reason) {
   asio::post(io_, [this, reason] {
     if (state_ != State::Running) return;  // a request for a group that has already ended
-    // A worker of this node died first, of a stop signal: the hold decides (a stop signal of
-    // ddprun's own within it, or this node's failure), as it would without the request.
-    if (!held_.empty()) return;
+    // The round's end was decided elsewhere (another node's failure or signal, a lost node, a
+    // hang), and it names the cause: a failure held here waits for nothing more. A rank that died
+    // of a stop signal was stopped with the job; any other is this node's part of that end.
+    if (!held_.empty()) {
+      hold_timer_.cancel();
+      for (WorkerExit& e : held_) {
+        if (e.signal != 0 && is_stop_signal(e.signal)) {
+          result_.stopped_ranks.push_back(e.rank);
+        } else {
+          result_.failures.push_back(std::move(e));
+        }
+      }
+      held_.clear();
+    }
     log::warn("ddprun") << "stopping the workers: " << reason;
     begin_stop(SIGTERM, GroupOutcome::StoppedByRequest);
   });

@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <csignal>
+#include <mutex>
 #include <fstream>
 #include <future>
 #include <iterator>
@@ -184,6 +185,40 @@ TEST(SupervisorTest, ARequestToStopEndsTheGroupAsStoppedByRequest) {
   EXPECT_EQ(r.outcome, GroupOutcome::StoppedByRequest);
   EXPECT_TRUE(r.failures.empty());
   EXPECT_TRUE(has(r.stopped_ranks, 0));
+  EXPECT_TRUE(has(r.stopped_ranks, 1));
+}
+
+// A round's end decided elsewhere (a lost node, another node's failure) ends a hold at once: the
+// rank that lost its peer there waits for nothing more. (Each lost node cost its survivors the
+// hold's second before they went on to the next round.)
+TEST(SupervisorTest, ARequestToStopEndsAHeldFailureAtOnce) {
+  SupervisorSettings long_hold = settings();
+  long_hold.stop_signal_hold = 300s;
+  Supervisor s(long_hold, nullptr);
+  std::mutex mutex;
+  std::vector<pid_t> pids;
+  auto run = std::async(std::launch::async, [&] {
+    return s.run({shell(0, "echo 'RuntimeError: Connection closed by peer [127.0.0.1]:14559' >&2; exit 1"),
+                  shell(1, "exec sleep 600")},
+                 [&](const auto& started) {
+                   std::lock_guard lock(mutex);
+                   pids = started;
+                 });
+  });
+  // Rank 0 has ended and been reaped: its failure is held (the group still runs).
+  ASSERT_TRUE(test::wait_until(
+      [&] {
+        std::lock_guard lock(mutex);
+        return !pids.empty() && ::kill(pids[0], 0) != 0;
+      },
+      10s));
+  ASSERT_TRUE(s.group_running());
+  s.request_stop("node 1 (host-b) sent no heartbeat for 600ms");
+  ASSERT_EQ(run.wait_for(30s), std::future_status::ready) << "the request waited for the hold";
+  const GroupResult r = run.get();
+  EXPECT_EQ(r.outcome, GroupOutcome::StoppedByRequest);
+  ASSERT_EQ(r.failures.size(), 1u);
+  EXPECT_EQ(r.failures[0].rank, 0);
   EXPECT_TRUE(has(r.stopped_ranks, 1));
 }
 
