@@ -11,6 +11,7 @@
 #include "common/log.hpp"
 #include "common/system.hpp"
 #include "launcher/agent/agent.hpp"
+#include "launcher/agent/node_checks.hpp"
 #include "launcher/workers/console.hpp"
 
 namespace ddprun::launcher::agent {
@@ -231,6 +232,20 @@ RoundEnd Agent::agree_on_end(const World& world, const GroupResult& result) {
   return backend_->wait_end(round, stop_);
 }
 
+std::optional<std::string> Agent::failed_node_check() {
+  NodeCheckSettings s;
+  s.script = options_.node_check;
+  s.timeout = options_.node_check_timeout;
+  s.free_space = options_.check_free_space;
+  s.interfaces = options_.check_interfaces;
+  if (options_.check_gpus) {
+    s.gpus = gpus_ ? *gpus_ : workers::visible_gpu_ids(base_env_, options_.nproc_per_node, "CUDA_VISIBLE_DEVICES");
+  }
+  if (!s.any()) return std::nullopt;
+  health(StatusServer::Phase::Rendezvous, "running the health checks");
+  return run_node_checks(s, stop_);
+}
+
 rendezvous::ProgressMark Agent::progress_mark() const {
   rendezvous::ProgressMark m;
   const std::optional<uint64_t> now = watchdog_ ? watchdog_->iterations() : std::nullopt;
@@ -380,6 +395,14 @@ int Agent::run() {
         view_event("rendezvous", "round " + std::to_string(round) + ": joining");
         backend_->set_restarts(restarts_);
         try {
+          if (const auto failed = failed_node_check()) {
+            log::error("ddprun") << "this node failed its health check before round " << round << ": " << *failed
+                                 << "; it leaves the job (no worker was started)";
+            view_event("exit", "health check failed: " + *failed);
+            backend_->leave_unready(round, *failed);
+            report_.finish(nullptr, 1, "node_check_failed", *failed);
+            return 1;
+          }
           joined = rendezvous(round);
         } catch (const StopRequested& s) {
           return stopped_early(s.signal(), "received " + signal_name(s.signal()) +

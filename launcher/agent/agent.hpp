@@ -150,6 +150,8 @@ class Agent {
   // What this node says of the job's progress as it reports a failure, and what it learns of it
   // from the round's end as decided (--max_no_progress_restarts).
   rendezvous::ProgressMark progress_mark() const;
+  // The health checks before a round (node_checks.hpp): the first failure's reason, if any.
+  std::optional<std::string> failed_node_check();
   void learn_progress(const RoundEnd& end);
   // `why`: what kept a failed or hung round from a restart (Decision::Why::Ended: it was not one).
   int finish(int round, const World& world, const RoundEnd& end, const GroupResult& result, int exit_code,

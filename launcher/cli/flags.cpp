@@ -1,6 +1,7 @@
 #include "launcher/cli/flags.hpp"
 
 #include <algorithm>
+#include <cctype>
 #include <csignal>
 #include <cstring>
 #include <sstream>
@@ -130,6 +131,61 @@ constexpr FlagDef kFlagTable[] = {
         for (const int c : d.no_restart_exit_codes) codes += (codes.empty() ? "" : ",") + std::to_string(c);
         return codes.empty() ? std::string("none") : codes;
       }}},
+    {"--node_check", "", "COMMAND",
+     "a health check (`/bin/sh -c COMMAND`) run before this node joins each round: a node whose check fails "
+     "(exits non-zero, or runs past `--node_check_timeout`) leaves the job with its last line as the reason; an "
+     "elastic job goes on without it, a static one ends with a report that names the node and the check",
+     text<&LaunchOptions::node_check>(false), "none"},
+    {"--node_check_timeout", "", "SECONDS", "how long `--node_check` (and `--check_gpus`' nvidia-smi) may run",
+     seconds<&LaunchOptions::node_check_timeout>(false)},
+    {"--check_free_space",
+     "",
+     "PATH:SIZE,...",
+     "a built-in health check: the file system of each PATH (logs, checkpoints) has SIZE free (`10G`, `500M`, "
+     "`2T`: powers of 1024; a number alone is bytes)",
+     {[](const FlagInput& in, LaunchOptions& o) {
+        o.check_free_space.clear();
+        const char* expected = "PATH:SIZE pairs, comma-separated, e.g. /ckpt:10G";
+        for (const std::string& item : split(in.text, ',')) {
+          const auto colon = item.rfind(':');
+          if (colon == std::string::npos || colon == 0) bad_value(in.flag, expected, in.text);
+          std::string size = trim(item.substr(colon + 1));
+          uint64_t unit = 1;
+          if (!size.empty()) {
+            const std::string units = "KMGT";
+            if (const auto u = units.find(static_cast<char>(std::toupper(static_cast<unsigned char>(size.back()))));
+                u != std::string::npos) {
+              unit = uint64_t{1} << (10 * (u + 1));
+              size.pop_back();
+            }
+          }
+          const auto n = to_double(size);
+          if (!n || *n < 0 || *n * static_cast<double>(unit) > 1e18) bad_value(in.flag, expected, in.text);
+          o.check_free_space.push_back(
+              {trim(item.substr(0, colon)), static_cast<uint64_t>(*n * static_cast<double>(unit))});
+        }
+        if (o.check_free_space.empty()) bad_value(in.flag, expected, in.text);
+      },
+      [](const LaunchOptions&) { return std::string("none"); }}},
+    {"--check_interface",
+     "",
+     "NAME,...",
+     "a built-in health check: each network interface NAME is there and up (`/sys/class/net/NAME`)",
+     {[](const FlagInput& in, LaunchOptions& o) {
+        o.check_interfaces.clear();
+        for (const std::string& name : split(in.text, ',')) {
+          if (name.empty() || name.find('/') != std::string::npos || name == "." || name == "..")
+            bad_value(in.flag, "network interface names, comma-separated, e.g. eth0,ib0", in.text);
+          o.check_interfaces.push_back(name);
+        }
+        if (o.check_interfaces.empty())
+          bad_value(in.flag, "network interface names, comma-separated, e.g. eth0,ib0", in.text);
+      },
+      [](const LaunchOptions&) { return std::string("none"); }}},
+    {"--check_gpus", "", nullptr,
+     "a built-in health check: every GPU this node's workers are to use (`CUDA_VISIBLE_DEVICES`, or the first "
+     "`--nproc_per_node`) answers `nvidia-smi` within `--node_check_timeout`",
+     on<&LaunchOptions::check_gpus>(), "off"},
     {"--max_no_progress_restarts", "", "N",
      "restarts in a row that get no further than the training iterations the program reported before them "
      "(`worker::report_iterations`, the progress page's `iterations`) end the job with exit code 125 and "

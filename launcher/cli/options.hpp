@@ -56,6 +56,13 @@ enum class GpuVendor { None, Nvidia, Amd, Intel };
 // HIP_VISIBLE_DEVICES, ZE_AFFINITY_MASK ("" for None).
 const char* gpu_visibility_variable(GpuVendor vendor);
 
+// --check_free_space: a file system (the one holding `path`) must have `bytes` free.
+struct FreeSpaceCheck {
+  std::string path;
+  uint64_t bytes = 0;
+  bool operator==(const FreeSpaceCheck&) const = default;
+};
+
 struct LaunchOptions {
   std::string nproc_spec = "1";  // as given: a number, auto, cpu or gpu
   int nproc_per_node = 1;        // resolved
@@ -97,6 +104,13 @@ struct LaunchOptions {
   // --no_restart_exit_codes: a failure whose root cause exits with one of these ends the job after
   // its attempt, whatever restarts are left (93 is NVIDIA's ft_launcher's "do not restart").
   std::vector<int> no_restart_exit_codes{93};
+  // Health checks before every round (launcher/agent/node_checks.hpp): --node_check (a shell
+  // command; "" none) within --node_check_timeout, and the built-in ones.
+  std::string node_check;
+  std::chrono::milliseconds node_check_timeout{std::chrono::seconds(60)};
+  std::vector<FreeSpaceCheck> check_free_space;  // --check_free_space PATH:SIZE,...
+  std::vector<std::string> check_interfaces;     // --check_interface NAME,...
+  bool check_gpus = false;                       // --check_gpus: the GPUs the workers use answer nvidia-smi
   // --max_no_progress_restarts: this many restarts in a row that get no further than the most
   // training iterations the program reported before them end the job (exit 125); 0: never.
   int max_no_progress_restarts = 3;

@@ -300,6 +300,23 @@ void NodeRendezvous::leave(int round, std::chrono::milliseconds timeout, const S
   }
 }
 
+void NodeRendezvous::leave_unready(int round, const std::string& why) {
+  stop_watcher();
+  if (!elastic() && settings_.node_rank >= 0) {
+    rdzv::jobs::Outcome unready;
+    unready.kind = rdzv::jobs::Outcome::Kind::NodeLost;
+    unready.node = settings_.node_rank;
+    unready.detail =
+        "node " + std::to_string(settings_.node_rank) + " (" + settings_.host + ") failed its health check: " + why;
+    try {
+      decide(round, unready);
+    } catch (const std::exception& e) {
+      log::warn("ddprun") << "telling the other nodes (" << store_name() << "): " << e.what();
+    }
+  }
+  stop_background();
+}
+
 std::unique_ptr<ProgressChannel> NodeRendezvous::progress_channel(int round) {
   const Place p = place();
   return open_progress_channel(round, p.group_rank, p.group_world_size);

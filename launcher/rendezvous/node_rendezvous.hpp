@@ -46,6 +46,7 @@ class NodeRendezvous : public RendezvousBackend {
   RoundEnd wait_end(int round, const StopSignal& stop) final;
   std::optional<RoundEnd> wait_end_for(int round, std::chrono::milliseconds timeout, const StopSignal& stop) final;
   void leave(int round, std::chrono::milliseconds timeout, const StopSignal& stop) final;
+  void leave_unready(int round, const std::string& why) final;
   int node_rank() const final { return place().group_rank; }
   void set_restarts(int restarts) final { restarts_ = restarts; }
   std::unique_ptr<ProgressChannel> progress_channel(int round) final;

@@ -154,6 +154,38 @@ TEST(OptionsTest, NoRestartExitCodesAreAListOf93ByDefault) {
   }
 }
 
+TEST(OptionsTest, HealthChecksAndTheNoProgressStop) {
+  const cli::LaunchOptions d = parse({"t"});
+  EXPECT_EQ(d.max_no_progress_restarts, 3);
+  EXPECT_EQ(d.node_check, "");
+  EXPECT_EQ(d.node_check_timeout, std::chrono::seconds(60));
+  EXPECT_TRUE(d.check_free_space.empty() && d.check_interfaces.empty() && !d.check_gpus);
+  const cli::LaunchOptions o = parse({"--node_check", "nvidia-smi -q | grep -q 'Pending : No'", "--node_check_timeout",
+                                      "5", "--check_free_space", "/ckpt:10G, /tmp:512m,/x:100", "--check_interface",
+                                      "eth0,ib0", "--check_gpus", "--max_no_progress_restarts", "0", "t"});
+  EXPECT_EQ(o.node_check, "nvidia-smi -q | grep -q 'Pending : No'");
+  EXPECT_EQ(o.node_check_timeout, std::chrono::seconds(5));
+  EXPECT_EQ(o.check_free_space,
+            (std::vector<cli::FreeSpaceCheck>{{"/ckpt", 10ULL << 30}, {"/tmp", 512ULL << 20}, {"/x", 100}}));
+  EXPECT_EQ(o.check_interfaces, (std::vector<std::string>{"eth0", "ib0"}));
+  EXPECT_TRUE(o.check_gpus);
+  EXPECT_EQ(o.max_no_progress_restarts, 0);
+  for (const char* bad : {"/ckpt", "/ckpt:", ":10G", "/ckpt:ten", "/ckpt:-1G", "/ckpt:9999999T"}) {
+    EXPECT_NE(error_of({"--check_free_space", bad, "t"})
+                  .find(std::string("--check_free_space: expected PATH:SIZE pairs, comma-separated, e.g. /ckpt:10G, "
+                                    "got '") +
+                        bad + "'"),
+              std::string::npos)
+        << bad;
+  }
+  for (const char* bad : {"", "eth0,,ib0", "../x"}) {
+    EXPECT_NE(error_of({"--check_interface", bad, "t"}).find("--check_interface: expected network interface names"),
+              std::string::npos)
+        << bad;
+  }
+  EXPECT_NE(error_of({"--max_no_progress_restarts", "-1", "t"}).find("--max_no_progress_restarts"), std::string::npos);
+}
+
 TEST(OptionsTest, TraceFileIsAPath) {
   EXPECT_EQ(parse({"t"}).trace_file, "");
   EXPECT_EQ(parse({"--trace_file", "/tmp/{host}.json", "t"}).trace_file, "/tmp/{host}.json");

@@ -1,0 +1,137 @@
+// Health checks before every round (--node_check, --check_free_space, --check_interface,
+// --check_gpus): a node that fails one leaves the job with the reason; a static job ends with a
+// report that names the node and the check, an elastic one goes on without the node; a check that
+// hangs is killed at its timeout; a full file system fails the free-space check.
+#include <signal.h>
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "launcher/agent/node_checks.hpp"
+#include "tests/support/free_port.hpp"
+#include "tests/support/job_node.hpp"
+#include "tests/support/report.hpp"
+#include "tests/support/small_disk.hpp"
+#include "tests/support/subprocess.hpp"
+#include "tests/support/temp_dir.hpp"
+
+namespace ddprun::test {
+namespace {
+
+using namespace std::chrono_literals;
+namespace fs = std::filesystem;
+namespace agent = launcher::agent;
+
+const std::string kBadDisk = "echo checking /scratch; echo '/scratch is read-only' >&2; exit 3";
+
+std::string message(const nlohmann::json& report) {
+  return report.is_object() && report["message"].is_string() ? report["message"].get<std::string>() : "";
+}
+
+TEST(NodeCheckTest, AFailingCheckOnOneNodeEndsAStaticJobWithAReportThatNamesTheNodeAndTheCheck) {
+  const int port = free_port();
+  Reports reports;
+  auto n0 = JobNode(0).meet(at_master(port)).flags(reports.flags(0)).start({TEST_WORKER_BIN, "sleep", "60"});
+  auto n1 = JobNode(1)
+                .meet(at_master(port))
+                .flags(reports.flags(1, {"--node_check", kBadDisk}))
+                .start({TEST_WORKER_BIN, "sleep", "60"});
+  const Finished f1 = n1->wait(60s), f0 = n0->wait(60s);
+  ASSERT_FALSE(f0.timed_out) << f0.err;
+  EXPECT_EQ(f1.exit_code, 1) << f1.err;
+  EXPECT_EQ(f0.exit_code, 1) << f0.err;
+  const auto r0 = reports.of(0), r1 = reports.of(1);
+  EXPECT_EQ(r1["outcome"], "node_check_failed") << r1.dump(2);
+  EXPECT_NE(message(r1).find("/scratch is read-only"), std::string::npos) << r1.dump(2);
+  EXPECT_EQ(r0["outcome"], "node_lost") << r0.dump(2);
+  EXPECT_NE(message(r0).find("node 1"), std::string::npos) << r0.dump(2);
+  EXPECT_NE(message(r0).find("failed its health check: --node_check"), std::string::npos) << r0.dump(2);
+  EXPECT_NE(message(r0).find("/scratch is read-only"), std::string::npos) << r0.dump(2);
+  EXPECT_TRUE(r0["attempts"].empty() || r0["attempts"].back()["workers"].empty()) << "no worker ran: " << r0.dump(2);
+}
+
+TEST(NodeCheckTest, AnElasticJobGoesOnWithoutTheNodeThatFailsItsCheck) {
+  const int port = free_port();
+  Reports reports;
+  auto node = [&](int n, std::vector<std::string> flags) {
+    return JobNode(n)
+        .nnodes("1:2")
+        .without_rank()
+        .meet(at_store(port, "checked", /*c10d=*/true))
+        .conf("join_timeout=30,last_call_timeout=2")
+        .flags(reports.flags(n, std::move(flags)))
+        .start({TEST_WORKER_BIN, "sleep", "1"});
+  };
+  auto n0 = node(0, {});
+  ASSERT_TRUE(n0->wait_for([&] { return port_taken(port); }, 10s)) << n0->err();
+  auto n1 = node(1, {"--node_check", kBadDisk});
+  const Finished f1 = n1->wait(60s), f0 = n0->wait(60s);
+  EXPECT_EQ(f1.exit_code, 1) << f1.err;
+  EXPECT_EQ(f0.exit_code, 0) << f0.err;
+  const auto r0 = reports.of(0);
+  ASSERT_TRUE(r0.is_object()) << f0.err;
+  EXPECT_EQ(r0["outcome"], "succeeded");
+  EXPECT_EQ(r0["attempts"].back()["nnodes"], 1) << r0.dump(2);
+}
+
+TEST(NodeCheckTest, ACheckThatHangsIsKilledAtItsTimeoutAndLeavesNothingBehind) {
+  const std::string marker = "ddprun-check-marker-" + std::to_string(::getpid());
+  Reports reports;
+  Subprocess p({ddprun_bin(), "--nproc_per_node", "1", "--node_check", "sleep 600 & sleep 600; : " + marker,
+                "--node_check_timeout", "1", "--report_file", reports.path(0).string(), TEST_WORKER_BIN, "sleep", "0"});
+  const Finished f = p.wait(60s);
+  ASSERT_FALSE(f.timed_out) << f.err;
+  EXPECT_EQ(f.exit_code, 1) << f.err;
+  EXPECT_NE(message(reports.of(0)).find("did not finish within 1s (--node_check_timeout)"), std::string::npos)
+      << reports.of(0).dump(2);
+  // The check's process group (the shell and the sleep it left in the background) is gone.
+  for (const auto& e : fs::directory_iterator("/proc")) {
+    std::ifstream in(e.path() / "cmdline");
+    std::string cmdline((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    EXPECT_EQ(cmdline.find(marker), std::string::npos) << e.path() << " still runs";
+  }
+}
+
+TEST(NodeCheckTest, AFullFileSystemFailsTheFreeSpaceCheck) {
+  SmallDisk disk("1m");
+  if (!disk.mounted) GTEST_SKIP() << "cannot mount a tmpfs here (" << disk.error << ")";
+  agent::NodeCheckSettings empty_disk;
+  empty_disk.free_space = {{disk.dir.str(), 512 * 1024}};
+  const StopSignal stop;
+  EXPECT_FALSE(agent::run_node_checks(empty_disk, stop)) << "1 MiB free, 512 KiB needed";
+  disk.fill();
+  const auto why = agent::run_node_checks(empty_disk, stop);
+  ASSERT_TRUE(why);
+  EXPECT_EQ(*why, "--check_free_space: " + disk.dir.str() + " has 0 B free, 512 KiB needed");
+  // The same through ddprun: it leaves before any worker starts.
+  Subprocess p({ddprun_bin(), "--nproc_per_node", "1", "--check_free_space", disk.dir.str() + ":512K", TEST_WORKER_BIN,
+                "print", "1"});
+  const Finished f = p.wait(60s);
+  EXPECT_EQ(f.exit_code, 1) << f.err;
+  EXPECT_EQ(f.out.find("line"), std::string::npos) << "a worker ran: " << f.out;
+  EXPECT_NE(f.err.find("--check_free_space: " + disk.dir.str()), std::string::npos) << f.err;
+}
+
+TEST(NodeCheckTest, AnInterfaceMustBeThereAndUp) {
+  TempDir net;
+  const auto iface = [&](const std::string& name, const std::string& state, const std::string& flags) {
+    fs::create_directories(net.path / name);
+    std::ofstream(net.path / name / "operstate") << state << "\n";
+    std::ofstream(net.path / name / "flags") << flags << "\n";
+  };
+  iface("eth0", "up", "0x1003");
+  iface("lo", "unknown", "0x9");
+  iface("ib0", "down", "0x1002");
+  iface("tun0", "unknown", "0x1090");
+  EXPECT_FALSE(agent::check_interface("eth0", net.str()));
+  EXPECT_FALSE(agent::check_interface("lo", net.str()));
+  EXPECT_EQ(agent::check_interface("ib0", net.str()), "--check_interface: network interface ib0 is down");
+  EXPECT_EQ(agent::check_interface("tun0", net.str()), "--check_interface: network interface tun0 is unknown");
+  EXPECT_EQ(agent::check_interface("eth9", net.str()), "--check_interface: this host has no network interface eth9");
+  EXPECT_FALSE(agent::check_interface("lo")) << "this host's loopback is up";
+}
+
+}  // namespace
+}  // namespace ddprun::test
