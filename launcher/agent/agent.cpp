@@ -232,7 +232,14 @@ RoundEnd Agent::agree_on_end(const World& world, const GroupResult& result) {
   return backend_->wait_end(round, stop_);
 }
 
-std::optional<std::string> Agent::failed_node_check() {
+std::optional<Agent::Unready> Agent::unready_for_round() {
+  std::ifstream asked(exclusion_file());
+  if (asked) {
+    std::string reason;
+    std::getline(asked, reason);
+    if (reason.size() > 300) reason = reason.substr(0, 300) + "...";
+    return Unready{"node_excluded", "was asked by a worker to leave the job" + (reason.empty() ? "" : ": " + reason)};
+  }
   NodeCheckSettings s;
   s.script = options_.node_check;
   s.timeout = options_.node_check_timeout;
@@ -243,7 +250,9 @@ std::optional<std::string> Agent::failed_node_check() {
   }
   if (!s.any()) return std::nullopt;
   health(StatusServer::Phase::Rendezvous, "running the health checks");
-  return run_node_checks(s, stop_);
+  if (auto failed = run_node_checks(s, stop_))
+    return Unready{"node_check_failed", "failed its health check: " + *failed};
+  return std::nullopt;
 }
 
 rendezvous::ProgressMark Agent::progress_mark() const {
@@ -395,12 +404,12 @@ int Agent::run() {
         view_event("rendezvous", "round " + std::to_string(round) + ": joining");
         backend_->set_restarts(restarts_);
         try {
-          if (const auto failed = failed_node_check()) {
-            log::error("ddprun") << "this node failed its health check before round " << round << ": " << *failed
-                                 << "; it leaves the job (no worker was started)";
-            view_event("exit", "health check failed: " + *failed);
-            backend_->leave_unready(round, *failed);
-            report_.finish(nullptr, 1, "node_check_failed", *failed);
+          if (const auto unready = unready_for_round()) {
+            log::error("ddprun") << "before round " << round << ", this node " << unready->why
+                                 << ": it leaves the job before starting its workers";
+            view_event("exit", unready->why);
+            backend_->leave_unready(round, unready->why);
+            report_.finish(nullptr, 1, unready->outcome, unready->why);
             return 1;
           }
           joined = rendezvous(round);

@@ -150,8 +150,14 @@ class Agent {
   // What this node says of the job's progress as it reports a failure, and what it learns of it
   // from the round's end as decided (--max_no_progress_restarts).
   rendezvous::ProgressMark progress_mark() const;
-  // The health checks before a round (node_checks.hpp): the first failure's reason, if any.
-  std::optional<std::string> failed_node_check();
+  // Before a round: a worker's request that this node leave the job (the file it wrote at
+  // DDPRUN_EXCLUDE_NODE_FILE), then the health checks (node_checks.hpp): the first reason found.
+  struct Unready {
+    std::string outcome;  // the report's: "node_excluded", "node_check_failed"
+    std::string why;
+  };
+  std::optional<Unready> unready_for_round();
+  std::filesystem::path exclusion_file() const { return run_dir_.path / "exclude_node"; }
   void learn_progress(const RoundEnd& end);
   // `why`: what kept a failed or hung round from a restart (Decision::Why::Ended: it was not one).
   int finish(int round, const World& world, const RoundEnd& end, const GroupResult& result, int exit_code,

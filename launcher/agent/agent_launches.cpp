@@ -146,6 +146,7 @@ std::vector<WorkerLaunch> Agent::make_launches(const World& world, const fs::pat
     Environment env = worker_environment(base_env_, where, ctx, l.error_file);
     // The watchdog's side of the contract (see watchdog.hpp and stacks.hpp).
     if (std::string page = watchdog.progress_file(lr); !page.empty()) env[names::kProgressFile] = std::move(page);
+    env[names::kExcludeNodeFile] = exclusion_file().string();
     if (capture_stacks_) {
       env[names::kStackDir] = rank_dir.string();
       env[names::kStackSignal] = std::to_string(stack_signal());

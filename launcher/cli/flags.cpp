@@ -142,10 +142,11 @@ constexpr FlagDef kFlagTable[] = {
      "",
      "PATH:SIZE,...",
      "a built-in health check: the file system of each PATH (logs, checkpoints) has SIZE free (`10G`, `500M`, "
-     "`2T`: powers of 1024; a number alone is bytes)",
+     "`2T`: powers of 1024; a number alone is bytes); `none` for none",
      {[](const FlagInput& in, LaunchOptions& o) {
         o.check_free_space.clear();
-        const char* expected = "PATH:SIZE pairs, comma-separated, e.g. /ckpt:10G";
+        if (trim(in.text) == "none") return;
+        const char* expected = "PATH:SIZE pairs, comma-separated, e.g. /ckpt:10G, or none";
         for (const std::string& item : split(in.text, ',')) {
           const auto colon = item.rfind(':');
           if (colon == std::string::npos || colon == 0) bad_value(in.flag, expected, in.text);
@@ -170,9 +171,11 @@ constexpr FlagDef kFlagTable[] = {
     {"--check_interface",
      "",
      "NAME,...",
-     "a built-in health check: each network interface NAME is there and up (`/sys/class/net/NAME`)",
+     "a built-in health check: each network interface NAME is there and up (`/sys/class/net/NAME`); `none` for "
+     "none",
      {[](const FlagInput& in, LaunchOptions& o) {
         o.check_interfaces.clear();
+        if (trim(in.text) == "none") return;
         for (const std::string& name : split(in.text, ',')) {
           if (name.empty() || name.find('/') != std::string::npos || name == "." || name == "..")
             bad_value(in.flag, "network interface names, comma-separated, e.g. eth0,ib0", in.text);

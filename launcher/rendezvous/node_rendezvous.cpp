@@ -306,8 +306,7 @@ void NodeRendezvous::leave_unready(int round, const std::string& why) {
     rdzv::jobs::Outcome unready;
     unready.kind = rdzv::jobs::Outcome::Kind::NodeLost;
     unready.node = settings_.node_rank;
-    unready.detail =
-        "node " + std::to_string(settings_.node_rank) + " (" + settings_.host + ") failed its health check: " + why;
+    unready.detail = "node " + std::to_string(settings_.node_rank) + " (" + settings_.host + ") " + why;
     try {
       decide(round, unready);
     } catch (const std::exception& e) {

@@ -145,7 +145,8 @@ class RendezvousBackend {
   // The job is over for this node: record the outcome and leave; the node that hosts a store the
   // others still need waits (up to `timeout`) for them to leave too.
   virtual void leave(int round, std::chrono::milliseconds timeout, const StopSignal& stop) = 0;
-  // This node failed a health check before joining `round` (`why` names the check) and leaves the
+  // This node failed a health check before joining `round`, or a worker asked it to leave (`why`:
+  // "failed its health check: ...", "was asked by a worker to leave the job: ..."), and it leaves the
   // job without a place in it: a static job cannot go on without it and ends (the others' report
   // names this node and `why`); an elastic one goes on without it.
   virtual void leave_unready(int round, const std::string& why) { (void)round, (void)why; }

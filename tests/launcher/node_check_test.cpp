@@ -76,6 +76,45 @@ TEST(NodeCheckTest, AnElasticJobGoesOnWithoutTheNodeThatFailsItsCheck) {
   EXPECT_EQ(r0["attempts"].back()["nnodes"], 1) << r0.dump(2);
 }
 
+// A worker that finds a fault in its host asks that its node leave the job, and fails: the node
+// leaves before the next round; a static job ends with the reason, an elastic one goes on.
+TEST(NodeCheckTest, AWorkerCanAskForItsNodeToLeaveTheJob) {
+  for (const bool elastic : {false, true}) {
+    const int port = free_port();
+    Reports reports;
+    auto node = [&](int n, std::vector<std::string> worker) {
+      worker.insert(worker.begin(), TEST_WORKER_BIN);
+      JobNode j(n);
+      if (elastic) {
+        j.nnodes("1:2")
+            .without_rank()
+            .meet(at_store(port, "excluded", /*c10d=*/true))
+            .conf("join_timeout=30,last_call_timeout=2");
+      } else {
+        j.meet(at_master(port));
+      }
+      return j.flags(reports.flags(n, {"--max_restarts", "1"})).start(worker);
+    };
+    auto n0 = node(0, {"sleep", "2"});
+    if (elastic) ASSERT_TRUE(n0->wait_for([&] { return port_taken(port); }, 10s)) << n0->err();
+    auto n1 = node(1, {"exclude-node", "ECC errors on GPU 0", "exit-if-rank", "1", "1"});
+    const Finished f1 = n1->wait(60s), f0 = n0->wait(60s);
+    EXPECT_EQ(f1.exit_code, 1) << f1.err;
+    const auto r0 = reports.of(0), r1 = reports.of(1);
+    EXPECT_EQ(r1["outcome"], "node_excluded") << r1.dump(2);
+    EXPECT_EQ(message(r1), "was asked by a worker to leave the job: ECC errors on GPU 0") << r1.dump(2);
+    if (elastic) {
+      EXPECT_EQ(f0.exit_code, 0) << f0.err;
+      EXPECT_EQ(r0["attempts"].back()["nnodes"], 1) << r0.dump(2);
+    } else {
+      EXPECT_EQ(f0.exit_code, 1) << f0.err;
+      EXPECT_EQ(message(r0), "node 1 (" + r1["host"].get<std::string>() +
+                                 ") was asked by a worker to leave the job: ECC errors on GPU 0")
+          << r0.dump(2);
+    }
+  }
+}
+
 TEST(NodeCheckTest, ACheckThatHangsIsKilledAtItsTimeoutAndLeavesNothingBehind) {
   const std::string marker = "ddprun-check-marker-" + std::to_string(::getpid());
   Reports reports;

@@ -170,10 +170,11 @@ TEST(OptionsTest, HealthChecksAndTheNoProgressStop) {
   EXPECT_EQ(o.check_interfaces, (std::vector<std::string>{"eth0", "ib0"}));
   EXPECT_TRUE(o.check_gpus);
   EXPECT_EQ(o.max_no_progress_restarts, 0);
+  EXPECT_TRUE(parse({"--check_free_space", "none", "--check_interface", "none", "t"}).check_free_space.empty());
   for (const char* bad : {"/ckpt", "/ckpt:", ":10G", "/ckpt:ten", "/ckpt:-1G", "/ckpt:9999999T"}) {
     EXPECT_NE(error_of({"--check_free_space", bad, "t"})
                   .find(std::string("--check_free_space: expected PATH:SIZE pairs, comma-separated, e.g. /ckpt:10G, "
-                                    "got '") +
+                                    "or none, got '") +
                         bad + "'"),
               std::string::npos)
         << bad;

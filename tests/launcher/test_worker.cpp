@@ -15,6 +15,7 @@
 //   test_worker ignore-term            ignore SIGTERM from now on
 //   test_worker membership             print "membership_ms=N": ms until the progress page's
 //                                      membership_until_ns ("none" when 0, "no-page" without a page)
+//   test_worker exclude-node REASON    ask that this node leave the job (DDPRUN_EXCLUDE_NODE_FILE)
 //   test_worker iterations BASE STEP   report BASE + STEP x TORCHELASTIC_RESTART_COUNT iterations
 //                                      completed on the progress page (as a program in any language would)
 #include <fcntl.h>
@@ -172,6 +173,9 @@ int main(int argc, char** argv) {
           std::cout << "membership_ms=" << (static_cast<int64_t>(until) - now) / 1'000'000 << std::endl;
         }
       }
+    } else if (cmd == "exclude-node") {
+      const std::string reason = arg();
+      std::ofstream(env("DDPRUN_EXCLUDE_NODE_FILE")) << reason << "\n";
     } else if (cmd == "iterations") {
       const uint64_t base = std::stoull(arg()), step = std::stoull(arg());
       const uint64_t n = base + step * std::stoull(env("TORCHELASTIC_RESTART_COUNT", "0"));

@@ -73,6 +73,15 @@ void report_iterations(uint64_t completed) {
   if (ProgressPage* p = page()) p->iterations.store(completed, std::memory_order_relaxed);
 }
 
+bool exclude_this_node(const std::string& reason) {
+  const char* path = std::getenv(env_names::kExcludeNodeFile);
+  if (!path || !*path) return false;
+  std::string line = reason.substr(0, reason.find('\n'));
+  line += '\n';
+  const UniqueFd fd(::open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600));
+  return fd && ::write(fd.get(), line.data(), line.size()) == static_cast<ssize_t>(line.size());
+}
+
 std::optional<std::chrono::milliseconds> membership_lapsed() {
   ProgressPage* p = page();
   if (!p) return std::nullopt;

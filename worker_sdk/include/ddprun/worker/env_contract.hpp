@@ -30,5 +30,7 @@ inline constexpr const char kTimerFile[] = "TORCHELASTIC_TIMER_FILE";
 inline constexpr const char kProgressFile[] = "DDPRUN_PROGRESS_FILE";  // the rank's progress page
 inline constexpr const char kStackDir[] = "DDPRUN_STACK_DIR";          // where the rank writes its stacks
 inline constexpr const char kStackSignal[] = "DDPRUN_STACK_SIGNAL";    // the signal that asks for them
+// A file a worker writes (a line: why) to ask that its node leave the job before the next round.
+inline constexpr const char kExcludeNodeFile[] = "DDPRUN_EXCLUDE_NODE_FILE";
 
 }  // namespace ddprun::worker::env_names

@@ -12,6 +12,7 @@
 #include <chrono>
 #include <cstdint>
 #include <optional>
+#include <string>
 
 namespace ddprun::worker {
 
@@ -24,6 +25,13 @@ void step_completed();
 // restart policy stops a job whose restarts no longer get past the highest count reported
 // (--max_no_progress_restarts); a program that never calls this is never stopped for it.
 void report_iterations(uint64_t completed);
+// Asks ddprun to take this node out of the job before the next round (a fault this rank found in
+// its host: ECC errors, a GPU that fell off the bus, a disk going bad); `reason` is one line, for
+// the report. Nothing happens until the round ends (exit non-zero to end it now): then this node
+// leaves, an elastic job goes on without it, a static one ends with a report that names the node
+// and the reason. False without ddprun (no DDPRUN_EXCLUDE_NODE_FILE) or when the file cannot be
+// written.
+bool exclude_this_node(const std::string& reason);
 
 // How long ago this node's place in the job stopped being confirmed: ddprun renews it after each
 // heartbeat the rendezvous takes, in elastic jobs (whose other nodes re-form without a node they
