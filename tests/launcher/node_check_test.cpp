@@ -96,7 +96,9 @@ TEST(NodeCheckTest, AWorkerCanAskForItsNodeToLeaveTheJob) {
       return j.flags(reports.flags(n, {"--max_restarts", "1"})).start(worker);
     };
     auto n0 = node(0, {"sleep", "2"});
-    if (elastic) ASSERT_TRUE(n0->wait_for([&] { return port_taken(port); }, 10s)) << n0->err();
+    if (elastic) {
+      ASSERT_TRUE(n0->wait_for([&] { return port_taken(port); }, 10s)) << n0->err();
+    }
     auto n1 = node(1, {"exclude-node", "ECC errors on GPU 0", "exit-if-rank", "1", "1"});
     const Finished f1 = n1->wait(60s), f0 = n0->wait(60s);
     EXPECT_EQ(f1.exit_code, 1) << f1.err;
