@@ -32,12 +32,13 @@ class Meeting {
   // job (a lost node ends it; a third agent is refused), so there the job is elastic, 1:2, with a
   // last call long enough for the two nodes to start together.
   std::string nnodes() const { return backend_ == Backend::Store ? "2:2" : "1:2"; }
-  // Quick liveness, so that a lost node is noticed in a second or two.
+  // Quick liveness, so that a lost node is noticed in a few seconds (and a busy machine's hiccup is
+  // not taken for one: the tests count the rounds).
   std::string conf() const {
     return "join_timeout=60," +
            std::string(backend_ == Backend::Store
-                           ? "last_call_timeout=0.5,keep_alive_interval=0.2,keep_alive_max_attempt=5"
-                           : "last_call_timeout=5,lease_ttl=2");
+                           ? "last_call_timeout=0.5,keep_alive_interval=0.5,keep_alive_max_attempt=6"
+                           : "last_call_timeout=5,lease_ttl=4");
   }
   // The first node is up (on the store backend: it bound the endpoint, so it is group rank 0).
   bool first_node_up(Subprocess& n) {
