@@ -11,7 +11,6 @@
 #include "common/log.hpp"
 #include "common/system.hpp"
 #include "launcher/agent/agent.hpp"
-#include "launcher/agent/node_checks.hpp"
 #include "launcher/workers/console.hpp"
 
 namespace ddprun::launcher::agent {
@@ -31,10 +30,6 @@ using workers::GroupOutcome;
 using workers::GroupResult;
 using workers::WorkerExit;
 using workers::WorkerLaunch;
-
-bool Agent::lost_here(const RoundEnd& end, const World& world) const {
-  return multi_node_ && end.kind == RoundEnd::Kind::NodeLost && end.root_node == world.group_rank;
-}
 
 void Agent::start_watch(int round) {
   // Another node's failure (or signal, or a membership change) stops this node's workers at once.
@@ -232,44 +227,6 @@ RoundEnd Agent::agree_on_end(const World& world, const GroupResult& result) {
   return backend_->wait_end(round, stop_);
 }
 
-std::optional<Agent::Unready> Agent::unready_for_round() {
-  std::ifstream asked(exclusion_file());
-  if (asked) {
-    std::string reason;
-    std::getline(asked, reason);
-    if (reason.size() > 300) reason = reason.substr(0, 300) + "...";
-    return Unready{"node_excluded", "was asked by a worker to leave the job" + (reason.empty() ? "" : ": " + reason)};
-  }
-  NodeCheckSettings s;
-  s.script = options_.node_check;
-  s.timeout = options_.node_check_timeout;
-  s.free_space = options_.check_free_space;
-  s.interfaces = options_.check_interfaces;
-  if (options_.check_gpus) {
-    s.gpus = gpus_ ? *gpus_ : workers::visible_gpu_ids(base_env_, options_.nproc_per_node, "CUDA_VISIBLE_DEVICES");
-  }
-  if (!s.any()) return std::nullopt;
-  health(StatusServer::Phase::Rendezvous, "running the health checks");
-  if (auto failed = run_node_checks(s, stop_))
-    return Unready{"node_check_failed", "failed its health check: " + *failed};
-  return std::nullopt;
-}
-
-rendezvous::ProgressMark Agent::progress_mark() const {
-  rendezvous::ProgressMark m;
-  const std::optional<uint64_t> now = watchdog_ ? watchdog_->iterations() : std::nullopt;
-  if (!now && !best_iterations_) return m;  // the program reports no iterations: nothing is known
-  m.iterations = now.value_or(0);
-  if (best_iterations_ && *m.iterations <= *best_iterations_) m.no_progress_restarts = no_progress_restarts_ + 1;
-  return m;
-}
-
-void Agent::learn_progress(const RoundEnd& end) {
-  if (end.kind != RoundEnd::Kind::Failure || !end.progress.iterations) return;
-  best_iterations_ = std::max(best_iterations_.value_or(0), *end.progress.iterations);
-  no_progress_restarts_ = end.progress.no_progress_restarts;
-}
-
 int Agent::finish(int round, const World& world, const RoundEnd& end, const GroupResult& result, int exit_code,
                   Decision::Why why) {
   report_.finish(&end, exit_code);
@@ -336,31 +293,6 @@ int Agent::finish(int round, const World& world, const RoundEnd& end, const Grou
   backend_->leave(round, end.kind == RoundEnd::Kind::NodeLost ? std::chrono::seconds(5) : std::chrono::seconds(30),
                   stop_);
   return exit_code;
-}
-
-void Agent::announce_next_round(Decision::Kind kind, const RoundEnd& end, const World& world) {
-  if (kind == Decision::Kind::Restart) {
-    ++restarts_;
-    view_event("restart", end.detail + " (restart " + std::to_string(restarts_) + " of " +
-                              std::to_string(options_.max_restarts) + ")");
-    log::warn("ddprun") << end.detail << "; restarting the worker group"
-                        << (multi_node_ ? "s of all " + std::to_string(world.group_world_size) + " nodes" : "")
-                        << " (restart " << restarts_ << " of " << options_.max_restarts << ")";
-  } else if (lost_here(end, world)) {
-    // Cut off or frozen for longer than the keep-alive window, and back: the others went on to a
-    // new round, and this node joins it rather than leave the job.
-    log::warn("ddprun") << "the other nodes counted this node as lost (" << end.detail
-                        << "); it is back, and joins the job's next round (not counted as a restart)";
-  } else {
-    log::warn("ddprun") << end.detail << "; re-rendezvous"
-                        << (end.kind == RoundEnd::Kind::NodeLost ? " without it" : " to admit it")
-                        << " (not counted as a restart)";
-  }
-}
-
-std::optional<ft::Finished> Agent::job_finished_elsewhere(const RoundEnd& end) const {
-  if (!coordinator_ || end.kind != RoundEnd::Kind::Failure) return std::nullopt;
-  return coordinator_->over();
 }
 
 int Agent::run() {

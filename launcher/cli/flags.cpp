@@ -114,23 +114,7 @@ constexpr FlagDef kFlagTable[] = {
      "CODES",
      "worker exit codes that mean \"do not restart\": a failure whose root cause exits with one ends the job with "
      "that code, whatever `--max_restarts` leaves (`93` is NVIDIA's ft_launcher's); comma-separated, `none` for none",
-     {[](const FlagInput& in, LaunchOptions& o) {
-        o.no_restart_exit_codes.clear();
-        if (trim(in.text) == "none") return;
-        const auto codes = split(in.text, ',');
-        const char* expected = "exit codes from 1 to 255, comma-separated, or none";
-        if (codes.empty()) bad_value(in.flag, expected, in.text);
-        for (const std::string& code : codes) {
-          const auto c = to_int(code);
-          if (!c || *c < 1 || *c > 255) bad_value(in.flag, expected, in.text);
-          o.no_restart_exit_codes.push_back(static_cast<int>(*c));
-        }
-      },
-      [](const LaunchOptions& d) {
-        std::string codes;
-        for (const int c : d.no_restart_exit_codes) codes += (codes.empty() ? "" : ",") + std::to_string(c);
-        return codes.empty() ? std::string("none") : codes;
-      }}},
+     {set_no_restart_exit_codes, show_no_restart_exit_codes}},
     {"--node_check", "", "COMMAND",
      "a health check (`/bin/sh -c COMMAND`) run before this node joins each round: a node whose check fails "
      "(exits non-zero, or runs past `--node_check_timeout`) leaves the job with its last line as the reason; an "
@@ -143,48 +127,13 @@ constexpr FlagDef kFlagTable[] = {
      "PATH:SIZE,...",
      "a built-in health check: the file system of each PATH (logs, checkpoints) has SIZE free (`10G`, `500M`, "
      "`2T`: powers of 1024; a number alone is bytes); `none` for none",
-     {[](const FlagInput& in, LaunchOptions& o) {
-        o.check_free_space.clear();
-        if (trim(in.text) == "none") return;
-        const char* expected = "PATH:SIZE pairs, comma-separated, e.g. /ckpt:10G, or none";
-        for (const std::string& item : split(in.text, ',')) {
-          const auto colon = item.rfind(':');
-          if (colon == std::string::npos || colon == 0) bad_value(in.flag, expected, in.text);
-          std::string size = trim(item.substr(colon + 1));
-          uint64_t unit = 1;
-          if (!size.empty()) {
-            const std::string units = "KMGT";
-            if (const auto u = units.find(static_cast<char>(std::toupper(static_cast<unsigned char>(size.back()))));
-                u != std::string::npos) {
-              unit = uint64_t{1} << (10 * (u + 1));
-              size.pop_back();
-            }
-          }
-          const auto n = to_double(size);
-          if (!n || *n < 0 || *n * static_cast<double>(unit) > 1e18) bad_value(in.flag, expected, in.text);
-          o.check_free_space.push_back(
-              {trim(item.substr(0, colon)), static_cast<uint64_t>(*n * static_cast<double>(unit))});
-        }
-        if (o.check_free_space.empty()) bad_value(in.flag, expected, in.text);
-      },
-      [](const LaunchOptions&) { return std::string("none"); }}},
+     {set_free_space_checks, show_none}},
     {"--check_interface",
      "",
      "NAME,...",
      "a built-in health check: each network interface NAME is there and up (`/sys/class/net/NAME`); `none` for "
      "none",
-     {[](const FlagInput& in, LaunchOptions& o) {
-        o.check_interfaces.clear();
-        if (trim(in.text) == "none") return;
-        for (const std::string& name : split(in.text, ',')) {
-          if (name.empty() || name.find('/') != std::string::npos || name == "." || name == "..")
-            bad_value(in.flag, "network interface names, comma-separated, e.g. eth0,ib0", in.text);
-          o.check_interfaces.push_back(name);
-        }
-        if (o.check_interfaces.empty())
-          bad_value(in.flag, "network interface names, comma-separated, e.g. eth0,ib0", in.text);
-      },
-      [](const LaunchOptions&) { return std::string("none"); }}},
+     {set_interface_checks, show_none}},
     {"--check_gpus", "", nullptr,
      "a built-in health check: every GPU this node's workers are to use (`CUDA_VISIBLE_DEVICES`, or the first "
      "`--nproc_per_node`) answers `nvidia-smi` within `--node_check_timeout`",

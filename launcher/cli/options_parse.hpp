@@ -92,4 +92,12 @@ void apply_rdzv_backend(const FlagInput& in, LaunchOptions& o);
 void apply_rdzv_endpoint(const FlagInput& in, LaunchOptions& o);
 void apply_rdzv_conf(const FlagInput& in, LaunchOptions& o);
 
+// The list-valued flags of the restart policy and the health checks (flag_values.cpp): each takes
+// `none` for an empty list.
+void set_no_restart_exit_codes(const FlagInput& in, LaunchOptions& o);
+std::string show_no_restart_exit_codes(const LaunchOptions& d);
+void set_free_space_checks(const FlagInput& in, LaunchOptions& o);  // --check_free_space PATH:SIZE,...
+void set_interface_checks(const FlagInput& in, LaunchOptions& o);   // --check_interface NAME,...
+inline std::string show_none(const LaunchOptions&) { return "none"; }
+
 }  // namespace ddprun::launcher::cli::options_detail
