@@ -320,6 +320,7 @@ int Agent::run() {
         return;
       }
       health(StatusServer::Phase::Spare, detail + "; waiting to take the place of a node that is lost", spare_round);
+      if (health_) health_->view().set_identity(options_.run_id, host_, -1, options_.max_nodes);  // no place
       view_event("spare", "round " + std::to_string(spare_round) + ": waiting as a spare (" + detail + ")");
     });
     round = backend_->first_round(stop_);

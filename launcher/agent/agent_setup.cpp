@@ -99,7 +99,9 @@ Agent::Agent(const LaunchOptions& o, JobReport& report)
       throw ConfigError(given + ": cannot serve the job's HTTP endpoint: " + e.what() +
                         " (choose a free port, or 0 for any)");
     }
-    health_->view().set_identity(o.run_id, host_, multi_node_ ? o.node_rank : -1, o.max_nodes);
+    // A node's place is known before the first round only in a static job (--node_rank).
+    const bool placed = multi_node_ && o.rdzv_backend == cli::RdzvBackend::Static;
+    health_->view().set_identity(o.run_id, host_, placed ? o.node_rank : -1, o.max_nodes);
     health_->advertise(o.run_id, command_line(200));
     log::info("ddprun") << "job page at http://localhost:" << health_->port()
                         << "/ui (this host only), Prometheus metrics at /metrics, health at / (" << given << ")";

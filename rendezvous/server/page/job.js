@@ -48,7 +48,8 @@
     bits.push(j.workers_alive + " of " + j.ranks_here + " worker" + (j.ranks_here === 1 ? "" : "s") + " alive");
     if (j.world_size) bits.push("world size " + j.world_size);
     if (j.source === "daemon") bits.push("from the store, as each node publishes every " + fmtSeconds(j.publish_period_s));
-    else if (j.nodes > 1) bits.push("node " + j.node + " of " + j.nodes + " (" + j.host + ")"); else bits.push(j.host);
+    else if (j.nodes > 1 && j.node >= 0) bits.push("node " + j.node + " of " + j.nodes + " (" + j.host + ")");
+    else bits.push(j.host);  // one node, or one without a place yet (joining, a spare)
     if (j.stragglers) bits.push(j.stragglers + " straggler" + (j.stragglers === 1 ? "" : "s"));
     facts.appendChild(el("span", { class: "more" }, " · " + bits.join(" · ")));
     if (j.source === "daemon") {
