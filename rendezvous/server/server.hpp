@@ -21,6 +21,15 @@
 // A request applied in a batch was read after every byte that reached the server before it, so a
 // set() that had returned before another client sent its request is always visible to it.
 //
+// On a busy node: woken while other threads wait for this CPU, the server lets them run first
+// (sched_yield, once per wake-up), then serves everything that arrived meanwhile in one turn.
+// Serving each request the moment it arrives preempts whoever runs (a client that holds its
+// interpreter's lock, a worker) for a few microseconds of work, thousands of times per barrier of
+// a thousand clients, and each preempted thread then waits its turn behind the node's busy
+// processes; ceding makes the turns fewer and fuller, and lets the client that just sent a request
+// get on to reading the reply. On an idle CPU the yield returns at once (ServerOptions::
+// cede_when_busy; docs/benchmarks.md has the figures).
+//
 // Under faults: every descriptor is close-on-exec; accepted sockets get TCP keepalive, so a
 // crashed or partitioned client's connection (and its pending WAIT) is reclaimed; out of file
 // descriptors, a spare descriptor is given up to accept and close the newcomer at once (it gets an
@@ -105,6 +114,9 @@ struct ServerOptions {
   // ddprun's clients ride out a lost connection (rdzv::client::ClientOptions::outage_tolerance):
   // ddprun-rendezvous and the rendezvous store an agent hosts. Always with a state_file.
   bool describe_self = false;
+  // Woken, let the threads waiting for this CPU run first, then serve what arrived meanwhile in
+  // one turn (see the top of this file). Off: every wake-up is served at once.
+  bool cede_when_busy = true;
 };
 
 // Why connections were closed, for metrics.
@@ -135,6 +147,8 @@ struct ServerStats {
   uint64_t bytes_sent = 0;
   uint64_t closed[kCloseReasonCount] = {};
   uint64_t jobs_forgotten = 0;  // job generations deleted by the janitor
+  uint64_t turns = 0;           // batches served: each reads, applies and answers what is ready
+  uint64_t ceded_turns = 0;     // wake-ups on which the server let waiting threads run first
 };
 
 // A connected client, for diagnostics: who it is and what it waits for.
@@ -172,7 +186,8 @@ class Server {
 
  private:
   void arm();
-  void run_batch();
+  // `woken`: the batch follows a wait for the epoll set (not a continuation of work under way).
+  void run_batch(bool woken);
   // One epoll_wait(0) and the reads it allows; true if any bytes arrived or a client connected.
   bool gather_round();
   void on_readable(Session& s);

@@ -198,6 +198,36 @@ TEST(ServerTest, ManyClientThreadsKeepCountersExact) {
   EXPECT_EQ(main_client.add("counter", 0), kThreads * kAdds);
 }
 
+// Woken, the store lets the threads waiting for its CPU run first (once per wake-up), unless that
+// is turned off; either way every request is served, in order.
+TEST(ServerTest, EveryWakeUpCedesTheCpuOnceUnlessTurnedOff) {
+  for (const bool cede : {true, false}) {
+    server::ServerOptions o;
+    o.cede_when_busy = cede;
+    server::ServerThread server(o);
+    constexpr int kThreads = 16, kAdds = 50;
+    std::vector<std::thread> threads;
+    for (int t = 0; t < kThreads; ++t) {
+      threads.emplace_back([&] {
+        client::Client c(client_options(server.port()));
+        for (int i = 0; i < kAdds; ++i) c.add("shared", 1);
+      });
+    }
+    for (auto& t : threads) t.join();
+    client::Client check(client_options(server.port()));
+    EXPECT_EQ(check.add("shared", 0), kThreads * kAdds);
+    const server::ServerStats st = server.stats();
+    // Each client sends its 50 requests one after another: each needs a turn of its own.
+    EXPECT_GE(st.turns, static_cast<uint64_t>(kAdds));
+    if (cede) {
+      EXPECT_GT(st.ceded_turns, 0u);
+      EXPECT_LE(st.ceded_turns, st.turns);
+    } else {
+      EXPECT_EQ(st.ceded_turns, 0u);
+    }
+  }
+}
+
 TEST(ServerTest, ClientWithoutReconnectReportsTheLostStore) {
   auto server = std::make_unique<server::ServerThread>(server::ServerOptions{});
   client::ClientOptions o = client_options(server->port());
