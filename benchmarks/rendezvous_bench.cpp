@@ -8,6 +8,8 @@
 // through 64 loopback addresses (127.0.0.1-64). An agent that fails is
 // counted and its error shown once, never the end of the run.
 //   rendezvous_bench [N,N,...] [REPEATS] [--backend static|c10d|both] [--store open|protected|both] [--by-op]
+//                    [--no-cede]
+//   (--no-cede: the store serves every wake-up at once, ServerOptions::cede_when_busy off)
 //   (--by-op: the requests per agent of each configuration's last round, by operation, on stderr)
 //   (default 16,256,1024,4096, 3 repeats (the median is reported), both backends, both stores)
 #include <algorithm>
@@ -41,6 +43,8 @@ struct Round {
   std::string first_error;  // what the first of them said
 };
 
+bool g_cede = true;  // ServerOptions::cede_when_busy
+
 double process_cpu() { return static_cast<double>(ddprun::process_cpu_time().count()) / 1e6; }
 
 Round run_round(bool dynamic, int n, bool secured, int repeat) {
@@ -48,6 +52,7 @@ Round run_round(bool dynamic, int n, bool secured, int repeat) {
   rdzv::server::ServerOptions so;
   so.log_lifecycle = false;
   so.host = "::";
+  so.cede_when_busy = g_cede;
   const std::string secret = "benchmark-cluster-secret-0123456789";
   if (secured) {
     so.secret = rdzv::core::StoreSecret{};
@@ -161,6 +166,8 @@ int main(int argc, char** argv) {
     const std::string v = i + 1 < argc ? argv[i + 1] : "";
     if (a == "--by-op") {
       by_op = true;
+    } else if (a == "--no-cede") {
+      g_cede = false;
     } else if (a == "--backend") {
       backends = v == "static" ? std::vector<bool>{false} : v == "c10d" ? std::vector<bool>{true} : backends;
       ++i;

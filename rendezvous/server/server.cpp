@@ -159,18 +159,20 @@ void Server::arm() {
 void Server::run_batch(bool woken) {
   if (stopped_) return;
   ++counters_.turns;
-  if (woken && options_.cede_when_busy) {
-    // Let whoever waits for this CPU (the client that woke the server among them) run first, and
-    // serve what arrives meanwhile in this turn. Returns at once when no other thread is runnable
-    // here (see server.hpp).
+  if (woken && options_.cede_when_busy && last_turn_touched_ > 1) {
+    // Several clients at once: let whoever waits for this CPU (those clients among them) run
+    // first, and serve what they send meanwhile in this turn. Returns at once when no other
+    // thread is runnable here (see server.hpp).
     ::sched_yield();
     ++counters_.ceded_turns;
   }
+  touched_ = 0;
   try {
     // 1. Read every socket that has something, until none has more.
     for (int round = 0; round < kMaxGatherRounds; ++round) {
       if (!gather_round()) break;
     }
+    last_turn_touched_ = touched_;
     // 2. Apply: first the requests nobody waits for an answer to, then the rest.
     for (Session* s : batch_) apply(*s, core::StoreConnection::Stage::NoReply);
     // Each connection's replies leave as soon as its requests are applied: its client goes on with
@@ -267,6 +269,7 @@ void Server::on_readable(Session& s) {
   counters_.bytes_received += received;
   if (received > 0) s.handshake.heard = true;
   if (st == Session::ReadStatus::Closed) s.flags.peer_closed = true;
+  if (received > 0) touched(s);
   if ((received > 0 || s.flags.peer_closed) && !s.flags.in_batch) {
     s.flags.in_batch = true;
     batch_.push_back(&s);
@@ -293,6 +296,12 @@ void Server::apply(Session& s, core::StoreConnection::Stage stage) {
     close_session(s, CloseReason::BadRequest,
                   std::string("error while serving a request, closing the connection: ") + e.what());
   }
+}
+
+void Server::touched(Session& s) {
+  if (s.flags.turn == counters_.turns) return;
+  s.flags.turn = counters_.turns;
+  ++touched_;
 }
 
 void Server::mark_dirty(Session& s) {

@@ -21,14 +21,14 @@
 // A request applied in a batch was read after every byte that reached the server before it, so a
 // set() that had returned before another client sent its request is always visible to it.
 //
-// On a busy node: woken while other threads wait for this CPU, the server lets them run first
-// (sched_yield, once per wake-up), then serves everything that arrived meanwhile in one turn.
-// Serving each request the moment it arrives preempts whoever runs (a client that holds its
-// interpreter's lock, a worker) for a few microseconds of work, thousands of times per barrier of
-// a thousand clients, and each preempted thread then waits its turn behind the node's busy
-// processes; ceding makes the turns fewer and fuller, and lets the client that just sent a request
-// get on to reading the reply. On an idle CPU the yield returns at once (ServerOptions::
-// cede_when_busy; docs/benchmarks.md has the figures).
+// Many clients at once on a busy node: woken after a turn in which several connections connected
+// or sent requests, the server first lets the threads waiting for this CPU run (sched_yield, once
+// per wake-up), then serves everything that arrived meanwhile in one turn. Serving each request
+// the moment it arrives preempts whoever runs (a client that holds its interpreter's lock, a
+// worker) for a few microseconds of work, thousands of times per barrier of a thousand clients,
+// and each preempted thread then waits its turn behind the node's busy processes; ceding makes the
+// turns fewer and fuller. On an idle CPU the yield returns at once; a lone client is never made
+// to wait for it (ServerOptions::cede_when_busy; docs/benchmarks.md has the figures).
 //
 // Under faults: every descriptor is close-on-exec; accepted sockets get TCP keepalive, so a
 // crashed or partitioned client's connection (and its pending WAIT) is reclaimed; out of file
@@ -114,8 +114,9 @@ struct ServerOptions {
   // ddprun's clients ride out a lost connection (rdzv::client::ClientOptions::outage_tolerance):
   // ddprun-rendezvous and the rendezvous store an agent hosts. Always with a state_file.
   bool describe_self = false;
-  // Woken, let the threads waiting for this CPU run first, then serve what arrived meanwhile in
-  // one turn (see the top of this file). Off: every wake-up is served at once.
+  // Woken after a turn that served several connections, let the threads waiting for this CPU run
+  // first, then serve what arrived meanwhile in one turn (see the top of this file). Off: every
+  // wake-up is served at once.
   bool cede_when_busy = true;
 };
 
@@ -199,6 +200,8 @@ class Server {
   bool refuse_one();
   void pause_accepting();
   void mark_dirty(Session& s);
+  // Counts `s` among the connections that connected or sent something in this turn.
+  void touched(Session& s);
   void close_session(Session& s, CloseReason reason, const std::string& why);
   void arm_janitor();
   // Protected stores: the connections that have not proved the secret yet.
@@ -253,6 +256,8 @@ class Server {
   ServerStats counters_;
   bool stopped_ = false;
   bool started_ = false;
+  size_t touched_ = 0;            // distinct connections that connected or sent something this turn
+  size_t last_turn_touched_ = 0;  // ... in the turn before
 };
 
 class ServerThread {
