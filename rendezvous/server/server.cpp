@@ -36,6 +36,9 @@ constexpr size_t kReadBudget = size_t{256} << 10;
 // Gathering stops after this many epoll rounds even if clients keep sending.
 constexpr int kMaxGatherRounds = 8;
 constexpr int kMaxEvents = 256;
+// The store cedes its CPU while several connections were active within the last window of this
+// many turns (see server.hpp).
+constexpr uint64_t kTurnsPerWindow = 16;
 
 }  // namespace
 
@@ -159,20 +162,23 @@ void Server::arm() {
 void Server::run_batch(bool woken) {
   if (stopped_) return;
   ++counters_.turns;
-  if (woken && options_.cede_when_busy && last_turn_touched_ > 1) {
+  if (counters_.turns % kTurnsPerWindow == 0) {
+    last_window_touched_ = touched_;
+    touched_ = 0;
+    ++window_;
+  }
+  if (woken && options_.cede_when_busy && std::max(touched_, last_window_touched_) > 1) {
     // Several clients at once: let whoever waits for this CPU (those clients among them) run
     // first, and serve what they send meanwhile in this turn. Returns at once when no other
     // thread is runnable here (see server.hpp).
     ::sched_yield();
     ++counters_.ceded_turns;
   }
-  touched_ = 0;
   try {
     // 1. Read every socket that has something, until none has more.
     for (int round = 0; round < kMaxGatherRounds; ++round) {
       if (!gather_round()) break;
     }
-    last_turn_touched_ = touched_;
     // 2. Apply: first the requests nobody waits for an answer to, then the rest.
     for (Session* s : batch_) apply(*s, core::StoreConnection::Stage::NoReply);
     // Each connection's replies leave as soon as its requests are applied: its client goes on with
@@ -299,8 +305,8 @@ void Server::apply(Session& s, core::StoreConnection::Stage stage) {
 }
 
 void Server::touched(Session& s) {
-  if (s.flags.turn == counters_.turns) return;
-  s.flags.turn = counters_.turns;
+  if (s.flags.window == window_) return;
+  s.flags.window = window_;
   ++touched_;
 }
 
