@@ -36,9 +36,6 @@ constexpr size_t kReadBudget = size_t{256} << 10;
 // Gathering stops after this many epoll rounds even if clients keep sending.
 constexpr int kMaxGatherRounds = 8;
 constexpr int kMaxEvents = 256;
-// The store cedes its CPU while several connections were active within the last window of this
-// many turns (see server.hpp).
-constexpr uint64_t kTurnsPerWindow = 16;
 
 }  // namespace
 
@@ -162,15 +159,10 @@ void Server::arm() {
 void Server::run_batch(bool woken) {
   if (stopped_) return;
   ++counters_.turns;
-  if (counters_.turns % kTurnsPerWindow == 0) {
-    last_window_touched_ = touched_;
-    touched_ = 0;
-    ++window_;
-  }
-  if (woken && options_.cede_when_busy && std::max(touched_, last_window_touched_) > 1) {
-    // Several clients at once: let whoever waits for this CPU (those clients among them) run
-    // first, and serve what they send meanwhile in this turn. Returns at once when no other
-    // thread is runnable here (see server.hpp).
+  if (woken && options_.cede_when_busy) {
+    // Let whoever waits for this CPU (the client that woke the server among them) run first, and
+    // serve what arrives meanwhile in this turn. Returns at once when no other thread is runnable
+    // here (see server.hpp).
     ::sched_yield();
     ++counters_.ceded_turns;
   }
@@ -275,7 +267,6 @@ void Server::on_readable(Session& s) {
   counters_.bytes_received += received;
   if (received > 0) s.handshake.heard = true;
   if (st == Session::ReadStatus::Closed) s.flags.peer_closed = true;
-  if (received > 0) touched(s);
   if ((received > 0 || s.flags.peer_closed) && !s.flags.in_batch) {
     s.flags.in_batch = true;
     batch_.push_back(&s);
@@ -302,12 +293,6 @@ void Server::apply(Session& s, core::StoreConnection::Stage stage) {
     close_session(s, CloseReason::BadRequest,
                   std::string("error while serving a request, closing the connection: ") + e.what());
   }
-}
-
-void Server::touched(Session& s) {
-  if (s.flags.window == window_) return;
-  s.flags.window = window_;
-  ++touched_;
 }
 
 void Server::mark_dirty(Session& s) {

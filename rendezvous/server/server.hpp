@@ -21,14 +21,15 @@
 // A request applied in a batch was read after every byte that reached the server before it, so a
 // set() that had returned before another client sent its request is always visible to it.
 //
-// Many clients at once on a busy node: woken while several connections connected or sent requests
-// within its last few turns, the server first lets the threads waiting for this CPU run
+// On a busy node: woken while other threads wait for this CPU, the server lets them run first
 // (sched_yield, once per wake-up), then serves everything that arrived meanwhile in one turn.
 // Serving each request the moment it arrives preempts whoever runs (a client that holds its
 // interpreter's lock, a worker) for a few microseconds of work, thousands of times per barrier of
 // a thousand clients, and each preempted thread then waits its turn behind the node's busy
-// processes; ceding makes the turns fewer and fuller. On an idle CPU the yield returns at once; a lone client is never made
-// to wait for it (ServerOptions::cede_when_busy; docs/benchmarks.md has the figures).
+// processes; ceding makes the turns fewer and fuller, and lets the client that just sent a request
+// get on to reading the reply. On an idle CPU the yield returns at once; what it costs there (a
+// lone client's round trip about 5 us longer here) and what it saves are in docs/benchmarks.md
+// (ServerOptions::cede_when_busy).
 //
 // Under faults: every descriptor is close-on-exec; accepted sockets get TCP keepalive, so a
 // crashed or partitioned client's connection (and its pending WAIT) is reclaimed; out of file
@@ -114,8 +115,8 @@ struct ServerOptions {
   // ddprun's clients ride out a lost connection (rdzv::client::ClientOptions::outage_tolerance):
   // ddprun-rendezvous and the rendezvous store an agent hosts. Always with a state_file.
   bool describe_self = false;
-  // Woken while several connections are active, let the threads waiting for this CPU run first, then serve what arrived meanwhile in one turn (see the top of this file). Off: every
-  // wake-up is served at once.
+  // Woken, let the threads waiting for this CPU run first, then serve what arrived meanwhile in
+  // one turn (see the top of this file). Off: every wake-up is served at once.
   bool cede_when_busy = true;
 };
 
@@ -199,8 +200,6 @@ class Server {
   bool refuse_one();
   void pause_accepting();
   void mark_dirty(Session& s);
-  // Counts `s` among the connections that connected or sent something in this turn.
-  void touched(Session& s);
   void close_session(Session& s, CloseReason reason, const std::string& why);
   void arm_janitor();
   // Protected stores: the connections that have not proved the secret yet.
@@ -255,11 +254,6 @@ class Server {
   ServerStats counters_;
   bool stopped_ = false;
   bool started_ = false;
-  // Distinct connections that connected or sent something in this window of turns, and in the
-  // window before (run_batch).
-  uint64_t window_ = 1;
-  size_t touched_ = 0;
-  size_t last_window_touched_ = 0;
 };
 
 class ServerThread {

@@ -164,7 +164,6 @@ void Server::accept_pending() {
       continue;  // the session's destructor closes the socket
     }
     raw->flags.registered = ev.events;
-    touched(*raw);
     sessions_.emplace(raw, std::move(session));
     if (options_.secret) add_pending_handshake(*raw);
     ++counters_.accepted;

@@ -56,7 +56,6 @@ class Session {
     bool peer_closed = false;
     bool closing = false;     // closed; destroyed at the end of the batch
     uint32_t registered = 0;  // epoll events registered
-    uint64_t window = 0;      // the server's last window of turns in which it connected or sent something
   } flags;
   // A protected store's connection that has not proved the secret yet: when it connected, whether
   // it has sent a byte since (an honest client sends its hello at once), and where it sits in the
