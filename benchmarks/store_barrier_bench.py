@@ -20,9 +20,11 @@ usage: /usr/bin/python3 store_barrier_bench.py DDPRUN_RENDEZVOUS [--ddprun DDPRU
            [--repeat 5] [--store daemon,worker,c10d] [--arrival spread,burst] [--load idle,busy]
 """
 import argparse
+import ctypes
 import datetime
 import json
 import os
+import signal
 import socket
 import statistics
 import subprocess
@@ -203,8 +205,15 @@ def run_theirs(n, arrival):
         p.wait(timeout=30)
 
 
+def die_with_parent():
+    """In a spinner, before exec: killed when this script ends, however it ends (a SIGKILLed or
+    SIGTERMed bench must not leave processes spinning on the machine)."""
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
 def spinners(count):
-    return [subprocess.Popen(["/bin/sh", "-c", "while :; do :; done"]) for _ in range(count)]
+    return [subprocess.Popen(["/bin/sh", "-c", "while :; do :; done"], preexec_fn=die_with_parent)
+            for _ in range(count)]
 
 
 def main():
