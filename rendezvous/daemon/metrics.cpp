@@ -88,7 +88,7 @@ std::string render_metrics(const server::Server& server) {
   e.single("ddprun_store_turns_total", "counter",
            "Turns served: each reads, applies and answers everything ready when it starts.", st.turns);
   e.single("ddprun_store_ceded_turns_total", "counter",
-           "Turns that began by letting the threads waiting for the daemon's CPU run first (a busy host).",
+           "Turns after a wake-up, each begun by letting the threads waiting for the daemon's CPU run first.",
            st.ceded_turns);
   e.single("ddprun_store_received_bytes_total", "counter", "Bytes received from clients.", st.bytes_received);
   e.single("ddprun_store_sent_bytes_total", "counter", "Bytes sent to clients.", st.bytes_sent);
