@@ -162,7 +162,12 @@ long closed_without_handshake(const Daemon& d) {
 // Before: at the cap of connections that had not proved the secret, the oldest was closed to make
 // room even in the middle of its handshake, so a burst of honest clients larger than the cap
 // (2048 agents started at once by a scheduler) kept closing each other's connections and none got
-// through. Now the server waits with accepting while the cap is reached.
+// through. Now the server waits with accepting while the cap is reached. A connection that has sent
+// nothing for the grace (500 ms) while the cap is reached is still closed to make room, by design
+// (it holds a place as a slowloris would): on a loaded machine a client thread of the 400 can be
+// kept off the CPU that long between its connect and its hello (4 of 400, once, in CI's Debian 13
+// leg beside another test); it connects again and is served. So the test asks that every client is
+// served and that such closes stay a few, never the churn of before.
 TEST(HandshakeTest, ABurstOfClientsWithTheSecretLargerThanTheCapIsAllAdmitted) {
   ProtectedDaemon pd({"--max-pending-handshakes", "4", "--metrics-port", "0"});
   Daemon& d = *pd.daemon;
@@ -193,8 +198,10 @@ TEST(HandshakeTest, ABurstOfClientsWithTheSecretLargerThanTheCapIsAllAdmitted) {
   }
   for (auto& t : clients) t.join();
   EXPECT_EQ(served.load(), kClients) << first_error << "\n" << d.log().substr(0, 4000);
-  EXPECT_EQ(closed_without_handshake(d), 0) << "honest clients' connections were closed to make room\n"
-                                            << d.log().substr(0, 4000);
+  const long closed = closed_without_handshake(d);
+  EXPECT_GE(closed, 0) << "no ddprun_store_connections_closed_total{reason=\"no_handshake\"} in /metrics";
+  EXPECT_LT(closed, kClients / 10) << "honest clients' connections were closed to make room\n"
+                                   << d.log().substr(0, 4000);
 }
 
 // Before: one WARN line per refused connection, without limit.
