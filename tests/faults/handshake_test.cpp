@@ -165,8 +165,8 @@ long closed_without_handshake(const Daemon& d) {
 // through. Now the server waits with accepting while the cap is reached. A connection that has sent
 // nothing for the grace (500 ms) while the cap is reached is still closed to make room, by design
 // (it holds a place as a slowloris would): on a loaded machine a client thread of the 400 can be
-// kept off the CPU that long between its connect and its hello (4 of 400, once, in CI's Debian 13
-// leg beside another test); it connects again and is served. So the test asks that every client is
+// kept off the CPU that long between its connect and its hello (4 of 400, once, in a Debian 13
+// run of the suite beside another test); it connects again and is served. So the test asks that every client is
 // served and that such closes stay a few, never the churn of before.
 TEST(HandshakeTest, ABurstOfClientsWithTheSecretLargerThanTheCapIsAllAdmitted) {
   ProtectedDaemon pd({"--max-pending-handshakes", "4", "--metrics-port", "0"});
