@@ -1,9 +1,16 @@
 // Between the agent's rounds (see agent.hpp): whether this node is fit for the next one (a
 // worker's request to leave, the health checks), what it knows of the job's progress for the
 // restart policy, and how it announces the next round.
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
 #include <fstream>
 
 #include "common/log.hpp"
+#include "common/unique_fd.hpp"
 #include "launcher/agent/agent.hpp"
 #include "launcher/agent/node_checks.hpp"
 
@@ -44,9 +51,41 @@ std::optional<Agent::Unready> Agent::unready_for_round() {
   return std::nullopt;
 }
 
+namespace {
+
+// --iterations_file, read now: its count, or nullopt with the reason said on the console (nothing
+// is said of a file that is not there yet: a program writes it at its first checkpoint). Opened
+// without blocking and read only if it is a regular file of a few bytes, so a FIFO, a device or a
+// huge file named by mistake never holds up the agent.
+std::optional<uint64_t> read_iterations_file(const std::string& path) {
+  constexpr size_t kMost = 64;
+  auto ignored = [&](const std::string& problem) -> std::optional<uint64_t> {
+    log::warn("ddprun") << "--iterations_file " << path << " " << problem
+                        << "; it is ignored for this failure, whose progress is what the progress pages say";
+    return std::nullopt;
+  };
+  const UniqueFd fd(::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC | O_NOCTTY));
+  if (!fd) return errno == ENOENT ? std::nullopt : ignored(std::string("cannot be read: ") + std::strerror(errno));
+  struct stat st {};
+  if (::fstat(fd.get(), &st) != 0 || !S_ISREG(st.st_mode)) return ignored("is not a regular file");
+  if (st.st_size > static_cast<off_t>(kMost)) {
+    return ignored("holds " + std::to_string(st.st_size) + " bytes, not a count of iterations");
+  }
+  char text[kMost];
+  const ssize_t n = ::pread(fd.get(), text, sizeof text, 0);
+  if (n < 0) return ignored(std::string("cannot be read: ") + std::strerror(errno));
+  IterationsText said = parse_iterations_text({text, static_cast<size_t>(n)});
+  return said.iterations ? said.iterations : ignored(said.problem);
+}
+
+}  // namespace
+
 rendezvous::ProgressMark Agent::progress_mark() const {
   rendezvous::ProgressMark m;
-  const std::optional<uint64_t> now = watchdog_ ? watchdog_->iterations() : std::nullopt;
+  std::optional<uint64_t> now = watchdog_ ? watchdog_->iterations() : std::nullopt;
+  if (!options_.iterations_file.empty()) {
+    if (auto written = read_iterations_file(options_.iterations_file)) now = std::max(now.value_or(0), *written);
+  }
   if (!now && !best_iterations_) return m;  // the program reports no iterations: nothing is known
   m.iterations = now.value_or(0);
   if (best_iterations_ && *m.iterations <= *best_iterations_) m.no_progress_restarts = no_progress_restarts_ + 1;

@@ -1,8 +1,10 @@
 #include "launcher/agent/restart_policy.hpp"
 
 #include <algorithm>
+#include <charconv>
 #include <csignal>
 
+#include "common/printable.hpp"
 #include "launcher/workers/worker_exit.hpp"
 
 namespace ddprun::launcher::agent {
@@ -86,6 +88,19 @@ std::string not_restarted_text(const RoundEnd& end, Decision::Why why, int max_r
            std::to_string(end.root_cause->exit_code) + ", which means \"do not restart\" (--no_restart_exit_codes)";
   }
   return "";
+}
+
+IterationsText parse_iterations_text(std::string_view text) {
+  constexpr std::string_view kBlanks = " \t\r\n";
+  const size_t first = text.find_first_not_of(kBlanks);
+  if (first == std::string_view::npos) return {std::nullopt, "is empty"};
+  const std::string_view count = text.substr(first, text.find_last_not_of(kBlanks) - first + 1);
+  uint64_t n = 0;
+  const auto [end, ec] = std::from_chars(count.data(), count.data() + count.size(), n);
+  if (ec == std::errc() && end == count.data() + count.size()) return {n, ""};
+  const bool too_big = ec == std::errc::result_out_of_range && end == count.data() + count.size();
+  return {std::nullopt, "says " + printable_start(count, 40) + ", not a whole number of iterations" +
+                            (too_big ? " (more than 2^64 - 1)" : " (a decimal count such as 1200)")};
 }
 
 }  // namespace ddprun::launcher::agent

@@ -3,8 +3,11 @@
 // worker group, or rendezvous again. Pure: the agent passes what it knows, and the tests call it
 // with every combination.
 
+#include <cstdint>
+#include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 
 #include "launcher/rendezvous/rendezvous_backend.hpp"
 
@@ -51,5 +54,16 @@ Decision decide(const RoundEnd& end, const RestartState& s);
 // What kept a failed or hung round from a restart, as the console says it ("giving up after 3
 // restart(s)"); "" when there is nothing to say (no restart was due, or a stop signal said it).
 std::string not_restarted_text(const RoundEnd& end, Decision::Why why, int max_restarts);
+
+// --iterations_file: what the text of a file the program writes its completed training iterations
+// to says: a decimal count, blanks and a newline around it allowed (Megatron-LM's
+// latest_checkpointed_iteration.txt is one). `problem` says why anything else is not a count, as
+// the console shows it after the file's path ("is empty", "says 'release', not a whole number of
+// iterations ..."), the text cut at 40 characters, control characters as spaces.
+struct IterationsText {
+  std::optional<uint64_t> iterations;
+  std::string problem;
+};
+IterationsText parse_iterations_text(std::string_view text);
 
 }  // namespace ddprun::launcher::agent

@@ -143,6 +143,11 @@ constexpr FlagDef kFlagTable[] = {
      "(`worker::report_iterations`, the progress page's `iterations`) end the job with exit code 125 and "
      "\"no progress\" in its report; 0: never; a program that reports no iterations is never stopped so",
      whole<&LaunchOptions::max_no_progress_restarts>(0, 1 << 20, "a whole number >= 0")},
+    {"--iterations_file", "", "PATH",
+     "a file the program writes the training iterations it has completed to, as a decimal count (Megatron-LM's "
+     "`latest_checkpointed_iteration.txt` is one), read with the progress pages for `--max_no_progress_restarts` "
+     "when a worker fails; a file that says anything else is reported and ignored",
+     text<&LaunchOptions::iterations_file>(false), "none"},
     {"--replica_group", "", "ID",
      "run one replica group of a fault-tolerant job: its own world that fails and restarts alone, while the "
      "other groups of the job (the same `--rdzv_id`) go on training; needs `--rdzv_backend c10d` or `etcd`",

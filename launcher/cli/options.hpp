@@ -114,6 +114,9 @@ struct LaunchOptions {
   // --max_no_progress_restarts: this many restarts in a row that get no further than the most
   // training iterations the program reported before them end the job (exit 125); 0: never.
   int max_no_progress_restarts = 3;
+  // --iterations_file: a file the program writes the training iterations it has completed to (a
+  // decimal count), read with the progress pages when a failure is reported; "" none.
+  std::string iterations_file;
   // --replica_group: this ddprun runs one replica group of a fault-tolerant job (launcher/ft): its
   // own world (run id "<run_id>.rg<ID>") that fails and restarts alone, and a member of the job's
   // quorum under run_id. Unset: an ordinary job.

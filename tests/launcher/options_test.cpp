@@ -157,12 +157,14 @@ TEST(OptionsTest, NoRestartExitCodesAreAListOf93ByDefault) {
 TEST(OptionsTest, HealthChecksAndTheNoProgressStop) {
   const cli::LaunchOptions d = parse({"t"});
   EXPECT_EQ(d.max_no_progress_restarts, 3);
+  EXPECT_EQ(d.iterations_file, "");
   EXPECT_EQ(d.node_check, "");
   EXPECT_EQ(d.node_check_timeout, std::chrono::seconds(60));
   EXPECT_TRUE(d.check_free_space.empty() && d.check_interfaces.empty() && !d.check_gpus);
-  const cli::LaunchOptions o = parse({"--node_check", "nvidia-smi -q | grep -q 'Pending : No'", "--node_check_timeout",
-                                      "5", "--check_free_space", "/ckpt:10G, /tmp:512m,/x:100", "--check_interface",
-                                      "eth0,ib0", "--check_gpus", "--max_no_progress_restarts", "0", "t"});
+  const cli::LaunchOptions o =
+      parse({"--node_check", "nvidia-smi -q | grep -q 'Pending : No'", "--node_check_timeout", "5",
+             "--check_free_space", "/ckpt:10G, /tmp:512m,/x:100", "--check_interface", "eth0,ib0", "--check_gpus",
+             "--max_no_progress_restarts", "0", "--iterations_file", "/ckpt/latest_checkpointed_iteration.txt", "t"});
   EXPECT_EQ(o.node_check, "nvidia-smi -q | grep -q 'Pending : No'");
   EXPECT_EQ(o.node_check_timeout, std::chrono::seconds(5));
   EXPECT_EQ(o.check_free_space,
@@ -170,6 +172,7 @@ TEST(OptionsTest, HealthChecksAndTheNoProgressStop) {
   EXPECT_EQ(o.check_interfaces, (std::vector<std::string>{"eth0", "ib0"}));
   EXPECT_TRUE(o.check_gpus);
   EXPECT_EQ(o.max_no_progress_restarts, 0);
+  EXPECT_EQ(o.iterations_file, "/ckpt/latest_checkpointed_iteration.txt");
   EXPECT_TRUE(parse({"--check_free_space", "none", "--check_interface", "none", "t"}).check_free_space.empty());
   for (const char* bad : {"/ckpt", "/ckpt:", ":10G", "/ckpt:ten", "/ckpt:-1G", "/ckpt:9999999T"}) {
     EXPECT_NE(error_of({"--check_free_space", bad, "t"})

@@ -4,6 +4,8 @@
 #include <gtest/gtest.h>
 
 #include <csignal>
+#include <cstdint>
+#include <string>
 #include <vector>
 
 #include "launcher/rendezvous/round_records.hpp"
@@ -185,6 +187,31 @@ TEST(RestartPolicyTest, TheProgressMarkTravelsWithTheFailureAndGarbageReadsAsNon
     EXPECT_EQ(e.kind, RoundEnd::Kind::Failure) << garbage;
     EXPECT_FALSE(e.progress.iterations) << garbage;
   }
+}
+
+// --iterations_file's text: a decimal count with blanks around it is the count; anything else is
+// none, with a reason that shows what the file says (control characters as spaces, cut short).
+TEST(RestartPolicyTest, AnIterationsFileSaysACountOrWhyItIsNone) {
+  using agent::parse_iterations_text;
+  EXPECT_EQ(parse_iterations_text("1200").iterations, 1200u);
+  EXPECT_EQ(parse_iterations_text("  42\n").iterations, 42u);
+  EXPECT_EQ(parse_iterations_text("0\r\n").iterations, 0u);
+  EXPECT_EQ(parse_iterations_text("18446744073709551615").iterations, UINT64_MAX);
+  EXPECT_TRUE(parse_iterations_text("1200").problem.empty());
+  EXPECT_EQ(parse_iterations_text("").problem, "is empty");
+  EXPECT_EQ(parse_iterations_text(" \n\t").problem, "is empty");
+  EXPECT_EQ(parse_iterations_text("release\n").problem,
+            "says 'release', not a whole number of iterations (a decimal count such as 1200)");
+  EXPECT_EQ(parse_iterations_text("18446744073709551616").problem,
+            "says '18446744073709551616', not a whole number of iterations (more than 2^64 - 1)");
+  for (const std::string& bad :
+       std::vector<std::string>{"-5", "+5", "12 13", "12abc", "0x10", "1.5", "1e3", std::string("7\0", 2)}) {
+    const auto said = parse_iterations_text(bad);
+    EXPECT_FALSE(said.iterations) << bad;
+    EXPECT_NE(said.problem.find("not a whole number of iterations"), std::string::npos) << bad;
+  }
+  const auto binary = parse_iterations_text(std::string(50, '\x01') + "9");
+  EXPECT_EQ(binary.problem.find("says '" + std::string(40, ' ') + "...'"), 0u) << binary.problem;
 }
 
 // A spare whose job ended without it: no restart, no next round, whatever it has left; it ends

@@ -39,16 +39,6 @@ std::string base64_decode(const std::string& text) {
   return out;
 }
 
-std::string printable_start(const std::string& text, size_t max) {
-  std::string out;
-  for (char c : text.substr(0, max)) {
-    const auto u = static_cast<unsigned char>(c);
-    out.push_back(u < 0x20 || u == 0x7f ? ' ' : c);
-  }
-  if (text.size() > max) out += "...";
-  return out.empty() ? "(nothing)" : "'" + out + "'";
-}
-
 int64_t int64_of(const json& j, const char* name) {
   auto it = j.find(name);
   if (it == j.end()) return 0;

@@ -24,6 +24,7 @@
 
 #include "common/errors.hpp"
 #include "common/log.hpp"
+#include "common/printable.hpp"
 #include "launcher/rendezvous/etcd/etcd_client.hpp"
 #include "common/json_fields.hpp"
 
@@ -43,9 +44,6 @@ constexpr int kUnauthenticated = 16;
 // An int64 field of etcd's JSON answers (they travel as strings), read without throwing: a
 // missing field is etcd's way of saying zero. Other fields: common/json_fields.hpp.
 int64_t int64_of(const json& j, const char* name);
-// The start of an answer that is not what was expected, fit for an error message: at most
-// `max` characters, control characters shown as spaces.
-std::string printable_start(const std::string& text, size_t max = 160);
 KeyValue kv_of(const json& j);
 RangeResult range_of(const json& j);
 json op_json(const Op& op);
