@@ -341,7 +341,7 @@ int Agent::run() {
             log::error("ddprun") << "before round " << round << ", this node " << unready->why
                                  << ": it leaves the job before starting its workers";
             view_event("exit", unready->why);
-            backend_->leave_unready(round, unready->why);
+            backend_->leave_unready(round, unready->why, unready->strike);
             report_.finish(nullptr, 1, unready->outcome, unready->why);
             return 1;
           }

@@ -153,8 +153,9 @@ class Agent {
   // Before a round: a worker's request that this node leave the job (the file it wrote at
   // DDPRUN_EXCLUDE_NODE_FILE), then the health checks (node_checks.hpp): the first reason found.
   struct Unready {
-    std::string outcome;  // the report's: "node_excluded", "node_check_failed"
+    std::string outcome;  // the report's: "node_excluded", "node_check_failed", "node_not_taken_back"
     std::string why;
+    bool strike = true;  // counts among the host's leaves unfit (--max_unfit_leaves)
   };
   std::optional<Unready> unready_for_round();
   std::filesystem::path exclusion_file() const { return run_dir_.path / "exclude_node"; }
@@ -215,6 +216,7 @@ class Agent {
   // yet: nothing known), and the restarts in a row that got no further.
   std::optional<uint64_t> best_iterations_;
   int no_progress_restarts_ = 0;
+  bool looked_for_strikes_ = false;  // this host's earlier leaves unfit, looked at before the first round
   bool watching_ = false;
   std::mutex seen_mutex_;
   std::optional<RoundEnd> seen_end_;  // the round's end as the watcher saw it

@@ -29,6 +29,19 @@ std::optional<ft::Finished> Agent::job_finished_elsewhere(const RoundEnd& end) c
 }
 
 std::optional<Agent::Unready> Agent::unready_for_round() {
+  if (!std::exchange(looked_for_strikes_, true) && options_.max_unfit_leaves > 0) {
+    // A node of a host that left this run of the job unfit again and again (a flapping node, its
+    // agent restarted each time) is not taken back: it leaves before it could disturb the world.
+    const std::vector<std::string> before = backend_->unfit_leaves(options_.max_unfit_leaves);
+    if (static_cast<int>(before.size()) >= options_.max_unfit_leaves) {
+      return Unready{"node_not_taken_back",
+                     "is not taken back: nodes of " + host_ + " left this run of the job unfit " +
+                         std::to_string(before.size()) + " times (--max_unfit_leaves " +
+                         std::to_string(options_.max_unfit_leaves) + "; the last " + before.back() +
+                         "); mend the host and start the job again, or raise --max_unfit_leaves",
+                     /*strike=*/false};
+    }
+  }
   std::ifstream asked(exclusion_file());
   if (asked) {
     std::string reason;

@@ -138,6 +138,11 @@ constexpr FlagDef kFlagTable[] = {
      "a built-in health check: every GPU this node's workers are to use (`CUDA_VISIBLE_DEVICES`, or the first "
      "`--nproc_per_node`) answers `nvidia-smi` within `--node_check_timeout`",
      on<&LaunchOptions::check_gpus>(), "off"},
+    {"--max_unfit_leaves", "", "N",
+     "a host whose nodes left this run of the job N times unfit for it (a failed health check, a worker's request "
+     "to leave) is not taken back: an agent started there again leaves at once, without disturbing the job "
+     "(counted per host name in the rendezvous, for as long as the job runs); 0: always taken back",
+     whole<&LaunchOptions::max_unfit_leaves>(0, 1000, "a whole number from 0 to 1000")},
     {"--max_no_progress_restarts", "", "N",
      "restarts in a row that get no further than the training iterations the program reported before them "
      "(`worker::report_iterations`, the progress page's `iterations`) end the job with exit code 125 and "

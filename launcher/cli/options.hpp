@@ -111,6 +111,9 @@ struct LaunchOptions {
   std::vector<FreeSpaceCheck> check_free_space;  // --check_free_space PATH:SIZE,...
   std::vector<std::string> check_interfaces;     // --check_interface NAME,...
   bool check_gpus = false;                       // --check_gpus: the GPUs the workers use answer nvidia-smi
+  // --max_unfit_leaves: a host whose nodes left the job's run this many times unfit (a failed
+  // health check, a worker's request) is not taken back; 0: always taken back.
+  int max_unfit_leaves = 2;
   // --max_no_progress_restarts: this many restarts in a row that get no further than the most
   // training iterations the program reported before them end the job (exit 125); 0: never.
   int max_no_progress_restarts = 3;

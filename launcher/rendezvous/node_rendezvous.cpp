@@ -1,6 +1,9 @@
 #include "launcher/rendezvous/node_rendezvous.hpp"
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <chrono>
 
 #include "common/errors.hpp"
 #include "common/log.hpp"
@@ -300,8 +303,37 @@ void NodeRendezvous::leave(int round, std::chrono::milliseconds timeout, const S
   }
 }
 
-void NodeRendezvous::leave_unready(int round, const std::string& why) {
+namespace {
+// A strike's value: a token unique to the call (so that the writer knows its own), a newline, why.
+constexpr int kMostStrikes = 1000;
+}  // namespace
+
+std::vector<std::string> NodeRendezvous::unfit_leaves(int most) {
+  std::vector<std::string> why;
+  const rdzv::jobs::JobKeys keys = job_keys();
+  for (int n = 1; n <= std::min(most, kMostStrikes); ++n) {
+    const std::optional<std::string> strike = read(keys.unfit(settings_.host, n));
+    if (!strike) break;
+    const size_t newline = strike->find('\n');
+    why.push_back(newline == std::string::npos ? "" : strike->substr(newline + 1));
+  }
+  return why;
+}
+
+void NodeRendezvous::leave_unready(int round, const std::string& why, bool strike) {
   stop_watcher();
+  if (strike) {
+    try {
+      // The first free slot of this host's strikes; a slot another node took first is passed over.
+      const rdzv::jobs::JobKeys keys = job_keys();
+      const std::string mine = std::to_string(::getpid()) + "." +
+                               std::to_string(std::chrono::steady_clock::now().time_since_epoch().count()) + "\n" + why;
+      for (int n = 1; n <= kMostStrikes && create_or_get(keys.unfit(settings_.host, n), mine) != mine; ++n) {
+      }
+    } catch (const std::exception& e) {
+      log::warn("ddprun") << "counting this host's leave (" << store_name() << "): " << e.what();
+    }
+  }
   if (!elastic() && settings_.node_rank >= 0) {
     rdzv::jobs::Outcome unready;
     unready.kind = rdzv::jobs::Outcome::Kind::NodeLost;

@@ -46,7 +46,8 @@ class NodeRendezvous : public RendezvousBackend {
   RoundEnd wait_end(int round, const StopSignal& stop) final;
   std::optional<RoundEnd> wait_end_for(int round, std::chrono::milliseconds timeout, const StopSignal& stop) final;
   void leave(int round, std::chrono::milliseconds timeout, const StopSignal& stop) final;
-  void leave_unready(int round, const std::string& why) final;
+  void leave_unready(int round, const std::string& why, bool strike) final;
+  std::vector<std::string> unfit_leaves(int most) final;
   int node_rank() const final { return place().group_rank; }
   void set_restarts(int restarts) final { restarts_ = restarts; }
   std::unique_ptr<ProgressChannel> progress_channel(int round) final;
@@ -97,6 +98,8 @@ class NodeRendezvous : public RendezvousBackend {
   virtual rdzv::jobs::RoundKeys round_keys(int round) const = 0;
   // The key of the generation's final outcome (written by the first node to leave).
   virtual std::string ended_key() const = 0;
+  // The generation's keys (those of its rounds are round_keys').
+  virtual rdzv::jobs::JobKeys job_keys() const = 0;
   // The value of `key`, if it is set.
   virtual std::optional<std::string> read(const std::string& key) = 0;
   // Sets `key` to `value` unless it is set; returns the value it holds (the first write wins).

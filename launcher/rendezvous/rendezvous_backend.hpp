@@ -148,8 +148,16 @@ class RendezvousBackend {
   // This node failed a health check before joining `round`, or a worker asked it to leave (`why`:
   // "failed its health check: ...", "was asked by a worker to leave the job: ..."), and it leaves the
   // job without a place in it: a static job cannot go on without it and ends (the others' report
-  // names this node and `why`); an elastic one goes on without it.
-  virtual void leave_unready(int round, const std::string& why) { (void)round, (void)why; }
+  // names this node and `why`); an elastic one goes on without it. `strike`: it counts among the
+  // times this host left the job's run unfit (unfit_leaves).
+  virtual void leave_unready(int round, const std::string& why, bool strike) { (void)round, (void)why, (void)strike; }
+  // Why nodes of this host left the job's current run unfit before (leave_unready with a strike),
+  // oldest first, at most `most` of them: what keeps a flapping node from being taken back again
+  // and again (--max_unfit_leaves). None on a single node.
+  virtual std::vector<std::string> unfit_leaves(int most) {
+    (void)most;
+    return {};
+  }
   // The job ends without leave() (its store is gone): background work (heartbeats) stops
   // reporting, so that nothing is printed after the job's last line.
   virtual void quiesce() {}

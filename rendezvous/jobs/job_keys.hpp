@@ -48,6 +48,7 @@ inline constexpr std::string_view kEnded = "ended";          // the job's final 
 inline constexpr std::string_view kExited = "exited";        // store: nodes that read it and left
 inline constexpr std::string_view kLeft = "left/";           // etcd: an agent that read it and left
 inline constexpr std::string_view kDone = "done";            // every node has left
+inline constexpr std::string_view kUnfit = "unfit/";         // a host's leaves unfit: unfit/<host>/<n>
 }  // namespace job_names
 
 // The names under a round's prefix, in one place: what the launcher's two backends write and what
@@ -139,6 +140,10 @@ class JobKeys : public KeysUnder {
   std::string left(std::string_view agent) const { return at(job_names::kLeft, agent); }
   std::string left_all() const { return at(job_names::kLeft); }
   std::string done() const { return at(job_names::kDone); }
+  // The `n`th time (from 1) a node of `host` left this run of the job unfit for it.
+  std::string unfit(std::string_view host, int n) const {
+    return at(job_names::kUnfit, std::string(host) + "/" + std::to_string(n));
+  }
 
  private:
   std::string run_id_;

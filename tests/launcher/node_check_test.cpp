@@ -1,7 +1,9 @@
 // Health checks before every round (--node_check, --check_free_space, --check_interface,
 // --check_gpus): a node that fails one leaves the job with the reason; a static job ends with a
 // report that names the node and the check, an elastic one goes on without the node; a check that
-// hangs is killed at its timeout; a full file system fails the free-space check.
+// hangs is killed at its timeout; a full file system fails the free-space check; every node
+// failing its check ends every node with its reason; a host that left the job unfit twice (a
+// flapping node) is not taken back (--max_unfit_leaves), on the store and on etcd.
 #include <signal.h>
 
 #include <gtest/gtest.h>
@@ -12,6 +14,7 @@
 #include "launcher/agent/node_checks.hpp"
 #include "tests/support/free_port.hpp"
 #include "tests/support/job_node.hpp"
+#include "tests/support/meeting.hpp"
 #include "tests/support/report.hpp"
 #include "tests/support/small_disk.hpp"
 #include "tests/support/subprocess.hpp"
@@ -116,6 +119,95 @@ TEST(NodeCheckTest, AWorkerCanAskForItsNodeToLeaveTheJob) {
     }
   }
 }
+
+class NodeCheckBackendTest : public ::testing::TestWithParam<Backend> {
+ protected:
+  void SetUp() override {
+    if (GetParam() == Backend::Etcd && !have_etcd())
+      GTEST_FAIL() << "etcd-server and etcd-client are not installed: run scripts/install_deps.sh";
+  }
+  // An agent of an elastic job of one or two nodes playing host 1 + (report > 0) (the flapping
+  // host's agents all play the same one), writing its report as `report`.
+  std::unique_ptr<Subprocess> start(const Meeting& m, const Reports& reports, int report,
+                                    std::vector<std::string> flags, const std::vector<std::string>& program) {
+    flags.insert(flags.end(), {"--nproc_per_node", "1", "--max_restarts", "3", "--node_check_timeout", "60"});
+    return JobNode(report == 0 ? 0 : 1)
+        .nnodes("1:2")
+        .without_rank()
+        .meet(m.flags())
+        .conf(m.conf())
+        .flags(reports.flags(report, std::move(flags)))
+        .start(program);
+  }
+};
+
+// Both nodes of a job fail their check (here a check that waits for the other node's before it
+// fails, so that the two fail together): each leaves with its reason and nothing waits on.
+TEST_P(NodeCheckBackendTest, EveryNodeFailingItsCheckEndsEveryNodeWithItsReason) {
+  Meeting m(GetParam(), "all-unfit");
+  TempDir dir;
+  const std::string check = "touch " + dir.str() + "/$$; while [ $(ls " + dir.str() +
+                            " | wc -l) -lt 2 ]; do sleep 0.1; done; echo 'GPU 3 fell off the bus' >&2; exit 3";
+  Reports reports;
+  auto n0 = start(m, reports, 0, {"--node_check", check}, {TEST_WORKER_BIN, "print", "1"});
+  ASSERT_TRUE(m.first_node_up(*n0)) << n0->err();
+  auto n1 = start(m, reports, 1, {"--node_check", check}, {TEST_WORKER_BIN, "print", "1"});
+  const Finished f0 = n0->wait(90s), f1 = n1->wait(90s);
+  ASSERT_FALSE(f0.timed_out || f1.timed_out) << f0.err << "\n" << f1.err;
+  for (const auto& [f, r] : {std::pair{f0, reports.of(0)}, std::pair{f1, reports.of(1)}}) {
+    EXPECT_EQ(f.exit_code, 1) << f.err;
+    EXPECT_EQ(r["outcome"], "node_check_failed") << r.dump(2);
+    EXPECT_NE(message(r).find("GPU 3 fell off the bus"), std::string::npos) << r.dump(2);
+    EXPECT_EQ(f.out.find("line"), std::string::npos) << "a worker ran: " << f.out;
+  }
+}
+
+// A flapping host: its node fails its check, comes back healthy and joins, then a worker finds a
+// fault and asks that it leave. Started a third time, healthy, it is not taken back: it leaves at
+// once, and the job, which ran on, is not disturbed (no round more on the running node).
+TEST_P(NodeCheckBackendTest, AHostThatLeftTheJobUnfitTwiceIsNotTakenBack) {
+  Meeting m(GetParam(), "flapping");
+  TempDir dir;
+  const std::string done = (dir.path / "done").string();
+  const std::vector<std::string> until_done{"/bin/sh", "-c", "while [ ! -e " + done + " ]; do sleep 0.1; done"};
+  Reports reports;
+  auto n0 = start(m, reports, 0, {}, until_done);
+  ASSERT_TRUE(m.first_node_up(*n0)) << n0->err();
+  ASSERT_TRUE(n0->wait_for_workers(1, 60s)) << n0->err();
+
+  const Finished f1 = start(m, reports, 1, {"--node_check", kBadDisk}, until_done)->wait(60s);
+  EXPECT_EQ(f1.exit_code, 1) << f1.err;
+  EXPECT_EQ(reports.of(1)["outcome"], "node_check_failed") << reports.of(1).dump(2);
+
+  const Finished f2 =
+      start(m, reports, 2, {}, {"/bin/sh", "-c", "echo flaky NIC > \"$DDPRUN_EXCLUDE_NODE_FILE\"; exit 1"})->wait(120s);
+  EXPECT_EQ(f2.exit_code, 1) << f2.err;
+  EXPECT_EQ(reports.of(2)["outcome"], "node_excluded") << reports.of(2).dump(2);
+
+  const Finished f3 = start(m, reports, 3, {}, until_done)->wait(60s);
+  EXPECT_EQ(f3.exit_code, 1) << f3.err;
+  const auto r3 = reports.of(3);
+  EXPECT_EQ(r3["outcome"], "node_not_taken_back") << r3.dump(2);
+  EXPECT_NE(message(r3).find("left this run of the job unfit 2 times (--max_unfit_leaves 2; the last was asked by a "
+                             "worker to leave the job: flaky NIC)"),
+            std::string::npos)
+      << r3.dump(2);
+  EXPECT_TRUE(r3["attempts"].empty() || r3["attempts"].back()["workers"].empty()) << r3.dump(2);
+
+  std::ofstream(done).close();
+  const Finished f0 = n0->wait(60s);
+  EXPECT_EQ(f0.exit_code, 0) << f0.err;
+  const auto r0 = reports.of(0);
+  ASSERT_TRUE(r0.is_object()) << f0.err;
+  // Alone; the round the healthy return joined, which its worker's failure ended (here before
+  // this node's own workers may have started); alone again: nothing after.
+  ASSERT_EQ(r0["attempts"].size(), 3u) << r0.dump(2);
+  EXPECT_EQ(r0["attempts"][1]["outcome"], "failed") << r0.dump(2);
+  EXPECT_EQ(r0["attempts"][2]["nnodes"], 1) << r0.dump(2);
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, NodeCheckBackendTest, ::testing::Values(Backend::Store, Backend::Etcd),
+                         [](const auto& p) { return p.param == Backend::Store ? "Store" : "Etcd"; });
 
 TEST(NodeCheckTest, ACheckThatHangsIsKilledAtItsTimeoutAndLeavesNothingBehind) {
   const std::string marker = "ddprun-check-marker-" + std::to_string(::getpid());

@@ -94,6 +94,7 @@ class EtcdRendezvous final : public NodeRendezvous {
   // The round protocol's key-value interface (node_rendezvous.hpp) on etcd.
   rdzv::jobs::RoundKeys round_keys(int round) const override { return keys().round(round); }
   std::string ended_key() const override { return keys().ended(); }
+  rdzv::jobs::JobKeys job_keys() const override { return keys(); }
   std::optional<std::string> read(const std::string& key) override;  // a range of one key
   // A transaction: put if the key's create revision is 0, else read it.
   std::string create_or_get(const std::string& key, const std::string& value) override;

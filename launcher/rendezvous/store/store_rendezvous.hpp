@@ -119,6 +119,7 @@ class StoreRendezvous final : public NodeRendezvous {
   // The round protocol's key-value interface (node_rendezvous.hpp) on a TCPStore.
   rdzv::jobs::RoundKeys round_keys(int round) const override { return keys_.round(round); }
   std::string ended_key() const override { return keys_.ended(); }
+  rdzv::jobs::JobKeys job_keys() const override { return keys_; }
   std::optional<std::string> read(const std::string& key) override;  // CHECK, then GET
   // COMPARE_SET with an empty expected value: the store sets it only if absent.
   std::string create_or_get(const std::string& key, const std::string& value) override;
