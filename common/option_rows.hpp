@@ -152,6 +152,11 @@ void set_on(const OptionInput&, owner_of<Path...>& o, const int64_t[2], const ch
   at<Path...>(o) = true;
 }
 
+template <auto... Path>
+void set_off(const OptionInput&, owner_of<Path...>& o, const int64_t[2], const char*) {
+  at<Path...>(o) = false;
+}
+
 }  // namespace rows_detail
 
 // A typed member's conversion: whole(), seconds(), text(), on() below make them.
@@ -214,6 +219,12 @@ constexpr Typed<rows_detail::owner_of<Path...>> text(bool show_default = true) {
 template <auto... Path>
 constexpr Typed<rows_detail::owner_of<Path...>> on() {
   return {&rows_detail::set_on<Path...>, nullptr, {0, 0}, nullptr};
+}
+
+// A bool member, on by default, that a switch turns off (`--no-...`).
+template <auto... Path>
+constexpr Typed<rows_detail::owner_of<Path...>> off() {
+  return {&rows_detail::set_off<Path...>, nullptr, {0, 0}, nullptr};
 }
 
 template <class Options, class Input = OptionInput>

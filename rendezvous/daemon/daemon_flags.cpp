@@ -20,6 +20,7 @@ using command_line::FlagShape;
 using command_line::Takes;
 
 using options::bad_value;
+using options::off;
 using options::on;
 using options::OptionInput;
 using options::seconds;
@@ -58,6 +59,12 @@ constexpr ServeFlag kServeFlags[] = {
      "with `--token-file`: most connections not yet proven at once (at most a quarter of the descriptor limit); at "
      "that many, accepting waits, and a connection silent for 0.5 s is closed to make room",
      whole<&ServeConfig::options, &server::ServerOptions::max_pending_handshakes>(1, int64_t{1} << 20)},
+    {"--no-cede", "", nullptr,
+     "serve each wake-up at once, rather than first letting the threads that wait for this CPU run "
+     "(`sched_yield`) and then serving all that arrived meanwhile in one turn; ceding makes the store on a busy "
+     "node faster (fewer wake-ups, each preempting a client less) and costs a lone client on an idle host about "
+     "5 us per request (docs/benchmarks.md)",
+     off<&ServeConfig::options, &server::ServerOptions::cede_when_busy>(), "cedes"},
     {"--max-key-bytes", "", "N", "longest key accepted",
      whole<&ServeConfig::options, &server::ServerOptions::limits, &core::Limits::max_key_bytes>(0, int64_t{1} << 30)},
     {"--max-value-bytes",

@@ -21,7 +21,7 @@ auto settings(const ServeConfig& c) {
                          o.limits.max_value_bytes, o.limits.max_request_bytes, o.limits.max_keys_per_request,
                          o.limits.max_reply_bytes, o.store_limits.max_total_keys, o.store_limits.max_store_bytes,
                          o.store_limits.max_job_keys, o.store_limits.max_job_bytes, o.job_ttl, o.state_file,
-                         c.port_file, c.token_file, c.metrics_port, c.insecure);
+                         c.port_file, c.token_file, c.metrics_port, c.insecure, o.cede_when_busy);
 }
 
 TEST(DaemonFlagsTest, EachDefaultHelpShowsIsTheOneTheServerStartsWith) {
@@ -89,6 +89,8 @@ TEST(DaemonFlagsTest, DashesAndUnderscoresAndInlineValuesSpellOneFlag) {
   EXPECT_EQ(a.options.job_ttl, std::chrono::seconds(5));
   EXPECT_EQ(a.options.handshake_timeout, std::chrono::milliseconds(2500));
   EXPECT_TRUE(parse_serve_flags({"--insecure"}).insecure);
+  EXPECT_TRUE(parse_serve_flags({}).options.cede_when_busy);
+  EXPECT_FALSE(parse_serve_flags({"--no_cede"}).options.cede_when_busy);
   EXPECT_TRUE(parse_serve_flags({"-h", "--bogus"}).help);
 }
 

@@ -324,6 +324,20 @@ TEST(StoreServiceTest, AnIpv6DaemonPrintsItsAddressesInBrackets) {
   EXPECT_EQ(d->metrics_line(), "metrics on [::1]:" + std::to_string(d->metrics_port())) << d->log();
 }
 
+// --no-cede: the daemon serves each wake-up at once (ServerOptions::cede_when_busy off): it counts
+// its turns and cedes none.
+TEST(StoreServiceTest, NoCedeServesEveryWakeUpAtOnce) {
+  DaemonOptions o;
+  o.args = {"--metrics-port", "0", "--no-cede"};
+  Daemon d(DAEMON_BIN, o);
+  rdzv::client::Client c(client_options(d.port()));
+  for (int i = 0; i < 20; ++i) c.set("k" + std::to_string(i), "v");
+  const std::string response = http_get(d.metrics_port(), "/metrics").whole;
+  const std::string body = response.substr(response.find("\r\n\r\n") + 4);
+  EXPECT_GT(sample(body, "ddprun_store_turns_total"), 0) << body;
+  EXPECT_EQ(sample(body, "ddprun_store_ceded_turns_total"), 0) << body;
+}
+
 TEST(StoreServiceTest, MetricsEndpointPassesPromtoolAndCountsWhatHappened) {
   DaemonOptions o;
   o.args = {"--metrics-port", "0"};
