@@ -3,7 +3,8 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <chrono>
+#include <atomic>
+#include <random>
 
 #include "common/errors.hpp"
 #include "common/log.hpp"
@@ -303,8 +304,13 @@ void NodeRendezvous::leave(int round, std::chrono::milliseconds timeout, const S
   }
 }
 
+std::string NodeRendezvous::new_agent_id(const std::string& host) {
+  static std::atomic<uint64_t> next{std::random_device{}()};
+  return host + ":" + std::to_string(::getpid()) + ":" + std::to_string(next++ % 100000);
+}
+
 namespace {
-// A strike's value: a token unique to the call (so that the writer knows its own), a newline, why.
+// A strike's value: an id unique to the call (so that the writer knows its own), a newline, why.
 constexpr int kMostStrikes = 1000;
 }  // namespace
 
@@ -326,8 +332,7 @@ void NodeRendezvous::leave_unready(int round, const std::string& why, bool strik
     try {
       // The first free slot of this host's strikes; a slot another node took first is passed over.
       const rdzv::jobs::JobKeys keys = job_keys();
-      const std::string mine = std::to_string(::getpid()) + "." +
-                               std::to_string(std::chrono::steady_clock::now().time_since_epoch().count()) + "\n" + why;
+      const std::string mine = new_agent_id(settings_.host) + "\n" + why;
       for (int n = 1; n <= kMostStrikes && create_or_get(keys.unfit(settings_.host, n), mine) != mine; ++n) {
       }
     } catch (const std::exception& e) {

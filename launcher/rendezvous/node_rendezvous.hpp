@@ -92,6 +92,10 @@ class NodeRendezvous : public RendezvousBackend {
   };
 
   explicit NodeRendezvous(JoinSettings settings) : settings_(std::move(settings)) {}
+  // "<host>:<pid>:<n>", a new one each call: an agent's id (its heartbeat's key, its records), never
+  // the same as another agent's of this process (a benchmark runs thousands) or of an earlier
+  // process that had the same pid (n counts from a number drawn at random once per process).
+  static std::string new_agent_id(const std::string& host);
 
   // ---- The key-value interface the protocol is written over (one backend each) ----------------
   // Every call may throw ConnectionError (the store unreachable) or TimeoutError.

@@ -3,7 +3,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <random>
 
 #include "common/errors.hpp"
 #include "common/log.hpp"
@@ -43,8 +42,7 @@ constexpr std::chrono::seconds kForgetJobAfter{24 * 3600};
 EtcdRendezvous::EtcdRendezvous(EtcdRendezvousOptions options, const StopSignal& stop)
     : NodeRendezvous(static_cast<const JoinSettings&>(options)), options_(std::move(options)) {
   client_ = std::make_unique<etcd::Client>(options_.etcd);
-  std::mt19937 rng(std::random_device{}());
-  agent_id_ = options_.host + ":" + std::to_string(::getpid()) + ":" + std::to_string(rng() % 100000);
+  agent_id_ = new_agent_id(options_.host);
   // The lease doubles as the connection check: retried, in slices, until the join timeout.
   const auto deadline = Clock::now() + options_.timeouts.join_timeout;
   log::info("ddprun") << "connecting to etcd at " << client_->endpoints_text();

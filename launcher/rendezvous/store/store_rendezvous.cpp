@@ -4,7 +4,6 @@
 
 #include <algorithm>
 #include <nlohmann/json.hpp>
-#include <random>
 #include <thread>
 
 #include "common/errors.hpp"
@@ -33,10 +32,9 @@ bool endpoint_is_local(const std::string& endpoint, const StoreRendezvousOptions
 StoreRendezvous::StoreRendezvous(StoreRendezvousOptions options, const StopSignal& stop)
     : NodeRendezvous(static_cast<const JoinSettings&>(options)), options_(std::move(options)) {
   const bool external = !options_.endpoint_host.empty();
-  std::mt19937 rng(std::random_device{}());
-  // Unique per agent process, so that a dead earlier run's heartbeat is never mistaken for ours.
-  agent_id_ = (options_.dynamic ? std::string() : "node" + std::to_string(options_.node_rank) + "-") + options_.host +
-              ":" + std::to_string(::getpid()) + ":" + std::to_string(rng() % 100000);
+  // Unique per agent, so that a dead earlier run's heartbeat is never mistaken for ours.
+  agent_id_ = (options_.dynamic ? std::string() : "node" + std::to_string(options_.node_rank) + "-") +
+              new_agent_id(options_.host);
   // Who hosts the rendezvous store: node 0 in static jobs without an endpoint; in dynamic jobs the
   // first agent on the endpoint's host that can bind its port (others, or a daemon, are clients).
   const bool try_host = options_.dynamic
