@@ -129,6 +129,27 @@ std::string round_state(const RoundNames& names, const std::string& prefix, json
   return std::string(jobs::state_name(o.kind));
 }
 
+// The hosts whose nodes left this run of the job unfit (ddprun --max_unfit_leaves: a failed health
+// check, a worker's request), "unfit/<host>/<n>": {host: {"times": N, "last": why}}, the last
+// being the highest n's reason (after the writer's id and a newline).
+json unfit_hosts(const Generation& g) {
+  json out = json::object();
+  const std::string prefix(jobs::job_names::kUnfit);
+  for (auto it = g.own.lower_bound(prefix); it != g.own.end() && it->first.starts_with(prefix); ++it) {
+    const std::string_view rest = std::string_view(it->first).substr(prefix.size());
+    const size_t slash = rest.rfind('/');
+    const auto n = slash == std::string_view::npos ? std::nullopt : to_int(rest.substr(slash + 1));
+    if (!n || slash == 0) continue;
+    json& host = out[std::string(rest.substr(0, slash))];
+    if (host.is_null()) host = json::object();
+    if (*n < host.value("times", int64_t{0})) continue;
+    const size_t newline = it->second.find('\n');
+    host["times"] = *n;
+    host["last"] = newline == std::string::npos ? "" : it->second.substr(newline + 1);
+  }
+  return out;
+}
+
 json summarize_generation(const std::string& run_id, int64_t gen, const Generation& g, const Job& job, int64_t now_ms,
                           json& skipped) {
   json out = {{"run_id", run_id}, {"generation", gen}};
@@ -159,6 +180,7 @@ json summarize_generation(const std::string& run_id, int64_t gen, const Generati
   out["world_size"] = world;
   out["nodes"] = std::move(nodes);
   if (g.own.count(std::string(jobs::job_names::kDone))) out["all_nodes_left"] = true;
+  if (json unfit = unfit_hosts(g); !unfit.empty()) out["left_unfit"] = std::move(unfit);
   if (job.refusal) out["store_refusal"] = *job.refusal;
   return out;
 }

@@ -134,6 +134,27 @@ TEST(JobKeysTest, SummaryListsJobsAndSkipsWhatItCannotParse) {
   EXPECT_DOUBLE_EQ(running["nodes"][0]["last_heartbeat_age_s"].get<double>(), 2.0);
 }
 
+// A flapping host's leaves (ddprun --max_unfit_leaves) are shown with its job: how often, and the
+// last reason; a record that is not "<host>/<n>" is passed over.
+TEST(JobSummaryTest, HostsThatLeftTheJobUnfitAreShownWithHowOftenAndTheLastReason) {
+  const jobs::JobKeys k("job", 1);
+  const std::vector<std::pair<std::string, std::string>> kv = {
+      {"/ddprun/job/gen", "1"},
+      {k.round(0).node(0), R"({"host":"a","addr":"10.0.0.1","nproc":1,"nnodes":1,"agent":"x"})"},
+      {k.unfit("host-b", 1), "host-b:77:1\nfailed its health check: --node_check 'x' exited with 3"},
+      {k.unfit("host-b", 2), "host-b:78:5\nwas asked by a worker to leave the job: flaky NIC"},
+      {k.unfit("host-c", 1), "host-c:9:2\nfailed its health check: --check_gpus: GPU 1 does not answer"},
+      {k.unfit("host-d", 0) + "x", "garbage"},
+  };
+  EXPECT_EQ(k.unfit("host-b", 2), "/ddprun/job/g1/unfit/host-b/2");
+  const json job = daemon::summarize_jobs(kv, 0)["jobs"][0];
+  ASSERT_TRUE(job.contains("left_unfit")) << job.dump(2);
+  EXPECT_EQ(job["left_unfit"].size(), 2u) << job.dump(2);
+  EXPECT_EQ(job["left_unfit"]["host-b"]["times"], 2);
+  EXPECT_EQ(job["left_unfit"]["host-b"]["last"], "was asked by a worker to leave the job: flaky NIC");
+  EXPECT_EQ(job["left_unfit"]["host-c"]["times"], 1);
+}
+
 // Status lists the keys, then reads them: a key deleted in between (a job ending, its agents
 // cleaning up) reads empty. It is gone, not malformed: neither skipped nor counted.
 TEST(JobSummaryTest, AKeyDeletedBetweenListingAndReadingIsGoneNotMalformed) {
