@@ -27,6 +27,7 @@
 #include "rendezvous/client/client.hpp"
 #include "tests/support/daemon.hpp"
 #include "tests/support/ddprun_bin.hpp"
+#include "tests/support/processes.hpp"
 #include "tests/support/subprocess.hpp"
 #include "tests/support/temp_dir.hpp"
 #include "tests/support/wait_until.hpp"
@@ -59,28 +60,6 @@ std::pair<int, int> expected_exits(Fault f) {
     case Fault::AgentStopped: return {128 + SIGTERM, 128 + SIGTERM};
   }
   return {0, 0};
-}
-
-// The processes whose command line holds `tag`, each as "pid: command line".
-std::vector<std::string> processes_mentioning(const std::string& tag) {
-  std::vector<std::string> found;
-  for (const auto& e : std::filesystem::directory_iterator("/proc")) {
-    const std::string name = e.path().filename().string();
-    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
-    // A process can exit between the listing and the read: libstdc++'s filebuf then throws
-    // ("error reading the file: No such process") whatever the stream's exception mask says.
-    std::string cmdline;
-    try {
-      std::ifstream in(e.path() / "cmdline");
-      cmdline.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-    } catch (const std::ios_base::failure&) {
-      continue;
-    }
-    if (cmdline.find(tag) == std::string::npos) continue;
-    for (char& ch : cmdline) ch = ch == '\0' ? ' ' : ch;
-    found.push_back(name + ": " + cmdline);
-  }
-  return found;
 }
 
 struct Job {
