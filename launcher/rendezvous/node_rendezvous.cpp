@@ -317,11 +317,18 @@ constexpr int kMostStrikes = 1000;
 std::vector<std::string> NodeRendezvous::unfit_leaves(int most) {
   std::vector<std::string> why;
   const rdzv::jobs::JobKeys keys = job_keys();
-  for (int n = 1; n <= std::min(most, kMostStrikes); ++n) {
-    const std::optional<std::string> strike = read(keys.unfit(settings_.host, n));
-    if (!strike) break;
-    const size_t newline = strike->find('\n');
-    why.push_back(newline == std::string::npos ? "" : strike->substr(newline + 1));
+  try {
+    for (int n = 1; n <= std::min(most, kMostStrikes); ++n) {
+      const std::optional<std::string> strike = read(keys.unfit(settings_.host, n));
+      if (!strike) break;
+      const size_t newline = strike->find('\n');
+      why.push_back(newline == std::string::npos ? "" : strike->substr(newline + 1));
+    }
+  } catch (const std::exception& e) {
+    // The join that follows meets the same store and says what is wrong with it; a host is never
+    // refused for a count that could not be read.
+    log::warn("ddprun") << "reading this host's earlier leaves (" << store_name() << "): " << e.what();
+    return {};
   }
   return why;
 }
