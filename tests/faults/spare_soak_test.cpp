@@ -44,13 +44,14 @@ class SpareSoak {
   void start_agent() {
     const std::vector<std::string> program{"/bin/sh", "-c",
                                            "while [ ! -e " + done_ + " ]; do sleep 0.1; done; : " + tag_};
-    agents_.push_back(JobNode(next_host_++ % 250)
-                          .nnodes("2:2")
-                          .without_rank()
-                          .meet(at_store(daemon_.port(), "spare-soak", /*c10d=*/true))
-                          .conf("join_timeout=60,last_call_timeout=0.5,keep_alive_interval=0.5,keep_alive_max_attempt=6")
-                          .flags({"--nproc_per_node", "1", "--max_restarts", "0"})
-                          .start(program));
+    agents_.push_back(
+        JobNode(next_host_++ % 250)
+            .nnodes("2:2")
+            .without_rank()
+            .meet(at_store(daemon_.port(), "spare-soak", /*c10d=*/true))
+            .conf("join_timeout=60,last_call_timeout=0.5,keep_alive_interval=0.5,keep_alive_max_attempt=6")
+            .flags({"--nproc_per_node", "1", "--max_restarts", "0"})
+            .start(program));
   }
   // Reads what the agents wrote so far (their consoles never fill a pipe).
   void pump() {
