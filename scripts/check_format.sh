@@ -16,7 +16,10 @@ if [[ $version != 14 ]]; then
   echo "check_format: skipped: the style is pinned to clang-format 14 (Debian 12's), this is $version"
   exit 77
 fi
-mapfile -t files < <(git ls-files '*.cpp' '*.hpp' '*.h' | grep -v '^tests/fuzz/corpus/')
+# Tracked files and new ones not yet added (a new file is checked and fixed before its commit),
+# never what .gitignore names (build trees).
+mapfile -t files < <(git ls-files --cached --others --exclude-standard '*.cpp' '*.hpp' '*.h' |
+  grep -v '^tests/fuzz/corpus/')
 if ((fix)); then
   "$tool" -i "${files[@]}"
   echo "check_format: ${#files[@]} files formatted"
