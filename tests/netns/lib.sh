@@ -35,6 +35,29 @@ netns_need_nft() {
   ip netns exec "$1" nft delete table inet probe
 }
 
+# Waits (bounded) for a line in a file; 1 if it never came.
+wait_for() {
+  local file=$1 text=$2 seconds=$3
+  for _ in $(seq 1 $((seconds * 10))); do
+    grep -q "$text" "$file" 2>/dev/null && return 0
+    sleep 0.1  # sleep override: polling another process's output
+  done
+  return 1
+}
+# Waits (bounded) for a child; sets `code` to its exit code, or "running" if it outlived the
+# bound (not through $(...): a subshell cannot wait for this shell's children).
+exit_of() {
+  local pid=$1 seconds=$2
+  for _ in $(seq 1 $((seconds * 10))); do
+    kill -0 "$pid" 2>/dev/null || break
+    sleep 0.1  # sleep override: polling a process's end
+  done
+  code=running
+  kill -0 "$pid" 2>/dev/null && return
+  code=0
+  wait "$pid" || code=$?
+}
+
 netns_cleanup() {
   local ns
   for ns in "${netns_made[@]}"; do ip netns del "$ns" 2>/dev/null || true; done

@@ -52,27 +52,6 @@ table inet partition {
 EOF
 }
 
-# Waits (bounded) for a line in a file; 1 if it never came.
-wait_for() {
-  local file=$1 text=$2 seconds=$3
-  for _ in $(seq 1 $((seconds * 10))); do
-    grep -q "$text" "$file" 2>/dev/null && return 0
-    sleep 0.1  # sleep override: polling another process's output
-  done
-  return 1
-}
-# Waits (bounded) for a child; sets `code` to its exit code, or "running" if it outlived the bound.
-exit_of() {
-  local pid=$1 seconds=$2
-  for _ in $(seq 1 $((seconds * 10))); do
-    kill -0 "$pid" 2>/dev/null || break
-    sleep 0.1  # sleep override: polling a process's end
-  done
-  code=running
-  kill -0 "$pid" 2>/dev/null && return
-  code=0
-  wait "$pid" || code=$?
-}
 failed=0
 fail() {
   echo "FAIL: $1"
