@@ -8,6 +8,8 @@ usage: preload_worker.py MODE [ARGS...]
   raise                rank 1 raises RuntimeError inside @record (the error file)
   kill-self SIGNAL     rank 1 kills itself with SIGNAL after a barrier
   sleep READY_DIR      writes READY_DIR/ready.<rank> with its pid, then sleeps in sleep_here()
+  spin OUT_DIR         all-reduces every 20 ms until OUT_DIR/stop exists; after its first one it
+                       writes OUT_DIR/spin.<pid> (whether it was preloaded, its parent, its rank)
 """
 import datetime
 import hashlib
@@ -103,6 +105,22 @@ def main():
         if rank == 1:
             os.kill(os.getpid(), int(sys.argv[2]))
         time.sleep(60)
+    elif mode == "spin":
+        out = sys.argv[2]
+        init()
+        t = torch.zeros(1)
+        first = True
+        while not os.path.exists(os.path.join(out, "stop")):
+            dist.all_reduce(t)
+            if first:
+                facts = {"preloaded": PRELOADED, "pid": os.getpid(), "ppid": os.getppid(), "rank": rank,
+                         "world_size": os.environ["WORLD_SIZE"]}
+                with open(os.path.join(out, "spin.%d.tmp" % os.getpid()), "w") as f:
+                    json.dump(facts, f)
+                os.rename(os.path.join(out, "spin.%d.tmp" % os.getpid()), os.path.join(out, "spin.%d" % os.getpid()))
+                first = False
+            time.sleep(0.02)
+        dist.destroy_process_group()
     elif mode == "sleep":
         def sleep_here():
             with open(os.path.join(sys.argv[2], "ready.%d" % rank), "w") as f:

@@ -1,7 +1,8 @@
 """--preload: Python workers forked from a per-node zygote that imported torch once behave as
 exec'd ones: the same training result to the bit, their own random state, the same exit codes,
 signals, failure report, error file, restarts, hang stacks, and nothing left after ddprun is
-killed.
+killed. A hot spare's zygote imports while the spare waits: the worker it gets when it takes a
+lost node's place is forked from it.
 
 usage: /usr/bin/python3 test_preload.py PATH/TO/ddprun
 """
@@ -13,6 +14,8 @@ import sys
 import tempfile
 import time
 import unittest
+
+from ports import free_port
 
 DDPRUN = None
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -166,6 +169,89 @@ class Preload(unittest.TestCase):
             self.assertIn("importing no_such_module_for_ddprun failed", r.stderr)
             self.assertIn("workers start the normal way", r.stderr)
             self.assertFalse(read_json(os.path.join(d, "state.0"))["preloaded"])
+
+    def test_a_spares_zygote_imports_while_it_waits_and_forks_the_worker_that_takes_a_lost_nodes_place(self):
+        conf = "join_timeout=60,last_call_timeout=1,keep_alive_interval=0.2,keep_alive_max_attempt=3"
+        port = free_port()
+        with tempfile.TemporaryDirectory() as d:
+            def node(host):
+                cmd = [DDPRUN, "--rdzv_backend", "c10d", "--rdzv_endpoint", "127.0.0.1:%d" % port, "--rdzv_id",
+                       "preload-spare", "--nnodes", "2:2", "--nproc_per_node", "1", "--local_addr",
+                       "127.0.0.%d" % host, "--rdzv_conf", conf, "--preload", "torch", "--max_restarts", "0", WORKER,
+                       "spin", d]
+                with open(os.path.join(d, "node%d.log" % host), "w") as log:
+                    return subprocess.Popen(cmd, env=ENV, stdout=log, stderr=subprocess.STDOUT,
+                                            start_new_session=True)
+
+            def log_of(host):
+                with open(os.path.join(d, "node%d.log" % host)) as f:
+                    return f.read()
+
+            def spins():
+                return [read_json(os.path.join(d, f)) for f in os.listdir(d) if f.startswith("spin.") and
+                        not f.endswith(".tmp")]
+
+            nodes = {1: node(1)}
+            try:
+                self.assertTrue(wait_for(lambda: port in _listening_ports(), 60), log_of(1))  # node 1 hosts the store
+                nodes[2] = node(2)
+                self.assertTrue(wait_for(lambda: len(spins()) == 2, 180), log_of(1) + log_of(2))
+                nodes[3] = node(3)
+                self.assertTrue(wait_for(lambda: "as a spare" in log_of(3), 60), log_of(3))
+                # While it waits, outside the world, the spare's zygote has torch loaded.
+                holding = []
+                self.assertTrue(wait_for(lambda: holding.extend(_children_with_torch(nodes[3].pid)) or holding, 180),
+                                log_of(3))
+                self.assertNotIn("imported once in", log_of(3), "no worker was placed on the spare yet")
+                os.killpg(nodes[2].pid, signal.SIGKILL)
+                nodes[2].wait()
+                first_world = {s["pid"] for s in spins()}
+                self.assertTrue(wait_for(lambda: len(spins()) == 4, 120), log_of(1) + log_of(3))
+                on_spare = [s for s in spins() if s["pid"] not in first_world and s["ppid"] == nodes[3].pid]
+                self.assertEqual(len(on_spare), 1, spins())
+                self.assertTrue(on_spare[0]["preloaded"], on_spare[0])
+                self.assertEqual(on_spare[0]["world_size"], "2")
+                # Forked from the zygote that held torch before the failure: its one import.
+                self.assertEqual(log_of(3).count("imported once in"), 1, log_of(3))
+                self.assertIn("(zygote pid %d)" % holding[0], log_of(3))
+                open(os.path.join(d, "stop"), "w").close()
+                for host in (1, 3):
+                    self.assertEqual(nodes[host].wait(timeout=120), 0, log_of(host))
+            finally:
+                for p in nodes.values():
+                    if p.poll() is None:
+                        os.killpg(p.pid, signal.SIGKILL)
+                        p.wait()
+
+
+def _listening_ports():
+    """The TCP ports something listens on (IPv4 and IPv6)."""
+    got = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table) as f:
+                rows = f.readlines()[1:]
+        except OSError:
+            continue
+        for row in rows:
+            fields = row.split()
+            if fields[3] == "0A":  # LISTEN
+                got.add(int(fields[1].rsplit(":", 1)[1], 16))
+    return got
+
+
+def _children_with_torch(pid):
+    """The children of PID that have torch's library mapped."""
+    found = []
+    for child in os.listdir("/proc"):
+        if child.isdigit() and _parent(int(child)) == pid:
+            try:
+                with open("/proc/%s/maps" % child) as f:
+                    if "libtorch" in f.read():
+                        found.append(int(child))
+            except OSError:
+                pass
+    return found
 
 
 def _parent(pid):
