@@ -14,7 +14,9 @@ MASTER_PORT) and the c10d rendezvous store node 0 of a job hosts, each against P
 PyTorch first in even ones), so a drift of the machine's speed during the run favours neither.
 "Busy" runs one spinning process per core beside them: the situation of a rank-0 node whose
 workers use every core while its ddprun hosts their store. Per barrier, the server's process: CPU
-time, time waiting for a CPU, sleeps and involuntary switches (/proc/PID/task/*/schedstat, status).
+time, time waiting for a CPU, sleeps and involuntary switches (/proc/PID/task/*/schedstat, status);
+and the clients' process: its CPU time over the barrier, the work no server can take off it (its
+threads take turns at one interpreter lock, so a barrier is hardly shorter than that).
 
 usage: /usr/bin/python3 store_barrier_bench.py DDPRUN_RENDEZVOUS [--ddprun DDPRUN] [--clients 1024]
            [--repeat 5] [--store daemon,worker,c10d] [--arrival spread,burst] [--load idle,busy]
@@ -83,9 +85,11 @@ def barrier(port, n, kwargs, arrival, host="127.0.0.1"):
     if start:
         for t in threads:
             t.start()
+        cpu0 = time.process_time()
         t0 = time.perf_counter()
         start.wait()
     else:
+        cpu0 = time.process_time()
         t0 = time.perf_counter()
         for t in threads:
             t.start()
@@ -94,7 +98,7 @@ def barrier(port, n, kwargs, arrival, host="127.0.0.1"):
     elapsed = time.perf_counter() - t0
     if errors:
         raise RuntimeError(f"{len(errors)} clients failed, first: {errors[0]}")
-    return elapsed
+    return elapsed, time.process_time() - cpu0
 
 
 def sched(pid):
@@ -119,22 +123,24 @@ def sched(pid):
 
 def barrier_in_process(port, n, arrival):
     """One barrier in a fresh process of its own (no threads, memory or GC state left from earlier
-    runs); returns its time."""
+    runs); returns its time and the clients' CPU time."""
     out = subprocess.run([sys.executable, os.path.abspath(__file__), "--barrier", str(port), str(n), arrival],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                          timeout=TIMEOUT.total_seconds() + 60)
     if out.returncode != 0:
         raise RuntimeError(f"the barrier's process exited with {out.returncode}; its stdout: {out.stdout[-500:]!r}; "
                            f"the end of its stderr:\n{out.stderr[-3000:]}")
-    return float(out.stdout.split()[-1])
+    elapsed, client_cpu = out.stdout.split()[-2:]
+    return float(elapsed), float(client_cpu)
 
 
 def measured(pid, port, n, arrival):
-    """The barrier's time and what the server at PID spent on it: (s, CPU s, wait s, sleeps, preemptions)."""
+    """The barrier's time, what the server at PID spent on it and the clients' CPU time: (s, CPU s,
+    wait s, sleeps, preemptions, clients' CPU s)."""
     before = sched(pid)
-    t = barrier_in_process(port, n, arrival)
+    t, client_cpu = barrier_in_process(port, n, arrival)
     after = sched(pid)
-    return (t,) + tuple(a - b for a, b in zip(after, before))
+    return (t,) + tuple(a - b for a, b in zip(after, before)) + (client_cpu,)
 
 
 def rss_kib(pid):
@@ -188,10 +194,11 @@ def barrier_in_job(n, arrival, where, out):
     else:
         host, port = "127.0.0.1", int(where)
     before = sched(launcher)
-    t = barrier(port, n, client_kwargs(), arrival, host)
+    t, client_cpu = barrier(port, n, client_kwargs(), arrival, host)
     after = sched(launcher)
+    measured_here = (t,) + tuple(a - b for a, b in zip(after, before)) + (client_cpu,)
     with open(out, "w") as f:
-        json.dump({"measured": (t,) + tuple(a - b for a, b in zip(after, before)), "rss_kib": rss_kib(launcher)}, f)
+        json.dump({"measured": measured_here, "rss_kib": rss_kib(launcher)}, f)
 
 
 def run_theirs(n, arrival):
@@ -219,7 +226,7 @@ def spinners(count):
 def main():
     if len(sys.argv) in (5, 6) and sys.argv[1] in ("--barrier", "--barrier-in-job"):
         if sys.argv[1] == "--barrier":  # one barrier, in a process of its own
-            print(barrier(int(sys.argv[2]), int(sys.argv[3]), client_kwargs(), sys.argv[4]), flush=True)
+            print(*barrier(int(sys.argv[2]), int(sys.argv[3]), client_kwargs(), sys.argv[4]), flush=True)
         else:  # the one worker of a ddprun job
             barrier_in_job(int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5])
         # Exit without freeing the clients: with PyTorch 2.6 on Python 3.13, freeing 1024 TCPStores
@@ -281,8 +288,10 @@ def compare(args, store, arrival, load):
         wait = statistics.median(m[2] for m, _ in runs)
         sw = statistics.median(m[3] for m, _ in runs)
         pre = statistics.median(m[4] for m, _ in runs)
+        clients = statistics.median(m[5] for m, _ in runs)
         print(f"{'':20} {name:<7} server CPU {cpu * 1e3:6.1f} ms, waiting for a CPU {wait * 1e3:7.1f} ms, "
-              f"{sw:5.0f} sleeps, {pre:5.0f} involuntary switches (medians per barrier)", flush=True)
+              f"{sw:5.0f} sleeps, {pre:5.0f} involuntary switches; clients' CPU {clients * 1e3:6.1f} ms "
+              f"(medians per barrier)", flush=True)
 
 
 if __name__ == "__main__":
