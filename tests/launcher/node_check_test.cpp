@@ -1,7 +1,8 @@
 // Health checks before every round (--node_check, --check_free_space, --check_interface,
 // --check_gpus): a node that fails one leaves the job with the reason; a static job ends with a
 // report that names the node and the check, an elastic one goes on without the node; a check that
-// hangs is killed at its timeout; a full file system fails the free-space check; every node
+// hangs is killed at its timeout; a full file system fails the free-space check; the GPU check asks
+// nvidia-smi for each GPU the workers are to use (a host without it fails the check); every node
 // failing its check ends every node with its reason; a host that left the job unfit twice (a
 // flapping node) is not taken back (--max_unfit_leaves), on the store and on etcd.
 #include <signal.h>
@@ -245,6 +246,36 @@ TEST(NodeCheckTest, AFullFileSystemFailsTheFreeSpaceCheck) {
   EXPECT_EQ(f.exit_code, 1) << f.err;
   EXPECT_EQ(f.out.find("line"), std::string::npos) << "a worker ran: " << f.out;
   EXPECT_NE(f.err.find("--check_free_space: " + disk.dir.str()), std::string::npos) << f.err;
+}
+
+// nvidia-smi is what --check_gpus asks. On a host with a driver, a GPU it has passes and one it has
+// not fails; on a host without one (no nvidia-smi: a CPU node, a driver not installed) the check
+// fails and says it could not ask. Either way the GPUs asked are the workers' ones
+// (CUDA_VISIBLE_DEVICES), and a node that fails leaves before any worker starts.
+TEST(NodeCheckTest, TheGpuCheckAsksNvidiaSmiForEachGpuTheWorkersAreToUse) {
+  Subprocess smi({"/bin/sh", "-c", "nvidia-smi -L"});
+  const bool has_driver = smi.wait(60s).exit_code == 0;
+  const auto run = [](const std::string& visible) {
+    Reports reports;
+    Subprocess p({ddprun_bin(), "--nproc_per_node", "1", "--check_gpus", "--report_file", reports.path(0).string(),
+                  TEST_WORKER_BIN, "print", "1"},
+                 {{"CUDA_VISIBLE_DEVICES", visible}});
+    const Finished f = p.wait(120s);
+    return std::make_pair(f, reports.of(0));
+  };
+  const auto [absent, absent_report] = run("4095");
+  EXPECT_EQ(absent.exit_code, 1) << absent.err;
+  EXPECT_EQ(absent.out.find("line"), std::string::npos) << "a worker ran: " << absent.out;
+  const std::string why = message(absent_report);
+  EXPECT_NE(why.find("failed its health check: --check_gpus: GPU 4095"), std::string::npos) << why;
+  if (has_driver) {
+    EXPECT_NE(why.find("is not there or does not answer: nvidia-smi"), std::string::npos) << why;
+    const auto [present, present_report] = run("0");
+    EXPECT_EQ(present.exit_code, 0) << present.err;
+    EXPECT_NE(present.out.find("line"), std::string::npos) << present.out;
+  } else {
+    EXPECT_NE(why.find("cannot run nvidia-smi to ask it"), std::string::npos) << why;
+  }
 }
 
 TEST(NodeCheckTest, AnInterfaceMustBeThereAndUp) {
