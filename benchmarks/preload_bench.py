@@ -9,6 +9,8 @@ barrier) with N workers, prints side by side for ddprun, ddprun --preload torch 
   - the workers' summed PSS after their first barrier (/proc/PID/smaps_rollup).
 
 usage: /usr/bin/python3 preload_bench.py DDPRUN [--counts 4,8] [--repeat 3]
+           [--launchers ddprun,preload,torchrun] [--measures first,restart,pss]
+A launcher left out prints "-" (and no ratio that needs it).
 """
 import argparse
 import glob
@@ -87,23 +89,31 @@ def main():
     ap.add_argument("ddprun")
     ap.add_argument("--counts", default="4,8")
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--launchers", default="ddprun,preload,torchrun",
+                    help="which to run: ddprun, preload (ddprun --preload torch), torchrun")
+    ap.add_argument("--measures", default="first,restart,pss",
+                    help="first: the first barrier; restart: failure to restarted barrier; pss: the workers' PSS")
     args = ap.parse_args()
-    launchers = ("ddprun", "preload", "torchrun")
+    launchers = args.launchers.split(",")
+    measures = {"first": ("first barrier", first_barrier, "s"), "restart": ("failure to restarted barrier", restart, "s"),
+                "pss": ("workers' summed PSS", pss_mib, "MiB")}
     print("| workers | measure | ddprun | ddprun --preload torch | torchrun | --preload vs ddprun | --preload vs torchrun |")
     print("|---:|---|---:|---:|---:|---:|---:|")
     for n in (int(c) for c in args.counts.split(",")):
-        for name, fn, unit in (("first barrier", first_barrier, "s"), ("failure to restarted barrier", restart, "s"),
-                               ("workers' summed PSS", pss_mib, "MiB")):
+        for name, fn, unit in (measures[m] for m in args.measures.split(",")):
             repeat = 1 if fn is pss_mib else args.repeat
             got = {}
             for _ in range(repeat):  # interleaved, so a noisy moment hits every launcher alike
                 for launcher in launchers:
                     got.setdefault(launcher, []).append(fn(launcher, args.ddprun, n))
             med = {k: statistics.median(v) for k, v in got.items()}
+            runs = {k: ", ".join(("%.2f" if unit == "s" else "%.0f") % x for x in v) for k, v in got.items()}
             fmt = (lambda v: "%.2f %s" % (v, unit)) if unit == "s" else (lambda v: "%.0f %s" % (v, unit))
-            print("| %d | %s | %s | %s | %s | %.2fx | %.2fx |" % (
-                n, name, fmt(med["ddprun"]), fmt(med["preload"]), fmt(med["torchrun"]),
-                med["preload"] / med["ddprun"], med["preload"] / med["torchrun"]), flush=True)
+            cell = lambda k: fmt(med[k]) + (" (%s)" % runs[k] if repeat > 1 else "") if k in med else "-"  # noqa: E731
+            ratio = lambda a, b: "%.2fx" % (med[a] / med[b]) if a in med and b in med else "-"  # noqa: E731
+            print("| %d | %s | %s | %s | %s | %s | %s |" % (
+                n, name, cell("ddprun"), cell("preload"), cell("torchrun"), ratio("preload", "ddprun"),
+                ratio("preload", "torchrun")), flush=True)
 
 
 if __name__ == "__main__":
