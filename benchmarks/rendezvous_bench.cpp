@@ -12,13 +12,16 @@
 //   (--no-cede: the store serves every wake-up at once, ServerOptions::cede_when_busy off)
 //   (--stack-kib: the agent threads' stack size, default 256; 0: the default, RLIMIT_STACK's)
 //   (--by-op: the requests per agent of each configuration's last round, by operation, on stderr)
-//   (default 16,256,1024,4096, 3 repeats (the median is reported), both backends, both stores)
+//   (default 16,256,1024,4096, 3 repeats (the median is reported with the range of the repeats,
+//   and the protected/open ratio with the range of each repeat's pair), both backends, both stores)
 #include <pthread.h>
 
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <latch>
 #include <mutex>
 #include <string>
@@ -155,6 +158,34 @@ Round run_round(bool dynamic, int n, bool secured, int repeat) {
 
 }  // namespace
 
+constexpr const char* kUsage =
+    "usage: rendezvous_bench [N,N,...] [REPEATS] [--backend static|c10d|both] [--store open|protected|both]\n"
+    "                        [--by-op] [--no-cede] [--stack-kib K]\n"
+    "  N,N,...  agents per round (default 16,256,1024,4096); REPEATS rounds of each (default 3)\n";
+
+[[noreturn]] void usage_error(const std::string& what) {
+  std::fprintf(stderr, "rendezvous_bench: %s\n%s", what.c_str(), kUsage);
+  std::exit(2);
+}
+
+// A whole number of at least `least`, or a usage error that names the flag and the value.
+long whole(const std::string& what, const std::string& v, long least) {
+  char* end = nullptr;
+  errno = 0;
+  const long n = std::strtol(v.c_str(), &end, 10);
+  if (v.empty() || *end != '\0' || errno != 0 || n < least) {
+    usage_error(what + " wants a whole number of at least " + std::to_string(least) + ", not '" + v + "'");
+  }
+  return n;
+}
+
+std::string range_text(const std::vector<double>& v, const char* format) {
+  char lo[32], hi[32];
+  std::snprintf(lo, sizeof lo, format, *std::min_element(v.begin(), v.end()));
+  std::snprintf(hi, sizeof hi, format, *std::max_element(v.begin(), v.end()));
+  return std::string(lo) + "-" + hi;
+}
+
 int main(int argc, char** argv) {
   raise_open_file_limit();
   // Every agent's threads (its join and its heartbeat: 8,192 at 4,096 agents) get 256 KiB stacks
@@ -173,23 +204,37 @@ int main(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     const std::string v = i + 1 < argc ? argv[i + 1] : "";
-    if (a == "--by-op") {
+    if (a == "-h" || a == "--help") {
+      std::fputs(kUsage, stdout);
+      return 0;
+    } else if (a == "--by-op") {
       by_op = true;
     } else if (a == "--no-cede") {
       g_cede = false;
     } else if (a == "--stack-kib") {
-      stack_kib = std::stoul(v);
+      stack_kib = static_cast<size_t>(whole("--stack-kib", v, 0));
       ++i;
     } else if (a == "--backend") {
+      if (v != "static" && v != "c10d" && v != "both")
+        usage_error("--backend is static, c10d or both, not '" + v + "'");
       backends = v == "static" ? std::vector<bool>{false} : v == "c10d" ? std::vector<bool>{true} : backends;
       ++i;
     } else if (a == "--store") {
+      if (v != "open" && v != "protected" && v != "both") {
+        usage_error("--store is open, protected or both, not '" + v + "'");
+      }
       stores = v == "open" ? std::vector<bool>{false} : v == "protected" ? std::vector<bool>{true} : stores;
       ++i;
+    } else if (a.rfind("-", 0) == 0) {
+      usage_error("unknown flag '" + a + "'");
     } else if (positional++ == 0) {
-      counts = ddprun::bench::parse_list(a);
+      counts.clear();
+      std::stringstream in(a);
+      for (std::string item; std::getline(in, item, ',');) counts.push_back(static_cast<int>(whole("N", item, 1)));
+    } else if (positional == 2) {
+      repeats = static_cast<int>(whole("REPEATS", a, 1));
     } else {
-      repeats = std::max(1, std::stoi(a));
+      usage_error("one list of agent counts and one number of repeats, not also '" + a + "'");
     }
   }
   if (stack_kib > 0) {
@@ -200,8 +245,8 @@ int main(int argc, char** argv) {
     pthread_attr_destroy(&attr);
   }
   std::printf(
-      "| backend | agents | store | first join -> all ranked (s), median of %d | CPU s (agents + store) "
-      "| store requests per agent | wrong ranks | failed agents |\n|---|---:|---|---:|---:|---:|---:|---:|\n",
+      "| backend | agents | store | first join -> all ranked (s), median of %d | range | CPU s (agents + store) "
+      "| store requests per agent | wrong ranks | failed agents |\n|---|---:|---|---:|---:|---:|---:|---:|---:|\n",
       repeats);
   for (const bool dynamic : backends) {
     for (const int n : counts) {
@@ -230,13 +275,18 @@ int main(int argc, char** argv) {
         }
         median[secured] = ddprun::bench::median(times[secured]);
         cpu[secured] = ddprun::bench::median(cpus[secured]);
-        std::printf("| %s | %d | %s | %.3f | %.3f | %.1f | %d | %d |\n", dynamic ? "c10d (dynamic)" : "static", n,
-                    secured ? "protected (HMAC handshake)" : "open", median[secured], cpu[secured],
-                    last[secured].requests_per_agent, last[secured].wrong, failed[secured]);
+        std::printf("| %s | %d | %s | %.3f | %s | %.3f | %.1f | %d | %d |\n", dynamic ? "c10d (dynamic)" : "static", n,
+                    secured ? "protected (HMAC handshake)" : "open", median[secured],
+                    range_text(times[secured], "%.3f").c_str(), cpu[secured], last[secured].requests_per_agent,
+                    last[secured].wrong, failed[secured]);
       }
       if (stores.size() == 2) {
-        std::printf("| %s | %d | ratio protected/open | %.2fx | %.2fx | | | |\n", dynamic ? "c10d (dynamic)" : "static",
-                    n, median[1] / median[0], cpu[1] / cpu[0]);
+        // Each repeat's pair (its open round, then its protected one): the spread of the ratio.
+        std::vector<double> pairs;
+        for (size_t k = 0; k < times[0].size(); ++k) pairs.push_back(times[1][k] / times[0][k]);
+        std::printf("| %s | %d | ratio protected/open | %.2fx | pairs %sx | %.2fx | | | |\n",
+                    dynamic ? "c10d (dynamic)" : "static", n, median[1] / median[0], range_text(pairs, "%.2f").c_str(),
+                    cpu[1] / cpu[0]);
       }
       std::fflush(stdout);
     }
