@@ -1,6 +1,7 @@
 // Hot spares: an agent that arrives when an elastic job runs with all its --nnodes MAX nodes waits
 // outside the world, takes the place of a node that is lost in the next round, and ends with the
-// job; a spare that dies or is stopped never ends the job. On the store (c10d through the node
+// job; a spare that dies or is stopped never ends the job, nor one that dies with a node of the
+// world (the other spare takes the place). On the store (c10d through the node
 // that hosts the endpoint) and on a real etcd.
 #include <signal.h>
 
@@ -117,6 +118,35 @@ TEST_P(SpareTest, ASpareKilledOrStoppedWhileWaitingNeverEndsTheJob) {
   EXPECT_EQ(fb.exit_code, 0) << fb.err;
   EXPECT_EQ(attempts(reports.of(0)), 1u) << reports.of(0).dump(2);
   EXPECT_EQ(attempts(reports.of(1)), 1u) << reports.of(1).dump(2);
+}
+
+// A node of the world and a spare killed at once (a rack's power, a switch): the other spare takes
+// the lost node's place, and the spare that died with it costs the job nothing.
+TEST_P(SpareTest, AWorldNodeAndASpareKilledTogetherLeaveThePlaceToTheOtherSpare) {
+  Meeting m(GetParam(), "spare-and-node-die");
+  Reports reports;
+  auto a = node(m, 0, {"sleep", "5"}, reports);
+  ASSERT_TRUE(m.first_node_up(*a)) << a->err();
+  auto b = node(m, 1, {"sleep", "5"}, reports);
+  ASSERT_TRUE(b->wait_for_workers(1, 60s)) << b->err();
+  auto dies = node(m, 2, {"sleep", "5"}, reports);
+  auto stays = node(m, 3, {"sleep", "5"}, reports);
+  ASSERT_TRUE(dies->wait_for_output("as a spare", 30s)) << dies->err();
+  ASSERT_TRUE(stays->wait_for_output("as a spare", 30s)) << stays->err();
+  b->signal(SIGKILL);
+  dies->signal(SIGKILL);
+  const Finished fa = a->wait(90s), fs = stays->wait(90s);
+  ASSERT_FALSE(fa.timed_out) << fa.err;
+  EXPECT_EQ(fa.exit_code, 0) << fa.err;
+  EXPECT_EQ(fs.exit_code, 0) << fs.err;
+  const auto ra = reports.of(0), rs = reports.of(3);
+  ASSERT_EQ(attempts(ra), 2u) << ra.dump(2);
+  EXPECT_EQ(ra["attempts"][0]["outcome"], "node_lost") << ra.dump(2);
+  EXPECT_EQ(ra["attempts"][1]["nnodes"], 2) << "the living spare filled the lost node's place: " << ra.dump(2);
+  EXPECT_EQ(ra["restarts"], 0) << ra.dump(2);
+  EXPECT_FALSE(last_was_spare(rs)) << rs.dump(2);
+  EXPECT_EQ(rs["attempts"].back()["outcome"], "succeeded") << rs.dump(2);
+  EXPECT_EQ(rs["attempts"].back()["workers"].size(), 1u) << rs.dump(2);
 }
 
 // A failure is no lost node: the world's nodes restart in their places, the spare stays a spare,
