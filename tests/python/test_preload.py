@@ -205,12 +205,11 @@ class Preload(unittest.TestCase):
                 self.assertNotIn("imported once in", log_of(3), "no worker was placed on the spare yet")
                 os.killpg(nodes[2].pid, signal.SIGKILL)
                 nodes[2].wait()
-                first_world = {s["pid"] for s in spins()}
-                self.assertTrue(wait_for(lambda: len(spins()) == 4, 120), log_of(1) + log_of(3))
-                on_spare = [s for s in spins() if s["pid"] not in first_world and s["ppid"] == nodes[3].pid]
-                self.assertEqual(len(on_spare), 1, spins())
-                self.assertTrue(on_spare[0]["preloaded"], on_spare[0])
-                self.assertEqual(on_spare[0]["world_size"], "2")
+                on_spare = lambda: [s for s in spins() if s["ppid"] == nodes[3].pid]  # noqa: E731
+                self.assertTrue(wait_for(on_spare, 120), log_of(1) + log_of(3))
+                self.assertEqual(len(on_spare()), 1, spins())
+                self.assertTrue(on_spare()[0]["preloaded"], on_spare())
+                self.assertEqual(on_spare()[0]["world_size"], "2")
                 # Forked from the zygote that held torch before the failure: its one import.
                 self.assertEqual(log_of(3).count("imported once in"), 1, log_of(3))
                 self.assertIn("(zygote pid %d)" % holding[0], log_of(3))
