@@ -71,7 +71,6 @@ using workers::RankPlacement;
 using workers::SignalWatcher;
 using workers::SpawnedProcess;
 using workers::SpawnRequest;
-using workers::SpawnResult;
 using workers::Supervisor;
 using workers::WorkerLaunch;
 using workers::Zygote;
@@ -132,11 +131,10 @@ class Agent {
   void arm_fence(std::chrono::milliseconds lost_after);
   std::optional<rdzv::core::Token> read_token() const;
   void plan_numa_binding();
-  // --preload: the zygote starts importing now (overlapping the rendezvous); spawn_workers forks
-  // a group's workers from it side by side, or starts them the normal way when it cannot serve
-  // (said once).
+  // --preload: the zygote starts importing now (overlapping the rendezvous); spawn_worker forks
+  // workers from it, or starts them the normal way when it cannot serve (said once).
   void start_zygote();
-  std::vector<SpawnResult> spawn_workers(const std::vector<SpawnRequest>& requests);
+  SpawnedProcess spawn_worker(const SpawnRequest& request);
   uint16_t host_worker_store();
   fs::path attempt_directory(const World& world) const;
   std::vector<WorkerLaunch> make_launches(const World& world, const fs::path& attempt_dir, const Watchdog& watchdog);

@@ -31,7 +31,6 @@ using workers::SignalWatcher;
 using workers::spawn_process;
 using workers::SpawnedProcess;
 using workers::SpawnRequest;
-using workers::SpawnResult;
 using workers::SupervisorSettings;
 using workers::to_envp;
 using workers::Topology;
@@ -163,16 +162,14 @@ void Agent::start_zygote() {
     log::warn("ddprun") << "--preload: " << e.what() << "; workers start the normal way";
     return;
   }
-  supervisor_.set_spawner([this](const std::vector<SpawnRequest>& r) { return spawn_workers(r); });
+  supervisor_.set_spawner([this](const SpawnRequest& r) { return spawn_worker(r); });
 }
 
-std::vector<SpawnResult> Agent::spawn_workers(const std::vector<SpawnRequest>& requests) {
+SpawnedProcess Agent::spawn_worker(const SpawnRequest& request) {
   if (zygote_ && !zygote_->ready(std::chrono::minutes(5))) {
     log::warn("ddprun") << "--preload: " << zygote_->why() << "; workers start the normal way";
     zygote_.reset();
   }
-  std::vector<SpawnResult> out(requests.size());
-  std::vector<bool> forked(requests.size(), false);
   if (zygote_) {
     if (!zygote_announced_) {
       std::string modules;
@@ -182,33 +179,14 @@ std::vector<SpawnResult> Agent::spawn_workers(const std::vector<SpawnRequest>& r
                           << "); workers are forked from it";
       zygote_announced_ = true;
     }
-    out = zygote_->spawn_all(requests);
-    std::string why;
-    for (size_t i = 0; i < out.size(); ++i) {
-      forked[i] = out[i].error.empty();
-      if (!forked[i] && why.empty()) why = out[i].error;
-    }
-    if (!why.empty()) {
-      log::warn("ddprun") << "--preload: " << why << "; workers start the normal way from now on";
+    try {
+      return zygote_->spawn(request);
+    } catch (const ProcessError& e) {
+      log::warn("ddprun") << "--preload: " << e.what() << "; workers start the normal way from now on";
       zygote_.reset();
     }
   }
-  // What the zygote did not fork (none, without one) starts the normal way, in turn; none after
-  // one that cannot be started.
-  for (size_t i = 0; i < requests.size(); ++i) {
-    if (forked[i]) continue;
-    out[i] = SpawnResult{};
-    try {
-      out[i].process = spawn_process(requests[i]);
-    } catch (const std::exception& e) {
-      out[i].error = e.what();
-      for (size_t j = i + 1; j < requests.size(); ++j) {
-        if (!forked[j]) out[j] = SpawnResult{{}, "not started: a worker before it could not be"};
-      }
-      break;
-    }
-  }
-  return out;
+  return spawn_process(request);
 }
 
 void Agent::plan_numa_binding() {

@@ -31,12 +31,6 @@ struct SpawnedProcess {
   UniqueFd stderr_fd;
 };
 
-// One of several processes started together: the process, or why it could not be started.
-struct SpawnResult {
-  SpawnedProcess process;
-  std::string error;  // empty when it started
-};
-
 // A close-on-exec pipe. make_pipe throws ProcessError saying what it was for and why it failed
 // (out of file descriptors: which limit to raise).
 struct Pipe {

@@ -332,20 +332,6 @@ void Supervisor::spawn_failed(const WorkerLaunch& l, const std::string& why) {
   }
 }
 
-std::vector<SpawnResult> Supervisor::spawn_each(const std::vector<SpawnRequest>& requests) {
-  std::vector<SpawnResult> out(requests.size());
-  for (size_t i = 0; i < requests.size(); ++i) {
-    try {
-      out[i].process = spawn_process(requests[i]);
-    } catch (const std::exception& e) {
-      out[i].error = e.what();
-      for (size_t j = i + 1; j < requests.size(); ++j) out[j].error = "not started: a worker before it could not be";
-      break;
-    }
-  }
-  return out;
-}
-
 GroupResult Supervisor::run(const std::vector<WorkerLaunch>& launches,
                             const std::function<void(const std::vector<pid_t>&)>& on_started) {
   workers_.clear();
@@ -366,12 +352,9 @@ GroupResult Supervisor::run(const std::vector<WorkerLaunch>& launches,
   }
   killed_ = false;
   set_state(State::Running);
-  // Each worker's output first (log files, console), then every process at once.
-  std::vector<std::unique_ptr<Worker>> made;
-  std::vector<SpawnRequest> requests;
-  std::string not_made;  // why the worker after the last one made could not be
   for (const WorkerLaunch& l : launches) {
     auto w = std::make_unique<Worker>(io_, l);
+    SpawnedProcess p;
     try {
       Consoles& c = consoles();
       w->out = std::make_unique<LineWriter>(
@@ -379,35 +362,21 @@ GroupResult Supervisor::run(const std::vector<WorkerLaunch>& launches,
       w->err = std::make_unique<LineWriter>(
           l.prefix, log_sinks(l, l.stderr_file, c.err, l.stderr_to_console, l.stderr_filtered, l.stderr_merger),
           settings_.stderr_tail_lines);
+      p = spawner_ ? spawner_(l.request) : spawn_process(l.request);
     } catch (const std::exception& e) {
-      not_made = e.what();
+      // Out of descriptors (pipe2), processes (fork), a program that cannot be executed: a failure
+      // of this rank like any other, so the ones already started are stopped and reaped.
+      spawn_failed(l, e.what());
       break;
     }
-    requests.push_back(l.request);
-    made.push_back(std::move(w));
-  }
-  std::vector<SpawnResult> started = spawner_ ? spawner_(requests) : spawn_each(requests);
-  const WorkerLaunch* failed = nullptr;
-  std::string why;
-  for (size_t i = 0; i < made.size(); ++i) {
-    SpawnResult& r = started[i];
-    if (!r.error.empty()) {
-      // Out of descriptors (pipe2), processes (fork), a program that cannot be executed: a failure
-      // of this rank like any other, so the ones started are stopped and reaped.
-      if (!failed) failed = &made[i]->launch, why = r.error;
-      continue;
-    }
-    auto& w = made[i];
-    w->pid = r.process.pid;
-    if (guard_) guard_->watch_group(w->pid);
-    w->out_pipe.assign(r.process.stdout_fd.release());
-    w->err_pipe.assign(r.process.stderr_fd.release());
+    w->pid = p.pid;
+    if (guard_) guard_->watch_group(p.pid);
+    w->out_pipe.assign(p.stdout_fd.release());
+    w->err_pipe.assign(p.stderr_fd.release());
     w->out_open = w->err_open = true;
-    DDPRUN_LOG_DEBUG("ddprun") << "worker rank " << w->launch.rank << " started, pid " << w->pid;
+    DDPRUN_LOG_DEBUG("ddprun") << "worker rank " << l.rank << " started, pid " << p.pid;
     workers_.push_back(std::move(w));
   }
-  if (!failed && made.size() < launches.size()) failed = &launches[made.size()], why = not_made;
-  if (failed) spawn_failed(*failed, why);
   if (!workers_.empty()) {
     log::info("ddprun") << "started " << workers_.size() << " worker(s), pids " << workers_.front()->pid << ".."
                         << workers_.back()->pid;

@@ -105,10 +105,8 @@ class Supervisor {
   GroupResult run(const std::vector<WorkerLaunch>& workers,
                   const std::function<void(const std::vector<pid_t>&)>& on_started = {});
 
-  // How a group's workers are started, all of them at once: one result per request, in order.
-  // Unless set, spawn_process one after the other, none after one that could not be started
-  // (--preload forks them side by side from a zygote).
-  using Spawner = std::function<std::vector<SpawnResult>(const std::vector<SpawnRequest>&)>;
+  // How workers are started: spawn_process unless set (--preload forks them from a zygote).
+  using Spawner = std::function<SpawnedProcess(const SpawnRequest&)>;
   void set_spawner(Spawner spawner) { spawner_ = std::move(spawner); }
   // Told at once, on the supervisor's thread, when a worker fails on its own (before the failure is
   // held a moment for a root cause among others): what outside the group must learn it early (a
@@ -136,8 +134,6 @@ class Supervisor {
   void arm_sigchld();
   // A worker that could not be started: recorded as its failure; the started ones are stopped.
   void spawn_failed(const WorkerLaunch& launch, const std::string& why);
-  // The default Spawner: spawn_process for each request in turn, none after one that fails.
-  static std::vector<SpawnResult> spawn_each(const std::vector<SpawnRequest>& requests);
   void on_signal(int signo);
   void reap();
   void on_worker_exit(Worker& w, int status);

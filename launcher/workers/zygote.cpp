@@ -217,101 +217,64 @@ bool Zygote::ready(std::chrono::milliseconds timeout) {
   return true;
 }
 
-namespace {
-
-// The read ends of a worker's stdout and stderr, held until the zygote says its pid.
-struct Sent {
-  UniqueFd out, err;
-};
-
-}  // namespace
-
 SpawnedProcess Zygote::spawn(const SpawnRequest& req) {
-  std::vector<SpawnResult> r = spawn_all({req});
-  if (!r[0].error.empty()) throw ProcessError(r[0].error);
-  return std::move(r[0].process);
-}
-
-std::vector<SpawnResult> Zygote::spawn_all(const std::vector<SpawnRequest>& requests) {
-  std::vector<SpawnResult> results(requests.size());
-  const auto give_up = [&](const std::string& why) {
+  if (!ready_) throw ProcessError("the zygote is not serving: " + why_);
+  Pipe out = make_pipe("the zygote's worker"), err = make_pipe("the zygote's worker");
+  int in = STDIN_FILENO;
+  UniqueFd devnull;
+  if (::fcntl(STDIN_FILENO, F_GETFD) < 0) {
+    devnull.reset(::open("/dev/null", O_RDONLY | O_CLOEXEC));
+    in = devnull.get();
+  }
+  char cwd[4096];
+  json body = {{"argv", req.argv},
+               {"env", req.envp},
+               {"cwd", ::getcwd(cwd, sizeof cwd) ? std::string(cwd) : std::string("/")},
+               {"cpus", std::vector<int>(req.cpus.begin(), req.cpus.end())},
+               {"numa_node", req.preferred_numa_node},
+               {"parent", static_cast<int>(::getpid())}};
+  const std::string text = body.dump();
+  const int fds[3] = {in, out.write.get(), err.write.get()};
+  char control[CMSG_SPACE(sizeof fds)] = {};
+  iovec iov{const_cast<char*>(text.data()), text.size()};
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  msg.msg_control = control;
+  msg.msg_controllen = sizeof control;
+  cmsghdr* c = CMSG_FIRSTHDR(&msg);
+  c->cmsg_level = SOL_SOCKET;
+  c->cmsg_type = SCM_RIGHTS;
+  c->cmsg_len = CMSG_LEN(sizeof fds);
+  std::memcpy(CMSG_DATA(c), fds, sizeof fds);
+  const ssize_t sent = retry_eintr([&] { return ::sendmsg(sock_.get(), &msg, MSG_NOSIGNAL); });
+  const int send_errno = errno;
+  out.write.reset();  // the worker holds them now
+  err.write.reset();
+  devnull.reset();
+  auto give_up = [&](const std::string& why) {
     ready_ = false;
     why_ = why;
+    throw ProcessError(why);
   };
-  std::vector<Sent> sent;
-  char cwd_buf[4096];
-  const std::string cwd = ::getcwd(cwd_buf, sizeof cwd_buf) ? std::string(cwd_buf) : std::string("/");
-  for (const SpawnRequest& req : requests) {
-    if (!ready_) break;
-    Pipe out, err;
-    try {
-      out = make_pipe("the zygote's worker");
-      err = make_pipe("the zygote's worker");
-    } catch (const ProcessError& e) {
-      results[sent.size()].error = e.what();  // this one and the ones after it are not sent
-      break;
-    }
-    int in = STDIN_FILENO;
-    UniqueFd devnull;
-    if (::fcntl(STDIN_FILENO, F_GETFD) < 0) {
-      devnull.reset(::open("/dev/null", O_RDONLY | O_CLOEXEC));
-      in = devnull.get();
-    }
-    json body = {{"argv", req.argv},
-                 {"env", req.envp},
-                 {"cwd", cwd},
-                 {"cpus", std::vector<int>(req.cpus.begin(), req.cpus.end())},
-                 {"numa_node", req.preferred_numa_node},
-                 {"parent", static_cast<int>(::getpid())}};
-    const std::string text = body.dump();
-    const int fds[3] = {in, out.write.get(), err.write.get()};
-    char control[CMSG_SPACE(sizeof fds)] = {};
-    iovec iov{const_cast<char*>(text.data()), text.size()};
-    msghdr msg{};
-    msg.msg_iov = &iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = control;
-    msg.msg_controllen = sizeof control;
-    cmsghdr* c = CMSG_FIRSTHDR(&msg);
-    c->cmsg_level = SOL_SOCKET;
-    c->cmsg_type = SCM_RIGHTS;
-    c->cmsg_len = CMSG_LEN(sizeof fds);
-    std::memcpy(CMSG_DATA(c), fds, sizeof fds);
-    const ssize_t n = retry_eintr([&] { return ::sendmsg(sock_.get(), &msg, MSG_NOSIGNAL); });
-    if (n != static_cast<ssize_t>(text.size())) {
-      give_up(std::string("the zygote is gone (") + std::strerror(errno) + ")");
-      break;
-    }
-    // The worker holds the write ends now.
-    sent.push_back({std::move(out.read), std::move(err.read)});
+  if (sent != static_cast<ssize_t>(text.size()))
+    give_up(std::string("the zygote is gone (") + std::strerror(send_errno) + ")");
+  json answer;
+  try {
+    answer = json::parse(receive(std::chrono::seconds(30)), nullptr, false);
+  } catch (const ProcessError& e) {
+    give_up(e.what());
   }
-  for (size_t i = 0; i < sent.size(); ++i) {
-    json answer;
-    if (ready_) {
-      try {
-        answer = json::parse(receive(std::chrono::seconds(30)), nullptr, false);
-      } catch (const ProcessError& e) {
-        give_up(e.what());
-      }
-    }
-    if (!ready_) {
-      results[i].error = why_;
-    } else if (!answer.is_object() || !answer.contains("pid") || !answer["pid"].is_number_integer()) {
-      results[i].error = answer.is_object() && answer.contains("error") && answer["error"].is_string()
-                             ? "the zygote could not fork: " + answer["error"].get<std::string>()
-                             : "the zygote answered " + answer.dump().substr(0, 200);
-    } else {
-      results[i].process.pid = answer["pid"].get<int>();
-      results[i].process.stdout_fd = std::move(sent[i].out);
-      results[i].process.stderr_fd = std::move(sent[i].err);
-    }
+  if (!answer.is_object() || !answer.contains("pid") || !answer["pid"].is_number_integer()) {
+    throw ProcessError(answer.is_object() && answer.contains("error") && answer["error"].is_string()
+                           ? "the zygote could not fork: " + answer["error"].get<std::string>()
+                           : "the zygote answered " + answer.dump().substr(0, 200));
   }
-  for (size_t i = sent.size(); i < results.size(); ++i) {
-    if (!results[i].error.empty()) continue;
-    results[i].error = ready_ ? "not sent to the zygote: a worker before it could not be started"
-                              : "the zygote is not serving: " + why_;
-  }
-  return results;
+  SpawnedProcess p;
+  p.pid = answer["pid"].get<int>();
+  p.stdout_fd = std::move(out.read);
+  p.stderr_fd = std::move(err.read);
+  return p;
 }
 
 }  // namespace ddprun::launcher::workers

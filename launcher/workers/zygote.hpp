@@ -46,10 +46,6 @@ class Zygote {
   // process's working directory and stdin, and req's placement. Throws ProcessError when the
   // zygote cannot (it died, it refused); the caller then starts the worker the normal way.
   SpawnedProcess spawn(const SpawnRequest& req);
-  // The same for several workers at once: every request is sent before the first answer is read,
-  // so the zygote forks them side by side. One result per request, in order; an error names why
-  // (the zygote died: the ones after it fail too, and ready() is false from then on).
-  std::vector<SpawnResult> spawn_all(const std::vector<SpawnRequest>& requests);
 
  private:
   void fail(const std::string& why);

@@ -9,9 +9,7 @@
 #   zygote -> ddprun, per worker: {"pid": N} or {"error": "..."}
 # A worker is forked twice (zygote -> intermediate -> worker) and the intermediate exits at once,
 # so the worker's parent becomes ddprun (a child subreaper), which sees its exit status as for any
-# worker. Requests sent together are forked together (each intermediate forks on a free core while
-# the zygote forks the next), and each is answered as soon as its intermediate has said the
-# worker's pid; the intermediate is reaped after. The zygote only imports: it never starts a thread, a process group or CUDA; with more
+# worker. The zygote only imports: it never starts a thread, a process group or CUDA; with more
 # than one thread after the imports it refuses to serve (forking could deadlock a worker).
 import os
 import socket
@@ -69,99 +67,61 @@ def _receive(sock):
 
 def _serve(sock):
     """Forks workers until ddprun closes the socket. Returns (request, fds) in a forked worker, None
-    in the zygote when the job is over.
-
-    Requests that arrive together (ddprun sends a node's workers at once) are forked together:
-    each intermediate forks its worker on whatever core is free while the zygote forks the next
-    one, and the answers go back in the order of the requests."""
-    import select
-    ended = False
-    while not ended:
-        pending = []  # per request, in order: ("error", text) or ("fork", intermediate pid, pipe)
+    in the zygote when the job is over."""
+    while True:
         try:
-            while True:
-                request, fds = _receive(sock)
-                if request is None:  # ddprun closed the socket: the job is over
-                    ended = True
-                    break
-                worker = _fork_one(request, fds, pending)
-                if worker is not None:
-                    sock.close()
-                    return worker
-                if not select.select([sock], [], [], 0)[0]:
-                    break  # no other request waiting: answer these
+            request, fds = _receive(sock)
         except (OSError, ValueError):
-            ended = True
-        for item in pending:  # what came before the end is answered too
+            return None
+        if request is None:
+            return None
+        if len(fds) != 3:
+            for fd in fds:
+                os.close(fd)
+            _send(sock, {"error": "expected 3 descriptors (stdin, stdout, stderr), got %d" % len(fds)})
+            continue
+        sys.stdout.flush()
+        sys.stderr.flush()
+        r, w = os.pipe()
+        try:
+            middle = os.fork()
+        except OSError as e:
+            for fd in fds + [r, w]:
+                os.close(fd)
+            _send(sock, {"error": "fork failed: %s" % e})
+            continue
+        if middle == 0:
+            os.close(r)
             try:
-                if item[0] == "error":
-                    _send(sock, {"error": item[1]})
-                else:
-                    _send(sock, _answer(item[2]))
+                pid = os.fork()
+            except OSError as e:
+                os.write(w, ("E%s" % e).encode())
+                os._exit(1)
+            if pid == 0:
+                os.close(w)
+                sock.close()
+                return request, fds
+            try:
+                os.setpgid(pid, pid)  # also done by the worker: the group exists before anyone signals it
             except OSError:
-                ended = True
-            if item[0] == "fork":
-                os.waitpid(item[1], 0)  # then the worker's parent is ddprun
-    return None
-
-
-def _fork_one(request, fds, pending):
-    """Forks the intermediate process for one request and records it in `pending`; returns
-    (request, fds) in the worker it forks, None in the zygote."""
-    if len(fds) != 3:
+                pass
+            os.write(w, b"P%d" % pid)
+            os._exit(0)
+        os.close(w)
+        reply = b""
+        while True:
+            chunk = os.read(r, 256)
+            if not chunk:
+                break
+            reply += chunk
+        os.close(r)
+        os.waitpid(middle, 0)  # gone: the worker's parent is ddprun now
         for fd in fds:
             os.close(fd)
-        pending.append(("error", "expected 3 descriptors (stdin, stdout, stderr), got %d" % len(fds)))
-        return None
-    sys.stdout.flush()
-    sys.stderr.flush()
-    r, w = os.pipe()
-    try:
-        middle = os.fork()
-    except OSError as e:
-        for fd in fds + [r, w]:
-            os.close(fd)
-        pending.append(("error", "fork failed: %s" % e))
-        return None
-    if middle == 0:
-        os.close(r)
-        for item in pending:  # the pipes of the intermediates forked before: not the worker's
-            if item[0] == "fork":
-                os.close(item[2])
-        try:
-            pid = os.fork()
-        except OSError as e:
-            os.write(w, ("E%s" % e).encode())
-            os._exit(1)
-        if pid == 0:
-            os.close(w)
-            return request, fds
-        try:
-            os.setpgid(pid, pid)  # also done by the worker: the group exists before anyone signals it
-        except OSError:
-            pass
-        os.write(w, b"P%d\n" % pid)
-        os._exit(0)
-    os.close(w)
-    for fd in fds:  # the intermediate holds them now; a worker forked later must not
-        os.close(fd)
-    pending.append(("fork", middle, r))
-    return None
-
-
-def _answer(r):
-    """The answer for one intermediate: the worker's pid once it has said it, or why it could not."""
-    reply = b""
-    while not reply.endswith(b"\n"):  # the pid's line, or what the intermediate said before it exited
-        chunk = os.read(r, 256)
-        if not chunk:
-            break
-        reply += chunk
-    os.close(r)
-    if reply.startswith(b"P") and reply.endswith(b"\n"):
-        # The worker leads its own process group already: ddprun can signal it from now on.
-        return {"pid": int(reply[1:])}
-    return {"error": "fork failed: %s" % (reply[1:].decode(errors="replace") or "the forking process died")}
+        if reply.startswith(b"P"):
+            _send(sock, {"pid": int(reply[1:])})
+        else:
+            _send(sock, {"error": "fork failed: %s" % (reply[1:].decode(errors="replace") or "the forking process died")})
 
 
 def _prctl(option, arg):
