@@ -38,6 +38,34 @@ bool last_was_spare(const nlohmann::json& report) {
   return attempts(report) > 0 && report["attempts"].back().value("spare", false);
 }
 
+// Nodes 0 and 1 in the world (their workers sleep 5 s), then `spares` more (nodes 2, 3, ...)
+// waiting as spares; `problem` says what did not come to be.
+struct WorldAndSpares {
+  std::vector<std::unique_ptr<Subprocess>> nodes;
+  std::string problem;
+};
+WorldAndSpares world_and_spares(Meeting& m, const Reports& reports, int spares) {
+  WorldAndSpares w;
+  w.nodes.push_back(node(m, 0, {"sleep", "5"}, reports));
+  if (!m.first_node_up(*w.nodes[0])) {
+    w.problem = "node 0 never came up: " + w.nodes[0]->err();
+    return w;
+  }
+  w.nodes.push_back(node(m, 1, {"sleep", "5"}, reports));
+  if (!w.nodes[1]->wait_for_workers(1, 60s)) {
+    w.problem = "node 1 never started its worker: " + w.nodes[1]->err();
+    return w;
+  }
+  for (int k = 0; k < spares; ++k) w.nodes.push_back(node(m, 2 + k, {"sleep", "5"}, reports));
+  for (int k = 0; k < spares; ++k) {
+    if (!w.nodes[2 + k]->wait_for_output("as a spare", 30s)) {
+      w.problem = "node " + std::to_string(2 + k) + " never waited as a spare: " + w.nodes[2 + k]->err();
+      return w;
+    }
+  }
+  return w;
+}
+
 class SpareTest : public ::testing::TestWithParam<Backend> {
  protected:
   void SetUp() override {
@@ -101,14 +129,9 @@ TEST_P(SpareTest, ASpareTakesThePlaceOfAKilledNodeInTheNextRound) {
 TEST_P(SpareTest, ASpareKilledOrStoppedWhileWaitingNeverEndsTheJob) {
   Meeting m(GetParam(), "spare-dies");
   Reports reports;
-  auto a = node(m, 0, {"sleep", "5"}, reports);
-  ASSERT_TRUE(m.first_node_up(*a)) << a->err();
-  auto b = node(m, 1, {"sleep", "5"}, reports);
-  ASSERT_TRUE(b->wait_for_workers(1, 60s)) << b->err();
-  auto killed = node(m, 2, {"sleep", "5"}, reports);
-  auto stopped = node(m, 3, {"sleep", "5"}, reports);
-  ASSERT_TRUE(killed->wait_for_output("as a spare", 30s)) << killed->err();
-  ASSERT_TRUE(stopped->wait_for_output("as a spare", 30s)) << stopped->err();
+  WorldAndSpares w = world_and_spares(m, reports, 2);
+  ASSERT_EQ(w.problem, "");
+  auto &a = w.nodes[0], &b = w.nodes[1], &killed = w.nodes[2], &stopped = w.nodes[3];
   killed->signal(SIGKILL);
   stopped->signal(SIGTERM);
   const Finished fs = stopped->wait(30s);
@@ -125,14 +148,9 @@ TEST_P(SpareTest, ASpareKilledOrStoppedWhileWaitingNeverEndsTheJob) {
 TEST_P(SpareTest, AWorldNodeAndASpareKilledTogetherLeaveThePlaceToTheOtherSpare) {
   Meeting m(GetParam(), "spare-and-node-die");
   Reports reports;
-  auto a = node(m, 0, {"sleep", "5"}, reports);
-  ASSERT_TRUE(m.first_node_up(*a)) << a->err();
-  auto b = node(m, 1, {"sleep", "5"}, reports);
-  ASSERT_TRUE(b->wait_for_workers(1, 60s)) << b->err();
-  auto dies = node(m, 2, {"sleep", "5"}, reports);
-  auto stays = node(m, 3, {"sleep", "5"}, reports);
-  ASSERT_TRUE(dies->wait_for_output("as a spare", 30s)) << dies->err();
-  ASSERT_TRUE(stays->wait_for_output("as a spare", 30s)) << stays->err();
+  WorldAndSpares w = world_and_spares(m, reports, 2);
+  ASSERT_EQ(w.problem, "");
+  auto &a = w.nodes[0], &b = w.nodes[1], &dies = w.nodes[2], &stays = w.nodes[3];
   b->signal(SIGKILL);
   dies->signal(SIGKILL);
   const Finished fa = a->wait(90s), fs = stays->wait(90s);
