@@ -66,6 +66,20 @@ WorldAndSpares world_and_spares(Meeting& m, const Reports& reports, int spares) 
   return w;
 }
 
+// A lost node's place taken by a spare, as the survivor's report and the spare's say: the round
+// after the loss is whole again, no restart used, and the spare's worker ran it to the end.
+void expect_the_spare_took_the_place(const nlohmann::json& survivor, const nlohmann::json& spare) {
+  ASSERT_EQ(attempts(survivor), 2u) << survivor.dump(2);
+  EXPECT_EQ(survivor["attempts"][0]["outcome"], "node_lost") << survivor.dump(2);
+  EXPECT_EQ(survivor["attempts"][1]["nnodes"], 2) << "a spare filled the lost node's place: " << survivor.dump(2);
+  EXPECT_EQ(survivor["restarts"], 0) << "a node taken over is no restart";
+  ASSERT_GE(attempts(spare), 2u) << spare.dump(2);
+  EXPECT_TRUE(spare["attempts"][0].value("spare", false)) << spare.dump(2);
+  EXPECT_FALSE(last_was_spare(spare)) << spare.dump(2);
+  EXPECT_EQ(spare["attempts"].back()["outcome"], "succeeded") << spare.dump(2);
+  EXPECT_EQ(spare["attempts"].back()["workers"].size(), 1u) << spare.dump(2);
+}
+
 class SpareTest : public ::testing::TestWithParam<Backend> {
  protected:
   void SetUp() override {
@@ -103,27 +117,15 @@ TEST_P(SpareTest, AThirdAgentOfAFullJobWaitsAsASpareAndEndsWithTheJob) {
 TEST_P(SpareTest, ASpareTakesThePlaceOfAKilledNodeInTheNextRound) {
   Meeting m(GetParam(), "spare-takes-over");
   Reports reports;
-  auto a = node(m, 0, {"sleep", "5"}, reports);
-  ASSERT_TRUE(m.first_node_up(*a)) << a->err();
-  auto b = node(m, 1, {"sleep", "5"}, reports);
-  ASSERT_TRUE(b->wait_for_workers(1, 60s)) << b->err();
-  auto c = node(m, 2, {"sleep", "5"}, reports);
-  ASSERT_TRUE(c->wait_for_output("as a spare", 30s)) << c->err();
+  WorldAndSpares w = world_and_spares(m, reports, 1);
+  ASSERT_EQ(w.problem, "");
+  auto &a = w.nodes[0], &b = w.nodes[1], &c = w.nodes[2];
   b->signal(SIGKILL);
   const Finished fa = a->wait(90s), fc = c->wait(90s);
   ASSERT_FALSE(fa.timed_out) << fa.err;
   EXPECT_EQ(fa.exit_code, 0) << fa.err;
   EXPECT_EQ(fc.exit_code, 0) << fc.err;
-  const auto ra = reports.of(0), rc = reports.of(2);
-  ASSERT_EQ(attempts(ra), 2u) << ra.dump(2);
-  EXPECT_EQ(ra["attempts"][0]["outcome"], "node_lost") << ra.dump(2);
-  EXPECT_EQ(ra["attempts"][1]["nnodes"], 2) << "the spare filled the lost node's place: " << ra.dump(2);
-  EXPECT_EQ(ra["restarts"], 0) << "a node taken over is no restart";
-  ASSERT_GE(attempts(rc), 2u) << rc.dump(2);
-  EXPECT_TRUE(rc["attempts"][0].value("spare", false)) << rc.dump(2);
-  EXPECT_FALSE(last_was_spare(rc)) << rc.dump(2);
-  EXPECT_EQ(rc["attempts"].back()["outcome"], "succeeded") << rc.dump(2);
-  EXPECT_EQ(rc["attempts"].back()["workers"].size(), 1u) << rc.dump(2);
+  expect_the_spare_took_the_place(reports.of(0), reports.of(2));
 }
 
 TEST_P(SpareTest, ASpareKilledOrStoppedWhileWaitingNeverEndsTheJob) {
@@ -157,14 +159,7 @@ TEST_P(SpareTest, AWorldNodeAndASpareKilledTogetherLeaveThePlaceToTheOtherSpare)
   ASSERT_FALSE(fa.timed_out) << fa.err;
   EXPECT_EQ(fa.exit_code, 0) << fa.err;
   EXPECT_EQ(fs.exit_code, 0) << fs.err;
-  const auto ra = reports.of(0), rs = reports.of(3);
-  ASSERT_EQ(attempts(ra), 2u) << ra.dump(2);
-  EXPECT_EQ(ra["attempts"][0]["outcome"], "node_lost") << ra.dump(2);
-  EXPECT_EQ(ra["attempts"][1]["nnodes"], 2) << "the living spare filled the lost node's place: " << ra.dump(2);
-  EXPECT_EQ(ra["restarts"], 0) << ra.dump(2);
-  EXPECT_FALSE(last_was_spare(rs)) << rs.dump(2);
-  EXPECT_EQ(rs["attempts"].back()["outcome"], "succeeded") << rs.dump(2);
-  EXPECT_EQ(rs["attempts"].back()["workers"].size(), 1u) << rs.dump(2);
+  expect_the_spare_took_the_place(reports.of(0), reports.of(3));
 }
 
 // A failure is no lost node: the world's nodes restart in their places, the spare stays a spare,
