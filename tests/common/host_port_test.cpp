@@ -42,7 +42,9 @@ TEST(HostPortTest, EverySpellingOnATable) {
     std::string why;
     const auto got = parse_host_port(row.text, &why);
     EXPECT_EQ(got, row.want) << "'" << row.text << "'";
-    if (!row.want) EXPECT_FALSE(why.empty()) << "'" << row.text << "' is refused without saying why";
+    if (!row.want) {
+      EXPECT_FALSE(why.empty()) << "'" << row.text << "' is refused without saying why";
+    }
   }
 }
 
