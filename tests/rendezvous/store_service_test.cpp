@@ -320,7 +320,9 @@ TEST(StoreServiceTest, AnIpv6DaemonPrintsItsAddressesInBrackets) {
     }
     throw;
   }
-  EXPECT_NE(d->log().find("listening on [::1]:" + std::to_string(d->port())), std::string::npos) << d->log();
+  // The line comes after the port file the daemon's start waits for: read once it is there.
+  const std::string listening = "listening on [::1]:" + std::to_string(d->port());
+  EXPECT_NE(d->log_with(listening).find(listening), std::string::npos) << d->log();
   EXPECT_EQ(d->metrics_line(), "metrics on [::1]:" + std::to_string(d->metrics_port())) << d->log();
 }
 
