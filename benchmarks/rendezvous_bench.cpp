@@ -19,7 +19,6 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
-#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <latch>
@@ -31,6 +30,7 @@
 
 #include "bench_util.hpp"
 #include "common/log.hpp"
+#include "common/option_rows.hpp"
 #include "common/system.hpp"
 #include "launcher/rendezvous/store/store_rendezvous.hpp"
 
@@ -168,15 +168,13 @@ constexpr const char* kUsage =
   std::exit(2);
 }
 
-// A whole number of at least `least`, or a usage error that names the flag and the value.
+// A whole number of at least `least` (the flags' own parser), or a usage error that names it.
 long whole(const std::string& what, const std::string& v, long least) {
-  char* end = nullptr;
-  errno = 0;
-  const long n = std::strtol(v.c_str(), &end, 10);
-  if (v.empty() || *end != '\0' || errno != 0 || n < least) {
-    usage_error(what + " wants a whole number of at least " + std::to_string(least) + ", not '" + v + "'");
+  try {
+    return static_cast<long>(ddprun::options::parse_whole(what, v, least, INT32_MAX));
+  } catch (const std::exception& e) {
+    usage_error(e.what());
   }
-  return n;
 }
 
 std::string range_text(const std::vector<double>& v, const char* format) {
