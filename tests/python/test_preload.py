@@ -199,9 +199,8 @@ class Preload(unittest.TestCase):
                 nodes[3] = node(3)
                 self.assertTrue(wait_for(lambda: "as a spare" in log_of(3), 60), log_of(3))
                 # While it waits, outside the world, the spare's zygote has torch loaded.
-                holding = []
-                self.assertTrue(wait_for(lambda: holding.extend(_children_with_torch(nodes[3].pid)) or holding, 180),
-                                log_of(3))
+                self.assertTrue(wait_for(lambda: _children_with_torch(nodes[3].pid), 180), log_of(3))
+                holding = _children_with_torch(nodes[3].pid)
                 self.assertNotIn("imported once in", log_of(3), "no worker was placed on the spare yet")
                 os.killpg(nodes[2].pid, signal.SIGKILL)
                 nodes[2].wait()
