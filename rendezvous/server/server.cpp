@@ -59,6 +59,7 @@ Server::Server(asio::io_context& io, ServerOptions options)
       epoll_(io),
       accept_retry_(io),
       hold_timer_(io),
+      admission_timer_(io),
       janitor_timer_(io),
       housekeeping_timer_(io),
       refusals_(options_.refusal_log_window),
@@ -67,6 +68,7 @@ Server::Server(asio::io_context& io, ServerOptions options)
   // Under a low descriptor limit, unproven peers get at most a quarter of it.
   pending_cap_ = std::max<size_t>(
       1, std::min<size_t>(options_.max_pending_handshakes, std::max<uint64_t>(8, open_file_limit() / 4)));
+  held_cap_ = std::min<size_t>(options_.max_held_not_allowed, std::max<uint64_t>(8, open_file_limit() / 4));
   if (options_.allowed_peers) allow_peers(*options_.allowed_peers);
   if (!options_.state_file.empty()) open_state();  // before listening: no client sees an empty store
   if (options_.describe_self || !options_.state_file.empty()) describe_self();
@@ -401,6 +403,7 @@ std::vector<ClientInfo> Server::clients() const {
 ServerStats Server::stats() const {
   ServerStats st = counters_;
   st.connections = sessions_.size();
+  st.held_not_allowed = held_.size();
   st.waiting_clients = store_.waiting_clients();
   st.keys = store_.num_keys();
   st.stored_bytes = store_.stored_bytes();
@@ -414,6 +417,8 @@ void Server::stop() {
   boost::system::error_code ignored;
   accept_retry_.cancel();
   hold_timer_.cancel();
+  admission_timer_.cancel();
+  held_.clear();  // closed unread
   janitor_timer_.cancel();
   housekeeping_timer_.cancel();
   epoll_.cancel(ignored);

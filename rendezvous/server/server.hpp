@@ -38,9 +38,13 @@
 // ends the loop: that connection is closed with one log line. A protected store admits only the
 // handshake's frames before the secret is proved, gives the proof a deadline, caps connections that
 // have not proved it (at the cap, accepting waits; only a silent one is closed to make room), and
-// logs refusals once per address and window.
+// logs refusals once per address and window. A store with an allow list holds a stranger's
+// connection unread for a grace (the host may learn of a new node after that node does) and
+// resets it if its address is still not allowed then.
 
 #include <utility>  // before Asio (Boost 1.74 quirk)
+
+#include <sys/socket.h>
 
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
@@ -94,6 +98,13 @@ struct ServerOptions {
   // Only these peer addresses (numeric, plus loopback) may connect; others are closed before a
   // byte is read. Unset: anyone. Can be replaced later with Server::allow_peers.
   std::optional<std::vector<std::string>> allowed_peers;
+  // A connection from an address not allowed (yet) is held, unread, for up to this long: admitted
+  // the moment Server::allow_peers names its address, closed (reset) once the time is up. A peer
+  // may learn that it belongs (a round, a quorum) before the store's host does, and connect first.
+  // At most max_held_not_allowed are held at once (fewer under a low descriptor limit: a quarter
+  // of it); beyond them, and with a zero grace, a stranger is closed at once.
+  std::chrono::milliseconds admission_grace{std::chrono::seconds(10)};
+  size_t max_held_not_allowed = 1024;
   // A protected store's connections that have not proved the secret: closed `handshake_timeout`
   // after they connected, and at most `max_pending_handshakes` at a time (fewer under a low
   // descriptor limit: a quarter of it). At that many, the server stops accepting (newcomers wait
@@ -143,7 +154,9 @@ struct ServerStats {
   uint64_t requests = 0;  // served since start
   uint64_t accepted = 0;
   uint64_t refused_out_of_fds = 0;   // accepted and closed at once while out of descriptors
-  uint64_t refused_not_allowed = 0;  // closed at once: the peer's address is not allowed
+  uint64_t refused_not_allowed = 0;  // closed unread: the peer's address was not allowed in time
+  size_t held_not_allowed = 0;       // held now, unread, for their address to be allowed
+  uint64_t admitted_late = 0;        // held, then admitted when their address was allowed
   uint64_t bytes_received = 0;
   uint64_t bytes_sent = 0;
   uint64_t closed[kCloseReasonCount] = {};
@@ -179,7 +192,7 @@ class Server {
   core::KvStore& store() { return store_; }
   const core::KvStore& store() const { return store_; }
   // Replaces the allowed peers (numeric addresses; loopback is always allowed). Connections open
-  // already are not affected.
+  // already are not affected; held ones from an address now allowed are admitted.
   void allow_peers(const std::vector<std::string>& addresses);
   bool protected_store() const { return options_.secret.has_value(); }
   // Whether the store takes connections from `peer` (allow_peers; anyone when no list was given).
@@ -196,6 +209,16 @@ class Server {
   void send(Session& s);
   void update_interest(Session& s);
   void accept_pending();
+  // Serves an accepted connection from `addr`.
+  void open_session(UniqueFd fd, const sockaddr_storage& addr);
+  // An accepted connection from an address not allowed: held for ServerOptions::admission_grace
+  // if there is room, else closed.
+  void hold_or_refuse(UniqueFd fd, const sockaddr_storage& addr);
+  // Closes a connection from an address not allowed, unread (a reset), and logs it once per address.
+  void refuse_not_allowed(UniqueFd fd, const std::string& who);
+  // Admits the held connections whose address is allowed now; closes those whose time is up.
+  void settle_held();
+  void arm_admission_timer();
   // Accepts one waiting connection and closes it at once; false when none was waiting.
   bool refuse_one();
   void pause_accepting();
@@ -228,7 +251,8 @@ class Server {
   UniqueFd spare_fd_;  // given up to accept-and-close when out of descriptors
   boost::asio::posix::stream_descriptor epoll_;
   boost::asio::steady_timer accept_retry_;
-  boost::asio::steady_timer hold_timer_;  // re-checks a held accept for silent connections
+  boost::asio::steady_timer hold_timer_;       // re-checks a held accept for silent connections
+  boost::asio::steady_timer admission_timer_;  // closes held connections whose grace is over
   boost::asio::steady_timer janitor_timer_;
   boost::asio::steady_timer housekeeping_timer_;
   std::list<Session*> pending_handshakes_;  // oldest first
@@ -246,6 +270,15 @@ class Server {
   std::vector<Session*> dirty_;                   // sessions with bytes to send
   std::vector<char> scratch_;
   std::optional<std::set<std::string>> allowed_;
+  // Connections from addresses not allowed yet, oldest first (ServerOptions::admission_grace).
+  struct Held {
+    UniqueFd fd;
+    sockaddr_storage addr{};
+    std::string who;
+    std::chrono::steady_clock::time_point since;
+  };
+  std::list<Held> held_;
+  size_t held_cap_ = 0;
   std::set<std::string> refused_logged_;  // one line per refused address
   bool accept_paused_ = false;
   bool accept_held_ = false;  // at the cap of connections that have not proved the secret

@@ -1,5 +1,5 @@
 // Server's admission of connections: accepting them (a batch at a time), refusing newcomers when
-// out of descriptors, the allowed peers, and a protected store's connections that have not proved
+// out of descriptors, the allowed peers (a stranger held for a grace, then admitted or reset), and a protected store's connections that have not proved
 // the secret yet (their deadline; their cap, at which accepting waits, and silent ones make
 // room). See server.hpp.
 #include <netinet/in.h>
@@ -140,35 +140,83 @@ void Server::accept_pending() {
       refused_in_episode_ = 0;
     }
     if (allowed_ && !allowed_->count(peer_address(addr))) {
-      // Not one of the job's nodes: closed before a byte is read.
-      const std::string who = peer_address(addr);
-      if (refused_logged_.insert(who).second && refused_logged_.size() <= 1000) {
-        log::warn("store") << "refused a connection from " << who << ": not one of this job's nodes";
-      }
-      const linger reset{1, 0};
-      ::setsockopt(fd.get(), SOL_SOCKET, SO_LINGER, &reset, sizeof reset);
-      fd.reset();
-      ++counters_.refused_not_allowed;
+      hold_or_refuse(std::move(fd), addr);
       continue;
     }
-    auto session = std::make_unique<Session>(
-        std::move(fd), format_sockaddr(&addr), store_, options_.limits, [this](Session& s) { mark_dirty(s); },
-        options_.secret ? &*options_.secret : nullptr);
-    Session* raw = session.get();
-    if (description_) raw->conn().describe_store(description_);
-    epoll_event ev{};
-    ev.events = EPOLLIN | EPOLLRDHUP;
-    ev.data.ptr = raw;
-    if (::epoll_ctl(epoll_.native_handle(), EPOLL_CTL_ADD, raw->fd(), &ev) != 0) {
-      log::warn("store") << "cannot watch client " << raw->peer() << ": " << std::strerror(errno);
-      continue;  // the session's destructor closes the socket
-    }
-    raw->flags.registered = ev.events;
-    sessions_.emplace(raw, std::move(session));
-    if (options_.secret) add_pending_handshake(*raw);
-    ++counters_.accepted;
-    DDPRUN_LOG_DEBUG("store") << "client " << raw->peer() << " connected";
+    open_session(std::move(fd), addr);
   }
+}
+
+void Server::open_session(UniqueFd fd, const sockaddr_storage& addr) {
+  auto session = std::make_unique<Session>(
+      std::move(fd), format_sockaddr(&addr), store_, options_.limits, [this](Session& s) { mark_dirty(s); },
+      options_.secret ? &*options_.secret : nullptr);
+  Session* raw = session.get();
+  if (description_) raw->conn().describe_store(description_);
+  epoll_event ev{};
+  ev.events = EPOLLIN | EPOLLRDHUP;
+  ev.data.ptr = raw;
+  if (::epoll_ctl(epoll_.native_handle(), EPOLL_CTL_ADD, raw->fd(), &ev) != 0) {
+    log::warn("store") << "cannot watch client " << raw->peer() << ": " << std::strerror(errno);
+    return;  // the session's destructor closes the socket
+  }
+  raw->flags.registered = ev.events;
+  sessions_.emplace(raw, std::move(session));
+  if (options_.secret) add_pending_handshake(*raw);
+  ++counters_.accepted;
+  DDPRUN_LOG_DEBUG("store") << "client " << raw->peer() << " connected";
+}
+
+void Server::hold_or_refuse(UniqueFd fd, const sockaddr_storage& addr) {
+  std::string who = peer_address(addr);
+  if (options_.admission_grace.count() <= 0 || held_.size() >= held_cap_) {
+    refuse_not_allowed(std::move(fd), who);
+    return;
+  }
+  // Not one of the job's nodes yet: never read; it waits for allow_peers or its time.
+  DDPRUN_LOG_DEBUG("store") << "holding a connection from " << who << " until it is named one of this job's nodes";
+  held_.push_back(Held{std::move(fd), addr, std::move(who), std::chrono::steady_clock::now()});
+  if (held_.size() == 1) arm_admission_timer();
+}
+
+void Server::refuse_not_allowed(UniqueFd fd, const std::string& who) {
+  if (refused_logged_.insert(who).second && refused_logged_.size() <= 1000) {
+    log::warn("store") << "refused a connection from " << who << ": not one of this job's nodes";
+  }
+  const linger reset{1, 0};
+  ::setsockopt(fd.get(), SOL_SOCKET, SO_LINGER, &reset, sizeof reset);
+  fd.reset();
+  ++counters_.refused_not_allowed;
+}
+
+void Server::settle_held() {
+  const auto now = std::chrono::steady_clock::now();
+  for (auto it = held_.begin(); it != held_.end();) {
+    if (!allowed_ || allowed_->count(it->who)) {
+      DDPRUN_LOG_DEBUG("store") << "admitting the connection from " << it->who << " held for "
+                                << std::chrono::duration_cast<std::chrono::milliseconds>(now - it->since).count()
+                                << " ms: its address is one of this job's nodes now";
+      ++counters_.admitted_late;
+      open_session(std::move(it->fd), it->addr);
+      it = held_.erase(it);
+    } else if (now - it->since >= options_.admission_grace) {
+      refuse_not_allowed(std::move(it->fd), it->who);
+      it = held_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
+void Server::arm_admission_timer() {
+  if (held_.empty() || stopped_) return;
+  // The oldest is the first whose time is up (one grace for all).
+  admission_timer_.expires_at(held_.front().since + options_.admission_grace);
+  admission_timer_.async_wait([this](const boost::system::error_code& ec) {
+    if (ec || stopped_) return;
+    settle_held();
+    arm_admission_timer();
+  });
 }
 
 bool Server::refuse_one() {
@@ -223,6 +271,10 @@ void Server::allow_peers(const std::vector<std::string>& addresses) {
   std::set<std::string> allowed{"127.0.0.1", "::1"};
   for (const std::string& a : addresses) allowed.insert(normalize_address(a));
   allowed_ = std::move(allowed);
+  if (!held_.empty()) {
+    settle_held();
+    arm_admission_timer();
+  }
 }
 
 }  // namespace ddprun::rdzv::server

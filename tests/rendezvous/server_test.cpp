@@ -19,6 +19,7 @@
 #include "common/errors.hpp"
 #include "rendezvous/client/client.hpp"
 #include "tests/support/hex.hpp"
+#include "tests/support/raw_socket.hpp"
 #include "tests/support/wait_until.hpp"
 #include "tests/support/store_client.hpp"
 
@@ -260,6 +261,76 @@ TEST(ServerTest, ConnectToClosedPortTimesOutNamingAttempts) {
     EXPECT_NE(msg.find("connect to store 127.0.0.1:" + std::to_string(port) + " timed out"), std::string::npos) << msg;
     EXPECT_NE(msg.find("Connection refused"), std::string::npos) << msg;
   }
+}
+
+// VALIDATE with PyTorch's magic and a PING of nonce 42: the first bytes a c10d client sends, and
+// the four bytes of the nonce back when it is served.
+std::string validate_and_ping() {
+  std::string out;
+  core::put_u8(out, 0);
+  core::put_u32(out, core::kValidateMagic);
+  core::put_u8(out, 13);
+  core::put_u32(out, 42);
+  return out;
+}
+
+server::ServerOptions only_loopback(std::chrono::milliseconds grace) {
+  server::ServerOptions o;
+  o.allowed_peers = std::vector<std::string>{};  // loopback alone, until allow_peers names more
+  o.admission_grace = grace;
+  return o;
+}
+
+// A node can learn that it belongs to the job (a round, a quorum) before the store's host does:
+// its workers' connections wait, unread, for the host to name it, and are then served.
+TEST(ServerTest, AConnectionFromAnAddressNotAllowedYetIsHeldUnreadAndServedOnceItIsAllowed) {
+  server::ServerThread server(only_loopback(60s));
+  test::RawSocket early(server.port(), "127.0.0.1", "127.0.0.2");
+  ASSERT_TRUE(early.send(validate_and_ping()));
+  ASSERT_TRUE(eventually([&] { return server.stats().held_not_allowed == 1; })) << "the connection was not held";
+  EXPECT_EQ(early.recv_exact(4, 100ms), "") << "a held connection is never read";
+  server.allow_peers({"127.0.0.2"});
+  EXPECT_EQ(early.recv_exact(4), std::string("\x2a\0\0\0", 4)) << "served once its address is allowed";
+  const server::ServerStats st = server.stats();
+  EXPECT_EQ(st.held_not_allowed, 0u);
+  EXPECT_EQ(st.admitted_late, 1u);
+  EXPECT_EQ(st.refused_not_allowed, 0u);
+}
+
+TEST(ServerTest, AStrangerIsResetUnreadOnceItsGraceIsOver) {
+  server::ServerThread server(only_loopback(200ms));
+  test::RawSocket stranger(server.port(), "127.0.0.1", "127.0.0.9");
+  ASSERT_TRUE(stranger.send(validate_and_ping()));
+  std::string got;
+  EXPECT_TRUE(stranger.read_until_eof(&got, 30s)) << "the stranger is closed";
+  EXPECT_EQ(got, "");
+  EXPECT_TRUE(eventually([&] { return server.stats().refused_not_allowed == 1; }));
+  server.allow_peers({"127.0.0.9"});  // too late: nothing of it is left to admit
+  EXPECT_EQ(server.stats().admitted_late, 0u);
+}
+
+TEST(ServerTest, StrangersBeyondTheHeldCapAreResetAtOnceAndAZeroGraceHoldsNone) {
+  server::ServerOptions o = only_loopback(60s);
+  o.max_held_not_allowed = 2;
+  server::ServerThread server(o);
+  std::vector<std::unique_ptr<test::RawSocket>> held;
+  for (const char* from : {"127.0.0.3", "127.0.0.4"}) {
+    held.push_back(std::make_unique<test::RawSocket>(server.port(), "127.0.0.1", from));
+    ASSERT_TRUE(held.back()->send(validate_and_ping()));
+  }
+  ASSERT_TRUE(eventually([&] { return server.stats().held_not_allowed == 2; }));
+  test::RawSocket third(server.port(), "127.0.0.1", "127.0.0.5");
+  EXPECT_TRUE(third.read_until_eof(nullptr, 30s)) << "beyond the cap: closed without waiting for its grace";
+  EXPECT_EQ(server.stats().held_not_allowed, 2u);
+  EXPECT_EQ(server.stats().refused_not_allowed, 1u);
+  server.allow_peers({"127.0.0.4"});
+  EXPECT_EQ(held[1]->recv_exact(4).size(), 4u) << "the allowed one of the held is served";
+  EXPECT_EQ(server.stats().held_not_allowed, 1u) << "the other is still held: a later list may name it";
+
+  server::ServerThread no_grace(only_loopback(0ms));
+  test::RawSocket at_once(no_grace.port(), "127.0.0.1", "127.0.0.6");
+  EXPECT_TRUE(at_once.read_until_eof(nullptr, 30s));
+  EXPECT_EQ(no_grace.stats().refused_not_allowed, 1u);
 }
 
 TEST(ServerTest, ServesIpv6Loopback) {
