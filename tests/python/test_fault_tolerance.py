@@ -88,6 +88,11 @@ class Group(Launched):
         with open(self.err_path) as f:
             return f.read()
 
+    def failures(self):
+        """ddprun's warnings and the workers' errors, whole: why a worker ended, wherever it is in a long log."""
+        keep = (" WARN ", " ERROR ", "Error", "terminate called", "what():", "Traceback")
+        return "\n".join(line for line in self.output().splitlines() if any(k in line for k in keep))
+
     def kill(self):
         if self.proc.poll() is None:
             self.proc.kill()
@@ -189,7 +194,8 @@ class FaultTolerance(GroupsTest):
         self.check_commits_agree(steps)
         for g in survivors:
             for rank in range(nproc):
-                self.assertEqual(len(g.starts(rank)), 1, "group %d rank %d was restarted" % (g.group, rank))
+                self.assertEqual(len(g.starts(rank)), 1,
+                                 "group %d rank %d was restarted:\n%s" % (g.group, rank, g.failures()))
                 self.assertEqual({c["pid"] for c in g.commits(rank)}, {g.starts(rank)[0]["pid"]})
             # The survivors trained on without the victim while it was away.
             self.assertTrue(any(1 not in c["groups"] for c in g.commits()),
@@ -278,7 +284,7 @@ class FaultTolerance(GroupsTest):
                                         r"replica group 2 \(group 2 reports step 1000004, but the job can have "
                                         r"committed at most step [45]: left out\): its workers' step is not the job's")
         for g in self.groups[:2]:
-            self.assertEqual(len(g.starts()), 1, "group %d was restarted" % g.group)
+            self.assertEqual(len(g.starts()), 1, "group %d was restarted:\n%s" % (g.group, g.failures()))
         first, second = [[c for c in liar.commits() if c["pid"] == s["pid"]] for s in liar.starts()]
         self.assertEqual([c["step"] for c in first], [1, 2, 3, 4])
         self.assertTrue(second and second[0]["healed"] and second[0]["step"] > 4, second[:1])
@@ -319,7 +325,7 @@ class FaultTolerance(GroupsTest):
                 self.assertEqual(g.wait(), 0, "group %d:\n%s" % (g.group, g.output()[-4000:]))
             self.check_commits_agree(steps)
             for g in self.groups:
-                self.assertEqual(len(g.starts()), 1, "group %d was restarted" % g.group)
+                self.assertEqual(len(g.starts()), 1, "group %d was restarted:\n%s" % (g.group, g.failures()))
         finally:
             daemon.kill()
             daemon.wait()
@@ -596,10 +602,11 @@ class Partition(GroupsTest):
             self.assertEqual(g.wait(timeout=180), 0, "group %d:\n%s" % (g.group, g.output()[-4000:]))
         self.check_commits_agree(steps)
         for g in self.groups[:2]:
-            self.assertEqual(len(g.starts()), 1, "group %d (on the side with the quorum) was restarted" % g.group)
+            self.assertEqual(len(g.starts()), 1,
+                             "group %d (on the side with the quorum) was restarted:\n%s" % (g.group, g.failures()))
         # The partition was shorter than the agents' store_reconnect_timeout (30 s): group 2's worker
         # waited for its quorum through it, as its agent did, and was not restarted.
-        self.assertEqual(len(cut_off.starts()), 1, "group 2 was restarted:\n" + cut_off.output()[-4000:])
+        self.assertEqual(len(cut_off.starts()), 1, "group 2 was restarted:\n" + cut_off.failures())
         # Both sides said what happened, in one line each.
         self.assertIn("without group 2: group 2 sent no heartbeat within quorum_heartbeat_timeout", a0.output())
         self.assertRegex(cut_off.output(), r"this group was out of quorum\(s\) \d+\.\.\d+; this group is at step "
