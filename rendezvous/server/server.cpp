@@ -65,10 +65,10 @@ Server::Server(asio::io_context& io, ServerOptions options)
       refusals_(options_.refusal_log_window),
       store_(options_.store_limits) {
   if (options_.job_ttl.count() > 0) janitor_ = std::make_unique<JobJanitor>(options_.job_ttl);
-  // Under a low descriptor limit, unproven peers get at most a quarter of it.
-  pending_cap_ = std::max<size_t>(
-      1, std::min<size_t>(options_.max_pending_handshakes, std::max<uint64_t>(8, open_file_limit() / 4)));
-  held_cap_ = std::min<size_t>(options_.max_held_not_allowed, std::max<uint64_t>(8, open_file_limit() / 4));
+  // Under a low descriptor limit, unproven peers and held strangers get at most a quarter of it each.
+  const uint64_t quarter = std::max<uint64_t>(8, open_file_limit() / 4);
+  pending_cap_ = std::max<size_t>(1, std::min<size_t>(options_.max_pending_handshakes, quarter));
+  held_cap_ = std::min<size_t>(options_.max_held_not_allowed, quarter);
   if (options_.allowed_peers) allow_peers(*options_.allowed_peers);
   if (!options_.state_file.empty()) open_state();  // before listening: no client sees an empty store
   if (options_.describe_self || !options_.state_file.empty()) describe_self();

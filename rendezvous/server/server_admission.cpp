@@ -1,7 +1,7 @@
 // Server's admission of connections: accepting them (a batch at a time), refusing newcomers when
-// out of descriptors, the allowed peers (a stranger held for a grace, then admitted or reset), and a protected store's connections that have not proved
-// the secret yet (their deadline; their cap, at which accepting waits, and silent ones make
-// room). See server.hpp.
+// out of descriptors, the allowed peers (a stranger held for a grace, then admitted or reset), and
+// a protected store's connections that have not proved the secret yet (their deadline; their cap,
+// at which accepting waits, and silent ones make room). See server.hpp.
 #include <netinet/in.h>
 #include <sys/epoll.h>
 #include <sys/socket.h>
