@@ -15,10 +15,10 @@
 
 namespace ddprun::launcher::agent {
 
-StatusServer::StatusServer(uint16_t port, view::ViewSettings view)
-    : view_(view), io_(std::make_unique<boost::asio::io_context>()) {
+StatusServer::StatusServer(uint16_t port, view::ViewSettings view, const std::vector<std::string>& allowed_hosts)
+    : view_(view), hosts_(allowed_hosts, "--http_allowed_hosts"), io_(std::make_unique<boost::asio::io_context>()) {
   auto handler = [this](const rdzv::server::HttpRequest& request) {
-    if (auto page = view::serve_view(view_, request)) return std::move(*page);
+    if (auto page = view::serve_view(view_, request, hosts_)) return std::move(*page);
     rdzv::server::HttpReply reply;
     reply.body = answer(request.target, reply.status, reply.content_type);
     return reply;
@@ -57,6 +57,7 @@ const char* StatusServer::name(Phase phase) {
     case Phase::Joined: return "joined";
     case Phase::Spare: return "spare";
     case Phase::Running: return "running";
+    case Phase::Stopping: return "stopping";
     case Phase::Finishing: return "finishing";
     case Phase::Restarting: return "restarting";
     case Phase::Hung: return "hung";
@@ -68,7 +69,9 @@ const char* StatusServer::name(Phase phase) {
 void StatusServer::set(Phase phase, std::string detail, int round) {
   std::lock_guard lock(mutex_);
   // A hang stands until the round ends.
-  if (phase_ == Phase::Hung && (phase == Phase::Running || phase == Phase::Finishing)) return;
+  if (phase_ == Phase::Hung && (phase == Phase::Running || phase == Phase::Stopping || phase == Phase::Finishing)) {
+    return;
+  }
   if (phase != phase_) since_ = std::chrono::steady_clock::now();
   phase_ = phase;
   detail_ = std::move(detail);

@@ -3,8 +3,9 @@
 // (/ui), its data (/api/job), the hang report and /metrics (view/job_page.hpp), and the health
 // endpoint, for a Kubernetes liveness probe (torchrun reserves the variable; its open-source
 // server is a stub). Any other GET on the port answers
-//   200 "ok: PHASE, DETAIL, for N s" while the agent connects, joins, runs and restarts its
-//       workers (PHASE: connecting, rendezvous, joined, spare, running, finishing, restarting);
+//   200 "ok: PHASE, DETAIL, for N s" while the agent connects, joins, runs, stops and restarts
+//       its workers (PHASE: connecting, rendezvous, joined, spare, running, stopping, finishing,
+//       restarting);
 //   503 "hung: ..." once the hang watchdog (--hang_timeout) has seen no progress, and
 //   503 "ending: ..." once the job is over and ddprun is about to exit,
 // so a probe restarts a pod whose job hangs, not one that is merely restarting its workers. A GET
@@ -20,8 +21,10 @@
 #include <string>
 #include <string_view>
 #include <thread>
+#include <vector>
 
 #include "launcher/view/job_view.hpp"
+#include "rendezvous/server/host_check.hpp"
 
 namespace boost::asio {
 class io_context;
@@ -37,11 +40,16 @@ class StatusServer {
  public:
   // Connecting: to the rendezvous (its store, etcd); Rendezvous: joining a round; Joined: in the
   // round, waiting for the other nodes; Spare: outside a full elastic job's world, waiting to take
-  // the place of a node that is lost; Finishing: this node's workers are done, the others' not.
-  enum class Phase { Connecting, Rendezvous, Joined, Spare, Running, Finishing, Restarting, Hung, Ending };
+  // the place of a node that is lost; Stopping: the workers are being stopped (a failure, a stop
+  // signal, another node's end), the detail says why; Finishing: this node's workers are done, the
+  // others' not.
+  enum class Phase { Connecting, Rendezvous, Joined, Spare, Running, Stopping, Finishing, Restarting, Hung, Ending };
   static const char* name(Phase phase);
-  // Listens on `port` (0: the kernel picks); throws ConnectionError when it cannot.
-  explicit StatusServer(uint16_t port, view::ViewSettings view = {});
+  // Listens on `port` (0: the kernel picks); throws ConnectionError when it cannot. The page
+  // answers requests addressed to this host, or to a name of `allowed_hosts`
+  // (--http_allowed_hosts; rendezvous/server/host_check.hpp).
+  explicit StatusServer(uint16_t port, view::ViewSettings view = {},
+                        const std::vector<std::string>& allowed_hosts = {});
   ~StatusServer();
   StatusServer(const StatusServer&) = delete;
   StatusServer& operator=(const StatusServer&) = delete;
@@ -59,7 +67,8 @@ class StatusServer {
   std::string answer(std::string_view target, unsigned& status, std::string& content_type);
 
   view::JobView view_;
-  std::string advertised_;  // the file advertise() wrote
+  const rdzv::server::HostCheck hosts_;  // used on the server's thread
+  std::string advertised_;               // the file advertise() wrote
 
   std::mutex mutex_;
   Phase phase_ = Phase::Rendezvous;

@@ -101,19 +101,22 @@ void KvStore::store(std::string_view key, std::string_view value) {
     key_bytes_ += key.size();
     if (unlimited_) ++notes_;
     if (!watchers_.empty()) notify_watchers(key, nullptr, it->second);
+    presence(key, false, !value.empty());
     key_arrived(key, /*wake_one=*/false);
     return;
   }
   Value& slot = it->second;
   reserve(0, static_cast<int64_t>(value.size()) - static_cast<int64_t>(slot->size()), "SET", key);
   account(key, 0, static_cast<int64_t>(value.size()) - static_cast<int64_t>(slot->size()));
+  const bool had_value = !slot->empty();
   const bool watched = !watchers_.empty() && watchers_.count(key) != 0;
   if (!watched && slot.use_count() == 1) {
     slot->assign(value.data(), value.size());  // nobody else holds it: reuse the buffer
-    return;
+  } else {
+    const Value old = std::exchange(slot, std::make_shared<std::string>(value));
+    if (watched) notify_watchers(key, old, slot);
   }
-  const Value old = std::exchange(slot, std::make_shared<std::string>(value));
-  if (watched) notify_watchers(key, old, slot);
+  presence(key, had_value, !value.empty());
 }
 
 void KvStore::set(std::string_view key, std::string_view value) {
@@ -209,16 +212,18 @@ void KvStore::append(std::string_view key, std::string_view data) {
   reserve(0, static_cast<int64_t>(data.size()), "APPEND", key);
   changed(key, nullptr);
   account(key, 0, static_cast<int64_t>(data.size()));
+  const bool had_value = !slot->empty();
   const bool watched = !watchers_.empty() && watchers_.count(key) != 0;
   if (!watched && slot.use_count() == 1) {
     slot->append(data.data(), data.size());
-    return;
+  } else {
+    auto grown = std::make_shared<std::string>();
+    grown->reserve(slot->size() + data.size());
+    grown->append(*slot).append(data.data(), data.size());
+    const Value old = std::exchange(slot, std::move(grown));
+    if (watched) notify_watchers(key, old, slot);
   }
-  auto grown = std::make_shared<std::string>();
-  grown->reserve(slot->size() + data.size());
-  grown->append(*slot).append(data.data(), data.size());
-  const Value old = std::exchange(slot, std::move(grown));
-  if (watched) notify_watchers(key, old, slot);
+  presence(key, had_value, had_value || !data.empty());
 }
 
 void KvStore::multi_set(std::span<const std::string_view> keys, std::span<const std::string_view> values) {
@@ -259,6 +264,8 @@ bool KvStore::remove(std::string_view key) {
   account(key, -1, -static_cast<int64_t>(it->first.size() + it->second->size()));
   key_bytes_ -= it->first.size();
   if (core::is_refusal_note(key)) --notes_;
+  // `key` may be a view of the map's own key: the observer is told with a copy, after the erase.
+  const std::string told = presence_ && !it->second->empty() ? it->first : std::string();
   if (!watchers_.empty() && watchers_.count(key) != 0) {
     const Value old = std::move(it->second);
     const std::string name = it->first;
@@ -267,6 +274,7 @@ bool KvStore::remove(std::string_view key) {
   } else {
     map_.erase(it);
   }
+  if (!told.empty()) presence(told, true, false);
   return true;
 }
 

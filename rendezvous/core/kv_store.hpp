@@ -54,6 +54,17 @@ class ChangeObserver {
   virtual void on_once(std::string_view /*token*/, int64_t /*result*/) {}
 };
 
+// Told when a key of the KV map comes to hold a value or stops holding one: created, removed, or
+// set to or from the empty value (an empty value counts as none, as `ddprun-rendezvous status`
+// reads the store), never of other changes or of reads: what an index of the keys present
+// follows (the metrics' job states). Called on the store's thread, after the change; queues are
+// not told.
+class PresenceObserver {
+ public:
+  virtual ~PresenceObserver() = default;
+  virtual void on_presence(std::string_view key, bool present) = 0;
+};
+
 struct StringHash {
   using is_transparent = void;
   size_t operator()(std::string_view s) const noexcept { return std::hash<std::string_view>{}(s); }
@@ -153,6 +164,8 @@ class KvStore {
   // `observer` (not owned; nullptr for none) is told of every change from now on.
   void set_observer(ChangeObserver* observer) { observer_ = observer; }
   ChangeObserver* observer() const { return observer_; }
+  // `observer` (not owned; nullptr for none) is told of keys that come and go from now on.
+  void set_presence_observer(PresenceObserver* observer) { presence_ = observer; }
 
  private:
   using Value = std::shared_ptr<std::string>;
@@ -199,6 +212,9 @@ class KvStore {
   void changed(std::string_view key, const int64_t* counter) {
     if (observer_) observer_->on_change(key, counter);
   }
+  void presence(std::string_view key, bool before, bool after) {
+    if (presence_ && before != after) presence_->on_presence(key, after);
+  }
 
   StoreLimits limits_;
   Map map_;
@@ -221,6 +237,7 @@ class KvStore {
   uint64_t requests_ = 0;
   uint64_t requests_by_op_[kOpCount] = {};
   ChangeObserver* observer_ = nullptr;
+  PresenceObserver* presence_ = nullptr;
 };
 
 }  // namespace ddprun::rdzv::core

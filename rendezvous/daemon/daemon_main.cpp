@@ -164,12 +164,16 @@ void serve(const ServeConfig& c) {
   else if (c.insecure)
     log::warn("rendezvous") << "--insecure: anyone who can reach this port can read and end every job";
   std::unique_ptr<rdzv::daemon::JobsPage> page;
+  std::unique_ptr<rdzv::daemon::JobStates> job_states;
   std::unique_ptr<rdzv::daemon::MetricsServer> metrics;
   if (c.metrics_port) {
-    page = std::make_unique<rdzv::daemon::JobsPage>(io, server);
+    rdzv::daemon::JobsPageSettings ps;
+    ps.allowed_hosts = c.metrics_allowed_hosts;
+    page = std::make_unique<rdzv::daemon::JobsPage>(io, server, ps);
+    job_states = std::make_unique<rdzv::daemon::JobStates>(server.store());
     metrics = std::make_unique<rdzv::daemon::MetricsServer>(
         io, server.endpoint().address().to_string(), *c.metrics_port,
-        [&server] { return rdzv::daemon::render_metrics(server); },
+        [&server, &job_states] { return rdzv::daemon::render_metrics(server, *job_states); },
         [&page](const rdzv::server::HttpRequest& request) { return page->serve(request); });
     std::cout << "metrics on " << format_host_port(server.endpoint().address().to_string(), metrics->port())
               << std::endl;

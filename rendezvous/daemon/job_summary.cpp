@@ -111,7 +111,9 @@ std::string round_state(const RoundNames& names, const std::string& prefix, json
   if (const std::string* hang = find(names, names_of::kHang); hang && !end) out["hang_diagnosed_by"] = *hang;
   if (const std::string* ws = find(names, names_of::kWorkerStore)) {
     const json store = json::parse(*ws, nullptr, false);
-    if (store.is_object()) out["worker_store"] = store;
+    // Its address alone: a replica group's record also holds the round's key.
+    if (store.is_object())
+      out["worker_store"] = {{"addr", store.value("addr", json())}, {"port", store.value("port", json())}};
     else skipped.push_back({{"key", prefix + std::string(names_of::kWorkerStore)}, {"reason", "not a JSON object"}});
   }
   if (!end) return find(names, names_of::kComplete) || find(names, names_of::kClosed) ? "running" : "joining";

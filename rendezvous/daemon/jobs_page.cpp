@@ -76,7 +76,11 @@ bool good_state(const std::string& state) { return state == "joining" || state =
 }  // namespace
 
 JobsPage::JobsPage(boost::asio::io_context& io, server::Server& server, JobsPageSettings settings)
-    : io_(io), server_(server), s_(settings), next_(server.store().observer()) {
+    : io_(io),
+      server_(server),
+      s_(std::move(settings)),
+      hosts_(s_.allowed_hosts, "--metrics-allowed-hosts"),
+      next_(server.store().observer()) {
   server_.store().set_observer(this);
 }
 
@@ -378,6 +382,7 @@ std::optional<HttpReply> JobsPage::serve(const HttpRequest& request) {
         server_.protected_store() ? "the jobs' page names the jobs of a protected store, their hosts and failures"
                                   : "the jobs' page is for the peers this store admits");
   }
+  if (auto refused = hosts_.refuse(request)) return refused;
   if (auto file = server::page_file(path)) return file;
   const int64_t now = now_ms();
   if (path == "/api/jobs") return server::json_reply(jobs(now));

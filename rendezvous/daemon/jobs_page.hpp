@@ -15,8 +15,10 @@
 // Who may look: the page names jobs, hosts and failures, which a protected store shows to token
 // holders only. So peers on this host (and through `ssh -L`) always; other peers only when the
 // store is open and admits them (a store with a list of allowed peers admits those), as they could
-// read every key anyway.
-// /metrics, figures only, stays open to anyone.
+// read every key anyway. And only to requests addressed to this host by a name or address of its
+// own or of --metrics-allowed-hosts (server/host_check.hpp), so that no page of another site whose
+// name resolves here reads it.
+// /metrics, figures only, stays open to anyone under any name.
 
 #include <utility>  // before Asio (Boost 1.74 quirk)
 
@@ -33,6 +35,7 @@
 
 #include "rendezvous/core/kv_store.hpp"
 #include "rendezvous/jobs/rank_rates.hpp"
+#include "rendezvous/server/host_check.hpp"
 #include "rendezvous/server/http_server.hpp"
 #include "rendezvous/server/server.hpp"
 
@@ -45,6 +48,9 @@ struct JobsPageSettings {
   size_t max_listed = 256;        // ranks listed one by one in a snapshot
   size_t max_events = 200;        // timeline entries per job
   size_t max_jobs = 256;          // jobs followed
+  // The names the page may be asked under besides this host's own (--metrics-allowed-hosts;
+  // server/host_check.hpp).
+  std::vector<std::string> allowed_hosts;
 };
 
 class JobsPage : public core::ChangeObserver {
@@ -93,6 +99,7 @@ class JobsPage : public core::ChangeObserver {
   boost::asio::io_context& io_;
   server::Server& server_;
   const JobsPageSettings s_;
+  const server::HostCheck hosts_;
   core::ChangeObserver* next_;
   std::vector<std::string> pending_;
   std::unordered_set<std::string> pending_set_;

@@ -16,7 +16,6 @@
 #include "common/system.hpp"
 #include "common/prometheus.hpp"
 #include "rendezvous/jobs/job_keys.hpp"
-#include "rendezvous/daemon/job_summary.hpp"
 
 namespace ddprun::rdzv::daemon {
 
@@ -63,7 +62,7 @@ ProcessFacts process_facts() {
 
 }  // namespace
 
-std::string render_metrics(const server::Server& server) {
+std::string render_metrics(const server::Server& server, const JobStates& jobs) {
   const server::ServerStats st = server.stats();
   const core::KvStore& store = server.store();
   Exposition e;
@@ -98,19 +97,22 @@ std::string render_metrics(const server::Server& server) {
   e.single("ddprun_store_stored_bytes", "gauge", "Bytes of keys and values stored.", store.stored_bytes());
   e.single("ddprun_store_stored_bytes_limit", "gauge", "Most bytes the store holds (--max-store-bytes).",
            store.limits().max_store_bytes);
+  e.single("ddprun_store_held_input_bytes", "gauge",
+           "Memory of the connections' input buffers: unfinished requests, and requests read that wait for their "
+           "client to read its replies.",
+           st.held_input_bytes);
+  e.single("ddprun_store_held_input_bytes_limit", "gauge",
+           "Most memory the input buffers hold together (--max-unfinished-bytes).", st.held_input_limit);
+  e.single("ddprun_store_owed_bytes", "gauge",
+           "Bytes of replies copied for clients that have not taken them yet (large values are shared, not copied).",
+           st.owed_bytes);
+  e.single("ddprun_store_owed_bytes_limit", "gauge", "Most bytes the replies owed hold together (--max-owed-bytes).",
+           st.owed_limit);
   e.single("ddprun_store_pending_waits", "gauge", "Clients blocked in WAIT for keys that do not exist yet.",
            st.waiting_clients);
 
   // ddprun jobs, by state (every state listed, so that a dashboard sees zeros too).
-  std::vector<std::pair<std::string, std::string>> entries;
-  store.for_each(core::kRoot, [&](std::string_view k, const std::string& v) { entries.emplace_back(k, v); });
-  const int64_t now = now_ms();
-  std::map<std::string, int> by_state;
-  for (const char* s : {"joining", "running", "succeeded", "failed", "stopped", "node_lost", "re-rendezvous", "hung"}) {
-    by_state[s] = 0;
-  }
-  const auto summary = summarize_jobs(entries, now);
-  for (const auto& job : summary["jobs"]) ++by_state[job.value("state", "joining")];
+  const std::map<std::string, int> by_state = jobs.by_state();
   e.family("ddprun_store_jobs", "gauge", "ddprun jobs (one per run of a job id) known to the store, by state.");
   for (const auto& [state, n] : by_state) e.sample("ddprun_store_jobs", n, label("state", state));
   e.single("ddprun_store_jobs_forgotten_total", "counter",
@@ -133,9 +135,17 @@ std::string render_metrics(const server::Server& server) {
 }
 
 MetricsServer::MetricsServer(asio::io_context& io, const std::string& host, uint16_t port,
-                             std::function<std::string()> render, Pages pages)
+                             std::function<std::string()> render, Pages pages, server::PeerRateSettings limit)
     : http_(io, host, port, "ddprun-rendezvous",
-            [render = std::move(render), pages = std::move(pages)](const server::HttpRequest& request) {
+            [render = std::move(render), pages = std::move(pages),
+             limiter = std::make_shared<server::PeerRateLimit>(limit)](const server::HttpRequest& request) {
+              if (const auto wait = limiter->admit(request.peer, std::chrono::steady_clock::now())) {
+                server::HttpReply busy;
+                busy.status = 429;
+                busy.headers.emplace_back("Retry-After", std::to_string(*wait));
+                busy.body = "too many requests from this address: ask again in " + std::to_string(*wait) + " s\n";
+                return busy;
+              }
               if (pages) {
                 if (auto page = pages(request)) return std::move(*page);
               }

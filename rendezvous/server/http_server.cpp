@@ -82,6 +82,9 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
     res.version(req.version());
     res.keep_alive(false);
     res.set(http::field::server, *name_);
+    // No answer is to be sniffed into another type: a text/plain 404 that echoes the path it was
+    // asked for must never run as a page.
+    res.set("X-Content-Type-Options", "nosniff");
     if (req.method() != http::verb::get && req.method() != http::verb::head) {
       res.result(http::status::method_not_allowed);
       res.set(http::field::allow, "GET, HEAD");
@@ -90,8 +93,13 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
     } else {
       boost::system::error_code ec;
       const auto peer = stream_.socket().remote_endpoint(ec);
-      HttpReply reply = (*handler_)(HttpRequest{std::string_view(req.target().data(), req.target().size()),
-                                                ec ? asio::ip::address() : peer.address()});
+      HttpRequest request{std::string_view(req.target().data(), req.target().size()),
+                          ec ? asio::ip::address() : peer.address()};
+      request.host_fields = req.count(http::field::host);
+      if (const auto host = req.find(http::field::host); host != req.end()) {
+        request.host = std::string_view(host->value().data(), host->value().size());
+      }
+      HttpReply reply = (*handler_)(request);
       res.result(reply.status);
       res.set(http::field::content_type, reply.content_type);
       for (const auto& [name, value] : reply.headers) res.set(name, value);

@@ -4,8 +4,9 @@
 // (TORCHELASTIC_HEALTH_CHECK_PORT). Each connection gets one response to a GET or HEAD and is
 // closed; a request must arrive within 3 s and its header fit in 8 KiB, and at most 64 connections
 // are served at once (when all are taken, the one that has waited longest for its request makes
-// room), so a client that stalls or floods costs nothing lasting. Not thread-safe: everything runs
-// on the io_context's thread, the handler included.
+// room), so a client that stalls or floods costs nothing lasting. Every answer says
+// `X-Content-Type-Options: nosniff`. Not thread-safe: everything runs on the io_context's thread,
+// the handler included.
 
 #include <utility>  // before Asio (Boost 1.74 quirk)
 
@@ -14,6 +15,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -22,8 +24,10 @@
 namespace ddprun::rdzv::server {
 
 struct HttpRequest {
-  std::string_view target;        // the path and query, as sent
-  boost::asio::ip::address peer;  // who asks
+  std::string_view target;                 // the path and query, as sent
+  boost::asio::ip::address peer;           // who asks
+  std::optional<std::string_view> host{};  // the (first) Host field, as sent; none without one
+  size_t host_fields = 0;                  // how many Host fields were sent
 };
 
 struct HttpReply {

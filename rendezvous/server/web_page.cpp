@@ -27,6 +27,7 @@ std::string render_page(const json& initial) {
 
 std::string_view page_path(std::string_view target) {
   std::string_view path = target.substr(0, target.find('?'));
+  if (path == "/ui/") return "/ui";  // the page's address with a trailing slash
   if (path.size() > 4 && path.substr(0, 4) == "/ui/") path.remove_prefix(3);  // /ui/ui.js: /ui.js
   return path;
 }

@@ -28,7 +28,7 @@ std::string_view page_css();
 // "ddprun-jobs/1") in it, so that it shows something before its first poll.
 std::string render_page(const nlohmann::json& initial);
 
-// A request's path without its query; /ui/X is /X (a link relative to /ui/ still works).
+// A request's path without its query; /ui/ is /ui and /ui/X is /X (a link relative to /ui/ still works).
 std::string_view page_path(std::string_view target);
 // The value of `name` in the request's query ("" when absent), %-decoded.
 std::string query_value(std::string_view target, std::string_view name);

@@ -1,5 +1,6 @@
 // Access control: a protected daemon, strangers in both dialects, two jobs that cannot touch each
-// other, an agent without the secret, the worker store's allow list, private logs.
+// other, an agent without the secret, the worker store's allow list, private logs, a --log_dir
+// that others can write.
 #include <sys/stat.h>
 
 #include <gtest/gtest.h>
@@ -13,6 +14,7 @@
 #include "rendezvous/client/client.hpp"
 #include "rendezvous/core/protocol.hpp"
 #include "tests/support/daemon.hpp"
+#include "tests/support/ddprun_bin.hpp"
 #include "tests/support/free_port.hpp"
 #include "tests/support/raw_socket.hpp"
 #include "tests/support/subprocess.hpp"
@@ -284,6 +286,60 @@ TEST(AccessTest, WorkerLogsAreReadableByTheirOwnerAlone) {
   EXPECT_GE(dirs, 3);  // run, attempt, rank
   // stdout.log, stderr.log, progress (the rank's progress page), python/sitecustomize.py (the hook)
   EXPECT_EQ(files, 4);
+}
+
+// A --log_dir under a directory every user may write (no sticky bit): another user could rename
+// the run directory away and put one of their own, with their own python/sitecustomize.py, in its
+// place. Refused before any worker runs, with what to do; the same under a sticky one is fine.
+TEST(AccessTest, ALogDirUnderADirectoryOthersCanWriteIsRefused) {
+  TempDir dir;
+  const fs::path shared = dir.path / "shared";
+  fs::create_directory(shared);
+  fs::permissions(shared, fs::perms::all, fs::perm_options::replace);  // 0777
+  const fs::path ready = dir.path / "ready";
+  Subprocess p(ddprun({"--nproc_per_node", "1", "--log_dir", (shared / "logs").string(), TEST_WORKER_BIN, "ready-file",
+                       ready.string()}));
+  const Finished f = p.wait(30s);
+  EXPECT_EQ(f.exit_code, 2) << f.err;
+  EXPECT_NE(f.err.find(shared.string() + " is writable by every user without the sticky bit"), std::string::npos)
+      << f.err;
+  EXPECT_FALSE(fs::exists(ready));
+
+  fs::permissions(shared, fs::perms::all | fs::perms::sticky_bit, fs::perm_options::replace);  // 1777, as /tmp
+  Subprocess sticky(ddprun({"--nproc_per_node", "1", "--log_dir", (shared / "logs").string(), TEST_WORKER_BIN,
+                            "ready-file", ready.string()}));
+  const Finished ok = sticky.wait(30s);
+  EXPECT_EQ(ok.exit_code, 0) << ok.err;
+  EXPECT_TRUE(fs::exists(ready));
+}
+
+// A --log_dir that is a link (of this user's, in a private directory) to a directory every user may
+// write: judged by where it leads, and refused.
+TEST(AccessTest, ALogDirLinkedIntoADirectoryOthersCanWriteIsRefused) {
+  TempDir dir;
+  const fs::path shared = dir.path / "shared";
+  fs::create_directory(shared);
+  fs::permissions(shared, fs::perms::all, fs::perm_options::replace);  // 0777
+  fs::create_directory_symlink(shared, dir.path / "logs");
+  Subprocess p(
+      ddprun({"--nproc_per_node", "1", "--log_dir", (dir.path / "logs").string(), TEST_WORKER_BIN, "print", "1"}));
+  const Finished f = p.wait(30s);
+  EXPECT_EQ(f.exit_code, 2) << f.err;
+  EXPECT_NE(f.err.find(shared.string() + " is writable by every user without the sticky bit"), std::string::npos)
+      << f.err;
+  EXPECT_TRUE(fs::is_empty(shared));
+}
+
+// The --log_dir itself writable by its group: refused the same way.
+TEST(AccessTest, ALogDirItsGroupCanWriteIsRefused) {
+  TempDir dir;
+  const fs::path logs = dir.path / "logs";
+  fs::create_directory(logs);
+  fs::permissions(logs, fs::perms::owner_all | fs::perms::group_all, fs::perm_options::replace);  // 0770
+  Subprocess p(ddprun({"--nproc_per_node", "1", "--log_dir", logs.string(), TEST_WORKER_BIN, "print", "1"}));
+  const Finished f = p.wait(30s);
+  EXPECT_EQ(f.exit_code, 2) << f.err;
+  EXPECT_NE(f.err.find(logs.string() + " is writable by its group without the sticky bit"), std::string::npos) << f.err;
 }
 
 TEST(AccessTest, RealPyTorchGlooWorkersTrainThroughAProtectedDaemon) {

@@ -185,7 +185,12 @@ TEST(JobsPageTest, TheListHasEveryJobAndAnUnknownJobIsNotFound) {
   EXPECT_EQ(ui->status, 200u);
   EXPECT_NE(ui->body.find("\"ddprun-jobs/1\""), std::string::npos);
   EXPECT_EQ(page.serve({"/ui?job=jobB", kHere})->status, 200u);
-  EXPECT_NE(page.serve({"/ui/?job=jobB", kHere})->body.find("\"run_id\":\"jobB\""), std::string::npos);
+  const auto slash = page.serve({"/ui/?job=jobB", kHere});  // the address with a trailing slash
+  ASSERT_TRUE(slash);
+  EXPECT_NE(slash->body.find("\"run_id\":\"jobB\""), std::string::npos);
+  const auto list_slash = page.serve({"/ui/", kHere});
+  ASSERT_TRUE(list_slash);
+  EXPECT_NE(list_slash->body.find("\"ddprun-jobs/1\""), std::string::npos);
   EXPECT_EQ(page.serve({"/api/job?job=jobA", kHere})->status, 200u);
   EXPECT_EQ(page.serve({"/api/job?job=nojob", kHere})->status, 404u);
   EXPECT_EQ(page.serve({"/api/job", kHere})->status, 400u);

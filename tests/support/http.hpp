@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cstdio>
 #include <fstream>
+#include <optional>
 #include <string>
 
 #include "tests/support/raw_socket.hpp"
@@ -20,15 +21,22 @@ struct HttpAnswer {
   std::string body;
 };
 
-// GET `path` from `address`:`port` (IPv4); throws when the connection is refused.
-inline HttpAnswer http_get(uint16_t port, const std::string& path, const char* address = "127.0.0.1") {
+// GET `path` from `address`:`port` (IPv4) with the Host field `host`, or, without one, as an
+// HTTP/1.0 request that names no host; throws when the connection is refused.
+inline HttpAnswer http_get_host(uint16_t port, const std::string& path, const std::optional<std::string>& host,
+                                const char* address = "127.0.0.1") {
   RawSocket s(port, address);
-  s.send("GET " + path + " HTTP/1.1\r\nHost: localhost\r\n\r\n");
+  s.send("GET " + path + (host ? " HTTP/1.1\r\nHost: " + *host + "\r\n\r\n" : " HTTP/1.0\r\n\r\n"));
   HttpAnswer a;
   s.read_until_eof(&a.whole, std::chrono::seconds(10));
-  if (a.whole.rfind("HTTP/1.1 ", 0) == 0 && a.whole.size() >= 12) a.status = std::stoi(a.whole.substr(9, 3));
+  if (a.whole.rfind("HTTP/1.", 0) == 0 && a.whole.size() >= 12) a.status = std::stoi(a.whole.substr(9, 3));
   if (const auto at = a.whole.find("\r\n\r\n"); at != std::string::npos) a.body = a.whole.substr(at + 4);
   return a;
+}
+
+// GET `path` from `address`:`port` (IPv4), as a browser at http://localhost asks.
+inline HttpAnswer http_get(uint16_t port, const std::string& path, const char* address = "127.0.0.1") {
+  return http_get_host(port, path, "localhost", address);
 }
 
 struct Lint {

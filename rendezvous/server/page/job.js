@@ -39,7 +39,7 @@
     $("run-id").textContent = j.run_id && j.run_id !== "none" ? "job " + j.run_id : "";
     var facts = $("facts");
     clear(facts);
-    var phase = el("span", { class: "badge" + (j.phase.ok ? (j.phase.name === "restarting" ? " warn" : "") : " bad") }, j.phase.name);
+    var phase = el("span", { class: "badge" + (j.phase.ok ? (j.phase.name === "restarting" || j.phase.name === "stopping" ? " warn" : "") : " bad") }, j.phase.name);
     facts.appendChild(phase);
     facts.appendChild(document.createTextNode(" " + j.phase.detail + " (" + fmtSeconds(j.phase.seconds) + ")"));
     var bits = [];
