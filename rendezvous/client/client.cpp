@@ -163,6 +163,7 @@ void Client::open_socket_locked(Clock::time_point deadline, bool refused_is_fina
     refused = refused || (!fd_ && err == ECONNREFUSED);
   }
   ::freeaddrinfo(res);
+  if (!fd_ && refused && options_.on_refused) options_.on_refused();
   if (!fd_ && refused && refused_is_final) {
     throw ConnectionError("store " + endpoint() + " refused the connection (nothing listens there any more)");
   }

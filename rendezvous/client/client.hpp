@@ -10,6 +10,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <functional>
 #include <cstdint>
 #include <mutex>
 #include <optional>
@@ -76,6 +77,10 @@ struct ClientOptions {
   // twice nor lost (APPEND and QUEUE_PUSH, lost between the store's write and its confirmation,
   // can be applied twice). 0: never; also never against any other store.
   std::chrono::milliseconds outage_tolerance{0};
+  // Called (on the calling thread) whenever a connection attempt is refused: the store's host
+  // answered and nothing listens on its port, so the store itself is down (a daemon restarting),
+  // not out of this client's reach. Its other clients cannot reach it either meanwhile.
+  std::function<void()> on_refused;
 };
 
 class Client {
@@ -116,6 +121,7 @@ class Client {
   // Pops the front value; nullopt when the queue is empty.
   std::optional<std::string> queue_pop(std::string_view key);
   int64_t queue_len(std::string_view key);
+  // Every key the store holds (a protected store: the job's), sorted.
   std::vector<std::string> list();
   // Round trip with a nonce; returns the measured time.
   Duration ping();

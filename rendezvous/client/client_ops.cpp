@@ -2,6 +2,8 @@
 // itself: connecting with backoff, the secret handshake, framing and deadlines.
 #include "rendezvous/client/client.hpp"
 
+#include <algorithm>
+
 #include "common/errors.hpp"
 #include "common/log.hpp"
 #include "common/system.hpp"
@@ -331,6 +333,7 @@ std::vector<std::string> Client::list() {
     const int64_t n = recv_i64(dl, "LIST");
     std::vector<std::string> keys;
     for (int64_t i = 0; i < n; ++i) keys.push_back(recv_bytes(dl, "LIST"));
+    std::sort(keys.begin(), keys.end());  // the store answers in its map's order
     return keys;
   });
 }

@@ -53,6 +53,7 @@ void OutputQueue::put_value(const SharedBytes& value) {
   s.shared = value;
   segments_.push_back(std::move(s));
   size_ += value->size();
+  shared_ += value->size();
 }
 
 size_t OutputQueue::gather(iovec* iov, size_t max) const {
@@ -72,6 +73,7 @@ void OutputQueue::consume(size_t n) {
   while (n > 0 && head_ < segments_.size()) {
     Segment& s = segments_[head_];
     const size_t take = std::min(n, s.size());
+    if (s.shared) shared_ -= take;
     s.offset += take;
     n -= take;
     if (s.size() == 0) segments_[head_++] = Segment();  // drops the copy or the share now
@@ -89,6 +91,7 @@ void OutputQueue::clear() {
   std::vector<Segment>().swap(segments_);
   head_ = 0;
   size_ = 0;
+  shared_ = 0;
 }
 
 std::string OutputQueue::take_all() {

@@ -36,6 +36,8 @@ class OutputQueue {
 
   // Bytes owed to the client.
   size_t size() const { return size_; }
+  // Of them, those copied into the queue (the memory it holds of its own; shares are the store's).
+  size_t owned() const { return size_ - shared_; }
   bool empty() const { return size_ == 0; }
   // Describes up to `max` buffers from the front of the queue, for writev; returns how many.
   size_t gather(iovec* iov, size_t max) const;
@@ -60,6 +62,7 @@ class OutputQueue {
   std::vector<Segment> segments_;
   size_t head_ = 0;
   size_t size_ = 0;
+  size_t shared_ = 0;  // of size_, the bytes of shared segments
 };
 
 }  // namespace ddprun::rdzv::core

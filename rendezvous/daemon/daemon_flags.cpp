@@ -11,6 +11,7 @@
 #include "common/log.hpp"
 #include "common/numbers.hpp"
 #include "common/option_rows.hpp"
+#include "rendezvous/server/host_check.hpp"
 
 namespace ddprun::rdzv::daemon {
 
@@ -57,8 +58,23 @@ constexpr ServeFlag kServeFlags[] = {
                                                                                "a number of seconds in (0, 3600]")},
     {"--max-pending-handshakes", "", "N",
      "with `--token-file`: most connections not yet proven at once (at most a quarter of the descriptor limit); at "
-     "that many, accepting waits, and a connection silent for 0.5 s is closed to make room",
+     "that many, a newcomer closes the oldest once it has been open 0.5 s (accepting waits until then)",
      whole<&ServeConfig::options, &server::ServerOptions::max_pending_handshakes>(1, int64_t{1} << 20)},
+    {"--request-timeout", "", "SECONDS",
+     "close a connection whose request has not arrived whole SECONDS after the first of its bytes that waits for "
+     "the rest",
+     seconds<&ServeConfig::options, &server::ServerOptions::request_timeout>(false, 3600,
+                                                                             "a number of seconds in (0, 3600]")},
+    {"--max-unfinished-bytes", "", "N",
+     "most bytes the requests held for all connections take together: unfinished ones, and those read that wait "
+     "for their client to read its replies (never under twice the request limit of 64 MiB); past it, the "
+     "connection that has held its bytes longest is closed",
+     whole<&ServeConfig::options, &server::ServerOptions::max_unfinished_bytes>(0, int64_t{1} << 50)},
+    {"--max-owed-bytes", "", "N",
+     "most bytes the replies owed to all connections hold together, copied (never under twice "
+     "`--max-reply-bytes`; a large value is shared with the store, not copied); past it, the connection that has "
+     "taken nothing of its replies for longest is closed",
+     whole<&ServeConfig::options, &server::ServerOptions::max_owed_bytes>(0, int64_t{1} << 50)},
     {"--no-cede", "", nullptr,
      "serve each wake-up at once, rather than first letting the threads that wait for this CPU run "
      "(`sched_yield`) and then serving all that arrived meanwhile in one turn; ceding makes the store on a busy "
@@ -104,6 +120,14 @@ constexpr ServeFlag kServeFlags[] = {
        c.metrics_port = static_cast<uint16_t>(options::parse_whole(in.flag, in.text, 0, 65535, options::kPortExpected));
      },
      "off"},
+    {"--metrics-allowed-hosts", "", "NAMES",
+     "more names the jobs' page may be asked under, comma-separated (`node7.example.com`, `10.0.0.7`, "
+     "`.example.com` for a domain, `*` for any): it answers only requests addressed to this host by one of its "
+     "names or addresses, so that no page of another site whose name resolves here (DNS rebinding) reads it",
+     [](const OptionInput& in, ServeConfig& c) {
+       c.metrics_allowed_hosts = server::parse_allowed_hosts(in.flag, in.text);
+     },
+     "this host's names and addresses"},
     {"--job-ttl", "", "SECONDS",
      "forget a ddprun job at once when all its nodes have left, or after SECONDS without any change (its agents "
      "were killed); `0` keeps every key",
@@ -164,7 +188,7 @@ Flags parse_sub_flags(const std::string& sub, const std::vector<std::string>& ar
       args, 0,
       [&](const std::string& name) -> std::optional<FlagShape> {
         if (!find_row(rows, name)) return std::nullopt;
-        return FlagShape{Takes::Value, ""};
+        return FlagShape{Takes::Value, "", ""};
       },
       [&](const std::string& name, const std::optional<std::string>& value) {
         const std::string text = value.value_or("");
@@ -201,7 +225,7 @@ ServeConfig parse_serve_flags(const std::vector<std::string>& args) {
     if (auto shape = command_line::StandardFlags::shape(name)) return shape;
     const ServeFlag* f = find_serve_flag(name);
     if (!f) return std::nullopt;
-    return FlagShape{f->value ? Takes::Value : Takes::Nothing, f->help};
+    return FlagShape{f->value ? Takes::Value : Takes::Nothing, f->help, ""};
   };
   bool job_keys_given = false, job_bytes_given = false;
   auto on_flag = [&](const std::string& name, const std::optional<std::string>& value) {

@@ -19,6 +19,7 @@ struct ServeConfig {
   std::string port_file;
   std::optional<std::string> token_file;
   std::optional<uint16_t> metrics_port;
+  std::vector<std::string> metrics_allowed_hosts;  // besides this host's own names (server/host_check.hpp)
   bool insecure = false;
   bool help = false;
   bool help_markdown = false;  // --help=markdown

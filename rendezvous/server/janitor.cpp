@@ -57,6 +57,10 @@ JobJanitor::Sweep JobJanitor::sweep(core::KvStore& store, Clock::time_point now)
 
   Sweep result;
   std::map<std::string, Seen> next;
+  // Whoever writes to the store decides how many jobs there are: the first few are named, the
+  // others counted in one line (200,000 one-key jobs once wrote 27 MB of log in a sweep).
+  constexpr size_t kNamedStray = 8;
+  size_t stray_jobs = 0, stray_keys = 0;
   for (auto& [run_id, job] : jobs) {
     size_t left = 0;
     for (auto& [gen, g] : job.generations) {
@@ -80,8 +84,12 @@ JobJanitor::Sweep JobJanitor::sweep(core::KvStore& store, Clock::time_point now)
         for (const std::string& k : job.stray.keys) store.remove(k);
         result.keys_deleted += job.stray.keys.size();
         next.erase(id);
-        log::info("store") << "forgot " << job.stray.keys.size() << " key(s) under job '" << run_id
-                           << "' that are no part of a ddprun round (unchanged for the job TTL)";
+        if (++stray_jobs <= kNamedStray) {
+          log::info("store") << "forgot " << job.stray.keys.size() << " key(s) under job '" << run_id
+                             << "' that are no part of a ddprun round (unchanged for the job TTL)";
+        } else {
+          stray_keys += job.stray.keys.size();
+        }
       } else {
         ++left;
       }
@@ -91,6 +99,10 @@ JobJanitor::Sweep JobJanitor::sweep(core::KvStore& store, Clock::time_point now)
       ++result.keys_deleted;
       next.erase(run_id);
     }
+  }
+  if (stray_jobs > kNamedStray) {
+    log::info("store") << "forgot " << stray_keys << " key(s) under " << stray_jobs - kNamedStray
+                       << " more jobs that are no part of a ddprun round (unchanged for the job TTL)";
   }
   seen_ = std::move(next);
   return result;

@@ -48,6 +48,7 @@ std::string_view close_reason_name(CloseReason reason) {
     case CloseReason::WriteFailed: return "write_failed";
     case CloseReason::Unauthorized: return "unauthorized";
     case CloseReason::NoHandshake: return "no_handshake";
+    case CloseReason::TimedOut: return "timed_out";
     case CloseReason::Shutdown: return "shutdown";
   }
   return "?";
@@ -62,7 +63,9 @@ Server::Server(asio::io_context& io, ServerOptions options)
       admission_timer_(io),
       janitor_timer_(io),
       housekeeping_timer_(io),
-      refusals_(options_.refusal_log_window),
+      refusals_(options_.refusal_log_window, "refused connections from more addresses than 1024 at once",
+                "(failed or missing handshakes, requests outside a client's job)"),
+      closes_(options_.refusal_log_window, "connections closed, of more addresses and reasons than 1024 at once", ""),
       store_(options_.store_limits) {
   if (options_.job_ttl.count() > 0) janitor_ = std::make_unique<JobJanitor>(options_.job_ttl);
   // Under a low descriptor limit, unproven peers and held strangers get at most a quarter of it each.
@@ -182,6 +185,9 @@ void Server::run_batch(bool woken) {
       Session& s = *batch_[i];
       apply(s, core::StoreConnection::Stage::All);
       if (!s.flags.closing && !s.conn().output().empty()) send(s);
+      // At once, not at the batch's end: a batch of many large replies would otherwise all be
+      // built before any is given up (100 LISTs of 8 MiB: 818 MB where the limit is 512 MiB).
+      if (owed_bytes_ > owed_limit()) enforce_owed_limit();
     }
     // 3. Send, and settle each connection's state.
     for (Session* s : batch_) {
@@ -204,8 +210,10 @@ void Server::run_batch(bool woken) {
         continue;
       }
       s->trim_input();
+      note_partial(*s);
       mark_dirty(*s);
     }
+    enforce_unfinished_limit();
     batch_.clear();
     // Sending may resume a paused connection with requests already read: they go to batch_ and
     // are applied in the next batch, which arm() starts at once.
@@ -215,6 +223,7 @@ void Server::run_batch(bool woken) {
       if (!s->flags.closing) send(*s);
     }
     dirty_.clear();
+    enforce_owed_limit();
   } catch (const std::exception& e) {
     // Not expected (each connection's errors are handled where they happen), but no error may end
     // the loop that serves every job.
@@ -267,7 +276,6 @@ void Server::on_readable(Session& s) {
   if (budget == 0) return;
   const Session::ReadStatus st = s.read(scratch_, budget, received);
   counters_.bytes_received += received;
-  if (received > 0) s.handshake.heard = true;
   if (st == Session::ReadStatus::Closed) s.flags.peer_closed = true;
   if ((received > 0 || s.flags.peer_closed) && !s.flags.in_batch) {
     s.flags.in_batch = true;
@@ -280,7 +288,8 @@ void Server::apply(Session& s, core::StoreConnection::Stage stage) {
   if (s.flags.closing) return;
   try {
     const size_t used = s.conn().consume(s.input(), stage);
-    s.input().erase(0, used);
+    s.consume_input(used);
+    if (used > 0) s.partial_since = {};  // what is left began after the request just applied
     if (s.handshake.pending && !s.conn().awaiting_proof()) drop_pending_handshake(s);
   } catch (const AccessDenied& e) {
     close_session(s, CloseReason::Unauthorized, std::string("access denied, closing the connection: ") + e.what());
@@ -317,6 +326,7 @@ void Server::send(Session& s) {
   int error = 0;
   const bool ok = s.flush(sent, error);
   counters_.bytes_sent += sent;
+  note_owed(s, sent > 0);
   if (!ok) {
     close_session(s, CloseReason::WriteFailed,
                   error == EPIPE || error == ECONNRESET ? "" : std::string("write failed: ") + std::strerror(error));
@@ -350,14 +360,12 @@ void Server::close_session(Session& s, CloseReason reason, const std::string& wh
   if (s.flags.closing) return;
   s.flags.closing = true;
   drop_pending_handshake(s);
+  unfinished_bytes_ -= s.unfinished_counted;
+  s.unfinished_counted = 0;
+  owed_bytes_ -= s.owed_counted;
+  s.owed_counted = 0;
   ++counters_.closed[static_cast<size_t>(reason)];
-  if (!why.empty() && (reason == CloseReason::Unauthorized || reason == CloseReason::NoHandshake)) {
-    refusals_.refused(peer_host(s.peer()), "client " + s.peer() + ": " + why, std::chrono::steady_clock::now());
-  } else if (!why.empty()) {
-    log::warn("store") << "client " << s.peer() << ": " << why;
-  } else {
-    DDPRUN_LOG_DEBUG("store") << "client " << s.peer() << " disconnected after " << s.conn().requests() << " requests";
-  }
+  log_close(s, reason, why);
   if (reason != CloseReason::PeerClosed && reason != CloseReason::WriteFailed && reason != CloseReason::NotReading) {
     // The replies to the requests applied before the bad one are the client's: send what the
     // socket takes now (never blocking), so it learns what happened before the close.
@@ -368,8 +376,11 @@ void Server::close_session(Session& s, CloseReason reason, const std::string& wh
   }
   ::epoll_ctl(epoll_.native_handle(), EPOLL_CTL_DEL, s.fd(), nullptr);
   // Clears this client's waits and watches now; the object goes at the end of the batch, since
-  // the batch's lists may still point at it.
+  // the batch's lists may still point at it. What it was owed and what it sent go now too: a
+  // batch that closes many connections gives their memory back as it goes.
   s.conn().release();
+  s.conn().output().clear();
+  std::string().swap(s.input());
   auto it = sessions_.find(&s);
   if (it != sessions_.end()) {
     // The descriptor goes now, not at the end of the batch: a connection evicted to make room
@@ -379,6 +390,31 @@ void Server::close_session(Session& s, CloseReason reason, const std::string& wh
     closed_.push_back(std::move(it->second));
     sessions_.erase(it);
   }
+}
+
+void Server::log_close(Session& s, CloseReason reason, const std::string& why) {
+  if (why.empty()) {
+    DDPRUN_LOG_DEBUG("store") << "client " << s.peer() << " disconnected after " << s.conn().requests() << " requests";
+    return;
+  }
+  // A peer decides how often its connections are closed: one line per address and reason, the
+  // rest counted (a peer looping connect-send-close in 5 s once wrote 7.5 MB of these).
+  const std::string host = peer_host(s.peer());
+  const std::string line = "client " + s.peer() + ": " + why;
+  const auto now = std::chrono::steady_clock::now();
+  if (reason == CloseReason::Unauthorized || reason == CloseReason::NoHandshake) {
+    refusals_.note(host, line, "refused connections from " + host, now);
+    return;
+  }
+  const std::string name(close_reason_name(reason));
+  std::string kind = name;
+  if (reason == CloseReason::OverLimit) {
+    // One line per limit (the flag that sets it, which the operator needs), then counted: a
+    // peer looping over requests past a limit once wrote a line per connection.
+    const auto flag = why.rfind("(--");
+    if (flag != std::string::npos) kind += " " + why.substr(flag, why.find(')', flag) - flag + 1);
+  }
+  closes_.note(kind + " " + host, line, "connections from " + host + " closed (" + kind + ")", now);
 }
 
 std::vector<ClientInfo> Server::clients() const {
@@ -408,6 +444,10 @@ ServerStats Server::stats() const {
   st.keys = store_.num_keys();
   st.stored_bytes = store_.stored_bytes();
   st.requests = store_.requests();
+  st.held_input_bytes = unfinished_bytes_;
+  st.held_input_limit = held_input_limit();
+  st.owed_bytes = owed_bytes_;
+  st.owed_limit = owed_limit();
   return st;
 }
 
@@ -429,6 +469,7 @@ void Server::stop() {
   batch_.clear();
   dirty_.clear();
   refusals_.flush(std::chrono::steady_clock::now(), /*all=*/true);
+  closes_.flush(std::chrono::steady_clock::now(), /*all=*/true);
   if (journal_) journal_->flush();
   epoll_.close(ignored);
   listen_fd_.reset();

@@ -35,12 +35,12 @@
 // crashed or partitioned client's connection (and its pending WAIT) is reclaimed; out of file
 // descriptors, a spare descriptor is given up to accept and close the newcomer at once (it gets an
 // error instead of waiting forever), logged once per episode; no exception from one connection
-// ends the loop: that connection is closed with one log line. A protected store admits only the
+// ends the loop: that connection is closed, logged once per address, reason and window. A protected store admits only the
 // handshake's frames before the secret is proved, gives the proof a deadline, caps connections that
-// have not proved it (at the cap, accepting waits; only a silent one is closed to make room), and
-// logs refusals once per address and window. A store with an allow list holds a stranger's
-// connection unread for a grace (the host may learn of a new node after that node does) and
-// resets it if its address is still not allowed then.
+// have not proved it (at the cap, a newcomer pushes out the oldest once it has had a short grace),
+// and logs refusals once per address and window. A store with an allow list holds a stranger's
+// connection unread for a grace (the host may learn of a new node after that node does) and resets
+// it if its address is still not allowed then.
 
 #include <utility>  // before Asio (Boost 1.74 quirk)
 
@@ -107,16 +107,34 @@ struct ServerOptions {
   size_t max_held_not_allowed = 1024;
   // A protected store's connections that have not proved the secret: closed `handshake_timeout`
   // after they connected, and at most `max_pending_handshakes` at a time (fewer under a low
-  // descriptor limit: a quarter of it). At that many, the server stops accepting (newcomers wait
-  // in the kernel's backlog, which the listener asks to be as long as net.core.somaxconn allows)
-  // until one proves the secret or goes, or until the oldest that has not sent a byte in
-  // silent_handshake_grace (an honest client sends its hello at once) is closed to make room. So
-  // a burst of honest clients is admitted as fast as they prove the secret, and idle peers cannot
-  // hold the door. A client with the secret proves it in one round trip.
-  std::chrono::milliseconds handshake_timeout{std::chrono::seconds(10)};
+  // descriptor limit: a quarter of it). At that many, a newcomer closes the oldest of them once
+  // that one has had `handshake_grace` (a client with the secret proves it in two round trips,
+  // milliseconds); while all are younger, accepting waits (newcomers wait in the kernel's backlog,
+  // which the listener asks to be as long as net.core.somaxconn allows). So peers that never
+  // prove the secret hold a place for a grace each, not for the deadline, whatever they send:
+  // the backlog moves at `max_pending_handshakes` per grace, and a client with the secret that
+  // reaches the front is through before it can be pushed out; a burst of honest clients larger
+  // than the cap is admitted as fast as they prove the secret.
+  std::chrono::milliseconds handshake_timeout{std::chrono::seconds(2)};
   size_t max_pending_handshakes = 256;
-  std::chrono::milliseconds silent_handshake_grace{500};
-  // Refused connections are logged once per address and window, then counted (RefusalLog).
+  std::chrono::milliseconds handshake_grace{500};
+  // A request must arrive whole within this of the first byte that is still waiting for the rest
+  // (a client that sends a request sends it at once), else the connection is closed (TimedOut):
+  // an unfinished request holds its bytes (up to the request limit) for no one. 0: no deadline.
+  std::chrono::milliseconds request_timeout{std::chrono::seconds(30)};
+  // The input buffers of all connections together hold at most this many bytes (never under two
+  // requests of limits.max_request_bytes): an unfinished request, or requests read that wait for
+  // their client to read its replies. Past it, the connection that has held its bytes longest is
+  // closed (OverLimit), until they fit. A client sends a request at once, so its own is the
+  // youngest; peers that hold requests half-sent or unread on many connections lose theirs first.
+  uint64_t max_unfinished_bytes = uint64_t{256} << 20;
+  // The replies owed to all connections together hold at most this many bytes of copies (never
+  // under two replies of limits.max_reply_bytes; a large value is shared with the store, not
+  // copied): past it, the connection that has taken nothing of its replies for longest is closed
+  // (NotReading), until they fit. A client that reads its replies is never the one.
+  uint64_t max_owed_bytes = uint64_t{512} << 20;
+  // Refused connections, and other connections closed for what their peer did, are logged once
+  // per address (and reason) and window, then counted (RefusalLog).
   std::chrono::seconds refusal_log_window{60};
   // Keep the store's contents in this file across restarts (StateJournal): loaded before the
   // server listens, every change written before the reply that tells of it. Empty: memory only.
@@ -140,6 +158,7 @@ enum class CloseReason {
   WriteFailed,
   Unauthorized,
   NoHandshake,  // a protected store's client that did not prove the secret in time, or made room
+  TimedOut,     // a request that did not arrive whole within ServerOptions::request_timeout
   Shutdown,
 };
 inline constexpr size_t kCloseReasonCount = static_cast<size_t>(CloseReason::Shutdown) + 1;
@@ -160,9 +179,13 @@ struct ServerStats {
   uint64_t bytes_received = 0;
   uint64_t bytes_sent = 0;
   uint64_t closed[kCloseReasonCount] = {};
-  uint64_t jobs_forgotten = 0;  // job generations deleted by the janitor
-  uint64_t turns = 0;           // batches served: each reads, applies and answers what is ready
-  uint64_t ceded_turns = 0;     // wake-ups on which the server let waiting threads run first
+  uint64_t jobs_forgotten = 0;    // job generations deleted by the janitor
+  uint64_t turns = 0;             // batches served: each reads, applies and answers what is ready
+  uint64_t ceded_turns = 0;       // wake-ups on which the server let waiting threads run first
+  uint64_t held_input_bytes = 0;  // the input buffers' memory (ServerOptions::max_unfinished_bytes)
+  uint64_t held_input_limit = 0;
+  uint64_t owed_bytes = 0;  // copies of replies not yet sent (ServerOptions::max_owed_bytes)
+  uint64_t owed_limit = 0;
 };
 
 // A connected client, for diagnostics: who it is and what it waits for.
@@ -224,15 +247,36 @@ class Server {
   void pause_accepting();
   void mark_dirty(Session& s);
   void close_session(Session& s, CloseReason reason, const std::string& why);
+  // Logs why `s` was closed, once per address, reason and window (RefusalLog).
+  void log_close(Session& s, CloseReason reason, const std::string& why);
+  // Notes when `s`'s incomplete request began (after a batch), and closes the connections whose
+  // request has not arrived whole within ServerOptions::request_timeout (housekeeping).
+  void note_partial(Session& s);
+  // Closes the connections that have held their input longest while all of them together hold
+  // more than ServerOptions::max_unfinished_bytes (after each batch).
+  void enforce_unfinished_limit();
+  uint64_t held_input_limit() const;
+  // After a send: what `s` is owed, and whether it took some (`progressed`).
+  void note_owed(Session& s, bool progressed);
+  // Closes the connections that have taken nothing for longest while the replies owed to all of
+  // them hold more than ServerOptions::max_owed_bytes (after each batch).
+  void enforce_owed_limit();
+  uint64_t owed_limit() const;
+  // Closes the sessions that hold bytes (their `counted`), the one whose `since` is oldest first,
+  // until `total` (which each close lowers) is at most `limit`; `why` says why, for each.
+  void shed(const uint64_t& total, uint64_t limit, size_t Session::*counted,
+            std::chrono::steady_clock::time_point (*since)(const Session&), CloseReason reason,
+            const std::function<std::string(Session&)>& why);
+  void enforce_request_deadline(std::chrono::steady_clock::time_point now);
   void arm_janitor();
   // Protected stores: the connections that have not proved the secret yet.
   void add_pending_handshake(Session& s);
   void drop_pending_handshake(Session& s);
-  // Closes the oldest connection that has not proved the secret and has not sent a byte for
-  // ServerOptions::silent_handshake_grace; false if there is none.
-  bool evict_silent_pending(const std::string& why);
+  // Closes the oldest connection that has not proved the secret if it has had
+  // ServerOptions::handshake_grace; false if there is none.
+  bool evict_oldest_pending(const std::string& why);
   // Whether a protected store may take one more connection that has not proved the secret now,
-  // making room (evict_silent_pending) if it can; holds accepting when it cannot.
+  // making room (evict_oldest_pending) if it can; holds accepting when it cannot.
   bool room_for_handshake();
   // Stops or resumes watching the listener: it is watched unless paused (out of descriptors) or
   // held (the handshake cap is reached).
@@ -251,13 +295,14 @@ class Server {
   UniqueFd spare_fd_;  // given up to accept-and-close when out of descriptors
   boost::asio::posix::stream_descriptor epoll_;
   boost::asio::steady_timer accept_retry_;
-  boost::asio::steady_timer hold_timer_;       // re-checks a held accept for silent connections
+  boost::asio::steady_timer hold_timer_;       // resumes a held accept when the oldest pending may go
   boost::asio::steady_timer admission_timer_;  // closes held connections whose grace is over
   boost::asio::steady_timer janitor_timer_;
   boost::asio::steady_timer housekeeping_timer_;
   std::list<Session*> pending_handshakes_;  // oldest first
   size_t pending_cap_ = 0;                  // at most this many (ServerOptions::max_pending_handshakes)
-  RefusalLog refusals_;
+  RefusalLog refusals_;                     // Unauthorized, NoHandshake
+  RefusalLog closes_;                       // the other reasons, per address and reason
   std::unique_ptr<JobJanitor> janitor_;
   boost::asio::ip::tcp::endpoint endpoint_;
   uint16_t port_ = 0;
@@ -285,6 +330,8 @@ class Server {
   bool out_of_fds_ = false;   // an episode is under way (logged once)
   uint64_t refused_in_episode_ = 0;
   ServerStats counters_;
+  uint64_t unfinished_bytes_ = 0;  // what the input buffers hold (Session::unfinished_counted)
+  uint64_t owed_bytes_ = 0;        // the replies' copies owed (Session::owed_counted)
   bool stopped_ = false;
   bool started_ = false;
 };

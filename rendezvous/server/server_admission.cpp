@@ -1,7 +1,7 @@
 // Server's admission of connections: accepting them (a batch at a time), refusing newcomers when
 // out of descriptors, the allowed peers (a stranger held for a grace, then admitted or reset), and
 // a protected store's connections that have not proved the secret yet (their deadline; their cap,
-// at which accepting waits, and silent ones make room). See server.hpp.
+// at which a newcomer pushes out the oldest once it has had its grace). See server.hpp.
 #include <netinet/in.h>
 #include <sys/epoll.h>
 #include <sys/socket.h>
@@ -27,9 +27,10 @@ constexpr int kAcceptPerBatch = 1024;
 }  // namespace
 
 void Server::arm_housekeeping() {
-  if ((!options_.secret && !journal_) || stopped_) return;
-  const auto period = std::clamp<std::chrono::milliseconds>(options_.handshake_timeout / 4,
-                                                            std::chrono::milliseconds(50), std::chrono::seconds(1));
+  if (stopped_) return;  // on any store: the counts of closes not logged come out when due
+  const auto period =
+      std::clamp<std::chrono::milliseconds>(options_.secret ? options_.handshake_timeout / 4 : std::chrono::seconds(1),
+                                            std::chrono::milliseconds(50), std::chrono::seconds(1));
   housekeeping_timer_.expires_after(period);
   housekeeping_timer_.async_wait([this](const boost::system::error_code& ec) {
     if (ec || stopped_) return;
@@ -43,7 +44,9 @@ void Server::arm_housekeeping() {
               std::to_string(std::chrono::duration_cast<std::chrono::seconds>(options_.handshake_timeout).count()) +
               " s, closing the connection");
     }
+    enforce_request_deadline(now);
     refusals_.flush(now);
+    closes_.flush(now);
     if (journal_) journal_->retry_if_broken();
     arm_housekeeping();
   });
@@ -51,7 +54,6 @@ void Server::arm_housekeeping() {
 
 void Server::add_pending_handshake(Session& s) {
   s.handshake.pending = true;
-  s.handshake.heard = false;
   s.handshake.since = std::chrono::steady_clock::now();
   s.handshake.at = pending_handshakes_.insert(pending_handshakes_.end(), &s);
 }
@@ -64,22 +66,22 @@ void Server::drop_pending_handshake(Session& s) {
   if (accept_held_ && pending_handshakes_.size() < pending_cap_) release_accepting();
 }
 
-bool Server::evict_silent_pending(const std::string& why) {
-  const auto now = std::chrono::steady_clock::now();
-  for (Session* s : pending_handshakes_) {
-    if (now - s->handshake.since < options_.silent_handshake_grace) return false;  // the rest are younger
-    if (s->handshake.heard) continue;  // in its handshake: never cut short to make room
-    close_session(*s, CloseReason::NoHandshake, why + "; closing the connection");
-    return true;
-  }
-  return false;
+bool Server::evict_oldest_pending(const std::string& why) {
+  if (pending_handshakes_.empty()) return false;
+  Session& oldest = *pending_handshakes_.front();
+  // Whatever it has sent: a peer that sends a byte and stops looks like a client in the middle of
+  // its handshake, and one that holds the secret is through long before its grace ends.
+  if (std::chrono::steady_clock::now() - oldest.handshake.since < options_.handshake_grace) return false;
+  close_session(oldest, CloseReason::NoHandshake, why + "; closing the connection");
+  return true;
 }
 
 bool Server::room_for_handshake() {
   if (!options_.secret || pending_handshakes_.size() < pending_cap_) return true;
-  if (evict_silent_pending("sent nothing for " + std::to_string(options_.silent_handshake_grace.count()) +
-                           " ms while " + std::to_string(pending_handshakes_.size()) +
-                           " connections had not proved the store's secret, the most allowed at once")) {
+  if (evict_oldest_pending("had not proved the store's secret after " +
+                           std::to_string(options_.handshake_grace.count()) + " ms, the oldest of " +
+                           std::to_string(pending_handshakes_.size()) +
+                           " such connections (the most allowed at once), made room for a newer one")) {
     return true;
   }
   hold_accepting();
@@ -97,9 +99,11 @@ void Server::hold_accepting() {
   if (accept_held_ || stopped_) return;
   accept_held_ = true;
   watch_listener();
-  // Nothing else wakes a held listener when every pending connection is silent: look again once
-  // the youngest could have become evictable.
-  hold_timer_.expires_after(options_.silent_handshake_grace);
+  // Nothing else wakes a held listener when no pending connection proves the secret or goes: look
+  // again once the oldest may make room.
+  hold_timer_.expires_at(pending_handshakes_.empty()
+                             ? std::chrono::steady_clock::now()
+                             : pending_handshakes_.front()->handshake.since + options_.handshake_grace);
   hold_timer_.async_wait([this](const boost::system::error_code& ec) {
     if (ec || stopped_ || !accept_held_) return;
     release_accepting();
@@ -123,9 +127,12 @@ void Server::accept_pending() {
       if (errno == EINTR || errno == ECONNABORTED || errno == EPROTO) continue;
       if (errno == EAGAIN || errno == EWOULDBLOCK) return;
       if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
-        // A silent connection that has not proved the secret makes room; without one, the
+        // The oldest connection that has not proved the secret makes room; without one, the
         // newcomer is refused. accept(2) fails this way whether or not a connection is waiting.
-        if (evict_silent_pending("made room for a newer connection: out of file descriptors")) continue;
+        if (evict_oldest_pending("had not proved the store's secret, and made room for a newer connection: out "
+                                 "of file descriptors")) {
+          continue;
+        }
         if (!refuse_one()) return;
         continue;
       }

@@ -43,6 +43,7 @@ void Session::close_socket() { fd_.reset(); }
 
 Session::ReadStatus Session::read(std::span<char> scratch, size_t budget, size_t& received) {
   received = 0;
+  ReadStatus status = ReadStatus::Budget;
   while (received < budget) {
     const ssize_t n = ::recv(fd_.get(), scratch.data(), std::min(scratch.size(), budget - received), 0);
     if (n > 0) {
@@ -50,12 +51,32 @@ Session::ReadStatus Session::read(std::span<char> scratch, size_t budget, size_t
       received += static_cast<size_t>(n);
       continue;
     }
-    if (n == 0) return ReadStatus::Closed;
-    if (errno == EINTR) continue;
-    if (errno == EAGAIN || errno == EWOULDBLOCK) return ReadStatus::Drained;
-    return ReadStatus::Closed;  // ECONNRESET and the like: the peer is gone
+    if (n < 0 && errno == EINTR) continue;
+    // 0: the peer closed; EAGAIN: nothing more now; ECONNRESET and the like: the peer is gone.
+    status = n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK) ? ReadStatus::Drained : ReadStatus::Closed;
+    break;
   }
-  return ReadStatus::Budget;
+  note_arrival(received);
+  return status;
+}
+
+void Session::note_arrival(size_t received) {
+  if (received == 0) return;
+  read_total_ += received;
+  arrivals_.push_back({read_total_, std::chrono::steady_clock::now()});
+  if (arrivals_.size() > kMaxArrivals) {
+    arrivals_[arrivals_.size() - 2].end = read_total_;
+    arrivals_.pop_back();
+  }
+}
+
+void Session::consume_input(size_t used) {
+  input_.erase(0, used);
+  used_total_ += used;
+  size_t gone = 0;
+  while (gone < arrivals_.size() && arrivals_[gone].end <= used_total_) ++gone;
+  arrivals_.erase(arrivals_.begin(), arrivals_.begin() + static_cast<std::ptrdiff_t>(gone));
+  if (arrivals_.empty()) std::vector<Arrival>().swap(arrivals_);
 }
 
 bool Session::flush(size_t& sent, int& error) {
@@ -81,7 +102,12 @@ bool Session::flush(size_t& sent, int& error) {
 }
 
 void Session::trim_input() {
-  if (input_.empty() && input_.capacity() > 4096) std::string().swap(input_);
+  if (input_.empty()) {
+    if (input_.capacity() > 4096) std::string().swap(input_);
+    return;
+  }
+  // A few bytes left of a large read would keep the whole buffer: they get one of their size.
+  if (input_.capacity() > 65536 && input_.size() < input_.capacity() / 4) input_.shrink_to_fit();
 }
 
 }  // namespace ddprun::rdzv::server

@@ -14,6 +14,7 @@
 #include <list>
 #include <span>
 #include <string>
+#include <vector>
 
 #include "common/unique_fd.hpp"
 #include "rendezvous/core/store_connection.hpp"
@@ -42,6 +43,13 @@ class Session {
   bool flush(size_t& sent, int& error);
   // Releases the input buffer's memory when it is empty and large.
   void trim_input();
+  // Drops the first `used` bytes of the input (applied).
+  void consume_input(size_t used);
+  // When the oldest byte still in the input arrived ({}: none). A request read but not applied
+  // (its client does not read its replies) keeps the time its bytes came, whatever came since.
+  std::chrono::steady_clock::time_point held_since() const {
+    return arrivals_.empty() ? std::chrono::steady_clock::time_point{} : arrivals_.front().at;
+  }
 
   int fd() const { return fd_.get(); }
   const std::string& peer() const { return peer_; }
@@ -57,24 +65,42 @@ class Session {
     bool closing = false;     // closed; destroyed at the end of the batch
     uint32_t registered = 0;  // epoll events registered
   } flags;
-  // A protected store's connection that has not proved the secret yet: when it connected, whether
-  // it has sent a byte since (an honest client sends its hello at once), and where it sits in the
-  // server's list of them (oldest first).
+  // A protected store's connection that has not proved the secret yet: when it connected, and
+  // where it sits in the server's list of them (oldest first).
   struct PendingHandshake {
     bool pending = false;
-    bool heard = false;
     std::chrono::steady_clock::time_point since;
     std::list<Session*>::iterator at;
   } handshake;
+  // When the incomplete request at the front of the input began to arrive ({}: none); the server
+  // closes the connection past ServerOptions::request_timeout.
+  std::chrono::steady_clock::time_point partial_since;
+  // The memory the input holds (its capacity) as counted in the server's total: an unfinished
+  // request, or requests read that wait for the client to read its replies.
+  size_t unfinished_counted = 0;
+  // The replies' bytes copied for this client (core::OutputQueue::owned) as counted in the
+  // server's total, and since when it has been owed them without taking any ({}: owes nothing).
+  size_t owed_counted = 0;
+  std::chrono::steady_clock::time_point owed_since;
 
   // Closes the socket now (the object may live on until the end of the batch); idempotent.
   void close_socket();
 
  private:
+  void note_arrival(size_t received);  // the bytes just appended to the input arrived now
   UniqueFd fd_;
   std::string peer_;
   core::StoreConnection conn_;
   std::string input_;
+  // When the input's bytes arrived: up to byte `end` (counted from the connection's first) at
+  // `at`, oldest first; at most kMaxArrivals (the newest merged into the one before: older).
+  struct Arrival {
+    uint64_t end;
+    std::chrono::steady_clock::time_point at;
+  };
+  static constexpr size_t kMaxArrivals = 32;
+  std::vector<Arrival> arrivals_;  // a vector: an idle connection holds no memory for it
+  uint64_t read_total_ = 0, used_total_ = 0;
 };
 
 // "127.0.0.1:41234" or "[::1]:41234" for a socket address.

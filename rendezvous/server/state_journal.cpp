@@ -6,6 +6,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
 #include <limits>
 #include <optional>
 #include <system_error>
@@ -174,8 +175,12 @@ StateJournal::StateJournal(std::string path, core::KvStore& store) : path_(std::
     return;
   } catch (const std::system_error& e) {
     if (valid == 0) {
+      const bool no_dir = e.code() == std::errc::no_such_file_or_directory;
       throw ConfigError("cannot write the state file " + path_ + ": " + e.code().message() +
-                        " (--state-file needs a writable file on a disk with room for the store's contents)");
+                        (no_dir ? " (its directory does not exist: create it, e.g. mkdir -p " +
+                                      std::filesystem::path(path_).parent_path().string() + ", or give another path)"
+                                : " (--state-file needs a writable file on a disk with room for the store's "
+                                  "contents)"));
     }
     // No room for a second copy (a full disk): go on appending to the file as it is, after its
     // last complete record.

@@ -4,8 +4,10 @@
 
 #include <gtest/gtest.h>
 
+#include "common/log.hpp"
 #include "rendezvous/server/janitor.hpp"
 #include "rendezvous/core/kv_store.hpp"
+#include "rendezvous/jobs/records.hpp"
 
 namespace ddprun::rdzv {
 namespace {
@@ -176,6 +178,23 @@ TEST(JobSummaryTest, AKeyDeletedBetweenListingAndReadingIsGoneNotMalformed) {
   EXPECT_TRUE(s["fault_tolerant_jobs"].empty()) << s.dump(2);
 }
 
+// A replica group's worker store record carries the round's key, which lets whoever holds it seal
+// values for the group's workers: status shows where the store is, never the key.
+TEST(JobSummaryTest, AWorkerStoresRoundKeyIsNotShown) {
+  const jobs::JobKeys k("job", 1);
+  const std::string key(64, 'a');
+  const std::vector<std::pair<std::string, std::string>> kv = {
+      {"/ddprun/job/gen", "1"},
+      {k.round(0).node(0), R"({"host":"a","addr":"10.0.0.1","nproc":2,"nnodes":1,"agent":"x"})"},
+      {k.round(0).worker_store(), jobs::encode(jobs::WorkerStoreRecord{"10.0.0.1", 29500, key})},
+      {k.round(0).complete(), "1"},
+  };
+  const json s = daemon::summarize_jobs(kv, 0);
+  ASSERT_EQ(s["jobs"].size(), 1u) << s.dump(2);
+  EXPECT_EQ(s["jobs"][0]["worker_store"], (json{{"addr", "10.0.0.1"}, {"port", 29500}})) << s.dump(2);
+  EXPECT_EQ(s.dump().find(key), std::string::npos) << s.dump(2);
+}
+
 // A fault-tolerant job's quorum keys (/ddprun/<job>/ft/...) are the job's, not odd keys: status
 // shows its groups, their heartbeats, the latest quorum kept and its end.
 TEST(JobSummaryTest, AFaultTolerantJobsQuorumIsShownNotSkipped) {
@@ -274,6 +293,30 @@ TEST(JobJanitorTest, StrayKeysUnderAJobsPrefixGoAfterATtlWithoutAnyChange) {
   EXPECT_EQ(store.num_keys(), 4u) << "a change 8 s ago keeps them";
   EXPECT_GE(janitor.sweep(store, t + 19s).keys_deleted, 2u);
   EXPECT_EQ(keys_of(store), (std::vector<std::string>{"/ddprun/!bad id/x"}));
+}
+
+std::vector<std::string>& logged() {
+  static std::vector<std::string> lines;
+  return lines;
+}
+
+// Before: a line per job forgotten, and the store's writers decide how many jobs there are
+// (200,000 one-key jobs wrote 27 MB of log in one sweep). Now the first 8 are named, the rest
+// counted in one line.
+TEST(JobJanitorTest, StrayJobsForgottenInOneSweepAreNamedUpToEightThenCounted) {
+  core::KvStore store;
+  for (int i = 0; i < 100; ++i) store.set("/ddprun/j" + std::to_string(i) + "/x", "v");
+  server::JobJanitor janitor(10s);
+  const auto t = server::JobJanitor::Clock::now();
+  janitor.sweep(store, t);
+  logged().clear();
+  log::set_sink([](std::string_view line) { logged().emplace_back(line); });
+  const auto swept = janitor.sweep(store, t + 11s);
+  log::set_sink(nullptr);
+  EXPECT_EQ(swept.keys_deleted, 100u);
+  EXPECT_EQ(store.num_keys(), 0u);
+  ASSERT_EQ(logged().size(), 9u);
+  EXPECT_NE(logged()[8].find("forgot 92 key(s) under 92 more jobs"), std::string::npos) << logged()[8];
 }
 
 }  // namespace

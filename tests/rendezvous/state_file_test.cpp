@@ -57,6 +57,18 @@ void journaled(const std::string& path, const std::function<void(core::KvStore&,
   store.set_observer(nullptr);
 }
 
+TEST(StateJournalTest, AStateFileInADirectoryThatDoesNotExistSaysToCreateIt) {
+  test::TempDir dir;
+  const std::string path = (dir.path / "missing" / "state").string();
+  core::KvStore store;
+  try {
+    server::StateJournal journal(path, store);
+    FAIL() << "a state file in a missing directory was accepted";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("mkdir -p " + (dir.path / "missing").string()), std::string::npos) << e.what();
+  }
+}
+
 TEST(StateJournalTest, WhatWasStoredComesBackInANewStore) {
   test::TempDir dir;
   const std::string path = dir.str() + "/state";
