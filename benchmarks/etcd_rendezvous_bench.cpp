@@ -53,7 +53,11 @@ double run_round(int n, const std::function<std::unique_ptr<launcher::rendezvous
       StopSignal stop;
       std::unique_ptr<launcher::rendezvous::RendezvousBackend> r = make(k);
       const auto result = r->join(
-          r->first_round(stop), 1, [] { return uint16_t{1}; }, stop);
+          r->first_round(stop), 1,
+          [] {
+            return launcher::rendezvous::HostedStore{1, {}};
+          },
+          stop);
       if (const auto* w = std::get_if<launcher::rendezvous::World>(&result)) {
         if (w->world_size != n) ++wrong;
         rank_sum += w->rank_offset;

@@ -53,6 +53,8 @@ class EtcdCluster {
     for (int i = 0; i < members; ++i) {
       initial += (i ? "," : "") + name(i) + "=http://127.0.0.1:" + std::to_string(peer_ports_[i]);
     }
+    initial_ = initial;
+    pids_.assign(static_cast<size_t>(members), -1);
     for (int i = 0; i < members; ++i) start(i, initial);
     if (!wait_healthy(std::chrono::seconds(30))) throw std::runtime_error("etcd did not become healthy: " + log(0));
   }
@@ -78,6 +80,10 @@ class EtcdCluster {
     ::kill(pid, SIGKILL);
     ::waitpid(pid, nullptr, 0);
     pid = -1;
+  }
+  // Starts member i again after kill(i), from its data directory (a member that crashed and came back).
+  void restart(int i) {
+    if (pids_[static_cast<size_t>(i)] <= 0) start(i, initial_);
   }
   // Freezes member i (SIGSTOP) or lets it go on (SIGCONT): two of three frozen lose the quorum.
   void pause(int i) { ::kill(pids_[static_cast<size_t>(i)], SIGSTOP); }
@@ -167,20 +173,21 @@ class EtcdCluster {
     const std::string log_path = (dir_.path / (name(i) + ".log")).string();
     const pid_t pid = ::fork();
     if (pid == 0) {
-      const int fd = ::open(log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+      const int fd = ::open(log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0600);
       ::dup2(fd, 1);
       ::dup2(fd, 2);
       ::close_range(3, ~0U, 0);
       ::execv(cargv[0], cargv.data());
       ::_exit(127);
     }
-    pids_.push_back(pid);
+    pids_[static_cast<size_t>(i)] = pid;
   }
 
   TempDir dir_;
   const TestCertificates* tls_;
   std::vector<int> client_ports_, peer_ports_;
   std::vector<pid_t> pids_;
+  std::string initial_;
 };
 
 }  // namespace ddprun::test

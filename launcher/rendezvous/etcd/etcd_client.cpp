@@ -207,4 +207,66 @@ void Client::lease_revoke(int64_t id, Deadline deadline) {
   }
 }
 
+std::string QuorumCensus::text() const {
+  return std::to_string(members) + " member(s): " + std::to_string(leaderless) + " without a leader, " +
+         std::to_string(down) + " not running, " + std::to_string(led) + " led, " +
+         std::to_string(members - leaderless - down - led) + " not answering";
+}
+
+QuorumCensus Client::census(std::chrono::milliseconds per_member) {
+  // The auth token as it stands (none while a request holds the client: it may be waiting on a
+  // member that does not answer).
+  std::string token;
+  if (std::unique_lock lock(mutex_, std::try_to_lock); lock.owns_lock()) token = token_;
+  // One short request to one member, on a connection of its own (the client's may be waiting on
+  // a member that does not answer). Its answer, or nullopt; `refused` when nothing listens there.
+  const auto ask = [&](const Endpoint& ep, const std::string& path, bool& refused) -> std::optional<json> {
+    if (ep.tls && !tls_) return std::nullopt;  // a member listed at https, none given: not asked
+    Connection c(ep, tls_.get());
+    try {
+      const auto deadline = Clock::now() + per_member;
+      c.connect(deadline);
+      auto [status, text] = c.post(path, "{}", token, deadline);
+      json j = json::parse(text, nullptr, false);
+      if (status == 200 && j.is_object()) return j;
+    } catch (const ConfigError&) {
+    } catch (const std::exception&) {
+      refused = c.refused();
+    }
+    return std::nullopt;
+  };
+  // The members, from the first endpoint that lists them (a member lists them without a leader).
+  std::vector<Endpoint> members;
+  for (const Endpoint& ep : endpoints_) {
+    bool refused = false;
+    const auto list = ask(ep, "/v3/cluster/member/list", refused);
+    if (!list || !list->contains("members") || !(*list)["members"].is_array()) continue;
+    for (const json& m : (*list)["members"]) {
+      const auto urls = m.find("clientURLs");
+      if (urls == m.end() || !urls->is_array() || urls->empty() || !urls->front().is_string()) continue;
+      try {
+        members.push_back(parse_endpoint(urls->front().get<std::string>()));
+      } catch (const ConfigError&) {
+      }
+    }
+    if (!members.empty()) break;
+  }
+  if (members.empty()) members = endpoints_;
+  QuorumCensus c;
+  c.members = static_cast<int>(members.size());
+  for (const Endpoint& ep : members) {
+    bool refused = false;
+    const auto status = ask(ep, "/v3/maintenance/status", refused);
+    if (!status) {
+      c.down += refused ? 1 : 0;
+    } else if (const auto leader = status->find("leader");
+               leader != status->end() && leader->is_string() && *leader != "0" && *leader != "") {
+      ++c.led;  // a member id: a uint64, as a string
+    } else {
+      ++c.leaderless;  // "errors": ["etcdserver: no leader"]
+    }
+  }
+  return c;
+}
+
 }  // namespace ddprun::launcher::rendezvous::etcd

@@ -117,6 +117,19 @@ std::string base64_decode(const std::string& text);
 class Connection;
 class TlsContext;
 
+// What etcd's members say of its quorum, each asked directly (Client::census).
+struct QuorumCensus {
+  int members = 0;     // the cluster's (its member list; the endpoints when none gave one)
+  int leaderless = 0;  // answered that they have no leader
+  int down = 0;        // refused the connection: not running
+  int led = 0;         // answered with a leader
+  // None can be led: those without a leader or down are a majority, and none has one. Then no
+  // lease expires anywhere (leases expire on the leader only), and the next leader gives every
+  // lease a fresh TTL as it takes over.
+  bool no_quorum() const { return led == 0 && 2 * (leaderless + down) > members; }
+  std::string text() const;  // "3 members: 1 without a leader, 2 not running"
+};
+
 class Client {
  public:
   // Checks the options (throws ConfigError); connects lazily.
@@ -146,6 +159,11 @@ class Client {
   // One renewal; the lease's remaining TTL in seconds, 0 if it has expired.
   int64_t lease_keepalive(int64_t id, Deadline deadline);
   void lease_revoke(int64_t id, Deadline deadline);
+  // Asks every member (its member list's client URLs, else the endpoints) for its status, each
+  // for at most `per_member`: answered by a member without a leader, unlike any request that
+  // goes through the raft log. For telling etcd without a quorum from etcd out of reach. Never
+  // throws: a member that cannot be asked, or answers something else, counts as not answering.
+  QuorumCensus census(std::chrono::milliseconds per_member);
 
   const Options& options() const { return options_; }
   // The endpoints, for messages: "http://10.0.0.1:2379, http://10.0.0.2:2379".

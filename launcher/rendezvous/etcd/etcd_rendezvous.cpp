@@ -19,6 +19,9 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
+// How long one member may take to answer a status request (it answers from memory, at once).
+constexpr std::chrono::milliseconds kCensusPerMember{500};
+
 // How long a finished job id's generation counter outlives the job.
 constexpr std::chrono::seconds kForgetJobAfter{24 * 3600};
 
@@ -102,28 +105,53 @@ void EtcdRendezvous::keep_lease_alive() {
   const auto retry = std::chrono::milliseconds(500);
   const auto attempt = std::min<std::chrono::milliseconds>(period, std::chrono::seconds(2));
   auto last_renewal = Clock::now();
+  // The last moment from which the lease surely had a whole TTL left: its last renewal, or the
+  // last time etcd was seen without a quorum (a leader elected after it gave the lease a fresh TTL).
+  auto held_from = last_renewal;
   bool failing = false;
+  bool waiting_for_quorum = false;  // said once per outage
   std::unique_lock lock(keepalive_mutex_);
   while (!keepalive_wake_.wait_for(lock, failing ? retry : period, [this] { return stop_keepalive_.load(); })) {
     lock.unlock();
+    // A leader new in its term renews a lease only once it has applied what it committed (a few
+    // seconds after etcd's restart): after a failure, each try waits for half a TTL.
+    const auto this_try = failing ? std::max<std::chrono::milliseconds>(attempt, options_.lease_ttl / 2) : attempt;
     failing = true;
     try {
-      const int64_t ttl = client_->lease_keepalive(lease_, etcd::Client::after(attempt));
+      const int64_t ttl = client_->lease_keepalive(lease_, etcd::Client::after(this_try));
       if (ttl <= 0) {
         log::error("ddprun") << "etcd says this node's lease has expired: the other nodes count it as lost";
         lease_lost_ = true;
       } else {
-        last_renewal = Clock::now();
+        if (waiting_for_quorum)
+          log::info("ddprun") << "etcd answers again after "
+                              << std::chrono::duration_cast<std::chrono::seconds>(Clock::now() - last_renewal).count()
+                              << " s: this node's lease holds (" << ttl << " s left)";
+        last_renewal = held_from = Clock::now();
         failing = false;
+        waiting_for_quorum = false;
       }
     } catch (const std::exception& e) {
-      if (Clock::now() - last_renewal > options_.lease_ttl) {
-        // Nobody may have seen anything (etcd without a quorum lets no lease expire): this node
-        // leaves because it cannot tell whether it is still counted in.
-        log::error("ddprun") << "no etcd member renewed this node's lease for " << options_.lease_ttl.count() << " s ("
-                             << e.what()
-                             << "): etcd is unreachable or without a quorum, and this node "
-                                "cannot tell whether its lease still holds";
+      // A renewal failed. If etcd has no quorum (its members say they have no leader, or are not
+      // running), no lease can expire: leases expire on the leader, and a new leader gives every
+      // lease a fresh TTL as it takes over. So each failure asks the members, and while etcd is
+      // without a quorum the node keeps its place and asks again until etcd answers; the renewal
+      // then says whether the lease still lives. Otherwise (etcd out of reach, or led and still
+      // not renewing a TTL after it was last seen without a leader) the lease may have expired,
+      // and this node cannot tell whether it is still counted in: it leaves.
+      const auto asked = Clock::now();
+      const etcd::QuorumCensus census = client_->census(kCensusPerMember);
+      if (census.no_quorum()) {
+        if (!waiting_for_quorum)
+          log::warn("ddprun") << "etcd has no quorum (" << census.text() << "): no lease expires without one, so "
+                              << "this node keeps its place and waits for etcd (the renewal: " << e.what() << ")";
+        waiting_for_quorum = true;
+        held_from = asked;  // a leader elected from now on gives the lease a whole TTL
+      } else if (Clock::now() - held_from > options_.lease_ttl) {
+        log::error("ddprun") << "no etcd member renewed this node's lease for "
+                             << std::chrono::duration_cast<std::chrono::seconds>(Clock::now() - held_from).count()
+                             << " s (" << e.what() << "; " << census.text()
+                             << "): this node cannot tell whether its lease still holds";
         lease_lost_ = true;
       }
     }

@@ -104,6 +104,8 @@ class EtcdRendezvous final : public NodeRendezvous {
   std::unique_ptr<KeyWait> wait_for_key(const std::string& key) override;  // a watch from the read's revision
   // One watch of the round's prefix: `end` put, or a member key deleted by lease expiry.
   std::unique_ptr<RoundWatch> watch_round(int round) override;
+  // The round's closed membership; a node lapses when its member key is gone with its lease.
+  std::unique_ptr<WorldLiveness> watch_liveness(int round) override;
   int64_t joined_nodes(int round) override;  // member keys in the round
   // The generation counter moves on (a day's lease on it) and the generation's keys are deleted.
   void forget_generation() override;
@@ -120,6 +122,8 @@ class EtcdRendezvous final : public NodeRendezvous {
   std::optional<RoundEnd> wait_round(int round, const StopSignal& stop,
                                      const std::function<bool(const std::vector<etcd::KeyValue>&)>& ready,
                                      const std::function<std::string(const std::vector<etcd::KeyValue>&)>& progress);
+  // Whether every node of `round` has lost its lease, or does within `patience`.
+  bool world_gone_within(int round, std::chrono::milliseconds patience, const StopSignal& stop);
   // Makes `w` (this node's world in `m`) the current round's.
   World adopt(World w, const Membership& m);
 

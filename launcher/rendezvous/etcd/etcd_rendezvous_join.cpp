@@ -100,7 +100,7 @@ std::variant<World, RoundEnd> EtcdRendezvous::join(int round, int nproc, const W
   if (stop.requested()) throw StopRequested(stop.signo());
   for (;;) {
     // No agent in the record: the member key names it.
-    rdzv::jobs::NodeRecord me = this_node(options_.host, options_.advertise_addr, nproc, options_.max_nodes);
+    rdzv::jobs::NodeRecord me = this_node(options_, nproc);
     me.hint = options_.node_rank;
     me.restarts = restarts();
     const std::string member_key = round_keys(round).member(agent_id_);
@@ -145,6 +145,16 @@ std::variant<World, RoundEnd> EtcdRendezvous::join(int round, int nproc, const W
     if (mine < 0) {
       client_->erase(member_key, "", request_deadline());
       if (!elastic()) {
+        // A fixed --nnodes: no spares. Either the round's nodes live (another run of this job id,
+        // refused below), or they are gone and their leases expire within the TTL (this node
+        // crashed and is run again, with the nodes it ran with): then that run is over, and this
+        // one starts the next generation.
+        if (world_gone_within(round, options_.lease_ttl + std::chrono::seconds(2), stop)) {
+          generation_ = choose_generation(stop);
+          log::info("ddprun") << "job '" << options_.run_id << "': the nodes of round " << round
+                              << " are gone (their etcd leases expired); this run is generation " << generation_;
+          continue;
+        }
         throw ConfigError("job '" + options_.run_id + "' is running with " + std::to_string(closed.size()) +
                           " node(s) (--nnodes " + std::to_string(options_.min_nodes) + ":" +
                           std::to_string(options_.max_nodes) +
@@ -163,9 +173,10 @@ std::variant<World, RoundEnd> EtcdRendezvous::join(int round, int nproc, const W
     }
     const std::string store_key = round_keys(round).worker_store();
     if (mine == 0) {
-      const uint16_t port = host_worker_store();
-      client_->put(store_key, rdzv::jobs::encode(rdzv::jobs::WorkerStoreRecord{options_.advertise_addr, port}), 0,
-                   request_deadline());
+      const rendezvous::HostedStore hosted = host_worker_store();
+      client_->put(store_key,
+                   rdzv::jobs::encode(rdzv::jobs::WorkerStoreRecord{options_.advertise_addr, hosted.port, hosted.key}),
+                   0, request_deadline());
     }
     auto stored = [&](const std::vector<etcd::KeyValue>& kvs) {
       return std::any_of(kvs.begin(), kvs.end(), [&](auto& kv) { return kv.key == store_key; });
@@ -177,6 +188,68 @@ std::variant<World, RoundEnd> EtcdRendezvous::join(int round, int nproc, const W
     return adopt(world_of(round, closed, mine,
                           read_worker_store(store_key, client_->get(store_key, request_deadline()).kvs.at(0).value)),
                  closed);
+  }
+}
+
+namespace {
+
+class EtcdLiveness final : public NodeRendezvous::WorldLiveness {
+ public:
+  using Range = std::function<etcd::RangeResult()>;
+  EtcdLiveness(Range members, std::string prefix, std::vector<std::string> agents, std::vector<std::string> hosts,
+               std::chrono::seconds ttl)
+      : members_(std::move(members)),
+        prefix_(std::move(prefix)),
+        agents_(std::move(agents)),
+        hosts_(std::move(hosts)),
+        ttl_(ttl) {}
+
+  std::vector<int> lapsed() override {
+    const etcd::RangeResult r = members_();
+    std::vector<int> out;
+    for (size_t i = 0; i < agents_.size(); ++i) {
+      const std::string key = prefix_ + agents_[i];
+      if (std::none_of(r.kvs.begin(), r.kvs.end(), [&](const etcd::KeyValue& kv) { return kv.key == key; }))
+        out.push_back(static_cast<int>(i));
+    }
+    return out;
+  }
+  int nodes() const override { return static_cast<int>(agents_.size()); }
+  std::string host(int g) const override {
+    return g >= 0 && static_cast<size_t>(g) < hosts_.size() ? hosts_[static_cast<size_t>(g)] : "?";
+  }
+  std::string lapse() const override {
+    return "lost its etcd lease (" + std::to_string(ttl_.count()) + " s without a renewal)";
+  }
+
+ private:
+  Range members_;
+  std::string prefix_;
+  std::vector<std::string> agents_, hosts_;
+  std::chrono::seconds ttl_;
+};
+
+}  // namespace
+
+std::unique_ptr<NodeRendezvous::WorldLiveness> EtcdRendezvous::watch_liveness(int round) {
+  const std::string closed_key = round_keys(round).closed();
+  const etcd::RangeResult closed = client_->get(closed_key, request_deadline());
+  if (closed.kvs.empty()) return nullptr;
+  const Membership m(read_closed_round(closed_key, closed.kvs[0].value).members);
+  const std::string prefix = round_keys(round).members();
+  return std::make_unique<EtcdLiveness>(
+      [this, prefix] { return client_->get_prefix(prefix, request_deadline(), /*keys_only=*/true); }, prefix,
+      m.agents(), m.hosts(), options_.lease_ttl);
+}
+
+bool EtcdRendezvous::world_gone_within(int round, std::chrono::milliseconds patience, const StopSignal& stop) {
+  const auto liveness = watch_liveness(round);
+  if (!liveness) return false;
+  const auto deadline = Clock::now() + patience;
+  for (;;) {
+    if (static_cast<int>(liveness->lapsed().size()) == liveness->nodes()) return true;
+    if (Clock::now() >= deadline) return false;
+    if (stop.sleep_for(std::chrono::milliseconds(250))) throw StopRequested(stop.signo());
   }
 }
 

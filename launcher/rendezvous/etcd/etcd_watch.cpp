@@ -6,6 +6,14 @@
 
 namespace ddprun::launcher::rendezvous::etcd {
 
+namespace {
+
+// The longest watch message a member may send: etcd's own are far smaller (its request limit is
+// 1.5 MiB by default).
+constexpr size_t kMostWatchMessage = size_t{64} << 20;
+
+}  // namespace
+
 Watch::Watch(Client& client, std::string key, std::string range_end, int64_t start_revision,
              std::vector<std::string> present)
     : client_(client),
@@ -93,6 +101,7 @@ std::vector<WatchEvent> Watch::next(std::chrono::milliseconds timeout, Client::D
       }
     }
     const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(until - Clock::now());
+    const size_t scanned = pending_.size();  // holds no newline
     try {
       pending_ += conn_->read_stream(std::max(left, std::chrono::milliseconds(1)));
     } catch (const std::exception& e) {
@@ -100,6 +109,21 @@ std::vector<WatchEvent> Watch::next(std::chrono::milliseconds timeout, Client::D
       DDPRUN_LOG_DEBUG("ddprun") << "etcd watch: " << e.what() << "; reopening";
       conn_.reset();
       endpoint_ = (endpoint_ + 1) % client_.endpoints().size();
+      if (Clock::now() >= until) return events;
+      continue;
+    }
+    if (pending_.find('\n', scanned) == std::string::npos) {
+      // No message ended: only the new bytes are looked at (a message sent slowly costs its length,
+      // not its length squared), and a message longer than any etcd sends is that member's fault.
+      if (pending_.size() > kMostWatchMessage) {
+        log::warn("ddprun") << "etcd at " << client_.endpoints()[endpoint_].text << " sent "
+                            << pending_.size() / (1 << 20)
+                            << " MiB on its watch stream without ending a message (etcd's are far smaller): taken "
+                               "for a failed member, the watch resumes on the next one";
+        conn_.reset();
+        pending_.clear();
+        endpoint_ = (endpoint_ + 1) % client_.endpoints().size();
+      }
       if (Clock::now() >= until) return events;
       continue;
     }
