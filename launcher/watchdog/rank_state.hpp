@@ -18,7 +18,9 @@
 #include <utility>
 #include <vector>
 
+#include "common/log.hpp"
 #include "common/numbers.hpp"
+#include "common/printable.hpp"
 #include "ddprun/worker/progress_page.hpp"
 #include "launcher/watchdog/watchdog.hpp"
 #include "rendezvous/server/server.hpp"
@@ -44,20 +46,36 @@ inline std::optional<int> heartbeat_rank(std::string_view key) {
 
 namespace ddprun::launcher::watchdog {
 
-// The worker store's changes, as the watchdog needs them (called on the store's thread).
+// The worker store's changes, as the watchdog needs them (called on the store's thread). Only the
+// round's ranks (0..world_size-1, any when 0) have a heartbeat counter: the others are counted in
+// `ignored` and the first of them is logged, so that keys made up for ranks that do not exist
+// cost nothing lasting.
 class Watchdog::StoreTap final : public rdzv::core::ChangeObserver {
  public:
+  explicit StoreTap(int world_size) : world_size_(world_size) {}
   void on_change(std::string_view key, const int64_t* counter) override {
     changes.fetch_add(1, std::memory_order_relaxed);
     const auto rank = watchdog_detail::heartbeat_rank(key);
     if (!rank) return;
+    if (world_size_ > 0 && *rank >= world_size_) {
+      if (ignored.fetch_add(1, std::memory_order_relaxed) == 0) {
+        log::warn("ddprun") << "ignored a heartbeat key of rank " << *rank << " ('"
+                            << printable_line(key.substr(0, 200)) << "'): this round's ranks are 0.." << world_size_ - 1
+                            << "; heartbeats of other ranks are not counted";
+      }
+      return;
+    }
     std::lock_guard lock(mutex);
     int64_t& beats = heartbeats[*rank];
     beats = counter ? *counter : beats + 1;
   }
   std::atomic<uint64_t> changes{0};
+  std::atomic<uint64_t> ignored{0};  // heartbeat keys of ranks outside the round
   std::mutex mutex;
   std::map<int, int64_t> heartbeats;
+
+ private:
+  const int world_size_;
 };
 
 struct Watchdog::Rank {

@@ -122,7 +122,7 @@ void Watchdog::start(const std::vector<pid_t>& pids, rdzv::server::ServerThread*
   on_hang_ = std::move(on_hang);
   group_running_ = std::move(group_running);
   if (worker_store_) {
-    tap_ = std::make_unique<StoreTap>();
+    tap_ = std::make_unique<StoreTap>(s_.world_size);
     worker_store_->with_server([this](rdzv::server::Server& s) { s.store().set_observer(tap_.get()); });
   }
   started_at_ = last_job_progress_ = Clock::now();
@@ -145,6 +145,10 @@ void Watchdog::stop() {
   if (thread_.joinable()) thread_.join();
   if (tap_ && worker_store_) {
     worker_store_->with_server([](rdzv::server::Server& s) { s.store().set_observer(nullptr); });
+    if (const uint64_t ignored = tap_->ignored.load(std::memory_order_relaxed); ignored > 1) {
+      log::warn("ddprun") << "ignored " << ignored << " heartbeat keys of ranks outside this round's " << s_.world_size
+                          << " in all";
+    }
   }
   if (started_) {
     sample(Clock::now());

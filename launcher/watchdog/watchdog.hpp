@@ -96,6 +96,9 @@ struct WatchdogSettings {
   std::string program;
   std::string host;
   int node = -1;  // group rank on several nodes, else -1
+  // WORLD_SIZE of the round: only heartbeats of ranks 0..world_size-1 count (a peer of the worker
+  // store may write keys for any rank it likes); 0: any rank.
+  int world_size = 0;
   std::string attempt_dir;
   uint16_t worker_store_port = 0;
   // Elastic jobs: CLOCK_MONOTONIC ns until which this node's place in the job is confirmed (the

@@ -18,6 +18,9 @@
 
 #include "ddprun/worker/progress_page.hpp"
 #include "launcher/workers/process.hpp"
+#include "rendezvous/client/client.hpp"
+#include "rendezvous/server/server.hpp"
+#include "tests/support/store_client.hpp"
 #include "tests/support/temp_dir.hpp"
 #include "tests/support/latest.hpp"
 #include "tests/support/wait_until.hpp"
@@ -126,6 +129,31 @@ TEST(WatchdogTest, ARankThatBumpsItsProgressPageIsNeverAHang) {
   EXPECT_FALSE(hung);
   w.stop();
   ::munmap(map, sizeof(worker::ProgressPage));
+}
+
+// Before: a heartbeat key of any rank up to 2^24 was taken for one, and kept for the round: a peer of
+// the worker store that wrote keys for made-up ranks grew the watchdog's maps without bound (a
+// million of them: 275 MB), and a single one turned CPU time off as a sign of progress for every
+// rank. Only the round's ranks count now: the computing rank here is still seen to progress.
+TEST(WatchdogTest, HeartbeatsOfRanksOutsideTheRoundAreIgnored) {
+  Group g(1, 1s);
+  g.settings.world_size = 1;
+  Watchdog w(g.settings, g.ranks);
+  rdzv::server::ServerOptions so;
+  so.log_lifecycle = false;
+  rdzv::server::ServerThread store(so);
+  Processes p;
+  const std::vector<pid_t> pids{p.start({"/bin/sh", "-c", "while :; do :; done"})};
+  Hang hang;
+  w.start(pids, &store, nullptr, hang.sink(), [] { return true; });
+  {
+    rdzv::client::Client c(test::store_client(store.port()));
+    for (int rank : {1, 2, 1000, 1 << 24}) c.add("/worker/attempt_0/ddprun/progress/" + std::to_string(rank), 1);
+  }
+  // Four timeouts after the last change to the store: CPU time still counts for the computing rank.
+  EXPECT_FALSE(test::wait_until([&] { return hang.get().has_value(); }, 4s, 100ms));
+  w.stop();
+  EXPECT_FALSE(w.wrote_diagnosis());
 }
 
 }  // namespace
