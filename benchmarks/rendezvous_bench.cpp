@@ -117,7 +117,11 @@ Round run_round(bool dynamic, int n, bool secured, int repeat) {
         StopSignal stop;
         launcher::rendezvous::store::StoreRendezvous r(o, stop);
         const auto w = std::get<launcher::rendezvous::World>(r.join(
-            0, 1, [] { return uint16_t{1}; }, stop));
+            0, 1,
+            [] {
+              return launcher::rendezvous::HostedStore{1, {}};
+            },
+            stop));
         // Static: rank = node rank. Dynamic: any permutation, checked by the sum below.
         if ((!dynamic && w.rank_offset != k) || w.world_size != n || w.rank_offset != w.group_rank) ++wrong;
         rank_sum += w.rank_offset;

@@ -7,6 +7,7 @@
 
 #include "common/defaults.hpp"
 #include "common/errors.hpp"
+#include "common/hex.hpp"
 #include "common/log.hpp"
 #include "common/system.hpp"
 #include "launcher/agent/agent.hpp"
@@ -103,6 +104,7 @@ std::unique_ptr<RendezvousBackend> Agent::make_backend() {
   join.node_rank = dynamic && !options_.node_rank_given ? -1 : options_.node_rank;
   join.advertise_addr = advertise_addr_;
   join.host = host_;
+  join.role = options_.role;
   join.timeouts = options_.rdzv_timeouts;
   join.progress_interval = options_.progress_interval;
   if (options_.rdzv_backend == RdzvBackend::Etcd) {
@@ -123,9 +125,11 @@ std::unique_ptr<RendezvousBackend> Agent::make_backend() {
   ro.is_host = options_.rdzv_is_host;
   ro.token = read_token();
   ro.token_file = options_.token_file;
-  if (ro.dynamic && options_.min_nodes < options_.max_nodes) {
-    // Elastic: the others re-form without a node they count as lost, so its workers must stop
-    // first. (A static job ends when a node is lost: no second group forms.)
+  if (ro.dynamic) {
+    // A c10d job re-forms without a node it counts as lost: with the survivors (MIN < MAX), with
+    // a spare or a node that came back in its place (MIN == MAX, a world of one node included),
+    // so the lost node's workers must stop first. (A static job ends when a node is lost: no
+    // second group forms.)
     ro.alive = [this] {
       guard_.renew();
       confirm_membership();
@@ -135,7 +139,7 @@ std::unique_ptr<RendezvousBackend> Agent::make_backend() {
   return std::make_unique<StoreRendezvous>(ro, stop_);
 }
 
-uint16_t Agent::host_worker_store() {
+rendezvous::HostedStore Agent::host_worker_store() {
   // A fresh worker store for every round: PyTorch >= 2.6 workers use no per-attempt key prefix.
   // Single node: on --master_addr:--master_port (kernel-picked by default). Several nodes: the
   // group-rank-0 node hosts it on a kernel-picked port and publishes it through the rendezvous.
@@ -163,14 +167,16 @@ uint16_t Agent::host_worker_store() {
       worker_store_ = std::make_unique<rdzv::server::ServerThread>(so);
     }
   }
-  return worker_store_->port();
+  // A replica group's round key: its workers seal what they write in the store with it (any local
+  // process may write there), and the group's other nodes learn it through the rendezvous.
+  return {worker_store_->port(), options_.replica_group ? to_hex(rdzv::core::random_nonce()) : std::string()};
 }
 
 void Agent::make_coordinator() {
   // The quorum lives in the job's own namespace on the rendezvous store (or etcd), reached as the
   // group's rendezvous is (after the backend, which may host that store on this node), on two
   // connections of its own: one for the heartbeat, one for the requests.
-  const auto client = [this]() -> std::unique_ptr<ft::QuorumKv> {
+  const auto client = [this](bool heartbeat) -> std::unique_ptr<ft::QuorumKv> {
     if (options_.rdzv_backend == RdzvBackend::Etcd)
       return std::make_unique<ft::EtcdQuorumKv>(etcd_client_options(), options_.rdzv_timeouts.read_timeout);
     rdzv::client::ClientOptions co;
@@ -182,6 +188,13 @@ void Agent::make_coordinator() {
       co.credentials = rdzv::core::credentials_for(*token, options_.run_id, options_.token_file);
     co.refusal_note_key = rdzv::core::refusal_note(options_.run_id);
     co.outage_tolerance = options_.rdzv_timeouts.store_reconnect_timeout;
+    if (heartbeat) {
+      // The heartbeat tries again at its next beat: it rides out no outage inside one call, and a
+      // call that cannot connect within the heartbeat's timeout is of no use (nor may it hold a
+      // stopping ddprun's exit for a minute).
+      co.outage_tolerance = std::chrono::milliseconds(0);
+      co.connect_timeout = std::min(co.connect_timeout, options_.quorum_heartbeat_timeout);
+    }
     return std::make_unique<ft::StoreQuorumKv>(std::make_unique<rdzv::client::Client>(co));
   };
   ft::CoordinatorOptions co;
@@ -194,7 +207,7 @@ void Agent::make_coordinator() {
   co.heartbeat_interval =
       std::max<std::chrono::milliseconds>(options_.quorum_heartbeat_timeout / 10, std::chrono::milliseconds(50));
   co.progress_interval = options_.progress_interval;
-  coordinator_ = std::make_unique<ft::Coordinator>(co, client(), client());
+  coordinator_ = std::make_unique<ft::Coordinator>(co, client(false), client(true));
   // A worker that fails takes its group out of the quorum at once: the other groups need not wait
   // for the failure report, the worker group's shutdown or the heartbeat timeout.
   supervisor_.set_on_failure([this](const workers::WorkerExit&) { coordinator_->withdraw(); });
@@ -204,6 +217,10 @@ void Agent::make_coordinator() {
   // waits that long for its quorum before it takes its agent for lost.
   base_env_["DDPRUN_FT_QUORUM_TIMEOUT"] =
       std::to_string(std::chrono::duration_cast<std::chrono::seconds>(options_.rdzv_timeouts.join_timeout).count());
+  // A worker whose agent (its worker store) gives no sign of life for this long leaves: past it
+  // the other groups go on without this one, and must not wait for the worker in a collective.
+  base_env_["DDPRUN_FT_AGENT_TIMEOUT"] = std::to_string(std::max<int64_t>(
+      1, std::chrono::duration_cast<std::chrono::seconds>(options_.quorum_heartbeat_timeout).count()));
   log::info("ddprun") << "replica group " << co.group << " of job '" << options_.run_id << "': at least "
                       << co.rules.min_groups << " group(s) train each step";
 }
@@ -218,6 +235,7 @@ void Agent::start_relay(const World& world) {
   ro.store_port = worker_store_->port();
   ro.store_address = world.master_addr + ":" + std::to_string(world.master_port);
   ro.world_size = world.world_size;
+  ro.key = from_hex(world.worker_key).value_or(std::string());
   ro.addresses = world.peer_addresses;
   ro.addresses.push_back(advertise_addr_);
   ro.quorum_timeout = options_.rdzv_timeouts.join_timeout;

@@ -38,6 +38,8 @@ struct JoinSettings {
   int node_rank = -1;
   std::string advertise_addr;  // how the other nodes (and the workers) reach this node
   std::string host;            // this node's host name, for the reports
+  // --role: the workers' ROLE_RANK counts within the nodes of one role.
+  std::string role = "default";
   Timeouts timeouts;
   // A node that waits says so this often.
   std::chrono::milliseconds progress_interval{defaults::kProgressInterval};

@@ -17,8 +17,11 @@ std::variant<World, RoundEnd> LocalRendezvous::join(int round, int nproc, const 
   World w;
   w.round = round;
   w.world_size = nproc;
+  w.role_world_size = nproc;
   w.master_addr = master_addr_;
-  w.master_port = host_worker_store();
+  const HostedStore hosted = host_worker_store();
+  w.master_port = hosted.port;
+  w.worker_key = hosted.key;
   return w;
 }
 

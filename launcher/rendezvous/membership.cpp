@@ -9,13 +9,14 @@
 
 namespace ddprun::launcher::rendezvous {
 
-rdzv::jobs::NodeRecord this_node(const std::string& host, const std::string& addr, int nproc, int nnodes) {
+rdzv::jobs::NodeRecord this_node(const JoinSettings& s, int nproc) {
   rdzv::jobs::NodeRecord r;
-  r.host = host;
-  r.addr = addr;
+  r.host = s.host;
+  r.addr = s.advertise_addr;
+  r.role = s.role;
   r.nproc = nproc;
   r.pid = static_cast<int>(::getpid());
-  r.nnodes = nnodes;
+  r.nnodes = s.max_nodes;
   r.joined_ms = now_ms();
   return r;
 }
@@ -33,7 +34,20 @@ Membership::Membership(std::vector<rdzv::jobs::NodeRecord> nodes) : nodes_(std::
   for (const auto& n : nodes_) {
     offsets_.push_back(world_size_);
     world_size_ += n.nproc;
+    int role_offset = 0;
+    for (size_t i = 0; i < role_offsets_.size(); ++i) {
+      if (nodes_[i].role == n.role) role_offset += nodes_[i].nproc;
+    }
+    role_offsets_.push_back(role_offset);
   }
+}
+
+int Membership::role_world_size(int g) const {
+  int size = 0;
+  for (const auto& n : nodes_) {
+    if (n.role == nodes_.at(static_cast<size_t>(g)).role) size += n.nproc;
+  }
+  return size;
 }
 
 std::vector<std::string> Membership::agents() const {
@@ -71,8 +85,11 @@ World world_of(int round, const Membership& m, int g, const rdzv::jobs::WorkerSt
   w.group_world_size = m.size();
   w.rank_offset = m.rank_offset(g);
   w.world_size = m.world_size();
+  w.role_rank_offset = m.role_offset(g);
+  w.role_world_size = m.role_world_size(g);
   w.master_addr = store.addr;
   w.master_port = store.port;
+  w.worker_key = store.key;
   if (g == 0) w.peer_addresses = m.peer_addresses();
   for (const auto& node : m.nodes()) w.restarts = std::max(w.restarts, node.restarts);
   return w;

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "launcher/rendezvous/join_settings.hpp"
 #include "launcher/rendezvous/rendezvous_backend.hpp"
 #include "rendezvous/jobs/records.hpp"
 
@@ -20,9 +21,9 @@ struct Joiner {
   int64_t arrival = 0;  // order of arrival (store: the joined counter; etcd: the key's create revision)
 };
 
-// This node's record as it joins a round: `host`, `addr`, `nproc` and `nnodes` with this
-// process's pid and the time now; the backend fills in the rest it uses.
-rdzv::jobs::NodeRecord this_node(const std::string& host, const std::string& addr, int nproc, int nnodes);
+// This node's record as it joins a round: its host, address, role and --nnodes MAX from `s`,
+// `nproc`, this process's pid and the time now; the backend fills in the rest it uses.
+rdzv::jobs::NodeRecord this_node(const JoinSettings& s, int nproc);
 
 // Group-rank order: the node hosting the rendezvous store first (global rank 0 lands on the
 // endpoint's host), then --node_rank hints, then arrival. Stable.
@@ -37,6 +38,9 @@ class Membership {
   int world_size() const { return world_size_; }
   // The global rank of group rank `g`'s local rank 0: the sum of nproc before it.
   int rank_offset(int g) const { return offsets_.at(static_cast<size_t>(g)); }
+  // The same among the nodes of g's role (torchrun's ROLE_RANK), and the workers of that role.
+  int role_offset(int g) const { return role_offsets_.at(static_cast<size_t>(g)); }
+  int role_world_size(int g) const;
   std::vector<std::string> agents() const;
   std::vector<std::string> hosts() const;
   // Every node's address and host name: the only peers the worker store admits besides loopback.
@@ -47,6 +51,7 @@ class Membership {
  private:
   std::vector<rdzv::jobs::NodeRecord> nodes_;
   std::vector<int> offsets_;
+  std::vector<int> role_offsets_;
   int world_size_ = 0;
 };
 

@@ -34,6 +34,8 @@ constexpr const char* kLeftWithoutEnd = "signal:left";
 // After a failure or a hang the world's nodes restart and rejoin; a spare gives them this long to
 // take the next round's places first (their workers' state is warm, a node of theirs is fine).
 constexpr std::chrono::milliseconds kSpareGrace{2000};
+// How often a spare looks at the liveness of the world it waits behind.
+constexpr std::chrono::milliseconds kSpareLook{1000};
 
 }  // namespace
 
@@ -97,6 +99,17 @@ std::optional<RoundEnd> NodeRendezvous::wait_as_spare(int round, int running, co
     stop_background();
     throw StopRequested(stop.signo());
   };
+  // The world's liveness, looked at once a second (its membership may not be readable at once:
+  // the node that closed the round writes it just after).
+  std::unique_ptr<WorldLiveness> liveness;
+  auto next_look = Clock::now();
+  const auto lapsed = [&]() -> std::optional<std::vector<int>> {
+    if (Clock::now() < next_look) return std::nullopt;
+    next_look = Clock::now() + kSpareLook;
+    if (!liveness) liveness = watch_liveness(round);
+    if (!liveness) return std::nullopt;
+    return liveness->lapsed();
+  };
   RoundEnd end;
   try {
     const auto wait = wait_for_key(round_keys(round).end());
@@ -106,6 +119,16 @@ std::optional<RoundEnd> NodeRendezvous::wait_as_spare(int round, int running, co
         break;
       }
       if (stop.requested()) stopped();
+      if (const auto gone = lapsed(); gone && !gone->empty()) {
+        const int g = gone->front();
+        rdzv::jobs::Outcome lost;
+        lost.kind = rdzv::jobs::Outcome::Kind::NodeLost;
+        lost.node = g;
+        lost.detail = "node " + std::to_string(g) + " (" + liveness->host(g) + ") " + liveness->lapse() +
+                      " (its ddprun was killed or its host is unreachable); seen by a spare";
+        end = decide(round, lost);
+        break;
+      }
     }
   } catch (const StopRequested&) {
     throw;
@@ -139,6 +162,12 @@ std::optional<RoundEnd> NodeRendezvous::wait_as_spare(int round, int running, co
       if (next >= settings_.max_nodes) return std::nullopt;  // full without this node: a spare there too
       if (next > 0 && !world_went_on) world_went_on = Clock::now();
       if (world_went_on && (at_once || Clock::now() - *world_went_on >= kSpareGrace)) return std::nullopt;
+      // Every node of the world is gone: none of them goes on, this spare does in their place.
+      if (const auto gone = lapsed(); gone && static_cast<int>(gone->size()) == liveness->nodes()) {
+        log::info("ddprun") << "job '" << settings_.run_id << "': every node of round " << round << " is gone ("
+                            << liveness->lapse() << "); this node goes on to the next round in their place";
+        return std::nullopt;
+      }
       if (stop.sleep_for(kSlice)) stopped();
     }
   } catch (const StopRequested&) {

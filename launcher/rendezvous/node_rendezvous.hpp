@@ -81,6 +81,19 @@ class NodeRendezvous : public RendezvousBackend {
     std::optional<std::string> end;
   };
   using JoinPoll = std::function<JoinState(std::chrono::milliseconds slice)>;
+  // What a spare sees of the world it waits behind: each node's liveness as the backend judges it
+  // (the store: a heartbeat counter that has not moved for the keep-alive window; etcd: a member
+  // key gone with its lease). Used from the agent's thread.
+  class WorldLiveness {
+   public:
+    virtual ~WorldLiveness() = default;
+    // One look (a request, no wait): the group ranks whose liveness has lapsed, in order.
+    virtual std::vector<int> lapsed() = 0;
+    virtual int nodes() const = 0;
+    virtual std::string host(int g) const = 0;
+    // How a lapse is said: "sent no heartbeat for 15s".
+    virtual std::string lapse() const = 0;
+  };
 
  protected:
   // This node's place in the current round.
@@ -115,6 +128,8 @@ class NodeRendezvous : public RendezvousBackend {
   virtual std::unique_ptr<KeyWait> wait_for_key(const std::string& key) = 0;
   // The watcher's view of `round`: its end, or a node whose liveness lapsed.
   virtual std::unique_ptr<RoundWatch> watch_round(int round) = 0;
+  // The liveness of `round`'s nodes, for a spare; nullptr while its membership is not known yet.
+  virtual std::unique_ptr<WorldLiveness> watch_liveness(int round) = 0;
   // How many nodes joined `round` (leaving a round that never completed).
   virtual int64_t joined_nodes(int round) = 0;
   // Every node has left: the generation is over for the store (the daemon forgets it, etcd's keys go).
@@ -145,9 +160,12 @@ class NodeRendezvous : public RendezvousBackend {
   void ask_to_admit_this_node(int round, int running);
   // This node came too late for `round`, which runs with all --nnodes MAX nodes: asking to be
   // admitted would only leave another node out. It waits as a hot spare, outside the world, for
-  // the round's end; then, for a lost node (or a membership change) at once, after a failure or a
-  // hang once the world's nodes had a moment to rejoin first, it goes on to the next round
-  // (nullopt: join round + 1). Returns the job's end (job_over) when the job ended without it.
+  // the round's end, and watches the world's nodes: one whose liveness lapsed ends the round as
+  // lost, since nobody else may be left to say so (a world of one node, every node killed at
+  // once, a node rerun after a crash). Then, for a lost node (or a membership change) at once,
+  // after a failure or a hang once the world's nodes had a moment to rejoin first, and at once
+  // when every node of the world is gone, it goes on to the next round (nullopt: join round + 1).
+  // Returns the job's end (job_over) when the job ended without it.
   // A stop request leaves without touching the round (a spare holds no place): StopRequested.
   std::optional<RoundEnd> wait_as_spare(int round, int running, const StopSignal& stop);
   // Waits until `poll` is ready or the join timeout: nullopt when ready, the round's end if it came

@@ -37,8 +37,15 @@ struct World {
   int group_world_size = 1;
   int rank_offset = 0;  // global rank of this node's local rank 0
   int world_size = 0;
+  // The same within the workers of this node's --role (ROLE_RANK of local rank 0, ROLE_WORLD_SIZE):
+  // the nodes of one role in group-rank order, as torchrun numbers them.
+  int role_rank_offset = 0;
+  int role_world_size = 0;
   std::string master_addr;  // the worker store
   int master_port = 0;
+  // The round's key for what a replica group's workers and agent write in the worker store
+  // (common/ft_wire.hpp), hex; empty outside fault tolerance. Secret: never logged or shown.
+  std::string worker_key;
   // On the node that hosts the worker store: every node's addresses (and host names), the only
   // peers its store accepts besides loopback. Empty elsewhere.
   std::vector<std::string> peer_addresses;
@@ -107,8 +114,13 @@ class ProgressChannel {
   virtual int node() const = 0;
 };
 
-// Starts the round's worker store on this node (called on group rank 0 only); returns its port.
-using WorkerStoreHost = std::function<uint16_t()>;
+// The round's worker store, started on this node: its port, and the round's key (World::worker_key).
+struct HostedStore {
+  uint16_t port = 0;
+  std::string key;
+};
+// Starts the round's worker store on this node (called on group rank 0 only).
+using WorkerStoreHost = std::function<HostedStore()>;
 
 class RendezvousBackend {
  public:

@@ -11,7 +11,6 @@
 namespace ddprun::launcher::rendezvous {
 
 using workers::describe_exit;
-using workers::read_error_file;
 using workers::WorkerExit;
 
 using json = nlohmann::json;
@@ -76,7 +75,7 @@ json exit_to_json(const WorkerExit& e, int node) {
             {"error_file", e.error_file},
             {"stderr_tail", e.stderr_tail},
             {"time_ms", std::chrono::duration_cast<std::chrono::milliseconds>(e.time.time_since_epoch()).count()}};
-  if (auto text = e.error_text ? e.error_text : read_error_file(e.error_file)) j["error"] = *text;
+  if (e.error_text) j["error"] = *e.error_text;
   if (!e.diagnosis.empty()) j["diagnosis"] = e.diagnosis;
   return j;
 }

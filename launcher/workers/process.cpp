@@ -172,9 +172,10 @@ int64_t monotonic_ms() {
     if (rc == 0) {
       // No renewal within the window: the other nodes may count this node as lost and re-form
       // without it. Its workers must not run on beside them.
+      // Said first: ddprun, reaping the workers, then knows who killed them.
+      fenced_window_ms.store(window_ms);
       for (pid_t pg : groups) ::kill(-pg, SIGKILL);
       groups.clear();
-      fenced_window_ms.store(window_ms);
       window_ms = 0;
       continue;
     }
@@ -263,6 +264,8 @@ void OrphanGuard::arm_fence(std::chrono::milliseconds window) {
 }
 
 void OrphanGuard::renew() { send('r', 0); }
+
+bool OrphanGuard::fenced() const { return shared_ && shared_->fenced_window_ms.load() >= 0; }
 
 std::optional<std::chrono::milliseconds> OrphanGuard::take_fenced() {
   const int64_t w = shared_ ? shared_->fenced_window_ms.exchange(-1) : -1;

@@ -70,6 +70,8 @@ class OrphanGuard {
   // The window that passed when the guard last fenced this node's workers (once per fence);
   // nullopt if it has not since the last call.
   std::optional<std::chrono::milliseconds> take_fenced();
+  // Whether the guard fenced the workers since the last take_fenced(), without taking it.
+  bool fenced() const;
   pid_t pid() const { return pid_; }
 
  private:

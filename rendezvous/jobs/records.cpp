@@ -1,5 +1,7 @@
 #include "rendezvous/jobs/records.hpp"
 
+#include <algorithm>
+
 #include "common/json_fields.hpp"
 
 namespace ddprun::rdzv::jobs {
@@ -23,6 +25,7 @@ json to_json(const NodeRecord& r) {
   if (r.hint >= 0) j["hint"] = r.hint;
   if (r.store_host) j["store_host"] = true;
   if (r.restarts > 0) j["restarts"] = r.restarts;
+  if (r.role != "default") j["role"] = r.role;
   return j;
 }
 
@@ -41,6 +44,7 @@ std::optional<NodeRecord> node_record_from_json(const json& j) {
   r.hint = small_int_of(j, "hint", -1);
   r.store_host = bool_field(j, "store_host");
   r.restarts = small_int_of(j, "restarts", 0);
+  if (const std::string role = string_field(j, "role"); !role.empty()) r.role = role;
   return r;
 }
 
@@ -48,12 +52,16 @@ std::optional<NodeRecord> decode_node_record(std::string_view text) {
   return node_record_from_json(json::parse(text, nullptr, false));
 }
 
-std::string encode(const WorkerStoreRecord& r) { return json{{"addr", r.addr}, {"port", r.port}}.dump(); }
+std::string encode(const WorkerStoreRecord& r) {
+  json j = {{"addr", r.addr}, {"port", r.port}};
+  if (!r.key.empty()) j["key"] = r.key;
+  return j.dump();
+}
 
 std::optional<WorkerStoreRecord> decode_worker_store(std::string_view text) {
   const json j = json::parse(text, nullptr, false);
   if (!j.is_object()) return std::nullopt;
-  WorkerStoreRecord r{string_field(j, "addr"), small_int_of(j, "port", 0)};
+  WorkerStoreRecord r{string_field(j, "addr"), small_int_of(j, "port", 0), string_field(j, "key")};
   if (r.addr.empty() || r.port <= 0 || r.port > 65535) return std::nullopt;
   return r;
 }
@@ -67,6 +75,10 @@ std::string encode(const Assignment& a) {
   if (!a.hosts.empty()) j["hosts"] = a.hosts;
   if (!a.addrs.empty()) j["addrs"] = a.addrs;
   if (a.restarts > 0) j["restarts"] = a.restarts;
+  if (a.role_offset >= 0) {
+    j["role_offset"] = a.role_offset;
+    j["role_world_size"] = a.role_world_size;
+  }
   return j.dump();
 }
 
@@ -80,6 +92,8 @@ std::optional<Assignment> decode_assignment(std::string_view text) {
   a.world_size = small_int_of(j, "world_size", 0);
   a.restarts = small_int_of(j, "restarts", 0);
   if (a.group_rank < 0 || a.group_world_size <= 0 || a.offset < 0 || a.world_size <= 0) return std::nullopt;
+  a.role_offset = std::max(small_int_of(j, "role_offset", -1), -1);
+  a.role_world_size = std::max(small_int_of(j, "role_world_size", 0), 0);
   a.agents = strings_field(j, "agents");
   a.hosts = strings_field(j, "hosts");
   a.addrs = strings_field(j, "addrs");

@@ -25,6 +25,8 @@ struct NodeRecord {
   int hint = -1;            // elastic jobs: --node_rank as an ordering hint; -1: none
   bool store_host = false;  // elastic jobs on a store: this node hosts the rendezvous store
   int restarts = 0;         // the restarts its agent has made: the job's count is the most of any node
+  // Its --role: ROLE_RANK counts within the nodes of one role.
+  std::string role = "default";
   bool operator==(const NodeRecord&) const = default;
 };
 nlohmann::json to_json(const NodeRecord& r);
@@ -37,6 +39,9 @@ std::optional<NodeRecord> decode_node_record(std::string_view text);
 struct WorkerStoreRecord {
   std::string addr;
   int port = 0;
+  // A replica group's round key (hex; ddprun --replica_group), empty otherwise. It travels to the
+  // group's other nodes here, as secret as the rendezvous store: the daemon's pages never show it.
+  std::string key;
   bool operator==(const WorkerStoreRecord&) const = default;
 };
 std::string encode(const WorkerStoreRecord& r);
@@ -54,6 +59,11 @@ struct Assignment {
   std::vector<std::string> hosts;   // every node's host, in group-rank order (jobs of up to 64 nodes)
   std::vector<std::string> addrs;   // group rank 0 only: every node's address and host name
   int restarts = 0;                 // the job's restarts: the most any node of the round has made
+  // The rank of the node's local rank 0 among the workers of its --role, and their number
+  // (torchrun's ROLE_RANK, ROLE_WORLD_SIZE); -1 and 0 when the record has none (an older version's,
+  // of a job of one role): offset and world_size then.
+  int role_offset = -1;
+  int role_world_size = 0;
   bool operator==(const Assignment&) const = default;
 };
 std::string encode(const Assignment& a);

@@ -8,10 +8,12 @@
 
 #include <regex>
 
+#include "tests/support/files.hpp"
 #include "tests/support/free_port.hpp"
 #include "tests/support/job_node.hpp"
 #include "tests/support/report.hpp"
 #include "tests/support/subprocess.hpp"
+#include "tests/support/temp_dir.hpp"
 
 namespace ddprun::test {
 namespace {
@@ -113,10 +115,12 @@ TEST(ElasticTest, MinNodesStartAfterTheLastCallWithoutWaitingForMax) {
 TEST(ElasticTest, SurvivorsReRendezvousWhenANodeIsKilled) {
   const int port = free_port();
   Reports reports;
-  auto a = agent(port, "2:3", 1, 1, kFast, {"sleep", "3"}, reports.flags(0, {"--max_restarts", "0"}));
+  TempDir envs;  // each rank's environment, written as it starts (the last round's stays)
+  const std::vector<std::string> worker = {"env", envs.str(), "sleep", "3"};
+  auto a = agent(port, "2:3", 1, 1, kFast, worker, reports.flags(0, {"--max_restarts", "0"}));
   ASSERT_TRUE(a->wait_for([&] { return port_taken(port); }, 10s));
-  auto b = agent(port, "2:3", 1, 2, kFast, {"sleep", "3"}, {"--max_restarts", "0"});
-  auto c = agent(port, "2:3", 1, 3, kFast, {"sleep", "3"}, {"--max_restarts", "0"});
+  auto b = agent(port, "2:3", 1, 2, kFast, worker, {"--max_restarts", "0"});
+  auto c = agent(port, "2:3", 1, 3, kFast, worker, {"--max_restarts", "0"});
   ASSERT_TRUE(c->wait_for_workers(1, 30s)) << c->err();
   c->signal(SIGKILL);
   const Finished fa = a->wait(60s), fb = b->wait(60s);
@@ -132,6 +136,13 @@ TEST(ElasticTest, SurvivorsReRendezvousWhenANodeIsKilled) {
   EXPECT_EQ(r["attempts"][1]["round"], 1) << "a second round";
   EXPECT_EQ(r["attempts"][1]["restart"], 0);
   EXPECT_EQ(r["attempts"][1]["nnodes"], 2) << "the two survivors";
+  // The survivors' workers are told that the job re-formed (so a program resumes from its
+  // checkpoint), though it made no restart. Before, they could not tell it from the first round.
+  for (const char* rank : {"0", "1"}) {
+    const std::string env = "\n" + read_file(envs.path / ("env." + std::string(rank)));
+    EXPECT_NE(env.find("\nDDPRUN_ROUND=1\n"), std::string::npos) << "rank " << rank << ":\n" << env;
+    EXPECT_NE(env.find("\nTORCHELASTIC_RESTART_COUNT=0\n"), std::string::npos) << env;
+  }
 }
 
 // A rank that lost a connection in a round of one node lost it to nothing in the round (a replica

@@ -80,5 +80,27 @@ TEST(MembershipTest, TheWorldCarriesTheMostRestartsOfAnyNode) {
   EXPECT_EQ(world_of(3, m, 1, {"10.0.0.1", 29500}).restarts, 2);
 }
 
+// torchrun's role ranks: ROLE_RANK counts the workers of the nodes of one --role in group-rank
+// order, ROLE_WORLD_SIZE is theirs alone.
+TEST(MembershipTest, RoleRanksCountWithinTheNodesOfEachRole) {
+  std::vector<rdzv::jobs::NodeRecord> nodes;
+  for (auto [role, nproc] : std::vector<std::pair<std::string, int>>{{"master", 1}, {"trainer", 2}, {"trainer", 3}}) {
+    auto r =
+        joiner("n" + std::to_string(nodes.size()), static_cast<int64_t>(nodes.size()) + 1, -1, false, nproc).record;
+    r.role = role;
+    nodes.push_back(r);
+  }
+  const Membership m(nodes);
+  const World master = world_of(0, m, 0, {"10.0.0.1", 29500});
+  EXPECT_EQ(master.rank_offset, 0);
+  EXPECT_EQ(master.role_rank_offset, 0);
+  EXPECT_EQ(master.role_world_size, 1);
+  const World second = world_of(0, m, 2, {"10.0.0.1", 29500});
+  EXPECT_EQ(second.rank_offset, 3);
+  EXPECT_EQ(second.role_rank_offset, 2);
+  EXPECT_EQ(second.role_world_size, 5);
+  EXPECT_EQ(second.world_size, 6);
+}
+
 }  // namespace
 }  // namespace ddprun::launcher

@@ -75,7 +75,11 @@ class RoundProtocolTest : public ::testing::TestWithParam<RoundProtocolBackend> 
 
   static std::variant<World, RoundEnd> join(RendezvousBackend& r, int nproc, const StopSignal& stop) {
     return r.join(
-        0, nproc, [] { return uint16_t{4242}; }, stop);
+        0, nproc,
+        [] {
+          return rendezvous::HostedStore{4242, {}};
+        },
+        stop);
   }
 
   // Joins round 0 with both nodes at once (2 and 3 workers); node 0 hosts the worker store.

@@ -24,9 +24,11 @@ TEST(RecordsTest, ANodeRecordSurvivesItsEncodingAndOptionalFieldsStayOut) {
   EXPECT_FALSE(j.contains("store_host"));
   EXPECT_FALSE(j.contains("agent"));
   EXPECT_FALSE(j.contains("restarts"));
+  EXPECT_FALSE(j.contains("role"));  // "default"
   r.hint = 2;
   r.store_host = true;
   r.restarts = 3;
+  r.role = "trainer";
   EXPECT_EQ(decode_node_record(encode(r)), r);
 }
 
@@ -44,12 +46,17 @@ TEST(RecordsTest, AForeignNodeRecordReadsItsWrongFieldsAsDefaultsAndGarbageAsNot
 }
 
 TEST(RecordsTest, AWorkerStoreRecordNeedsAnAddressAndAPortInRange) {
-  EXPECT_EQ(decode_worker_store(encode(WorkerStoreRecord{"10.0.0.1", 29500})), (WorkerStoreRecord{"10.0.0.1", 29500}));
+  EXPECT_EQ(decode_worker_store(encode(WorkerStoreRecord{"10.0.0.1", 29500, ""})),
+            (WorkerStoreRecord{"10.0.0.1", 29500, ""}));
   EXPECT_FALSE(decode_worker_store(R"({"addr":"10.0.0.1"})"));
   EXPECT_FALSE(decode_worker_store(R"({"addr":"","port":1})"));
   EXPECT_FALSE(decode_worker_store(R"({"addr":"h","port":65536})"));
   EXPECT_FALSE(decode_worker_store(R"({"addr":"h","port":0})"));
   EXPECT_FALSE(decode_worker_store("29500"));
+  // A replica group's round key travels with it; a record without one reads as none.
+  const WorkerStoreRecord keyed{"10.0.0.1", 29500, std::string(64, 'f')};
+  EXPECT_EQ(decode_worker_store(encode(keyed)), keyed);
+  EXPECT_EQ(decode_worker_store(R"({"addr":"h","port":1})")->key, "");
 }
 
 TEST(RecordsTest, AnAssignmentNeedsItsFourNumbersAndKeepsItsLists) {
@@ -62,6 +69,9 @@ TEST(RecordsTest, AnAssignmentNeedsItsFourNumbersAndKeepsItsLists) {
   a.hosts = {"a", "b"};
   EXPECT_EQ(decode_assignment(encode(a)), a);
   a.restarts = 2;  // the job's restarts ride along
+  EXPECT_EQ(decode_assignment(encode(a)), a);
+  a.role_offset = 1;  // and the node's place among the workers of its role
+  a.role_world_size = 3;
   EXPECT_EQ(decode_assignment(encode(a)), a);
   EXPECT_FALSE(decode_assignment(R"({"group_rank":0,"group_world_size":2,"offset":0})"));
   EXPECT_FALSE(decode_assignment(R"({"group_rank":-1,"group_world_size":2,"offset":0,"world_size":4})"));

@@ -1,7 +1,8 @@
 #pragma once
 // Test helper: one node of a multi-node ddprun job, as every multi-node test starts them. Node
-// `rank` plays a host of its own at 127.0.0.(rank+1) (--local_addr); where the nodes meet is one
-// of three: node 0's store (at_master), a store at an endpoint (at_store) or etcd (at_etcd).
+// `rank` plays a host of its own at 127.0.0.(rank+1) (--local_addr), or, named_host(), runs the
+// command a user types on this host, which is known by its name; where the nodes meet is one of
+// three: node 0's store (at_master), a store at an endpoint (at_store) or etcd (at_etcd).
 //
 //   auto node1 = JobNode(1).meet(at_master(port)).flags({"--max_restarts", "1"}).start({TEST_WORKER_BIN, "print", "1"});
 
@@ -53,6 +54,10 @@ class JobNode {
     rank_given_ = false;
     return *this;
   }
+  JobNode& named_host() {  // no --local_addr: the node is this host, known by its name
+    own_address_ = false;
+    return *this;
+  }
   JobNode& meet(std::vector<std::string> where) {  // at_master, at_store or at_etcd
     meet_ = std::move(where);
     return *this;
@@ -72,8 +77,8 @@ class JobNode {
 
   // ddprun's command line running `program` (the program and its arguments).
   std::vector<std::string> argv(const std::vector<std::string>& program) const {
-    std::vector<std::string> a{ddprun_bin(), "--nnodes", nnodes_, "--local_addr",
-                               "127.0.0." + std::to_string(rank_ + 1)};
+    std::vector<std::string> a{ddprun_bin(), "--nnodes", nnodes_};
+    if (own_address_) a.insert(a.end(), {"--local_addr", "127.0.0." + std::to_string(rank_ + 1)});
     if (rank_given_) a.insert(a.end(), {"--node_rank", std::to_string(rank_)});
     a.insert(a.end(), meet_.begin(), meet_.end());
     if (!conf_.empty()) a.insert(a.end(), {"--rdzv_conf", conf_});
@@ -89,6 +94,7 @@ class JobNode {
  private:
   int rank_;
   bool rank_given_ = true;
+  bool own_address_ = true;
   std::string nnodes_ = "2";
   std::vector<std::string> meet_;
   std::string conf_ = "join_timeout=60";

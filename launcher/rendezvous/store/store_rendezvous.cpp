@@ -8,6 +8,7 @@
 
 #include "common/errors.hpp"
 #include "common/log.hpp"
+#include "common/numbers.hpp"
 #include "common/system.hpp"
 #include "launcher/rendezvous/round_records.hpp"
 
@@ -170,12 +171,13 @@ void StoreRendezvous::stop_heartbeat() {
   if (heartbeat_.joinable()) heartbeat_.join();
 }
 
-std::shared_ptr<rdzv::client::Client> StoreRendezvous::side_connection() const {
+std::shared_ptr<rdzv::client::Client> StoreRendezvous::side_connection(std::function<void()> on_refused) const {
   // Connected by the caller, not on the thread that uses it: a store that is already gone is
   // reported at once, and the thread never sits in a connect retry loop that shutdown would have
   // to wait for. It never reconnects: to a watcher, a lost store is the news.
   rdzv::client::ClientOptions co = client_->options();
   co.reconnect = false;
+  co.on_refused = std::move(on_refused);
   co.connect_timeout = std::chrono::seconds(5);
   // A heartbeat that takes longer than its period is as good as missed: a request without a reply
   // by then is given up and, against a store that describes itself, sent again over a new
@@ -188,10 +190,19 @@ std::shared_ptr<rdzv::client::Client> StoreRendezvous::side_connection() const {
 }
 
 void StoreRendezvous::start_heartbeat() {
-  if (heartbeat_.joinable()) return;
+  if (heartbeat_.joinable()) {
+    // Running; or ended on a store error (an outage longer than it rides out), and this join, on
+    // a store that answers again, starts it anew.
+    if (!heartbeat_ended_ || stop_heartbeat_) return;
+    heartbeat_.join();
+    heartbeat_ended_ = false;
+  }
   std::shared_ptr<rdzv::client::Client> c;
   try {
-    c = side_connection();
+    // While the store itself is down (its port refuses: a daemon restarting), no node can count
+    // another as lost (nobody's heartbeat gets through, and every watcher's window starts over
+    // when it is back): the node's place holds as long as it is, and its fence is renewed.
+    c = side_connection(options_.alive);
   } catch (const std::exception& e) {
     log::warn("ddprun") << "no heartbeat: " << e.what();
     return;
@@ -212,6 +223,7 @@ void StoreRendezvous::start_heartbeat() {
       // Once the job is ending the failure is no news (the store is gone, or going with it).
       if (!stop_heartbeat_) log::warn("ddprun") << "heartbeat stopped: " << e.what();
     }
+    heartbeat_ended_ = true;
   });
 }
 
@@ -314,6 +326,12 @@ class StoreRendezvous::Watch final : public NodeRendezvous::RoundWatch {
     } catch (const TimeoutError&) {
     }
     if (auto lost = r_.find_lost_node(*c_, seen_)) {
+      // The round may have ended while this node was not looking (stopped, its wait ran out on
+      // resuming): then its end says why, not the next node's heartbeat.
+      if (c_->check({end_key_})) {
+        ev.end = c_->get(end_key_);
+        return ev;
+      }
       ev.lost_node = *lost;
       ev.lost_why = "sent no heartbeat for " + seconds_text(r_.options_.timeouts.keep_alive_interval *
                                                             r_.options_.timeouts.keep_alive_max_attempt);
@@ -335,6 +353,59 @@ class StoreRendezvous::Watch final : public NodeRendezvous::RoundWatch {
 std::unique_ptr<NodeRendezvous::RoundWatch> StoreRendezvous::watch_round(int round) {
   // A connection of its own, made here: a store that is already gone is reported at once.
   return std::make_unique<Watch>(*this, side_connection(), round);
+}
+
+class StoreRendezvous::Liveness final : public NodeRendezvous::WorldLiveness {
+ public:
+  Liveness(StoreRendezvous& r, std::vector<std::string> agents, std::vector<std::string> hosts)
+      : r_(r), agents_(std::move(agents)), hosts_(std::move(hosts)), seen_(agents_.size()) {
+    for (const std::string& a : agents_) keys_.push_back(r_.hb_key(a));
+  }
+
+  std::vector<int> lapsed() override {
+    const auto values = r_.client_->multi_get_now(keys_);  // a key not written reads as empty
+    const auto now = std::chrono::steady_clock::now();
+    const uint64_t reconnects = r_.client_->reconnects();
+    std::vector<int> out;
+    for (size_t i = 0; i < agents_.size() && i < values.size(); ++i) {
+      const int64_t beats = to_int(values[i]).value_or(-1);
+      HeartbeatSeen& seen = seen_[i];
+      // A counter first read now, one that moved, or a store that was away meanwhile (nobody's
+      // heartbeat got through it): the window starts over.
+      if (seen.since == std::chrono::steady_clock::time_point{} || beats != seen.beats ||
+          reconnects != seen.reconnects) {
+        seen = {beats, now, reconnects};
+      } else if (now - seen.since > window()) {
+        out.push_back(static_cast<int>(i));
+      }
+    }
+    return out;
+  }
+  int nodes() const override { return static_cast<int>(agents_.size()); }
+  std::string host(int g) const override {
+    return g >= 0 && static_cast<size_t>(g) < hosts_.size() ? hosts_[static_cast<size_t>(g)] : "?";
+  }
+  std::string lapse() const override { return "sent no heartbeat for " + seconds_text(window()); }
+
+ private:
+  std::chrono::milliseconds window() const {
+    return r_.options_.timeouts.keep_alive_interval * r_.options_.timeouts.keep_alive_max_attempt;
+  }
+
+  StoreRendezvous& r_;
+  std::vector<std::string> agents_, hosts_, keys_;
+  std::vector<HeartbeatSeen> seen_;
+};
+
+std::unique_ptr<NodeRendezvous::WorldLiveness> StoreRendezvous::watch_liveness(int round) {
+  // Every node's assignment lists the round's agents in group-rank order; the node that closed the
+  // round writes them right after `closed`.
+  const std::string key = round_keys(round).assign("1");
+  const auto value = read(key);
+  if (!value) return nullptr;
+  const rdzv::jobs::Assignment a = read_assignment(key, *value);
+  if (a.agents.empty()) return nullptr;  // a job of more than 64 nodes: its ring watches itself
+  return std::make_unique<Liveness>(*this, a.agents, a.hosts);
 }
 
 void StoreRendezvous::linger(int nodes, std::chrono::milliseconds timeout, const StopSignal& stop) {

@@ -128,6 +128,9 @@ class StoreRendezvous final : public NodeRendezvous {
   std::unique_ptr<KeyWait> wait_for_key(const std::string& key) override;
   // WAIT on `end` every period and, between waits, the next node's heartbeat counter.
   std::unique_ptr<RoundWatch> watch_round(int round) override;
+  // The round's agents (from an assignment: jobs of up to 64 nodes), their heartbeat counters
+  // read in one request per look.
+  std::unique_ptr<WorldLiveness> watch_liveness(int round) override;
   int64_t joined_nodes(int round) override;  // the arrivals counter
   void forget_generation() override;         // `done`: the daemon's janitor forgets the generation
   // The node that hosts the store waits for `done` (the others must read the outcome from it).
@@ -138,8 +141,9 @@ class StoreRendezvous final : public NodeRendezvous {
 
   void start_heartbeat();
   void stop_heartbeat();
-  // A second connection to the rendezvous store for the watcher or heartbeat thread.
-  std::shared_ptr<rdzv::client::Client> side_connection() const;
+  // A second connection to the rendezvous store for the watcher or heartbeat thread; `on_refused`
+  // is told of each reconnection the store's host refuses (ClientOptions::on_refused).
+  std::shared_ptr<rdzv::client::Client> side_connection(std::function<void()> on_refused = {}) const;
   // The next node in group-rank order whose heartbeat has not moved for too long, if any.
   // The watched node's heartbeat counter as last read, since when, and the connection it was read on.
   struct HeartbeatSeen {
@@ -148,7 +152,8 @@ class StoreRendezvous final : public NodeRendezvous {
     uint64_t reconnects = 0;
   };
   std::optional<int> find_lost_node(rdzv::client::Client& c, HeartbeatSeen& seen);
-  class Watch;  // the watcher's view of a round: its end, or the next node's heartbeat stopping
+  class Watch;     // the watcher's view of a round: its end, or the next node's heartbeat stopping
+  class Liveness;  // a spare's view of the world's heartbeats
 
   StoreRendezvousOptions options_;
   std::unique_ptr<rdzv::server::ServerThread> server_;  // the node that hosts the rendezvous store
@@ -157,6 +162,7 @@ class StoreRendezvous final : public NodeRendezvous {
   void request_heartbeat_stop();
   std::thread heartbeat_;
   std::atomic<bool> stop_heartbeat_{false};
+  std::atomic<bool> heartbeat_ended_{false};  // the thread has returned (start_heartbeat starts a new one)
   std::mutex heartbeat_mutex_;
   std::condition_variable heartbeat_cv_;  // the period's wait: a stop ends it at once
   rdzv::jobs::JobKeys keys_{"none", 1};

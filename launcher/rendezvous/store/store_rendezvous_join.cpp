@@ -36,7 +36,7 @@ std::variant<World, RoundEnd> StoreRendezvous::join_static(int round, int nproc,
                                                            const WorkerStoreHost& host_worker_store,
                                                            const StopSignal& stop) {
   const int n = options_.max_nodes;
-  rdzv::jobs::NodeRecord me = this_node(options_.host, options_.advertise_addr, nproc, n);
+  rdzv::jobs::NodeRecord me = this_node(options_, nproc);
   me.agent = agent_id_;
   me.restarts = restarts();
   const std::string mine = rdzv::jobs::encode(me);
@@ -68,9 +68,9 @@ std::variant<World, RoundEnd> StoreRendezvous::join_static(int round, int nproc,
                       << keys_.generation() << ") as node_rank " << options_.node_rank << " of " << n;
   joined(round, "as node_rank " + std::to_string(options_.node_rank) + " of " + std::to_string(n));
   if (options_.node_rank == 0) {
-    const uint16_t port = host_worker_store();
+    const rendezvous::HostedStore hosted = host_worker_store();
     client_->set(round_keys(round).worker_store(),
-                 rdzv::jobs::encode(rdzv::jobs::WorkerStoreRecord{options_.advertise_addr, port}));
+                 rdzv::jobs::encode(rdzv::jobs::WorkerStoreRecord{options_.advertise_addr, hosted.port, hosted.key}));
   }
   if (client_->add(round_keys(round).joined(), 1) == n) assign(round);
   // Who is missing, by node rank (checked only for jobs small enough to list them).
@@ -116,9 +116,12 @@ World StoreRendezvous::adopt(int round, const rdzv::jobs::Assignment& assigned,
   w.group_world_size = assigned.group_world_size;
   w.rank_offset = assigned.offset;
   w.world_size = assigned.world_size;
+  w.role_rank_offset = assigned.role_offset >= 0 ? assigned.role_offset : assigned.offset;
+  w.role_world_size = assigned.role_world_size > 0 ? assigned.role_world_size : assigned.world_size;
   w.peer_addresses = assigned.addrs;
   w.master_addr = store.addr;
   w.master_port = store.port;
+  w.worker_key = store.key;
   w.restarts = assigned.restarts;
   set_place(Place{w.group_rank, w.group_world_size, assigned.agents, assigned.hosts});
   return w;
@@ -137,6 +140,8 @@ void StoreRendezvous::write_assignments(int round, const std::vector<Joiner>& or
     a.group_world_size = m.size();
     a.offset = m.rank_offset(g);
     a.world_size = m.world_size();
+    a.role_offset = m.role_offset(g);
+    a.role_world_size = m.role_world_size(g);
     for (const auto& node : m.nodes()) a.restarts = std::max(a.restarts, node.restarts);
     if (m.size() <= 64) {
       a.agents = m.agents();
@@ -168,7 +173,7 @@ std::variant<World, RoundEnd> StoreRendezvous::join_dynamic(int round, int nproc
                                                             const WorkerStoreHost& host_worker_store,
                                                             const StopSignal& stop) {
   for (;;) {
-    rdzv::jobs::NodeRecord me = this_node(options_.host, options_.advertise_addr, nproc, options_.max_nodes);
+    rdzv::jobs::NodeRecord me = this_node(options_, nproc);
     me.agent = agent_id_;
     me.restarts = restarts();
     me.hint = options_.node_rank;
@@ -225,9 +230,9 @@ std::variant<World, RoundEnd> StoreRendezvous::join_dynamic(int round, int nproc
     if (auto ended = wait_joining(round, stop, keys_set(round, {assign_key}), progress, missing)) return *ended;
     const rdzv::jobs::Assignment assigned = read_assignment(assign_key, client_->get(assign_key));
     if (assigned.group_rank == 0) {
-      const uint16_t port = host_worker_store();
+      const rendezvous::HostedStore hosted = host_worker_store();
       client_->set(round_keys(round).worker_store(),
-                   rdzv::jobs::encode(rdzv::jobs::WorkerStoreRecord{options_.advertise_addr, port}));
+                   rdzv::jobs::encode(rdzv::jobs::WorkerStoreRecord{options_.advertise_addr, hosted.port, hosted.key}));
     }
     const std::string store_key = round_keys(round).worker_store();
     if (auto ended = wait_joining(round, stop, keys_set(round, {store_key}), progress, missing)) return *ended;
