@@ -8,22 +8,27 @@ parameters) on this machine, 1 rank each:
   - ft: 3 replica groups (ddprun --replica_group, ddprun_ft), the quorum on a ddprun-rendezvous;
   - torchrun: the restart job under the machine's torchrun (Debian 12: 1.13, Debian 13: 2.6), with its
     defaults (its agent checks its workers every --monitor_interval).
-Steps/s without faults, plain against ft; then a worker SIGKILLed at step --kill-at, and the time
-from the kill to the next step the job commits (restart: a surviving rank's first step after it,
-which comes after the restart; ft: the survivors' first commit after it), with the ratio. Last, a replica group of --heal-mb megabytes of parameters is
-killed and the time its restarted rank takes to fetch and load its peer's state (parameters and
-momentum: twice the parameters) is reported.
+Steps/s without faults, plain against ft; then worker 1 SIGKILLed --kills times in one job, first at
+step --kill-at, then each time once its restarted process has made --kill-every steps of its own,
+and the time from each kill to the next step the job commits (restart: a restarted rank's first
+step; ft: the survivors' first commit after it): the median, with the fastest and slowest kill, and
+the ratio of the medians. Last, a replica group of --heal-mb megabytes of parameters is killed and
+the time its restarted rank takes to fetch and load its peer's state (parameters and momentum:
+twice the parameters) is reported.
 
-The killed worker's restart must find the others still training: keep --steps well above --kill-at
-(a group that comes back after the others finished waits for a quorum that never comes).
+Every ddprun runs the command the docs give (no --local_addr: the host is known by its name).
+The killed worker's restart must find the others still training: keep --steps well above what the
+kills take (the survivors train on while the victim restarts: about 100 steps a kill here).
 
-usage: /usr/bin/python3 benchmarks/ft_bench.py BUILD_DIR [--mb 4] [--steps 200] [--kill-at 20] [--heal-mb 100]
+usage: /usr/bin/python3 benchmarks/ft_bench.py BUILD_DIR [--mb 4] [--steps 1000] [--kill-at 20]
+           [--kills 5] [--kill-every 25] [--heal-mb 100]
 """
 import argparse
 import json
 import os
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -65,15 +70,16 @@ def steps_per_second(log):
 class Run:
     """One job: the restart baseline (one ddprun of 3 ranks) or 3 replica groups."""
 
-    def __init__(self, build, mode, steps, mb, work):
+    def __init__(self, build, mode, steps, mb, work, restarts=1):
         self.mode, self.work, self.procs = mode, work, []
+        self.kills = []  # (time, pids seen before it) of each kill
         ddprun = os.path.join(build, "launcher", "ddprun")
-        common = ["--local_addr", "127.0.0.1"]
         if mode in ("plain", "restart", "torchrun"):
-            argv = [ddprun, "--nproc_per_node", "3", "--max_restarts", "1", *common,
+            argv = [ddprun, "--nproc_per_node", "3", "--max_restarts", str(restarts),
                     WORKER, mode, str(steps), work, str(mb)]
             if mode == "torchrun":  # (Debian 12's torchrun 1.13 needs --redirects 1 --tee 1 on Python 3.11)
-                argv = [sys.executable, TORCHRUN, "--nproc_per_node", "3", "--max_restarts", "1", "--master_addr",
+                argv = [sys.executable, TORCHRUN, "--nproc_per_node", "3", "--max_restarts", str(restarts),
+                        "--master_addr",
                         "127.0.0.1", "--master_port", str(free_port()), "--redirects", "1", "--tee", "1",
                         WORKER, "restart", str(steps), work, str(mb)]
             self.procs.append(subprocess.Popen(argv, env=ENV, stdout=subprocess.DEVNULL,
@@ -84,7 +90,7 @@ class Run:
             for g in range(3):
                 argv = [ddprun, "--nproc_per_node", "1", "--rdzv_backend", "c10d", "--rdzv_endpoint",
                         "127.0.0.1:%d" % self.daemon.port, "--rdzv_id", "bench", "--replica_group", str(g),
-                        "--min_replica_groups", "2", "--max_restarts", "1", *common,
+                        "--min_replica_groups", "2", "--max_restarts", str(restarts),
                         "--rdzv_conf", "quorum_join_timeout=30,quorum_heartbeat_timeout=5",
                         WORKER, "ft", str(steps), work, str(mb)]
                 self.procs.append(subprocess.Popen(argv, env=ENV, stdout=subprocess.DEVNULL,
@@ -94,23 +100,34 @@ class Run:
     def steps_of(self, i):
         return [e for e in events(self.logs[i]) if e["event"] == "step"]
 
-    def kill_at(self, step):
-        """SIGKILLs worker 1 once it has made `step` steps; returns the kill's wall-clock time."""
-        wait_for(lambda: len(self.steps_of(1)) >= step, 300, "step %d" % step)
-        self.before = {e["pid"] for i in range(3) for e in self.steps_of(i)}
-        pid = self.steps_of(1)[-1]["pid"]
-        os.kill(pid, signal.SIGKILL)
-        return time.time()
+    def kill_at(self, step, fresh):
+        """SIGKILLs worker 1 once the job is at `step` and a process of it that started after the
+        last kill has made `fresh` steps of its own; returns the kill's wall-clock time."""
+        old = {pid for _, seen in self.kills for pid in seen}
 
-    def stall_after(self, killed):
-        """Seconds from the kill to the next step the job committed: for the restart baseline the
+        def victim():
+            mine = [e for e in self.steps_of(1) if e["pid"] not in old]
+            return mine[-1]["pid"] if len(mine) >= fresh and mine[-1]["step"] >= step else None
+
+        wait_for(lambda: victim() is not None, 300, "step %d" % step)
+        before = {e["pid"] for i in range(len(self.logs)) for e in self.steps_of(i)}
+        os.kill(victim(), signal.SIGKILL)
+        killed = time.time()
+        self.kills.append((killed, before))
+        return killed
+
+    def stalls(self):
+        """Seconds from each kill to the next step the job committed: for the restart baseline the
         first step of a restarted rank (a step the old ranks finish after the kill is lost with the
         restart), for replica groups a survivor's first commit."""
-        if self.mode == "ft":
-            after = [e["t"] for i in (0, 2) for e in self.steps_of(i) if e["t"] > killed]
-        else:
-            after = [e["t"] for i in range(3) for e in self.steps_of(i) if e["pid"] not in self.before]
-        return min(after) - killed if after else float("nan")
+        out = []
+        for killed, before in self.kills:
+            if self.mode == "ft":
+                after = [e["t"] for i in (0, 2) for e in self.steps_of(i) if e["t"] > killed]
+            else:
+                after = [e["t"] for i in range(3) for e in self.steps_of(i) if e["pid"] not in before]
+            out.append(min(after) - killed if after else float("nan"))
+        return out
 
     def finish(self):
         try:
@@ -130,20 +147,24 @@ class Run:
             self.daemon.stop()
 
 
-def run(build, mode, steps, mb, kill_at=None):
+def run(build, mode, steps, mb, kill_at=(), every=1):
+    """One job; with `kill_at` (steps), worker 1 is killed at each of them in turn, each time once
+    its process of the time has made `every` steps."""
     work = tempfile.mkdtemp(prefix="ddprun_ft_bench_")
-    r = Run(build, mode, steps, mb, work)
+    r = Run(build, mode, steps, mb, work, restarts=max(1, len(kill_at)))
     try:
         out = {}
-        if kill_at is not None:
-            killed = r.kill_at(kill_at)
+        if kill_at:
+            for step in kill_at:
+                r.kill_at(step, every)
             step_time = 1.0 / max(steps_per_second(r.logs[0]), 1e-9)
             r.finish()
-            out["stall"] = r.stall_after(killed)
+            out["stalls"] = r.stalls()
             out["step"] = step_time
             # The restarted group's healing (a first one, before the first commit, moved the first
             # group's initial state only).
-            heals = [e for e in events(r.logs[1]) if e["event"] == "heal" and e["pid"] not in r.before]
+            first_pids = r.kills[0][1]
+            heals = [e for e in events(r.logs[1]) if e["event"] == "heal" and e["pid"] not in first_pids]
             if heals:
                 out["heal"] = heals[0]
         else:
@@ -155,34 +176,44 @@ def run(build, mode, steps, mb, kill_at=None):
     return out
 
 
+def spread(stalls):
+    """'median (fastest-slowest)' of a run's stalls, in seconds."""
+    return "%.2f (%.2f-%.2f)" % (statistics.median(stalls), min(stalls), max(stalls))
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("build")
     ap.add_argument("--mb", type=float, default=4)
-    ap.add_argument("--steps", type=int, default=200)
+    ap.add_argument("--steps", type=int, default=1000)
     ap.add_argument("--kill-at", type=int, default=20)
+    ap.add_argument("--kills", type=int, default=5)
+    ap.add_argument("--kill-every", type=int, default=25)
     ap.add_argument("--heal-mb", type=float, default=100)
     a = ap.parse_args()
+    kills = [a.kill_at] * a.kills
     plain = run(a.build, "plain", a.steps, a.mb)
     ft = run(a.build, "ft", a.steps, a.mb)
     print("| without faults, %g MB of parameters | Python DDP | replica groups | ratio |" % a.mb)
     print("|---|---:|---:|---:|")
     print("| steps/s | %.1f | %.1f | %.2fx |" % (plain["steps_per_s"], ft["steps_per_s"],
                                                  ft["steps_per_s"] / plain["steps_per_s"]))
-    plain_k = run(a.build, "restart", a.steps, a.mb, kill_at=a.kill_at)
-    ft_k = run(a.build, "ft", a.steps, a.mb, kill_at=a.kill_at)
-    torch_k = run(a.build, "torchrun", a.steps, a.mb, kill_at=a.kill_at)
+    plain_k = run(a.build, "restart", a.steps, a.mb, kill_at=kills, every=a.kill_every)
+    ft_k = run(a.build, "ft", a.steps, a.mb, kill_at=kills, every=a.kill_every)
+    torch_k = run(a.build, "torchrun", a.steps, a.mb, kill_at=kills, every=a.kill_every)
     import torch
     print()
-    print("| a worker SIGKILLed at step %d | torchrun %s, restart of the world | ddprun, restart of the world | "
-          "ddprun, replica groups | torchrun / groups | ddprun restart / groups |"
-          % (a.kill_at, torch.__version__.split("+")[0]))
+    print("| worker 1 SIGKILLed %d times (from step %d, then %d steps after each comeback) | torchrun %s, restart of"
+          " the world | ddprun, restart of the world | ddprun, replica groups | torchrun / groups |"
+          " ddprun restart / groups |" % (len(kills), a.kill_at, a.kill_every, torch.__version__.split("+")[0]))
     print("|---|---:|---:|---:|---:|---:|")
-    print("| kill to the next committed step, s | %.2f | %.2f | %.2f | %.1fx | %.1fx |"
-          % (torch_k["stall"], plain_k["stall"], ft_k["stall"], torch_k["stall"] / ft_k["stall"],
-             plain_k["stall"] / ft_k["stall"]))
+    med = {k: statistics.median(v["stalls"]) for k, v in (("t", torch_k), ("p", plain_k), ("f", ft_k))}
+    print("| kill to the next committed step, s: median (fastest-slowest) | %s | %s | %s | %.1fx | %.1fx |"
+          % (spread(torch_k["stalls"]), spread(plain_k["stalls"]), spread(ft_k["stalls"]), med["t"] / med["f"],
+             med["p"] / med["f"]))
     print("| one step without faults, s | %.3f | %.3f | %.3f | | |" % (torch_k["step"], plain_k["step"], ft_k["step"]))
-    heal = run(a.build, "ft", a.steps, a.heal_mb, kill_at=a.kill_at // 2).get("heal")
+    print("| every kill, replica groups, s | %s | | | | |" % " ".join("%.2f" % x for x in ft_k["stalls"]))
+    heal = run(a.build, "ft", a.steps, a.heal_mb, kill_at=[a.kill_at // 2], every=a.kill_every).get("heal")
     print()
     if heal:
         print("healing a replica group of %g MB of parameters: %.1f MB of state (parameters and momentum) "

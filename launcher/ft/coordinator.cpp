@@ -20,7 +20,7 @@ std::string Finished::describe() const {
 void to_json(json& j, const Finished& f) { j = json{{"step", f.step}, {"group", f.group}, {"at", f.at}}; }
 
 void from_json(const json& j, Finished& f) {
-  f.step = j.at("step").get<int64_t>();
+  f.step = step_of(j);
   f.group = j.at("group").get<int>();
   f.at = j.value("at", std::string());
 }
@@ -130,7 +130,21 @@ void Coordinator::heartbeat_loop() {
     lock.lock();
     if (said && withdrawn_) gone_said_ = true;
     if (stopping_ && said) break;
-    cv_.wait_for(lock, options_.heartbeat_interval, [this] { return stopping_ || (withdrawn_ && !gone_said_); });
+    if (stopping_ && say_gone) {
+      // Stopping, and the store did not take the "gone": one try only (retrying would hold ddprun's
+      // exit for as long as the store is away); the others count this group out after its heartbeat
+      // timeout.
+      log::warn("ddprun") << "replica group " << options_.group
+                          << ": could not tell the quorum that this group left (its store is away): the other "
+                             "groups count it out once its heartbeat is "
+                          << seconds_text(options_.heartbeat_timeout) << " old";
+      break;
+    }
+    // A "gone" the store did not take is tried again at the next beat, not at once (a store that
+    // refuses at once would make this a busy loop).
+    const bool retry_later = say_gone && !said;
+    cv_.wait_for(lock, options_.heartbeat_interval,
+                 [this, retry_later] { return stopping_ || (!retry_later && withdrawn_ && !gone_said_); });
   }
 }
 
@@ -176,7 +190,7 @@ std::optional<Quorum> Coordinator::read_quorum(int64_t seq) {
     Quorum q = json::parse(*v).get<Quorum>();
     previous_cache_ = q;
     return q;
-  } catch (const json::exception& e) {
+  } catch (const std::exception& e) {  // json's errors, and a step that is no step (ProtocolError)
     log::warn("ddprun") << "quorum " << seq << " of job '" << options_.run_id << "' cannot be read (" << e.what()
                         << "): deciding the next one without it";
     return std::nullopt;
@@ -200,7 +214,7 @@ std::string Coordinator::try_decide(int64_t seq, Clock::duration waited) {
       Finished f = json::parse(*read.back()).get<Finished>();
       std::lock_guard lock(mutex_);
       finished_ = std::move(f);
-    } catch (const json::exception& e) {
+    } catch (const std::exception& e) {  // json's errors, and a step that is no step (ProtocolError)
       log::warn("ddprun") << "the job's end record cannot be read (" << e.what() << "): ignored";
     }
   }
@@ -217,12 +231,20 @@ std::string Coordinator::try_decide(int64_t seq, Clock::duration waited) {
       Member m = json::parse(*asks[i]).get<Member>();
       if (m.group != groups[i]) continue;  // a record under another group's key: not a request
       c.asking.push_back(std::move(m));
-    } catch (const json::exception& e) {
+    } catch (const std::exception& e) {  // json's errors, and a step that is no step (ProtocolError)
       log::warn("ddprun") << "quorum " << seq << ": replica group " << groups[i] << "'s request cannot be read ("
                           << e.what() << "): ignored";
     }
   }
   c.healthy = healthy();
+  {
+    // "<incarnation> <beat>": what each healthy group heartbeats as.
+    std::lock_guard lock(mutex_);
+    for (int g : c.healthy) {
+      const std::string& beat = seen_.at(g).value;
+      c.incarnations[g] = beat.substr(0, beat.rfind(' '));
+    }
+  }
   // The job's recorded end, with every heartbeating group asking from behind it: nobody holds its
   // state any more (the groups that did finished and left), so nothing is left to train; the
   // quorum would otherwise wait until the timeout, since none holds the last quorum's step.
@@ -321,7 +343,7 @@ Finished Coordinator::finish(int64_t step) {
   Finished record = mine;
   try {
     record = json::parse(held).get<Finished>();
-  } catch (const json::exception&) {
+  } catch (const std::exception&) {  // json's errors, and a step that is no step (ProtocolError)
     log::warn("ddprun") << "the job's end record cannot be read: " << held;
   }
   std::lock_guard lock(mutex_);

@@ -3,7 +3,24 @@
 #include <algorithm>
 #include <map>
 
+#include "common/errors.hpp"
+#include "common/printable.hpp"
+
 namespace ddprun::launcher::ft {
+
+int64_t step_of(const nlohmann::json& record) {
+  const auto it = record.find("step");
+  if (it == record.end()) throw ProtocolError("it has no \"step\"");
+  // An unsigned value above int64's range, a float (1e19), a string: each is said as it came.
+  const bool whole = it->is_number_integer();
+  const bool in_range =
+      whole && (it->is_number_unsigned() ? it->get<uint64_t>() <= uint64_t(kMostSteps)
+                                         : it->get<int64_t>() >= 0 && it->get<int64_t>() <= kMostSteps);
+  if (!in_range)
+    throw ProtocolError("its \"step\" is " + printable_start(it->dump(), 40) +
+                        ", not a whole number of steps from 0 to " + std::to_string(kMostSteps));
+  return it->get<int64_t>();
+}
 
 void to_json(nlohmann::json& j, const Member& m) {
   j = nlohmann::json{
@@ -15,7 +32,7 @@ void to_json(nlohmann::json& j, const Member& m) {
 void from_json(const nlohmann::json& j, Member& m) {
   m.group = j.at("group").get<int>();
   m.incarnation = j.at("incarnation").get<std::string>();
-  m.step = j.at("step").get<int64_t>();
+  m.step = step_of(j);
   m.world_size = j.value("world_size", 1);
   m.store = j.value("store", std::string());
   m.recovery = j.value("recovery", std::vector<std::string>{});
@@ -25,7 +42,8 @@ void from_json(const nlohmann::json& j, Member& m) {
 }
 
 int64_t Quorum::max_step() const {
-  int64_t best = 0;
+  if (members.empty()) return 0;
+  int64_t best = members.front().step;
   for (const Member& m : members) best = std::max(best, m.step);
   return best;
 }
@@ -108,6 +126,13 @@ Decision decide(const std::optional<Quorum>& previous, int64_t seq, const Candid
   }
   std::set<int> asked;
   for (const auto& [g, m] : participants) asked.insert(g);
+  // Whether `g`, heartbeating, is the previous quorum's member `g` in its step (the same
+  // incarnation), rather than a group back from a restart or new to the job.
+  const auto in_its_step = [&](int g) {
+    const Member* was = previous ? previous->member(g) : nullptr;
+    const auto beat = candidates.incarnations.find(g);
+    return was != nullptr && beat != candidates.incarnations.end() && beat->second == was->incarnation;
+  };
   const auto ready = [&] {
     Quorum q;
     q.seq = seq;
@@ -119,10 +144,12 @@ Decision decide(const std::optional<Quorum>& previous, int64_t seq, const Candid
       for (const Member& m : previous->members) {
         if (participants.count(m.group) || refused.count(m.group)) continue;
         q.left_out.push_back("group " + std::to_string(m.group) +
-                             (candidates.healthy.count(m.group)
-                                  ? " had not asked by the join timeout"
-                                  : " sent no heartbeat within quorum_heartbeat_timeout (its workers failed, or it "
-                                    "cannot reach the quorum)"));
+                             (!candidates.healthy.count(m.group)
+                                  ? " sent no heartbeat within quorum_heartbeat_timeout (its workers failed, or it "
+                                    "cannot reach the quorum)"
+                              : in_its_step(m.group) ? " had not asked by the join timeout"
+                                                     : " is back from a restart and had not asked yet: it takes part "
+                                                       "from the quorum it asks in"));
       }
     }
     q.id = previous ? (ids_of(q.members) == ids_of(previous->members) ? previous->id : previous->id + 1) : 1;
@@ -176,6 +203,11 @@ Decision decide(const std::optional<Quorum>& previous, int64_t seq, const Candid
   std::set_difference(heartbeating.begin(), heartbeating.end(), asked.begin(), asked.end(),
                       std::inserter(missing, missing.end()));
   for (int g : refused) missing.erase(g);
+  if (previous) {
+    // A group that restarted (or joined) heartbeats before its workers ask; waiting for it would
+    // hold the others for its whole start, up to the join timeout. It takes part once it asks.
+    for (auto it = missing.begin(); it != missing.end();) it = in_its_step(*it) ? std::next(it) : missing.erase(it);
+  }
   if (shrink_only) {
     // Groups outside the previous quorum may not join: nobody waits for them.
     for (auto it = missing.begin(); it != missing.end();)
@@ -226,6 +258,7 @@ GroupView view_of(const Quorum& quorum, int group) {
     (current ? up_to_date : behind).push_back(&m);
   }
   v.participants = static_cast<int>(up_to_date.size());
+  if (up_to_date.empty()) throw ProtocolError("quorum " + std::to_string(quorum.seq) + " has no members");
   // The cross-group store: the first member at max_step (never a group that is about to heal).
   v.store = up_to_date.front()->store;
   // Groups behind heal from the up-to-date ones in turn, so that no one group serves them all.

@@ -11,7 +11,10 @@
 //   - fast quorum: when every member of the previous quorum asked, decide at once;
 //   - otherwise more than half of the heartbeating groups must take part (two halves of a
 //     partition never both train), and the quorum waits for heartbeating groups that have not
-//     asked yet up to `join_timeout`, then goes on without them;
+//     asked yet up to `join_timeout`, then goes on without them: for every such group before the
+//     job's first quorum, after it only for members of the previous quorum that heartbeat as the
+//     same incarnation (they are in their step); a group back from a restart, or new, takes part
+//     from the quorum it asks in, and nobody waits for its start;
 //   - shrink-only (asked by any participant): only members of the previous quorum take part;
 //   - a group that reports a step beyond what the job can have committed (more than one past the
 //     previous quorum's highest step) is left out, with the reason;
@@ -24,6 +27,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <set>
@@ -31,6 +35,13 @@
 #include <vector>
 
 namespace ddprun::launcher::ft {
+
+// The highest step a record may carry: what every JSON reader (Python's, a browser's) holds
+// exactly, and far from int64's end, so that "one past the highest step" never overflows.
+constexpr int64_t kMostSteps = (int64_t{1} << 53) - 1;
+// `record`'s "step": a whole number from 0 to kMostSteps. Throws ProtocolError saying what it is
+// instead (a worker's ask, another group's record: whatever a peer sent).
+int64_t step_of(const nlohmann::json& record);
 
 // One replica group's request for the next quorum.
 struct Member {
@@ -78,6 +89,8 @@ struct Candidates {
   std::vector<Member> asking;           // groups that asked for this quorum (at most one record per group)
   std::set<int> healthy;                // groups whose heartbeat is fresh, asking or not
   std::chrono::milliseconds waited{0};  // since the first ask of this quorum was seen
+  // The incarnation each healthy group heartbeats as (a group back from a restart is a new one).
+  std::map<int, std::string> incarnations;
 };
 
 // A quorum to propose, or why not yet.

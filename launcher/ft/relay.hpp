@@ -2,19 +2,25 @@
 // A replica group's link between its workers and the job's quorum. Workers cannot prove the
 // rendezvous secret (PyTorch's store client has no such step), so they never talk to the quorum's
 // store: they ask through their own group's worker store, which both LibTorch and Python speak,
-// and the agent that hosts it relays. The worker side of the contract (docs/fault-tolerance.md):
+// and the agent that hosts it relays. Any local process may write that store, so every value of
+// the contract is sealed with the round's key (common/ft_wire.hpp), which the workers get in their
+// environment and nobody finds in the store; the relay takes only asks its workers sealed, and
+// they only answers it sealed. The worker side of the contract (docs/fault-tolerance.md), each
+// value sealed under its key's name:
 //
 //   /ddprun_ft/ask/<n>/<rank>   rank <rank>'s request for its n-th quorum (from 1), JSON:
 //                               {"step": committed steps, "recovery": "host:port" where this rank
 //                               serves its state to a healing peer or "", "shrink_only": false}
 //   /ddprun_ft/quorum/<n>       the answer, once every rank of the group asked (a GroupView as
-//                               JSON, see quorum.hpp), {"finished": {"step", "group", "at"}} when
-//                               the job is over (another group finished it and none is left to
-//                               train with), or {"error": "..."} when none could be had
+//                               JSON, see quorum.hpp, its peers' state keys masked for this
+//                               group), {"finished": {"step", "group", "at"}} when the job is over
+//                               (another group finished it and none is left to train with), or
+//                               {"error": "..."} when none could be had
 //   /ddprun_ft/commit/<n>/<rank> rank <rank>'s vote on the step of its n-th quorum ("1" or "0"):
 //                               read here only to learn the step the group ended on
 //
-// (PyTorch's client adds the leading "/": a worker sets "ddprun_ft/ask/<n>/<rank>".)
+// (PyTorch's client adds the leading "/": a worker sets "ddprun_ft/ask/<n>/<rank>".) The relay
+// erases the keys of quorum n-2 once it answers quorum n: every rank has read them by then.
 //
 // Thread: one of its own, from construction to destruction; the destructor stops and joins it.
 
@@ -41,6 +47,7 @@ struct RelayOptions {
   uint16_t store_port = 0;
   std::string store_address;           // the same as the other groups reach it: "host:port"
   int world_size = 1;                  // ranks in the group
+  std::string key;                     // the round's key (32 bytes), the workers' DDPRUN_FT_KEY
   std::vector<std::string> addresses;  // the group's node addresses
   std::chrono::milliseconds quorum_timeout{std::chrono::minutes(10)};
   // Admits the other members' nodes to the worker store (it may lead the cross-group group).
@@ -61,8 +68,11 @@ class Relay {
 
  private:
   void run();
-  // Waits for every rank's n-th ask; false when stopped.
+  // Waits for every rank's n-th ask, as its worker sealed it (a value someone else wrote there is
+  // said once and waited past); the asks' bodies. False when stopped.
   bool gather(rdzv::client::Client& store, int64_t n, std::vector<std::string>& asks);
+  // The answer to quorum n as this group's workers read it: the peers' state keys masked.
+  std::string answer_of(GroupView view, int64_t n) const;
 
   Coordinator& coordinator_;
   RelayOptions options_;

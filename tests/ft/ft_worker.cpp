@@ -3,6 +3,8 @@
 // may mix C++ and Python groups and their commits be compared bit for bit.
 //   ft_worker STEPS OUT_DIR [SECONDS_PER_STEP [HOLD_STEP]]
 // DDPRUN_FT_TEST_ASYNC=1: start_quorum_async(), as ft_worker.py.
+// DDPRUN_FT_TEST_PAUSE_ASKED=N: the first worker asks for its quorum after N commits, writes
+// OUT_DIR/asked and waits for OUT_DIR/go before reading the answer, as ft_worker.py.
 #include <torch/torch.h>
 #include <unistd.h>
 
@@ -32,6 +34,7 @@ int main(int argc, char** argv) {
   const int64_t hold = argc > 4 ? std::stoll(argv[4]) : 0;
   const char* async_env = std::getenv("DDPRUN_FT_TEST_ASYNC");
   const bool asynchronous = async_env != nullptr && std::string(async_env) == "1";
+  const char* pause_env = std::getenv("DDPRUN_FT_TEST_PAUSE_ASKED");
   torch::set_num_threads(1);
   Distributed dist = Distributed::init(InitOptions().backend("gloo"));
   const int rank = dist.rank();
@@ -61,12 +64,25 @@ int main(int argc, char** argv) {
                                                ft::ManagerOptions().timeout(std::chrono::seconds(20)));
   DistributedDataParallel ddp(model, dist, DdpOptions().find_unused_parameters(true).bucket_cap_bytes(256 << 10));
   ft::register_hook(ddp, manager);
+  const int64_t pause_asked = pause_env != nullptr && dist.env().restart_count == 0 ? std::stoll(pause_env) : 0;
+  int64_t asks = 0;  // quorums this rank asked for (every step asks one)
   while (manager->step() < steps) {
     while (hold > 0 && manager->step() == hold && !fs::exists(out_dir / "release"))
       std::this_thread::sleep_for(std::chrono::milliseconds(50));  // sleep override: waiting for the test's file
     int place = group;
-    if (asynchronous) manager->start_quorum_async();
-    else place = manager->start_quorum().replica_rank;
+    ++asks;
+    if (pause_asked > 0 && manager->step() == pause_asked) {
+      manager->start_quorum_async();
+      { std::ofstream(out_dir / "asked.tmp") << json{{"port", dist.env().master_port}, {"n", asks}}.dump(); }
+      fs::rename(out_dir / "asked.tmp", out_dir / "asked");
+      while (!fs::exists(out_dir / "go"))
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));  // sleep override: waiting for the test's file
+      place = manager->quorum().replica_rank;
+    } else if (asynchronous) {
+      manager->start_quorum_async();
+    } else {
+      place = manager->start_quorum().replica_rank;
+    }
     // The batch follows the committed step (and this rank's place), as in ft_worker.py.
     auto gen = at::detail::createCPUGenerator(static_cast<uint64_t>(manager->step() * 1000 + place * 10 + rank));
     const at::Tensor x = torch::randn({8, 64}, gen);

@@ -4,6 +4,8 @@
 
 #include <gtest/gtest.h>
 
+#include "common/errors.hpp"
+
 namespace ddprun::launcher::ft {
 namespace {
 
@@ -35,7 +37,7 @@ std::vector<int> groups_of(const Quorum& q) {
 }
 
 TEST(QuorumRulesTest, FirstQuorumFormsAtOnceWhenEveryHeartbeatingGroupAsked) {
-  Candidates c{{member(2, 0), member(0, 0), member(1, 0)}, {0, 1, 2}, milliseconds(0)};
+  Candidates c{{member(2, 0), member(0, 0), member(1, 0)}, {0, 1, 2}, milliseconds(0), {}};
   const Decision d = decide(std::nullopt, 1, c, rules(2));
   ASSERT_TRUE(d.quorum) << d.waiting;
   EXPECT_EQ(d.quorum->seq, 1);
@@ -44,14 +46,14 @@ TEST(QuorumRulesTest, FirstQuorumFormsAtOnceWhenEveryHeartbeatingGroupAsked) {
 }
 
 TEST(QuorumRulesTest, WaitsForTheFewestGroupsThatMayTrain) {
-  Candidates c{{member(0, 0)}, {0}, seconds(3600)};
+  Candidates c{{member(0, 0)}, {0}, seconds(3600), {}};
   const Decision d = decide(std::nullopt, 1, c, rules(2));
   EXPECT_FALSE(d.quorum);
   EXPECT_NE(d.waiting.find("1 of the 2"), std::string::npos) << d.waiting;
 }
 
 TEST(QuorumRulesTest, WaitsForAHeartbeatingStragglerUntilTheJoinTimeout) {
-  Candidates c{{member(0, 5), member(1, 5)}, {0, 1, 2}, seconds(1)};
+  Candidates c{{member(0, 5), member(1, 5)}, {0, 1, 2}, seconds(1), {}};
   Decision d = decide(std::nullopt, 1, c, rules(2, seconds(10)));
   EXPECT_FALSE(d.quorum);
   EXPECT_NE(d.waiting.find("2"), std::string::npos) << d.waiting;  // names the straggler
@@ -67,7 +69,7 @@ TEST(QuorumRulesTest, FastQuorumWhenEveryPreviousMemberIsBackEvenIfOthersHeartbe
   prev.id = 3;
   prev.members = {member(0, 6), member(1, 6)};
   // Group 2 heartbeats but has not asked: the previous members need not wait for it.
-  Candidates c{{member(0, 7), member(1, 7)}, {0, 1, 2}, milliseconds(0)};
+  Candidates c{{member(0, 7), member(1, 7)}, {0, 1, 2}, milliseconds(0), {}};
   const Decision d = decide(prev, 8, c, rules(1));
   ASSERT_TRUE(d.quorum) << d.waiting;
   EXPECT_EQ(d.quorum->id, 3);  // same members: same id, so no process group is rebuilt
@@ -79,12 +81,12 @@ TEST(QuorumRulesTest, IdChangesWithTheMembershipAndWithANewIncarnation) {
   prev.seq = 4;
   prev.id = 2;
   prev.members = {member(0, 3), member(1, 3)};
-  Candidates shrunk{{member(0, 4)}, {0}, milliseconds(0)};
+  Candidates shrunk{{member(0, 4)}, {0}, milliseconds(0), {}};
   Decision d = decide(prev, 5, shrunk, rules(1));
   ASSERT_TRUE(d.quorum) << d.waiting;
   EXPECT_EQ(d.quorum->id, 3);
   // Group 1 back as a new process: a new member, though its group id is the same.
-  Candidates back{{member(0, 4), member(1, 0, "b")}, {0, 1}, milliseconds(0)};
+  Candidates back{{member(0, 4), member(1, 0, "b")}, {0, 1}, milliseconds(0), {}};
   d = decide(prev, 5, back, rules(1));
   ASSERT_TRUE(d.quorum) << d.waiting;
   EXPECT_EQ(d.quorum->id, 3);
@@ -93,22 +95,22 @@ TEST(QuorumRulesTest, IdChangesWithTheMembershipAndWithANewIncarnation) {
 TEST(QuorumRulesTest, AMinorityNeverTrainsAlone) {
   // Five groups heartbeat; two ask (the other three are cut off from them, say): not a majority,
   // whatever min_groups allows and however long they wait.
-  Candidates c{{member(0, 0), member(1, 0)}, {0, 1, 2, 3, 4}, seconds(3600)};
+  Candidates c{{member(0, 0), member(1, 0)}, {0, 1, 2, 3, 4}, seconds(3600), {}};
   Decision d = decide(std::nullopt, 1, c, rules(1));
   EXPECT_FALSE(d.quorum);
   EXPECT_NE(d.waiting.find("more than half"), std::string::npos) << d.waiting;
   // The three of the other side make a majority.
-  Candidates other{{member(2, 0), member(3, 0), member(4, 0)}, {0, 1, 2, 3, 4}, seconds(3600)};
+  Candidates other{{member(2, 0), member(3, 0), member(4, 0)}, {0, 1, 2, 3, 4}, seconds(3600), {}};
   d = decide(std::nullopt, 1, other, rules(1));
   ASSERT_TRUE(d.quorum) << d.waiting;
   EXPECT_EQ(groups_of(*d.quorum), (std::vector<int>{2, 3, 4}));
   // An exact half is no majority either.
-  Candidates half{{member(0, 0), member(1, 0)}, {0, 1, 2, 3}, seconds(3600)};
+  Candidates half{{member(0, 0), member(1, 0)}, {0, 1, 2, 3}, seconds(3600), {}};
   EXPECT_FALSE(decide(std::nullopt, 1, half, rules(1)).quorum);
 }
 
 TEST(QuorumRulesTest, AGroupThatAskedAndThenWentQuietIsLeftOut) {
-  Candidates c{{member(0, 2), member(1, 2), member(2, 2)}, {0, 1}, milliseconds(0)};
+  Candidates c{{member(0, 2), member(1, 2), member(2, 2)}, {0, 1}, milliseconds(0), {}};
   const Decision d = decide(std::nullopt, 1, c, rules(2));
   ASSERT_TRUE(d.quorum) << d.waiting;
   EXPECT_EQ(groups_of(*d.quorum), (std::vector<int>{0, 1}));
@@ -121,17 +123,65 @@ TEST(QuorumRulesTest, APreviousMemberLeftOutIsNamedWithTheReason) {
   prev.seq = 4;
   prev.id = 1;
   prev.members = {member(0, 3), member(1, 3), member(2, 3), member(3, 3)};
-  Candidates c{{member(0, 4), member(1, 4), member(2, 4)}, {0, 1, 2}, seconds(0)};
+  Candidates c{{member(0, 4), member(1, 4), member(2, 4)}, {0, 1, 2}, seconds(0), {}};
   Decision d = decide(prev, 5, c, rules(2, seconds(10)));
   ASSERT_TRUE(d.quorum) << d.waiting;
   EXPECT_EQ(d.quorum->left_out,
             (std::vector<std::string>{"group 3 sent no heartbeat within quorum_heartbeat_timeout (its workers failed, "
                                       "or it cannot reach the quorum)"}));
+  // Group 3 heartbeats as the member it was (in its step): waited for, up to the join timeout.
   c.healthy.insert(3);
+  c.incarnations[3] = "a";
+  c.waited = seconds(1);
+  d = decide(prev, 5, c, rules(2, seconds(10)));
+  EXPECT_FALSE(d.quorum);
+  EXPECT_NE(d.waiting.find("waiting for replica group(s) 3"), std::string::npos) << d.waiting;
   c.waited = seconds(10);
   d = decide(prev, 5, c, rules(2, seconds(10)));
   ASSERT_TRUE(d.quorum) << d.waiting;
   EXPECT_EQ(d.quorum->left_out, (std::vector<std::string>{"group 3 had not asked by the join timeout"}));
+}
+
+// A group back from a restart heartbeats (a new incarnation) before its workers ask: the others
+// do not wait for its start. Before, they waited for it up to the join timeout (30 s by default)
+// whenever its agent beat before the survivors asked.
+TEST(QuorumRulesTest, AGroupBackFromARestartIsNotWaitedForBeforeItAsks) {
+  Quorum prev;
+  prev.seq = 20;
+  prev.id = 4;
+  prev.members = {member(0, 19), member(1, 19), member(2, 19)};
+  Candidates c{{member(0, 20), member(2, 20)}, {0, 1, 2}, milliseconds(0), {}};
+  c.incarnations = {{0, "a"}, {1, "b"}, {2, "a"}};
+  Decision d = decide(prev, 21, c, rules(2, seconds(30)));
+  ASSERT_TRUE(d.quorum) << d.waiting;
+  EXPECT_EQ(groups_of(*d.quorum), (std::vector<int>{0, 2}));
+  EXPECT_EQ(d.quorum->left_out, (std::vector<std::string>{"group 1 is back from a restart and had not asked yet: it "
+                                                          "takes part from the quorum it asks in"}));
+  // The same group heartbeating as the member it was is waited for.
+  c.incarnations[1] = "a";
+  d = decide(prev, 21, c, rules(2, seconds(30)));
+  EXPECT_FALSE(d.quorum);
+  // Once it asks as its new incarnation, it takes part (and heals).
+  c.asking.push_back(member(1, 0, "b"));
+  c.incarnations[1] = "b";
+  d = decide(prev, 21, c, rules(2, seconds(30)));
+  ASSERT_TRUE(d.quorum) << d.waiting;
+  EXPECT_EQ(groups_of(*d.quorum), (std::vector<int>{0, 1, 2}));
+}
+
+// What a worker or a peer may write as a step: a whole number from 0 to 2^53 - 1, nothing else.
+// Before, -1 made the relay's view of the quorum read the front of an empty list (ddprun died of
+// SIGSEGV), and 2^63 - 1 made "one past the highest step" overflow for every later ask.
+TEST(QuorumRulesTest, AStepIsAWholeNumberFromZeroToTwoToThe53) {
+  EXPECT_EQ(step_of(nlohmann::json::parse(R"({"step": 0})")), 0);
+  EXPECT_EQ(step_of(nlohmann::json::parse(R"({"step": 9007199254740991})")), kMostSteps);
+  for (const char* bad : {R"({"step": -1})", R"({"step": 18446744073709551615})", R"({"step": 1e19})",
+                          R"({"step": 9223372036854775807})", R"({"step": 9007199254740992})", R"({"step": "7"})",
+                          R"({"step": null})", R"({"step": 1.5})", R"({"nostep": 1})"}) {
+    EXPECT_THROW(step_of(nlohmann::json::parse(bad)), ProtocolError) << bad;
+  }
+  // A member record with such a step cannot be read as one (whoever wrote it).
+  EXPECT_THROW(nlohmann::json::parse(R"({"group": 1, "incarnation": "x", "step": -1})").get<Member>(), ProtocolError);
 }
 
 TEST(QuorumRulesTest, AStepFromTheFutureIsLeftOutWithTheReason) {
@@ -141,7 +191,7 @@ TEST(QuorumRulesTest, AStepFromTheFutureIsLeftOutWithTheReason) {
   prev.members = {member(0, 9), member(1, 9), member(2, 9)};
   // One step past the previous quorum's highest is fine (it committed); 1000 is not. Group 2
   // asked: the quorum forms at once, without waiting for it until the join timeout.
-  Candidates c{{member(0, 10), member(1, 10), member(2, 1000)}, {0, 1, 2}, seconds(0)};
+  Candidates c{{member(0, 10), member(1, 10), member(2, 1000)}, {0, 1, 2}, seconds(0), {}};
   const Decision d = decide(prev, 11, c, rules(2, seconds(30)));
   ASSERT_TRUE(d.quorum) << d.waiting;
   EXPECT_EQ(groups_of(*d.quorum), (std::vector<int>{0, 1}));
@@ -158,7 +208,7 @@ TEST(QuorumRulesTest, NoQuorumFormsWhenNoGroupHoldsTheLastQuorumsStep) {
   prev.seq = 10;
   prev.id = 3;
   prev.members = {member(0, 9), member(1, 9)};
-  Candidates c{{member(0, 0, "b"), member(1, 0, "b")}, {0, 1}, seconds(3600)};
+  Candidates c{{member(0, 0, "b"), member(1, 0, "b")}, {0, 1}, seconds(3600), {}};
   Decision d = decide(prev, 11, c, rules(1, seconds(1)));
   EXPECT_FALSE(d.quorum) << "groups 0 and 1 would commit steps 1 to 9 again";
   EXPECT_NE(d.waiting.find("no group that asked holds step 9, which quorum 10 had"), std::string::npos) << d.waiting;
@@ -190,7 +240,7 @@ TEST(QuorumRulesTest, ShrinkOnlyLetsGroupsLeaveButNoneJoin) {
   Member zero = member(0, 3);
   zero.shrink_only = true;
   // Group 2 is gone, group 5 is new: only 0 and 1 go on, and nobody waits for 5.
-  Candidates c{{zero, member(1, 3), member(5, 0)}, {0, 1, 5}, milliseconds(0)};
+  Candidates c{{zero, member(1, 3), member(5, 0)}, {0, 1, 5}, milliseconds(0), {}};
   const Decision d = decide(prev, 4, c, rules(1));
   ASSERT_TRUE(d.quorum) << d.waiting;
   EXPECT_EQ(groups_of(*d.quorum), (std::vector<int>{0, 1}));
@@ -198,7 +248,7 @@ TEST(QuorumRulesTest, ShrinkOnlyLetsGroupsLeaveButNoneJoin) {
   EXPECT_NE(d.quorum->left_out[0].find("group 5 is not a member of quorum 3"), std::string::npos);
   EXPECT_NE(d.quorum->left_out[1].find("group 2 sent no heartbeat"), std::string::npos);
   // Without shrink-only, group 5 joins.
-  Candidates open{{member(0, 3), member(1, 3), member(5, 0)}, {0, 1, 5}, milliseconds(0)};
+  Candidates open{{member(0, 3), member(1, 3), member(5, 0)}, {0, 1, 5}, milliseconds(0), {}};
   EXPECT_EQ(groups_of(*decide(prev, 4, open, rules(1)).quorum), (std::vector<int>{0, 1, 5}));
 }
 

@@ -9,6 +9,9 @@ With DDPRUN_FT_TEST_LIE_AT=N, the group's first worker, once it has committed N 
 had committed a million more (a broken step counter).
 With HOLD_STEP (0: none), a rank that has committed that many steps waits for OUT_DIR/release before it asks
 for the next quorum (the test lets a restarted group catch up before the others finish).
+With DDPRUN_FT_TEST_PAUSE_ASKED=N, the group's first worker, once it has committed N steps, asks for its
+next quorum asynchronously, writes OUT_DIR/asked ({"port": its worker store's, "n": the quorum asked for})
+and waits for OUT_DIR/go before it reads the answer (the test freezes its ddprun in between).
 Writes OUT_DIR/g<group>r<rank>.log, one JSON line per event: "start" (pid, restart count), then
 "commit" (step, quorum seq and id, the groups, whether this rank healed first, a hash of the
 parameters) for every step it committed.
@@ -28,7 +31,9 @@ steps, out_dir = int(sys.argv[1]), sys.argv[2]
 pause = float(sys.argv[3]) if len(sys.argv) > 3 else 0.05
 hold = int(sys.argv[4]) if len(sys.argv) > 4 else 0
 asynchronous = os.environ.get("DDPRUN_FT_TEST_ASYNC") == "1"
-lie_at = int(os.environ.get("DDPRUN_FT_TEST_LIE_AT", "0")) if os.environ["TORCHELASTIC_RESTART_COUNT"] == "0" else 0
+first = os.environ["TORCHELASTIC_RESTART_COUNT"] == "0"
+lie_at = int(os.environ.get("DDPRUN_FT_TEST_LIE_AT", "0")) if first else 0
+pause_asked = int(os.environ.get("DDPRUN_FT_TEST_PAUSE_ASKED", "0")) if first else 0
 torch.set_num_threads(1)
 dist.init_process_group("gloo")
 rank = dist.get_rank()
@@ -70,7 +75,15 @@ while manager.step < steps:
         time.sleep(0.05)  # sleep override: waiting for the test's file
     if lie_at and manager.step == lie_at:
         manager.step += 1000000
-    if asynchronous:
+    if pause_asked and manager.step == pause_asked:
+        manager.start_quorum_async()
+        with open(os.path.join(out_dir, "asked.tmp"), "w") as f:
+            json.dump({"port": int(os.environ["MASTER_PORT"]), "n": manager._n}, f)
+        os.rename(os.path.join(out_dir, "asked.tmp"), os.path.join(out_dir, "asked"))
+        while not os.path.exists(os.path.join(out_dir, "go")):
+            time.sleep(0.05)  # sleep override: waiting for the test's file
+        place = manager.quorum["replica_rank"]
+    elif asynchronous:
         manager.start_quorum_async()
         place = group
     else:

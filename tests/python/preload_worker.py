@@ -108,10 +108,14 @@ def main():
     elif mode == "spin":
         out = sys.argv[2]
         init()
-        t = torch.zeros(1)
         first = True
-        while not os.path.exists(os.path.join(out, "stop")):
+        while True:
+            # The ranks agree on when to stop (the flag is summed), so that none leaves while
+            # another is still in a collective with it.
+            t = torch.tensor([1.0 if os.path.exists(os.path.join(out, "stop")) else 0.0])
             dist.all_reduce(t)
+            if t.item() > 0:
+                break
             if first:
                 facts = {"preloaded": PRELOADED, "pid": os.getpid(), "ppid": os.getppid(), "rank": rank,
                          "world_size": os.environ["WORLD_SIZE"]}

@@ -10,6 +10,7 @@
 #include <openssl/evp.h>
 
 #include <algorithm>
+#include <chrono>
 #include <exception>
 #include <mutex>
 #include <cstdlib>
@@ -17,10 +18,13 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <stdexcept>
+#include <thread>
 
+#include "common/ft_wire.hpp"
 #include "common/hex.hpp"
 #include "ddprun/worker/serialize.hpp"
 #include "ddprun/worker/tcp_store.hpp"
+#include "agent_watch.hpp"
 #include "state_transfer.hpp"
 
 namespace ddprun::worker::ft {
@@ -76,8 +80,11 @@ struct Manager::Impl {
   int world_size = 1;
   std::string node;
   c10::intrusive_ptr<c10d::Store> store;  // the group's worker store, without prefixes
+  std::chrono::milliseconds store_timeout{0};
+  std::string key;  // the round's key (DDPRUN_FT_KEY): every value this rank reads or writes is sealed
   std::unique_ptr<detail::StateServer> server;
-  int64_t n = 0;  // quorums asked for
+  std::unique_ptr<detail::AgentWatch> watch;  // this rank leaves when its ddprun stops answering
+  int64_t n = 0;                              // quorums asked for
   int64_t step = 0;
   int healed = 0;
   Quorum quorum;
@@ -97,15 +104,44 @@ struct Manager::Impl {
     said = text;
   }
 
+  // Sets `name` (as PyTorch's client names it: no leading "/") to `body`, sealed.
+  void write_sealed(const std::string& name, const std::string& body) {
+    store->set(name, bytes_of(ft_wire::seal(key, name, body)));
+  }
+
+  // The body of `name` as its writer (the agent, or a rank of the group) sealed it. Any local
+  // process may write the worker store: a value it wrote there is waited past until the real one
+  // replaces it, or until the store's timeout.
+  std::string read_sealed(const std::string& name) {
+    const auto deadline = std::chrono::steady_clock::now() + store_timeout;
+    for (;;) {
+      if (auto body = ft_wire::unseal(key, name, text_of(store->get(name)))) return *body;
+      say("the worker store holds a value for " + name.substr(0, name.rfind('/')) +
+          "/... that its agent or its group did not seal (another process writes into the worker store): ignored, "
+          "waiting for theirs");
+      if (std::chrono::steady_clock::now() >= deadline)
+        throw std::runtime_error("replica group " + std::to_string(group) + ": the worker store held only values for " +
+                                 name + " that nobody of the group sealed, until the store's timeout");
+      // The store cannot wait for a key to change: look again shortly.
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));  // sleep override: polling with a deadline
+    }
+  }
+
   void heal() {
     const auto address = quorum.recover_addresses.size() > static_cast<size_t>(rank)
                              ? quorum.recover_addresses[static_cast<size_t>(rank)]
                              : std::string();
-    if (address.empty())
+    // "host:port#<the peer rank's key, masked for this group>"
+    const auto hash = address.find('#');
+    const auto masked = hash == std::string::npos ? std::nullopt : from_hex(std::string_view(address).substr(hash + 1));
+    if (!masked || masked->size() != ft_wire::kKeyBytes)
       throw std::runtime_error("replica group " + std::to_string(group) + " must heal from group " +
                                std::to_string(quorum.recover_from) + ", whose rank " + std::to_string(rank) +
                                " serves no state");
-    std::vector<char> bytes = detail::fetch_state(address, quorum.max_step, options.timeout());
+    const std::string peer_key =
+        ft_wire::mask(key, "ddprun_ft/quorum/" + std::to_string(n), static_cast<size_t>(rank), *masked);
+    std::vector<char> bytes =
+        detail::fetch_state(address.substr(0, hash), peer_key, quorum.max_step, options.timeout());
     load(torch_load_bytes(bytes, "the state of replica group " + std::to_string(quorum.recover_from)));
     step = quorum.max_step;
     ++healed;
@@ -116,7 +152,7 @@ struct Manager::Impl {
   void resolve() {
     std::lock_guard lock(mutex);
     if (!pending) return;
-    const json view = json::parse(text_of(store->get("ddprun_ft/quorum/" + std::to_string(n))));
+    const json view = json::parse(read_sealed("ddprun_ft/quorum/" + std::to_string(n)));
     pending = false;
     if (view.contains("finished")) {
       const json& f = view["finished"];
@@ -206,9 +242,20 @@ Manager::Manager(const Distributed& dist, StateFn state, LoadFn load, const Mana
   // none): a quorum may take that long (a partition, groups still starting), and no reply after it
   // and this rank's own timeout means the agent is gone.
   const auto quorum_timeout = std::chrono::seconds(std::stoll(env_or("DDPRUN_FT_QUORUM_TIMEOUT", "600")));
-  m.store = c10::make_intrusive<c10d::TCPStore>(
-      dist.env().master_addr, tcp_store_client_options(dist.env().master_port, options.timeout() + quorum_timeout));
-  if (m.state) m.server = std::make_unique<detail::StateServer>(m.node);
+  const auto key = ft_wire::key_of(env_or(ft_wire::kKeyVariable, ""));
+  if (!key)
+    throw std::invalid_argument(std::string("ft::Manager needs the round's key in ") + ft_wire::kKeyVariable +
+                                " (64 hex digits), which ddprun --replica_group gives its workers: run the worker "
+                                "under a ddprun as recent as this SDK");
+  m.key = *key;
+  m.store_timeout = options.timeout() + quorum_timeout;
+  m.store = c10::make_intrusive<c10d::TCPStore>(dist.env().master_addr,
+                                                tcp_store_client_options(dist.env().master_port, m.store_timeout));
+  if (m.state) m.server = std::make_unique<detail::StateServer>(m.node, ft_wire::state_key(m.key, m.rank));
+  if (const auto patience = std::chrono::seconds(std::stoll(env_or("DDPRUN_FT_AGENT_TIMEOUT", "0")));
+      patience.count() > 0)
+    m.watch = std::make_unique<detail::AgentWatch>(dist.env().master_addr,
+                                                   static_cast<uint16_t>(dist.env().master_port), patience);
 }
 
 Manager::~Manager() = default;
@@ -223,7 +270,7 @@ void Manager::start_quorum_async() {
                  {"recovery", m.server ? m.server->address() : std::string()},
                  {"shrink_only", m.options.shrink_only()},
                  {"pg_ok", m.last_ok}};
-  m.store->set("ddprun_ft/ask/" + std::to_string(m.n) + "/" + std::to_string(m.rank), bytes_of(ask.dump()));
+  m.write_sealed("ddprun_ft/ask/" + std::to_string(m.n) + "/" + std::to_string(m.rank), ask.dump());
   m.pending = true;
 }
 
@@ -281,13 +328,13 @@ bool Manager::should_commit() {
   m.heal_if_due();
   const bool ok = !m.error.has_value();
   const std::string prefix = "ddprun_ft/commit/" + std::to_string(m.n) + "/";
-  m.store->set(prefix + std::to_string(m.rank), bytes_of(ok ? "1" : "0"));
+  m.write_sealed(prefix + std::to_string(m.rank), ok ? "1" : "0");
   bool commit = ok;
   if (m.world_size > 1) {  // (a group of one rank has its vote; the agent reads it at the end)
     std::vector<std::string> keys;
     for (int r = 0; r < m.world_size; ++r) keys.push_back(prefix + std::to_string(r));
     m.store->wait(keys);
-    for (const auto& k : keys) commit = commit && text_of(m.store->get(k)) == "1";
+    for (const auto& k : keys) commit = commit && m.read_sealed(k) == "1";
   }
   m.last_ok = commit;
   if (!ok) {

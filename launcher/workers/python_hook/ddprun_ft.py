@@ -21,18 +21,18 @@ across the groups is a fresh Gloo group whenever the quorum's membership changes
 last collective failed, so no hung or broken collective has to be aborted.
 """
 
+import asyncio
 import datetime
 import hashlib
 import hmac
-import http.server
 import io
 import json
 import os
+import socket
+import struct
 import sys
 import threading
 import time
-import urllib.error
-import urllib.request
 
 import torch
 import torch.distributed as dist
@@ -66,60 +66,310 @@ def _store(host, port, timeout):
         return dist.TCPStore(host, port, is_master=False, timeout=timeout)
 
 
+class _AgentWatch:
+    """Asks this rank's ddprun (the worker store it hosts) for a sign of life once a second, on a
+    connection of its own: PyTorch's store client waits for an answer without a bound, and a rank
+    whose ddprun is stopped (SIGSTOP, a frozen host) or gone would wait for its quorum for good
+    while the other groups wait for it in a collective. When the store gives no answer for
+    `patience` seconds (the quorum's heartbeat timeout, after which the others go on without this
+    group), the rank leaves: exit status 1, so that the collective it was due in fails at once for
+    them; its ddprun, back, restarts it and it heals. The store's PING: VALIDATE's magic, then
+    PING (13) with a nonce, answered by its echo (TCPSTORE_PROTOCOL: 2.x numbering)."""
+
+    def __init__(self, host, port, patience):
+        self._host, self._port, self._patience = host, port, patience
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="ddprun_ft-agent-watch", daemon=True)
+        self._thread.start()
+
+    def close(self):
+        self._stop.set()
+
+    def _ping(self, sock, nonce):
+        sock.sendall(b"\x0d" + struct.pack("<I", nonce))
+        echo = b""
+        while len(echo) < 4:
+            chunk = sock.recv(4 - len(echo))
+            if not chunk:
+                raise ConnectionError("the worker store closed the connection")
+            echo += chunk
+        if struct.unpack("<I", echo)[0] != nonce:
+            raise ConnectionError("the worker store answered a ping with something else")
+
+    def _run(self):
+        interval = min(1.0, self._patience / 4)
+        sock, nonce, since = None, 0, time.monotonic()
+        while not self._stop.wait(interval):
+            try:
+                if sock is None:
+                    sock = socket.create_connection((self._host, self._port), timeout=self._patience)
+                    sock.sendall(b"\x00" + struct.pack("<I", 0x3C85F7CE))
+                sock.settimeout(max(0.1, self._patience - (time.monotonic() - since)))
+                nonce = (nonce + 1) & 0xFFFFFFFF
+                self._ping(sock, nonce)
+                since = time.monotonic()
+            except OSError:
+                if sock is not None:
+                    sock.close()
+                sock = None
+                if time.monotonic() - since >= self._patience and not self._stop.is_set():
+                    sys.stderr.write("ddprun_ft: rank %s: this rank's ddprun has not answered for %.0f s (stopped, "
+                                     "frozen or gone): the rank leaves, so that no other replica group waits for it "
+                                     "in a collective; its ddprun restarts it once it is back\n"
+                                     % (os.environ.get("RANK", "?"), time.monotonic() - since))
+                    sys.stderr.flush()
+                    os._exit(1)
+
+
 def _split(address):
     host, _, port = address.rpartition(":")
     return host.strip("[]"), int(port)
 
 
+# -- the round's key (common/ft_wire.hpp draws the wire; byte for byte the C++ SDK's) ---------------
+# Any local process may read and write the worker store (PyTorch's clients cannot authenticate), so
+# every value of the contract is sealed with the round's key, which the worker finds in its
+# environment only, and a peer's state key reaches a healing rank masked with it.
+
+def _hmac(key, data):
+    return hmac.new(key, data, hashlib.sha256).digest()
+
+
+def _seal(key, name, body):
+    mac = _hmac(key, b"ddprun-ft-v1 " + name.encode() + b"\n" + body.encode("utf-8")).hex()
+    return json.dumps({"body": body, "mac": mac})
+
+
+def _unseal(key, name, value):
+    """The body of a value sealed under `name` with `key`, or None for anything else."""
+    try:
+        record = json.loads(value)
+        body, mac = record["body"], record["mac"]
+        if not isinstance(body, str) or not isinstance(mac, str):
+            return None
+        expected = _hmac(key, b"ddprun-ft-v1 " + name.encode() + b"\n" + body.encode("utf-8")).hex()
+        return body if hmac.compare_digest(mac.encode("utf-8", "replace"), expected.encode()) else None
+    except (ValueError, TypeError, KeyError):
+        return None
+
+
+def _state_key(key, rank):
+    return _hmac(key, b"ddprun-ft-v1 state %d" % rank)
+
+
+def _mask(key, name, index, secret):
+    pad = _hmac(key, b"ddprun-ft-v1 mask %s %d" % (name.encode(), index))
+    return bytes(a ^ b for a, b in zip(secret, pad))
+
+
+def _request_proof(state_key, target):
+    return _hmac(state_key, b"ddprun-ft-v1 GET " + target).hex()
+
+
+def _answer_mac(state_key, step, length, digest):
+    return _hmac(state_key, b"ddprun-ft-v1 state %d %d %s" % (step, length, digest.encode())).hex()
+
+
 class _StateServer:
-    """Serves this rank's state of one committed step to healing peers (HTTP GET /state/<step>).
+    """Serves this rank's state of one committed step to healing peers: HTTP GET /state/<step>.
 
-    Every answer carries HMAC-SHA256(key, body) in X-Ddprun-Mac, with a key of this process's that
-    travels only inside the quorum (the rendezvous store, then the peers' worker stores): a healing
-    peer unpickles nothing that this rank did not send. `address` is "host:port#key-in-hex"."""
+    A request must prove this rank's state key (derived from the round's key; the quorum carries it
+    to the healing peers only): X-Ddprun-Auth, HMAC-SHA256(key, "ddprun-ft-v1 GET <target>"). Without
+    it the answer is a 403 that names no step. The answer's header vouches for the body (its
+    SHA-256 and length, MAC'd), so a peer reads no more than that and unpickles nothing this rank did
+    not send. One thread (asyncio), every connection at once, at most MAX_CONNECTIONS (a new one
+    closes the oldest still sending its request), each with REQUEST_TIME to send its request and
+    WRITE_TIME for each part of the answer it takes in. `address` is "host:port"."""
 
-    def __init__(self, host):
-        self._lock = threading.Lock()
-        self._step = None
-        self._blob = b""
-        self._mac = ""
-        self._key = os.urandom(32)
-        owner = self
+    MAX_CONNECTIONS = 32
+    REQUEST_TIME = 10.0
+    WRITE_TIME = 30.0
+    CHUNK = 1 << 20
 
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def do_GET(self):
-                with owner._lock:
-                    step, blob = owner._step, owner._blob
-                if step is None or self.path != "/state/%d" % step:
-                    self.send_error(404, "this rank serves step %s" % step)
-                    return
-                self.send_response(200)
-                self.send_header("Content-Length", str(len(blob)))
-                self.send_header("X-Ddprun-Mac", owner._mac)
-                self.end_headers()
-                self.wfile.write(blob)
-
-            def log_message(self, *args):
-                pass
-
-        self._server = http.server.ThreadingHTTPServer((host, 0), Handler)
-        self._server.daemon_threads = True
-        self.address = "%s:%d#%s" % (host if ":" not in host else "[%s]" % host, self._server.server_address[1],
-                                     self._key.hex())
-        self._thread = threading.Thread(target=self._server.serve_forever, name="ddprun_ft state", daemon=True)
+    def __init__(self, host, key):
+        self._key = key
+        self._offer = None  # (step, blob, digest, mac): replaced whole, read by the server's thread
+        self._connections = {}  # writer -> answering (the server's thread; in order of arrival)
+        self._sock = self._listen(host)
+        port = self._sock.getsockname()[1]
+        self.address = "%s:%d" % (host if ":" not in host else "[%s]" % host.strip("[]"), port)
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._run, name="ddprun_ft state", daemon=True)
         self._thread.start()
+
+    @staticmethod
+    def _listen(host):
+        # A host name is bound at the first of its addresses this host can bind, and advertised
+        # as the name: a healing peer resolves it on its own host.
+        why = "it has no address"
+        for family, kind, proto, _, where in socket.getaddrinfo(host.strip("[]"), 0, type=socket.SOCK_STREAM,
+                                                                 flags=socket.AI_PASSIVE):
+            sock = socket.socket(family, kind, proto)
+            try:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                sock.bind(where)
+                sock.listen(64)
+                return sock
+            except OSError as e:
+                sock.close()
+                why = "%s: %s" % (where[0], e)
+        raise RuntimeError("cannot serve state on %s: %s" % (host, why))
+
+    def _run(self):
+        asyncio.set_event_loop(self._loop)
+        server = self._loop.run_until_complete(asyncio.start_server(self._serve, sock=self._sock, limit=8192))
+        try:
+            self._loop.run_forever()
+        finally:
+            server.close()
+            for writer in list(self._connections):
+                writer.close()
+            tasks = asyncio.all_tasks(self._loop)
+            for t in tasks:
+                t.cancel()
+            self._loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
+            self._loop.close()
+
+    def _make_room(self):
+        if len(self._connections) < self.MAX_CONNECTIONS:
+            return True
+        for writer, answering in self._connections.items():
+            if not answering:
+                del self._connections[writer]
+                writer.close()
+                return True
+        return False
+
+    def _answer(self, head):
+        """(status line, extra headers, body) for a request's head."""
+        lines = head.decode("latin-1").split("\r\n")
+        parts = lines[0].split(" ")
+        fields = {}
+        for line in lines[1:]:
+            name, colon, value = line.partition(":")
+            if colon:
+                fields[name.strip().lower()] = value.strip()
+        target = parts[1] if len(parts) == 3 else ""
+        proof = fields.get("x-ddprun-auth", "").encode("latin-1")
+        if parts[0] != "GET" or not hmac.compare_digest(proof, _request_proof(self._key, target.encode("latin-1"))
+                                                        .encode()):
+            return ("403 Forbidden", [("Content-Type", "text/plain")],
+                    b"this rank's state is for the peers its quorum sends: the request does not prove their key "
+                    b"(X-Ddprun-Auth)")
+        offer = self._offer
+        if offer is None or target != "/state/%d" % offer[0]:
+            return ("404 Not Found", [("Content-Type", "text/plain")],
+                    ("this rank serves step %d" % offer[0] if offer else "this rank serves no step yet").encode())
+        return "200 OK", [("X-Ddprun-Digest", offer[2]), ("X-Ddprun-Mac", offer[3])], offer[1]
+
+    async def _serve(self, reader, writer):
+        if not self._make_room():
+            writer.close()
+            return
+        self._connections[writer] = False
+        try:
+            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), self.REQUEST_TIME)
+            self._connections[writer] = True
+            status, fields, body = self._answer(head)
+            writer.write(("HTTP/1.1 %s\r\nContent-Length: %d\r\n%sConnection: close\r\n\r\n"
+                          % (status, len(body), "".join("%s: %s\r\n" % f for f in fields))).encode())
+            view = memoryview(body)
+            for at in range(0, len(body), self.CHUNK):
+                writer.write(view[at:at + self.CHUNK])
+                await asyncio.wait_for(writer.drain(), self.WRITE_TIME)
+            await asyncio.wait_for(writer.drain(), self.WRITE_TIME)
+        except (asyncio.TimeoutError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ConnectionError,
+                OSError):
+            pass  # out of time, cut off, or a request too long: this connection alone ends
+        finally:
+            self._connections.pop(writer, None)
+            writer.close()
 
     def offer(self, step, state):
         buf = io.BytesIO()
         torch.save(state, buf)
         blob = buf.getvalue()
-        mac = hmac.new(self._key, blob, hashlib.sha256).hexdigest()
-        with self._lock:
-            self._step, self._blob, self._mac = step, blob, mac
+        digest = hashlib.sha256(blob).hexdigest()
+        self._offer = (step, blob, digest, _answer_mac(self._key, step, len(blob), digest))
 
     def close(self):
-        self._server.shutdown()
-        self._server.server_close()
+        if self._thread.is_alive():
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join()
+        self._sock.close()
+
+
+def _fetch(address, key, step, timeout):
+    """The bytes of step `step` from the peer rank at `address` ("host:port") with its state `key`,
+    retried while the peer has not offered it yet (404: it has not read the same quorum) or cannot be
+    reached, all within `timeout` seconds. Raises RuntimeError on a refusal, a timeout, or an answer
+    the key does not vouch for."""
+    host, port = _split(address)
+    target = "/state/%d" % step
+    request = ("GET %s HTTP/1.1\r\nHost: %s\r\nX-Ddprun-Auth: %s\r\n\r\n"
+               % (target, address, _request_proof(key, target.encode()))).encode()
+    what = "fetching step %d's state from %s" % (step, address)
+    deadline = time.monotonic() + timeout
+    last = "no answer"
+
+    def left():
+        return deadline - time.monotonic()
+
+    while True:
+        if left() <= 0:
+            raise RuntimeError("%s: nothing within %.0f s (last: %s)" % (what, timeout, last))
+        try:
+            with socket.create_connection((host, port), timeout=max(left(), 0.01)) as sock:
+                sock.sendall(request)
+                head = b""
+                while b"\r\n\r\n" not in head:
+                    if len(head) > 8192 or left() <= 0:
+                        raise OSError("no whole header in time")
+                    sock.settimeout(max(left(), 0.01))
+                    chunk = sock.recv(8192)
+                    if not chunk:
+                        raise OSError("the peer closed the connection")
+                    head += chunk
+                head, _, rest = head.partition(b"\r\n\r\n")
+                lines = head.decode("latin-1").split("\r\n")
+                status = lines[0].split(" ")[1] if len(lines[0].split(" ")) > 1 else ""
+                fields = {}
+                for line in lines[1:]:
+                    name, colon, value = line.partition(":")
+                    if colon:
+                        fields[name.strip().lower()] = value.strip()
+                if status == "404":
+                    last = "it serves another step: it has not read the same quorum yet"
+                    time.sleep(0.01)  # sleep override: the peer has not read the quorum yet
+                    continue
+                if status != "200":
+                    raise RuntimeError("%s: refused (HTTP %s%s)" % (what, status, ": it does not take the key the "
+                                                                    "quorum gave for it" if status == "403" else ""))
+                length, digest = fields.get("content-length", ""), fields.get("x-ddprun-digest", "")
+                if not length.isdigit() or not hmac.compare_digest(
+                        fields.get("x-ddprun-mac", "").encode("latin-1"),
+                        _answer_mac(key, step, int(length), digest).encode()):
+                    raise RuntimeError("%s: its answer does not carry the MAC of the key the quorum gave for it: "
+                                       "not loaded" % what)
+                # The key vouches for the length: no more is read, nor held.
+                blob = bytearray(int(length))
+                got = min(len(rest), len(blob))
+                blob[:got] = rest[:got]
+                view = memoryview(blob)
+                while got < len(blob):
+                    if left() <= 0:
+                        raise OSError("the state did not arrive in time")
+                    sock.settimeout(max(left(), 0.01))
+                    n = sock.recv_into(view[got:])
+                    if n == 0:
+                        raise OSError("the peer closed the connection")
+                    got += n
+                if not hmac.compare_digest(hashlib.sha256(blob).hexdigest().encode(), digest.encode("latin-1")):
+                    raise RuntimeError("%s: its bytes are not the ones its header vouches for: not loaded" % what)
+                return bytes(blob)
+        except OSError as e:
+            last = str(e) or type(e).__name__
+        time.sleep(0.01)  # sleep override: polling a peer with a deadline
 
 
 class Manager:
@@ -149,8 +399,20 @@ class Manager:
         # had none): a quorum may take that long (a partition, groups still starting), and no
         # reply after it and this rank's own timeout means the agent is gone.
         quorum_timeout = datetime.timedelta(seconds=float(os.environ.get("DDPRUN_FT_QUORUM_TIMEOUT", "600")))
-        self._store = _store(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), timeout + quorum_timeout)
-        self._server = _StateServer(self._node) if state_dict is not None else None
+        try:
+            self._key = bytes.fromhex(os.environ["DDPRUN_FT_KEY"])
+            if len(self._key) != 32:
+                raise ValueError
+        except (KeyError, ValueError):
+            raise RuntimeError("ddprun_ft.Manager needs the round's key in DDPRUN_FT_KEY (64 hex digits), which ddprun "
+                               "--replica_group gives its workers: run the worker under the ddprun that ships this "
+                               "ddprun_ft") from None
+        self._store_timeout = timeout + quorum_timeout
+        self._store = _store(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), self._store_timeout)
+        self._server = _StateServer(self._node, _state_key(self._key, self.rank)) if state_dict is not None else None
+        patience = float(os.environ.get("DDPRUN_FT_AGENT_TIMEOUT", "0"))
+        self._watch = _AgentWatch(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
+                                  patience) if patience > 0 else None
         self._n = 0
         self._pg = None
         self._pg_quorum_id = None
@@ -194,8 +456,27 @@ class Manager:
         self._n += 1
         ask = {"step": self.step, "recovery": self._server.address if self._server else "",
                "shrink_only": self._shrink_only, "pg_ok": self._last_ok}
-        self._store.set("ddprun_ft/ask/%d/%d" % (self._n, self.rank), json.dumps(ask))
+        self._write_sealed("ddprun_ft/ask/%d/%d" % (self._n, self.rank), json.dumps(ask))
         self._pending = True
+
+    def _write_sealed(self, name, body):
+        self._store.set(name, _seal(self._key, name, body))
+
+    def _read_sealed(self, name):
+        """The body of `name` as its writer (the agent, or a rank of the group) sealed it. Any local
+        process may write the worker store: a value it wrote there is waited past until the real one
+        replaces it, or until the store's timeout."""
+        deadline = time.monotonic() + self._store_timeout.total_seconds()
+        while True:
+            body = _unseal(self._key, name, self._store.get(name))
+            if body is not None:
+                return body
+            self._say("the worker store holds a value for %s/... that its agent or its group did not seal (another "
+                      "process writes into the worker store): ignored, waiting for theirs" % name.rpartition("/")[0])
+            if time.monotonic() >= deadline:
+                raise RuntimeError("replica group %d: the worker store held only values for %s that nobody of the "
+                                   "group sealed, until the store's timeout" % (self.group, name))
+            time.sleep(0.05)  # sleep override: the store cannot wait for a key to change
 
     def _resolve(self):
         """Reads the pending quorum's answer (on the training thread or DDP's hook thread); what
@@ -204,7 +485,7 @@ class Manager:
         with self._lock:
             if not self._pending:
                 return
-            view = json.loads(self._store.get("ddprun_ft/quorum/%d" % self._n))
+            view = json.loads(self._read_sealed("ddprun_ft/quorum/%d" % self._n))
             self._pending = False
             if "finished" in view:
                 self._fatal = JobFinished(self.group, view["finished"])
@@ -247,28 +528,18 @@ class Manager:
             raise RuntimeError("replica group %d is behind (step %d of %d) and its Manager has no "
                                "load_state_dict to heal with" % (self.group, self.step, view["max_step"]))
         address = view["recover_addresses"][self.rank] if self.rank < len(view["recover_addresses"]) else ""
-        address, _, key = address.partition("#")
-        if not address or not key:
+        # "host:port#<the peer rank's state key, masked for this group>"
+        address, _, masked = address.partition("#")
+        try:
+            peer_key = _mask(self._key, "ddprun_ft/quorum/%d" % self._n, self.rank, bytes.fromhex(masked))
+        except ValueError:
+            peer_key = b""
+        if not address or len(peer_key) != 32:
             raise RuntimeError("replica group %d must heal from group %d, whose rank %d serves no state"
                                % (self.group, view["recover_from"], self.rank))
-        host, port = _split(address)
-        url = "http://%s:%d/state/%d" % (host if ":" not in host else "[%s]" % host, port, view["max_step"])
         started = time.monotonic()
-        deadline = started + self._timeout.total_seconds()
-        while True:
-            # The peer offers its state once it has read the same quorum: until then it answers 404.
-            try:
-                with urllib.request.urlopen(url, timeout=self._timeout.total_seconds()) as reply:
-                    blob, mac = reply.read(), reply.headers.get("X-Ddprun-Mac", "")
-                break
-            except urllib.error.HTTPError as e:
-                if e.code != 404 or time.monotonic() > deadline:
-                    raise
-            time.sleep(0.01)  # sleep override: the peer has not read the quorum yet
         # A pickle can run code: only bytes the peer rank sent (its key's MAC) are loaded.
-        if not hmac.compare_digest(mac, hmac.new(bytes.fromhex(key), blob, hashlib.sha256).hexdigest()):
-            raise RuntimeError("the state served at %s:%d for step %d does not carry its peer's MAC: not loaded"
-                               % (host, port, view["max_step"]))
+        blob = _fetch(address, peer_key, view["max_step"], self._timeout.total_seconds())
         self._load_state_dict(torch.load(io.BytesIO(blob), map_location="cpu", weights_only=False))
         self.step = view["max_step"]
         self.healed += 1
@@ -342,12 +613,12 @@ class Manager:
         self._raise_fatal()
         self._heal_if_due()
         ok = self._error is None
-        self._store.set("ddprun_ft/commit/%d/%d" % (self._n, self.rank), "1" if ok else "0")
+        self._write_sealed("ddprun_ft/commit/%d/%d" % (self._n, self.rank), "1" if ok else "0")
         commit = ok
         if self.world_size > 1:  # (a group of one rank has its vote; the agent reads it at the end)
             keys = ["ddprun_ft/commit/%d/%d" % (self._n, r) for r in range(self.world_size)]
             self._store.wait(keys)
-            commit = all(self._store.get(k) == b"1" for k in keys)
+            commit = all([self._read_sealed(k) == "1" for k in keys]) and commit
         self._last_ok = commit
         if not ok:
             self._say("step %d not committed: %s" % (self.step + 1, self._error))
@@ -365,6 +636,8 @@ class Manager:
         self._said = text
 
     def close(self):
+        if self._watch:
+            self._watch.close()
         if self._server:
             self._server.close()
         self._pg = None
