@@ -17,7 +17,8 @@ constexpr size_t kMaxHangReport = size_t{4} << 20;
 
 }  // namespace
 
-std::optional<HttpReply> serve_view(const JobView& view, const HttpRequest& request) {
+std::optional<HttpReply> serve_view(const JobView& view, const HttpRequest& request,
+                                    const rdzv::server::HostCheck& hosts) {
   const std::string_view path = rdzv::server::page_path(request.target);
   if (path == "/metrics") {
     HttpReply r;
@@ -31,6 +32,7 @@ std::optional<HttpReply> serve_view(const JobView& view, const HttpRequest& requ
   if (!rdzv::server::from_this_host(request.peer)) {
     return rdzv::server::refused_elsewhere("the job page holds the workers' output and stacks");
   }
+  if (auto refused = hosts.refuse(request)) return refused;
   if (auto file = rdzv::server::page_file(path)) return file;
   if (path == "/ui")
     return rdzv::server::page_reply(rdzv::server::render_page(view.snapshot()), "text/html; charset=utf-8");

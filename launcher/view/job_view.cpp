@@ -226,7 +226,8 @@ std::string JobView::metrics() const {
   const std::vector<RankRow> rows = rows_locked(Clock::now());
   prometheus::Exposition e;
   e.family("ddprun_agent_phase", "gauge", "The agent's phase: 1 for the current one.");
-  for (const char* p : {"connecting", "rendezvous", "joined", "running", "finishing", "restarting", "hung", "ending"}) {
+  for (const char* p :
+       {"connecting", "rendezvous", "joined", "running", "stopping", "finishing", "restarting", "hung", "ending"}) {
     e.sample("ddprun_agent_phase", phase_ == p ? 1 : 0, label("phase", p));
   }
   e.single("ddprun_agent_round", "gauge", "The rendezvous round being joined or run (-1 before the first).", round_);

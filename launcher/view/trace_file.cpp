@@ -1,8 +1,5 @@
 #include "launcher/view/trace_file.hpp"
 
-#include <fcntl.h>
-#include <unistd.h>
-
 #include <cerrno>
 #include <cmath>
 #include <cstring>
@@ -11,6 +8,7 @@
 #include "common/errors.hpp"
 #include "common/log.hpp"
 #include "common/system.hpp"
+#include "launcher/workers/output_file.hpp"
 
 namespace ddprun::launcher::view {
 
@@ -22,17 +20,30 @@ namespace {
 constexpr int kNodeTrack = 0;
 int rank_track(int rank) { return rank + 1; }
 
+constexpr size_t kQueueBytes = size_t{1} << 20;  // about 5,000 events behind
+constexpr std::chrono::seconds kDrainBound{2};   // at the end, for the file to take what is queued
+
 }  // namespace
 
 TraceFile::TraceFile(const std::string& path, const std::string& host) : path_(path), host_(host) {
   const std::filesystem::path target(path);
   std::error_code ec;
   if (target.has_parent_path()) std::filesystem::create_directories(target.parent_path(), ec);
-  fd_ = UniqueFd(::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600));
-  if (!fd_) {
-    throw ConfigError("--trace_file " + path + ": cannot create it: " + std::strerror(errno) +
-                      " (give a path in a writable directory)");
-  }
+  workers::QueuedWriter::Settings how;
+  how.capacity = kQueueBytes;
+  how.drain_bound = std::chrono::milliseconds(0);  // the destructor drains, and says so when it cannot
+  how.on_first_drop = [path] {
+    log::warn("ddprun") << "--trace_file " << path << " is not keeping up (its reader or file system is slow): "
+                        << "events are dropped while it lags (the trace has gaps); the job goes on";
+  };
+  how.on_failure = [path](int err) {
+    log::warn("ddprun") << "--trace_file " << path << ": cannot write: " << std::strerror(err)
+                        << "; the trace stops here (the job goes on)";
+  };
+  // A FIFO with its reader, a terminal, /dev/null are written as they are; a link is not followed.
+  workers::OpenedOutput file = workers::open_output(path);
+  if (!file.fd) throw ConfigError("--trace_file " + path + ": " + file.error);
+  out_ = std::make_unique<workers::QueuedWriter>(std::move(file.fd), std::move(how));
   std::lock_guard lock(mutex_);
   write(json{{"name", "ddprun"},
              {"ph", "i"},
@@ -57,9 +68,10 @@ TraceFile::~TraceFile() {
                {"tid", kNodeTrack},
                {"args", {{"end", "ddprun ended"}}}});
   }
-  if (!failed_) {
-    const std::string end = "\n]\n";
-    [[maybe_unused]] const auto n = ::write(fd_.get(), end.data(), end.size());
+  out_->write("\n]\n");
+  if (!out_->drain(kDrainBound)) {
+    log::warn("ddprun") << "--trace_file " << path_ << " did not take the end of the trace within "
+                        << kDrainBound.count() << "s: ddprun ends without it";
   }
 }
 
@@ -68,22 +80,8 @@ int64_t TraceFile::micros(Clock::time_point t) const {
 }
 
 void TraceFile::write(const json& e) {
-  if (failed_) return;
-  std::string line = (first_ ? "[\n" : ",\n") + e.dump(-1, ' ', false, json::error_handler_t::replace);
+  out_->write((first_ ? "[\n" : ",\n") + e.dump(-1, ' ', false, json::error_handler_t::replace));
   first_ = false;
-  const char* p = line.data();
-  size_t left = line.size();
-  while (left > 0) {
-    const ssize_t n = retry_eintr([&] { return ::write(fd_.get(), p, left); });
-    if (n <= 0) {
-      failed_ = true;
-      log::warn("ddprun") << "--trace_file " << path_ << ": cannot write: " << std::strerror(errno)
-                          << "; the trace stops here (the job goes on)";
-      return;
-    }
-    p += n;
-    left -= static_cast<size_t>(n);
-  }
 }
 
 void TraceFile::name_process() {

@@ -9,29 +9,34 @@
 //     and a counter of its step time.
 // Streamed, never held: memory stays flat however long the job runs. The file is closed with its
 // "]" when ddprun ends; one left without it (ddprun SIGKILLed) still opens in both viewers, which
-// accept a trace cut short. A write that fails (a full disk) is said once on the console and the
-// trace stops; the job goes on. Timestamps are microseconds since ddprun started (steady clock);
-// the first event's args say when that was (UTC).
+// accept a trace cut short. Thread-safe (the agent's and the watchdog's threads call it); the
+// events are written by a QueuedWriter's thread, so a file that stops taking writes (a FIFO whose
+// reader does not read, a hung NFS mount) never blocks them: events it falls behind on are dropped
+// (said once), a write that fails (a full disk) is said once and the trace stops, and the
+// destructor waits a few seconds at most. Timestamps are microseconds since ddprun started (steady
+// clock); the first event's args say when that was (UTC).
 
 #include <chrono>
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <vector>
 
-#include "common/unique_fd.hpp"
 #include "launcher/watchdog/watchdog.hpp"
+#include "launcher/workers/queued_writer.hpp"
 
 namespace ddprun::launcher::view {
 
 class TraceFile {
  public:
   using Clock = std::chrono::steady_clock;
-  // Creates `path` (readable by its owner only, as the logs); throws ConfigError naming the flag
-  // when it cannot.
+  // Creates `path` (readable by its owner only, as the logs), or writes to the FIFO or device
+  // there; throws ConfigError naming the flag when it cannot, or when `path` is a symbolic link,
+  // another user's file or a FIFO nobody reads (the open never blocks).
   TraceFile(const std::string& path, const std::string& host);
   ~TraceFile();
   TraceFile(const TraceFile&) = delete;
@@ -60,9 +65,8 @@ class TraceFile {
   std::mutex mutex_;
   std::string path_;
   std::string host_;
-  UniqueFd fd_;
+  std::unique_ptr<workers::QueuedWriter> out_;
   bool first_ = true;
-  bool failed_ = false;
   Clock::time_point origin_ = Clock::now();
   int pid_ = 0;
   std::map<int, bool> processes_named_;

@@ -8,27 +8,55 @@
 
 #include "common/log.hpp"
 #include "common/system.hpp"
+#include "launcher/workers/output_file.hpp"
 
 namespace ddprun::launcher::workers {
 
-std::string expand_prefix(std::string tmpl, int rank, int local_rank, const std::string& role,
+std::string expand_prefix(const std::string& tmpl, int rank, int local_rank, const std::string& role,
                           const std::string& host) {
-  return expand_prefix_text(std::move(tmpl), std::to_string(rank), std::to_string(local_rank), role, host);
+  return expand_prefix_text(tmpl, std::to_string(rank), std::to_string(local_rank), role, host);
 }
 
-std::string expand_prefix_text(std::string tmpl, const std::string& rank, const std::string& local_rank,
+std::string expand_prefix_text(const std::string& tmpl, const std::string& rank, const std::string& local_rank,
                                const std::string& role, const std::string& host) {
-  const std::pair<std::string, std::string> macros[] = {{"${rank}", rank},
-                                                        {"${local_rank}", local_rank},
-                                                        {"${role_name}", role},
-                                                        {"${host}", host},
-                                                        {"${hostname}", host}};  // torchrun 2.x's spelling
-  for (const auto& [macro, value] : macros) {
-    for (size_t pos = tmpl.find(macro); pos != std::string::npos; pos = tmpl.find(macro, pos + value.size())) {
-      tmpl.replace(pos, macro.size(), value);
+  // Python's string.Template.safe_substitute, as torchrun 2.x expands TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE:
+  // $name and ${name} are replaced, $$ is a $, and anything else (an unknown name, a $ alone) stays.
+  auto value_of = [&](std::string_view name) -> const std::string* {
+    if (name == "rank") return &rank;
+    if (name == "local_rank") return &local_rank;
+    if (name == "role_name") return &role;
+    if (name == "host" || name == "hostname") return &host;
+    return nullptr;
+  };
+  auto id_char = [](char c, bool first) {
+    return c == '_' || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (!first && c >= '0' && c <= '9');
+  };
+  std::string out;
+  const size_t n = tmpl.size();
+  for (size_t i = 0; i < n;) {
+    if (tmpl[i] != '$') {
+      out += tmpl[i++];
+      continue;
     }
+    if (i + 1 < n && tmpl[i + 1] == '$') {
+      out += '$';
+      i += 2;
+      continue;
+    }
+    const bool braced = i + 1 < n && tmpl[i + 1] == '{';
+    const size_t start = i + (braced ? 2 : 1);
+    size_t j = start;
+    while (j < n && id_char(tmpl[j], j == start)) ++j;
+    if (j == start || (braced && (j >= n || tmpl[j] != '}'))) {
+      out += tmpl[i++];
+      continue;
+    }
+    const size_t after = braced ? j + 1 : j;
+    const std::string* value = value_of(std::string_view(tmpl).substr(start, j - start));
+    out += value ? *value : tmpl.substr(i, after - i);
+    i = after;
   }
-  return tmpl;
+  return out;
 }
 
 LineWriter::LineWriter(std::string prefix, Sinks sinks, size_t tail_lines)
@@ -47,8 +75,9 @@ LineWriter::~LineWriter() = default;
 
 FilteredCopy::FilteredCopy(std::vector<std::string> filters, std::string path)
     : filters_(std::move(filters)), path_(std::move(path)) {
-  fd_.reset(::open(path_.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600));
-  if (!fd_) log::warn("ddprun") << "cannot create " << path_ << ": " << std::strerror(errno) << "; no filtered copy";
+  OpenedOutput file = open_output(path_, OutputRules{true, true});  // in ddprun's directory: a regular file
+  fd_ = std::move(file.fd);
+  if (!fd_) log::warn("ddprun") << "cannot write " << path_ << ": " << file.error << "; no filtered copy";
 }
 
 FilteredCopy::~FilteredCopy() = default;

@@ -81,10 +81,12 @@ class LineWriter {
   std::deque<std::string> tail_;
 };
 
-// Expands ${rank}, ${local_rank}, ${role_name} and ${host} in a prefix template.
-std::string expand_prefix(std::string tmpl, int rank, int local_rank, const std::string& role, const std::string& host);
+// Expands a prefix template as torchrun 2.x does (Python's string.Template.safe_substitute):
+// $rank or ${rank}, $local_rank, $role_name, and ddprun's $host (also $hostname); $$ is a $.
+std::string expand_prefix(const std::string& tmpl, int rank, int local_rank, const std::string& role,
+                          const std::string& host);
 // The same with the ranks as text (merged lines: "0-3,6").
-std::string expand_prefix_text(std::string tmpl, const std::string& rank, const std::string& local_rank,
+std::string expand_prefix_text(const std::string& tmpl, const std::string& rank, const std::string& local_rank,
                                const std::string& role, const std::string& host);
 
 }  // namespace ddprun::launcher::workers

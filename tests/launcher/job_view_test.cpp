@@ -202,32 +202,56 @@ TEST(JobViewTest, ThePageCarriesTheJobAsDataNeverAsMarkup) {
 
 TEST(JobViewTest, ThePageAndItsDataAreForThisHostAloneAndMetricsForAnyone) {
   JobView v;
+  const rdzv::server::HostCheck hosts;
   const auto local = boost::asio::ip::make_address("127.0.0.1");
   const auto mapped = boost::asio::ip::make_address("::ffff:127.0.0.1");
   const auto other = boost::asio::ip::make_address("10.1.2.3");
   for (const char* path : {"/ui", "/ui.js", "/ui.css", "/api/job", "/api/job?x=1", "/hang_report"}) {
-    const auto far = view::serve_view(v, {path, other});
+    const auto far = view::serve_view(v, {path, other}, hosts);
     ASSERT_TRUE(far) << path;
     EXPECT_EQ(far->status, 403u) << path;
     EXPECT_NE(far->body.find("ssh -L"), std::string::npos) << far->body;
-    const auto near = view::serve_view(v, {path, local});
+    const auto near = view::serve_view(v, {path, local}, hosts);
     ASSERT_TRUE(near) << path;
     EXPECT_EQ(near->status, std::string(path) == "/hang_report" ? 404u : 200u) << path;
-    EXPECT_EQ(view::serve_view(v, {path, mapped})->status, near->status) << path;
+    EXPECT_EQ(view::serve_view(v, {path, mapped}, hosts)->status, near->status) << path;
   }
-  const auto ui = view::serve_view(v, {"/ui", local});
+  const auto ui = view::serve_view(v, {"/ui", local}, hosts);
   bool csp = false;
   for (const auto& [name, value] : ui->headers) {
     csp = csp || (name == "Content-Security-Policy" && value.find("default-src 'none'") != std::string::npos);
   }
   EXPECT_TRUE(csp);
-  const auto metrics = view::serve_view(v, {"/metrics", other});
+  const auto metrics = view::serve_view(v, {"/metrics", other}, hosts);
   ASSERT_TRUE(metrics);
   EXPECT_EQ(metrics->status, 200u);
   EXPECT_EQ(metrics->content_type, prometheus::kContentType);
   // Other paths are the health endpoint's.
-  EXPECT_FALSE(view::serve_view(v, {"/", local}));
-  EXPECT_FALSE(view::serve_view(v, {"/healthz", other}));
+  EXPECT_FALSE(view::serve_view(v, {"/", local}, hosts));
+  EXPECT_FALSE(view::serve_view(v, {"/healthz", other}, hosts));
+
+  // Asked under another site's name (DNS rebinding): refused, saying how to allow it; /metrics
+  // answers any name, as Prometheus scrapes by its own.
+  const auto as = [&](const char* path, std::string_view host) {
+    rdzv::server::HttpRequest r{path, local};
+    r.host = host;
+    r.host_fields = 1;
+    return view::serve_view(v, r, hosts);
+  };
+  for (const char* path : {"/ui", "/api/job", "/hang_report"}) {
+    const auto refused = as(path, "attacker.example:8080");
+    ASSERT_TRUE(refused) << path;
+    EXPECT_EQ(refused->status, 403u) << path;
+    EXPECT_NE(refused->body.find("attacker.example:8080"), std::string::npos) << refused->body;
+    EXPECT_NE(refused->body.find("--http_allowed_hosts attacker.example "), std::string::npos) << refused->body;
+    EXPECT_EQ(as(path, "localhost:8080")->status, std::string(path) == "/hang_report" ? 404u : 200u) << path;
+  }
+  EXPECT_EQ(as("/metrics", "attacker.example")->status, 200u);
+  const rdzv::server::HostCheck listed({"attacker.example"});
+  rdzv::server::HttpRequest named{"/api/job", local};
+  named.host = "Attacker.Example.:9000";
+  named.host_fields = 1;
+  EXPECT_EQ(view::serve_view(v, named, listed)->status, 200u);
 }
 
 }  // namespace
