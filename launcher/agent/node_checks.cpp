@@ -1,7 +1,5 @@
 #include "launcher/agent/node_checks.hpp"
 
-#include <poll.h>
-#include <signal.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <sys/wait.h>
@@ -15,12 +13,10 @@
 
 #include "common/errors.hpp"
 #include "common/system.hpp"
-#include "launcher/workers/process.hpp"
+#include "launcher/workers/contained_command.hpp"
 #include "launcher/workers/worker_env.hpp"
 
 namespace ddprun::launcher::agent {
-
-using Clock = std::chrono::steady_clock;
 
 namespace {
 
@@ -56,53 +52,17 @@ struct ScriptRun {
   std::string output;  // stdout and stderr, the last 4 KiB
 };
 
-// Runs `argv` in a process group of its own with the node's environment, reading its output, until
-// it exits or `timeout` passes (then its group is SIGKILLed); a stop request kills it too.
+// Runs `argv` with the node's environment until its process exits or `timeout` passes; whatever it
+// started (a child left holding its output, one that called setsid) is killed then
+// (contained_command.hpp); a stop request ends it too (StopRequested).
 ScriptRun run_bounded(const std::vector<std::string>& argv, std::chrono::milliseconds timeout, const StopSignal& stop) {
-  workers::SpawnRequest request;
-  request.argv = argv;
-  request.envp = workers::to_envp(workers::current_environment());
-  workers::SpawnedProcess p = workers::spawn_process(request);
+  const workers::ContainedRun c =
+      workers::run_contained(argv, workers::to_envp(workers::current_environment()), timeout, stop);
+  if (c.end == workers::ContainedRun::End::Stopped) throw StopRequested(stop.signo());
   ScriptRun run;
-  const auto deadline = Clock::now() + timeout;
-  std::vector<pollfd> fds{{p.stdout_fd.get(), POLLIN, 0}, {p.stderr_fd.get(), POLLIN, 0}};
-  const auto kill_group = [&]() {
-    ::kill(-p.pid, SIGKILL);
-    retry_eintr([&] { return ::waitpid(p.pid, &run.status, 0); });
-  };
-  while (fds[0].fd >= 0 || fds[1].fd >= 0) {
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
-    if (left <= 0 || stop.requested()) {
-      kill_group();
-      if (stop.requested()) throw StopRequested(stop.signo());
-      return run;
-    }
-    if (::poll(fds.data(), fds.size(), static_cast<int>(std::min<int64_t>(left, 250))) < 0 && errno != EINTR) break;
-    for (pollfd& f : fds) {
-      if (f.fd < 0 || f.revents == 0) continue;
-      char buf[4096];
-      const ssize_t n = ::read(f.fd, buf, sizeof buf);
-      if (n > 0) {
-        run.output.append(buf, static_cast<size_t>(n));
-        if (run.output.size() > 4096) run.output.erase(0, run.output.size() - 4096);
-      } else if (n == 0 || errno != EINTR) {
-        f.fd = -1;  // EOF (the UniqueFd closes it)
-      }
-    }
-  }
-  // Output closed: the script has exited, or will in a moment (or left a child holding nothing).
-  for (;;) {
-    const pid_t r = ::waitpid(p.pid, &run.status, WNOHANG);
-    if (r == p.pid || (r < 0 && errno != EINTR)) break;
-    if (Clock::now() >= deadline || stop.requested()) {
-      kill_group();
-      if (stop.requested()) throw StopRequested(stop.signo());
-      return run;
-    }
-    stop.sleep_for(std::chrono::milliseconds(20));
-  }
-  ::kill(-p.pid, SIGKILL);  // anything the script left behind in its group
-  run.finished = true;
+  run.finished = c.end == workers::ContainedRun::End::Exited;
+  run.status = c.status;
+  run.output = c.output;
   return run;
 }
 

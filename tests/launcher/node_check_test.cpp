@@ -11,6 +11,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <vector>
 
 #include "launcher/agent/node_checks.hpp"
 #include "tests/support/free_port.hpp"
@@ -20,6 +21,7 @@
 #include "tests/support/small_disk.hpp"
 #include "tests/support/subprocess.hpp"
 #include "tests/support/temp_dir.hpp"
+#include "tests/support/wait_until.hpp"
 
 namespace ddprun::test {
 namespace {
@@ -226,6 +228,87 @@ TEST(NodeCheckTest, ACheckThatHangsIsKilledAtItsTimeoutAndLeavesNothingBehind) {
     std::string cmdline((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
     EXPECT_EQ(cmdline.find(marker), std::string::npos) << e.path() << " still runs";
   }
+}
+
+// The processes whose command line holds `marker` (a check's shells are named by one).
+std::vector<pid_t> processes_with(const std::string& marker) {
+  std::vector<pid_t> found;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator("/proc", ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::ifstream in(e.path() / "cmdline");
+    const std::string cmdline((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    if (cmdline.find(marker) != std::string::npos) found.push_back(std::stoi(name));
+  }
+  return found;
+}
+
+// Kills what a check left behind (the test's own marked processes) when it fails.
+struct KillMarked {
+  std::string marker;
+  ~KillMarked() {
+    for (pid_t pid : processes_with(marker)) ::kill(pid, SIGKILL);
+  }
+};
+
+// A check that passes but leaves a child holding its output is done when its process exits: the
+// node joins (before: the check "did not finish" at its timeout, and the node left the job).
+TEST(NodeCheckTest, ACheckThatExitsIsDoneThoughAChildStillHoldsItsOutput) {
+  const KillMarked left{"ddprun-check-holder-" + std::to_string(::getpid())};
+  Reports reports;
+  Subprocess p({ddprun_bin(), "--nproc_per_node", "1", "--node_check",
+                "echo checked; sh -c 'sleep 600; : " + left.marker + "' & exit 0", "--node_check_timeout", "20",
+                "--report_file", reports.path(0).string(), TEST_WORKER_BIN, "print", "1"});
+  const Finished f = p.wait(90s);
+  ASSERT_FALSE(f.timed_out) << f.err;
+  EXPECT_EQ(f.exit_code, 0) << f.err;
+  EXPECT_EQ(reports.of(0)["outcome"], "succeeded") << reports.of(0).dump(2);
+  EXPECT_NE(f.out.find("[rank0]: out line 0"), std::string::npos) << f.out;
+  EXPECT_TRUE(processes_with(left.marker).empty()) << "the check's child outlived it";
+}
+
+// A check that starts a daemon in a session of its own (setsid): the daemon does not outlive the
+// check, nor ddprun (before: it ran on after ddprun had exited).
+TEST(NodeCheckTest, ACheckThatStartsADaemonInItsOwnSessionLeavesNothingBehind) {
+  const KillMarked left{"ddprun-check-daemon-" + std::to_string(::getpid())};
+  Subprocess p({ddprun_bin(), "--nproc_per_node", "1", "--node_check",
+                "setsid sh -c 'sleep 600; : " + left.marker + "' >/dev/null 2>&1 </dev/null & exit 0", TEST_WORKER_BIN,
+                "print", "1"});
+  const Finished f = p.wait(90s);
+  ASSERT_FALSE(f.timed_out) << f.err;
+  EXPECT_EQ(f.exit_code, 0) << f.err;
+  EXPECT_TRUE(processes_with(left.marker).empty()) << "the check's daemon outlived ddprun";
+}
+
+// ddprun SIGKILLed while its check runs: the check's processes, in its group or not, go too.
+TEST(NodeCheckTest, ACheckRunningWhenDdprunIsKilledDoesNotOutliveIt) {
+  const std::string pid = std::to_string(::getpid());
+  const KillMarked left{"ddprun-check-orphan-" + pid};
+  // The marker is put together by the check's shell: only the two daemons' command lines hold it.
+  const std::string daemon = "sh -c \"sleep 600; : ${m}" + pid + "\"";
+  Subprocess p({ddprun_bin(), "--nproc_per_node", "1", "--node_check",
+                "m=ddprun-check-orphan-; " + daemon + " & setsid " + daemon + " >/dev/null 2>&1 & sleep 600",
+                TEST_WORKER_BIN, "print", "1"});
+  ASSERT_TRUE(p.wait_for([&] { return processes_with(left.marker).size() >= 2; }, 30s)) << p.err();
+  p.signal(SIGKILL);
+  p.wait(30s);
+  EXPECT_TRUE(wait_until([&] { return processes_with(left.marker).empty(); }, 30s))
+      << processes_with(left.marker).size() << " of the check's processes outlived ddprun";
+}
+
+// The same one level down: a check that fails at once, leaving a subshell that starts one daemon
+// in a session of its own and one in its group, and holds the output.
+TEST(NodeCheckTest, AScriptCheckKillsEveryProcessItStartedOnceItExits) {
+  const KillMarked left{"ddprun-check-tree-" + std::to_string(::getpid())};
+  const StopSignal stop;
+  const std::string daemon = "sh -c 'sleep 600; : " + left.marker + "'";
+  const auto why = agent::check_script(
+      "(setsid " + daemon + " & " + daemon + " & sleep 600) & echo 'the disk is fine'; exit 4", 20s, stop);
+  ASSERT_TRUE(why);
+  EXPECT_NE(why->find("exited with 4: the disk is fine"), std::string::npos) << *why;
+  EXPECT_TRUE(processes_with(left.marker).empty());
+  EXPECT_FALSE(agent::check_script("exit 0", 20s, stop));
 }
 
 TEST(NodeCheckTest, AFullFileSystemFailsTheFreeSpaceCheck) {
