@@ -3,12 +3,6 @@
 #include <sys/ioctl.h>
 #include <unistd.h>
 
-#include <boost/asio/connect.hpp>
-#include <boost/asio/io_context.hpp>
-#include <boost/asio/ip/tcp.hpp>
-#include <boost/beast/core/flat_buffer.hpp>
-#include <boost/beast/core/tcp_stream.hpp>
-#include <boost/beast/http.hpp>
 #include <chrono>
 #include <iostream>
 #include <optional>
@@ -17,14 +11,10 @@
 
 #include "common/job_pages.hpp"
 #include "common/numbers.hpp"
+#include "launcher/top/top_fetch.hpp"
 #include "launcher/top/top_table.hpp"
 
 namespace {
-
-namespace asio = boost::asio;
-namespace beast = boost::beast;
-namespace http = beast::http;
-using json = nlohmann::json;
 
 constexpr const char* kUsage =
     "usage: ddprun-top [--once] [--interval SECONDS] [TARGET]\n"
@@ -114,60 +104,6 @@ Target resolve(const std::string& spec) {
   return t;
 }
 
-// GET /api/job, within 5 s; nullopt with `why` when there is no answer or no snapshot in it.
-std::optional<json> fetch(const Target& t, std::string& why) {
-  asio::io_context io;
-  beast::tcp_stream stream(io);
-  beast::flat_buffer buffer;
-  http::request<http::empty_body> req(http::verb::get, "/api/job", 11);
-  req.set(http::field::host, t.host);
-  req.set(http::field::user_agent, "ddprun-top");
-  http::response<http::string_body> res;
-  asio::ip::tcp::resolver resolver(io);
-  beast::error_code failed;
-  stream.expires_after(std::chrono::seconds(5));
-  // Each step's error ends the chain in `failed`.
-  auto read = [&](beast::error_code ec, size_t) { failed = ec; };
-  auto write = [&](beast::error_code ec, size_t) {
-    if (ec) {
-      failed = ec;
-    } else {
-      http::async_read(stream, buffer, res, read);
-    }
-  };
-  auto connected = [&](beast::error_code ec, const asio::ip::tcp::endpoint&) {
-    if (ec) {
-      failed = ec;
-    } else {
-      http::async_write(stream, req, write);
-    }
-  };
-  resolver.async_resolve(t.host, std::to_string(t.port),
-                         [&](beast::error_code ec, const asio::ip::tcp::resolver::results_type& r) {
-                           if (ec) {
-                             failed = ec;
-                           } else {
-                             stream.async_connect(r, connected);
-                           }
-                         });
-  io.run();
-  if (failed) {
-    why = failed.message();
-    return std::nullopt;
-  }
-  if (res.result_int() != 200) {
-    why = "HTTP " + std::to_string(res.result_int()) + ": " + res.body();
-    while (!why.empty() && why.back() == '\n') why.pop_back();
-    return std::nullopt;
-  }
-  json j = json::parse(res.body(), nullptr, /*allow_exceptions=*/false);
-  if (!j.is_object() || j.value("schema", "") != "ddprun-job-view/1") {
-    why = "the answer is no ddprun job view (is this a ddprun's --http_port?)";
-    return std::nullopt;
-  }
-  return j;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -204,7 +140,7 @@ int main(int argc, char** argv) {
   bool seen = false;
   for (;;) {
     std::string why;
-    const auto snapshot = fetch(target, why);
+    const auto snapshot = ddprun::launcher::top::fetch_job_view(target.host, target.port, why);
     if (!snapshot) {
       if (seen) {
         std::cout << "ddprun-top: the job's ddprun at " << target.text() << " no longer answers (" << why

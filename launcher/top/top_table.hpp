@@ -1,6 +1,8 @@
 #pragma once
 // ddprun-top's table: a job's /api/job ("ddprun-job-view/1", docs/job-views.md) as lines of text,
-// the ranks in the order the others wait for them (the snapshot's own order). Pure.
+// the ranks in the order the others wait for them (the snapshot's own order). Pure. The snapshot
+// is whatever the server sent: any JSON value is shown without a throw (a field of the wrong type
+// reads as absent), and its texts with their control characters made visible.
 
 #include <nlohmann/json.hpp>
 #include <string>
