@@ -12,6 +12,7 @@
 #include <iterator>
 #include <string>
 
+#include "common/printable.hpp"
 #include "common/system.hpp"
 
 namespace ddprun::log {
@@ -94,8 +95,9 @@ Line::Line(Level level, std::string_view component) : level_(level) {
 
 Line::~Line() {
   if (!enabled(level_)) return;
-  stream_ << '\n';
-  const std::string text = stream_.str();
+  // A line often carries text from outside (a node check's output, a peer's reason, a file's
+  // name): its control characters are shown, never sent to the terminal to act on.
+  const std::string text = printable_lines(stream_.str()) + '\n';
   if (Sink sink = current_sink().load()) {
     sink(text);
     return;

@@ -2,7 +2,8 @@
 // Line-oriented logging to stderr: "2026-11-21T10:00:00.123Z INFO  store: listening on 127.0.0.1:41234".
 // stdout belongs to the workers, so nothing here ever writes there. Each line is emitted whole (one
 // write(2), or one entry of the installed sink), so lines from several threads or processes never
-// interleave mid-line.
+// interleave mid-line; control characters in a line but its newlines are shown as \xNN
+// (common/printable.hpp), whatever text from outside the line carries.
 // The level comes from DDPRUN_LOG_LEVEL (debug, info, warn, error; default info) and is read once.
 
 #include <sstream>

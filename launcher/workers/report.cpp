@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "common/printable.hpp"
 #include "common/system.hpp"
 
 namespace ddprun::launcher::workers {
@@ -21,12 +22,20 @@ std::string format_time(std::chrono::system_clock::time_point t) {
   return std::string(buf) + "." + (ms < 100 ? (ms < 10 ? "00" : "0") : "") + std::to_string(ms);
 }
 
+// A line a worker wrote, as the console shows it: its control characters shown, never acted on
+// (common/printable.hpp), since an escape sequence in an error file or on stderr could otherwise
+// clear the screen or rewrite the lines of this report. A CR that ends it (a CRLF line) goes.
+std::string shown(std::string_view line) {
+  if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
+  return printable_line(line);
+}
+
 void indent_block(std::ostringstream& out, const std::string& label, const std::string& text) {
   std::istringstream lines(text);
   std::string line;
   bool first = true;
   while (std::getline(lines, line)) {
-    out << (first ? "  " + label : std::string(label.size() + 2, ' ')) << line << "\n";
+    out << (first ? "  " + label : std::string(label.size() + 2, ' ')) << shown(line) << "\n";
     first = false;
   }
 }
@@ -45,13 +54,13 @@ std::string known_fix(const std::string& text) {
 
 void format_one(std::ostringstream& out, const WorkerExit& e) {
   out << "  rank       : " << e.rank << " (local_rank " << e.local_rank << ")\n"
-      << "  host       : " << e.host << (e.node_rank >= 0 ? " (node_rank " + std::to_string(e.node_rank) + ")" : "")
-      << "\n"
+      << "  host       : " << shown(e.host)
+      << (e.node_rank >= 0 ? " (node_rank " + std::to_string(e.node_rank) + ")" : "") << "\n"
       << "  pid        : " << e.pid << "\n"
       << "  exit       : " << describe_exit(e) << "\n"
       << "  time       : " << format_time(e.time) << "\n";
   std::string fix;
-  if (auto msg = e.error_text ? e.error_text : read_error_file(e.error_file)) {
+  if (const auto& msg = e.error_text) {
     indent_block(out, "error_file : ", e.error_file);
     indent_block(out, "error      : ", *msg);
     fix = known_fix(*msg);
@@ -61,7 +70,7 @@ void format_one(std::ostringstream& out, const WorkerExit& e) {
   if (!e.diagnosis.empty()) indent_block(out, "watchdog   : ", e.diagnosis);
   if (!e.stderr_tail.empty()) {
     out << "  last stderr lines:\n";
-    for (const auto& l : e.stderr_tail) out << "    | " << l << "\n";
+    for (const auto& l : e.stderr_tail) out << "    | " << shown(l) << "\n";
   } else {
     out << "  last stderr lines: (none)\n";
   }
