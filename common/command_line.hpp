@@ -5,6 +5,7 @@
 //
 // Accepted: "--name value", "--name=value", a one-letter flag with its value attached ("-r3"), a
 // switch alone ("--insecure"); dashes and underscores after the leading "--" are interchangeable.
+// A lookup may also take a unique prefix of a name ("--nproc" for "--nproc_per_node"), as argparse does.
 // The walk stops at "--" (taken) or at the first argument that is not a flag (a program and its
 // arguments, or a subcommand's operand).
 
@@ -29,6 +30,8 @@ enum class Takes {
 struct FlagShape {
   Takes takes = Takes::Nothing;
   std::string what;
+  // The flag's full name when the lookup took an abbreviation of it; "" when the name was exact.
+  std::string name;
 };
 using FlagLookup = std::function<std::optional<FlagShape>(const std::string& name)>;
 
@@ -36,7 +39,7 @@ using FlagLookup = std::function<std::optional<FlagShape>(const std::string& nam
 std::string canonical(std::string_view spelled);
 
 // Walks args[first..] and calls on_flag(name as given, value) for each flag in order (value:
-// nullopt for a switch given alone); on_flag returns false to end the walk there (--help). Throws ConfigError for an unknown flag ("unknown option
+// nullopt for a switch given alone; the full name when the lookup took an abbreviation); on_flag returns false to end the walk there (--help). Throws ConfigError for an unknown flag ("unknown option
 // 'NAME'" + unknown_hint), a missing value ("NAME needs a value (WHAT)") or a value given to a
 // switch ("NAME takes no value, got 'V'"). Returns the index of the first argument not taken
 // (args.size() when all were; the flag's own index when on_flag ended the walk).
@@ -58,11 +61,23 @@ struct StandardFlags {
   bool go_on() const { return !help && !version; }
 };
 
-// One option of a --help text: "  NAMES  HELP (default: DEFAULT)", the help wrapped to `width`
-// columns and indented under the names' column (or on the next line when the names are long), as
-// plain text (see plain()).
+// argparse's abbreviations: of `names` (canonical spellings, see canonical()), the ones `spelled`
+// is a prefix of, after canonical(); `spelled` needs a character after the leading "--".
+std::vector<std::string> names_starting_with(std::string_view spelled, const std::vector<std::string>& names);
+
+// The width --help is wrapped to, as argparse's: COLUMNS when it is a positive number, else the
+// width of the terminal on `fd`, else 80; less 2.
+size_t help_width(int fd, const std::function<std::optional<std::string>(const std::string&)>& env);
+
+// One option of a --help text, laid out as argparse lays it out: "  NAMES  HELP (default: DEFAULT)",
+// the help from column min(24, width - 20) (on the next line when the names do not fit before it)
+// and wrapped to `width` columns, as plain text (see plain()). An option's line is indented 2 columns,
+// its help's lines more than 10: help2man and the completion script tell them apart so.
 void print_option(std::ostream& out, const std::string& names, const std::string& help,
                   const std::string& default_text = "", size_t width = 100);
+// `text` wrapped to `width` columns, each line indented by `indent` spaces; a blank line between
+// paragraphs ("\n\n") is kept.
+std::string wrap(std::string_view text, size_t width, size_t indent = 0);
 
 // Flag tables write names and values in a help text in backticks, for the docs' Markdown; --help
 // prints them plain: "`--tee` or `-t`" -> "--tee or -t".

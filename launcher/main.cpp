@@ -1,7 +1,10 @@
 // ddprun: starts and supervises the workers of a distributed training job (torchrun-compatible).
+#include <unistd.h>
+
 #include <csignal>
 #include <iostream>
 
+#include "common/command_line.hpp"
 #include "common/errors.hpp"
 #include "common/log.hpp"
 #include "launcher/agent/run_agent.hpp"
@@ -29,7 +32,9 @@ int main(int argc, char** argv) {
                         << "': ddprun does not know it (torchrun ignores such keys too; see --help for the known ones)";
   }
   if (options.help) {
-    std::cout << (options.help_markdown ? launcher::cli::flag_table_markdown() : launcher::cli::usage_text());
+    std::cout << (options.help_markdown ? launcher::cli::flag_table_markdown()
+                                        : launcher::cli::usage_text(
+                                              command_line::help_width(STDOUT_FILENO, launcher::cli::process_env())));
     return 0;
   }
   if (options.version) {

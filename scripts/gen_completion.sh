@@ -21,7 +21,7 @@ while IFS= read -r line; do
       valued+=($last)
     fi
   done
-done < <(grep -E '^ +-' <<<"$help")
+done < <(grep -E '^ {1,10}-' <<<"$help")
 # Flags of subcommands, from the usage lines ("ddprun-rendezvous status --endpoint HOST:PORT ...").
 while IFS= read -r pair; do
   read -r f v <<<"$pair"

@@ -94,7 +94,9 @@ int train_classifier(const std::string& name, const ExampleFlags& flags, std::sh
   // one epoch's model with another's momentum).
   const auto zero_ckpt = [&ckpt](int64_t epoch) { return ckpt + ".zero." + std::to_string(epoch); };
   int start_epoch = 0;
-  if (!ckpt.empty() && (flags.resume || dist.env().restart_count > 0)) {
+  // After a restart, and after the job re-formed without a node or with a new one (a spare in a
+  // lost node's place, a crashed node's rerun): the same job goes on from its checkpoint.
+  if (!ckpt.empty() && (flags.resume || dist.env().restart_count > 0 || dist.env().round > 0)) {
     if (auto done = worker::load_checkpoint(ckpt, *model, &opt)) {
       start_epoch = static_cast<int>(*done) + 1;
       if (zero) {

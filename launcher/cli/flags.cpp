@@ -4,7 +4,6 @@
 #include <cctype>
 #include <csignal>
 #include <cstring>
-#include <sstream>
 
 #include "common/host_port.hpp"
 #include "common/command_line.hpp"
@@ -12,6 +11,7 @@
 #include "common/numbers.hpp"
 #include "launcher/cli/options_parse.hpp"
 #include "rendezvous/core/job_namespace.hpp"
+#include "rendezvous/server/host_check.hpp"
 
 namespace ddprun::launcher::cli {
 namespace {
@@ -103,7 +103,8 @@ constexpr FlagDef kFlagTable[] = {
       },
       [](const LaunchOptions& d) { return d.run_id; }}},
     {"--rdzv_conf", "", "KEY=VALUE,...",
-     "rendezvous settings `k1=v1,k2=v2` (the keys are listed below); a key one or two edits from a known one is an "
+     "rendezvous settings `k1=v1,k2=v2` (the keys are listed below; quotes around the whole list, `'k1=v1,k2=v2'`, "
+     "are dropped); a key one or two edits from a known one is an "
      "error that names it (`jion_timeout`: did you mean `join_timeout`?), any other unknown key is ignored with a "
      "warning, as torchrun ignores it (Kubeflow's `PET_RDZV_CONF` passes through what the user wrote)",
      apply_rdzv_conf, "", nullptr, false, "[the keys](#--rdzv_conf-keys)"},
@@ -226,6 +227,15 @@ constexpr FlagDef kFlagTable[] = {
        o.http_port_from = in.flag;
      },
      "none", "TORCHELASTIC_HEALTH_CHECK_PORT", false, "[job views](job-views.md)"},
+    {"--http_allowed_hosts", "", "NAMES",
+     "more names the job page may be asked under, comma-separated (`node7.example.com`, `10.0.0.7`, "
+     "`.example.com` for a domain, `*` for any): it answers only requests addressed to this host by one of its "
+     "names or addresses, so that no page of another site whose name resolves here (DNS rebinding) reads it",
+     [](const FlagInput& in, LaunchOptions& o) {
+       o.http_allowed_hosts = rdzv::server::parse_allowed_hosts(in.flag, in.text);
+     },
+     "this host's names and addresses", nullptr, false,
+     "[names the pages answer under](job-views.md#names-the-pages-answer-under)"},
     {"--trace_file", "", "PATH",
      "write the job as a Chrome/Perfetto trace (JSON trace events) at this path as it runs: a track per rank (its "
      "steps and waits) and one for the node (rendezvous, attempts, restarts, hangs); `{host}` is this host's name",
@@ -350,8 +360,9 @@ constexpr FlagDef kFlagTable[] = {
      },
      "off", nullptr, false, "[placement](#cpu-and-memory-placement---numa_binding)"},
     {"--log_line_prefix_template", "", "TEMPLATE",
-     "console prefix of each line; `${rank}`, `${local_rank}`, `${role_name}`, `${hostname}` (torchrun's "
-     "spelling; `${host}` also works) are replaced",
+     "console prefix of each line, expanded as torchrun 2.x expands it (Python's `string.Template`): `${rank}`, "
+     "`${local_rank}`, `${role_name}` and ddprun's `${hostname}` (or `${host}`) are replaced, also without braces "
+     "(`$rank`), and `$$` is a `$`",
      text<&LaunchOptions::log_line_prefix>(), "", "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"},
     {"--start_method", "", "METHOD", "accepted for torchrun compatibility; ignored",
      [](const FlagInput&, LaunchOptions&) {}, "`spawn`"},
@@ -394,84 +405,28 @@ const FlagDef* find_flag(const std::string& spelled) {
   return nullptr;
 }
 
-std::string usage_text() {
-  std::ostringstream out;
-  out << "Usage: ddprun [options] PROGRAM [ARGS...]\n\n"
-         "Starts nproc_per_node workers of PROGRAM on this node with torchrun's environment (RANK, LOCAL_RANK,\n"
-         "WORLD_SIZE, MASTER_ADDR, MASTER_PORT, ...), hosts their rendezvous store, supervises them, and reports\n"
-         "which rank failed and why. A PROGRAM ending in .py runs under $PYTHON_EXEC (default python3) -u;\n"
-         "anything else is executed directly. '${local_rank}' in ARGS is replaced per worker.\n\n"
-         "Options:\n"
-         "Dashes and underscores are interchangeable; each flag also reads PET_<NAME> from the environment.\n";
-  const LaunchOptions defaults;
+std::string abbreviated_flag(const std::string& spelled) {
+  std::vector<std::string> names = {"--help", "--version"};
   for (const FlagDef& f : kFlagTable) {
-    std::string names = *f.aliases ? std::string(f.aliases) + ", " + f.name : std::string(f.name);
-    if (f.takes_value()) names += std::string(" ") + f.value;
-    out << "  " << names << "\n      " << command_line::plain(f.help);
-    if (f.env) out << "; also read from " << f.env;
-    if (const std::string shown = command_line::plain(f.default_text(defaults)); !shown.empty())
-      out << " (default: " << shown << ")";
-    out << "\n";
+    f.any_name([&](std::string_view n) {
+      if (n.rfind("--", 0) == 0) names.emplace_back(n);
+      return false;
+    });
   }
-  out << "  -h, --help\n      show this help (--help=markdown: the flags and the --rdzv_conf keys as Markdown tables)\n"
-         "  --version\n      print the version\n\n"
-         "--rdzv_conf keys (KEY=VALUE,...; a near miss of one is an error, other keys are ignored with a warning):\n";
-  for (const RdzvConfKey& k : rdzv_conf_keys()) {
-    out << "  " << k.name;
-    if (*k.aliases) out << " (also " << k.aliases << ")";
-    out << "\n      " << command_line::plain(k.help);
-    if (const std::string shown = command_line::plain(k.default_text(defaults)); !shown.empty())
-      out << " (default: " << shown << ")";
-    out << "\n";
+  // A flag and its other spelling count once (--rdzv_id, --run_id), by the flag's name.
+  std::vector<std::string> flags;
+  for (const std::string& n : command_line::names_starting_with(spelled, names)) {
+    const FlagDef* f = find_flag(n);
+    const std::string name = f ? f->name : n;
+    if (std::find(flags.begin(), flags.end(), name) == flags.end()) flags.push_back(name);
   }
-  out << "\n"
-         "Exit status:\n"
-         "0 when every worker succeeded; the root-cause worker's exit code (128+N if it died of signal\n"
-         "N) when one failed; 124 when the job hung (--hang_timeout); 2 for a bad command line; 1 when ddprun\n"
-         "itself could not run the job.\n";
-  return out.str();
-}
-
-std::string flag_table_markdown() {
-  auto code = [](const std::string& s) { return "`" + s + "`"; };
-  const LaunchOptions defaults;
-  // A cell's default: the value in code, or the note's words as written.
-  auto default_cell = [&](const auto& row) {
-    return row.set.shown() ? command_line::markdown_default(row.default_text(defaults)) : std::string(row.note);
-  };
-  std::string out = "| flag | default | meaning |\n|---|---|---|\n";
-  for (const FlagDef& f : kFlagTable) {
-    std::string name = f.name;
-    if (f.optional_value) name += std::string("[=") + f.value + "]";
-    std::string names = code(name);
-    if (*f.aliases)
-      names =
-          std::string(f.aliases).rfind("--", 0) == 0 ? names + ", " + code(f.aliases) : code(f.aliases) + ", " + names;
-    std::string meaning = f.help;
-    if (f.env) meaning += std::string(" (also `") + f.env + "`; the flag wins)";
-    if (f.see) meaning += std::string("; see ") + f.see;
-    out += command_line::markdown_row({names, default_cell(f), meaning}) + "\n";
+  if (flags.size() <= 1) return flags.empty() ? "" : flags.front();
+  std::string listed;
+  for (size_t i = 0; i < flags.size(); ++i) {
+    listed += (i == 0 ? "" : i + 1 == flags.size() ? " or " : ", ") + flags[i];
   }
-  out += command_line::markdown_row({"`-h`, `--help` / `--version`", "",
-                                     "every flag with its default (`--help=markdown`: these tables) / the version"}) +
-         "\n";
-  out +=
-      "\n### `--rdzv_conf` keys\n\n"
-      "Every key torchrun 2.x accepts is either honoured or accepted with the meaning below; `ddprun --help`\n"
-      "lists them too. Booleans take `1/true/yes/on` or `0/false/no/off`.\n\n"
-      "| key (torchrun's other spellings) | default | meaning in ddprun |\n|---|---|---|\n";
-  for (const RdzvConfKey& k : rdzv_conf_keys()) {
-    std::string names = code(k.name);
-    if (*k.aliases) {
-      std::string others;
-      for (const std::string& alias : split(k.aliases, ',')) others += (others.empty() ? "" : ", ") + code(alias);
-      names += " (" + others + ")";
-    }
-    std::string meaning = k.help;
-    if (k.see) meaning += std::string("; see ") + k.see;
-    out += command_line::markdown_row({names, default_cell(k), meaning}) + "\n";
-  }
-  return out;
+  throw ConfigError("ambiguous option '" + spelled + "': it could be " + listed +
+                    "; spell out more of it (see ddprun --help)");
 }
 
 int parse_signal(const std::string& text, const std::string& flag) {

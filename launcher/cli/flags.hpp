@@ -44,6 +44,10 @@ std::span<const FlagDef> flag_table();
 // The flag `spelled` names (dashes and underscores are interchangeable after the leading "--"),
 // or nullptr.
 const FlagDef* find_flag(const std::string& spelled);
+// argparse's abbreviations: the name of the one flag (or --help, --version) that `spelled` is a
+// prefix of ("--nproc" -> "--nproc_per_node"), "" when none is. Throws ConfigError naming the
+// candidates when several are.
+std::string abbreviated_flag(const std::string& spelled);
 
 // `ddprun --help=markdown`: the flags and the --rdzv_conf keys as the Markdown tables of docs/guide.md.
 std::string flag_table_markdown();

@@ -28,6 +28,8 @@ StreamSelection parse_streams(const std::string& flag, const std::string& text) 
     sel.all = static_cast<int>(parse_whole(flag, trim(text), 0, 3, expected));
     return sel;
   }
+  // torchrun's pattern, (N:S,)*N:S: no empty item, a trailing comma included.
+  if (trim(text).back() == ',') bad_value(flag, expected, text);
   for (const std::string& item : split(text, ',')) {
     const auto colon = item.find(':');
     if (colon == std::string::npos) bad_value(flag, expected, text);
@@ -178,7 +180,7 @@ Given tokenize(const std::vector<std::string>& args) {
   using command_line::Takes;
   Given g;
   command_line::StandardFlags standard;
-  auto lookup = [](const std::string& name) -> std::optional<FlagShape> {
+  auto exact = [](const std::string& name) -> std::optional<FlagShape> {
     if (auto shape = command_line::StandardFlags::shape(name)) return shape;
     const FlagDef* f = find_flag(name);
     if (!f) return std::nullopt;
@@ -186,6 +188,14 @@ Given tokenize(const std::vector<std::string>& args) {
                      : f->optional_value ? Takes::InlineValue
                                          : Takes::Nothing,
                      f->help};
+  };
+  auto lookup = [&](const std::string& name) -> std::optional<FlagShape> {
+    if (auto shape = exact(name)) return shape;
+    const std::string full = abbreviated_flag(name);  // as argparse: "--nproc" for --nproc_per_node
+    if (full.empty()) return std::nullopt;
+    auto shape = exact(full);
+    shape->name = full;
+    return shape;
   };
   auto on_flag = [&](const std::string& name, const std::optional<std::string>& value) {
     if (!standard.take(name, value)) g.set(flag_dest(*find_flag(name)), value.value_or("1"), name);
@@ -255,6 +265,7 @@ void apply_environment_settings(const EnvLookup& env, LaunchOptions& o) {
   // As torchrun: on when it is "1".
   if (auto v = env("TORCHELASTIC_ENABLE_FILE_TIMER")) o.file_timer = trim(*v) == "1";
   if (auto v = env("TORCHELASTIC_TIMER_FILE")) o.timer_file = trim(*v);
+  if (auto v = env("TORCHELASTIC_ERROR_FILE"); v && !trim(*v).empty()) o.launcher_error_file = trim(*v);
   if (auto v = env("DDPRUN_TOPOLOGY_ROOT"); v && !trim(*v).empty()) o.topology_root = trim(*v);
   // --rdzv_conf token_file, applied later, wins.
   if (auto v = env("DDPRUN_TOKEN_FILE"); v && !v->empty()) o.token_file = *v;

@@ -138,6 +138,9 @@ struct LaunchOptions {
   std::string timer_file;
   double straggler_factor = 1.5;  // 0: no straggler warnings
   std::string role = "default";
+  // TORCHELASTIC_ERROR_FILE of ddprun itself (a launcher or scheduler above it reads it): where the
+  // root cause's error goes when the job fails, as torchrun writes it; "" none.
+  std::string launcher_error_file;
   std::string log_dir;
   // --report_file / DDPRUN_REPORT_FILE: the job's end as JSON ("{host}" is this host's name); "" none.
   std::string report_file;
@@ -149,6 +152,8 @@ struct LaunchOptions {
   // is how it was given (the flag or the variable), for messages.
   std::optional<uint16_t> http_port;
   std::string http_port_from;
+  // --http_allowed_hosts: names the job page may be asked under besides this host's own.
+  std::vector<std::string> http_allowed_hosts;
   // --trace_file: the job as a Chrome / Perfetto trace ("{host}": this host's name); "" none.
   std::string trace_file;
   // --merge_lines: identical console lines of several ranks within this window printed once; 0: off.
@@ -204,8 +209,9 @@ struct HostFacts {
 // Parses argv (without argv[0]). Throws ConfigError.
 LaunchOptions parse_options(const std::vector<std::string>& args, const EnvLookup& env, const HostFacts& host);
 
-// The --help text: every flag with its default.
-std::string usage_text();
+// The --help text: every flag with its default, wrapped to `width` columns as argparse wraps it
+// (command_line::help_width: the terminal's, 80 when there is none, or COLUMNS; less 2).
+std::string usage_text(size_t width = 78);
 
 // "SIGUSR1" / "USR1" / "10" -> 10. Throws ConfigError naming `flag`.
 int parse_signal(const std::string& text, const std::string& flag);

@@ -261,8 +261,14 @@ void apply_rdzv_endpoint(const FlagInput& in, LaunchOptions& o) {
 
 // --rdzv_conf KEY=VALUE,...: each key through its entry of the table.
 void apply_rdzv_conf(const FlagInput& in, LaunchOptions& o) {
-  if (trim(in.text).empty()) return;
-  for (const std::string& kv : split(in.text, ',')) {
+  std::string text = trim(in.text);
+  // "'k1=v1,k2=v2'": quotes a shell would have removed (PyTorch's own tests pass the value so, and a
+  // Kubernetes manifest can): the keys are inside them.
+  if (text.size() >= 2 && (text.front() == '\'' || text.front() == '"') && text.back() == text.front()) {
+    text = trim(text.substr(1, text.size() - 2));
+  }
+  if (text.empty()) return;
+  for (const std::string& kv : split(text, ',')) {
     const auto eq = kv.find('=');
     if (eq == std::string::npos || eq == 0) bad_value(in.flag, "key=value pairs separated by commas", kv);
     o.rdzv_conf[trim(kv.substr(0, eq))] = trim(kv.substr(eq + 1));

@@ -17,15 +17,16 @@ Environment worker_environment(const Environment& base, const WorkerPlacement& w
   env[names::kLocalRank] = std::to_string(virtual_rank ? 0 : where.local_rank);
   env[names::kRank] = std::to_string(where.rank);
   env[names::kGroupRank] = std::to_string(where.group_rank);
-  env[names::kRoleRank] = std::to_string(where.rank);  // one role per job: role rank = global rank
+  env[names::kRoleRank] = std::to_string(where.role_rank);
   env[names::kRoleName] = attempt.role;
   env[names::kLocalWorldSize] = std::to_string(where.local_world_size);
   env[names::kWorldSize] = std::to_string(where.world_size);
   env[names::kGroupWorldSize] = std::to_string(where.group_world_size);
-  env[names::kRoleWorldSize] = std::to_string(where.world_size);
+  env[names::kRoleWorldSize] = std::to_string(where.role_world_size);
   env[names::kMasterAddr] = attempt.master_addr;
   env[names::kMasterPort] = std::to_string(attempt.master_port);
   env[names::kRestartCount] = std::to_string(attempt.restart_count);
+  env[names::kRound] = std::to_string(attempt.round);
   env[names::kMaxRestarts] = std::to_string(attempt.max_restarts);
   env[names::kRunId] = attempt.run_id;
   env[names::kUseAgentStore] = "True";

@@ -19,6 +19,8 @@ struct WorkerPlacement {
   int world_size = 1;
   int group_rank = 0;        // node rank
   int group_world_size = 1;  // number of nodes
+  int role_rank = 0;         // rank among the workers of this --role
+  int role_world_size = 1;   // workers of this --role
 };
 
 // What every worker of one attempt shares.
@@ -26,6 +28,7 @@ struct AttemptContext {
   std::string master_addr;
   int master_port = 0;
   int restart_count = 0;
+  int round = 0;  // the job's rendezvous round (DDPRUN_ROUND)
   int max_restarts = 0;
   std::string run_id = "none";
   std::string role = "default";

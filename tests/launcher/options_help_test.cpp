@@ -1,10 +1,20 @@
 // What --help, --help=markdown and the docs' tables say of ddprun's flags (from the flag rows of
 // launcher/cli/flags.cpp), and that what they say is what the parser does.
+#include <fcntl.h>
+#include <sys/ioctl.h>
+#include <unistd.h>
+
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cctype>
 #include <chrono>
+#include <cstdlib>
+#include <sstream>
 #include <string>
 
+#include "common/command_line.hpp"
+#include "common/unique_fd.hpp"
 #include "launcher/cli/flags.hpp"
 #include "launcher/cli/options.hpp"
 #include "tests/launcher/options_test_support.hpp"
@@ -98,6 +108,59 @@ TEST(OptionsTest, TheDefaultsHelpStatesAreTheOnesTheParserUses) {
   EXPECT_GE(checked, 14);
   // And the sentence for --master_port: one node picks a free port, several nodes use 29500.
   EXPECT_FALSE(none.master_port.has_value());
+}
+
+// --help is wrapped as argparse wraps it: every line within the width, each option's help from
+// column 24 (beside the names when they fit before it), and nothing lost to the wrapping.
+TEST(OptionsTest, HelpIsWrappedToTheWidthItIsGiven) {
+  for (const size_t width : {58u, 78u, 118u}) {
+    std::istringstream help(usage_text(width));
+    size_t lines = 0;
+    for (std::string line; std::getline(help, line); ++lines) {
+      EXPECT_LE(line.size(), width) << "width " << width << ": '" << line << "'";
+    }
+    EXPECT_GT(lines, 100u);
+  }
+  const std::string help = usage_text(78);
+  EXPECT_NE(help.find("\n  --nnodes N            number of nodes"), std::string::npos) << help;
+  EXPECT_NE(help.find("\n  --rdzv_endpoint HOST:PORT\n                        a ddprun-rendezvous"), std::string::npos)
+      << help;
+  // The same text at any width (a word longer than a line is cut, as Python's textwrap cuts it).
+  auto text_of = [](std::string s) {
+    s.erase(std::remove_if(s.begin(), s.end(), [](unsigned char c) { return std::isspace(c); }), s.end());
+    return s;
+  };
+  EXPECT_EQ(text_of(usage_text(58)), text_of(usage_text(200)));
+}
+
+// The width: COLUMNS when it is a positive number, else the terminal's, else 80; less 2 (argparse's).
+TEST(OptionsTest, HelpWidthIsColumnsOrTheTerminalsOr80) {
+  auto env = [](const char* columns) {
+    return [columns](const std::string& name) -> std::optional<std::string> {
+      if (name == "COLUMNS" && columns) return std::string(columns);
+      return std::nullopt;
+    };
+  };
+  const UniqueFd null(::open("/dev/null", O_WRONLY | O_CLOEXEC));
+  ASSERT_TRUE(null);
+  EXPECT_EQ(command_line::help_width(null.get(), env(nullptr)), 78u);
+  EXPECT_EQ(command_line::help_width(null.get(), env("100")), 98u);
+  EXPECT_EQ(command_line::help_width(null.get(), env(" 90 ")), 88u);
+  EXPECT_EQ(command_line::help_width(null.get(), env("wide")), 78u);
+  EXPECT_EQ(command_line::help_width(null.get(), env("0")), 78u);
+  // A terminal of 132 columns.
+  const UniqueFd master(::posix_openpt(O_RDWR | O_NOCTTY | O_CLOEXEC));
+  ASSERT_TRUE(master);
+  ASSERT_EQ(::grantpt(master.get()), 0);
+  ASSERT_EQ(::unlockpt(master.get()), 0);
+  const UniqueFd terminal(::open(::ptsname(master.get()), O_RDWR | O_NOCTTY | O_CLOEXEC));
+  ASSERT_TRUE(terminal);
+  winsize ws{};
+  ws.ws_row = 40;
+  ws.ws_col = 132;
+  ASSERT_EQ(::ioctl(terminal.get(), TIOCSWINSZ, &ws), 0);
+  EXPECT_EQ(command_line::help_width(terminal.get(), env(nullptr)), 130u);
+  EXPECT_EQ(command_line::help_width(terminal.get(), env("60")), 58u);
 }
 
 }  // namespace

@@ -2,13 +2,18 @@
 // writes one JSON document at the end of each job, and the tests read that document, not the
 // console: a success, a failure after a restart, an error file, a stop signal, a two-node
 // failure (each node's report names the other node's rank as the root cause), the environment
-// variable and {host}, a path that cannot work (refused before any worker runs) and a disk that is
-// full at the end (a warning; the job's exit code is kept).
+// variable and {host}, a path that cannot work or something there that is not a file (refused
+// before any worker runs) and a disk that is full at the end (a warning; the job's exit code is
+// kept).
 #include <signal.h>
+#include <sys/socket.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include <gtest/gtest.h>
 
+#include <cerrno>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -163,7 +168,9 @@ TEST(ReportFileTest, TheWorkersErrorFileIsInTheRootCause) {
   ASSERT_TRUE(r.is_object()) << f.err;
   ASSERT_TRUE(r["root_cause"]["error"].is_string()) << r.dump(2);
   EXPECT_NE(r["root_cause"]["error"].get<std::string>().find("RuntimeError: loss is NaN"), std::string::npos);
-  EXPECT_TRUE(r["root_cause"]["error_file"].is_string());
+  // A file that is still there (the run directory, temporary here, went with ddprun), or none.
+  const json& error_file = r["root_cause"]["error_file"];
+  EXPECT_TRUE(error_file.is_null() || fs::exists(error_file.get<std::string>())) << r.dump(2);
 }
 
 TEST(ReportFileTest, AStopSignalIsReportedWithTheStoppedWorkers) {
@@ -271,6 +278,29 @@ TEST(ReportFileTest, APathThatCannotWorkIsRefusedBeforeAnyWorkerRuns) {
   EXPECT_EQ(f.exit_code, 2) << f.err;
   EXPECT_NE(f.err.find("--report_file " + dir.str() + " is a directory"), std::string::npos) << f.err;
   EXPECT_FALSE(fs::exists(ready));
+}
+
+// Something at the path that is not a file (as root, a device node such as /dev/full; here a
+// socket, which any user can make): refused before any worker runs, and left as it was.
+TEST(ReportFileTest, AnythingAtThePathButAFileOrAFifoIsRefusedBeforeAnyWorkerRuns) {
+  TempDir dir;
+  const fs::path sock = dir.path / "report.json";
+  const int fd = ::socket(AF_UNIX, SOCK_STREAM, 0);
+  ASSERT_GE(fd, 0);
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  ASSERT_LT(sock.string().size(), sizeof addr.sun_path);
+  std::strcpy(addr.sun_path, sock.c_str());
+  ASSERT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0) << std::strerror(errno);
+  const fs::path ready = dir.path / "ready";
+  Subprocess p(
+      ddprun({"--nproc_per_node", "1", "--report_file", sock.string(), TEST_WORKER_BIN, "ready-file", ready.string()}));
+  const Finished f = p.wait(30s);
+  ::close(fd);
+  EXPECT_EQ(f.exit_code, 2) << f.err;
+  EXPECT_NE(f.err.find("it is a socket"), std::string::npos) << f.err;
+  EXPECT_FALSE(fs::exists(ready));
+  EXPECT_TRUE(fs::is_socket(fs::symlink_status(sock))) << "the socket was replaced";
 }
 
 TEST(ReportFileTest, AFullDiskAtTheEndIsAWarningAndTheExitCodeStays) {

@@ -3,6 +3,9 @@
 //   test_worker exit-if-rank R CODE    rank R exits with CODE at once
 //   test_worker exit-if-attempt-below N CODE  exit CODE while TORCHELASTIC_RESTART_COUNT < N
 //   test_worker error-file MESSAGE     write TORCHELASTIC_ERROR_FILE (torchrun's JSON) and exit 1
+//   test_worker error-file-as KIND [ARG]  put something else at TORCHELASTIC_ERROR_FILE and go on:
+//                                      "fifo" (nobody writes it), "link TARGET", "big MB" (torchrun's
+//                                      JSON, its message MB megabytes long)
 //   test_worker grandchild OUT_DIR     fork a sleeping grandchild; write pids to OUT_DIR/pids.<RANK>
 //   test_worker wait-signal            print "ready" and wait; on SIGUSR1 print "got SIGUSR1" and exit 0;
 //                                      on SIGTERM print "got SIGTERM" and exit 0
@@ -10,6 +13,7 @@
 //   test_worker print N                print N numbered lines to stdout and stderr
 //   test_worker sleep SECONDS
 //   test_worker ready-file PATH        create PATH holding this pid, whole at once (after the commands before it)
+//   test_worker wait-file PATH         wait until PATH exists (exit 101 after 60 s without it)
 //   test_worker fds OUT_DIR            write this process's open descriptors to OUT_DIR/fds.<RANK>
 //   test_worker flood MB               print MB megabytes of 100-byte lines to stdout, fast
 //   test_worker ignore-term            ignore SIGTERM from now on
@@ -21,6 +25,7 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -84,6 +89,22 @@ int main(int argc, char** argv) {
           << R"(", "extraInfo": {"py_callstack": "Traceback: train.py line 42", "timestamp": "0"}}})";
       out.close();
       return 1;
+    } else if (cmd == "error-file-as") {
+      const std::string kind = arg();
+      const std::string path = env("TORCHELASTIC_ERROR_FILE");
+      ::unlink(path.c_str());
+      if (kind == "fifo") {
+        if (::mkfifo(path.c_str(), 0600) != 0) return 102;
+      } else if (kind == "link") {
+        if (::symlink(arg().c_str(), path.c_str()) != 0) return 102;
+      } else if (kind == "big") {
+        std::ofstream out(path);
+        out << R"({"message": {"message": "RuntimeError: )" << std::string(std::stoul(arg()) << 20, 'x')
+            << R"(", "extraInfo": {"py_callstack": "", "timestamp": "0"}}})";
+      } else {
+        std::cerr << "test_worker: error-file-as " << kind << "?\n";
+        return 100;
+      }
     } else if (cmd == "grandchild") {
       const std::string dir = arg();
       const pid_t child = ::fork();
@@ -190,6 +211,16 @@ int main(int argc, char** argv) {
       std::memcpy(static_cast<char*>(map) + 80, &n, sizeof n);  // progress_page.hpp's offset
     } else if (cmd == "ignore-term") {
       ::signal(SIGTERM, SIG_IGN);
+    } else if (cmd == "wait-file") {
+      const std::string path = arg();
+      const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+      while (!std::filesystem::exists(path)) {
+        if (std::chrono::steady_clock::now() > deadline) {
+          std::cerr << "test_worker: " << path << " did not appear within 60 s\n";
+          return 101;
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));  // sleep override: polling for the file
+      }
     } else if (cmd == "ready-file") {
       // Written under another name and renamed: whoever sees the file sees the pid in it.
       const std::string path = arg();

@@ -1,15 +1,19 @@
 #include "launcher/workers/worker_env.hpp"
 
 #include <fcntl.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
+#include <mutex>
+#include <vector>
 
 #include <gtest/gtest.h>
 
 #include "launcher/workers/numa.hpp"
 #include "launcher/workers/output.hpp"
+#include "launcher/workers/queued_writer.hpp"
 #include "launcher/workers/report.hpp"
 
 namespace ddprun::launcher {
@@ -20,6 +24,7 @@ using workers::Environment;
 using workers::expand_prefix;
 using workers::format_failure_report;
 using workers::LineWriter;
+using workers::QueuedWriter;
 using workers::shell_exit_code;
 using workers::substitute_args;
 using workers::visible_gpu_ids;
@@ -29,8 +34,14 @@ using workers::WorkerPlacement;
 namespace {
 
 TEST(WorkerEnvTest, SetsTorchrunContract) {
-  WorkerPlacement where{
-      .local_rank = 1, .rank = 5, .local_world_size = 4, .world_size = 8, .group_rank = 1, .group_world_size = 2};
+  WorkerPlacement where{.local_rank = 1,
+                        .rank = 5,
+                        .local_world_size = 4,
+                        .world_size = 8,
+                        .group_rank = 1,
+                        .group_world_size = 2,
+                        .role_rank = 3,  // a node of another role, with 2 workers, before this one
+                        .role_world_size = 6};
   AttemptContext ctx;
   ctx.master_addr = "10.1.2.3";
   ctx.master_port = 41000;
@@ -43,12 +54,12 @@ TEST(WorkerEnvTest, SetsTorchrunContract) {
   const Environment expected_subset = {{"LOCAL_RANK", "1"},
                                        {"RANK", "5"},
                                        {"GROUP_RANK", "1"},
-                                       {"ROLE_RANK", "5"},
+                                       {"ROLE_RANK", "3"},
                                        {"ROLE_NAME", "default"},
                                        {"LOCAL_WORLD_SIZE", "4"},
                                        {"WORLD_SIZE", "8"},
                                        {"GROUP_WORLD_SIZE", "2"},
-                                       {"ROLE_WORLD_SIZE", "8"},
+                                       {"ROLE_WORLD_SIZE", "6"},
                                        {"MASTER_ADDR", "10.1.2.3"},
                                        {"MASTER_PORT", "41000"},
                                        {"TORCHELASTIC_RESTART_COUNT", "2"},
@@ -109,6 +120,17 @@ TEST(LineWriterTest, PrefixTemplateKnowsTorchrunsMacros) {
   EXPECT_EQ(expand_prefix("${hostname}:${host}:${role_name}:${rank}:${local_rank}| ", 5, 1, "trainer", "node7"),
             "node7:node7:trainer:5:1| ");
   EXPECT_EQ(expand_prefix("${unknown} ${rank}", 2, 0, "r", "h"), "${unknown} 2");
+}
+
+// TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE as torchrun 2.x expands it (Python's string.Template's
+// safe_substitute): names with or without braces, $$ for a $, anything else left as it is.
+TEST(LineWriterTest, PrefixTemplateIsExpandedAsPythonsStringTemplate) {
+  EXPECT_EQ(expand_prefix("[$role_name$local_rank]:", 5, 1, "trainer", "h"), "[trainer1]:");
+  EXPECT_EQ(expand_prefix("[rank$rank]: ", 5, 1, "t", "h"), "[rank5]: ");
+  EXPECT_EQ(expand_prefix("$$rank ${rank}$$", 5, 1, "t", "h"), "$rank 5$");
+  EXPECT_EQ(expand_prefix("$ranks $rank_x ${rank ${ranks} $ $5 $", 5, 1, "t", "h"),
+            "$ranks $rank_x ${rank ${ranks} $ $5 $");
+  EXPECT_EQ(expand_prefix("$rank.$local_rank-$hostname", 5, 1, "t", "node7"), "5.1-node7");
 }
 
 // A log file on a full disk (/dev/full answers every write with ENOSPC): output that went to the
@@ -225,6 +247,7 @@ TEST(ReportTest, NamesRootCauseWithSignalErrorFileAndTail) {
   second.pid = 17;
   second.exit_code = 1;
   second.error_file = path;
+  workers::read_error_file(second);  // as the supervisor does when a worker ends
   const std::string r = format_failure_report("train.py", {first, second}, {1, 2});
   ::unlink(path);
   EXPECT_NE(r.find("train.py FAILED"), std::string::npos);
@@ -254,6 +277,33 @@ TEST(ReportTest, SaysWhatToDoAboutATorchWithoutLibuv) {
   EXPECT_EQ(format_failure_report("train.py", {e}, {}).find("what to do"), std::string::npos);
 }
 
+// An error file and stderr lines with escape sequences: the report shows them, never sends them
+// to the terminal to act on, and keeps UTF-8 text and tabs as they are.
+TEST(ReportTest, WhatAWorkerWroteReachesTheConsoleWithItsControlCharactersShown) {
+  WorkerExit e;
+  e.exit_code = 1;
+  e.host = "node-\x1b[8m";
+  e.error_text = "RuntimeError: \x1b[2Jgone\r\n\tat step 3 \xc3\xa9t\xc3\xa9";
+  e.stderr_tail = {"\x1b]0;pwned\x07title",
+                   "\xc2\x9b"
+                   "1A up a line",
+                   "crlf\r"};
+  const std::string r = format_failure_report("train.py", {e}, {});
+  for (const char c : r) {
+    const auto u = static_cast<unsigned char>(c);
+    EXPECT_TRUE((u >= 0x20 && u != 0x7f) || c == '\n' || c == '\t')
+        << "a control character " << static_cast<int>(u) << " in\n"
+        << r;
+  }
+  EXPECT_EQ(r.find("\xc2\x9b"), std::string::npos) << r;
+  EXPECT_NE(r.find("error      : RuntimeError: \\x1b[2Jgone\n"), std::string::npos) << r;
+  EXPECT_NE(r.find("\tat step 3 \xc3\xa9t\xc3\xa9\n"), std::string::npos) << r;
+  EXPECT_NE(r.find("| \\x1b]0;pwned\\x07title\n"), std::string::npos) << r;
+  EXPECT_NE(r.find("| \\xc2\\x9b1A up a line\n"), std::string::npos) << r;
+  EXPECT_NE(r.find("| crlf\n"), std::string::npos) << r;
+  EXPECT_NE(r.find("host       : node-\\x1b[8m"), std::string::npos) << r;
+}
+
 // A console nobody reads: writes never block, the overflow is dropped and counted, said once.
 TEST(ConsoleWriterTest, AConsoleNobodyReadsDropsInsteadOfBlocking) {
   int fds[2];
@@ -275,6 +325,32 @@ TEST(ConsoleWriterTest, AConsoleNobodyReadsDropsInsteadOfBlocking) {
   EXPECT_EQ(announced, 1);
   ::close(fds[0]);
   ::close(fds[1]);
+}
+
+// A file whose reader has gone: the owner is told once, with the error, and writes after it are
+// dropped, never blocked on.
+TEST(QueuedWriterTest, AFileThatFailsIsSaidOnceWithItsError) {
+  ::signal(SIGPIPE, SIG_IGN);  // as ddprun does: the write fails with EPIPE instead
+  int fds[2];
+  ASSERT_EQ(::pipe(fds), 0);
+  ::close(fds[0]);
+  std::mutex mutex;
+  std::vector<int> errors;
+  QueuedWriter::Settings how;
+  how.on_failure = [&](int err) {
+    std::lock_guard lock(mutex);
+    errors.push_back(err);
+  };
+  {
+    QueuedWriter file(UniqueFd(fds[1]), std::move(how));
+    file.write("first\n");
+    EXPECT_TRUE(file.drain(std::chrono::seconds(30)));
+    EXPECT_TRUE(file.failed());
+    file.write("second\n");
+  }
+  ASSERT_EQ(errors.size(), 1u);
+  EXPECT_EQ(errors[0], EPIPE);
+  EXPECT_EQ(::fcntl(fds[1], F_GETFD), -1) << "the writer closes the descriptor it owns";
 }
 
 }  // namespace

@@ -67,7 +67,9 @@ kill "$daemon"; wait "$daemon" || true; daemon=""
 for tool in ddprun ddprun-rendezvous ddprun-top; do
   man_text=$(zcat "$root/usr/share/man/man1/$tool.1.gz" | sed 's/\\-/-/g')
   grep -q '^\.TH' <<<"$man_text" || fail "$tool.1 is not a man page"
-  flags=$("$bin/$tool" --help | grep -E '^ +-' | grep -oE -- '--[a-z][a-z0-9_-]*' | sort -u)
+  # An option's line: its names, then (after two spaces) the first line of its help.
+  flags=$("$bin/$tool" --help | grep -E '^ {1,10}-' | sed -E 's/^ +//; s/  .*//' | grep -oE -- '--[a-z][a-z0-9_-]*' |
+          sort -u)
   [[ -n $flags ]] || fail "no flags in $tool --help"
   # shellcheck disable=SC1090
   source "$root/usr/share/bash-completion/completions/$tool"

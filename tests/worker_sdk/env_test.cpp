@@ -58,8 +58,11 @@ TEST(WorkerEnvTest, WhatTheLauncherSetsIsWhatTheSdkReads) {
   attempt.master_addr = "10.0.0.1";
   attempt.master_port = 29500;
   attempt.restart_count = 2;
+  attempt.round = 7;  // the job re-formed after restarts: its round is ahead of the restart count
   const auto env = launcher::workers::worker_environment({}, where, attempt, "/tmp/error.json");
-  expect_launched(read(env), {.rank = 5, .local_rank = 1, .world_size = 8, .local_world_size = 4});
+  const WorkerEnv e = read(env);
+  expect_launched(e, {.rank = 5, .local_rank = 1, .world_size = 8, .local_world_size = 4});
+  EXPECT_EQ(e.round, 7);
 }
 
 TEST(WorkerEnvTest, NoLauncherVariablesMeansASingleProcess) {
@@ -79,6 +82,7 @@ TEST(WorkerEnvTest, ReadsTheFullContract) {
                             {"TORCHELASTIC_USE_AGENT_STORE", "True"},
                             {"TORCHELASTIC_RESTART_COUNT", "2"}});
   expect_launched(e, {.rank = 3, .local_rank = 1, .world_size = 8, .local_world_size = 2});
+  EXPECT_EQ(e.round, 0) << "torchrun sets no DDPRUN_ROUND";
 }
 
 TEST(WorkerEnvTest, MissingOrMalformedVariablesAreNamed) {

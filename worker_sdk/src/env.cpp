@@ -52,6 +52,7 @@ WorkerEnv WorkerEnv::from_lookup(const Lookup& env) {
   } else if (auto v = env(names::kRestartCount)) {
     w.restart_count = static_cast<int>(parse_int(names::kRestartCount, *v, 0, 1 << 24));
   }
+  if (auto v = env(names::kRound)) w.round = static_cast<int>(parse_int(names::kRound, *v, 0, 1 << 30));
   return w;
 }
 

@@ -1,6 +1,6 @@
 #pragma once
 // The worker side of the launcher contract: RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE,
-// MASTER_ADDR, MASTER_PORT, TORCHELASTIC_USE_AGENT_STORE, TORCHELASTIC_RESTART_COUNT. Works under
+// MASTER_ADDR, MASTER_PORT, TORCHELASTIC_USE_AGENT_STORE, TORCHELASTIC_RESTART_COUNT, DDPRUN_ROUND. Works under
 // ddprun, under torchrun, and with the variables set by hand. Pure (no Torch).
 
 #include <cstdint>
@@ -19,6 +19,7 @@ struct WorkerEnv {
   uint16_t master_port = 0;
   bool use_agent_store = false;  // TORCHELASTIC_USE_AGENT_STORE == "True"
   int restart_count = 0;         // TORCHELASTIC_RESTART_COUNT
+  int round = 0;                 // DDPRUN_ROUND (0 without it: torchrun, or by hand)
   bool launched = false;         // false: no launcher variables at all (a single process)
 
   using Lookup = std::function<std::optional<std::string>(const std::string&)>;

@@ -27,6 +27,9 @@ inline constexpr const char kSignalsToHandle[] = "TORCHELASTIC_SIGNALS_TO_HANDLE
 inline constexpr const char kTimerFile[] = "TORCHELASTIC_TIMER_FILE";
 
 // ddprun's own.
+// The job's rendezvous round this attempt runs in: 0 the first; more after a restart, a node lost
+// or admitted (torchrun's TORCHELASTIC_RESTART_COUNT counts only restarts), or a node's rerun.
+inline constexpr const char kRound[] = "DDPRUN_ROUND";
 inline constexpr const char kProgressFile[] = "DDPRUN_PROGRESS_FILE";  // the rank's progress page
 inline constexpr const char kStackDir[] = "DDPRUN_STACK_DIR";          // where the rank writes its stacks
 inline constexpr const char kStackSignal[] = "DDPRUN_STACK_SIGNAL";    // the signal that asks for them
