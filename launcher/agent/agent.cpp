@@ -11,6 +11,7 @@
 #include "common/log.hpp"
 #include "common/system.hpp"
 #include "launcher/agent/agent.hpp"
+#include "launcher/agent/error_file.hpp"
 #include "launcher/workers/console.hpp"
 
 namespace ddprun::launcher::agent {
@@ -20,8 +21,6 @@ using cli::LaunchOptions;
 using rendezvous::ProgressChannel;
 using rendezvous::RoundEnd;
 using rendezvous::World;
-using watchdog::FinalRates;
-using watchdog::format_rates_table;
 using workers::Consoles;
 using workers::consoles;
 using workers::ConsoleWriter;
@@ -108,6 +107,7 @@ GroupResult Agent::running(const World& world) {
   rdzv::server::ServerThread* store = !multi_node_ || world.group_rank == 0 ? worker_store_.get() : nullptr;
   if (store) start_relay(world);
   GroupResult result = supervisor_.run(launches, [&](const std::vector<pid_t>& pids) {
+    ran_workers_ = true;
     health(StatusServer::Phase::Running,
            std::to_string(pids.size()) + " workers, round " + std::to_string(world.round) + " (restart " +
                std::to_string(restarts_) + ")",
@@ -145,48 +145,6 @@ GroupResult Agent::running(const World& world) {
   }
   if (watchdog_->wrote_diagnosis()) run_dir_.keep();
   return result;
-}
-
-void Agent::show_hang_report(const World& world, const RoundEnd& end) {
-  // In the run directory of every node; on the console of the node that diagnosed it (one report
-  // for the job), a pointer to it on the others.
-  const fs::path file = attempt_dir_ / "hang_report.txt";
-  bool written = false;
-  {
-    std::ofstream out(file, std::ios::trunc);
-    out << (end.report.empty() ? end.detail + "\n" : end.report);
-    out.close();
-    written = static_cast<bool>(out);
-  }
-  if (written) report_.set_hang_report_file(file.string());
-  if (health_ && written) health_->view().set_hang_report_file(file.string());
-  view_event("hang", end.detail);
-  std::error_code ec;
-  fs::permissions(file, fs::perms::owner_read | fs::perms::owner_write, fs::perm_options::replace, ec);
-  run_dir_.keep();
-  const bool diagnosed_here = !multi_node_ || end.root_node == world.group_rank;
-  if (diagnosed_here && !end.report.empty()) {
-    if (ConsoleWriter* err = consoles().err) err->write(end.report);
-  } else {
-    log::error("ddprun") << "the job hung (diagnosed by node " << end.root_node << "): " << end.detail
-                         << "; the full report is on that node's console";
-  }
-  if (written) {
-    log::error("ddprun") << "hang report: " << file.string();
-  } else {
-    log::warn("ddprun") << "cannot write the hang report " << file.string() << " (a full disk?): "
-                        << (diagnosed_here ? "it is on this console only" : "it is on that node's console only");
-  }
-}
-
-void Agent::print_rates() {
-  if (!watchdog_) return;
-  FinalRates rates = watchdog_->final_rates();
-  // The job's table is printed once: by the node that has every rank's figures.
-  if (rates.job_wide && !rates.ranks.empty()) {
-    if (ConsoleWriter* err = consoles().err) err->write(format_rates_table(rates.ranks, rates.stragglers));
-  }
-  report_.set_rates(std::move(rates));
 }
 
 RoundEnd Agent::agree_on_end(const World& world, const GroupResult& result) {
@@ -235,9 +193,10 @@ int Agent::finish(int round, const World& world, const RoundEnd& end, const Grou
   view_event("exit", outcome_name(end.kind) + ", exit code " + std::to_string(exit_code));
   if (end.job_over) {
     // A spare: the nodes that ran the job have said what there is to say.
-    const std::string what = "the job ended (" + outcome_name(end.kind) +
-                             (end.detail.empty() ? "" : ": " + end.detail) +
-                             ") while this node waited as a spare: no worker was started here";
+    const std::string what =
+        "the job ended (" + outcome_name(end.kind) + (end.detail.empty() ? "" : ": " + end.detail) +
+        ") while this node waited as a spare: " +
+        (ran_workers_ ? "its workers ran in an earlier round, none since" : "no worker was started here");
     if (end.kind == RoundEnd::Kind::Success) {
       log::info("ddprun") << what;
     } else {
@@ -279,6 +238,8 @@ int Agent::finish(int round, const World& world, const RoundEnd& end, const Grou
       for (const auto& f : result.failures) {
         if (!end.root_cause || f.rank != end.root_cause->rank) failures.push_back(f);
       }
+      settle_error_files(failures, options_.launcher_error_file, run_dir_.temporary ? run_dir_.path.string() : "",
+                         report_);
       const std::string report = format_failure_report(options_.program, failures, result.stopped_ranks);
       if (ConsoleWriter* err = consoles().err) err->write(report);
       break;
@@ -428,6 +389,11 @@ void check_report_path(const std::string& path) {
     throw ConfigError("--report_file " + path + " is a directory: give a file path, e.g. " +
                       (target / "ddprun-report.json").string());
   }
+  // A report replaces a regular file (or a FIFO) at its path, never a device or anything else.
+  if (const auto problem = report_path_problem(path)) {
+    throw ConfigError("--report_file " + path + ": " + *problem +
+                      ", which ddprun does not replace: give the path of a regular file, or of none yet");
+  }
   const fs::path dir = target.has_parent_path() ? target.parent_path() : fs::path(".");
   fs::create_directories(dir, ec);
   if (ec)
@@ -470,9 +436,11 @@ int run_agent(const LaunchOptions& o) {
     code = agent.run();
     report.write();
   } catch (const std::exception& e) {
-    // ddprun's own error (main prints it): the report says so too, with the exit code main returns.
+    // ddprun's own error (main prints it): the report says so too, with the exit code main returns,
+    // and so does the error file of whatever started ddprun.
     report.finish(nullptr, dynamic_cast<const ConfigError*>(&e) ? 2 : 1, "error", e.what());
     report.write();
+    write_launcher_error(o.launcher_error_file, e.what());
     log::set_sink(nullptr);
     consoles() = Consoles{};
     throw;

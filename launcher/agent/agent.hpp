@@ -87,7 +87,9 @@ std::vector<std::string> worker_command(const LaunchOptions& o, const Environmen
 std::vector<std::string> resolve_all(const std::vector<std::string>& names);
 
 // Where attempt directories go: LOG_DIR/RUN_ID_XXXX, or a temporary directory removed at exit
-// when nothing was asked to be kept. Private (0700), as is everything ddprun creates in it.
+// when nothing was asked to be kept. Private (0700), as is everything ddprun creates in it; made
+// with mkdir (no link followed) in a directory that only this user (or root) can change, or a
+// ConfigError: the workers run the Python hook from it.
 //
 // A temporary directory outlives a ddprun that cannot run its destructor (SIGKILL: the OOM killer,
 // `scancel -9`). So ddprun holds an flock on `.lock` inside it for as long as it runs, and marks it
@@ -135,7 +137,7 @@ class Agent {
   // workers from it, or starts them the normal way when it cannot serve (said once).
   void start_zygote();
   SpawnedProcess spawn_worker(const SpawnRequest& request);
-  uint16_t host_worker_store();
+  rendezvous::HostedStore host_worker_store();
   fs::path attempt_directory(const World& world) const;
   std::vector<WorkerLaunch> make_launches(const World& world, const fs::path& attempt_dir, const Watchdog& watchdog);
   std::unique_ptr<Watchdog> make_watchdog(const World& world, const fs::path& attempt_dir);
@@ -207,11 +209,15 @@ class Agent {
   void view_event(const char* kind, std::string text);
   // A round starts: who is in it.
   void view_round(const World& world);
+  // The supervisor begins to stop the workers (Supervisor::set_on_stopping): the page says why,
+  // and names a failure as the root cause, while they take their grace to exit.
+  void view_stopping(const GroupResult& so_far);
   // The program and its arguments, cut to `most` characters, for people to read.
   std::string command_line(size_t most) const;
   int view_nodes_ = 0;  // the previous round's node count, for the timeline
   fs::path attempt_dir_;
   int restarts_ = 0;
+  bool ran_workers_ = false;  // this node started workers in some round (a spare since, it says so)
   // The job's progress as the failures' ends said it: the most iterations reported before (none
   // yet: nothing known), and the restarts in a row that got no further.
   std::optional<uint64_t> best_iterations_;

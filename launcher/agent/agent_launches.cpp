@@ -23,6 +23,7 @@ using workers::RankPlacement;
 using workers::substitute_args;
 using workers::to_envp;
 using workers::worker_environment;
+using workers::WorkerExit;
 using workers::WorkerLaunch;
 using workers::WorkerPlacement;
 
@@ -58,6 +59,30 @@ void Agent::view_round(const World& world) {
   view_event("start", std::move(text));
 }
 
+void Agent::view_stopping(const GroupResult& so_far) {
+  if (!health_) return;
+  switch (so_far.outcome) {
+    case workers::GroupOutcome::Failed: {
+      if (so_far.failures.empty()) return;
+      const WorkerExit& first = so_far.failures.front();
+      const std::string why = "rank " + std::to_string(first.rank) + " failed with " + workers::describe_exit(first);
+      // The report first: whoever reads the phase reads a root cause with it.
+      report_.group_failing(so_far.failures);
+      view_event("failure", why);
+      health(StatusServer::Phase::Stopping, why + ": stopping the other workers");
+      return;
+    }
+    case workers::GroupOutcome::Signalled:
+      health(StatusServer::Phase::Stopping,
+             "received " + signal_name(supervisor_.stop_signal()) + ": stopping the workers");
+      return;
+    case workers::GroupOutcome::StoppedByRequest:  // another node's end, a hang (whose phase stands)
+      health(StatusServer::Phase::Stopping, so_far.stop_reason + ": stopping this node's workers");
+      return;
+    case workers::GroupOutcome::Succeeded: return;
+  }
+}
+
 std::unique_ptr<Watchdog> Agent::make_watchdog(const World& world, const fs::path& attempt_dir) {
   WatchdogSettings ws;
   ws.hang_timeout = options_.hang_timeout;
@@ -68,6 +93,7 @@ std::unique_ptr<Watchdog> Agent::make_watchdog(const World& world, const fs::pat
   ws.program = command_line(120);
   ws.host = host_;
   ws.node = multi_node_ ? world.group_rank : -1;
+  ws.world_size = world.world_size;
   ws.attempt_dir = attempt_dir.string();
   ws.worker_store_port = static_cast<uint16_t>(world.master_port);
   if (fence_window_.count() > 0) {
@@ -98,6 +124,7 @@ std::vector<WorkerLaunch> Agent::make_launches(const World& world, const fs::pat
   ctx.master_addr = world.master_addr;
   ctx.master_port = world.master_port;
   ctx.restart_count = restarts_;
+  ctx.round = world.round;
   ctx.max_restarts = options_.max_restarts;
   ctx.run_id = options_.run_id;
   ctx.role = options_.role;
@@ -135,6 +162,8 @@ std::vector<WorkerLaunch> Agent::make_launches(const World& world, const fs::pat
     where.world_size = world.world_size;
     where.group_rank = world.group_rank;
     where.group_world_size = world.group_world_size;
+    where.role_rank = world.role_rank_offset + lr;
+    where.role_world_size = world.role_world_size;
     const fs::path rank_dir = attempt_dir / std::to_string(lr);
     std::error_code ec;
     fs::remove(rank_dir / "error.json", ec);
@@ -147,6 +176,8 @@ std::vector<WorkerLaunch> Agent::make_launches(const World& world, const fs::pat
     // The watchdog's side of the contract (see watchdog.hpp and stacks.hpp).
     if (std::string page = watchdog.progress_file(lr); !page.empty()) env[names::kProgressFile] = std::move(page);
     env[names::kExcludeNodeFile] = exclusion_file().string();
+    // A replica group's round key (common/ft_wire.hpp): in the environment only, never in the store.
+    if (!world.worker_key.empty()) env["DDPRUN_FT_KEY"] = world.worker_key;
     if (capture_stacks_) {
       env[names::kStackDir] = rank_dir.string();
       env[names::kStackSignal] = std::to_string(stack_signal());

@@ -94,7 +94,7 @@ Agent::Agent(const LaunchOptions& o, JobReport& report)
     view::ViewSettings vs;
     vs.straggler_factor = o.straggler_factor;
     try {
-      health_ = std::make_unique<StatusServer>(*o.http_port, vs);
+      health_ = std::make_unique<StatusServer>(*o.http_port, vs, o.http_allowed_hosts);
     } catch (const ConnectionError& e) {
       throw ConfigError(given + ": cannot serve the job's HTTP endpoint: " + e.what() +
                         " (choose a free port, or 0 for any)");
@@ -103,6 +103,7 @@ Agent::Agent(const LaunchOptions& o, JobReport& report)
     const bool placed = multi_node_ && o.rdzv_backend == cli::RdzvBackend::Static;
     health_->view().set_identity(o.run_id, host_, placed ? o.node_rank : -1, o.max_nodes);
     health_->advertise(o.run_id, command_line(200));
+    supervisor_.set_on_stopping([this](const GroupResult& so_far) { view_stopping(so_far); });
     log::info("ddprun") << "job page at http://localhost:" << health_->port()
                         << "/ui (this host only), Prometheus metrics at /metrics, health at / (" << given << ")";
   }

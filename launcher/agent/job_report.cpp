@@ -11,6 +11,7 @@
 
 #include "common/log.hpp"
 #include "common/replace_file.hpp"
+#include "launcher/agent/error_file.hpp"
 #include "common/system.hpp"
 #include "common/unique_fd.hpp"
 
@@ -28,7 +29,6 @@ using watchdog::FinalRates;
 using watchdog::RankRate;
 using watchdog::to_json;
 using workers::GroupResult;
-using workers::read_error_file;
 using workers::WorkerExit;
 
 using json = nlohmann::json;
@@ -67,8 +67,7 @@ json worker_json(const WorkerExit& e, const std::string& state) {
 json failure_json(const WorkerExit& e) {
   json j = worker_json(e, "failed");
   j["error_file"] = e.error_file.empty() ? json(nullptr) : json(e.error_file);
-  const auto text = e.error_text ? e.error_text : read_error_file(e.error_file);
-  j["error"] = text ? json(*text) : json(nullptr);
+  j["error"] = e.error_text ? json(*e.error_text) : json(nullptr);
   j["stderr_tail"] = e.stderr_tail;
   j["diagnosis"] = e.diagnosis.empty() ? json(nullptr) : json(e.diagnosis);
   return j;
@@ -169,6 +168,22 @@ void JobReport::round_ended(const RoundEnd& end, const GroupResult& result) {
   a.stopped_ranks = std::set<int>(result.stopped_ranks.begin(), result.stopped_ranks.end());
   a.unkillable = result.unkillable;
   failures_ = result.failures;
+  latest_end_ = end;
+}
+
+void JobReport::group_failing(const std::vector<WorkerExit>& failures) {
+  if (failures.empty()) return;
+  RoundEnd failing;
+  failing.kind = RoundEnd::Kind::Failure;
+  failing.root_cause = failures.front();
+  failing.root_node = failures.front().node_rank;
+  latest_end_ = std::move(failing);
+  failures_ = failures;
+}
+
+void JobReport::keep_error_texts(const std::string& run_directory, const std::string& root_cause_copy) {
+  if (end_ && end_->root_cause) keep_error_text_of(*end_->root_cause, run_directory, root_cause_copy);
+  for (WorkerExit& f : failures_) keep_error_text_of(f, run_directory, "");
 }
 
 void JobReport::finish(const RoundEnd* end, int exit_code, const std::string& outcome, const std::string& message) {
@@ -221,14 +236,16 @@ json JobReport::attempt_json(const Attempt& a) const {
 
 json JobReport::root_cause_json(json& others) const {
   others = json::array();
-  if (!end_ || end_->kind != RoundEnd::Kind::Failure) return nullptr;
+  // The job's end once there is one; before, the latest round's (the job runs on, or is about to end).
+  const std::optional<RoundEnd>& end = finished_ ? end_ : latest_end_;
+  if (!end || end->kind != RoundEnd::Kind::Failure) return nullptr;
   json root_cause = nullptr;
-  if (end_->root_cause) root_cause = failure_json(*end_->root_cause);
+  if (end->root_cause) root_cause = failure_json(*end->root_cause);
   for (const WorkerExit& f : failures_) {
-    if (!end_->root_cause || f.rank != end_->root_cause->rank) others.push_back(failure_json(f));
+    if (!end->root_cause || f.rank != end->root_cause->rank) others.push_back(failure_json(f));
   }
-  if (root_cause.is_object() && end_->root_node >= 0 && root_cause["node_rank"].is_null()) {
-    root_cause["node_rank"] = end_->root_node;
+  if (root_cause.is_object() && end->root_node >= 0 && root_cause["node_rank"].is_null()) {
+    root_cause["node_rank"] = end->root_node;
   }
   return root_cause;
 }
@@ -305,6 +322,18 @@ json JobReport::to_json() const {
           {"run_directory", run_directory_.empty() ? json(nullptr) : json(run_directory_)}};
 }
 
+std::optional<std::string> report_path_problem(const std::string& path) {
+  struct stat st {};
+  // lstat: a link is judged as a link; replacing it would not write where it points.
+  if (::lstat(path.c_str(), &st) != 0) return std::nullopt;
+  if (S_ISREG(st.st_mode) || S_ISFIFO(st.st_mode)) return std::nullopt;
+  if (S_ISLNK(st.st_mode)) return "it is a symbolic link";
+  if (S_ISDIR(st.st_mode)) return "it is a directory";
+  if (S_ISCHR(st.st_mode) || S_ISBLK(st.st_mode)) return "it is a device";
+  if (S_ISSOCK(st.st_mode)) return "it is a socket";
+  return "it is not a regular file";
+}
+
 bool JobReport::write() const {
   if (path_.empty()) return true;
   auto warn = [&](const std::string& what) {
@@ -323,6 +352,10 @@ bool JobReport::write() const {
   ReplaceFile how;
   how.durability = Durability::Atomic;
   how.create_directory = true;
+  how.before_publish = [&]() -> std::optional<std::string> {
+    if (auto problem = report_path_problem(path_)) return "not replacing " + path_ + ": " + *problem;
+    return std::nullopt;
+  };
   if (const auto failed = replace_file(path_, text, how)) return warn(failed->what());
   log::info("ddprun") << "report: " << path_;
   return true;

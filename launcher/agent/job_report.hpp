@@ -40,6 +40,11 @@ std::string expand_report_path(const std::string& spec, const std::string& host)
 // The outcome word of the report for a round's end ("succeeded", "failed", "hung", ...).
 std::string outcome_name(RoundEnd::Kind kind);
 
+// Why the report may not replace what is at `path`: anything there that is not a regular file or a
+// FIFO (a device node, a directory, a socket, a symbolic link), as "it is a device"; nullopt when
+// nothing is there or it may be replaced. Checked at the start and again before the rename.
+std::optional<std::string> report_path_problem(const std::string& path);
+
 class JobReport {
  public:
   using Clock = std::chrono::system_clock;
@@ -53,11 +58,18 @@ class JobReport {
   void rendezvous_began(int round, int restart);
   void group_started(const World& world);
   void round_ended(const RoundEnd& end, const GroupResult& result);
+  // This node's workers failed and are being stopped (`failures` in order, the first the root
+  // cause as this node sees it): until the round's end is agreed (round_ended), the document as it
+  // stands names them.
+  void group_failing(const std::vector<WorkerExit>& failures);
   // This node waits as a spare of `round` (`end` null), or that round has ended (`end`).
   void spare(int round, const RoundEnd* end);
   void set_rates(FinalRates rates) { rates_ = std::move(rates); }
   void set_hang_report_file(std::string path) { hang_report_file_ = std::move(path); }
   void set_run_directory(std::string path) { run_directory_ = std::move(path); }
+  // The run directory is removed at the end: the failures' error files in it are kept as text, the
+  // root cause's path becomes its copy (`root_cause_copy`, "" for none), the others' none.
+  void keep_error_texts(const std::string& run_directory, const std::string& root_cause_copy);
   // What kept the last failed or hung round from a restart (Decision::Why::Ended: nothing did).
   void set_not_restarted(Decision::Why why) { not_restarted_ = why; }
 
@@ -95,6 +107,9 @@ class JobReport {
   Clock::time_point began_ = Clock::now(), ended_{};
   std::vector<Attempt> attempts_;
   std::optional<RoundEnd> end_;
+  // The latest round's end (or its failure while the workers are being stopped): what the document
+  // names as the root cause before the job's end (a page shows it through a restart).
+  std::optional<RoundEnd> latest_end_;
   std::vector<WorkerExit> failures_;  // this node's, last round
   std::string outcome_, message_;
   Decision::Why not_restarted_ = Decision::Why::Ended;

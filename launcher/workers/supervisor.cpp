@@ -16,6 +16,7 @@
 #include "common/procfs.hpp"
 #include "common/system.hpp"
 #include "launcher/workers/console.hpp"
+#include "launcher/workers/output_file.hpp"
 #include "launcher/workers/signals.hpp"
 #include "launcher/workers/supervisor_worker.hpp"
 
@@ -38,10 +39,12 @@ LineWriter::Sinks log_sinks(const WorkerLaunch& l, const std::string& path, Cons
   s.to_console = to_console;
   s.file_name = "rank " + std::to_string(l.rank) + "'s log file " + path;
   if (path.empty()) return s;
-  // Private: a worker's output is its own business.
-  s.file_fd.reset(::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600));
+  // Private: a worker's output is its own business. In ddprun's own directory, so anything but a
+  // regular file there (a FIFO, which would block the open or the writes) was put there by someone.
+  OpenedOutput file = open_output(path, OutputRules{true, false});
+  s.file_fd = std::move(file.fd);
   if (!s.file_fd) {
-    log::warn("ddprun") << "cannot create " << s.file_name << ": " << std::strerror(errno)
+    log::warn("ddprun") << "cannot write " << s.file_name << ": " << file.error
                         << "; its lines go to the console instead";
     s.to_console = true;
   }
@@ -126,6 +129,11 @@ void Supervisor::begin_stop(int signo, GroupOutcome outcome) {
     }
   });
   report_stop_progress();
+  if (on_stopping_) {
+    GroupResult so_far = result_;
+    for (WorkerExit& f : so_far.failures) f = with_tail(f);
+    on_stopping_(so_far);
+  }
 }
 
 void Supervisor::report_stop_progress() {
@@ -238,14 +246,22 @@ void Supervisor::on_worker_exit(Worker& w, int status) {
   e.error_file = w.launch.error_file;
   if (WIFSIGNALED(status)) e.signal = WTERMSIG(status);
   else e.exit_code = WEXITSTATUS(status);
-  result_.exits.push_back(e);
   const bool failed = e.signal != 0 || e.exit_code != 0;
+  // Read here, once, for every reader after (the hold, the reports, the other nodes).
+  if (failed) read_error_file(e);
+  result_.exits.push_back(e);
+  // Killed by the guard, this node having fallen out of the job: no rank failed, the agent says why.
+  const bool fenced = failed && !w.stopped_by_us && guard_ && guard_->fenced();
   if (failed || log::enabled(log::Level::Debug)) {
-    (failed && !w.stopped_by_us ? log::warn("ddprun") : log::info("ddprun"))
-        << "worker rank " << e.rank << " (pid " << e.pid << ") ended with " << describe_exit(e);
+    (failed && !w.stopped_by_us && !fenced ? log::warn("ddprun") : log::info("ddprun"))
+        << "worker rank " << e.rank << " (pid " << e.pid << ") ended with " << describe_exit(e)
+        << (fenced ? ": stopped by this node's guard" : "");
   }
   if (failed && !w.stopped_by_us && on_failure_) on_failure_(e);
-  if (failed && !w.stopped_by_us && state_ == State::Running) {
+  if (fenced) {
+    result_.failures.push_back(std::move(e));
+    if (state_ == State::Running) begin_stop(SIGTERM, GroupOutcome::Failed);
+  } else if (failed && !w.stopped_by_us && state_ == State::Running) {
     hold_failure(std::move(e));
   } else if (failed && !w.stopped_by_us) {
     result_.failures.push_back(std::move(e));

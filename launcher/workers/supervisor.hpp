@@ -71,6 +71,7 @@ struct GroupResult {
   std::vector<int> stopped_ranks;            // ranks ddprun terminated
   std::vector<WorkerExit> exits;             // every worker's end (one that could not start included), in order
   int signal = 0;                            // for Signalled
+  std::string stop_reason;                   // for StoppedByRequest: request_stop()'s reason
   std::vector<UnkillableWorker> unkillable;  // left behind, still alive, after SIGKILL
 };
 
@@ -112,6 +113,11 @@ class Supervisor {
   // held a moment for a root cause among others): what outside the group must learn it early (a
   // replica group leaves its job's quorum). It must not block for long.
   void set_on_failure(std::function<void(const WorkerExit&)> fn) { on_failure_ = std::move(fn); }
+  // Told on the supervisor's thread when it begins to stop the group (a failure settled, a stop
+  // signal, request_stop()), with the result so far: the outcome and the failures in order, the
+  // root cause first, each with its stderr tail as read so far. What shows the job (its page)
+  // learns there why the workers stop while they take their grace to exit. It must not block.
+  void set_on_stopping(std::function<void(const GroupResult&)> fn) { on_stopping_ = std::move(fn); }
 
   // Thread-safe. Whether a group runs and is not being stopped.
   bool group_running() const { return running_.load(std::memory_order_acquire); }
@@ -166,6 +172,7 @@ class Supervisor {
   OrphanGuard* guard_;
   Spawner spawner_;
   std::function<void(const WorkerExit&)> on_failure_;
+  std::function<void(const GroupResult&)> on_stopping_;
   boost::asio::io_context io_{1};
   boost::asio::signal_set sigchld_;
   boost::asio::steady_timer grace_timer_;

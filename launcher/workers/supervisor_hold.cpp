@@ -32,6 +32,7 @@ void Supervisor::request_stop(const std::string& reason) {
       held_.clear();
     }
     log::warn("ddprun") << "stopping the workers: " << reason;
+    result_.stop_reason = reason;
     begin_stop(SIGTERM, GroupOutcome::StoppedByRequest);
   });
 }

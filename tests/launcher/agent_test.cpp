@@ -186,8 +186,14 @@ TEST(StatusServerTest, AnswersOkUntilAHangOrTheEndThen503WithTheReason) {
   health.set(agent::StatusServer::Phase::Running, "8 workers, round 0 (restart 0)");
   r = http(health.port(), get);
   EXPECT_NE(r.find("ok: running, 8 workers, round 0 (restart 0), for 0 s"), std::string::npos) << r;
+  // A failure's stop is no reason for a probe to restart the pod: the job restarts its workers.
+  health.set(agent::StatusServer::Phase::Stopping, "rank 1 failed with exit code 3: stopping the other workers");
+  r = http(health.port(), get);
+  EXPECT_EQ(r.rfind("HTTP/1.1 200 OK\r\n", 0), 0u) << r;
+  EXPECT_NE(r.find("ok: stopping, rank 1 failed with exit code 3"), std::string::npos) << r;
   health.set(agent::StatusServer::Phase::Hung, "no rank made progress for 300 s; behind: rank 3");
   health.set(agent::StatusServer::Phase::Running, "8 workers");  // a hang stands until the round ends
+  health.set(agent::StatusServer::Phase::Stopping, "the job hung: stopping this node's workers");
   r = http(health.port(), get);
   EXPECT_EQ(r.rfind("HTTP/1.1 503 Service Unavailable\r\n", 0), 0u) << r;
   EXPECT_NE(r.find("hung: no rank made progress for 300 s; behind: rank 3"), std::string::npos) << r;

@@ -117,6 +117,49 @@ TEST(JobReportTest, AHangThenASuccessIsTwoAttemptsAndTheJobSucceeded) {
   EXPECT_GE(j["attempts"][1]["rendezvous_s"].get<double>(), 0.0);
 }
 
+// The document as it stands, as the job page shows it: a failure is the root cause from the moment
+// the workers are being stopped for it, through the restart and the next round, until the job's
+// own end says otherwise.
+TEST(JobReportTest, TheDocumentAsItStandsNamesTheLatestFailureBeforeTheJobEnds) {
+  StartedReport started(false);
+  JobReport& report = started.report;
+  EXPECT_TRUE(report.to_json()["root_cause"].is_null());
+  report.group_failing({worker_end(1, 3), worker_end(0, 1)});
+  json j = report.to_json();
+  EXPECT_TRUE(j["outcome"].is_null());
+  ASSERT_TRUE(j["root_cause"].is_object()) << j.dump(2);
+  EXPECT_EQ(j["root_cause"]["rank"], 1);
+  EXPECT_EQ(j["root_cause"]["exit_code"], 3);
+  ASSERT_EQ(j["other_failures"].size(), 1u);
+  EXPECT_EQ(j["other_failures"][0]["rank"], 0);
+
+  // The round's end, agreed: its root cause. Then the next round runs: still the latest failure.
+  RoundEnd failed;
+  failed.kind = RoundEnd::Kind::Failure;
+  failed.root_cause = worker_end(1, 3);
+  GroupResult result;
+  result.outcome = GroupOutcome::Failed;
+  result.failures = {worker_end(1, 3)};
+  result.exits = {worker_end(0, 0, 9), worker_end(1, 3)};
+  result.stopped_ranks = {0};
+  report.round_ended(failed, result);
+  report.rendezvous_began(1, 1);
+  report.group_started(one_node(1, 4001));
+  j = report.to_json();
+  ASSERT_TRUE(j["root_cause"].is_object()) << j.dump(2);
+  EXPECT_EQ(j["root_cause"]["rank"], 1);
+
+  // The job's end decides: a success after the restart has no root cause.
+  RoundEnd success;
+  GroupResult ok;
+  ok.exits = {worker_end(0, 0), worker_end(1, 0)};
+  report.round_ended(success, ok);
+  report.finish(&success, 0);
+  j = report.to_json();
+  EXPECT_EQ(j["outcome"], "succeeded");
+  EXPECT_TRUE(j["root_cause"].is_null()) << j.dump(2);
+}
+
 TEST(JobReportTest, AHangThatEndsTheJobCarriesTheDiagnosis) {
   StartedReport started(true);
   JobReport& report = started.report;
