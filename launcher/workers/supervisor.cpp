@@ -251,11 +251,14 @@ void Supervisor::on_worker_exit(Worker& w, int status) {
   if (failed) read_error_file(e);
   result_.exits.push_back(e);
   // Killed by the guard, this node having fallen out of the job: no rank failed, the agent says why.
-  const bool fenced = failed && !w.stopped_by_us && guard_ && guard_->fenced();
+  // The guard's SIGKILL names it even when a stop of ours came first: resumed from a freeze, ddprun
+  // can read the round's end (this node lost) before it reaps the worker the guard killed meanwhile.
+  const bool by_guard = failed && e.signal == SIGKILL && guard_ && guard_->fenced();
+  const bool fenced = by_guard && !w.stopped_by_us;
   if (failed || log::enabled(log::Level::Debug)) {
     (failed && !w.stopped_by_us && !fenced ? log::warn("ddprun") : log::info("ddprun"))
         << "worker rank " << e.rank << " (pid " << e.pid << ") ended with " << describe_exit(e)
-        << (fenced ? ": stopped by this node's guard" : "");
+        << (by_guard ? ": stopped by this node's guard" : "");
   }
   if (failed && !w.stopped_by_us && on_failure_) on_failure_(e);
   if (fenced) {

@@ -13,6 +13,8 @@
 #include <iterator>
 #include <thread>
 
+#include "common/log.hpp"
+#include "launcher/workers/process.hpp"
 #include "tests/support/temp_dir.hpp"
 #include "tests/support/wait_until.hpp"
 
@@ -261,6 +263,47 @@ TEST(SupervisorTest, AWorkerThatIgnoresSigtermIsKilledAfterTheGrace) {
   const auto rank0 = std::find_if(r.exits.begin(), r.exits.end(), [](const WorkerExit& e) { return e.rank == 0; });
   ASSERT_NE(rank0, r.exits.end());
   EXPECT_EQ(rank0->signal, SIGKILL);
+}
+
+std::vector<std::string>& logged() {
+  static std::vector<std::string> lines;
+  return lines;
+}
+
+// A node resumed from a freeze: its watcher read the round's end (this node counted as lost) and
+// asked for a stop, and the guard had killed the worker meanwhile (its SIGKILL reaped only after
+// the stop began). Before, the worker's end read as a stop of ddprun's own, and nothing said that
+// the guard had fenced it (a CI run of FrozenNodeTest, resumed in that order).
+TEST(SupervisorTest, AWorkerTheGuardKillsAfterAStopWasAskedIsSaidToBeStoppedByTheGuard) {
+  workers::OrphanGuard guard;  // before the test's threads
+  SupervisorSettings st = settings();
+  st.shutdown_grace = 60s;  // the guard, not the grace's SIGKILL, ends the worker
+  Supervisor s(st, &guard);
+  static std::mutex log_mutex;
+  logged().clear();
+  log::set_sink([](std::string_view line) {
+    std::lock_guard lock(log_mutex);
+    logged().emplace_back(line);
+  });
+  auto run = std::async(std::launch::async, [&] { return s.run({shell(0, "trap '' TERM; exec sleep 60")}); });
+  ASSERT_TRUE(test::wait_until([&] { return s.group_running(); }, 10s));
+  s.request_stop("node 1 (host-a) sent no heartbeat for 3s");
+  // The stop began (SIGTERM, which the worker ignores); then the fence lapses with no renewal.
+  ASSERT_TRUE(test::wait_until([&] { return !s.group_running(); }, 10s));
+  guard.arm_fence(std::chrono::milliseconds(200));
+  const bool ended = run.wait_for(30s) == std::future_status::ready;
+  log::set_sink(nullptr);
+  ASSERT_TRUE(ended) << "the guard did not end the worker";
+  const GroupResult r = run.get();
+  EXPECT_EQ(r.outcome, GroupOutcome::StoppedByRequest);
+  EXPECT_TRUE(r.failures.empty());
+  EXPECT_TRUE(has(r.stopped_ranks, 0));
+  ASSERT_EQ(r.exits.size(), 1u);
+  EXPECT_EQ(r.exits[0].signal, SIGKILL);
+  std::string all;
+  for (const std::string& l : logged()) all += l + "\n";
+  EXPECT_NE(all.find("ended with signal 9 (SIGKILL): stopped by this node's guard"), std::string::npos) << all;
+  EXPECT_TRUE(guard.take_fenced().has_value());
 }
 
 // A rank whose collective broke on a lost peer says so in its stderr or its error file (Gloo,
