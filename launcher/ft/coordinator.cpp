@@ -288,7 +288,17 @@ void Coordinator::say_membership(const Quorum& q) {
   for (const Member& m : q.members) now.insert(m.group);
   const GroupView mine = view_of(q, options_.group);
   const bool missed = last_seq_ > 0 && q.seq > last_seq_ + 1;
-  if (now == last_groups_ && !missed && !mine.heal) return;
+  // Groups of the last quorum that are back as a new incarnation (their workers restarted): the
+  // same groups, other members (a survivor that waited for one says so when it is back).
+  std::vector<const Member*> restarted;
+  for (const Member& m : q.members) {
+    const auto was = last_incarnations_.find(m.group);
+    if (was != last_incarnations_.end() && was->second != m.incarnation) restarted.push_back(&m);
+  }
+  std::map<int, std::string> incarnations;
+  for (const Member& m : q.members) incarnations[m.group] = m.incarnation;
+  last_incarnations_ = std::move(incarnations);
+  if (now == last_groups_ && !missed && !mine.heal && restarted.empty()) return;
   std::string line = "replica group " + std::to_string(options_.group) + ": quorum " + std::to_string(q.seq) + " (id " +
                      std::to_string(q.id) + ", step " + std::to_string(q.max_step()) + ") trains with group(s) ";
   bool first = true;
@@ -307,6 +317,12 @@ void Coordinator::say_membership(const Quorum& q) {
       line += "; with group " + std::to_string(m.group) + " (at step " + std::to_string(m.step) +
               (v.heal ? ": heals from group " + std::to_string(v.recover_from) + ")" : ")");
     }
+  }
+  for (const Member* m : restarted) {
+    if (m->group == options_.group) continue;  // this group's own restart: its heal says it
+    const GroupView v = view_of(q, m->group);
+    line += "; group " + std::to_string(m->group) + " is back from a restart (at step " + std::to_string(m->step) +
+            (v.heal ? ": heals from group " + std::to_string(v.recover_from) + ")" : ")");
   }
   if (missed)
     line += "; this group was out of quorum(s) " + std::to_string(last_seq_ + 1) + ".." + std::to_string(q.seq - 1);

@@ -148,8 +148,9 @@ class Coordinator {
   // Looks at the asks of `seq` and proposes the quorum when the rules are met; what it waits for.
   std::string try_decide(int64_t seq, Clock::duration waited);
   void collect_garbage(int64_t seq);
-  // One line in the log when this group's quorum has other groups than its last one: who left and
-  // why, who is back and whether it heals, and from whom.
+  // One line in the log when this group's quorum has other members than its last one (other groups,
+  // or a group back from a restart): who left and why, who is back and whether it heals, and from
+  // whom.
   void say_membership(const Quorum& q);
   // The job's end when it is recorded, this group asks, and every heartbeating group asks from
   // behind it.
@@ -159,8 +160,9 @@ class Coordinator {
   rdzv::jobs::QuorumKeys keys_;
   std::unique_ptr<QuorumKv> kv_;
   std::unique_ptr<QuorumKv> beat_kv_;
-  int64_t last_seq_ = 0;       // the latest quorum this group was a member of
-  std::set<int> last_groups_;  // its groups
+  int64_t last_seq_ = 0;                          // the latest quorum this group was a member of
+  std::set<int> last_groups_;                     // its groups
+  std::map<int, std::string> last_incarnations_;  // its members' incarnations, by group
   std::optional<Quorum> previous_cache_;
   int64_t hinted_latest_ = 0;         // the latest quorum's seq as try_decide last read it
   std::optional<Finished> finished_;  // guarded by mutex_

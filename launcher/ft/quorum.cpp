@@ -159,6 +159,20 @@ Decision decide(const std::optional<Quorum>& previous, int64_t seq, const Candid
   if (static_cast<int>(participants.size()) < rules.min_groups) {
     d.waiting = std::to_string(participants.size()) + " of the " + std::to_string(rules.min_groups) +
                 " replica groups needed have asked (asked: " + (asked.empty() ? "none" : list_groups(asked)) + ")";
+    // The groups it waits for: the job's others this side knows of (the last quorum's members, and
+    // any that heartbeat), each with what it is doing.
+    std::set<int> known(candidates.healthy.begin(), candidates.healthy.end());
+    if (previous) {
+      for (const Member& m : previous->members) known.insert(m.group);
+    }
+    std::string awaited;
+    for (int g : known) {
+      if (asked.count(g) || refused.count(g)) continue;
+      awaited += std::string(awaited.empty() ? "" : ", ") + "group " + std::to_string(g) +
+                 (candidates.healthy.count(g) ? " (heartbeats, has not asked yet)"
+                                              : " (no heartbeat: its workers failed, or it cannot reach the quorum)");
+    }
+    d.waiting += awaited.empty() ? "; no other group of the job heartbeats yet" : "; waiting for " + awaited;
     return d;
   }
   if (previous && !previous->members.empty() && !participants.empty()) {

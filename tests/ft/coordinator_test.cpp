@@ -9,11 +9,14 @@
 
 #include <csignal>
 #include <future>
+#include <mutex>
 
 #include "common/errors.hpp"
+#include "common/log.hpp"
 #include "rendezvous/client/client.hpp"
 #include "rendezvous/server/server.hpp"
 #include "tests/support/etcd_cluster.hpp"
+#include "tests/support/wait_until.hpp"
 
 namespace ddprun::launcher::ft {
 namespace {
@@ -52,7 +55,8 @@ class CoordinatorTest : public ::testing::TestWithParam<std::string> {
   }
 
   std::unique_ptr<Coordinator> group(int g, const std::string& incarnation, int min_groups,
-                                     milliseconds heartbeat_timeout = seconds(60)) {
+                                     milliseconds heartbeat_timeout = seconds(60),
+                                     milliseconds progress_interval = seconds(10)) {
     CoordinatorOptions o;
     o.run_id = "ftjob";
     o.group = g;
@@ -61,6 +65,7 @@ class CoordinatorTest : public ::testing::TestWithParam<std::string> {
     o.heartbeat_interval = milliseconds(50);
     o.heartbeat_timeout = heartbeat_timeout;
     o.poll = milliseconds(20);
+    o.progress_interval = progress_interval;
     auto c = std::make_unique<Coordinator>(o, kv(), kv());
     c->set_incarnation(incarnation);
     return c;
@@ -178,6 +183,56 @@ TEST_P(CoordinatorTest, TooFewGroupsTimeOutSayingWhatTheyWaitFor) {
   } catch (const TimeoutError& e) {
     EXPECT_NE(std::string(e.what()).find("1 of the 2 replica groups"), std::string::npos) << e.what();
   }
+}
+
+std::vector<std::string>& logged() {
+  static std::vector<std::string> lines;
+  return lines;
+}
+std::mutex log_mutex;
+
+// Two groups, both needed; group 1's workers die and start again. Group 0 waits, saying for whom,
+// and says so when group 1 is back: the same groups, another member. Before, it named only the
+// groups that had asked, and logged nothing once the job was whole again.
+TEST_P(CoordinatorTest, ASurvivorSaysWhichGroupItWaitsForAndWhenThatGroupIsBack) {
+  auto g0 = group(0, "a", 2, seconds(60), milliseconds(100));  // says what it waits for every 100 ms
+  auto g1 = group(1, "a", 2);
+  wait_healthy(*g0, {0, 1});
+  wait_healthy(*g1, {0, 1});
+  {
+    auto a = std::async(std::launch::async, [&] { return g0->next(at(0), stop_, seconds(30)); });
+    auto b = std::async(std::launch::async, [&] { return g1->next(at(0), stop_, seconds(30)); });
+    EXPECT_EQ(a.get().seq, b.get().seq);
+  }
+  g1->withdraw();
+  wait_healthy(*g0, {0});
+  logged().clear();
+  log::set_sink([](std::string_view line) {
+    std::lock_guard lock(log_mutex);
+    logged().emplace_back(line);
+  });
+  const auto all_logged = [] {
+    std::lock_guard lock(log_mutex);
+    std::string all;
+    for (const std::string& l : logged()) all += l + "\n";
+    return all;
+  };
+  auto a = std::async(std::launch::async, [&] { return g0->next(at(1), stop_, seconds(30)); });
+  const bool said = test::wait_until(
+      [&] { return all_logged().find("waiting for group 1 (no heartbeat") != std::string::npos; }, seconds(30));
+  g1->set_incarnation("b");
+  auto b = std::async(std::launch::async, [&] { return g1->next(at(0), stop_, seconds(30)); });
+  const Quorum q = a.get();
+  EXPECT_EQ(b.get().seq, q.seq);
+  log::set_sink(nullptr);
+  const std::string all = all_logged();
+  EXPECT_TRUE(said) << all;
+  ASSERT_EQ(q.members.size(), 2u);
+  EXPECT_NE(all.find("replica group 0: quorum " + std::to_string(q.seq) +
+                     " (id 2, step 1) trains with group(s) 0, 1; group 1 is back from a restart (at step 0: heals "
+                     "from group 0)"),
+            std::string::npos)
+      << all;
 }
 
 TEST_P(CoordinatorTest, AStopEndsTheWaitForAQuorum) {

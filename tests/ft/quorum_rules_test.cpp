@@ -52,6 +52,31 @@ TEST(QuorumRulesTest, WaitsForTheFewestGroupsThatMayTrain) {
   EXPECT_NE(d.waiting.find("1 of the 2"), std::string::npos) << d.waiting;
 }
 
+// Too few groups to train: the wait names the groups of the job it waits for and what each does.
+// Before, it named only the groups that had asked.
+TEST(QuorumRulesTest, TooFewGroupsNameTheGroupsWaitedFor) {
+  Quorum prev;
+  prev.seq = 5;
+  prev.id = 1;
+  prev.members = {member(0, 4), member(1, 4)};
+  Candidates c{{member(0, 5)}, {0}, seconds(1), {}};
+  Decision d = decide(prev, 6, c, rules(2));
+  EXPECT_FALSE(d.quorum);
+  EXPECT_NE(d.waiting.find("(asked: 0); waiting for group 1 (no heartbeat: its workers failed, or it cannot reach the "
+                           "quorum)"),
+            std::string::npos)
+      << d.waiting;
+  c.healthy = {0, 1, 2};
+  d = decide(prev, 6, c, rules(3));
+  EXPECT_FALSE(d.quorum);
+  EXPECT_NE(d.waiting.find("waiting for group 1 (heartbeats, has not asked yet), group 2 (heartbeats, has not asked "
+                           "yet)"),
+            std::string::npos)
+      << d.waiting;
+  d = decide(std::nullopt, 1, Candidates{{member(0, 0)}, {0}, seconds(1), {}}, rules(2));
+  EXPECT_NE(d.waiting.find("no other group of the job heartbeats yet"), std::string::npos) << d.waiting;
+}
+
 TEST(QuorumRulesTest, WaitsForAHeartbeatingStragglerUntilTheJoinTimeout) {
   Candidates c{{member(0, 5), member(1, 5)}, {0, 1, 2}, seconds(1), {}};
   Decision d = decide(std::nullopt, 1, c, rules(2, seconds(10)));
