@@ -10,6 +10,7 @@
 #include "common/system.hpp"
 #include "launcher/agent/agent.hpp"
 #include "launcher/workers/python_hook.hpp"
+#include "rendezvous/jobs/job_keys.hpp"
 
 namespace ddprun::launcher::agent {
 
@@ -102,7 +103,10 @@ Agent::Agent(const LaunchOptions& o, JobReport& report)
     // A node's place is known before the first round only in a static job (--node_rank).
     const bool placed = multi_node_ && o.rdzv_backend == cli::RdzvBackend::Static;
     health_->view().set_identity(o.run_id, host_, placed ? o.node_rank : -1, o.max_nodes);
-    health_->advertise(o.run_id, command_line(200));
+    // A replica group under its own world's run id (JOB.rgN, as the log names it), so that
+    // ddprun-top tells the groups of one job on this host apart.
+    health_->advertise(o.replica_group ? rdzv::jobs::replica_group_run_id(o.run_id, *o.replica_group) : o.run_id,
+                       command_line(200));
     supervisor_.set_on_stopping([this](const GroupResult& so_far) { view_stopping(so_far); });
     log::info("ddprun") << "job page at http://localhost:" << health_->port()
                         << "/ui (this host only), Prometheus metrics at /metrics, health at / (" << given << ")";

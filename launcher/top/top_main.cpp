@@ -89,8 +89,15 @@ Target resolve(const std::string& spec) {
   }
   std::vector<ddprun::job_pages::Entry> matching;
   const auto jobs = ddprun::job_pages::list();
+  // A replica group's page is advertised under its group's run id (JOB.rgN, as its ddprun's log
+  // names it): JOB stands for each of them.
+  const auto of_job = [&](const std::string& run_id) {
+    const std::string prefix = spec + ".rg";
+    return run_id.size() > prefix.size() && run_id.compare(0, prefix.size(), prefix) == 0 &&
+           run_id.find_first_not_of("0123456789", prefix.size()) == std::string::npos;
+  };
   for (const auto& j : jobs) {
-    if (j.run_id == spec) matching.push_back(j);
+    if (j.run_id == spec || of_job(j.run_id)) matching.push_back(j);
   }
   if (matching.empty()) {
     fail("no job of yours with run id '" + spec + "' and a page runs on this host" +
@@ -99,7 +106,9 @@ Target resolve(const std::string& spec) {
          1);
   }
   if (matching.size() > 1)
-    fail("several jobs run with run id '" + spec + "'; name one by its port:" + jobs_here(matching), 1);
+    fail("several jobs run with run id '" + spec +
+             "'; name one by its port (or a replica group by its run id):" + jobs_here(matching),
+         1);
   t.port = matching.front().port;
   return t;
 }

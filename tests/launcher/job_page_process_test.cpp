@@ -7,10 +7,13 @@
 #include <netdb.h>
 #include <unistd.h>
 
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <memory>
 #include <string>
+#include <vector>
 
 #include "tests/support/daemon.hpp"
 #include "tests/support/ddprun_bin.hpp"
@@ -195,6 +198,40 @@ TEST(JobPageProcessTest, TheDaemonsPageAnswersOnlyUnderThisHostsNamesAndTheListe
   ASSERT_NE(listed_port, 0) << listed.log();
   EXPECT_EQ(http_get_host(listed_port, "/api/jobs", "attacker.example").status, 200);
   EXPECT_EQ(http_get_host(listed_port, "/api/jobs", "attacker.test").status, 403);
+}
+
+std::string top_bin() {
+  const char* other = std::getenv("DDPRUN_TEST_DDPRUN_TOP_BIN");
+  return other && *other ? other : DDPRUN_TOP_BIN;
+}
+
+// Two replica groups of one job on this host, each with a page (the user's command: no
+// --local_addr). ddprun-top names each by its group's run id, JOB.rgN as their logs say it, and JOB
+// alone lists both. Before, both pages were advertised as JOB: only a port told them apart, and
+// JOB.rg1 was no job.
+TEST(JobPageProcessTest, DdprunTopNamesEachReplicaGroupOfAJobByItsRunId) {
+  Daemon d(DAEMON_BIN);
+  const std::string job = "topjob" + std::to_string(::getpid());
+  std::vector<uint16_t> ports;
+  std::vector<std::unique_ptr<Subprocess>> groups;
+  for (int g = 0; g < 2; ++g) {
+    ports.push_back(static_cast<uint16_t>(free_port()));
+    groups.push_back(std::make_unique<Subprocess>(
+        ddprun({"--http_port", std::to_string(ports.back()), "--nproc_per_node", "1", "--rdzv_backend", "c10d",
+                "--rdzv_endpoint", "127.0.0.1:" + std::to_string(d.port()), "--rdzv_id", job, "--replica_group",
+                std::to_string(g), TEST_WORKER_BIN, "sleep", "120"})));
+  }
+  for (int g = 0; g < 2; ++g) {
+    ASSERT_TRUE(groups[g]->wait_for([&] { return job_view(ports[g]).is_object(); }, 60s)) << groups[g]->err();
+  }
+  const Finished one = Subprocess({top_bin(), "--once", job + ".rg1"}).wait(60s);
+  EXPECT_EQ(one.exit_code, 0) << one.err;
+  EXPECT_NE(one.out.find(":" + std::to_string(ports[1])), std::string::npos) << one.out;
+  const Finished both = Subprocess({top_bin(), "--once", job}).wait(60s);
+  EXPECT_EQ(both.exit_code, 1) << both.out;
+  EXPECT_NE(both.err.find("several jobs run with run id '" + job + "'"), std::string::npos) << both.err;
+  EXPECT_NE(both.err.find("run id " + job + ".rg0, port " + std::to_string(ports[0])), std::string::npos) << both.err;
+  EXPECT_NE(both.err.find("run id " + job + ".rg1, port " + std::to_string(ports[1])), std::string::npos) << both.err;
 }
 
 }  // namespace
