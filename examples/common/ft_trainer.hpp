@@ -80,12 +80,16 @@ int train_fault_tolerant(const std::string& name, const ExampleFlags& flags, std
     const ft::SamplerPosition position = sampler.position(*manager);
     const int64_t samples = sampler.step_samples(*manager);
     if (position.epoch != epoch) {
-      char line[256];
-      std::snprintf(
-          line, sizeof line, "replica group %d: epoch %lld/%d: loss %.4f (rank 0's samples), %.1fs, step %lld",
-          manager->group(), static_cast<long long>(epoch + 1), flags.epochs, total / std::max(seen, 1.0),
-          std::chrono::duration<double>(Clock::now() - epoch_start).count(), static_cast<long long>(manager->step()));
-      dist.print(line);
+      // Only an epoch this process trained in: a group that healed into a later one trained none of
+      // the epochs it skipped (their loss would read 0).
+      if (seen > 0) {
+        char line[256];
+        std::snprintf(
+            line, sizeof line, "replica group %d: epoch %lld/%d: loss %.4f (rank 0's samples), %.1fs, step %lld",
+            manager->group(), static_cast<long long>(epoch + 1), flags.epochs, total / seen,
+            std::chrono::duration<double>(Clock::now() - epoch_start).count(), static_cast<long long>(manager->step()));
+        dist.print(line);
+      }
       epoch = position.epoch;
       epoch_start = Clock::now();
       total = seen = 0;

@@ -122,7 +122,9 @@ def train_fault_tolerant(args, train, rank, world):
         # what they committed), so they all end an epoch, and the training, on the same step.
         position, samples = sampler.position(manager), sampler.step_samples(manager)
         if position[0] != epoch:
-            if rank == 0:
+            # Only an epoch this process trained in: a group that healed into a later one trained
+            # none of the epochs it skipped (their loss would read 0).
+            if rank == 0 and seen:
                 print(f"replica group {manager.group}: epoch {epoch + 1}/{args.epochs}: loss "
                       f"{total / max(seen, 1):.4f} (rank 0's samples), {time.time() - epoch_start:.1f}s, "
                       f"step {manager.step}", flush=True)
