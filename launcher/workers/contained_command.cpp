@@ -39,15 +39,6 @@ void tell(int fd, int32_t kind, int32_t value) {
   [[maybe_unused]] auto n = ::write(fd, &r, sizeof r);
 }
 
-void default_signals() {
-  struct sigaction dfl {};
-  dfl.sa_handler = SIG_DFL;
-  for (int s = 1; s < NSIG; ++s) ::sigaction(s, &dfl, nullptr);
-  sigset_t none;
-  sigemptyset(&none);
-  ::sigprocmask(SIG_SETMASK, &none, nullptr);
-}
-
 // SIGKILLs every child of the runner (read from /proc/self/task/<pid>/children); the number found.
 int kill_children() {
   char path[64] = "/proc/self/task/";
@@ -95,7 +86,7 @@ void kill_everything(pid_t command) {
 [[noreturn]] void exec_command(char* const* argv, char* const* envp, int out_w, int err_w, int report_w, pid_t runner) {
   ::prctl(PR_SET_PDEATHSIG, SIGKILL);
   if (::getppid() != runner) ::_exit(127);
-  default_signals();
+  default_signals_in_child();
   ::dup2(out_w, STDOUT_FILENO);
   ::dup2(err_w, STDERR_FILENO);
   ::close_range(3, ~0U, CLOSE_RANGE_CLOEXEC);
@@ -118,7 +109,7 @@ void close_all_but(int a, int b) {
   ::setpgid(0, 0);
   ::prctl(PR_SET_CHILD_SUBREAPER, 1);
   ::prctl(PR_SET_NAME, "ddprun-check");
-  default_signals();
+  default_signals_in_child();
   struct sigaction ign {};
   ign.sa_handler = SIG_IGN;
   for (int s : {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGPIPE}) ::sigaction(s, &ign, nullptr);

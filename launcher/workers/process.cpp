@@ -72,13 +72,7 @@ struct Placement {
   // ddprun (and the stack tools it starts) may read this process's stacks under Yama's
   // ptrace_scope=1; without Yama this fails harmlessly.
   ::prctl(PR_SET_PTRACER, parent, 0, 0, 0);
-  // ddprun ignores SIGPIPE and blocks signals for its loop; workers start with the defaults.
-  struct sigaction dfl {};
-  dfl.sa_handler = SIG_DFL;
-  for (int s = 1; s < NSIG; ++s) ::sigaction(s, &dfl, nullptr);
-  sigset_t none;
-  sigemptyset(&none);
-  ::sigprocmask(SIG_SETMASK, &none, nullptr);
+  default_signals_in_child();
   ::dup2(out_w, STDOUT_FILENO);
   ::dup2(err_w, STDERR_FILENO);
   // Every descriptor ddprun opens is close-on-exec; this makes sure of it for any a library may
@@ -140,6 +134,15 @@ Pipe make_pipe(const std::string& what) {
 }
 
 void become_subreaper() { ::prctl(PR_SET_CHILD_SUBREAPER, 1); }
+
+void default_signals_in_child() noexcept {
+  struct sigaction dfl {};
+  dfl.sa_handler = SIG_DFL;
+  for (int s = 1; s < NSIG; ++s) ::sigaction(s, &dfl, nullptr);
+  sigset_t none;
+  sigemptyset(&none);
+  ::sigprocmask(SIG_SETMASK, &none, nullptr);
+}
 
 struct OrphanGuard::Shared {
   std::atomic<int64_t> fenced_window_ms{-1};  // set by the guard when it fenced

@@ -46,6 +46,11 @@ SpawnedProcess spawn_process(const SpawnRequest& request);
 // waitpid(-1) collects them instead of init.
 void become_subreaper();
 
+// In a child between fork and exec (async-signal-safe): every signal back to its default and none
+// blocked, as a program expects at its start. ddprun ignores SIGPIPE and blocks signals for its loop,
+// and the fork inherits both.
+void default_signals_in_child() noexcept;
+
 // A small process that outlives ddprun by design: it learns the process group of every worker and,
 // when its pipe from ddprun closes without a clean goodbye (ddprun was SIGKILLed or crashed), kills
 // those groups, so no worker or grandchild is orphaned. Start it before opening sockets or threads.
