@@ -401,11 +401,19 @@ Quorum Coordinator::next(Member self, const StopSignal& stop, std::chrono::milli
       // latest quorum, as try_decide read it, is this one or later.
       if (hinted_latest_ >= seq) break;
       const auto now = Clock::now();
-      if (now - start >= timeout)
+      if (now - start >= timeout) {
+        // The ask goes with this group: left behind, it would count this group into a quorum the
+        // others form later, one whose workers never come to its step.
+        try {
+          kv_->erase(keys_.ask(seq, self.group));
+        } catch (const std::exception& e) {
+          log::debug("ddprun") << "quorum " << seq << ": ask of group " << self.group << " not erased: " << e.what();
+        }
         throw TimeoutError("replica group " + std::to_string(self.group) + " got no quorum " + std::to_string(seq) +
                            " of job '" + options_.run_id + "' in " +
                            std::to_string(std::chrono::duration_cast<std::chrono::seconds>(timeout).count()) +
                            " s: " + waiting);
+      }
       if (now - said >= options_.progress_interval) {
         log::info("ddprun") << "replica group " << self.group << ": quorum " << seq << ": " << waiting;
         said = now;

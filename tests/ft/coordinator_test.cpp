@@ -185,6 +185,22 @@ TEST_P(CoordinatorTest, TooFewGroupsTimeOutSayingWhatTheyWaitFor) {
   }
 }
 
+// Group 0 gives up waiting; group 1 asks afterwards. Group 0's ask must not make up the quorum:
+// its workers are failing with the timeout and never come to the step. Before, the ask stayed in
+// the store and group 1 got a quorum of two whose other member was gone.
+TEST_P(CoordinatorTest, AnAskGivenUpOnDoesNotCountIntoALaterQuorum) {
+  auto g0 = group(0, "a", 2);
+  auto g1 = group(1, "a", 2);
+  wait_healthy(*g0, {0, 1});
+  EXPECT_THROW(g0->next(at(0), stop_, milliseconds(300)), TimeoutError);
+  try {
+    const Quorum q = g1->next(at(0), stop_, milliseconds(1500));
+    FAIL() << "quorum " << q.seq << " of " << q.members.size() << " groups formed from an ask its group gave up on";
+  } catch (const TimeoutError& e) {
+    EXPECT_NE(std::string(e.what()).find("1 of the 2 replica groups"), std::string::npos) << e.what();
+  }
+}
+
 std::vector<std::string>& logged() {
   static std::vector<std::string> lines;
   return lines;
