@@ -131,6 +131,8 @@ chroot "$root_dir" /usr/bin/env -i \
   PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
   DDPRUN_BUILD_DIR="/ddprun/build-$release" \
   ${DDPRUN_TEST_JOBS:+DDPRUN_TEST_JOBS=$DDPRUN_TEST_JOBS} \
+  ${DDPRUN_TEST_BOX_END:+DDPRUN_TEST_BOX_END=$DDPRUN_TEST_BOX_END} \
+  ${DDPRUN_BOX_FIRST:+DDPRUN_BOX_FIRST=$DDPRUN_BOX_FIRST} \
   bash -c 'cd /ddprun && exec "$@"' bash "${command_line[@]}"
 rc=$?
 set -e

@@ -7,8 +7,9 @@
 # Time box: DDPRUN_SANITIZE_TIME_BOX=MINUTES bounds the whole run, build included: the selected
 # tests of the unit tier run first and always; the others follow in batches of
 # DDPRUN_SANITIZE_BATCH (default 4), and none starts once fewer than DDPRUN_SANITIZE_BATCH_RESERVE
-# minutes (default 5) of the box are left. A build the box cuts short runs no test. The tests that
-# did not run are named, and the run fails only on a failed test (or build), not on the box.
+# minutes (default 5) of the box are left (scripts/ctest_boxed.sh). A build the box cuts short runs
+# no test. The tests that did not run are named, and the run fails only on a failed test (or
+# build), not on the box; the outcome's line is in box-summary.txt of the build directory.
 set -euo pipefail
 started=$(date +%s)
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -18,6 +19,7 @@ build="${DDPRUN_SANITIZE_BUILD_DIR:-$root/build-${san/,/-}}"
 generator=()
 command -v ninja > /dev/null && generator=(-G Ninja)
 mkdir -p "$build"
+rm -f "$build/box-summary.txt"
 # -O1, as the sanitizers' own documentation advises: reports as precise, a third less compile time
 # than -O2 here (the Boost.Asio translation units dominate a build).
 cmake -S "$root" -B "$build" "${generator[@]}" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDDPRUN_WITH_TORCH=OFF \
@@ -43,6 +45,7 @@ else
 fi
 if [[ -n "${DDPRUN_SANITIZE_TIME_BOX:-}" ]] && ((build_rc == 124 || $(date +%s) >= box_end)); then
   echo "sanitize: the time box (${DDPRUN_SANITIZE_TIME_BOX} min) was spent building; no test ran"
+  echo "ran no test: the time box (${DDPRUN_SANITIZE_TIME_BOX} min) was spent building" > "$build/box-summary.txt"
   exit 0
 fi
 ((build_rc == 0)) || exit "$build_rc"
@@ -56,28 +59,6 @@ if [[ -z "${DDPRUN_SANITIZE_TIME_BOX:-}" ]]; then
   run_tests "$@"
   exit
 fi
-reserve=$((${DDPRUN_SANITIZE_BATCH_RESERVE:-5} * 60))
-# The selected tests, by number: the unit tier's, then the others.
-numbers() { ctest -N "$@" | sed -n 's/^ *Test *#\([0-9]*\): .*/\1/p'; }
-mapfile -t unit < <(numbers -L unit "$@")
-mapfile -t rest < <(comm -23 <(numbers "$@" | sort) <(printf '%s\n' "${unit[@]}" | sort) | sort -n)
-echo "sanitize: ${#unit[@]} tests of the unit tier, then ${#rest[@]} more within a time box of ${DDPRUN_SANITIZE_TIME_BOX} min"
-by_number() { local IFS=,; echo "0,0,0,$*"; }
-rc=0
-if ((${#unit[@]} > 0)); then run_tests -I "$(by_number "${unit[@]}")" || rc=1; fi
-batch=${DDPRUN_SANITIZE_BATCH:-4}
-ran=${#unit[@]}
-for ((i = 0; i < ${#rest[@]}; i += batch)); do
-  if (($(date +%s) + reserve > box_end)); then
-    left=("${rest[@]:i}")
-    echo "sanitize: the time box is spent; ${#left[@]} of $((${#unit[@]} + ${#rest[@]})) tests did not run:"
-    ctest -N -I "$(by_number "${left[@]}")" | sed -n 's/^ *Test *#[0-9]*: /  /p'
-    break
-  fi
-  chunk=("${rest[@]:i:batch}")
-  run_tests -I "$(by_number "${chunk[@]}")" || rc=1
-  ran=$((ran + ${#chunk[@]}))
-done
-echo "sanitize: ran $ran of $((${#unit[@]} + ${#rest[@]})) tests in $((($(date +%s) - started) / 60)) min, build included;" \
-  "$([[ $rc == 0 ]] && echo "all passed" || echo "some FAILED")"
-exit "$rc"
+# The unit tier first, then the others in batches, within what the box has left.
+DDPRUN_BOX_BATCH=${DDPRUN_SANITIZE_BATCH:-4} DDPRUN_BOX_RESERVE=${DDPRUN_SANITIZE_BATCH_RESERVE:-5} \
+  exec bash "$root/scripts/ctest_boxed.sh" "$box_end" 900 "$@"
