@@ -28,6 +28,11 @@ if [[ -n "${DDPRUN_BOX_FIRST:-}" ]]; then first=$(minus "$(numbers -L "$DDPRUN_B
 mapfile -t unit < <(printf '%s\n' "$unit_list" | sed '/^$/d')
 mapfile -t rest < <(printf '%s\n' "$first" | sed '/^$/d'; minus "$(minus "$all" "$unit_list")" "$first")
 total=$((${#unit[@]} + ${#rest[@]}))
+if ((total == 0)); then
+  echo "ctest_boxed: no test matches '$*'" >&2
+  echo "ran no test: none matches the selection" > box-summary.txt
+  exit 1
+fi
 echo "ctest_boxed: ${#unit[@]} tests of the unit tier, then ${#rest[@]} more$([[ -n ${DDPRUN_BOX_FIRST:-} ]] && echo " (labels ${DDPRUN_BOX_FIRST} first)")," \
   "in a time box that ends in $(((box_end - started) / 60)) min"
 by_number() { local IFS=,; echo "0,0,0,$*"; }

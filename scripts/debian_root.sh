@@ -99,6 +99,7 @@ if ((fresh)) || [[ ! -f "$ready" ]]; then make_root; fi
 mounts=()
 cleanup() {
   local i
+  trap '' INT TERM  # a second signal (a stop passed on twice) must not cut the unmounting short
   for ((i = ${#mounts[@]} - 1; i >= 0; i--)); do
     umount -R "${mounts[$i]}" 2>/dev/null || umount -l "${mounts[$i]}" 2>/dev/null || true
   done

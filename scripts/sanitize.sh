@@ -43,7 +43,8 @@ elif ((box_end > $(date +%s))); then
 else
   build_rc=124  # no time left to build
 fi
-if [[ -n "${DDPRUN_SANITIZE_TIME_BOX:-}" ]] && ((build_rc == 124 || $(date +%s) >= box_end)); then
+if [[ -n "${DDPRUN_SANITIZE_TIME_BOX:-}" ]] &&
+  { ((build_rc == 124)) || (((build_rc == 137 || build_rc == 0) && $(date +%s) >= box_end)); }; then
   echo "sanitize: the time box (${DDPRUN_SANITIZE_TIME_BOX} min) was spent building; no test ran"
   echo "ran no test: the time box (${DDPRUN_SANITIZE_TIME_BOX} min) was spent building" > "$build/box-summary.txt"
   exit 0

@@ -20,7 +20,8 @@ else
   remaining=$((box_end - $(date +%s)))
   ((remaining > 0)) || remaining=1
   timeout --kill-after=30s "${remaining}s" "$root/scripts/build.sh" -DDDPRUN_BUILD_TESTS=ON || build_rc=$?
-  if ((build_rc == 124 || build_rc == 137)) || (($(date +%s) >= box_end)); then
+  # Out of time: timeout's own status, its SIGKILL once the box ended, or a build that ended with it.
+  if ((build_rc == 124)) || (((build_rc == 137 || build_rc == 0) && $(date +%s) >= box_end)); then
     echo "test: the time box ended during the build; no test ran"
     echo "ran no test: the time box ended during the build" > "$build/box-summary.txt"
     exit 0
