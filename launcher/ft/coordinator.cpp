@@ -403,12 +403,16 @@ Quorum Coordinator::next(Member self, const StopSignal& stop, std::chrono::milli
       const auto now = Clock::now();
       if (now - start >= timeout) {
         // The ask goes with this group: left behind, it would count this group into a quorum the
-        // others form later, one whose workers never come to its step.
+        // others form later, one whose workers never come to its step. A quorum a peer decided from
+        // the ask before it went is still this group's: taken below like any other.
+        bool decided = false;
         try {
           kv_->erase(keys_.ask(seq, self.group));
+          decided = kv_->read({keys_.quorum(seq)}).front().has_value();
         } catch (const std::exception& e) {
           log::debug("ddprun") << "quorum " << seq << ": ask of group " << self.group << " not erased: " << e.what();
         }
+        if (decided) break;
         throw TimeoutError("replica group " + std::to_string(self.group) + " got no quorum " + std::to_string(seq) +
                            " of job '" + options_.run_id + "' in " +
                            std::to_string(std::chrono::duration_cast<std::chrono::seconds>(timeout).count()) +
